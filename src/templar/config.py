@@ -1,0 +1,216 @@
+"""Hyperparameters: one strict pydantic model for every run setting.
+
+`hparams.json` at the repository root is the production run (the paper's 1.2B LLaMA).
+Presets under `hparams/` name a `"base"` file and override only what differs; sections are
+merged key by key. Every section forbids unknown keys, so a typo fails at start with its name
+instead of silently falling back to a default (the anti-pattern of the earlier subnet).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_HPARAMS = REPO_ROOT / "hparams.json"
+PRESETS_DIR = REPO_ROOT / "hparams"
+
+PROTOCOL_VERSION = 1
+"""Bumped whenever the wire format or the consensus maths change; keys live under v{P}/."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class ModelConfig(_Strict):
+    """LLaMA architecture (`transformers.LlamaConfig` fields)."""
+
+    vocab_size: int = Field(gt=0, description="token vocabulary; must match the tokenizer")
+    hidden_size: int = Field(gt=0)
+    num_hidden_layers: int = Field(gt=0)
+    num_attention_heads: int = Field(gt=0)
+    num_key_value_heads: int = Field(gt=0)
+    intermediate_size: int = Field(gt=0, description="FFN width")
+    max_position_embeddings: int = Field(gt=0)
+    rope_theta: float = Field(gt=0)
+    rms_norm_eps: float = Field(gt=0)
+    tie_word_embeddings: bool
+    init_seed: int = Field(ge=0, description="seed of the run's initial weights (shared by all nodes)")
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> ModelConfig:
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError("model.hidden_size must be divisible by model.num_attention_heads")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError("model.num_attention_heads must be divisible by model.num_key_value_heads")
+        return self
+
+
+class DataConfig(_Strict):
+    """Where tokens come from and how they are cut into pages."""
+
+    tokenizer: str = Field(
+        min_length=1,
+        description="local directory loadable with AutoTokenizer, or 'hub:<repo id>' for online nodes",
+    )
+    dataset: str = Field(
+        min_length=1,
+        description="local file/dir (text, jsonl, parquet), 's3' for shards in the data bucket, "
+        "or 'hub:<repo id>' for online nodes",
+    )
+    text_field: str = Field(min_length=1, description="column holding the document text")
+    sequence_length: int = Field(gt=1, description="tokens per training sequence")
+    sequences_per_page: int = Field(gt=0, description="a page is this many packed sequences")
+    pages_per_window: int = Field(gt=0, description="assigned pages each miner trains on per window")
+    eval_pages: int = Field(gt=0, description="pages per LossScore evaluation (assigned and random)")
+    holdout_fraction: float = Field(ge=0, lt=0.5, description="pages kept out of assignment for held-out loss")
+    data_seed: int = Field(ge=0, description="seed of the deterministic page assignment")
+
+
+class OptimizerConfig(_Strict):
+    """Outer step θ ← θ − α_t·sign(Δ) with warm-up and cosine decay of α_t over global_step."""
+
+    learning_rate: float = Field(gt=0)
+    warmup_steps: int = Field(ge=0)
+    total_steps: int = Field(gt=0, description="cosine decay horizon in outer steps")
+    min_lr_factor: float = Field(ge=0, le=1, description="floor of the cosine as a fraction of lr")
+    weight_decay: float = Field(ge=0)
+    micro_batch_size: int = Field(gt=0, description="sequences per forward/backward (grad accumulation)")
+    grad_clip: float = Field(gt=0)
+
+
+class DemoConfig(_Strict):
+    """DeMo compression (DCT + top-k + error feedback), Algorithm 2 of the paper."""
+
+    target_chunk: int = Field(gt=0, description="chunk side: largest divisor of each dim not above this")
+    topk: int = Field(gt=0, description="coefficients kept per chunk")
+    momentum_decay: float = Field(gt=0, lt=1, description="error-feedback decay")
+
+    @model_validator(mode="after")
+    def _topk_fits(self) -> DemoConfig:
+        if self.topk > self.target_chunk * self.target_chunk:
+            raise ValueError("demo.topk cannot exceed demo.target_chunk**2")
+        return self
+
+
+class GauntletConfig(_Strict):
+    """The incentive (paper section 3)."""
+
+    top_g: int = Field(gt=0, description="G: peers aggregated with weight 1/G")
+    power: float = Field(gt=0, description="c in x_p = (s_p - min)^c / sum")
+    eval_lr_factor: float = Field(gt=0, description="beta = eval_lr_factor * alpha for LossScore")
+    uids_per_window: int = Field(gt=0, description="|S_t|: peers under primary evaluation per window")
+    fast_eval_uids: int = Field(gt=0, description="peers under fast evaluation per window (top-G always)")
+    mu_gamma: float = Field(ge=0, lt=1, description="gamma of the mu EMA")
+    sync_max_steps: float = Field(gt=0, description="sync threshold in steps of alpha")
+    fast_eval_penalty: float = Field(gt=0, lt=1, description="phi: mu multiplier on a failed fast eval")
+    probe_count: int = Field(gt=0, description="parameter values probed per tensor for the sync score")
+    openskill_beta: float = Field(gt=0)
+    openskill_tau: float = Field(ge=0)
+    duplicate_threshold: float = Field(gt=0, le=1, description="cosine above which two payloads are copies")
+
+
+class WindowConfig(_Strict):
+    """The time model: blocks, windows, put windows, cadences (all in windows unless named)."""
+
+    blocks_per_window: int = Field(gt=0)
+    block_time: float = Field(gt=0, description="seconds per block on the embedded chain")
+    put_window_seconds: float = Field(gt=0, description="uploads count only this long after the window ends")
+    gather_seconds: float = Field(gt=0, description="whole-round gather deadline after the put window")
+    windows_per_weights: int = Field(gt=0)
+    checkpoint_frequency: int = Field(gt=0)
+    peer_replacement_frequency: int = Field(gt=0)
+    warmup_windows: int = Field(ge=0)
+    max_allowed_stale: int = Field(gt=0)
+
+
+class HParams(_Strict):
+    """A whole run's settings; the hash of this object is part of every checkpoint manifest."""
+
+    name: str = Field(min_length=1)
+    model: ModelConfig
+    data: DataConfig
+    optimizer: OptimizerConfig
+    demo: DemoConfig
+    gauntlet: GauntletConfig
+    windows: WindowConfig
+    protocol: Literal[1] = PROTOCOL_VERSION
+
+    def digest(self) -> str:
+        """Stable sha256 of the settings that consensus depends on (name excluded)."""
+        body = self.model_dump(exclude={"name"})
+        return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+class HParamsError(ValueError):
+    """A hyperparameter file is unreadable or invalid; the message names the key."""
+
+
+def _deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _read_layered(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    path = path.resolve()
+    if path in seen:
+        raise HParamsError(f"{path}: 'base' chain loops back on itself")
+    try:
+        raw = json.loads(path.read_text())
+    except FileNotFoundError as exc:
+        raise HParamsError(f"hparams file not found: {path}") from exc
+    except json.JSONDecodeError as exc:
+        raise HParamsError(f"{path}: not valid JSON: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise HParamsError(f"{path}: top level must be an object")
+    base_name = raw.pop("base", None)
+    if base_name is None:
+        return raw
+    if not isinstance(base_name, str):
+        raise HParamsError(f"{path}: 'base' must be a file name")
+    base = _read_layered((path.parent / base_name), (*seen, path))
+    return _deep_merge(base, raw)
+
+
+def resolve_hparams_path(name_or_path: str | Path | None) -> Path:
+    """`None` → production; a bare preset name (`tiny`) → `hparams/tiny.json`; else a path."""
+    if name_or_path is None:
+        return DEFAULT_HPARAMS
+    candidate = Path(name_or_path)
+    if candidate.suffix != ".json" and not candidate.exists():
+        preset = PRESETS_DIR / f"{name_or_path}.json"
+        if preset.exists():
+            return preset
+    return candidate
+
+
+def load_hparams(name_or_path: str | Path | None = None) -> HParams:
+    """Load and validate hparams; raise `HParamsError` naming the offending key."""
+    path = resolve_hparams_path(name_or_path)
+    data = _read_layered(path)
+    try:
+        return HParams.model_validate(data)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            key = ".".join(str(part) for part in err["loc"]) or "<root>"
+            problems.append(f"{key}: {err['msg']}")
+        raise HParamsError(f"{path}: invalid hparams: " + "; ".join(problems)) from exc
+
+
+def resolve_asset(value: str) -> str:
+    """Relative data/tokenizer paths in hparams are relative to the repository root."""
+    if value.startswith("hub:") or value == "s3":
+        return value
+    path = Path(value)
+    return str(path if path.is_absolute() else REPO_ROOT / path)

@@ -1,0 +1,1 @@
+"""Operator tools behind `templar` subcommands."""
