@@ -129,12 +129,23 @@ def random_pages(seed: int, window: int, n: int, num_pages: int, *, pages_per_ui
 # Tokens on disk
 
 
+_CORPUS_SUFFIXES = {".txt", ".jsonl", ".json", ".parquet"}
+
+
+def _visible_files(path: Path, suffixes: set[str] | None = None) -> list[Path]:
+    """Files under `path`, skipping hidden names and directories (our own `.cache` lives there)."""
+    if path.is_file():
+        return [path]
+    files = (p for p in path.rglob("*") if p.is_file()
+             and not any(part.startswith(".") for part in p.relative_to(path).parts))
+    return sorted(p for p in files if suffixes is None or p.suffix in suffixes)
+
+
 def _documents(path: Path, text_field: str) -> Iterator[str]:
     """Documents from local text/jsonl/parquet files through HF datasets (offline)."""
     from datasets import load_dataset
 
-    files = sorted(p for p in ([path] if path.is_file() else path.rglob("*")) if p.is_file()
-                   and p.suffix in {".txt", ".jsonl", ".json", ".parquet"})
+    files = _visible_files(path, _CORPUS_SUFFIXES)
     if not files:
         raise FileNotFoundError(f"no .txt/.jsonl/.parquet files under {path}")
     kinds = {p.suffix for p in files}
@@ -150,10 +161,9 @@ def _documents(path: Path, text_field: str) -> Iterator[str]:
 
 def _file_fingerprint(path: Path) -> str:
     h = hashlib.sha256()
-    for p in sorted(path.rglob("*") if path.is_dir() else [path]):
-        if p.is_file() and not p.name.startswith("."):
-            st = p.stat()
-            h.update(f"{p.relative_to(path.parent)}|{st.st_size}|{int(st.st_mtime)}".encode())
+    for p in _visible_files(path):
+        st = p.stat()
+        h.update(f"{p.relative_to(path.parent)}|{st.st_size}|{int(st.st_mtime)}".encode())
     return h.hexdigest()[:16]
 
 

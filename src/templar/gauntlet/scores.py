@@ -1,0 +1,143 @@
+"""The Gauntlet formulas (seed 004, sections 3.1-3.3 and Algorithm 1) as pure functions.
+
+Units: losses are mean cross-entropy in nats; `lr` is the outer learning rate α_t of the window
+being scored; every score is a plain Python float so it serialises exactly. Nothing here touches
+a model: the validator computes losses and hands the numbers in.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import torch
+
+
+def sync_steps(theta_val: torch.Tensor, theta_peer: torch.Tensor, lr: float) -> float:
+    """SyncScore (paper §3.2): mean |θ_val − θ_peer| / α over the probed parameter values.
+
+    Because the applied update is `α·sign(Δ)`, every element moves by exactly α per outer step,
+    so the result reads as "how many steps the peer's model is away from ours". The peer's
+    values are hostile: any non-finite one makes the peer infinitely far away (`+inf`), which
+    fails any threshold. Our own values and `lr` are trusted; nonsense there is a bug → ValueError.
+    """
+    if not lr > 0 or not math.isfinite(lr):
+        raise ValueError(f"sync_steps: lr must be a positive finite number, got {lr!r}")
+    if theta_val.shape != theta_peer.shape:
+        raise ValueError(
+            f"sync_steps: shape mismatch, validator {tuple(theta_val.shape)} vs peer {tuple(theta_peer.shape)}"
+        )
+    if theta_val.numel() == 0:
+        raise ValueError("sync_steps: no probed values")
+    ours = theta_val.detach().to(device="cpu", dtype=torch.float64)
+    theirs = theta_peer.detach().to(device="cpu", dtype=torch.float64)
+    if not bool(torch.isfinite(ours).all()):
+        raise ValueError("sync_steps: the validator's own probe values are not finite")
+    if not bool(torch.isfinite(theirs).all()):
+        return math.inf
+    return float((ours - theirs).abs().mean().item()) / lr
+
+
+def is_synced(steps: float, max_steps: float) -> bool:
+    """The sync filter: within `max_steps` (paper: 3) of the validator's model. NaN never passes."""
+    return steps <= max_steps
+
+
+def loss_score(loss_before: float, loss_after: float) -> float:
+    """LossScore (paper eq. 2): L(θ_t, D) − L(θ_t − β·sign(Δ_p), D); positive = the update helped.
+
+    `loss_before` is the validator's own model and must be finite. `loss_after` depends on the
+    peer's update: if that update makes the loss non-finite the peer broke the model, and the
+    score is `-inf` (worst possible, never NaN) so it ranks last and earns no proof-of-computation
+    credit (see `update_mu`).
+    """
+    if not math.isfinite(loss_before):
+        raise ValueError(f"loss_score: baseline loss must be finite, got {loss_before!r}")
+    if not math.isfinite(loss_after):
+        return -math.inf
+    return loss_before - loss_after
+
+
+def _sign(x: float) -> float:
+    return 1.0 if x > 0 else -1.0 if x < 0 else 0.0
+
+
+def update_mu(mu: float, delta_assigned: float, delta_rand: float, gamma: float) -> float:
+    """Proof of computation (paper eq. 3): μ ← γμ + (1−γ)·sign(δ_assigned − δ_rand).
+
+    A peer that trained on its assigned pages improves the loss there more than on random pages,
+    so μ drifts towards +1; a peer that ignores its assignment drifts to ≤ 0. A non-finite δ
+    (the update broke the model on one of the sets, `loss_score` returned -inf) counts as −1:
+    a destructive update never earns credit, and `-inf − -inf = NaN` never reaches the EMA.
+    """
+    if not 0.0 <= gamma < 1.0:
+        raise ValueError(f"update_mu: gamma must be in [0, 1), got {gamma!r}")
+    if math.isnan(mu) or math.isnan(delta_assigned) or math.isnan(delta_rand):
+        raise ValueError("update_mu: NaN input (loss_score never produces NaN; this is a caller bug)")
+    if math.isfinite(delta_assigned) and math.isfinite(delta_rand):
+        direction = _sign(delta_assigned - delta_rand)
+    else:
+        direction = -1.0
+    return gamma * mu + (1.0 - gamma) * direction
+
+
+def penalise(mu: float, phi: float) -> float:
+    """Fast-evaluation penalty (paper §3.2): μ ← φ·μ with φ = 0.75 on any failed check.
+
+    For a negative μ this moves μ *towards* zero (−0.4 → −0.3): the paper's multiplicative
+    penalty is only a penalty for μ > 0. A failing peer with μ < 0 still cannot profit, because
+    `peer_score` floors μ at 0: its score is 0 before and after, and it must first earn a positive
+    μ through primary evaluations, which the penalty then shrinks again.
+    """
+    if not 0.0 < phi <= 1.0:
+        raise ValueError(f"penalise: phi must be in (0, 1], got {phi!r}")
+    return phi * mu
+
+
+def peer_score(mu: float, rating: float) -> float:
+    """PeerScore (paper eq. 4) = μ_p · LossRating_p, with both factors floored at 0.
+
+    The paper multiplies the raw values, so a lazy peer (μ < 0) with a poor rating (< 0) would
+    score positive; flooring each factor closes that exploit. NaN factors count as 0.
+    """
+    return (mu if mu > 0 else 0.0) * (rating if rating > 0 else 0.0)
+
+
+def normalise(scores: Mapping[str, float], power: float, floor: float | None = None) -> dict[str, float]:
+    """Incentive normalisation (paper eq. 5): x_p = (s_p − m)^c / Σ_k (s_k − m)^c.
+
+    With `floor=None`, m = min(s) exactly as in the paper, so the lowest scorer always gets 0
+    and a lone peer (or any all-equal set) gets 0 too. With a `floor`, m = min(min(s), floor):
+    PeerScores are ≥ 0 by construction, so `floor=0.0` anchors the baseline at "no merit" and
+    stops an honest but weakest peer from being zeroed just because no worse peer is registered.
+    All-equal or empty input returns all zeros (no division by zero); otherwise the values sum
+    to 1 (up to rounding). Summation runs in hotkey order with `math.fsum`, so the result does
+    not depend on the mapping's order.
+    """
+    if not power > 0 or not math.isfinite(power):
+        raise ValueError(f"normalise: power must be positive and finite, got {power!r}")
+    if not scores:
+        return {}
+    for hotkey, value in scores.items():
+        if not math.isfinite(value):
+            raise ValueError(f"normalise: score of {hotkey} is not finite ({value!r})")
+    base = min(scores.values())
+    if floor is not None:
+        base = min(base, floor)
+    powered = {hotkey: (scores[hotkey] - base) ** power for hotkey in sorted(scores)}
+    total = math.fsum(powered.values())
+    if total <= 0.0:
+        return dict.fromkeys(powered, 0.0)
+    return {hotkey: value / total for hotkey, value in powered.items()}
+
+
+def top_g(x: Mapping[str, float], g: int) -> list[str]:
+    """SelectTopG (Algorithm 1, eq. 6): the `g` highest x, only x > 0, ties by hotkey string.
+
+    Deterministic on every machine, so miners and validators that hold the same x agree.
+    """
+    if g < 0:
+        raise ValueError(f"top_g: g must be non-negative, got {g}")
+    eligible = [hotkey for hotkey, value in x.items() if value > 0]
+    eligible.sort(key=lambda hotkey: (-x[hotkey], hotkey))
+    return eligible[:g]

@@ -1,0 +1,24 @@
+"""Outer learning rate α_t as a pure function of global_step (warm-up, then cosine decay).
+
+Every node evaluates the same function at the same `global_step`, which is why the step travels in
+every payload and is synchronised to the maximum seen (seed 003: global step synchronisation).
+"""
+
+from __future__ import annotations
+
+import math
+
+from templar.config import OptimizerConfig
+
+
+def learning_rate(step: int, opt: OptimizerConfig) -> float:
+    """α at outer step `step` (0-based): linear warm-up to lr, cosine down to lr·min_lr_factor."""
+    if step < 0:
+        raise ValueError(f"global_step must be >= 0, got {step}")
+    peak = opt.learning_rate
+    if opt.warmup_steps and step < opt.warmup_steps:
+        return peak * (step + 1) / opt.warmup_steps
+    decay_steps = max(1, opt.total_steps - opt.warmup_steps)
+    progress = min(1.0, (step - opt.warmup_steps) / decay_steps)
+    floor = peak * opt.min_lr_factor
+    return floor + (peak - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))

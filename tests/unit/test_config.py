@@ -1,0 +1,71 @@
+"""hparams: production and presets validate; bad files fail naming the key."""
+
+import json
+
+import pytest
+
+from templar.config import HParamsError, load_hparams, resolve_hparams_path
+
+
+def test_production_and_tiny_validate():
+    prod = load_hparams()
+    tiny = load_hparams("tiny")
+    assert prod.model.hidden_size == 2048 and prod.model.num_hidden_layers == 16
+    assert prod.model.num_attention_heads == 8 and prod.model.intermediate_size == 8192
+    assert prod.data.sequence_length == 2048
+    assert (prod.demo.topk, prod.demo.target_chunk, prod.demo.momentum_decay) == (32, 64, 0.999)
+    assert prod.optimizer.learning_rate == 4e-4
+    g = prod.gauntlet
+    assert (g.top_g, g.power, g.eval_lr_factor, g.sync_max_steps, g.fast_eval_penalty) == (15, 2.0, 0.2, 3.0, 0.75)
+    # the preset overrides only what it names and inherits the rest from its base
+    assert tiny.model.hidden_size == 128 and tiny.demo == prod.demo
+    assert tiny.model.rope_theta == prod.model.rope_theta
+    assert tiny.digest() != prod.digest()
+
+
+def _write(tmp_path, body, name="h.json"):
+    path = tmp_path / name
+    path.write_text(json.dumps(body))
+    return path
+
+
+def _production_dict():
+    return json.loads(resolve_hparams_path(None).read_text())
+
+
+def test_unknown_key_is_named(tmp_path):
+    body = _production_dict()
+    body["optimizer"]["learnig_rate"] = 1.0
+    with pytest.raises(HParamsError, match=r"optimizer\.learnig_rate"):
+        load_hparams(_write(tmp_path, body))
+
+
+def test_missing_key_is_named(tmp_path):
+    body = _production_dict()
+    del body["gauntlet"]["top_g"]
+    with pytest.raises(HParamsError, match=r"gauntlet\.top_g"):
+        load_hparams(_write(tmp_path, body))
+
+
+@pytest.mark.parametrize(
+    ("section", "key", "value"),
+    [("demo", "momentum_decay", 1.5), ("gauntlet", "top_g", 0), ("optimizer", "learning_rate", "fast"),
+     ("windows", "blocks_per_window", 7.5), ("model", "num_attention_heads", 7)],
+)
+def test_bad_value_is_named(tmp_path, section, key, value):
+    body = _production_dict()
+    body[section][key] = value
+    with pytest.raises(HParamsError, match=section):
+        load_hparams(_write(tmp_path, body))
+
+
+def test_preset_chain_and_loop(tmp_path):
+    base = _write(tmp_path, _production_dict(), "base.json")
+    child = _write(tmp_path, {"base": base.name, "name": "child", "optimizer": {"learning_rate": 0.01}}, "c.json")
+    hp = load_hparams(child)
+    assert hp.name == "child" and hp.optimizer.learning_rate == 0.01
+    assert hp.optimizer.warmup_steps == load_hparams(base).optimizer.warmup_steps
+    _write(tmp_path, {"base": "b.json"}, "a.json")
+    _write(tmp_path, {"base": "a.json"}, "b.json")
+    with pytest.raises(HParamsError, match="loops"):
+        load_hparams(tmp_path / "a.json")

@@ -1,0 +1,37 @@
+"""The model: production size on the meta device; the tiny model learns on CPU."""
+
+import torch
+
+from templar.config import load_hparams
+from templar.data import PageStore
+from templar.model import build_model, causal_lm_loss, parameter_count
+
+
+def test_production_model_is_about_1_2b():
+    model = build_model(load_hparams(), device="meta")
+    n = parameter_count(model)
+    assert 1.1e9 <= n <= 1.3e9, n
+
+
+def test_init_is_deterministic():
+    hp = load_hparams("tiny")
+    a, b = build_model(hp), build_model(hp)
+    for (na, pa), (nb, pb) in zip(a.named_parameters(), b.named_parameters(), strict=True):
+        assert na == nb and torch.equal(pa, pb)
+
+
+def test_tiny_model_loss_falls(tiny_pages: PageStore):
+    hp = load_hparams("tiny")
+    torch.manual_seed(0)
+    model = build_model(hp)
+    assert 1e6 <= parameter_count(model) <= 1e7
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    batch = tiny_pages.batch(range(4))
+    losses = []
+    for _ in range(8):
+        loss = causal_lm_loss(model, batch)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0] - 1.0, losses

@@ -1,0 +1,38 @@
+"""LR schedule and window arithmetic."""
+
+import math
+
+import pytest
+
+from templar.config import load_hparams
+from templar.schedule import learning_rate
+from templar.windows import Clock
+
+
+def test_learning_rate_warmup_then_cosine():
+    opt = load_hparams().optimizer  # lr 4e-4, warm-up 250, horizon 20000, floor 10%
+    assert learning_rate(0, opt) == pytest.approx(4e-4 / 250)
+    assert learning_rate(249, opt) == pytest.approx(4e-4)
+    assert learning_rate(250, opt) == pytest.approx(4e-4)
+    mid = 250 + (20000 - 250) // 2
+    assert learning_rate(mid, opt) == pytest.approx(4e-5 + (4e-4 - 4e-5) * 0.5 * (1 + math.cos(math.pi * 0.5)), rel=1e-3)
+    assert learning_rate(20000, opt) == pytest.approx(4e-5)
+    assert learning_rate(10**7, opt) == pytest.approx(4e-5)
+    steps = [learning_rate(s, opt) for s in range(250, 20000, 97)]
+    assert all(a >= b for a, b in zip(steps, steps[1:], strict=False))
+    with pytest.raises(ValueError):
+        learning_rate(-1, opt)
+
+
+def test_clock_windows_and_put_window():
+    cfg = load_hparams("tiny").windows  # 20 blocks per window, put 6 s, gather 6 s
+    genesis = 1_000_000.0
+    block = {"now": 45}
+    clock = Clock(cfg, lambda: block["now"], lambda b: genesis + b * 1.0)
+    assert clock.current_window() == 2
+    t = clock.times(2)
+    assert (t.start, t.end) == (genesis + 40, genesis + 60)
+    assert t.put_window == (genesis + 60, genesis + 66)
+    assert t.gather_deadline == genesis + 72
+    block["now"] = 60
+    assert clock.current_window() == 3
