@@ -71,3 +71,22 @@ def evaluate_loss(model: torch.nn.Module, batch: torch.Tensor, micro_batch_size:
             total += causal_lm_loss(model, micro).float().item() * micro.size(0)
     model.train(was_training)
     return total / batch.size(0)
+
+
+@torch.no_grad()
+def sequence_losses(model: torch.nn.Module, batch: torch.Tensor, micro_batch_size: int) -> torch.Tensor:
+    """Per-sequence mean next-token loss, float64 on CPU: one pass serves many peers' pages."""
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    out = []
+    for start in range(0, batch.size(0), micro_batch_size):
+        micro = batch[start:start + micro_batch_size].to(device, non_blocking=True)
+        with _autocast(device):
+            logits = model(input_ids=micro).logits
+        per_token = torch.nn.functional.cross_entropy(
+            logits[:, :-1].float().transpose(1, 2), micro[:, 1:], reduction="none"
+        )
+        out.append(per_token.mean(dim=1).double().cpu())
+    model.train(was_training)
+    return torch.cat(out)

@@ -1,0 +1,98 @@
+"""LossScore evaluation (paper §3.1) without copying the model per peer.
+
+θ_t is saved once per window; each peer's trial step θ' = θ_t − β·sign(Δ_p) is applied in place,
+evaluated, and undone by copying the saved values back (exact, unlike subtracting the step back
+in floating point). The losses at θ_t of every evaluated peer's pages and of the random pages are
+computed in one batched pass, shared by all peers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+
+from templar.train import sequence_losses
+
+
+@dataclass(frozen=True)
+class LossScores:
+    """δ = L(θ_t, D) − L(θ', D): positive when the peer's update helps on D."""
+
+    loss_assigned_before: float
+    loss_assigned_after: float
+    loss_rand_before: float
+    loss_rand_after: float
+
+    @property
+    def delta_assigned(self) -> float:
+        return self.loss_assigned_before - self.loss_assigned_after
+
+    @property
+    def delta_rand(self) -> float:
+        return self.loss_rand_before - self.loss_rand_after
+
+
+class Evaluator:
+    """Evaluates many peers' updates against one fixed θ_t."""
+
+    def __init__(self, model: torch.nn.Module, micro_batch_size: int):
+        self.model = model
+        self.micro_batch_size = micro_batch_size
+        self._params = {n: p for n, p in model.named_parameters() if p.requires_grad}
+        self._saved: dict[str, torch.Tensor] = {}
+
+    def snapshot(self) -> None:
+        """Remember θ_t; call once per window before the first trial step."""
+        self._saved = {n: p.detach().clone() for n, p in self._params.items()}
+
+    @contextmanager
+    def stepped(self, signs: dict[str, torch.Tensor], beta: float) -> Iterator[None]:
+        """Temporarily hold θ' = θ_t − β·sign inside the block."""
+        if not self._saved:
+            raise RuntimeError("Evaluator.snapshot() must run before a trial step")
+        try:
+            with torch.no_grad():
+                for name, p in self._params.items():
+                    sign = signs.get(name)
+                    if sign is not None:
+                        p.sub_(sign.to(p.device, p.dtype), alpha=beta)
+            yield
+        finally:
+            with torch.no_grad():
+                for name, p in self._params.items():
+                    p.copy_(self._saved[name])
+
+    def losses(self, batch: torch.Tensor) -> torch.Tensor:
+        return sequence_losses(self.model, batch, self.micro_batch_size)
+
+    def score_peers(
+        self,
+        signs_by_peer: dict[str, dict[str, torch.Tensor]],
+        assigned: dict[str, torch.Tensor],
+        random_batch: torch.Tensor,
+        beta: float,
+    ) -> dict[str, LossScores]:
+        """LossScores of every peer: one shared baseline pass, then one pass per peer."""
+        peers = sorted(signs_by_peer)
+        if not peers:
+            return {}
+        self.snapshot()
+        n_rand = random_batch.size(0)
+        sizes = [assigned[p].size(0) for p in peers]
+        before = self.losses(torch.cat([random_batch, *(assigned[p] for p in peers)]))
+        rand_before = float(before[:n_rand].mean())
+        assigned_before = dict(zip(peers, torch.split(before[n_rand:], sizes), strict=True))
+        out: dict[str, LossScores] = {}
+        for peer in peers:
+            with self.stepped(signs_by_peer[peer], beta):
+                after = self.losses(torch.cat([random_batch, assigned[peer]]))
+            out[peer] = LossScores(
+                loss_assigned_before=float(assigned_before[peer].mean()),
+                loss_assigned_after=float(after[n_rand:].mean()),
+                loss_rand_before=rand_before,
+                loss_rand_after=float(after[:n_rand].mean()),
+            )
+        return out

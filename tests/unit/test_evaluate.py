@@ -1,0 +1,45 @@
+"""LossScore evaluation: matches a deep-copy reference and leaves θ_t untouched."""
+
+import copy
+
+import torch
+
+from templar.config import load_hparams
+from templar.model import build_model, causal_lm_loss
+from templar.train import accumulate_gradients, gradients
+from templar.validator.evaluate import Evaluator
+
+
+def _reference_delta(model, signs, beta, batch):
+    trial = copy.deepcopy(model)
+    with torch.no_grad():
+        for name, p in trial.named_parameters():
+            p.sub_(signs[name], alpha=beta)
+        return causal_lm_loss(model, batch).item() - causal_lm_loss(trial, batch).item()
+
+
+def test_scores_match_reference_and_restore_model(tiny_pages):
+    hp = load_hparams("tiny")
+    model = build_model(hp)
+    honest_data = tiny_pages.batch([10, 11])
+    random_data = tiny_pages.batch([500])
+    accumulate_gradients(model, honest_data, 8)
+    honest = {n: torch.sign(g) for n, g in gradients(model).items()}
+    lazy_data = tiny_pages.batch([900, 901])
+    accumulate_gradients(model, lazy_data, 8)
+    lazy = {n: torch.sign(g) for n, g in gradients(model).items()}
+    model.zero_grad(set_to_none=True)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+
+    beta = 1e-3
+    scores = Evaluator(model, micro_batch_size=8).score_peers(
+        {"honest": honest, "lazy": lazy}, {"honest": honest_data, "lazy": honest_data}, random_data, beta
+    )
+    for name, p in model.named_parameters():
+        assert torch.equal(p, before[name]), name
+    ref = _reference_delta(model, honest, beta, honest_data)
+    assert abs(scores["honest"].delta_assigned - ref) < 1e-4
+    # trained on exactly this data: the update helps there more than a lazy peer's does
+    assert scores["honest"].delta_assigned > 0
+    assert scores["honest"].delta_assigned > scores["lazy"].delta_assigned
+    assert scores["honest"].loss_rand_before == scores["lazy"].loss_rand_before
