@@ -1,0 +1,46 @@
+"""The Gauntlet incentive (seed 004): pure scoring formulas and the persistent ScoreBook.
+
+Read in this order: `scores` (the paper's equations), `rating` (OpenSkill LossRating),
+`selection` (who is evaluated each window), `duplicates` (copy detection), `book` (state).
+No model code and no I/O here except `ScoreBook.save`/`load`; the validator computes losses.
+"""
+
+from templar.gauntlet.book import PeerRecord, PrimaryResult, ScoreBook, ScoreBookError
+from templar.gauntlet.duplicates import Upload, find_copies, fingerprint
+from templar.gauntlet.rating import DEFAULT_RATING, Rating, competition_ranks, loss_rating, rate_match
+from templar.gauntlet.scores import (
+    is_synced,
+    loss_score,
+    normalise,
+    peer_score,
+    penalise,
+    sync_steps,
+    top_g,
+    update_mu,
+)
+from templar.gauntlet.selection import select_eval_peers, selection_priority
+
+__all__ = [
+    "DEFAULT_RATING",
+    "PeerRecord",
+    "PrimaryResult",
+    "Rating",
+    "ScoreBook",
+    "ScoreBookError",
+    "Upload",
+    "competition_ranks",
+    "find_copies",
+    "fingerprint",
+    "is_synced",
+    "loss_rating",
+    "loss_score",
+    "normalise",
+    "peer_score",
+    "penalise",
+    "rate_match",
+    "select_eval_peers",
+    "selection_priority",
+    "sync_steps",
+    "top_g",
+    "update_mu",
+]

@@ -1,0 +1,331 @@
+"""ScoreBook: the validator's per-hotkey Gauntlet state, persisted so a kill -9 loses nothing.
+
+The book is keyed by hotkey, not uid: uids are recycled when a hotkey deregisters, and a new
+hotkey on an old uid must never inherit its predecessor's μ or rating. All state is plain
+floats and ints; the JSON form (schema `SCHEMA_VERSION`) round-trips exactly (floats are
+written as their shortest repr). It is standard JSON except that an infinite sync score is
+written as `Infinity`, which Python's `json` and pydantic read back.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from types import MappingProxyType
+from typing import Annotated, Literal, NamedTuple
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from templar.gauntlet.rating import DEFAULT_RATING, loss_rating, rate_match
+from templar.gauntlet.scores import normalise, peer_score, penalise, update_mu
+from templar.gauntlet.scores import top_g as select_top_g
+
+SCHEMA_VERSION = 1
+
+Hotkey = Annotated[str, Field(min_length=1, max_length=64)]
+Finite = Annotated[float, Field(allow_inf_nan=False)]
+
+
+class ScoreBookError(ValueError):
+    """A persisted ScoreBook is unreadable or fails its schema; the message names the file and field."""
+
+
+class PrimaryResult(NamedTuple):
+    """One peer's primary evaluation in a window (Algorithm 1): LossScore on D_t^p and D_t^rand."""
+
+    delta_assigned: float
+    delta_rand: float
+
+
+class PeerRecord(BaseModel):
+    """Everything the validator remembers about one hotkey.
+
+    Mutable in memory (the book's methods update it in place); revalidated whenever the book is
+    serialised, so a record corrupted in memory fails `to_json` instead of writing a file that
+    `load` would refuse.
+    """
+
+    model_config = ConfigDict(
+        extra="forbid", strict=True, ser_json_inf_nan="constants", revalidate_instances="always"
+    )
+
+    uid: int = Field(ge=0)
+    mu: float = Field(default=0.0, ge=-1.0, le=1.0, allow_inf_nan=False,
+                      description="proof-of-computation EMA μ_p (paper eq. 3); starts at 0")
+    rating: tuple[Finite, Annotated[float, Field(gt=0, allow_inf_nan=False)]] = Field(
+        default=DEFAULT_RATING, description="OpenSkill (mu, sigma)")
+    last_delta_assigned: float | None = Field(default=None, description="LossScore on D_t^p; may be -inf")
+    last_delta_rand: float | None = Field(default=None, description="LossScore on D_t^rand; may be -inf")
+    last_sync_steps: float | None = Field(default=None, ge=0.0, description="SyncScore in steps; may be +inf")
+    primary_evals: int = Field(default=0, ge=0)
+    fast_eval_passes: int = Field(default=0, ge=0)
+    fast_eval_fails: int = Field(default=0, ge=0)
+    last_status: str = Field(default="new", min_length=1, max_length=64)
+    first_seen_window: int = Field(ge=0)
+    last_seen_window: int = Field(ge=0)
+    score: float = Field(default=0.0, ge=0.0, allow_inf_nan=False, description="PeerScore (eq. 4)")
+    weight: float = Field(default=0.0, ge=0.0, le=1.0, allow_inf_nan=False,
+                          description="x_p (eq. 5) from the last weights() call")
+
+    @field_validator("last_delta_assigned", "last_delta_rand", "last_sync_steps")
+    @classmethod
+    def _not_nan(cls, value: float | None) -> float | None:
+        if value is not None and math.isnan(value):
+            raise ValueError("must not be NaN")
+        return value
+
+    @model_validator(mode="after")
+    def _windows_ordered(self) -> PeerRecord:
+        if self.first_seen_window > self.last_seen_window:
+            raise ValueError("first_seen_window is after last_seen_window")
+        return self
+
+    @property
+    def loss_rating(self) -> float:
+        """LossRating_p (the rating's mu; see `rating.loss_rating` for why)."""
+        return loss_rating(self.rating)
+
+
+class _Schema(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, ser_json_inf_nan="constants")
+
+    version: Literal[1] = SCHEMA_VERSION
+    peers: dict[Hotkey, PeerRecord]
+
+    @model_validator(mode="after")
+    def _uids_unique(self) -> _Schema:
+        seen: dict[int, str] = {}
+        for hotkey, record in self.peers.items():
+            if record.uid in seen:
+                raise ValueError(f"uid {record.uid} held by both {seen[record.uid]} and {hotkey}")
+            seen[record.uid] = hotkey
+        return self
+
+
+class ScoreBook:
+    """Per-hotkey Gauntlet state plus the window-level updates of Algorithm 1."""
+
+    def __init__(self, peers: Mapping[str, PeerRecord] | None = None) -> None:
+        self._peers: dict[str, PeerRecord] = dict(peers or {})
+        holders: dict[int, str] = {}
+        for hotkey, record in self._peers.items():
+            if record.uid in holders:
+                raise ValueError(f"ScoreBook: uid {record.uid} held by both {holders[record.uid]} and {hotkey}")
+            holders[record.uid] = hotkey
+
+    # ---- access -------------------------------------------------------------------------
+
+    @property
+    def peers(self) -> Mapping[str, PeerRecord]:
+        """Read-only view; mutate through the methods so scores stay consistent."""
+        return MappingProxyType(self._peers)
+
+    def __contains__(self, hotkey: object) -> bool:
+        return hotkey in self._peers
+
+    def __len__(self) -> int:
+        return len(self._peers)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(sorted(self._peers))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ScoreBook) and self._peers == other._peers
+
+    __hash__ = None  # type: ignore[assignment]  # mutable
+
+    def _require(self, hotkey: str) -> PeerRecord:
+        try:
+            return self._peers[hotkey]
+        except KeyError:
+            raise KeyError(f"hotkey {hotkey} is not in the score book; call get_or_create first") from None
+
+    # ---- registry -----------------------------------------------------------------------
+
+    def get_or_create(self, hotkey: str, uid: int, window: int) -> PeerRecord:
+        """The record for `hotkey` at `uid`, created fresh if new; marks it seen in `window`.
+
+        A hotkey found on a different uid re-registered, and another hotkey found on this uid was
+        replaced: both old records are dropped, so nobody inherits a score they did not earn.
+        """
+        if not 0 < len(hotkey) <= 64:
+            raise ValueError(f"get_or_create: hotkey must be 1-64 characters, got {hotkey!r}")
+        record = self._peers.get(hotkey)
+        if record is not None and record.uid != uid:
+            del self._peers[hotkey]
+            record = None
+        if record is None:
+            for other in [h for h, r in self._peers.items() if r.uid == uid]:
+                del self._peers[other]
+            record = PeerRecord(uid=uid, first_seen_window=window, last_seen_window=window)
+            self._peers[hotkey] = record
+        else:
+            record.last_seen_window = max(record.last_seen_window, window)
+        return record
+
+    def forget(self, hotkey: str) -> None:
+        """Drop `hotkey`'s state (no error if absent)."""
+        self._peers.pop(hotkey, None)
+
+    def sync_registry(self, uid_by_hotkey: Mapping[str, int]) -> list[str]:
+        """Align the book with the metagraph; return the hotkeys dropped (sorted).
+
+        Deregistered hotkeys drop out, and so does any hotkey now on a different uid (it
+        re-registered and starts fresh on its next `get_or_create`). A new hotkey on a recycled
+        uid therefore never sees the previous holder's state. Hotkeys not yet in the book are
+        not added: a record is created when a peer is first evaluated.
+        """
+        holders: dict[int, str] = {}
+        for hotkey, uid in uid_by_hotkey.items():
+            if uid in holders:
+                raise ValueError(f"sync_registry: uid {uid} given for both {holders[uid]} and {hotkey}")
+            holders[uid] = hotkey
+        dropped = sorted(h for h, r in self._peers.items() if uid_by_hotkey.get(h) != r.uid)
+        for hotkey in dropped:
+            del self._peers[hotkey]
+        return dropped
+
+    # ---- scoring ------------------------------------------------------------------------
+
+    @staticmethod
+    def _rescore(record: PeerRecord) -> None:
+        record.score = peer_score(record.mu, record.loss_rating)
+
+    def record_fast_eval(
+        self, hotkey: str, passed: bool, status: str, phi: float, *, sync_steps: float | None = None
+    ) -> PeerRecord:
+        """Apply one fast evaluation (paper §3.2): on failure μ ← φ·μ; counts and status kept."""
+        record = self._require(hotkey)
+        if not 0 < len(status) <= 64:
+            raise ValueError(f"record_fast_eval: status must be 1-64 characters, got {status!r}")
+        if sync_steps is not None and (math.isnan(sync_steps) or sync_steps < 0):
+            raise ValueError(f"record_fast_eval: invalid sync_steps {sync_steps!r}")
+        if passed:
+            record.fast_eval_passes += 1
+        else:
+            record.fast_eval_fails += 1
+            record.mu = penalise(record.mu, phi)
+        record.last_status = status
+        if sync_steps is not None:
+            record.last_sync_steps = sync_steps
+        self._rescore(record)
+        return record
+
+    def record_primary(
+        self, results: Mapping[str, PrimaryResult], *, gamma: float, beta: float, tau: float
+    ) -> None:
+        """Apply one window's primary evaluation of S_t (Algorithm 1, lines after Fast Evaluation).
+
+        One OpenSkill match among all of `results` ranked by δ_rand, then each peer's μ update
+        from sign(δ_assigned − δ_rand), then its PeerScore. Every hotkey must already be in the
+        book. Validation happens before any state changes, so a bad call leaves the book intact.
+        """
+        records = {hotkey: self._require(hotkey) for hotkey in results}
+        for hotkey, result in results.items():
+            if math.isnan(result.delta_assigned) or math.isnan(result.delta_rand):
+                raise ValueError(f"record_primary: NaN LossScore for {hotkey}")
+        new_ratings = rate_match(
+            {hotkey: record.rating for hotkey, record in records.items()},
+            {hotkey: result.delta_rand for hotkey, result in results.items()},
+            beta=beta,
+            tau=tau,
+        )
+        new_mus = {
+            hotkey: update_mu(records[hotkey].mu, result.delta_assigned, result.delta_rand, gamma)
+            for hotkey, result in results.items()
+        }
+        for hotkey, result in results.items():
+            record = records[hotkey]
+            record.rating = new_ratings[hotkey]
+            record.mu = new_mus[hotkey]
+            record.last_delta_assigned = float(result.delta_assigned)
+            record.last_delta_rand = float(result.delta_rand)
+            record.primary_evals += 1
+            self._rescore(record)
+
+    def scores(self) -> dict[str, float]:
+        """PeerScore_p for every hotkey in the book (eq. 4, floored factors)."""
+        for record in self._peers.values():
+            self._rescore(record)
+        return {hotkey: self._peers[hotkey].score for hotkey in sorted(self._peers)}
+
+    def weights(self, power: float) -> dict[str, float]:
+        """x_p (eq. 5) for every hotkey, stored on the records; sums to 1 if any score is > 0.
+
+        The baseline is min(min score, 0), not the paper's bare min: PeerScores are ≥ 0, so in
+        a book with any unscored peer the two agree, and when every peer scores > 0 the weakest
+        honest peer still earns a share instead of exactly 0 (and a lone peer earns 1).
+        """
+        x = normalise(self.scores(), power, floor=0.0)
+        for hotkey, value in x.items():
+            self._peers[hotkey].weight = value
+        return x
+
+    def top_g(self, g: int) -> list[str]:
+        """SelectTopG: the `g` best PeerScores > 0, ties by hotkey.
+
+        Equal to ranking by x from `weights(power)`, which is a strictly increasing function
+        of the score (floor 0, power > 0), and independent of the power.
+        """
+        return select_top_g(self.scores(), g)
+
+    # ---- persistence --------------------------------------------------------------------
+
+    def to_json(self) -> str:
+        """Schema-versioned JSON, peers sorted by hotkey (same book → same text).
+
+        Every record is revalidated first; an invalid one raises pydantic's ValidationError.
+        """
+        ordered = {hotkey: self._peers[hotkey] for hotkey in sorted(self._peers)}
+        return _Schema(peers=ordered).model_dump_json(indent=1)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> ScoreBook:
+        """Parse and strictly validate; raise ScoreBookError naming the bad field."""
+        try:
+            schema = _Schema.model_validate_json(text, strict=True)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['msg']}" for err in exc.errors()
+            )
+            raise ScoreBookError(f"invalid score book: {problems}") from exc
+        return cls(schema.peers)
+
+    def save(self, path: str | Path) -> None:
+        """Write atomically: temp file in the same directory, fsync, rename, fsync the directory.
+
+        A crash at any point leaves either the previous file or the new one, never a torn one.
+        """
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        data = self.to_json().encode()
+        try:
+            with open(tmp, "wb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+    @classmethod
+    def load(cls, path: str | Path) -> ScoreBook:
+        """Read a saved book; a missing file is an empty book, a corrupt one raises ScoreBookError."""
+        path = Path(path)
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return cls()
+        try:
+            return cls.from_json(data)
+        except ScoreBookError as exc:
+            raise ScoreBookError(f"{path}: {exc}") from exc

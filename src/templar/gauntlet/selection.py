@@ -1,0 +1,56 @@
+"""Deterministic peer selection: S_t for primary evaluation, F_t for fast evaluation (Algorithm 1).
+
+Each candidate gets a pseudo-random priority `blake2b(hotkey, key=H(seed, window, purpose))`;
+the lowest priorities win. Priorities depend only on the (seed, window, purpose, hotkey)
+tuple, so every machine computes the same subset, the input order is irrelevant, a peer cannot
+choose its own odds (it does not know the seed before the window), and a peer joining or
+leaving never reshuffles the others' relative order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+
+
+def _window_key(seed: int, window: int, purpose: str) -> bytes:
+    return hashlib.blake2b(f"templar/select/{purpose}/{seed}/{window}".encode(), digest_size=32).digest()
+
+
+def _priority(key: bytes, hotkey: str) -> bytes:
+    return hashlib.blake2b(hotkey.encode(), key=key, digest_size=16).digest()
+
+
+def selection_priority(seed: int, window: int, hotkey: str, purpose: str = "eval") -> bytes:
+    """The keyed hash that orders `hotkey` in this window's draw (lower = picked first)."""
+    return _priority(_window_key(seed, window, purpose), hotkey)
+
+
+def select_eval_peers(
+    seed: int,
+    window: int,
+    candidates: Iterable[str],
+    n: int,
+    always: Iterable[str] = (),
+    *,
+    purpose: str = "eval",
+) -> list[str]:
+    """Pick up to `n` peers from `candidates` for this window, `always` ones included.
+
+    `n` is the budget for the whole set: the `always` hotkeys (the current top-G, paper §3.3,
+    so a failing aggregator is caught at once) take their places first and the rest is drawn at
+    random; if `always` alone exceeds `n`, all of them are still returned. Hotkeys in `always`
+    that are not candidates (deregistered) are ignored. Use a different `purpose` for S_t and
+    F_t so the two draws in one window are independent. The result is in priority order.
+    """
+    if n < 0:
+        raise ValueError(f"select_eval_peers: n must be non-negative, got {n}")
+    pool = set(candidates)
+    key = _window_key(seed, window, purpose)
+
+    def priority(hotkey: str) -> tuple[bytes, str]:
+        return _priority(key, hotkey), hotkey
+
+    forced = sorted(pool.intersection(always), key=priority)
+    drawn = sorted(pool.difference(forced), key=priority)[: max(0, n - len(forced))]
+    return sorted(forced + drawn, key=priority)

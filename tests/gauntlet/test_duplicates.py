@@ -1,0 +1,129 @@
+"""Copy detection: identical or near-identical payloads from different hotkeys; the later loses."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+import torch
+
+from templar.gauntlet import Upload, find_copies, fingerprint
+
+THRESHOLD = 0.98  # hparams.json gauntlet.duplicate_threshold
+
+
+def _payload(seed: int) -> dict[str, torch.Tensor]:
+    """A stand-in for decoded DeMo coefficients: a few tensors of sparse-ish values."""
+    gen = torch.Generator().manual_seed(seed)
+    return {
+        "layers.0.attn.q.weight": torch.randn(64, 64, generator=gen) * 1e-3,
+        "layers.0.mlp.up.weight": torch.randn(128, 64, generator=gen) * 5e-4,
+        "embed.weight": torch.randn(4096, generator=gen) * 2e-3,
+    }
+
+
+def _digest(values: dict[str, torch.Tensor]) -> bytes:
+    h = hashlib.sha256()
+    for name in sorted(values):
+        h.update(name.encode())
+        h.update(values[name].numpy().tobytes())
+    return h.digest()
+
+
+def _upload(hotkey: str, timestamp: float, values: dict[str, torch.Tensor]) -> Upload:
+    return Upload(hotkey, timestamp, _digest(values), fingerprint(values))
+
+
+def test_fingerprint_is_deterministic_unit_and_order_free() -> None:
+    values = _payload(0)
+    first = fingerprint(values)
+    assert first.shape == (1024,) and first.dtype == torch.float64
+    assert torch.linalg.vector_norm(first).item() == pytest.approx(1.0, abs=1e-12)
+    assert torch.equal(first, fingerprint(dict(reversed(list(values.items())))))
+    assert fingerprint(values, size=64).shape == (64,)
+
+
+def test_fingerprint_ignores_per_tensor_rescaling() -> None:
+    values = _payload(1)
+    rescaled = {name: tensor * factor for (name, tensor), factor in zip(values.items(), (1e4, 3e-3, 7.0), strict=True)}
+    assert float(fingerprint(values) @ fingerprint(rescaled)) == pytest.approx(1.0, abs=1e-9)
+
+
+def test_fingerprint_cosine_tracks_true_cosine() -> None:
+    # two peers sharing a common gradient direction: per-tensor cosine 0.5 by construction
+    common, own_a, own_b = _payload(10), _payload(11), _payload(12)
+    peer_a = {n: common[n] + own_a[n] for n in common}
+    peer_b = {n: common[n] + own_b[n] for n in common}
+    sketch_cos = float(fingerprint(peer_a) @ fingerprint(peer_b))
+    assert 0.35 < sketch_cos < 0.65
+    assert find_copies([_upload("a", 1.0, peer_a), _upload("b", 2.0, peer_b)], THRESHOLD) == {}
+
+
+def test_fingerprint_of_zeros_matches_nothing_and_bad_input_raises() -> None:
+    zeros = {name: torch.zeros_like(t) for name, t in _payload(2).items()}
+    assert torch.count_nonzero(fingerprint(zeros)) == 0
+    with pytest.raises(ValueError, match="non-finite"):
+        fingerprint({"w": torch.tensor([1.0, float("nan")])})
+    with pytest.raises(ValueError, match="no tensors"):
+        fingerprint({})
+    with pytest.raises(ValueError, match="size"):
+        fingerprint(_payload(0), size=0)
+
+
+def test_identical_payload_later_upload_loses() -> None:
+    original = _payload(3)
+    uploads = [
+        _upload("copier", 12.5, {n: t.clone() for n, t in original.items()}),
+        _upload("honest", 10.0, original),
+        _upload("other", 11.0, _payload(4)),
+    ]
+    assert find_copies(uploads, THRESHOLD) == {"copier": "honest"}
+
+
+def test_identical_digest_caught_even_without_fingerprint_signal() -> None:
+    blank = torch.zeros(1024, dtype=torch.float64)
+    uploads = [Upload("b", 2.0, b"same", blank), Upload("a", 1.0, b"same", blank), Upload("c", 3.0, b"diff", blank)]
+    assert find_copies(uploads, THRESHOLD) == {"b": "a"}
+
+
+def test_near_identical_scaled_copy_is_caught() -> None:
+    original = _payload(5)
+    gen = torch.Generator().manual_seed(99)
+    # ×1e4 plus 1% relative noise: different bytes, same direction
+    disguised = {n: t * 1e4 + 1e-2 * t.std() * 1e4 * torch.randn(t.shape, generator=gen) for n, t in original.items()}
+    uploads = [_upload("orig", 1.0, original), _upload("copy", 2.0, disguised)]
+    assert uploads[0].digest != uploads[1].digest
+    assert find_copies(uploads, THRESHOLD) == {"copy": "orig"}
+
+
+def test_different_payloads_are_not_caught() -> None:
+    uploads = [_upload(f"peer{i}", float(i), _payload(100 + i)) for i in range(20)]
+    assert find_copies(uploads, THRESHOLD) == {}
+
+
+def test_timestamp_tie_broken_by_hotkey_and_chains_point_at_the_earliest() -> None:
+    values = _payload(6)
+    tied = [_upload("zed", 5.0, values), _upload("amy", 5.0, values)]
+    assert find_copies(tied, THRESHOLD) == {"zed": "amy"}
+    chain = [_upload("third", 3.0, values), _upload("first", 1.0, values), _upload("second", 2.0, values)]
+    assert find_copies(chain, THRESHOLD) == {"second": "first", "third": "first"}
+
+
+def test_find_copies_rejects_malformed_batches() -> None:
+    values = _payload(7)
+    with pytest.raises(ValueError, match="same hotkey"):
+        find_copies([_upload("a", 1.0, values), _upload("a", 2.0, _payload(8))], THRESHOLD)
+    short = Upload("b", 2.0, b"x", torch.ones(8, dtype=torch.float64))
+    with pytest.raises(ValueError, match="length"):
+        find_copies([_upload("a", 1.0, values), short], THRESHOLD)
+    with pytest.raises(ValueError, match="threshold"):
+        find_copies([], 0.0)
+    assert find_copies([_upload("a", 1.0, values)], THRESHOLD) == {}
+
+
+def test_find_copies_scales_to_a_full_window() -> None:
+    gen = torch.Generator().manual_seed(0)
+    prints = torch.nn.functional.normalize(torch.randn(256, 1024, generator=gen, dtype=torch.float64), dim=1)
+    uploads = [Upload(f"hk{i:03d}", float(i), i.to_bytes(2, "big"), prints[i]) for i in range(256)]
+    uploads.append(Upload("late-copy", 999.0, b"other", prints[17] * 3.0))
+    assert find_copies(uploads, THRESHOLD) == {"late-copy": "hk017"}

@@ -1,0 +1,223 @@
+"""The paper's formulas against hand-computed values (seed 004, eqs. 2-5 and §3.2)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from templar.gauntlet import (
+    is_synced,
+    loss_score,
+    normalise,
+    peer_score,
+    penalise,
+    sync_steps,
+    top_g,
+    update_mu,
+)
+
+# ---- SyncScore ------------------------------------------------------------------------------
+
+
+def test_sync_steps_hand_example() -> None:
+    # |diff| = [0, 0.0015, 0.003, 0]; mean = 0.0045 / 4 = 0.001125; / α=0.001 → 1.125 steps
+    ours = torch.tensor([0.5, -0.25, 1.0, 2.0], dtype=torch.float64)
+    theirs = torch.tensor([0.5, -0.2485, 0.997, 2.0], dtype=torch.float64)
+    assert sync_steps(ours, theirs, 0.001) == pytest.approx(1.125, rel=1e-9)
+
+
+def test_sync_steps_identical_is_zero_and_exact_step_multiples() -> None:
+    theta = torch.randn(64, dtype=torch.float64)
+    assert sync_steps(theta, theta.clone(), 0.01) == 0.0
+    # a peer exactly 3 signed steps behind on every value: 3α / α = 3
+    behind = theta + 3 * 0.01 * torch.sign(torch.randn(64, dtype=torch.float64))
+    assert sync_steps(theta, behind, 0.01) == pytest.approx(3.0, rel=1e-9)
+
+
+def test_sync_steps_accepts_low_precision_peer_values() -> None:
+    ours = torch.tensor([1.0, 2.0])
+    theirs = torch.tensor([1.0, 2.0], dtype=torch.bfloat16)
+    assert sync_steps(ours, theirs, 0.5) == 0.0
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_sync_steps_non_finite_peer_is_infinitely_far(bad: float) -> None:
+    assert sync_steps(torch.zeros(3), torch.tensor([0.0, bad, 0.0]), 0.001) == math.inf
+    assert not is_synced(math.inf, 3.0)
+
+
+@pytest.mark.parametrize("lr", [0.0, -0.1, math.nan, math.inf])
+def test_sync_steps_rejects_bad_lr(lr: float) -> None:
+    with pytest.raises(ValueError, match="lr"):
+        sync_steps(torch.zeros(2), torch.zeros(2), lr)
+
+
+def test_sync_steps_rejects_empty_and_mismatched() -> None:
+    with pytest.raises(ValueError, match="no probed"):
+        sync_steps(torch.zeros(0), torch.zeros(0), 0.1)
+    with pytest.raises(ValueError, match="shape"):
+        sync_steps(torch.zeros(2), torch.zeros(3), 0.1)
+    with pytest.raises(ValueError, match="own probe"):
+        sync_steps(torch.tensor([math.nan]), torch.zeros(1), 0.1)
+
+
+def test_is_synced_threshold() -> None:
+    assert is_synced(3.0, 3.0)
+    assert not is_synced(3.0000001, 3.0)
+    assert not is_synced(math.nan, 3.0)
+
+
+# ---- LossScore ------------------------------------------------------------------------------
+
+
+def test_loss_score_hand_values() -> None:
+    assert loss_score(3.25, 3.0) == 0.25  # the update lowered the loss by 0.25 nats
+    assert loss_score(3.0, 3.5) == -0.5  # the update hurt
+    assert loss_score(2.0, 2.0) == 0.0
+
+
+@pytest.mark.parametrize("after", [math.nan, math.inf])
+def test_loss_score_destructive_update_is_minus_inf(after: float) -> None:
+    assert loss_score(3.0, after) == -math.inf
+
+
+def test_loss_score_rejects_bad_baseline() -> None:
+    with pytest.raises(ValueError, match="baseline"):
+        loss_score(math.nan, 3.0)
+
+
+# ---- μ: proof of computation and the fast-eval penalty ------------------------------------------
+
+
+def test_update_mu_hand_values() -> None:
+    # γ=0.9: 0.9·0 + 0.1·sign(0.3−0.1)=+1 → 0.1
+    assert update_mu(0.0, 0.3, 0.1, 0.9) == pytest.approx(0.1, abs=1e-15)
+    # 0.9·0.5 + 0.1·sign(0.1−0.3)=−1 → 0.45 − 0.1 = 0.35
+    assert update_mu(0.5, 0.1, 0.3, 0.9) == pytest.approx(0.35, abs=1e-15)
+    # equal deltas: sign 0 → pure decay 0.9·0.5 = 0.45
+    assert update_mu(0.5, 0.2, 0.2, 0.9) == pytest.approx(0.45, abs=1e-15)
+    # γ=0.7: 0.7·(−0.2) + 0.3·(+1) = −0.14 + 0.3 = 0.16
+    assert update_mu(-0.2, 0.02, 0.01, 0.7) == pytest.approx(0.16, abs=1e-15)
+
+
+def test_update_mu_destructive_update_counts_as_minus_one() -> None:
+    # −inf on both sets would be −inf − −inf = NaN in the raw formula; here it is −1:
+    # 0.9·0.5 − 0.1 = 0.35
+    assert update_mu(0.5, -math.inf, -math.inf, 0.9) == pytest.approx(0.35, abs=1e-15)
+    assert update_mu(0.5, -math.inf, 0.1, 0.9) == pytest.approx(0.35, abs=1e-15)
+    assert update_mu(0.5, 0.1, -math.inf, 0.9) == pytest.approx(0.35, abs=1e-15)
+
+
+def test_update_mu_rejects_bad_inputs() -> None:
+    with pytest.raises(ValueError, match="gamma"):
+        update_mu(0.0, 0.1, 0.0, 1.0)
+    with pytest.raises(ValueError, match="NaN"):
+        update_mu(0.0, math.nan, 0.0, 0.9)
+
+
+def test_mu_stays_in_unit_interval_under_any_sequence() -> None:
+    mu = 0.0
+    for step in range(200):
+        mu = update_mu(mu, 1.0 if step % 3 else -1.0, 0.0, 0.7)
+        if step % 5 == 0:
+            mu = penalise(mu, 0.75)
+        assert -1.0 <= mu <= 1.0
+
+
+def test_penalise_sequence() -> None:
+    # 1 → 0.75 → 0.5625 → 0.421875 (φ = 0.75, exact in binary)
+    mu = 1.0
+    seen = []
+    for _ in range(3):
+        mu = penalise(mu, 0.75)
+        seen.append(mu)
+    assert seen == [0.75, 0.5625, 0.421875]
+
+
+def test_penalise_negative_mu_moves_toward_zero_but_never_pays() -> None:
+    # −0.4 · 0.75 = −0.3: "less negative", yet the floored PeerScore is 0 before and after.
+    assert penalise(-0.4, 0.75) == pytest.approx(-0.3, abs=1e-15)
+    assert peer_score(-0.4, 10.0) == 0.0
+    assert peer_score(penalise(-0.4, 0.75), 10.0) == 0.0
+
+
+def test_penalise_rejects_bad_phi() -> None:
+    for phi in (0.0, 1.5, -0.75):
+        with pytest.raises(ValueError, match="phi"):
+            penalise(0.5, phi)
+
+
+# ---- PeerScore --------------------------------------------------------------------------------
+
+
+def test_peer_score_hand_values_and_exploit() -> None:
+    assert peer_score(0.5, 4.0) == 2.0
+    assert peer_score(-0.5, -4.0) == 0.0  # the raw product would be +2.0: the exploit
+    assert peer_score(0.5, -4.0) == 0.0
+    assert peer_score(-0.5, 4.0) == 0.0
+    assert peer_score(math.nan, 4.0) == 0.0
+    assert peer_score(0.5, math.nan) == 0.0
+
+
+# ---- normalisation and top-G --------------------------------------------------------------------
+
+
+def test_normalise_power_two_hand_example() -> None:
+    # scores 0, 1, 2; min 0; squared 0, 1, 4; sum 5 → 0, 0.2, 0.8
+    x = normalise({"a": 0.0, "b": 1.0, "c": 2.0}, 2.0)
+    assert x == pytest.approx({"a": 0.0, "b": 0.2, "c": 0.8}, abs=1e-15)
+    # paper's shift: 1, 2, 3 → min 1 → same 0, 1, 4 → same result; the minimum gets exactly 0
+    assert normalise({"a": 1.0, "b": 2.0, "c": 3.0}, 2.0) == pytest.approx(x, abs=1e-15)
+    # power 1: 1, 3 → 0, 2 → 0, 1
+    assert normalise({"a": 1.0, "b": 3.0}, 1.0) == {"a": 0.0, "b": 1.0}
+
+
+def test_normalise_floor_anchors_baseline_at_zero() -> None:
+    # floor 0: min(1, 0) = 0; 1², 2² = 1, 4; sum 5 → 0.2, 0.8 (the weaker peer is not zeroed)
+    assert normalise({"a": 1.0, "b": 2.0}, 2.0, floor=0.0) == pytest.approx({"a": 0.2, "b": 0.8}, abs=1e-15)
+    assert normalise({"solo": 3.0}, 2.0, floor=0.0) == {"solo": 1.0}
+    assert normalise({"solo": 3.0}, 2.0) == {"solo": 0.0}  # paper formula: a lone peer gets 0
+
+
+def test_normalise_degenerate_inputs() -> None:
+    assert normalise({}, 2.0) == {}
+    assert normalise({"a": 0.0, "b": 0.0}, 2.0) == {"a": 0.0, "b": 0.0}
+    assert normalise({"a": 5.0, "b": 5.0}, 2.0) == {"a": 0.0, "b": 0.0}
+    assert normalise({"a": 0.0, "b": 0.0, "c": 0.7}, 2.0) == {"a": 0.0, "b": 0.0, "c": 1.0}
+    with pytest.raises(ValueError, match="power"):
+        normalise({"a": 1.0}, 0.0)
+    with pytest.raises(ValueError, match="not finite"):
+        normalise({"a": math.inf, "b": 0.0}, 2.0)
+
+
+@given(
+    st.dictionaries(
+        st.text(min_size=1, max_size=8),
+        st.floats(min_value=0.0, max_value=1e6, allow_nan=False),
+        min_size=1,
+        max_size=40,
+    ),
+    st.sampled_from([1.0, 2.0, 3.0]),
+)
+def test_normalise_is_a_distribution_and_order_free(scores: dict[str, float], power: float) -> None:
+    x = normalise(scores, power, floor=0.0)
+    assert set(x) == set(scores)
+    assert all(value >= 0.0 for value in x.values())
+    if any(value ** power > 0 for value in scores.values()):
+        assert math.fsum(x.values()) == pytest.approx(1.0, abs=1e-12)
+    reversed_input = dict(reversed(list(scores.items())))
+    assert normalise(reversed_input, power, floor=0.0) == x
+
+
+def test_top_g_is_deterministic_positive_only_and_tie_broken_by_hotkey() -> None:
+    x = {"b": 0.5, "a": 0.5, "c": 0.9, "d": 0.0, "e": -1.0}
+    assert top_g(x, 2) == ["c", "a"]
+    assert top_g(x, 10) == ["c", "a", "b"]
+    assert top_g(x, 0) == []
+    assert top_g(dict(reversed(list(x.items()))), 10) == ["c", "a", "b"]
+    with pytest.raises(ValueError):
+        top_g(x, -1)

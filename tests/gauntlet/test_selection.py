@@ -1,0 +1,81 @@
+"""Deterministic S_t / F_t selection: same inputs → same subset everywhere, order-free."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from templar.gauntlet import select_eval_peers, selection_priority
+
+CANDIDATES = [f"5Hotkey{i:02d}" for i in range(10)]
+
+
+def test_golden_output_pins_cross_machine_determinism() -> None:
+    # blake2b is specified bit for bit; if this changes, validators on different versions
+    # would evaluate different peers. Recorded once from this implementation.
+    assert select_eval_peers(7, 100, [f"hk{i}" for i in range(10)], 4) == ["hk4", "hk0", "hk9", "hk5"]
+    assert select_eval_peers(7, 100, [f"hk{i}" for i in range(10)], 4, always=["hk0", "hk1"]) == [
+        "hk4", "hk0", "hk9", "hk1",
+    ]
+
+
+@given(st.permutations(CANDIDATES), st.integers(min_value=0, max_value=10))
+def test_input_order_and_duplicates_do_not_matter(order: list[str], n: int) -> None:
+    expected = select_eval_peers(1, 55, CANDIDATES, n)
+    assert select_eval_peers(1, 55, order, n) == expected
+    assert select_eval_peers(1, 55, order + order[:3], n) == expected
+    assert len(expected) == min(n, len(CANDIDATES))
+    assert len(set(expected)) == len(expected)
+
+
+def test_always_peers_are_included_within_the_budget() -> None:
+    always = CANDIDATES[:3]
+    for window in range(20):
+        chosen = select_eval_peers(3, window, CANDIDATES, 5, always=always)
+        assert set(always) <= set(chosen)
+        assert len(chosen) == 5
+    # the budget never drops a forced peer
+    assert set(select_eval_peers(3, 0, CANDIDATES, 1, always=always)) == set(always)
+    # a forced hotkey that is no longer a candidate (deregistered) is ignored
+    assert "gone" not in select_eval_peers(3, 0, CANDIDATES, 5, always=["gone"])
+
+
+def test_subset_changes_with_window_seed_and_purpose() -> None:
+    by_window = {tuple(select_eval_peers(9, w, CANDIDATES, 3)) for w in range(30)}
+    assert len(by_window) > 10
+    seed_differs = sum(
+        select_eval_peers(9, w, CANDIDATES, 3) != select_eval_peers(10, w, CANDIDATES, 3) for w in range(30)
+    )
+    assert seed_differs > 20
+    differs = sum(
+        select_eval_peers(9, w, CANDIDATES, 3, purpose="primary")
+        != select_eval_peers(9, w, CANDIDATES, 3, purpose="fast")
+        for w in range(30)
+    )
+    assert differs > 20
+
+
+def test_selection_is_fair_over_many_windows() -> None:
+    # 10 candidates, 3 per window, 3000 windows: each expected 900 times (sd ≈ 25)
+    counts: Counter[str] = Counter()
+    for window in range(3000):
+        counts.update(select_eval_peers(42, window, CANDIDATES, 3))
+    assert set(counts) == set(CANDIDATES)
+    assert all(780 < count < 1020 for count in counts.values()), counts
+
+
+def test_result_is_in_priority_order_and_edge_sizes() -> None:
+    chosen = select_eval_peers(5, 8, CANDIDATES, 10)
+    assert sorted(chosen) == sorted(CANDIDATES)
+    assert chosen == sorted(chosen, key=lambda hk: selection_priority(5, 8, hk))
+    assert select_eval_peers(5, 8, CANDIDATES, 0) == []
+    assert select_eval_peers(5, 8, [], 4) == []
+    with pytest.raises(ValueError):
+        select_eval_peers(5, 8, CANDIDATES, -1)
+    shuffled = CANDIDATES[:]
+    random.Random(0).shuffle(shuffled)
+    assert select_eval_peers(5, 8, shuffled, 50) == chosen
