@@ -14,6 +14,8 @@ from templar import __version__
 
 SUBCOMMANDS: tuple[str, ...] = (
     "templar.tools.hparams_cmd",
+    "templar.chain.cli",
+    "templar.localnet.cli",
 )
 
 

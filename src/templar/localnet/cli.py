@@ -1,0 +1,61 @@
+"""`templar localnet`: the whole subnet on this machine in one command."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from templar.localnet.runner import DEFAULT_ADVERSARIES, LocalnetConfig, parse_adversary
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "localnet", help="run an embedded chain, validators and miners (honest and adversarial) on this machine",
+        description="Runs every neuron as its own process through neurons/*.py, shows a live table, and "
+                    "writes report.json, report.md and plots to --out.",
+    )
+    p.add_argument("--miners", type=int, default=4, help="honest miners (default 4)")
+    p.add_argument("--validators", type=int, default=1, help="validators; the first has the most stake (lead)")
+    p.add_argument("--windows", type=int, default=12, help="windows the lead validator evaluates before stopping")
+    p.add_argument("--hparams", default="tiny", help="preset name or path (default tiny)")
+    p.add_argument("--adversary", action="append", default=None, metavar="NAME[:COUNT]",
+                   help=f"adversarial miner, repeatable (default: {', '.join(DEFAULT_ADVERSARIES)}; 'none' for none)")
+    p.add_argument("--storage", choices=["local", "s3"], default="local",
+                   help="local directories, or a local S3 server started and stopped by this command")
+    p.add_argument("--out", type=Path, default=Path("localnet"), help="everything the run creates (default ./localnet)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--resume", action="store_true", help="keep --out and resume instead of starting clean")
+    p.add_argument("--no-live", action="store_true", help="no live table (for logs and CI)")
+    p.add_argument("--report-only", action="store_true", help="rebuild the report of an existing --out and exit")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from templar.localnet.report import build_report
+    from templar.localnet.runner import run_localnet
+    from templar.log import setup_logging
+
+    setup_logging()
+    if args.report_only:
+        build_report(args.out)
+        print(f"report rebuilt in {args.out}")
+        return 0
+    if args.adversary is None:
+        adversaries = [(name, 1) for name in DEFAULT_ADVERSARIES]
+    elif args.adversary == ["none"]:
+        adversaries = []
+    else:
+        try:
+            adversaries = [parse_adversary(spec) for spec in args.adversary]
+        except ValueError as exc:
+            print(f"error: {exc}")
+            return 2
+    cfg = LocalnetConfig(out=args.out, miners=args.miners, validators=args.validators, windows=args.windows,
+                         hparams=args.hparams, adversaries=adversaries, storage=args.storage, seed=args.seed,
+                         resume=args.resume, live=not args.no_live)
+    report = run_localnet(cfg)
+    summary = [{k: p[k] for k in ("name", "strategy", "final_weight", "final_mu")}
+               for p in report["peers"] if p["role"] == "miner"]
+    print(json.dumps({"outcome": report["outcome"], "miners": summary}, indent=2))
+    return 0 if report["outcome"] == "finished" else 1

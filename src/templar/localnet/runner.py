@@ -1,0 +1,229 @@
+"""Start an embedded chain, wallets, buckets and one OS process per neuron; stop them; report.
+
+Every neuron runs through its real entry point (`neurons/miner.py`, `neurons/validator.py`) with
+the same flags an operator would type, so the localnet exercises exactly the production code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from loguru import logger
+from rich.console import Console
+from rich.live import Live
+
+from templar.chain.embedded import create_dev_chain
+from templar.config import REPO_ROOT, load_hparams
+from templar.localnet.live import live_table
+from templar.localnet.report import NodeInfo, build_report, lead_validator, write_nodes
+from templar.records import VALIDATOR_WINDOWS_FILE, read_records
+
+NETUID = 1
+WALLET = "localnet"
+LEAD_STAKE = 10_000.0
+VALIDATOR_STAKE = 1_000.0
+DEFAULT_ADVERSARIES = ("copycat", "scaled", "lazy")
+
+
+@dataclass
+class LocalnetConfig:
+    out: Path
+    miners: int = 4
+    validators: int = 1
+    windows: int = 12
+    hparams: str = "tiny"
+    adversaries: list[tuple[str, int]] = field(default_factory=lambda: [(a, 1) for a in DEFAULT_ADVERSARIES])
+    storage: str = "local"
+    seed: int = 0
+    resume: bool = False
+    live: bool = True
+
+
+def parse_adversary(spec: str) -> tuple[str, int]:
+    """`NAME[:COUNT]` → (name, count)."""
+    name, _, count = spec.partition(":")
+    from templar.miner.strategies import STRATEGIES
+
+    if name not in STRATEGIES or name == "honest":
+        raise ValueError(f"unknown adversary {name!r}; choose from "
+                         f"{', '.join(sorted(set(STRATEGIES) - {'honest'}))}")
+    n = int(count) if count else 1
+    if n < 1:
+        raise ValueError(f"adversary count must be >= 1 in {spec!r}")
+    return name, n
+
+
+def plan_nodes(cfg: LocalnetConfig) -> list[tuple[str, str, str, float]]:
+    """(name, role, strategy, stake) for every neuron, validators first (lowest uids)."""
+    nodes: list[tuple[str, str, str, float]] = []
+    for i in range(cfg.validators):
+        nodes.append((f"validator{i}", "validator", "lead" if i == 0 else "validator",
+                      LEAD_STAKE if i == 0 else VALIDATOR_STAKE / (i + 1)))
+    for i in range(cfg.miners):
+        nodes.append((f"miner{i}", "miner", "honest", 0.0))
+    for name, count in cfg.adversaries:
+        for i in range(count):
+            if name == "duplicate":
+                nodes.append((f"dup{i}-twin", "miner", "honest", 0.0))
+            nodes.append((f"{name}{i}", "miner", name, 0.0))
+    return nodes
+
+
+class Localnet:
+    def __init__(self, cfg: LocalnetConfig):
+        self.cfg = cfg
+        self.out = cfg.out.resolve()
+        self.hp = load_hparams(cfg.hparams)
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.nodes: list[NodeInfo] = []
+        self.s3 = None
+
+    # ---------------------------------------------------------------- set-up
+    def prepare(self) -> None:
+        if self.out.exists() and not self.cfg.resume:
+            shutil.rmtree(self.out)
+        self.out.mkdir(parents=True, exist_ok=True)
+        planned = plan_nodes(self.cfg)
+        chain_path = self.out / "chain.sqlite"
+        wallets = self.out / "wallets"
+        if self.cfg.resume and (self.out / "nodes.json").exists():
+            from templar.localnet.report import read_nodes
+
+            self.nodes = read_nodes(self.out)
+            return
+        logger.info(f"creating embedded chain with {len(planned)} hotkeys in {chain_path}")
+        dev = create_dev_chain(
+            chain_path, netuid=NETUID, block_time=self.hp.windows.block_time, wallet_path=wallets,
+            wallet_name=WALLET, hotkeys={name: stake for name, _, _, stake in planned},
+            weights_rate_limit=max(1, self.hp.windows.blocks_per_window * self.hp.windows.windows_per_weights // 2),
+        )
+        self.nodes = [NodeInfo(name=name, hotkey=dev.wallets[name].hotkey, uid=dev.wallets[name].uid, role=role,
+                               strategy=strategy, stake=stake) for name, role, strategy, stake in planned]
+        write_nodes(self.out, self.nodes)
+
+    def _bucket_args(self, node: NodeInfo) -> tuple[list[str], dict[str, str]]:
+        if self.cfg.storage == "local":
+            path = self.out / "buckets" / node.name
+            path.mkdir(parents=True, exist_ok=True)
+            return ["--bucket.locator", f"local:{path}"], {}
+        assert self.s3 is not None
+        bucket = f"tpl-{node.name.replace('_', '-')}".lower()
+        read_locator, write_env = self.s3.node_bucket(bucket)
+        return ["--bucket.locator", read_locator], write_env
+
+    def _command(self, node: NodeInfo) -> tuple[list[str], dict[str, str]]:
+        script = REPO_ROOT / "neurons" / f"{node.role}.py"
+        node_dir = node.directory(self.out)
+        node_dir.mkdir(parents=True, exist_ok=True)
+        cmd = [sys.executable, str(script), "--wallet.name", WALLET, "--wallet.hotkey", node.name,
+               "--wallet.path", str(self.out / "wallets"), "--netuid", str(NETUID),
+               "--subtensor.network", "embedded", "--subtensor.chain_endpoint", str(self.out / "chain.sqlite"),
+               "--hparams", self.cfg.hparams, "--device", "cpu", "--state.dir", str(node_dir),
+               "--logging.file", str(node_dir / "node.log")]
+        bucket_args, env = self._bucket_args(node)
+        cmd += bucket_args
+        if node.role == "validator":
+            cmd += ["--windows", str(self.cfg.windows)]
+        else:
+            cmd += ["--strategy", node.strategy]
+            if node.strategy == "duplicate":
+                twin = next(n for n in self.nodes if n.name == node.name.replace("duplicate", "dup") + "-twin")
+                cmd += ["--copy.hotkey", twin.hotkey]
+        return cmd, env
+
+    def start(self) -> None:
+        if self.cfg.storage == "s3":
+            from templar.localnet.s3 import LocalS3
+
+            self.s3 = LocalS3(self.out / "s3")
+            self.s3.start()
+        base_env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+                    "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+                    "TEMPLAR_LOCALNET_SEED": str(self.cfg.seed), "PYTHONUNBUFFERED": "1"}
+        for node in self.nodes:
+            cmd, env = self._command(node)
+            stdout = open(node.directory(self.out) / "stdout.log", "ab")  # noqa: SIM115 - owned by the child
+            self.procs[node.name] = subprocess.Popen(
+                cmd, stdout=stdout, stderr=subprocess.STDOUT, env={**base_env, **env},
+                cwd=REPO_ROOT, start_new_session=True,
+            )
+        logger.info(f"started {len(self.procs)} neurons; logs under {self.out / 'nodes'}")
+
+    # ---------------------------------------------------------------- run
+    def windows_done(self) -> int:
+        lead = lead_validator(self.nodes)
+        if lead is None:
+            return 0
+        return sum(1 for _ in read_records(lead.directory(self.out) / VALIDATOR_WINDOWS_FILE))
+
+    def alive(self) -> dict[str, bool]:
+        return {name: proc.poll() is None for name, proc in self.procs.items()}
+
+    def wait(self, deadline_seconds: float) -> str:
+        """Until the lead validator has evaluated `windows` windows, it exits, or time runs out."""
+        lead = lead_validator(self.nodes)
+        started = time.time()
+        live = None
+        if self.cfg.live:
+            live = Live(live_table(self.out, self.nodes, self.alive()), console=Console(stderr=True),
+                        auto_refresh=False)
+            live.start()
+        try:
+            while True:
+                if live is not None:
+                    live.update(live_table(self.out, self.nodes, self.alive()), refresh=True)
+                if self.windows_done() >= self.cfg.windows:
+                    return "finished"
+                if lead and self.procs[lead.name].poll() is not None:
+                    return f"lead validator exited with code {self.procs[lead.name].returncode}"
+                if time.time() - started > deadline_seconds:
+                    return "timed out"
+                time.sleep(1.0)
+        finally:
+            if live is not None:
+                live.stop()
+
+    def stop(self, grace: float = 20.0) -> dict[str, int | None]:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        until = time.time() + grace
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=max(0.1, until - time.time()))
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        if self.s3 is not None:
+            self.s3.stop()
+        return {name: proc.returncode for name, proc in self.procs.items()}
+
+
+def run_localnet(cfg: LocalnetConfig, *, deadline_seconds: float | None = None) -> dict:
+    """Run a localnet to completion (or Ctrl-C) and return the report."""
+    net = Localnet(cfg)
+    net.prepare()
+    net.start()
+    window_seconds = net.hp.windows.blocks_per_window * net.hp.windows.block_time
+    deadline = deadline_seconds or (cfg.windows + 6) * window_seconds + 120
+    outcome = "interrupted"
+    try:
+        outcome = net.wait(deadline)
+    except KeyboardInterrupt:
+        logger.warning("Ctrl-C: stopping every neuron and writing the report")
+    finally:
+        codes = net.stop()
+    report = build_report(net.out)
+    report["outcome"] = outcome
+    report["exit_codes"] = codes
+    (net.out / "report.json").write_text(json.dumps(report, indent=2))
+    logger.info(f"localnet {outcome}; report in {net.out / 'report.md'}")
+    return report

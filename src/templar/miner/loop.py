@@ -1,0 +1,208 @@
+"""The miner: each window, train on the assigned pages, compress, post, gather the top-G, step.
+
+`Miner.run` is the whole life of a miner; `run_window` is one window, as named phases:
+train → compress → upload (inside the put window) → gather top-G → outer step → save.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from templar.chain import verify_signature
+from templar.comms import RecordError, gather, get_peers, put_gradient
+from templar.comms.keys import gradient_key
+from templar.compress import DCTCompressor, DeMo
+from templar.log import context, short
+from templar.miner.strategies import Strategy
+from templar.node import Node
+from templar.outer import collect_probes, outer_step, synced_step
+from templar.records import MINER_WINDOWS_FILE, MinerWindowRecord, append_record
+from templar.schedule import learning_rate
+from templar.state import NodeState, save_node_state
+from templar.storage import StorageError
+from templar.sync import STATE_FILE, Phase, catch_up, restore
+from templar.train import accumulate_gradients, gradients
+from templar.windows import Clock
+from templar.wire import Gradient, PayloadError, max_gradient_bytes, read_gradient, write_gradient
+
+
+class Miner:
+    def __init__(self, node: Node, strategy: Strategy, copy_hotkey: str | None = None):
+        self.node = node
+        self.hp = node.hp
+        self.strategy = strategy
+        self.copy_hotkey = copy_hotkey
+        self.demo = DeMo(node.model, compressor=DCTCompressor(self.hp.demo.target_chunk, self.hp.demo.topk),
+                         decay=self.hp.demo.momentum_decay)
+        self.state = NodeState(window=-1, global_step=0)
+        self.phase = Phase.STARTUP
+        self.warmup_left = 0
+        self.start_window = 0
+        self.max_bytes = max_gradient_bytes(node.shapes, self.hp)
+
+    # ------------------------------------------------------------------ life
+    async def run(self) -> None:
+        node = self.node
+        self.state, own = await restore(node, self.demo.buffers)
+        self.start_window = self.state.window + 1
+        await self.join(own_state=own)
+        done = 0
+        while not node.stop.is_set():
+            current = node.clock.current_window()
+            behind = current - self.state.window - 1
+            if behind > self.hp.windows.max_allowed_stale:
+                context(window=current, phase=self.phase).warning(
+                    f"[SYNC] {behind} windows behind (max {self.hp.windows.max_allowed_stale}): re-entering catch-up")
+                await self.join(own_state=False)
+                continue
+            if behind > 0:
+                # A window's processing overran: replay what we missed rather than train on stale θ.
+                self.state = await catch_up(node, self.state, current - 1)
+                current = node.clock.current_window()
+            await self.run_window(current)
+            done += 1
+            if node.args.windows and done >= node.args.windows:
+                break
+        self.save()
+        context(phase="stopped").info("miner stopped cleanly")
+
+    async def join(self, *, own_state: bool) -> None:
+        node = self.node
+        self.phase = Phase.CATCHUP
+        self.state = await catch_up(node, self.state, node.clock.current_window() - 1)
+        self.save()
+        self.warmup_left = 0 if own_state else self.hp.windows.warmup_windows
+        self.phase = Phase.WARMUP if self.warmup_left else Phase.ACTIVE
+        if self.warmup_left:
+            context(phase=self.phase).info(
+                f"[SYNC] Warm-up: training {self.warmup_left} windows to build the error-feedback buffer; "
+                "uploads carry weight 0")
+        else:
+            context(phase=self.phase).info("[SYNC] Active: full participation")
+
+    def save(self) -> None:
+        save_node_state(self.node.state_dir / STATE_FILE, self.node.model, self.demo.buffers, self.state)
+
+    # ------------------------------------------------------------------ one window
+    async def run_window(self, window: int) -> None:
+        node, hp = self.node, self.hp
+        times = node.clock.times(window)
+        log = context(window=window, phase=self.phase)
+        busy_started = time.perf_counter()
+
+        pages = self.strategy.pages(node.plan, node.uid, window, hp.data.pages_per_window)
+        batch = node.pages.batch(pages)
+        stats = await asyncio.to_thread(accumulate_gradients, node.model, batch,
+                                        hp.optimizer.micro_batch_size, hp.optimizer.grad_clip)
+        payload = await asyncio.to_thread(self._compress_and_encode, window)
+        busy = time.perf_counter() - busy_started
+
+        # Upload inside the put window: it opens when the next window's first block lands.
+        if not Clock.sleep_until(times.end + self.strategy.upload_delay(hp.windows.put_window_seconds),
+                                 node.stop.is_set):
+            return
+        busy_started = time.perf_counter()
+        if self.strategy.copies:
+            payload = await self._copied_payload(window, times.put_close) or payload
+        uploaded, up_bytes, up_seconds = False, 0, 0.0
+        try:
+            put = await put_gradient(node.bucket, window, payload, timeout=hp.windows.put_window_seconds)
+            uploaded, up_bytes, up_seconds = True, put.nbytes, put.seconds
+        except StorageError as exc:
+            log.warning(f"upload failed: {exc}")
+        busy += time.perf_counter() - busy_started
+
+        if not Clock.sleep_until(times.put_close, node.stop.is_set):
+            return
+        busy_started = time.perf_counter()
+        peers_aggregated = await self._aggregate(window, times)
+        self.state.window = window
+        await asyncio.to_thread(self.save)
+        busy += time.perf_counter() - busy_started
+
+        if self.phase == Phase.WARMUP:
+            self.warmup_left -= 1
+            if self.warmup_left <= 0:
+                self.phase = Phase.ACTIVE
+                log.info("[SYNC] Warm-up done: active")
+        window_seconds = times.end - times.start
+        overhead = max(0.0, busy - stats.seconds) / window_seconds
+        log.info(f"loss {stats.loss:.4f} | {stats.tokens_per_second:,.0f} tok/s | {len(pages)} pages | "
+                 f"upload {up_bytes / 1e3:.0f} kB in {up_seconds:.2f}s | aggregated {peers_aggregated} | "
+                 f"step {self.state.global_step} | overhead {overhead:.1%}")
+        append_record(node.state_dir / MINER_WINDOWS_FILE, MinerWindowRecord(
+            window=window, phase=str(self.phase), strategy=self.strategy.name,
+            global_step=self.state.global_step, loss=stats.loss, tokens_per_second=stats.tokens_per_second,
+            pages=len(pages), uploaded=uploaded, upload_bytes=up_bytes, upload_seconds=up_seconds,
+            peers_aggregated=peers_aggregated, overhead_share=overhead))
+
+    def _compress_and_encode(self, window: int) -> bytes:
+        hp, node = self.hp, self.node
+        lr = learning_rate(self.state.global_step, hp.optimizer)
+        compressed = self.demo.step(gradients(node.model), lr)
+        node.model.zero_grad(set_to_none=True)
+        values = self.strategy.transform({k: c.values for k, c in compressed.items()}, window)
+        compressed = {k: type(c)(indices=c.indices, values=values[k].float(), shape=c.shape, chunk=c.chunk)
+                      for k, c in compressed.items()}
+        return write_gradient(compressed, collect_probes(node.model, window, hp), window=window,
+                              global_step=self.state.global_step, hotkey=node.hotkey, hp=hp,
+                              sign=node.chain.sign, warmup=self.phase == Phase.WARMUP)
+
+    def _validate(self, window: int):
+        shapes, hp = self.node.shapes, self.hp
+
+        def validate(hotkey: str, data: bytes) -> Gradient:
+            return read_gradient(data, shapes, hp, verify=verify_signature, expected_hotkey=hotkey,
+                                 expected_window=window)
+        return validate
+
+    async def _aggregate(self, window: int, times) -> int:
+        """Gather the lead's top-G for `window` and apply the outer step, as validators do."""
+        node, hp = self.node, self.hp
+        log = context(window=window, phase="aggregate")
+        lead = await node.lead()
+        peers: list[str] = []
+        if lead is not None:
+            try:
+                found = await get_peers(lead[1], window, timeout=5.0)
+                peers = found[1] if found else []
+            except (StorageError, RecordError) as exc:
+                log.warning(f"peer list unavailable: {exc}")
+        if not peers:
+            log.info("no peer list in effect yet: no outer step this window")
+            return 0
+        results = await gather(await node.peer_buckets(peers), window, put_window=times.put_window,
+                               deadline=times.gather_deadline, max_bytes=self.max_bytes,
+                               validate=self._validate(window), malformed_errors=(PayloadError,))
+        received = [r.value for r in results.values() if r.ok and r.value is not None]
+        if not self.strategy.applies_aggregate(window, self.start_window):
+            # Keep the step count moving with the swarm, but leave θ behind (the `desync` adversary).
+            self.state.global_step = synced_step(self.state.global_step, [g.global_step for g in received],
+                                                 hp.windows.max_allowed_stale)
+            return 0
+        step = await asyncio.to_thread(outer_step, node.model, received, self.state, hp)
+        return step.peers if step else 0
+
+    async def _copied_payload(self, window: int, until: float) -> bytes | None:
+        """Adversaries only: fetch another miner's payload of this window and re-sign it as ours."""
+        node = self.node
+        log = context(window=window, phase="copy")
+        validators = {n.hotkey for n in await node.neurons() if n.validator_permit}
+        targets = [self.copy_hotkey] if self.copy_hotkey else None
+        buckets = await node.peer_buckets(targets)
+        candidates = [hk for hk in sorted(buckets) if hk != node.hotkey and hk not in validators]
+        while time.time() < until - 1.0:
+            for hotkey in candidates:
+                try:
+                    data = await buckets[hotkey].get(gradient_key(window), max_bytes=self.max_bytes, timeout=2.0)
+                    g = read_gradient(data, node.shapes, self.hp, verify=verify_signature,
+                                      expected_hotkey=hotkey, expected_window=window)
+                except (StorageError, PayloadError):
+                    continue
+                log.info(f"re-posting {short(hotkey)}'s gradient")
+                return write_gradient(g.tensors, g.probes, window=window, global_step=g.global_step,
+                                      hotkey=node.hotkey, hp=self.hp, sign=node.chain.sign, warmup=g.warmup)
+            await asyncio.sleep(0.3)
+        return None
+

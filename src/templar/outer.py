@@ -1,0 +1,65 @@
+"""The outer step every honest node applies identically (paper eq. 1, Algorithm 2).
+
+Miners and validators call the same function with the same inputs (the top-G peers' payloads of
+a window) and get bit-identical parameters: aggregation is deterministic (`templar.compress`),
+the learning rate is a pure function of the synchronised `global_step`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from templar.compress import aggregate, apply_signed_update
+from templar.config import HParams
+from templar.schedule import learning_rate
+from templar.state import NodeState
+from templar.wire import Gradient, probe_positions
+
+
+@dataclass(frozen=True)
+class OuterStep:
+    signs: dict[str, torch.Tensor]
+    global_step: int     # the step this update was applied at
+    learning_rate: float
+    peers: int
+
+
+def synced_step(own: int, claimed: Sequence[int], max_ahead: int) -> int:
+    """global_step = max(own, received), ignoring claims implausibly far ahead of our own
+    (a peer cannot fast-forward everyone's learning-rate schedule)."""
+    plausible = [s for s in claimed if s <= own + max_ahead]
+    return max([own, *plausible])
+
+
+def outer_step(model: torch.nn.Module, gradients: Sequence[Gradient], state: NodeState, hp: HParams,
+               *, apply: bool = True) -> OuterStep | None:
+    """Aggregate the (non-warm-up) payloads with w = 1/G, sign, and apply θ ← θ − α·sign(Δ).
+
+    Returns None when nothing is eligible: the window passes without a step (never stalls).
+    """
+    eligible = [g for g in gradients if not g.warmup]
+    if not eligible:
+        return None
+    shapes = {n: p.shape for n, p in model.named_parameters() if p.requires_grad}
+    step = synced_step(state.global_step, [g.global_step for g in eligible], hp.windows.max_allowed_stale)
+    weight = 1.0 / hp.gauntlet.top_g
+    signs = aggregate([g.tensors for g in eligible], [weight] * len(eligible), shapes)
+    lr = learning_rate(step, hp.optimizer)
+    if apply:
+        apply_signed_update(model, signs, lr, hp.optimizer.weight_decay)
+        state.global_step = step + 1
+    return OuterStep(signs=signs, global_step=step, learning_rate=lr, peers=len(eligible))
+
+
+@torch.no_grad()
+def collect_probes(model: torch.nn.Module, window: int, hp: HParams) -> dict[str, torch.Tensor]:
+    """θ at this window's probe positions, per parameter: what a validator compares (sync score)."""
+    out = {}
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            idx = probe_positions(hp.data.data_seed, window, name, p.numel(), hp.gauntlet.probe_count)
+            out[name] = p.detach().reshape(-1)[idx.to(p.device)].float().cpu()
+    return out

@@ -1,0 +1,175 @@
+"""Joining a running subnet (DESIGN §8, seeds 000 and 002), shared by miners and validators.
+
+Phases, each announced by one `[SYNC]` line:
+  1. registration check (in `templar.node.start_node`)
+  2. state download: own local state if recent, else the lead validator's latest checkpoint
+     (sha256-verified, resumable, progress bar), else θ_0 of the run
+  3. catch-up: replay the lead's published aggregates up to the current window, no uploads
+  4. warm-up and 5. active are the roles' business.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from enum import StrEnum
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError, safe_open
+
+from templar.chain import verify_signature
+from templar.comms import CheckpointError, download_latest_checkpoint, get_aggregate, get_start_window
+from templar.compress import apply_signed_update
+from templar.log import context
+from templar.node import Node
+from templar.schedule import learning_rate
+from templar.state import NodeState, load_node_state
+from templar.storage import StorageError
+from templar.wire import PayloadError, max_aggregate_bytes, read_aggregate
+
+STATE_FILE = "state.safetensors"
+MODEL_FILE = "model.safetensors"
+CHECKPOINT_DOWNLOAD_SECONDS = 1800.0
+
+
+class Phase(StrEnum):
+    STARTUP = "startup"      # registration, bucket commitment, model build
+    DOWNLOAD = "download"    # fetching the lead's checkpoint
+    CATCHUP = "catchup"      # replaying published aggregates; no uploads
+    WARMUP = "warmup"        # training to fill the error-feedback buffer; uploads carry weight 0
+    ACTIVE = "active"        # full participation
+
+
+def load_model_file(model: torch.nn.Module, path: Path) -> None:
+    """Load weights from a checkpoint file after checking every name, shape, dtype and value."""
+    expected = model.state_dict()
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            names = set(f.keys())
+            if names != set(expected):
+                raise CheckpointError(f"{path.name}: tensor names differ from the model "
+                                      f"({len(names ^ set(expected))} mismatched)")
+            loaded = {}
+            for name in names:
+                t = f.get_tensor(name)
+                ref = expected[name]
+                if t.shape != ref.shape or t.dtype != ref.dtype:
+                    raise CheckpointError(f"{path.name}: {name} is {t.dtype}{tuple(t.shape)}, "
+                                          f"expected {ref.dtype}{tuple(ref.shape)}")
+                if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+                    raise CheckpointError(f"{path.name}: {name} holds non-finite values")
+                loaded[name] = t
+    except SafetensorError as exc:
+        raise CheckpointError(f"{path.name}: not a valid safetensors file: {exc}") from exc
+    device = next(model.parameters()).device
+    model.load_state_dict({k: v.to(device) for k, v in loaded.items()})
+
+
+async def restore(node: Node, error_feedback: dict[str, torch.Tensor] | None = None) -> tuple[NodeState, bool]:
+    """Phase 2. Returns the state and whether it is this node's own (so its error feedback, if
+    any, was restored into `error_feedback` and warm-up may be skipped)."""
+    hp, current = node.hp, node.clock.current_window()
+    log = context(window=current, phase=Phase.DOWNLOAD)
+    local = None
+    try:
+        loaded = load_node_state(node.state_dir / STATE_FILE, node.model)
+    except (ValueError, SafetensorError) as exc:
+        log.warning(f"ignoring unreadable local state: {exc}")
+        loaded = None
+    if loaded is not None:
+        local, ef = loaded
+        if error_feedback is not None and set(ef) == set(error_feedback):
+            for name, t in ef.items():
+                error_feedback[name].copy_(t)
+        if current - local.window - 1 <= hp.windows.max_allowed_stale:
+            log.info(f"[SYNC] Resuming from local state at window {local.window} (global_step {local.global_step})")
+            return local, True
+        log.info(f"[SYNC] Local state is {current - local.window - 1} windows old; looking for a newer checkpoint")
+
+    lead = await node.lead()
+    if lead is None:
+        log.warning("[SYNC] No lead validator with a readable bucket yet")
+    else:
+        log.info(f"[SYNC] Downloading the latest checkpoint from lead validator uid {lead[0].uid}")
+        ckpt = None
+        try:
+            ckpt = await download_latest_checkpoint(
+                lead[1], node.state_dir / "download", max_bytes=_checkpoint_cap(node.model),
+                deadline=time.time() + CHECKPOINT_DOWNLOAD_SECONDS, progress=True,
+            )
+        except (CheckpointError, StorageError) as exc:
+            log.warning(f"[SYNC] Checkpoint download failed: {exc}")
+        if ckpt is not None and ckpt.hparams_digest != hp.digest():
+            log.warning(f"[SYNC] Lead checkpoint of window {ckpt.window} is for other hparams; ignoring it")
+        elif ckpt is not None and (local is None or ckpt.window > local.window):
+            try:
+                await asyncio.to_thread(load_model_file, node.model, ckpt.files[MODEL_FILE])
+            except (CheckpointError, KeyError) as exc:
+                log.warning(f"[SYNC] Checkpoint unusable: {exc}")
+            else:
+                log.info(f"[SYNC] Loaded checkpoint of window {ckpt.window} (global_step {ckpt.global_step})")
+                return NodeState(window=ckpt.window, global_step=ckpt.global_step), False
+    if local is not None:
+        return local, True
+    start = None
+    if lead is not None:
+        try:
+            start = await get_start_window(lead[1])
+        except (StorageError, ValueError) as exc:
+            log.warning(f"[SYNC] Could not read the start window: {exc}")
+    start = current if start is None else start
+    log.info(f"[SYNC] No checkpoint yet: starting from the run's initial weights (start window {start})")
+    return NodeState(window=start - 1, global_step=0), False
+
+
+def _checkpoint_cap(model: torch.nn.Module) -> int:
+    return int(sum(t.numel() * t.element_size() for t in model.state_dict().values()) * 1.05) + (1 << 20)
+
+
+async def catch_up(node: Node, state: NodeState, until: int) -> NodeState:
+    """Phase 3: apply the lead's published aggregates for windows (state.window, until].
+
+    An aggregate not yet published is waited for until one window after its own (when the lead
+    must have published it); after that the window is taken as one without an update.
+    """
+    if state.window >= until:
+        return state
+    log = context(window=until, phase=Phase.CATCHUP)
+    log.info(f"[SYNC] Synchronising weights with the lead validator. No uploads in this phase. "
+             f"Replaying windows {state.window + 1}..{until}")
+    started, applied, first = time.perf_counter(), 0, state.window
+    shapes = node.shapes
+    cap = max_aggregate_bytes(shapes)
+    for window in range(state.window + 1, until + 1):
+        if node.stop.is_set():
+            break
+        lead = await node.lead()
+        data = None
+        publish_by = node.clock.times(window + 1).end
+        while lead is not None:
+            try:
+                data = await get_aggregate(lead[1], window, max_bytes=cap, timeout=10.0)
+            except StorageError as exc:
+                log.warning(f"aggregate {window}: {exc}")
+            if data is not None or time.time() > publish_by or node.stop.is_set():
+                break
+            await asyncio.sleep(0.5)
+        if data is not None:
+            try:
+                agg = read_aggregate(data, shapes, verify=verify_signature, expected_hotkey=lead[0].hotkey)
+            except PayloadError as exc:
+                log.warning(f"aggregate {window} from the lead is malformed ({exc.reason}); skipping it")
+            else:
+                step = max(state.global_step, agg.global_step)
+                lr = learning_rate(step, node.hp.optimizer)
+                await asyncio.to_thread(apply_signed_update, node.model, agg.signs, lr,
+                                        node.hp.optimizer.weight_decay)
+                state.global_step = step + 1
+                applied += 1
+        state.window = window
+    seconds = time.perf_counter() - started
+    rate = (state.window - first) / seconds if seconds > 0 else 0.0
+    log.info(f"[SYNC] Caught up to window {state.window}: {applied} aggregates applied in {seconds:.1f}s "
+             f"({rate:.1f} windows/s), global_step {state.global_step}")
+    return state

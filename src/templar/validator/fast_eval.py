@@ -1,0 +1,82 @@
+"""Fast evaluation (paper §3.2) of many peers per window: cheap checks, each failure a named status.
+
+A peer passes when its upload arrived inside the put window, decoded cleanly, is in sync with our
+model (mean |θ_val − θ_peer| / α over this window's probes ≤ `sync_max_steps`), and is not a copy
+of an earlier upload by another hotkey. Everything else multiplies its μ by φ (0.75).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+
+from templar.comms import GatherResult, GatherStatus
+from templar.compress import Compressed
+from templar.gauntlet import Upload, find_copies, fingerprint, sync_steps
+from templar.wire import Gradient
+
+FINGERPRINT_TENSORS = 4
+FINGERPRINT_CHUNKS = 8
+
+
+@dataclass(frozen=True)
+class FastVerdict:
+    passed: bool
+    status: str               # "ok", "warmup", or the failure: missing, late, malformed:<...>, desync, copy...
+    sync_steps: float | None = None
+    copied_from: str | None = None
+
+
+def canonical_values(tensors: Mapping[str, Compressed]) -> dict[str, torch.Tensor]:
+    """Position-canonical coefficients of a few chunks per tensor, for copy fingerprints.
+
+    Raw top-k value arrays are not canonical (a copier could permute values with their indices);
+    scattering them to their positions is, and costs O(chunks·chunk_size) per tensor.
+    """
+    out = {}
+    for name in sorted(tensors)[:FINGERPRINT_TENSORS]:
+        c = tensors[name]
+        chunks = min(FINGERPRINT_CHUNKS, c.indices.shape[0])
+        numel = c.plan.chunk_numel
+        dense = torch.zeros(chunks, numel, dtype=torch.float32)
+        dense.scatter_(1, c.indices[:chunks].cpu(), c.values[:chunks].float().cpu())
+        out[name] = dense.view(-1)
+    return out
+
+
+def probe_sync_steps(own: Mapping[str, torch.Tensor], theirs: Mapping[str, torch.Tensor], lr: float) -> float:
+    names = sorted(own)
+    mine = torch.cat([own[n].reshape(-1).double() for n in names])
+    peer = torch.cat([theirs[n].reshape(-1).double() for n in names])
+    return sync_steps(mine, peer, lr)
+
+
+def fast_evaluate(
+    results: Mapping[str, GatherResult[Gradient]],
+    own_probes: Mapping[str, torch.Tensor],
+    lr: float,
+    *,
+    sync_max_steps: float,
+    duplicate_threshold: float,
+) -> dict[str, FastVerdict]:
+    """A verdict for every gathered peer; pure given the gather results and our probes."""
+    verdicts: dict[str, FastVerdict] = {}
+    uploads: list[Upload] = []
+    for hotkey, res in results.items():
+        if res.status != GatherStatus.OK or res.value is None:
+            reason = f":{res.reason.split(':')[0][:40]}" if res.status == GatherStatus.MALFORMED and res.reason else ""
+            verdicts[hotkey] = FastVerdict(False, f"{res.status.value}{reason}")
+            continue
+        g = res.value
+        steps = probe_sync_steps(own_probes, g.probes, lr)
+        if not steps <= sync_max_steps:
+            verdicts[hotkey] = FastVerdict(False, "desync", sync_steps=steps)
+            continue
+        verdicts[hotkey] = FastVerdict(True, "warmup" if g.warmup else "ok", sync_steps=steps)
+        uploads.append(Upload(hotkey=hotkey, timestamp=float(res.timestamp or 0.0), digest=g.digest,
+                              fingerprint=fingerprint(canonical_values(g.tensors))))
+    for loser, original in find_copies(uploads, duplicate_threshold).items():
+        verdicts[loser] = FastVerdict(False, "copy", sync_steps=verdicts[loser].sync_steps, copied_from=original)
+    return verdicts

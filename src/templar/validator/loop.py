@@ -1,0 +1,253 @@
+"""The validator: every window, gather, fast-evaluate many, primary-evaluate a few, score, step.
+
+`run_window` is Algorithm 1 of the paper as named phases:
+gather → fast eval → primary eval → scores and weights → outer step (+ lead publishing) → save.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+from templar.chain import ChainError, RateLimited, verify_signature
+from templar.comms import GatherResult, GatherStatus, RecordError, gather, get_peers, get_start_window
+from templar.compress import aggregate
+from templar.gauntlet import PrimaryResult, ScoreBook, ScoreBookError, select_eval_peers
+from templar.log import context, short
+from templar.node import Node
+from templar.outer import OuterStep, collect_probes, outer_step
+from templar.records import (
+    SCORES_FILE,
+    VALIDATOR_WINDOWS_FILE,
+    PeerScoreRecord,
+    ValidatorWindowRecord,
+    append_record,
+)
+from templar.schedule import learning_rate
+from templar.state import NodeState, save_node_state
+from templar.storage import StorageError
+from templar.sync import STATE_FILE, Phase, catch_up, restore
+from templar.train import evaluate_loss
+from templar.validator.evaluate import Evaluator, LossScores
+from templar.validator.fast_eval import FastVerdict, fast_evaluate
+from templar.validator.lead import publish_checkpoint, publish_start_window, publish_window
+from templar.windows import Clock
+from templar.wire import Gradient, PayloadError, max_gradient_bytes, read_gradient
+
+BOOK_FILE = "scorebook.json"
+HOLDOUT_PAGES = 4
+
+
+class Validator:
+    def __init__(self, node: Node):
+        self.node = node
+        self.hp = node.hp
+        self.state = NodeState(window=-1, global_step=0)
+        self.book = ScoreBook()
+        self.evaluator = Evaluator(node.model, self.hp.optimizer.micro_batch_size)
+        self.max_bytes = max_gradient_bytes(node.shapes, self.hp)
+        self.holdout = node.pages.batch(node.plan.holdout_pages()[:HOLDOUT_PAGES])
+        self.is_lead = False
+
+    # ------------------------------------------------------------------ life
+    async def run(self) -> None:
+        node = self.node
+        self.book = self._load_book()
+        self.state, _ = await restore(node)
+        lead = await node.lead()
+        self.is_lead = lead is not None and lead[0].hotkey == node.hotkey
+        current = node.clock.current_window()
+        if self.is_lead:
+            if await self._published_start() is None:
+                self.state.window = current - 1
+                await publish_start_window(node, current)
+        else:
+            self.state = await catch_up(node, self.state, current - 1)
+        context(phase=Phase.ACTIVE).info(
+            f"[SYNC] Active as {'lead ' if self.is_lead else ''}validator from window {self.state.window + 1}")
+        done = 0
+        while not node.stop.is_set():
+            window = self.state.window + 1
+            behind = node.clock.current_window() - window
+            if behind > self.hp.windows.max_allowed_stale and not self.is_lead:
+                self.state = await catch_up(node, self.state, node.clock.current_window() - 1)
+                continue
+            await self.run_window(window, evaluate=behind <= 1)
+            done += 1
+            if node.args.windows and done >= node.args.windows:
+                break
+        context(phase="stopped").info("validator stopped cleanly")
+
+    async def _published_start(self) -> int | None:
+        try:
+            return await get_start_window(self.node.bucket)
+        except (StorageError, RecordError):
+            return None
+
+    def _load_book(self) -> ScoreBook:
+        path = self.node.state_dir / BOOK_FILE
+        try:
+            return ScoreBook.load(path)
+        except ScoreBookError as exc:
+            backup = path.with_suffix(".corrupt")
+            path.replace(backup)
+            context(phase="startup").error(f"score book unreadable ({exc}); moved to {backup.name}, starting empty")
+            return ScoreBook()
+
+    # ------------------------------------------------------------------ one window
+    async def run_window(self, window: int, *, evaluate: bool = True) -> None:
+        node, hp = self.node, self.hp
+        times = node.clock.times(window)
+        log = context(window=window, phase="validate")
+        if not Clock.sleep_until(times.put_close, node.stop.is_set):
+            return
+        started = time.perf_counter()
+        deadline = max(times.gather_deadline, time.time() + min(hp.windows.gather_seconds, 5.0))
+
+        neurons = await node.neurons()
+        miners = {n.hotkey: n.uid for n in neurons if not (n.validator_permit and n.stake > 0)
+                  and n.hotkey != node.hotkey}
+        self.book.sync_registry(miners)
+        peer_list = await self._peer_list(window)
+        lr = learning_rate(self.state.global_step, hp.optimizer)
+
+        fast_set = select_eval_peers(hp.data.data_seed, window, sorted(miners), hp.gauntlet.fast_eval_uids,
+                                     always=[p for p in peer_list if p in miners], purpose="fast")
+        wanted = sorted(set(fast_set) | set(peer_list))
+        results = await gather(await node.peer_buckets(wanted), window, put_window=times.put_window,
+                               deadline=deadline, max_bytes=self.max_bytes,
+                               validate=self._validator(window), malformed_errors=(PayloadError,))
+        for hotkey in wanted:  # no locator on chain: as good as missing
+            results.setdefault(hotkey, GatherResult(GatherStatus.MISSING, reason="no bucket committed"))
+
+        own_probes = collect_probes(node.model, window, hp)
+        verdicts = {}
+        losses: dict[str, LossScores] = {}
+        if evaluate:
+            fast_results = {hk: results[hk] for hk in fast_set}
+            verdicts = await asyncio.to_thread(
+                fast_evaluate, fast_results, own_probes, lr, sync_max_steps=hp.gauntlet.sync_max_steps,
+                duplicate_threshold=hp.gauntlet.duplicate_threshold)
+            for hotkey, verdict in verdicts.items():
+                self.book.get_or_create(hotkey, miners[hotkey], window)
+                self.book.record_fast_eval(hotkey, verdict.passed or verdict.status == "warmup", verdict.status,
+                                           hp.gauntlet.fast_eval_penalty, sync_steps=verdict.sync_steps)
+            losses = await self._primary(window, miners, verdicts, results, lr)
+        weights = self.book.weights(hp.gauntlet.power)
+        top = self.book.top_g(hp.gauntlet.top_g)
+
+        # The outer step with the peer list in effect for this window (the same set miners use).
+        chosen = [results[hk].value for hk in peer_list if hk in results and results[hk].ok
+                  and verdicts.get(hk, FastVerdict(True, "ok")).status != "copy"]
+        step = await asyncio.to_thread(outer_step, node.model, [g for g in chosen if g is not None],
+                                       self.state, hp)
+        self.state.window = window
+        if self.is_lead:
+            due = window % hp.windows.peer_replacement_frequency == 0 or not peer_list
+            await publish_window(node, window, step, top if due else None)
+        holdout_loss = await asyncio.to_thread(evaluate_loss, node.model, self.holdout, hp.optimizer.micro_batch_size)
+
+        weights_set = False
+        if window % hp.windows.windows_per_weights == 0:
+            weights_set = await self._set_weights(window, weights, miners)
+        if self.is_lead and window % hp.windows.checkpoint_frequency == 0:
+            await publish_checkpoint(node, window, self.state.global_step)
+        await asyncio.to_thread(self._save)
+        wall = time.perf_counter() - started
+        self._log_window(window, verdicts, losses, weights, top, miners, step, holdout_loss, len(results), wall,
+                         weights_set)
+        log.info(f"window done in {wall:.1f}s | held-out loss {holdout_loss:.4f} | gathered "
+                 f"{sum(r.ok for r in results.values())}/{len(results)} | evaluated {len(losses)} | "
+                 f"aggregated {step.peers if step else 0} | step {self.state.global_step} | top-G "
+                 + ",".join(short(h) for h in top))
+
+    def _validator(self, window: int):
+        shapes, hp = self.node.shapes, self.hp
+
+        def validate(hotkey: str, data: bytes) -> Gradient:
+            return read_gradient(data, shapes, hp, verify=verify_signature, expected_hotkey=hotkey,
+                                 expected_window=window)
+        return validate
+
+    async def _peer_list(self, window: int) -> list[str]:
+        lead = await self.node.lead()
+        if lead is None:
+            return []
+        try:
+            found = await get_peers(lead[1], window, timeout=5.0)
+        except (StorageError, RecordError) as exc:
+            context(window=window, phase="validate").warning(f"peer list unavailable: {exc}")
+            return []
+        return found[1] if found else []
+
+    async def _primary(self, window: int, miners: dict[str, int], verdicts: dict[str, FastVerdict],
+                       results: dict[str, GatherResult], lr: float) -> dict[str, LossScores]:
+        """LossScore on assigned vs unassigned data for a random subset S_t (paper §3.1)."""
+        hp, node = self.hp, self.node
+        eligible = sorted(hk for hk, v in verdicts.items() if v.passed and v.status == "ok")
+        chosen = select_eval_peers(hp.data.data_seed, window, eligible, hp.gauntlet.uids_per_window,
+                                   purpose="primary")
+        if not chosen:
+            return {}
+        shapes = node.shapes
+        signs = {hk: await asyncio.to_thread(aggregate, [results[hk].value.tensors], [1.0], shapes) for hk in chosen}
+        n_eval = min(hp.data.eval_pages, hp.data.pages_per_window)
+        assigned = {hk: node.pages.batch(node.plan.assigned_pages(miners[hk], window, hp.data.pages_per_window)[:n_eval])
+                    for hk in chosen}
+        random_batch = node.pages.batch(node.plan.random_pages(window, hp.data.eval_pages))
+        beta = hp.gauntlet.eval_lr_factor * lr
+        scores = await asyncio.to_thread(self.evaluator.score_peers, signs, assigned, random_batch, beta)
+        self.book.record_primary({hk: PrimaryResult(s.delta_assigned, s.delta_rand) for hk, s in scores.items()},
+                                 gamma=hp.gauntlet.mu_gamma, beta=hp.gauntlet.openskill_beta,
+                                 tau=hp.gauntlet.openskill_tau)
+        return scores
+
+    async def _set_weights(self, window: int, weights: dict[str, float], miners: dict[str, int]) -> bool:
+        log = context(window=window, phase="weights")
+        by_uid = {miners[hk]: w for hk, w in weights.items() if hk in miners and w > 0}
+        if not by_uid:
+            log.info("no positive weights yet; not setting weights")
+            return False
+        try:
+            await asyncio.to_thread(self.node.chain.set_weights, by_uid)
+        except RateLimited as exc:
+            log.warning(f"weights rate-limited, retrying next time: {exc}")
+            return False
+        except ChainError as exc:
+            log.warning(f"setting weights failed, retrying next time: {exc}")
+            return False
+        log.info(f"set weights on chain for {len(by_uid)} uids")
+        return True
+
+    def _save(self) -> None:
+        self.book.save(self.node.state_dir / BOOK_FILE)
+        save_node_state(self.node.state_dir / STATE_FILE, self.node.model, {}, self.state)
+
+    def _log_window(self, window, verdicts, losses, weights, top, miners, step: OuterStep | None,
+                    holdout_loss: float, gathered: int, wall: float, weights_set: bool) -> None:
+        state_dir: Path = self.node.state_dir
+        log = context(window=window, phase="score")
+        for hotkey in sorted(self.book):
+            rec = self.book.peers[hotkey]
+            verdict = verdicts.get(hotkey)
+            loss = losses.get(hotkey)
+            status = verdict.status if verdict else "not-sampled"
+            if verdict or loss:
+                log.info(f"peer {short(hotkey)} uid {rec.uid}: {status} | sync "
+                         f"{'-' if rec.last_sync_steps is None else f'{rec.last_sync_steps:.2f}'} | "
+                         f"δa {'-' if not loss else f'{loss.delta_assigned:+.5f}'} δr "
+                         f"{'-' if not loss else f'{loss.delta_rand:+.5f}'} | μ {rec.mu:+.3f} | rating "
+                         f"{rec.loss_rating:.2f} | score {rec.score:.3f} | weight {weights.get(hotkey, 0):.3f}")
+            append_record(state_dir / SCORES_FILE, PeerScoreRecord(
+                window=window, hotkey=hotkey, uid=rec.uid, status=status, evaluated=loss is not None,
+                sync_steps=verdict.sync_steps if verdict else None,
+                delta_assigned=loss.delta_assigned if loss else None,
+                delta_rand=loss.delta_rand if loss else None, mu=rec.mu, rating=rec.loss_rating,
+                score=rec.score, weight=weights.get(hotkey, 0.0), in_top_g=hotkey in top))
+        append_record(state_dir / VALIDATOR_WINDOWS_FILE, ValidatorWindowRecord(
+            window=window, global_step=self.state.global_step,
+            learning_rate=step.learning_rate if step else learning_rate(self.state.global_step, self.hp.optimizer),
+            holdout_loss=holdout_loss, peers_aggregated=step.peers if step else 0, gathered=gathered,
+            evaluated=len(losses), wall_seconds=wall, weights_set=weights_set))
+
