@@ -1,0 +1,41 @@
+"""Chain access for templar: the only package that imports `bittensor`.
+
+    from templar.chain import connect
+    chain = connect(network="embedded", chain_endpoint="/tmp/chain.sqlite", netuid=3,
+                    wallet_name="validator")
+    chain.require_registered(); chain.set_weights({1: 0.7, 2: 0.3})
+
+`Chain` is the adapter over the bittensor 11 SDK (finney, test, local, ws://..., or the
+embedded SQLite chain); `Neuron` and the exceptions are plain project types. Dev chains with
+registered wallets come from `create_dev_chain` (see `templar.chain.devchain`).
+"""
+
+from templar.chain.client import Chain, connect, load_wallet, verify_signature
+from templar.chain.devchain import DevChain, DevWallet, create_dev_chain
+from templar.chain.store import ChainSpec, ManualTime
+from templar.chain.types import (
+    MAX_COMMITMENT_BYTES,
+    ChainError,
+    ChainUnavailable,
+    Neuron,
+    NotRegistered,
+    RateLimited,
+)
+
+__all__ = [
+    "MAX_COMMITMENT_BYTES",
+    "Chain",
+    "ChainError",
+    "ChainSpec",
+    "ChainUnavailable",
+    "DevChain",
+    "DevWallet",
+    "ManualTime",
+    "Neuron",
+    "NotRegistered",
+    "RateLimited",
+    "connect",
+    "create_dev_chain",
+    "load_wallet",
+    "verify_signature",
+]

@@ -1,0 +1,77 @@
+"""The chain layer's own vocabulary: plain dataclasses and exceptions, no bittensor types.
+
+Everything above `templar.chain` speaks only these names, so swapping the SDK version (or
+the backend: a real node or the embedded SQLite chain) never touches neuron code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MAX_COMMITMENT_BYTES = 128
+"""Largest raw commitment the Commitments pallet stores in one `Raw` field."""
+
+
+@dataclass(frozen=True)
+class Neuron:
+    """One registered hotkey on our subnet, as the metagraph reports it.
+
+    `stake` is the neuron's stake weight in TAO-equivalent units (alpha stake valued at the
+    subnet's spot price; 1:1 on the embedded chain). `commitment` is the raw committed string
+    (a bucket locator), or None when absent or not a well-formed commitment.
+    """
+
+    uid: int
+    hotkey: str
+    coldkey: str
+    stake: float
+    validator_permit: bool
+    last_update: int
+    commitment: str | None
+
+
+class ChainError(Exception):
+    """A chain operation failed; the message says what and, where known, how to fix it."""
+
+
+class NotRegistered(ChainError):
+    """Our hotkey has no uid on the subnet."""
+
+
+class RateLimited(ChainError):
+    """The chain refused a write because it came too soon after the previous one."""
+
+    def __init__(self, message: str, blocks_to_wait: int) -> None:
+        super().__init__(message)
+        self.blocks_to_wait = blocks_to_wait
+
+
+class ChainUnavailable(ChainError):
+    """The endpoint could not be reached or did not answer within the timeout."""
+
+
+def check_commitment(text: str) -> bytes:
+    """The UTF-8 bytes of a commitment we are about to publish; raises ValueError if unfit.
+
+    A commitment must be non-empty printable ASCII of at most 128 bytes: peers parse it as
+    hostile input, and the chain rejects anything longer.
+    """
+    if not isinstance(text, str) or not text:
+        raise ValueError("a commitment must be a non-empty string")
+    if not (text.isascii() and text.isprintable()):
+        raise ValueError("a commitment must be printable ASCII")
+    data = text.encode("ascii")
+    if len(data) > MAX_COMMITMENT_BYTES:
+        raise ValueError(f"commitment is {len(data)} bytes; the chain stores at most {MAX_COMMITMENT_BYTES}")
+    return data
+
+
+def clean_commitment(value: object) -> str | None:
+    """A peer's committed value if it is a well-formed commitment, else None (never raises)."""
+    if not isinstance(value, str):
+        return None
+    try:
+        check_commitment(value)
+    except ValueError:
+        return None
+    return value

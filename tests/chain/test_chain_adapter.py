@@ -1,0 +1,261 @@
+"""The `Chain` adapter over the real bittensor SDK, against an embedded chain on a manual clock."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from templar.chain import (
+    ChainError,
+    DevChain,
+    Neuron,
+    NotRegistered,
+    RateLimited,
+    connect,
+    verify_signature,
+)
+
+
+def test_metagraph_lists_every_neuron_with_stake_and_permits(dev_chain: DevChain, open_chains: dict) -> None:
+    neurons = open_chains["miner1"].metagraph()
+    assert [n.uid for n in neurons] == [0, 1, 2, 3, 4]
+    by_name = {name: neurons[w.uid] for name, w in dev_chain.wallets.items()}
+    assert all(isinstance(n, Neuron) for n in neurons)
+    assert by_name["val1"].hotkey == dev_chain.wallets["val1"].hotkey
+    assert by_name["val1"].coldkey == dev_chain.wallets["val1"].coldkey
+    assert by_name["val1"].stake == pytest.approx(100.0)
+    assert by_name["val2"].stake == pytest.approx(40.0)
+    assert [by_name[n].validator_permit for n in ("val1", "val2", "miner1", "miner2")] == [
+        True,
+        True,
+        False,
+        False,
+    ]
+    assert neurons[0].hotkey == dev_chain.owner.hotkey  # the subnet owner's hotkey holds uid 0
+    assert all(n.commitment is None and n.last_update == 0 for n in neurons)
+
+
+def test_my_uid_and_require_registered(dev_chain: DevChain, open_chains: dict) -> None:
+    chain = open_chains["miner2"]
+    assert chain.my_uid() == dev_chain.wallets["miner2"].uid
+    assert chain.require_registered() == dev_chain.wallets["miner2"].uid
+    assert chain.hotkey == dev_chain.wallets["miner2"].hotkey
+
+
+def test_unregistered_hotkey_raises_not_registered_naming_wallet_hotkey_netuid(
+    dev_chain: DevChain, clock
+) -> None:
+    with connect(
+        network="embedded",
+        chain_endpoint=str(dev_chain.path),
+        netuid=dev_chain.netuid,
+        wallet_name="stranger",
+        wallet_hotkey="hk",
+        wallet_path=dev_chain.wallet_path,
+        now=clock,
+    ) as chain:
+        assert chain.my_uid() is None
+        with pytest.raises(NotRegistered) as info:
+            chain.require_registered()
+        message = str(info.value)
+        assert "'stranger'" in message and "'hk'" in message and chain.hotkey in message
+        assert f"netuid {dev_chain.netuid}" in message
+        with pytest.raises(NotRegistered):
+            chain.set_weights({1: 1.0})
+        with pytest.raises(NotRegistered):
+            chain.commit_bucket("local:/tmp/bucket")
+
+
+def test_commit_and_read_bucket_locators(dev_chain: DevChain, open_chains: dict) -> None:
+    longest = "s3:http://127.0.0.1:9000|bucket-one|READKEY|" + "s" * (128 - 44)
+    assert len(longest) == 128
+    open_chains["miner1"].commit_bucket("local:/tmp/miner1")
+    open_chains["val1"].commit_bucket(longest)
+    locators = open_chains["miner2"].bucket_locators()
+    assert locators == {
+        dev_chain.wallets["miner1"].hotkey: "local:/tmp/miner1",
+        dev_chain.wallets["val1"].hotkey: longest,
+    }
+    neurons = open_chains["miner2"].metagraph()
+    assert neurons[dev_chain.wallets["miner1"].uid].commitment == "local:/tmp/miner1"
+    assert neurons[dev_chain.wallets["miner2"].uid].commitment is None
+    open_chains["miner1"].commit_bucket("local:/tmp/moved")  # a new commitment replaces the old one
+    assert open_chains["val2"].bucket_locators()[dev_chain.wallets["miner1"].hotkey] == "local:/tmp/moved"
+
+
+@pytest.mark.parametrize("bad", ["x" * 129, "", "tab\there", "caf\u00e9:/x", "line\nbreak"])
+def test_commit_refuses_oversize_or_unprintable_locators(open_chains: dict, bad: str) -> None:
+    with pytest.raises(ValueError):
+        open_chains["miner1"].commit_bucket(bad)
+    assert open_chains["miner1"].bucket_locators() == {}
+
+
+def test_set_weights_and_read_back(dev_chain: DevChain, open_chains: dict, go_to_block) -> None:
+    go_to_block(50)
+    m1, m2 = dev_chain.wallets["miner1"].uid, dev_chain.wallets["miner2"].uid
+    open_chains["val1"].set_weights({m1: 1.0, m2: 3.0})
+    weights = open_chains["miner1"].current_weights()
+    val1 = dev_chain.wallets["val1"].uid
+    assert set(weights) == {val1}
+    assert weights[val1][m1] == pytest.approx(0.25, abs=1e-4)
+    assert weights[val1][m2] == pytest.approx(0.75, abs=1e-4)
+    assert open_chains["miner1"].metagraph()[val1].last_update == 50
+
+
+def test_rate_limit_raises_with_blocks_to_wait_then_clears(
+    dev_chain: DevChain, open_chains: dict, go_to_block, rate_limit: int
+) -> None:
+    chain, miner = open_chains["val2"], dev_chain.wallets["miner1"].uid
+    go_to_block(100)
+    chain.set_weights({miner: 1.0})
+    with pytest.raises(RateLimited) as info:
+        chain.set_weights({miner: 1.0})
+    assert info.value.blocks_to_wait == rate_limit
+    assert f"rate limit is {rate_limit} blocks" in str(info.value)
+    go_to_block(100 + rate_limit - 3)
+    with pytest.raises(RateLimited) as info:
+        chain.set_weights({miner: 2.0})
+    assert info.value.blocks_to_wait == 3
+    go_to_block(100 + rate_limit)
+    chain.set_weights({miner: 2.0})
+    assert chain.metagraph()[dev_chain.wallets["val2"].uid].last_update == 100 + rate_limit
+
+
+def test_miner_without_permit_cannot_weight_others(
+    dev_chain: DevChain, open_chains: dict, go_to_block
+) -> None:
+    go_to_block(10)
+    with pytest.raises(ChainError) as info:
+        open_chains["miner1"].set_weights({dev_chain.wallets["miner2"].uid: 1.0})
+    assert "NeuronNoValidatorPermit" in str(info.value)
+    assert not isinstance(info.value, RateLimited | NotRegistered)
+
+
+@pytest.mark.parametrize("weights", [{}, {1: 0.0}, {1: float("nan")}, {1: -1.0}, {-1: 1.0}])
+def test_set_weights_rejects_malformed_input(open_chains: dict, weights: dict) -> None:
+    with pytest.raises(ValueError):
+        open_chains["val1"].set_weights(weights)
+
+
+def test_lead_validator_is_highest_stake_then_lowest_uid(dev_chain: DevChain, open_chains: dict) -> None:
+    lead = open_chains["miner1"].lead_validator()
+    assert lead is not None and lead.uid == dev_chain.wallets["val1"].uid
+    # Bring val2 level with val1: equal stake, so the lower uid (val1) still leads.
+    dev_chain.fund("val2", 61.0)
+    open_chains["val2"].add_stake(60.0)
+    neurons = open_chains["miner1"].metagraph()
+    assert neurons[dev_chain.wallets["val2"].uid].stake == pytest.approx(100.0)
+    assert open_chains["miner1"].lead_validator().uid == dev_chain.wallets["val1"].uid
+    open_chains["val2"].add_stake(0.5)
+    assert open_chains["miner1"].lead_validator().uid == dev_chain.wallets["val2"].uid
+
+
+def test_no_lead_validator_without_staked_permits(tmp_path, clock) -> None:
+    from templar.chain import create_dev_chain
+
+    dev = create_dev_chain(
+        tmp_path / "c.sqlite",
+        netuid=5,
+        hotkeys={"m": 0.0},
+        wallet_path=tmp_path / "w",
+        block_time=0.1,
+        now=clock,
+    )
+    with dev.connect("m", now=clock) as chain:
+        assert chain.lead_validator() is None
+
+
+def test_sign_and_verify_signature(dev_chain: DevChain, open_chains: dict) -> None:
+    chain = open_chains["val1"]
+    message = b"templar window 42"
+    signature = chain.sign(message)
+    assert len(signature) == 64
+    assert verify_signature(chain.hotkey, message, signature)
+    assert chain.verify_signature(chain.hotkey, message, signature)
+    assert not verify_signature(chain.hotkey, b"templar window 43", signature)
+    assert not verify_signature(dev_chain.wallets["val2"].hotkey, message, signature)
+    flipped = bytes([signature[0] ^ 1]) + signature[1:]
+    assert not verify_signature(chain.hotkey, message, flipped)
+
+
+@pytest.mark.parametrize(
+    "hotkey, message, signature",
+    [
+        ("not-an-address", b"m", bytes(64)),
+        ("", b"m", bytes(64)),
+        ("5GrwvaEF5zXb26Fz9rcQpDWS57CtERHpNehXCPcNoHGKutQZ", b"m", bytes(64)),  # bad checksum
+        ("5GrwvaEF5zXb26Fz9rcQpDWS57CtERHpNehXCPcNoHGKutQY", b"m", b""),
+        ("5GrwvaEF5zXb26Fz9rcQpDWS57CtERHpNehXCPcNoHGKutQY", b"m", b"\x00" * 63),
+        ("5GrwvaEF5zXb26Fz9rcQpDWS57CtERHpNehXCPcNoHGKutQY", b"m", os.urandom(64)),
+        ("5GrwvaEF5zXb26Fz9rcQpDWS57CtERHpNehXCPcNoHGKutQY", "text", bytes(64)),
+        (None, b"m", bytes(64)),
+        ("5GrwvaEF5zXb26Fz9rcQpDWS57CtERHpNehXCPcNoHGKutQY", b"m", None),
+    ],
+)
+def test_verify_signature_is_false_on_garbage(hotkey, message, signature) -> None:
+    assert verify_signature(hotkey, message, signature) is False
+
+
+def test_block_clock_is_exact_past_and_future(
+    dev_chain: DevChain, open_chains: dict, clock, go_to_block
+) -> None:
+    chain = open_chains["miner1"]
+    assert chain.block_time == pytest.approx(0.1)
+    go_to_block(7)
+    assert chain.block() == 7
+    genesis = chain.block_timestamp(1)
+    assert chain.block_timestamp(7) == pytest.approx(genesis + 0.6)
+    assert chain.block_timestamp(10_007) == pytest.approx(genesis + 1000.6)
+    clock.advance(0.1)
+    assert chain.block() == 8
+
+
+def test_read_only_chain_reads_but_refuses_to_act(dev_chain: DevChain, clock) -> None:
+    with connect(
+        network="embedded",
+        chain_endpoint=str(dev_chain.path),
+        netuid=dev_chain.netuid,
+        wallet_name=None,
+        now=clock,
+    ) as chain:
+        assert len(chain.metagraph()) == 5
+        with pytest.raises(ChainError, match="read-only"):
+            _ = chain.hotkey
+        with pytest.raises(ChainError, match="read-only"):
+            chain.sign(b"x")
+
+
+def test_missing_subnet_and_missing_chain_file_are_clear_errors(dev_chain: DevChain, tmp_path, clock) -> None:
+    with (
+        connect(
+            network="embedded", chain_endpoint=str(dev_chain.path), netuid=99, wallet_name=None, now=clock
+        ) as chain,
+        pytest.raises(ChainError, match="subnet 99 does not exist"),
+    ):
+        chain.metagraph()
+    with pytest.raises(ChainError, match="templar chain init"):
+        connect(network="embedded", chain_endpoint=str(tmp_path / "nope.sqlite"), netuid=3, wallet_name=None)
+
+
+def test_a_file_that_is_not_a_chain_is_reported(tmp_path) -> None:
+    bogus = tmp_path / "bogus.sqlite"
+    bogus.write_bytes(b"this is not sqlite" * 100)
+    with pytest.raises(ChainError, match="not a usable embedded chain"):
+        connect(network="embedded", chain_endpoint=str(bogus), netuid=3, wallet_name=None)
+
+
+def test_one_chain_is_safe_to_share_between_threads(dev_chain: DevChain, open_chains: dict) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    chain = open_chains["miner1"]
+
+    def work(i: int) -> tuple[int, int | None]:
+        if i % 4 == 0:
+            chain.commit_bucket(f"local:/tmp/thread-{i}")
+        return len(chain.metagraph()), chain.my_uid()
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        results = list(pool.map(work, range(32)))
+    assert set(results) == {(5, dev_chain.wallets["miner1"].uid)}
+    assert chain.bucket_locators()[chain.hotkey].startswith("local:/tmp/thread-")
