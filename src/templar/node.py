@@ -24,7 +24,7 @@ from templar.data import PagePlan, PageStore
 from templar.locator import BucketLocator, Credentials, LocatorError
 from templar.log import setup_logging, short
 from templar.model import build_model, parameter_shapes
-from templar.storage import Bucket, open_bucket
+from templar.storage import Bucket, StorageError, open_bucket
 from templar.windows import Clock
 
 EXIT_NOT_REGISTERED = 2
@@ -69,6 +69,11 @@ class Node:
     _peer_buckets: dict[str, tuple[str, Bucket]] = field(default_factory=dict)
 
     @property
+    def allow_private_endpoints(self) -> bool:
+        """Public networks refuse peer buckets on loopback/private addresses (no SSRF into our LAN)."""
+        return self.args.subtensor_network not in {"finney", "test"}
+
+    @property
     def hotkey(self) -> str:
         return self.chain.hotkey
 
@@ -100,7 +105,11 @@ class Node:
             except LocatorError as exc:
                 logger.warning(f"ignoring bucket commitment of {short(hotkey)}: {exc}")
                 continue
-            bucket = open_bucket(locator)
+            try:
+                bucket = open_bucket(locator, allow_private=self.allow_private_endpoints)
+            except (LocatorError, StorageError) as exc:
+                logger.warning(f"ignoring bucket of {short(hotkey)}: {exc}")
+                continue
             if cached:
                 await cached[1].aclose()
             self._peer_buckets[hotkey] = (raw, bucket)

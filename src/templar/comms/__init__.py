@@ -1,0 +1,54 @@
+"""The windowed exchange on buckets: gradients, peer lists, aggregates, checkpoints, data shards.
+
+Every read of another node's bucket is capped in bytes and bounded in time; `gather` never
+waits past its deadline and never raises because of a peer. Keys live under `v{P}/` (see
+`templar.comms.keys`).
+"""
+
+from __future__ import annotations
+
+from templar.comms.checkpoint import (
+    Checkpoint,
+    CheckpointError,
+    ChecksumMismatch,
+    Manifest,
+    cleanup_checkpoints,
+    download_latest_checkpoint,
+    save_checkpoint,
+)
+from templar.comms.exchange import (
+    PeerList,
+    RecordError,
+    get_aggregate,
+    get_peers,
+    get_start_window,
+    put_aggregate,
+    put_peers,
+    put_start_window,
+)
+from templar.comms.gather import GatherResult, GatherStatus, PutResult, gather, put_gradient
+from templar.comms.shards import fetch_dataset_shards
+
+__all__ = [
+    "Checkpoint",
+    "CheckpointError",
+    "ChecksumMismatch",
+    "GatherResult",
+    "GatherStatus",
+    "Manifest",
+    "PeerList",
+    "PutResult",
+    "RecordError",
+    "cleanup_checkpoints",
+    "download_latest_checkpoint",
+    "fetch_dataset_shards",
+    "gather",
+    "get_aggregate",
+    "get_peers",
+    "get_start_window",
+    "put_aggregate",
+    "put_gradient",
+    "put_peers",
+    "put_start_window",
+    "save_checkpoint",
+]

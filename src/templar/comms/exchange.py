@@ -1,0 +1,130 @@
+"""Small records of the run, published by the lead validator: peer lists, aggregates, start window.
+
+Records are bounded JSON checked against strict schemas (hivemind's habit: `3.0` is not an int,
+unknown fields are errors). A malformed record raises `RecordError` (a `ValueError`) so the
+caller can tell "the lead published garbage" from "nothing published yet" (None).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator
+
+from templar.comms.keys import aggregate_key, peers_key, peers_prefix, start_window_key, window_of
+from templar.config import PROTOCOL_VERSION
+from templar.storage.base import DEFAULT_TIMEOUT, Bucket, ObjectNotFound
+
+MAX_RECORD_BYTES = 64 << 10
+MAX_PEERS = 1024
+
+Hotkey = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+Window = Annotated[int, Field(ge=0, le=10**18)]
+
+
+class RecordError(ValueError):
+    """A published record exists but is not valid JSON of the expected schema."""
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class PeerList(_Record):
+    """`v{P}/peers/{window}.json`: the top-G hotkeys in effect from `window`."""
+
+    protocol: Literal[PROTOCOL_VERSION]  # type: ignore[valid-type]
+    window: Window
+    peers: list[Hotkey] = Field(max_length=MAX_PEERS)
+
+    @field_validator("peers")
+    @classmethod
+    def _unique(cls, peers: list[str]) -> list[str]:
+        if len(set(peers)) != len(peers):
+            raise ValueError("duplicate hotkeys")
+        return peers
+
+
+class StartWindow(_Record):
+    """`v{P}/start_window.json`: the window at which global_step was 0."""
+
+    protocol: Literal[PROTOCOL_VERSION]  # type: ignore[valid-type]
+    start_window: Window
+
+
+def parse_record(data: bytes, model: type[_Record], what: str) -> Any:
+    """Decode bounded JSON into `model`; every failure becomes `RecordError`."""
+    try:
+        raw = json.loads(data)
+        return model.model_validate(raw)
+    except (ValueError, RecursionError, ValidationError) as exc:  # deep nesting → RecursionError
+        raise RecordError(f"{what}: {type(exc).__name__}: {str(exc)[:300]}") from exc
+
+
+def dump_record(record: _Record) -> bytes:
+    return record.model_dump_json().encode()
+
+
+# -- peer lists -------------------------------------------------------------------------------
+
+async def put_peers(bucket: Bucket, window: int, hotkeys: list[str], *,
+                    timeout: float = DEFAULT_TIMEOUT) -> None:
+    """Publish the peer list in effect from `window` (validated before upload)."""
+    record = PeerList(protocol=PROTOCOL_VERSION, window=window, peers=list(hotkeys))
+    await bucket.put(peers_key(window), dump_record(record), timeout=timeout)
+
+
+async def get_peers(bucket: Bucket, window: int, *, timeout: float = DEFAULT_TIMEOUT,
+                    max_bytes: int = MAX_RECORD_BYTES) -> tuple[int, list[str]] | None:
+    """The newest peer list whose window is <= `window`, as (effective_window, hotkeys).
+
+    None if none has been published; `RecordError` if the newest one is malformed.
+    """
+    prefix = peers_prefix()
+    windows = [w for obj in await bucket.list(prefix, timeout=timeout)
+               if (w := window_of(obj.key, prefix, ".json")) is not None and w <= window]
+    if not windows:
+        return None
+    effective = max(windows)
+    try:
+        data = await bucket.get(peers_key(effective), max_bytes=max_bytes, timeout=timeout)
+    except ObjectNotFound:
+        return None  # deleted between list and get
+    record: PeerList = parse_record(data, PeerList, f"{bucket.name} peers/{effective}")
+    if record.window != effective:
+        raise RecordError(f"peer list at window {effective} claims window {record.window}")
+    return effective, list(record.peers)
+
+
+# -- aggregates -------------------------------------------------------------------------------
+
+async def put_aggregate(bucket: Bucket, window: int, data: bytes, *, timeout: float = DEFAULT_TIMEOUT) -> None:
+    """Publish the update applied at `window` (opaque bytes; see `templar.wire`)."""
+    await bucket.put(aggregate_key(window), data, timeout=timeout)
+
+
+async def get_aggregate(bucket: Bucket, window: int, *, max_bytes: int,
+                        timeout: float = DEFAULT_TIMEOUT) -> bytes | None:
+    """The update applied at `window`, or None if it was never published."""
+    try:
+        return await bucket.get(aggregate_key(window), max_bytes=max_bytes, timeout=timeout)
+    except ObjectNotFound:
+        return None
+
+
+# -- start window -----------------------------------------------------------------------------
+
+async def put_start_window(bucket: Bucket, window: int, *, timeout: float = DEFAULT_TIMEOUT) -> None:
+    record = StartWindow(protocol=PROTOCOL_VERSION, start_window=window)
+    await bucket.put(start_window_key(), dump_record(record), timeout=timeout)
+
+
+async def get_start_window(bucket: Bucket, *, timeout: float = DEFAULT_TIMEOUT) -> int | None:
+    """The run's start window, or None if not yet published."""
+    try:
+        data = await bucket.get(start_window_key(), max_bytes=4096, timeout=timeout)
+    except ObjectNotFound:
+        return None
+    record: StartWindow = parse_record(data, StartWindow, f"{bucket.name} start_window")
+    return record.start_window

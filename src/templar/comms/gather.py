@@ -1,0 +1,226 @@
+"""Posting our pseudo-gradient and gathering the peers', with a hard deadline.
+
+`gather` is the fault-tolerant core of a window (seed 002): every peer gets a per-peer budget
+inside a whole-round deadline, at most `concurrency` transfers run at once, and each peer ends
+in exactly one `GatherStatus`. A peer can make its own result fail; it can never make `gather`
+raise, wait past the deadline, or spoil another peer's result. There are no retries past the
+deadline: what arrived valid is used, the rest is recorded with its reason for the scorer.
+
+Per peer, in order: `head` (absent → missing), the timestamp against the put window (→ early /
+late, before a single body byte is fetched), the size against `max_bytes` (→ oversize), the
+download (capped again while streaming), the timestamp of the downloaded version once more (a
+peer that swaps its object after the head is still judged on what we read), then `validate`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Generic, TypeVar
+
+from templar.comms.keys import gradient_key
+from templar.config import PROTOCOL_VERSION
+from templar.log import context, short
+from templar.storage.base import (
+    DEFAULT_TIMEOUT,
+    Bucket,
+    BucketUnreachable,
+    ObjectInfo,
+    ObjectNotFound,
+    ObjectTooLarge,
+    StorageError,
+    StorageTimeout,
+)
+
+T = TypeVar("T")
+
+DEADLINE_GRACE = 0.25
+"""Seconds a cancelled transfer gets to unwind after the deadline before it is abandoned."""
+
+
+class GatherStatus(StrEnum):
+    """How one peer's upload for the window ended."""
+
+    OK = "ok"                    # inside the put window, within the cap, validated
+    MISSING = "missing"          # no object for this window
+    EARLY = "early"              # written before the put window opened
+    LATE = "late"                # written after the put window closed
+    OVERSIZE = "oversize"        # bigger than max_bytes (announced or streamed)
+    MALFORMED = "malformed"      # `validate` rejected the bytes
+    TIMEOUT = "timeout"          # per-peer budget or round deadline ran out
+    UNREACHABLE = "unreachable"  # connection, auth, missing bucket or server error
+
+
+@dataclass(frozen=True)
+class GatherResult(Generic[T]):
+    """One peer's outcome: `value` is set only when `status` is OK."""
+
+    status: GatherStatus
+    value: T | None = None
+    reason: str = ""
+    nbytes: int = 0
+    seconds: float = 0.0
+    timestamp: float | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status is GatherStatus.OK
+
+
+@dataclass(frozen=True)
+class PutResult:
+    """An upload: its key, size in bytes and wall seconds."""
+
+    key: str
+    nbytes: int
+    seconds: float
+
+
+async def put_gradient(bucket: Bucket, window: int, data: bytes, *, timeout: float = DEFAULT_TIMEOUT,
+                       version: int = PROTOCOL_VERSION) -> PutResult:
+    """Upload our payload for `window` to our own bucket."""
+    key = gradient_key(window, version)
+    started = time.perf_counter()
+    await bucket.put(key, data, timeout=timeout)
+    return PutResult(key=key, nbytes=len(data), seconds=time.perf_counter() - started)
+
+
+def _clip(text: object, limit: int = 200) -> str:
+    """Peer-influenced text (server error messages, validator reasons) made safe for logs."""
+    flat = " ".join(str(text).split())
+    return flat if len(flat) <= limit else flat[:limit] + "…"
+
+
+def _status_of(exc: StorageError) -> GatherStatus:
+    if isinstance(exc, ObjectNotFound):
+        return GatherStatus.MISSING
+    if isinstance(exc, ObjectTooLarge):
+        return GatherStatus.OVERSIZE
+    if isinstance(exc, StorageTimeout):
+        return GatherStatus.TIMEOUT
+    if isinstance(exc, BucketUnreachable):
+        return GatherStatus.UNREACHABLE
+    return GatherStatus.UNREACHABLE  # any other server-side failure: the bucket is not usable now
+
+
+@dataclass(frozen=True)
+class _Rules(Generic[T]):
+    key: str
+    put_window: tuple[float, float]
+    clock_skew: float
+    max_bytes: int
+    validate: Callable[[str, bytes], T]
+    malformed_errors: tuple[type[BaseException], ...]
+
+    def timing(self, info: ObjectInfo) -> GatherResult[T] | None:
+        """EARLY/LATE against the put window widened by the skew allowance, else None."""
+        start, end = self.put_window
+        if info.timestamp < start - self.clock_skew:
+            return GatherResult(GatherStatus.EARLY, reason=f"written {start - info.timestamp:.1f}s before "
+                                "the put window", nbytes=info.size, timestamp=info.timestamp)
+        if info.timestamp > end + self.clock_skew:
+            return GatherResult(GatherStatus.LATE, reason=f"written {info.timestamp - end:.1f}s after "
+                                "the put window", nbytes=info.size, timestamp=info.timestamp)
+        return None
+
+
+async def _fetch_one(hotkey: str, bucket: Bucket, rules: _Rules[T], budget_end: float) -> GatherResult[T]:
+    loop = asyncio.get_running_loop()
+
+    def left() -> float:
+        return max(budget_end - loop.time(), 0.001)
+
+    try:
+        info = await bucket.head(rules.key, timeout=left())
+        if (verdict := rules.timing(info)) is not None:
+            return verdict
+        if info.size > rules.max_bytes:
+            return GatherResult(GatherStatus.OVERSIZE, reason=f"{info.size} bytes > cap {rules.max_bytes}",
+                                nbytes=info.size, timestamp=info.timestamp)
+        blob = await bucket.fetch(rules.key, max_bytes=rules.max_bytes, timeout=left())
+    except StorageError as exc:
+        return GatherResult(_status_of(exc), reason=_clip(exc))
+    if (verdict := rules.timing(blob.info)) is not None:
+        return verdict
+    size, stamp = len(blob.data), blob.info.timestamp
+    try:
+        # Off the event loop: decoding a payload must not stall the other transfers' deadlines.
+        value = await asyncio.to_thread(rules.validate, hotkey, blob.data)
+    except rules.malformed_errors as exc:
+        return GatherResult(GatherStatus.MALFORMED, reason=_clip(f"{type(exc).__name__}: {exc}"),
+                            nbytes=size, timestamp=stamp)
+    return GatherResult(GatherStatus.OK, value=value, nbytes=size, timestamp=stamp)
+
+
+async def gather(
+    peers: Mapping[str, Bucket],
+    window: int,
+    *,
+    put_window: tuple[float, float],
+    deadline: float,
+    max_bytes: int,
+    validate: Callable[[str, bytes], T],
+    concurrency: int = 16,
+    per_peer_timeout: float = 10.0,
+    clock_skew: float = 2.0,
+    malformed_errors: tuple[type[BaseException], ...] = (ValueError,),
+    version: int = PROTOCOL_VERSION,
+) -> dict[str, GatherResult[T]]:
+    """Fetch and validate every peer's payload for `window`; returns by `deadline` (unix s).
+
+    `put_window` is `(start, end)` in unix seconds; uploads outside it widened by `clock_skew`
+    seconds (S3 timestamps have 1 s resolution and clocks drift) are early/late.
+    `per_peer_timeout` starts when the peer's transfer starts (after waiting for a slot).
+    `validate(hotkey, data)` runs in a worker thread; exceptions of `malformed_errors` mark the
+    peer malformed (pass `templar.wire.PayloadError` to be strict), anything else is our bug
+    and propagates.
+    """
+    if concurrency < 1 or per_peer_timeout <= 0 or max_bytes < 0:
+        raise ValueError("concurrency >= 1, per_peer_timeout > 0 and max_bytes >= 0 required")
+    loop = asyncio.get_running_loop()
+    round_end = loop.time() + (deadline - time.time())
+    rules = _Rules(gradient_key(window, version), put_window, clock_skew, max_bytes, validate,
+                   malformed_errors)
+    slots = asyncio.Semaphore(concurrency)
+    log = context(window=window, phase="gather")
+
+    async def one(hotkey: str, bucket: Bucket) -> GatherResult[T]:
+        started = loop.time()
+        try:
+            async with asyncio.timeout_at(round_end):
+                async with slots:
+                    started = loop.time()
+                    budget_end = min(started + per_peer_timeout, round_end)
+                    async with asyncio.timeout_at(budget_end):
+                        result = await _fetch_one(hotkey, bucket, rules, budget_end)
+        except TimeoutError:
+            waited = "round deadline" if loop.time() >= round_end - 1e-3 else "per-peer timeout"
+            result = GatherResult(GatherStatus.TIMEOUT, reason=f"{waited} reached")
+        return GatherResult(result.status, result.value, result.reason, result.nbytes,
+                            loop.time() - started, result.timestamp)
+
+    tasks = {hotkey: asyncio.create_task(one(hotkey, bucket), name=f"gather-{short(hotkey)}")
+             for hotkey, bucket in peers.items()}
+    if tasks:
+        _done, pending = await asyncio.wait(tasks.values(), timeout=max(round_end - loop.time(), 0)
+                                            + DEADLINE_GRACE)
+        for task in pending:  # a transfer that ignored cancellation: abandon it, never wait on it
+            task.cancel()
+    results: dict[str, GatherResult[T]] = {}
+    for hotkey, task in tasks.items():
+        if task.done() and not task.cancelled():
+            results[hotkey] = task.result()  # re-raises our own bugs, never a peer's fault
+        else:
+            results[hotkey] = GatherResult(GatherStatus.TIMEOUT, reason="abandoned at the round deadline")
+    for hotkey, res in results.items():
+        if not res.ok:
+            log.debug(f"peer {short(hotkey)}: {res.status} ({res.reason})")
+    counts = Counter(r.status.value for r in results.values())
+    total = sum(r.nbytes for r in results.values() if r.ok)
+    log.info(f"gathered {counts.get('ok', 0)}/{len(results)} peers, {total / 1e6:.2f} MB; "
+             + ", ".join(f"{k}={v}" for k, v in sorted(counts.items())))
+    return results

@@ -1,0 +1,335 @@
+"""Bucket locators: how a peer reads a node's bucket, as committed on chain (<= 128 bytes).
+
+A locator is hostile input until parsed: `BucketLocator.parse` validates every field (hex
+lengths, S3 bucket-name rules, a bare `http(s)://host[:port]` endpoint with no userinfo, path,
+query or link-local address, a normalised absolute local path) so nothing a peer commits is
+ever pasted into a URL unchecked. Three forms:
+
+    r2:<base64url(account_id | read_key_id | read_secret)>[:<bucket>]
+    s3:<http|https>://<host>[:<port>]|<bucket>|<read_key_id>|<read_secret>
+    local:/<absolute/normalised/path>
+
+The R2 form packs the three hex fields (128 hex characters, the reference network's whole
+commitment) into 86 base64url characters, which leaves room for a bucket name of up to 38
+characters; an omitted bucket means "bucket name == account id", the reference convention.
+
+Write credentials (`Credentials`) are a separate type that is never committed and never logged.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import ipaddress
+import json
+import os
+import posixpath
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+MAX_ENCODED_BYTES = 128
+"""Size limit of a raw on-chain commitment (Commitments pallet)."""
+
+WRITE_KEY_ID_ENV = "TEMPLAR_BUCKET_WRITE_KEY_ID"
+WRITE_SECRET_ENV = "TEMPLAR_BUCKET_WRITE_SECRET"
+
+_HEX32 = re.compile(r"[0-9a-f]{32}")
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+_BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
+_LABEL = re.compile(r"(?!-)[a-z0-9-]{1,63}(?<!-)")
+_KEY_ID = re.compile(r"[A-Za-z0-9_.-]{3,64}")
+_SECRET = re.compile(r"[A-Za-z0-9_.+/=-]{8,128}")
+_ENDPOINT = re.compile(r"(https?)://([^/?#@\s|]+)")
+_PORT = re.compile(r"[1-9][0-9]{0,4}")
+_PATH_CHARS = re.compile(r"/[A-Za-z0-9._+@~/-]*")
+_R2_PAYLOAD_CHARS = 86  # base64url of 64 bytes, unpadded
+
+Kind = Literal["r2", "s3", "local"]
+
+
+class LocatorError(ValueError):
+    """A bucket locator (usually a peer's on-chain commitment) is malformed."""
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """An S3 key pair. `repr` never shows the secret; never log or commit the write pair."""
+
+    access_key_id: str
+    secret_access_key: str = field(repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.access_key_id or not self.secret_access_key:
+            raise LocatorError("credentials need a non-empty access key id and secret")
+
+    def __repr__(self) -> str:
+        return f"Credentials(access_key_id={self.access_key_id!r}, secret_access_key=<hidden>)"
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Credentials | None:
+        """Write credentials from `TEMPLAR_BUCKET_WRITE_KEY_ID`/`_SECRET`; None when both unset."""
+        env = os.environ if environ is None else environ
+        key_id, secret = env.get(WRITE_KEY_ID_ENV, ""), env.get(WRITE_SECRET_ENV, "")
+        if not key_id and not secret:
+            return None
+        if not key_id or not secret:
+            raise LocatorError(f"set both {WRITE_KEY_ID_ENV} and {WRITE_SECRET_ENV}, or neither")
+        return cls(key_id, secret)
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> Credentials:
+        """A JSON file `{"access_key_id": ..., "secret_access_key": ...}` (keep it mode 0600)."""
+        try:
+            raw = json.loads(Path(path).read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise LocatorError(f"cannot read credentials file {path}: {type(exc).__name__}") from exc
+        if not isinstance(raw, dict) or set(raw) != {"access_key_id", "secret_access_key"}:
+            raise LocatorError(f"{path}: expected exactly access_key_id and secret_access_key")
+        key_id, secret = raw["access_key_id"], raw["secret_access_key"]
+        if not isinstance(key_id, str) or not isinstance(secret, str):
+            raise LocatorError(f"{path}: credentials must be strings")
+        return cls(key_id, secret)
+
+
+def validate_bucket_name(name: str) -> str:
+    """S3 bucket-name rules: 3-63 of [a-z0-9.-], alphanumeric ends, no '..', not an IP."""
+    if not _BUCKET.fullmatch(name):
+        raise LocatorError("bucket name must be 3-63 characters of a-z, 0-9, '.', '-' "
+                           "starting and ending with a letter or digit")
+    if ".." in name or ".-" in name or "-." in name:
+        raise LocatorError("bucket name has adjacent '.'/'-' characters")
+    if re.fullmatch(r"\d+\.\d+\.\d+\.\d+", name):
+        raise LocatorError("bucket name must not look like an IP address")
+    if name.startswith(("xn--", "sthree-")) or name.endswith(("-s3alias", "--ol-s3")):
+        raise LocatorError("bucket name uses a reserved prefix or suffix")
+    return name
+
+
+def _validate_host(host: str) -> str:
+    if host.startswith("["):
+        if not host.endswith("]") or "%" in host:
+            raise LocatorError("IPv6 literal must be [addr] without a zone")
+        try:
+            ip: ipaddress.IPv4Address | ipaddress.IPv6Address = ipaddress.IPv6Address(host[1:-1])
+        except ValueError as exc:
+            raise LocatorError("bad IPv6 literal") from exc
+    else:
+        try:
+            ip = ipaddress.IPv4Address(host)
+        except ValueError:
+            if len(host) > 253 or not all(_LABEL.fullmatch(p) for p in host.split(".")):
+                raise LocatorError("endpoint host is not a valid lowercase hostname or IP") from None
+            if re.fullmatch(r"[0-9.]+", host):
+                raise LocatorError("endpoint host looks like a malformed IPv4 address") from None
+            return host
+    if not ip.is_loopback and (ip.is_link_local or ip.is_multicast or ip.is_unspecified or ip.is_reserved):
+        # 169.254.169.254 and friends: cloud metadata services are never S3 endpoints.
+        raise LocatorError("endpoint address is link-local, multicast, unspecified or reserved")
+    return host
+
+
+def _split_endpoint(endpoint: str) -> tuple[str, str, int | None]:
+    match = _ENDPOINT.fullmatch(endpoint)
+    if not match:
+        raise LocatorError("endpoint must be http(s)://host[:port] with no path, query or userinfo")
+    scheme, netloc = match.groups()
+    port: int | None = None
+    if netloc.startswith("["):
+        host, _, rest = netloc.partition("]")
+        host += "]"
+        port_text = rest[1:] if rest.startswith(":") else None
+        if rest and port_text is None:
+            raise LocatorError("garbage after IPv6 literal")
+    else:
+        host, sep, port_text = netloc.partition(":")
+        port_text = port_text if sep else None
+    if port_text is not None:
+        if not _PORT.fullmatch(port_text) or not 1 <= int(port_text) <= 65535:
+            raise LocatorError("endpoint port must be 1-65535 without leading zeros")
+        port = int(port_text)
+    return scheme, _validate_host(host), port
+
+
+def _validate_local_path(path: str) -> str:
+    if not _PATH_CHARS.fullmatch(path):
+        raise LocatorError("local path must be absolute and use only [A-Za-z0-9._+@~/-]")
+    if path != "/" and (posixpath.normpath(path) != path or path.startswith("//")):
+        raise LocatorError("local path must be normalised (no '.', '..', '//' or trailing '/')")
+    if ".." in path.split("/"):
+        raise LocatorError("local path must not contain '..'")
+    return path
+
+
+def _b64url(raw: bytes) -> str:
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
+
+
+def _unb64url(text: str) -> bytes:
+    if len(text) != _R2_PAYLOAD_CHARS or not re.fullmatch(r"[A-Za-z0-9_-]+", text):
+        raise LocatorError(f"r2 payload must be {_R2_PAYLOAD_CHARS} base64url characters")
+    try:
+        raw = base64.urlsafe_b64decode(text + "==")
+    except (binascii.Error, ValueError) as exc:
+        raise LocatorError("r2 payload is not base64url") from exc
+    if len(raw) != 64 or _b64url(raw) != text:  # canonical form only: one locator, one string
+        raise LocatorError("r2 payload is not the canonical encoding of 64 bytes")
+    return raw
+
+
+@dataclass(frozen=True)
+class BucketLocator:
+    """Where a node's bucket lives and the read-only key to read it; see the module docstring.
+
+    Build with `r2(...)`, `s3(...)`, `local(...)` or `parse(...)`; all run the same validation.
+    """
+
+    kind: Kind
+    bucket: str = ""
+    account_id: str = ""
+    endpoint: str = ""
+    path: str = ""
+    read_key_id: str = field(default="", repr=False)
+    read_secret: str = field(default="", repr=False)
+
+    def __post_init__(self) -> None:
+        if self.kind == "r2":
+            if not _HEX32.fullmatch(self.account_id):
+                raise LocatorError("r2 account id must be 32 lowercase hex characters")
+            if not _HEX32.fullmatch(self.read_key_id):
+                raise LocatorError("r2 read key id must be 32 lowercase hex characters")
+            if not _HEX64.fullmatch(self.read_secret):
+                raise LocatorError("r2 read secret must be 64 lowercase hex characters")
+            validate_bucket_name(self.bucket)
+            if self.endpoint or self.path:
+                raise LocatorError("r2 locators carry no endpoint or path")
+        elif self.kind == "s3":
+            _split_endpoint(self.endpoint)
+            validate_bucket_name(self.bucket)
+            if not _KEY_ID.fullmatch(self.read_key_id):
+                raise LocatorError("s3 read key id must be 3-64 of [A-Za-z0-9_.-]")
+            if not _SECRET.fullmatch(self.read_secret):
+                raise LocatorError("s3 read secret must be 8-128 of [A-Za-z0-9_.+/=-]")
+            if self.account_id or self.path:
+                raise LocatorError("s3 locators carry no account id or path")
+        elif self.kind == "local":
+            _validate_local_path(self.path)
+            if self.bucket or self.account_id or self.endpoint or self.read_key_id or self.read_secret:
+                raise LocatorError("local locators carry only a path")
+        else:
+            raise LocatorError(f"unknown locator kind {self.kind!r}")
+
+    # -- constructors ------------------------------------------------------------------------
+
+    @classmethod
+    def r2(cls, account_id: str, read_key_id: str, read_secret: str, bucket: str | None = None) -> BucketLocator:
+        """Cloudflare R2; `bucket` defaults to the account id (the reference convention)."""
+        return cls("r2", bucket=bucket or account_id, account_id=account_id,
+                   read_key_id=read_key_id, read_secret=read_secret)
+
+    @classmethod
+    def s3(cls, endpoint: str, bucket: str, read_key_id: str, read_secret: str) -> BucketLocator:
+        """Any S3-compatible store at `http(s)://host[:port]`."""
+        return cls("s3", bucket=bucket, endpoint=endpoint, read_key_id=read_key_id, read_secret=read_secret)
+
+    @classmethod
+    def local(cls, path: str | Path) -> BucketLocator:
+        """A directory on this machine (embedded runs, tests)."""
+        return cls("local", path=str(path))
+
+    # -- wire form ---------------------------------------------------------------------------
+
+    def encode(self) -> str:
+        """The commitment string; raises `LocatorError` if it would exceed 128 bytes."""
+        if self.kind == "r2":
+            raw = bytes.fromhex(self.account_id + self.read_key_id + self.read_secret)
+            text = "r2:" + _b64url(raw)
+            if self.bucket != self.account_id:
+                text += ":" + self.bucket
+        elif self.kind == "s3":
+            text = f"s3:{self.endpoint}|{self.bucket}|{self.read_key_id}|{self.read_secret}"
+        else:
+            text = f"local:{self.path}"
+        if len(text.encode("ascii")) > MAX_ENCODED_BYTES:
+            raise LocatorError(f"encoded locator is {len(text)} bytes, over the {MAX_ENCODED_BYTES}-byte "
+                               "commitment limit (use a shorter bucket name or endpoint)")
+        return text
+
+    @classmethod
+    def parse(cls, text: str | bytes) -> BucketLocator:
+        """Parse and fully validate a commitment; raises `LocatorError` for anything malformed."""
+        if isinstance(text, bytes | bytearray):
+            try:
+                text = bytes(text).decode("ascii")
+            except UnicodeDecodeError as exc:
+                raise LocatorError("locator is not ASCII") from exc
+        if not isinstance(text, str):
+            raise LocatorError("locator must be a string")
+        if len(text) > MAX_ENCODED_BYTES or not text.isascii() or not text.isprintable():
+            raise LocatorError("locator must be printable ASCII of at most 128 bytes")
+        kind, sep, body = text.partition(":")
+        if not sep:
+            raise LocatorError("locator has no 'kind:' prefix")
+        if kind == "r2":
+            payload, sep, bucket = body.partition(":")
+            if sep and not bucket:
+                raise LocatorError("r2 locator has an empty bucket name")
+            raw = _unb64url(payload)
+            account, key_id, secret = raw[:16].hex(), raw[16:32].hex(), raw[32:].hex()
+            if sep and bucket == account:
+                raise LocatorError("r2 bucket equal to the account id must be omitted (canonical form)")
+            return cls.r2(account, key_id, secret, bucket or None)
+        if kind == "s3":
+            parts = body.split("|")
+            if len(parts) != 4:
+                raise LocatorError("s3 locator must be endpoint|bucket|key_id|secret")
+            return cls.s3(*parts)
+        if kind == "local":
+            return cls.local(body)
+        raise LocatorError(f"unknown locator kind {kind!r}")
+
+    # -- use ---------------------------------------------------------------------------------
+
+    @property
+    def endpoint_url(self) -> str | None:
+        """The S3 endpoint to talk to (None for local buckets)."""
+        if self.kind == "r2":
+            return f"https://{self.account_id}.r2.cloudflarestorage.com"
+        if self.kind == "s3":
+            return self.endpoint
+        return None
+
+    @property
+    def read_credentials(self) -> Credentials | None:
+        """The read-only key pair committed with the locator (None for local buckets)."""
+        if self.kind == "local":
+            return None
+        return Credentials(self.read_key_id, self.read_secret)
+
+    @property
+    def is_private_endpoint(self) -> bool:
+        """True for loopback/private IP endpoints (fine on a localnet, suspicious on mainnet).
+
+        Only literal IPs are judged; a hostname that resolves to a private address is not.
+        """
+        if self.kind != "s3":
+            return self.kind == "local"
+        host = _split_endpoint(self.endpoint)[1].strip("[]")
+        if host == "localhost":
+            return True
+        try:
+            ip = ipaddress.ip_address(host)
+        except ValueError:
+            return False
+        return ip.is_private or ip.is_loopback
+
+    def __repr__(self) -> str:
+        where = {"r2": f"account={self.account_id}", "s3": f"endpoint={self.endpoint}",
+                 "local": f"path={self.path}"}[self.kind]
+        bucket = f", bucket={self.bucket}" if self.bucket else ""
+        key = f", read_key_id={self.read_key_id}" if self.read_key_id else ""
+        return f"BucketLocator({self.kind}, {where}{bucket}{key})"
+
+    __str__ = __repr__

@@ -1,0 +1,75 @@
+"""Buckets: one async interface over a local directory or any S3-compatible store.
+
+    bucket = open_bucket(BucketLocator.parse(commitment))        # a peer's bucket, read-only key
+    own = open_bucket(my_locator, Credentials.from_env())         # our bucket, write key
+    async with own:
+        await own.put("v1/gradient/42.safetensors", payload)
+"""
+
+from __future__ import annotations
+
+import re
+
+from templar.locator import BucketLocator, Credentials, LocatorError
+from templar.storage.base import (
+    DEFAULT_TIMEOUT,
+    Blob,
+    Bucket,
+    BucketUnreachable,
+    InvalidKey,
+    ObjectChanged,
+    ObjectInfo,
+    ObjectNotFound,
+    ObjectTooLarge,
+    StorageError,
+    StorageTimeout,
+    validate_key,
+)
+from templar.storage.local import LocalBucket
+from templar.storage.s3 import S3Bucket
+
+__all__ = [
+    "DEFAULT_TIMEOUT",
+    "Blob",
+    "Bucket",
+    "BucketUnreachable",
+    "InvalidKey",
+    "LocalBucket",
+    "ObjectChanged",
+    "ObjectInfo",
+    "ObjectNotFound",
+    "ObjectTooLarge",
+    "S3Bucket",
+    "StorageError",
+    "StorageTimeout",
+    "open_bucket",
+    "validate_key",
+]
+
+
+def open_bucket(locator: BucketLocator, credentials: Credentials | None = None, *,
+                allow_private: bool = True, **s3_options: object) -> Bucket:
+    """A bucket for `locator`: our own with write `credentials`, or a peer's with its read key.
+
+    `allow_private=False` (mainnet validators) refuses loopback/private-IP endpoints a hostile
+    peer might commit to aim our requests at internal services. `s3_options` go to `S3Bucket`
+    (timeouts, pool size). Call inside the event loop that will use the bucket.
+    """
+    if locator.kind == "local":
+        if not allow_private:
+            raise LocatorError("local buckets are refused when allow_private=False")
+        return LocalBucket(locator.path)
+    if not allow_private and locator.is_private_endpoint:
+        raise LocatorError(f"refusing private/loopback endpoint {locator.endpoint}")
+    creds = credentials or locator.read_credentials
+    assert creds is not None  # r2/s3 locators always carry a read key
+    return S3Bucket(locator.endpoint_url, locator.bucket, creds, _region(locator),
+                    **s3_options)  # type: ignore[arg-type]
+
+
+def _region(locator: BucketLocator) -> str:
+    """SigV4 needs a region: R2 takes "auto"; AWS hosts name theirs; clones accept us-east-1."""
+    if locator.kind == "r2":
+        return "auto"
+    match = re.fullmatch(r"https://s3[.-]([a-z0-9-]+)\.amazonaws\.com(:443)?", locator.endpoint)
+    return match.group(1) if match else "us-east-1"

