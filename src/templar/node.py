@@ -19,6 +19,7 @@ from loguru import logger
 
 from templar.chain import Chain, ChainError, Neuron, NotRegistered
 from templar.chain.flags import add_chain_args, connect_from_args
+from templar.comms import fetch_dataset_shards
 from templar.config import HParams, HParamsError, load_hparams, resolve_asset
 from templar.data import PagePlan, PageStore
 from templar.locator import BucketLocator, Credentials, LocatorError
@@ -44,6 +45,10 @@ def add_node_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bucket.credentials", dest="bucket_credentials", type=Path,
                         default=os.getenv("TEMPLAR_BUCKET_CREDENTIALS"),
                         help="JSON file with the bucket WRITE key (or env TEMPLAR_BUCKET_WRITE_KEY_ID/_SECRET)")
+    parser.add_argument("--data.locator", dest="data_locator", default=os.getenv("TEMPLAR_DATA_BUCKET"),
+                        help="read locator of the run's data bucket when hparams say data.dataset='s3'")
+    parser.add_argument("--data.prefix", dest="data_prefix", default="shards/", help="key prefix of the shards")
+    parser.add_argument("--data.max_gb", dest="data_max_gb", type=int, default=64, help="cap on shard bytes")
     parser.add_argument("--windows", type=int, default=0, help="stop after this many windows (0: run forever)")
     parser.add_argument("--logging.debug", dest="logging_debug", action="store_true")
     parser.add_argument("--logging.json", dest="logging_json", action="store_true", help="JSON lines on stderr")
@@ -145,8 +150,25 @@ class Node:
         await self.bucket.aclose()
 
 
-def load_pages(hp: HParams) -> PageStore:
-    dataset, tokenizer = resolve_asset(hp.data.dataset), resolve_asset(hp.data.tokenizer)
+async def fetch_s3_dataset(args: argparse.Namespace, state_dir: Path) -> Path:
+    """`data.dataset = "s3"`: parquet shards from the run's data bucket, cached under the state dir."""
+    if not args.data_locator:
+        raise HParamsError("data.dataset is 's3': pass --data.locator (the data bucket) and --data.prefix")
+    bucket = open_bucket(BucketLocator.parse(args.data_locator))
+    dest = state_dir / "dataset"
+    try:
+        shards = await fetch_dataset_shards(bucket, args.data_prefix, dest, max_bytes=args.data_max_gb << 30,
+                                            progress=True)
+    finally:
+        await bucket.aclose()
+    if not shards:
+        raise HParamsError(f"no parquet shards under {args.data_prefix!r} in the data bucket")
+    return dest
+
+
+def load_pages(hp: HParams, dataset_dir: Path | None = None) -> PageStore:
+    dataset = str(dataset_dir) if dataset_dir else resolve_asset(hp.data.dataset)
+    tokenizer = resolve_asset(hp.data.tokenizer)
     if dataset.startswith("hub:") or tokenizer.startswith("hub:"):
         raise HParamsError(
             "data.dataset/data.tokenizer name a hub resource; download it once and point hparams at the "
@@ -154,7 +176,7 @@ def load_pages(hp: HParams) -> PageStore:
         )
     return PageStore.from_corpus(dataset, tokenizer, text_field=hp.data.text_field,
                                  sequence_length=hp.data.sequence_length,
-                                 sequences_per_page=hp.data.sequences_per_page)
+                                 sequences_per_page=hp.data.sequences_per_page, seed=hp.data.data_seed)
 
 
 async def start_node(args: argparse.Namespace, role: str) -> Node:
@@ -200,11 +222,16 @@ async def start_node(args: argparse.Namespace, role: str) -> Node:
 
     device = torch.device(args.device)
     model = build_model(hp, device)
-    pages = await asyncio.to_thread(load_pages, hp)
-    plan = PagePlan.build(pages.num_pages, hp.data.holdout_fraction, hp.data.data_seed, hp.data.pages_per_window)
-    clock = Clock(hp.windows, chain.block, chain.block_timestamp)
     state_dir = args.state_dir or Path.home() / ".templar" / args.wallet_name / args.wallet_hotkey
     state_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        dataset_dir = await fetch_s3_dataset(args, state_dir) if hp.data.dataset == "s3" else None
+        pages = await asyncio.to_thread(load_pages, hp, dataset_dir)
+    except (HParamsError, LocatorError, StorageError, FileNotFoundError) as exc:
+        log.error(f"data: {exc}")
+        sys.exit(EXIT_CONFIG)
+    plan = PagePlan.build(pages.num_pages, hp.data.holdout_fraction, hp.data.data_seed, hp.data.pages_per_window)
+    clock = Clock(hp.windows, chain.block, chain.block_timestamp)
     log.info(f"{role} uid {uid} ready: model {hp.name} on {device}, {pages.num_pages} pages, state in {state_dir}")
     return Node(hp=hp, chain=chain, clock=clock, uid=uid, model=model, pages=pages, plan=plan, bucket=bucket,
                 state_dir=state_dir, device=device, args=args)

@@ -19,7 +19,14 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from templar.chain import verify_signature
-from templar.comms import CheckpointError, download_latest_checkpoint, get_aggregate, get_start_window
+from templar.comms import (
+    CheckpointError,
+    RecordError,
+    download_latest_checkpoint,
+    get_aggregate,
+    get_start_window,
+)
+from templar.comms.progress import get_progress
 from templar.compress import apply_signed_update
 from templar.log import context
 from templar.node import Node
@@ -150,7 +157,11 @@ async def catch_up(node: Node, state: NodeState, until: int) -> NodeState:
         while lead is not None:
             try:
                 data = await get_aggregate(lead[1], window, max_bytes=cap, timeout=10.0)
-            except StorageError as exc:
+                if data is None:
+                    progress = await get_progress(lead[1], timeout=10.0)
+                    if progress is not None and progress.window >= window:
+                        break  # the lead finished this window without an update
+            except (StorageError, RecordError) as exc:
                 log.warning(f"aggregate {window}: {exc}")
             if data is not None or time.time() > publish_by or node.stop.is_set():
                 break

@@ -221,3 +221,16 @@ def test_top_g_is_deterministic_positive_only_and_tie_broken_by_hotkey() -> None
     assert top_g(dict(reversed(list(x.items()))), 10) == ["c", "a", "b"]
     with pytest.raises(ValueError):
         top_g(x, -1)
+
+
+def test_update_mu_dead_zone_counts_noise_as_zero():
+    # Lazy peer: δa 0.050 vs δr 0.048; zone = 0.3·(0.050+0.048)/2 = 0.0147 > |gap| 0.002 → direction 0,
+    # so μ only decays: 0.5·0.7 = 0.35 (a bare sign would have given 0.35 + 0.3 = 0.65).
+    assert update_mu(0.5, 0.050, 0.048, 0.7, margin=0.3) == pytest.approx(0.35)
+    assert update_mu(0.5, 0.050, 0.048, 0.7) == pytest.approx(0.65)
+    # Honest peer: gap 0.04 far outside the zone 0.3·0.05 = 0.015 → +1: 0.7·0 + 0.3 = 0.3
+    assert update_mu(0.0, 0.07, 0.03, 0.7, margin=0.3) == pytest.approx(0.3)
+    # and the other way round still counts −1
+    assert update_mu(0.0, 0.03, 0.07, 0.7, margin=0.3) == pytest.approx(-0.3)
+    with pytest.raises(ValueError):
+        update_mu(0.0, 0.1, 0.0, 0.7, margin=-0.1)

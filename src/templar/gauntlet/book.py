@@ -214,7 +214,8 @@ class ScoreBook:
         return record
 
     def record_primary(
-        self, results: Mapping[str, PrimaryResult], *, gamma: float, beta: float, tau: float
+        self, results: Mapping[str, PrimaryResult], *, gamma: float, beta: float, tau: float,
+        margin: float = 0.0,
     ) -> None:
         """Apply one window's primary evaluation of S_t (Algorithm 1, lines after Fast Evaluation).
 
@@ -233,7 +234,7 @@ class ScoreBook:
             tau=tau,
         )
         new_mus = {
-            hotkey: update_mu(records[hotkey].mu, result.delta_assigned, result.delta_rand, gamma)
+            hotkey: update_mu(records[hotkey].mu, result.delta_assigned, result.delta_rand, gamma, margin)
             for hotkey, result in results.items()
         }
         for hotkey, result in results.items():

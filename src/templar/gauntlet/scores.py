@@ -62,20 +62,29 @@ def _sign(x: float) -> float:
     return 1.0 if x > 0 else -1.0 if x < 0 else 0.0
 
 
-def update_mu(mu: float, delta_assigned: float, delta_rand: float, gamma: float) -> float:
+def update_mu(mu: float, delta_assigned: float, delta_rand: float, gamma: float, margin: float = 0.0) -> float:
     """Proof of computation (paper eq. 3): μ ← γμ + (1−γ)·sign(δ_assigned − δ_rand).
 
     A peer that trained on its assigned pages improves the loss there more than on random pages,
     so μ drifts towards +1; a peer that ignores its assignment drifts to ≤ 0. A non-finite δ
     (the update broke the model on one of the sets, `loss_score` returned -inf) counts as −1:
     a destructive update never earns credit, and `-inf − -inf = NaN` never reaches the EMA.
+
+    `margin` (beyond the paper, 0 reproduces it): a gap smaller than `margin·(|δa| + |δr|)/2`
+    counts as 0, not ±1. A peer that trained on other data has δa ≈ δr up to evaluation noise;
+    with a bare sign it still earns +1 half of the time and its μ random-walks to positive
+    values, while in the dead zone its μ decays towards 0. Honest peers' gaps are far outside it.
     """
     if not 0.0 <= gamma < 1.0:
         raise ValueError(f"update_mu: gamma must be in [0, 1), got {gamma!r}")
+    if not margin >= 0.0:
+        raise ValueError(f"update_mu: margin must be >= 0, got {margin!r}")
     if math.isnan(mu) or math.isnan(delta_assigned) or math.isnan(delta_rand):
         raise ValueError("update_mu: NaN input (loss_score never produces NaN; this is a caller bug)")
     if math.isfinite(delta_assigned) and math.isfinite(delta_rand):
-        direction = _sign(delta_assigned - delta_rand)
+        gap = delta_assigned - delta_rand
+        dead_zone = margin * (abs(delta_assigned) + abs(delta_rand)) / 2.0
+        direction = 0.0 if abs(gap) <= dead_zone and margin > 0 else _sign(gap)
     else:
         direction = -1.0
     return gamma * mu + (1.0 - gamma) * direction

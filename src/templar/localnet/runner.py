@@ -6,6 +6,7 @@ the same flags an operator would type, so the localnet exercises exactly the pro
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -181,6 +182,9 @@ class Localnet:
                 if live is not None:
                     live.update(live_table(self.out, self.nodes, self.alive()), refresh=True)
                 if self.windows_done() >= self.cfg.windows:
+                    if lead:  # it stops by itself after its last window: let it save and exit
+                        with contextlib.suppress(subprocess.TimeoutExpired):
+                            self.procs[lead.name].wait(timeout=15)
                     return "finished"
                 if lead and self.procs[lead.name].poll() is not None:
                     return f"lead validator exited with code {self.procs[lead.name].returncode}"

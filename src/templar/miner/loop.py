@@ -42,11 +42,15 @@ class Miner:
         self.max_bytes = max_gradient_bytes(node.shapes, self.hp)
 
     # ------------------------------------------------------------------ life
-    async def run(self) -> None:
-        node = self.node
-        self.state, own = await restore(node, self.demo.buffers)
+    async def start(self) -> None:
+        """Phases 2-3 of the join flow: restore or download state, then catch up."""
+        self.state, own = await restore(self.node, self.demo.buffers)
         self.start_window = self.state.window + 1
         await self.join(own_state=own)
+
+    async def run(self) -> None:
+        node = self.node
+        await self.start()
         done = 0
         while not node.stop.is_set():
             current = node.clock.current_window()
@@ -57,9 +61,10 @@ class Miner:
                 await self.join(own_state=False)
                 continue
             if behind > 0:
-                # A window's processing overran: replay what we missed rather than train on stale θ.
+                # A window's processing overran: replay what we missed rather than train on stale θ,
+                # then look at the clock again (the replay itself may have taken time).
                 self.state = await catch_up(node, self.state, current - 1)
-                current = node.clock.current_window()
+                continue
             await self.run_window(current)
             done += 1
             if node.args.windows and done >= node.args.windows:

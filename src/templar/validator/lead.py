@@ -10,6 +10,7 @@ import torch
 from safetensors.torch import save_file
 
 from templar.comms import cleanup_checkpoints, put_aggregate, put_peers, put_start_window, save_checkpoint
+from templar.comms.progress import put_progress
 from templar.log import context
 from templar.node import Node
 from templar.outer import OuterStep
@@ -28,7 +29,8 @@ async def publish_start_window(node: Node, window: int) -> None:
         context(window=window, phase="lead").warning(f"could not publish the start window: {exc}")
 
 
-async def publish_window(node: Node, window: int, step: OuterStep | None, next_peers: list[str] | None) -> None:
+async def publish_window(node: Node, window: int, step: OuterStep | None, next_peers: list[str] | None,
+                         global_step: int) -> None:
     """The aggregate applied at `window` and, when due, the peer list in effect from window+1.
 
     Failures are logged, never fatal: followers then fall back to gathering themselves.
@@ -42,6 +44,7 @@ async def publish_window(node: Node, window: int, step: OuterStep | None, next_p
         if next_peers is not None:
             await put_peers(node.bucket, window + 1, next_peers)
             log.info(f"published peer list for window {window + 1}: {len(next_peers)} peers")
+        await put_progress(node.bucket, window, global_step)
     except StorageError as exc:
         log.warning(f"publishing failed: {exc}")
 

@@ -53,6 +53,23 @@ class Validator:
     # ------------------------------------------------------------------ life
     async def run(self) -> None:
         node = self.node
+        await self.start()
+        done = 0
+        while not node.stop.is_set():
+            window = self.state.window + 1
+            behind = node.clock.current_window() - window
+            if behind > self.hp.windows.max_allowed_stale and not self.is_lead:
+                self.state = await catch_up(node, self.state, node.clock.current_window() - 1)
+                continue
+            await self.run_window(window, evaluate=behind <= 1)
+            done += 1
+            if node.args.windows and done >= node.args.windows:
+                break
+        context(phase="stopped").info("validator stopped cleanly")
+
+    async def start(self) -> None:
+        """Load the score book and state; the lead publishes the start window, others catch up."""
+        node = self.node
         self.book = self._load_book()
         self.state, _ = await restore(node)
         lead = await node.lead()
@@ -66,18 +83,6 @@ class Validator:
             self.state = await catch_up(node, self.state, current - 1)
         context(phase=Phase.ACTIVE).info(
             f"[SYNC] Active as {'lead ' if self.is_lead else ''}validator from window {self.state.window + 1}")
-        done = 0
-        while not node.stop.is_set():
-            window = self.state.window + 1
-            behind = node.clock.current_window() - window
-            if behind > self.hp.windows.max_allowed_stale and not self.is_lead:
-                self.state = await catch_up(node, self.state, node.clock.current_window() - 1)
-                continue
-            await self.run_window(window, evaluate=behind <= 1)
-            done += 1
-            if node.args.windows and done >= node.args.windows:
-                break
-        context(phase="stopped").info("validator stopped cleanly")
 
     async def _published_start(self) -> int | None:
         try:
@@ -145,7 +150,7 @@ class Validator:
         self.state.window = window
         if self.is_lead:
             due = window % hp.windows.peer_replacement_frequency == 0 or not peer_list
-            await publish_window(node, window, step, top if due else None)
+            await publish_window(node, window, step, top if due else None, self.state.global_step)
         holdout_loss = await asyncio.to_thread(evaluate_loss, node.model, self.holdout, hp.optimizer.micro_batch_size)
 
         weights_set = False
@@ -200,7 +205,7 @@ class Validator:
         scores = await asyncio.to_thread(self.evaluator.score_peers, signs, assigned, random_batch, beta)
         self.book.record_primary({hk: PrimaryResult(s.delta_assigned, s.delta_rand) for hk, s in scores.items()},
                                  gamma=hp.gauntlet.mu_gamma, beta=hp.gauntlet.openskill_beta,
-                                 tau=hp.gauntlet.openskill_tau)
+                                 tau=hp.gauntlet.openskill_tau, margin=hp.gauntlet.proof_margin)
         return scores
 
     async def _set_weights(self, window: int, weights: dict[str, float], miners: dict[str, int]) -> bool:

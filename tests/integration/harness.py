@@ -1,0 +1,102 @@
+"""A small subnet inside one test: a real embedded chain, local buckets, real Miner/Validator
+objects (the same code the neurons run), and fast windows so several fit in a few seconds."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from templar.chain import create_dev_chain
+from templar.config import PRESETS_DIR, load_hparams
+from templar.node import Node, add_node_args, start_node
+
+NETUID = 7
+FAST_WINDOWS = {
+    "blocks_per_window": 10,
+    "block_time": 0.5,
+    "put_window_seconds": 1.5,
+    "gather_seconds": 1.5,
+    "windows_per_weights": 2,
+    "checkpoint_frequency": 2,
+    "peer_replacement_frequency": 1,
+    "warmup_windows": 1,
+    "max_allowed_stale": 3,
+}
+
+
+def write_fast_preset(directory: Path, **gauntlet: object) -> Path:
+    """The tiny preset with 5-second windows (and optional gauntlet overrides)."""
+    body: dict[str, object] = {"base": str(PRESETS_DIR / "tiny.json"), "name": "tiny-fast",
+                               "windows": FAST_WINDOWS}
+    if gauntlet:
+        body["gauntlet"] = gauntlet
+    path = directory / "fast.json"
+    path.write_text(json.dumps(body))
+    return path
+
+
+@dataclass
+class Subnet:
+    root: Path
+    hparams: Path
+    stakes: dict[str, float]
+    wallets: dict = field(default_factory=dict)
+
+    @classmethod
+    def create(cls, root: Path, stakes: dict[str, float]) -> Subnet:
+        hparams = write_fast_preset(root)
+        hp = load_hparams(hparams)
+        dev = create_dev_chain(root / "chain.sqlite", netuid=NETUID, hotkeys=stakes, wallet_path=root / "wallets",
+                               wallet_name="test", block_time=hp.windows.block_time, weights_rate_limit=2)
+        return cls(root=root, hparams=hparams, stakes=stakes, wallets=dev.wallets)
+
+    def args(self, name: str, *extra: str) -> argparse.Namespace:
+        parser = argparse.ArgumentParser()
+        add_node_args(parser)
+        parser.add_argument("--strategy", default="honest")
+        parser.add_argument("--copy.hotkey", dest="copy_hotkey", default=None)
+        bucket = self.root / "buckets" / name
+        bucket.mkdir(parents=True, exist_ok=True)
+        return parser.parse_args([
+            "--wallet.name", "test", "--wallet.hotkey", name, "--wallet.path", str(self.root / "wallets"),
+            "--netuid", str(NETUID), "--subtensor.network", "embedded",
+            "--subtensor.chain_endpoint", str(self.root / "chain.sqlite"), "--hparams", str(self.hparams),
+            "--device", "cpu", "--state.dir", str(self.root / "nodes" / name),
+            "--bucket.locator", f"local:{bucket}", *extra,
+        ])
+
+    def neuron_cmd(self, role: str, name: str, *extra: str) -> list[str]:
+        """The same flags for a real `neurons/<role>.py` process."""
+        import sys
+
+        from templar.config import REPO_ROOT
+
+        args = self.args(name)
+        return [sys.executable, str(REPO_ROOT / "neurons" / f"{role}.py"), "--wallet.name", "test",
+                "--wallet.hotkey", name, "--wallet.path", str(self.root / "wallets"), "--netuid", str(NETUID),
+                "--subtensor.network", "embedded", "--subtensor.chain_endpoint", str(self.root / "chain.sqlite"),
+                "--hparams", str(self.hparams), "--device", "cpu", "--state.dir", str(args.state_dir),
+                "--bucket.locator", args.bucket_locator, *extra]
+
+    async def node(self, name: str, *extra: str) -> Node:
+        return await start_node(self.args(name, *extra), "test")
+
+
+def parameters(node_or_model) -> dict[str, torch.Tensor]:
+    model = node_or_model.model if isinstance(node_or_model, Node) else node_or_model
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def same_parameters(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+async def wait_for_window(node: Node, window: int, timeout: float = 60.0) -> None:
+    async with asyncio.timeout(timeout):
+        while node.clock.current_window() < window:
+            await asyncio.sleep(0.1)

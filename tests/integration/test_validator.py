@@ -1,0 +1,86 @@
+"""A real validator scoring real miners (honest, sign-flipping, lazy, late, garbage) on the
+embedded chain: scores, weights on chain, peer list, aggregates, checkpoints, and a restart
+that resumes with identical scores."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from templar.chain import connect
+from templar.comms import download_latest_checkpoint, get_aggregate, get_peers, put_gradient
+from templar.gauntlet import ScoreBook
+from templar.miner.loop import Miner
+from templar.miner.strategies import Late, Lazy, SignFlip, Strategy
+from templar.records import SCORES_FILE, read_records
+from templar.validator.loop import BOOK_FILE, Validator
+
+from .harness import NETUID, Subnet
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def test_validator_scores_weights_publishes_and_resumes(tmp_path):
+    subnet = Subnet.create(tmp_path, {"lead": 100.0, "honest": 0.0, "flip": 0.0, "lazy": 0.0, "late": 0.0,
+                                      "garbage": 0.0})
+
+    async def scenario():
+        v = Validator(await subnet.node("lead", "--windows", "0"))
+        miners = [Miner(await subnet.node(name), strategy) for name, strategy in
+                  (("honest", Strategy()), ("flip", SignFlip(name="signflip")), ("lazy", Lazy(name="lazy")),
+                   ("late", Late(name="late")))]
+        garbage = await subnet.node("garbage")
+        await v.start()
+        for m in miners:
+            await m.start()
+        first = v.state.window + 1
+        for w in range(first, first + 7):
+            async def post_garbage(window=w):
+                times = garbage.clock.times(window)
+                await asyncio.sleep(max(0.0, times.end - garbage.clock.times(window).start
+                                        - (times.start - __import__("time").time()) + 0.1))
+                await put_gradient(garbage.bucket, window, b"\x00" * 4096)
+
+            await asyncio.gather(v.run_window(w), post_garbage(), *(m.run_window(w) for m in miners))
+        hotkeys = {m.strategy.name: m.node.hotkey for m in miners} | {"garbage": garbage.hotkey}
+        lead_bucket = v.node.bucket
+        peers = await get_peers(lead_bucket, first + 7)
+        agg = await get_aggregate(lead_bucket, first + 6, max_bytes=1 << 24)
+        ckpt = await download_latest_checkpoint(lead_bucket, tmp_path / "dl", max_bytes=1 << 30,
+                                                deadline=__import__("time").time() + 30, progress=False)
+        book_before = ScoreBook.load(v.node.state_dir / BOOK_FILE)
+        for node in [v.node, garbage, *(m.node for m in miners)]:
+            await node.aclose()
+
+        # kill -9 is modelled by dropping every object and starting over from the state directory
+        v2 = Validator(await subnet.node("lead"))
+        await v2.start()
+        assert v2.book == book_before
+        await v2.node.aclose()
+        return first, hotkeys, book_before, peers, agg, ckpt, v.state
+
+    first, hotkeys, book, peers, agg, ckpt, state = asyncio.run(scenario())
+    records = [r for r in read_records(subnet.root / "nodes" / "lead" / SCORES_FILE)]
+    last = {r["hotkey"]: r for r in records if r["window"] == first + 6}
+    weights = {name: last[hk]["weight"] for name, hk in hotkeys.items()}
+    assert weights["honest"] > 0.5, weights
+    for cheat in ("signflip", "lazy", "late", "garbage"):
+        assert weights[cheat] < 0.05, (cheat, weights)
+    statuses = {name: {r["status"] for r in records if r["hotkey"] == hk} for name, hk in hotkeys.items()}
+    assert "late" in statuses["late"]
+    assert any(s.startswith("malformed") for s in statuses["garbage"]), statuses["garbage"]
+    assert book.peers[hotkeys["signflip"]].mu < 0 or book.peers[hotkeys["signflip"]].score == 0
+    assert book.peers[hotkeys["lazy"]].score < book.peers[hotkeys["honest"]].score
+
+    assert peers is not None and hotkeys["honest"] in peers[1]
+    assert agg is not None and len(agg) > 0
+    assert ckpt is not None and ckpt.global_step <= state.global_step
+
+    chain = connect(network="embedded", chain_endpoint=str(subnet.root / "chain.sqlite"), netuid=NETUID,
+                    wallet_name=None)
+    on_chain = chain.current_weights()
+    lead_uid = subnet.wallets["lead"].uid
+    assert lead_uid in on_chain
+    honest_uid = subnet.wallets["honest"].uid
+    assert max(on_chain[lead_uid], key=on_chain[lead_uid].get) == honest_uid
