@@ -123,6 +123,8 @@ class WindowConfig(_Strict):
     blocks_per_window: int = Field(gt=0)
     block_time: float = Field(gt=0, description="seconds per block on the embedded chain")
     put_window_seconds: float = Field(gt=0, description="uploads count only this long after the window ends")
+    clock_skew_seconds: float = Field(ge=0, description="tolerance on object timestamps at both ends of the "
+                                      "put window (S3 LastModified has 1 s resolution; clocks drift)")
     gather_seconds: float = Field(gt=0, description="whole-round gather deadline after the put window")
     windows_per_weights: int = Field(gt=0)
     checkpoint_frequency: int = Field(gt=0)
@@ -144,8 +146,9 @@ class HParams(_Strict):
     protocol: Literal[1] = PROTOCOL_VERSION
 
     def digest(self) -> str:
-        """Stable sha256 of the settings that consensus depends on (name excluded)."""
-        body = self.model_dump(exclude={"name"})
+        """Stable sha256 of the settings that consensus depends on: not the name, and not where a
+        node keeps its tokenizer and data (local paths differ between honest nodes)."""
+        body = self.model_dump(exclude={"name": True, "data": {"tokenizer", "dataset"}})
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 

@@ -187,7 +187,11 @@ async def start_node(args: argparse.Namespace, role: str) -> Node:
     except HParamsError as exc:
         logger.error(str(exc))
         sys.exit(EXIT_CONFIG)
-    chain = await asyncio.to_thread(connect_from_args, args)
+    try:
+        chain = await asyncio.to_thread(connect_from_args, args)
+    except (ChainError, OSError, ValueError) as exc:
+        logger.error(f"cannot connect to the chain or load the wallet: {exc}")
+        sys.exit(EXIT_CONFIG)
     setup_logging(debug=args.logging_debug, json_lines=args.logging_json, logfile=args.logging_file,
                   hotkey=chain.hotkey)
     log = logger.bind(phase="startup")
@@ -209,6 +213,10 @@ async def start_node(args: argparse.Namespace, role: str) -> Node:
                        else Credentials.from_env())
     except (LocatorError, ValueError) as exc:
         log.error(f"bucket configuration: {exc}")
+        sys.exit(EXIT_CONFIG)
+    if locator.kind != "local" and credentials is None:
+        log.error("no write key for the bucket: set TEMPLAR_BUCKET_WRITE_KEY_ID/_SECRET or pass "
+                  "--bucket.credentials FILE (the committed locator carries only the read key)")
         sys.exit(EXIT_CONFIG)
     bucket = open_bucket(locator, credentials)
     committed = (await asyncio.to_thread(chain.bucket_locators)).get(chain.hotkey)

@@ -1,17 +1,23 @@
 """The time model (DESIGN §2): blocks → windows → put windows and deadlines.
 
 `window = block // blocks_per_window`. An upload for window `w` counts only if its timestamp lies
-in the put window `[t(first block of w+1), + put_window_seconds]`. Gathers of window `w` start
-when that put window closes and never run past `gather_seconds` after it.
+in the put window `[t(first block of w+1), + put_window_seconds]`, widened by `clock_skew_seconds`
+at both ends. Every node starts gathering window `w` only once the last acceptable timestamp has
+passed (plus `SETTLE_SECONDS` for the object to become visible), so all honest readers see the
+same set of uploads and aggregate the same update. A gather never runs past `gather_seconds`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from templar.config import WindowConfig
+
+SETTLE_SECONDS = 0.25
+"""Time for an upload stamped at the last acceptable instant to become visible to readers."""
 
 
 @dataclass(frozen=True)
@@ -19,10 +25,11 @@ class WindowTimes:
     """Wall-clock landmarks (unix seconds) of one window `w`."""
 
     window: int
-    start: float          # first block of w
-    end: float            # first block of w+1: training of w stops, put window opens
-    put_close: float      # end + put_window_seconds: later uploads are 'late'
-    gather_deadline: float  # put_close + gather_seconds: nobody waits past this
+    start: float            # first block of w
+    end: float              # first block of w+1: training of w stops, put window opens
+    put_close: float        # end + put_window_seconds: later uploads are 'late'
+    gather_start: float     # put_close + clock skew + settle: every reader sees the same uploads
+    gather_deadline: float  # gather_start + gather_seconds: nobody waits past this
 
     @property
     def put_window(self) -> tuple[float, float]:
@@ -54,13 +61,21 @@ class Clock:
         start = self._block_timestamp(self.first_block(window))
         end = self._block_timestamp(self.first_block(window + 1))
         put_close = end + self.cfg.put_window_seconds
-        return WindowTimes(window, start, end, put_close, put_close + self.cfg.gather_seconds)
+        gather_start = put_close + self.cfg.clock_skew_seconds + SETTLE_SECONDS
+        return WindowTimes(window, start, end, put_close, gather_start, gather_start + self.cfg.gather_seconds)
 
-    @staticmethod
-    def sleep_until(ts: float, stop: Callable[[], bool] | None = None, tick: float = 0.2) -> bool:
-        """Sleep until unix time `ts`; return False early if `stop()` becomes true."""
-        while (left := ts - time.time()) > 0:
-            if stop is not None and stop():
-                return False
-            time.sleep(min(tick, left))
+
+
+async def sleep_until(ts: float, stop: asyncio.Event | None = None) -> bool:
+    """Wait (without blocking the event loop) until unix time `ts`; False if `stop` is set first."""
+    left = ts - time.time()
+    if left <= 0:
+        return stop is None or not stop.is_set()
+    if stop is None:
+        await asyncio.sleep(left)
         return True
+    try:
+        await asyncio.wait_for(stop.wait(), timeout=left)
+    except TimeoutError:
+        return True
+    return False

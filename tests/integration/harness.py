@@ -18,8 +18,9 @@ from templar.node import Node, add_node_args, start_node
 NETUID = 7
 FAST_WINDOWS = {
     "blocks_per_window": 10,
-    "block_time": 0.5,
+    "block_time": 0.6,
     "put_window_seconds": 1.5,
+    "clock_skew_seconds": 0.5,
     "gather_seconds": 1.5,
     "windows_per_weights": 2,
     "checkpoint_frequency": 2,
@@ -29,12 +30,10 @@ FAST_WINDOWS = {
 }
 
 
-def write_fast_preset(directory: Path, **gauntlet: object) -> Path:
-    """The tiny preset with 5-second windows (and optional gauntlet overrides)."""
+def write_fast_preset(directory: Path, **windows: object) -> Path:
+    """The tiny preset with 5-second windows (and optional window overrides)."""
     body: dict[str, object] = {"base": str(PRESETS_DIR / "tiny.json"), "name": "tiny-fast",
-                               "windows": FAST_WINDOWS}
-    if gauntlet:
-        body["gauntlet"] = gauntlet
+                               "windows": {**FAST_WINDOWS, **windows}}
     path = directory / "fast.json"
     path.write_text(json.dumps(body))
     return path
@@ -48,8 +47,8 @@ class Subnet:
     wallets: dict = field(default_factory=dict)
 
     @classmethod
-    def create(cls, root: Path, stakes: dict[str, float]) -> Subnet:
-        hparams = write_fast_preset(root)
+    def create(cls, root: Path, stakes: dict[str, float], **windows: object) -> Subnet:
+        hparams = write_fast_preset(root, **windows)
         hp = load_hparams(hparams)
         dev = create_dev_chain(root / "chain.sqlite", netuid=NETUID, hotkeys=stakes, wallet_path=root / "wallets",
                                wallet_name="test", block_time=hp.windows.block_time, weights_rate_limit=2)

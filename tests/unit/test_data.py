@@ -5,7 +5,15 @@ import json
 import numpy as np
 import pytest
 
-from templar.data import MAX_UIDS, PagePlan, PageStore, assigned_pages, load_tokenizer, random_pages, tokenize_corpus
+from templar.data import (
+    MAX_UIDS,
+    PagePlan,
+    PageStore,
+    assigned_pages,
+    load_tokenizer,
+    random_pages,
+    tokenize_corpus,
+)
 
 NUM_PAGES = 5651  # the tiny preset over the sample corpus
 

@@ -1,5 +1,6 @@
 """LR schedule and window arithmetic."""
 
+import itertools
 import math
 
 import pytest
@@ -19,20 +20,21 @@ def test_learning_rate_warmup_then_cosine():
     assert learning_rate(20000, opt) == pytest.approx(4e-5)
     assert learning_rate(10**7, opt) == pytest.approx(4e-5)
     steps = [learning_rate(s, opt) for s in range(250, 20000, 97)]
-    assert all(a >= b for a, b in zip(steps, steps[1:], strict=False))
+    assert all(a >= b for a, b in itertools.pairwise(steps))
     with pytest.raises(ValueError):
         learning_rate(-1, opt)
 
 
 def test_clock_windows_and_put_window():
-    cfg = load_hparams("tiny").windows  # 20 blocks per window, put 6 s, gather 6 s
+    cfg = load_hparams("tiny").windows  # 20 blocks per window, put 4 s, skew 1 s, gather 6 s
     genesis = 1_000_000.0
     block = {"now": 45}
     clock = Clock(cfg, lambda: block["now"], lambda b: genesis + b * 1.0)
     assert clock.current_window() == 2
     t = clock.times(2)
     assert (t.start, t.end) == (genesis + 40, genesis + 60)
-    assert t.put_window == (genesis + 60, genesis + 66)
-    assert t.gather_deadline == genesis + 72
+    assert t.put_window == (genesis + 60, genesis + 64)
+    assert t.gather_start == genesis + 65.25  # after the last acceptable timestamp (+skew) has settled
+    assert t.gather_deadline == genesis + 71.25
     block["now"] = 60
     assert clock.current_window() == 3

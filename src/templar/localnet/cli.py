@@ -24,7 +24,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--storage", choices=["local", "s3"], default="local",
                    help="local directories, or a local S3 server started and stopped by this command")
     p.add_argument("--out", type=Path, default=Path("localnet"), help="everything the run creates (default ./localnet)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="run seed: initial weights and data assignment (0: the preset's)")
     p.add_argument("--resume", action="store_true", help="keep --out and resume instead of starting clean")
     p.add_argument("--no-live", action="store_true", help="no live table (for logs and CI)")
     p.add_argument("--report-only", action="store_true", help="rebuild the report of an existing --out and exit")

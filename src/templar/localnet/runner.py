@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.live import Live
 
 from templar.chain.embedded import create_dev_chain
-from templar.config import REPO_ROOT, load_hparams
+from templar.config import REPO_ROOT, load_hparams, resolve_hparams_path
 from templar.localnet.live import live_table
 from templar.localnet.report import NodeInfo, build_report, lead_validator, write_nodes
 from templar.records import VALIDATOR_WINDOWS_FILE, read_records
@@ -82,6 +82,7 @@ class Localnet:
     def __init__(self, cfg: LocalnetConfig):
         self.cfg = cfg
         self.out = cfg.out.resolve()
+        self.hparams = cfg.hparams
         self.hp = load_hparams(cfg.hparams)
         self.procs: dict[str, subprocess.Popen] = {}
         self.nodes: list[NodeInfo] = []
@@ -92,6 +93,14 @@ class Localnet:
         if self.out.exists() and not self.cfg.resume:
             shutil.rmtree(self.out)
         self.out.mkdir(parents=True, exist_ok=True)
+        if self.cfg.seed:
+            # Another seed is another run: other initial weights and another data assignment.
+            preset = self.out / "hparams.json"
+            preset.write_text(json.dumps({
+                "base": str(resolve_hparams_path(self.cfg.hparams).resolve()), "name": f"{self.hp.name}-seed{self.cfg.seed}",
+                "model": {"init_seed": self.cfg.seed}, "data": {"data_seed": self.cfg.seed}}, indent=2))
+            self.hparams = str(preset)
+            self.hp = load_hparams(preset)
         planned = plan_nodes(self.cfg)
         chain_path = self.out / "chain.sqlite"
         wallets = self.out / "wallets"
@@ -127,7 +136,7 @@ class Localnet:
         cmd = [sys.executable, str(script), "--wallet.name", WALLET, "--wallet.hotkey", node.name,
                "--wallet.path", str(self.out / "wallets"), "--netuid", str(NETUID),
                "--subtensor.network", "embedded", "--subtensor.chain_endpoint", str(self.out / "chain.sqlite"),
-               "--hparams", self.cfg.hparams, "--device", "cpu", "--state.dir", str(node_dir),
+               "--hparams", self.hparams, "--device", "cpu", "--state.dir", str(node_dir),
                "--logging.file", str(node_dir / "node.log")]
         bucket_args, env = self._bucket_args(node)
         cmd += bucket_args
@@ -148,7 +157,7 @@ class Localnet:
             self.s3.start()
         base_env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
                     "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-                    "TEMPLAR_LOCALNET_SEED": str(self.cfg.seed), "PYTHONUNBUFFERED": "1"}
+                    "PYTHONUNBUFFERED": "1"}
         for node in self.nodes:
             cmd, env = self._command(node)
             stdout = open(node.directory(self.out) / "stdout.log", "ab")  # noqa: SIM115 - owned by the child
@@ -195,7 +204,10 @@ class Localnet:
             if live is not None:
                 live.stop()
 
-    def stop(self, grace: float = 20.0) -> dict[str, int | None]:
+    def stop(self, grace: float | None = None) -> dict[str, int | None]:
+        """SIGTERM everyone; a miner finishes its window first (up to a window), then SIGKILL."""
+        if grace is None:
+            grace = self.hp.windows.blocks_per_window * self.hp.windows.block_time + 15.0
         for proc in self.procs.values():
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)

@@ -23,7 +23,7 @@ from templar.state import NodeState, save_node_state
 from templar.storage import StorageError
 from templar.sync import STATE_FILE, Phase, catch_up, restore
 from templar.train import accumulate_gradients, gradients
-from templar.windows import Clock
+from templar.windows import sleep_until
 from templar.wire import Gradient, PayloadError, max_gradient_bytes, read_gradient, write_gradient
 
 
@@ -103,10 +103,9 @@ class Miner:
         payload = await asyncio.to_thread(self._compress_and_encode, window)
         busy = time.perf_counter() - busy_started
 
-        # Upload inside the put window: it opens when the next window's first block lands.
-        if not Clock.sleep_until(times.end + self.strategy.upload_delay(hp.windows.put_window_seconds),
-                                 node.stop.is_set):
-            return
+        # Upload inside the put window: it opens when the next window's first block lands. A stop
+        # request does not interrupt a window: the error feedback already gave up what we send.
+        await sleep_until(times.end + self.strategy.upload_delay(hp.windows.put_window_seconds))
         busy_started = time.perf_counter()
         if self.strategy.copies:
             payload = await self._copied_payload(window, times.put_close) or payload
@@ -118,12 +117,12 @@ class Miner:
             log.warning(f"upload failed: {exc}")
         busy += time.perf_counter() - busy_started
 
-        if not Clock.sleep_until(times.put_close, node.stop.is_set):
-            return
+        await sleep_until(times.gather_start)
         busy_started = time.perf_counter()
         peers_aggregated = await self._aggregate(window, times)
         self.state.window = window
         await asyncio.to_thread(self.save)
+        await self._delete_stale_gradient(window)
         busy += time.perf_counter() - busy_started
 
         if self.phase == Phase.WARMUP:
@@ -141,6 +140,15 @@ class Miner:
             global_step=self.state.global_step, loss=stats.loss, tokens_per_second=stats.tokens_per_second,
             pages=len(pages), uploaded=uploaded, upload_bytes=up_bytes, upload_seconds=up_seconds,
             peers_aggregated=peers_aggregated, overhead_share=overhead))
+
+    async def _delete_stale_gradient(self, window: int) -> None:
+        """Keep our bucket bounded: nobody reads a gradient older than `max_allowed_stale` windows."""
+        old = window - self.hp.windows.max_allowed_stale - 2
+        if old >= 0:
+            try:
+                await self.node.bucket.delete(gradient_key(old))
+            except StorageError as exc:
+                context(window=window, phase="cleanup").debug(f"could not delete gradient {old}: {exc}")
 
     def _compress_and_encode(self, window: int) -> bytes:
         hp, node = self.hp, self.node
@@ -179,6 +187,7 @@ class Miner:
             return 0
         results = await gather(await node.peer_buckets(peers), window, put_window=times.put_window,
                                deadline=times.gather_deadline, max_bytes=self.max_bytes,
+                               clock_skew=hp.windows.clock_skew_seconds,
                                validate=self._validate(window), malformed_errors=(PayloadError,))
         received = [r.value for r in results.values() if r.ok and r.value is not None]
         if not self.strategy.applies_aggregate(window, self.start_window):

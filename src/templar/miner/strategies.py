@@ -91,7 +91,7 @@ class Late(Strategy):
     """Honest work uploaded after the put window closes."""
 
     def upload_delay(self, put_window_seconds: float) -> float:
-        return put_window_seconds + 1.5
+        return put_window_seconds + 4.0  # well past the 2 s clock-skew allowance of every gather
 
 
 class Desync(Strategy):

@@ -29,20 +29,32 @@ class FastVerdict:
     copied_from: str | None = None
 
 
-def canonical_values(tensors: Mapping[str, Compressed]) -> dict[str, torch.Tensor]:
-    """Position-canonical coefficients of a few chunks per tensor, for copy fingerprints.
+def malformed_code(reason: str) -> str:
+    """The stable PayloadError code out of gather's "PayloadError: <code>: <detail>" reason."""
+    parts = [p.strip() for p in reason.split(":")]
+    code = parts[1] if parts[0] == "PayloadError" and len(parts) > 1 else parts[0]
+    return code[:40]
+
+
+def canonical_values(tensors: Mapping[str, Compressed], salt: int) -> dict[str, torch.Tensor]:
+    """Position-canonical coefficients of a few chunks of a few tensors, for copy fingerprints.
 
     Raw top-k value arrays are not canonical (a copier could permute values with their indices);
-    scattering them to their positions is, and costs O(chunks·chunk_size) per tensor.
+    scattering them to their positions is, and costs O(chunks·chunk_size) per tensor. Which tensors
+    and chunks are used comes from the validator's private `salt`, so a copier cannot know which
+    part of a payload to perturb to evade detection.
     """
+    g = torch.Generator().manual_seed(salt & 0x7FFF_FFFF_FFFF_FFFF)
+    names = sorted(tensors)
+    picked = torch.randperm(len(names), generator=g)[:FINGERPRINT_TENSORS].sort().values
     out = {}
-    for name in sorted(tensors)[:FINGERPRINT_TENSORS]:
-        c = tensors[name]
-        chunks = min(FINGERPRINT_CHUNKS, c.indices.shape[0])
-        numel = c.plan.chunk_numel
-        dense = torch.zeros(chunks, numel, dtype=torch.float32)
-        dense.scatter_(1, c.indices[:chunks].cpu(), c.values[:chunks].float().cpu())
-        out[name] = dense.view(-1)
+    for i in picked.tolist():
+        c = tensors[names[i]]
+        n_chunks = c.indices.shape[0]
+        rows = torch.randperm(n_chunks, generator=g)[:FINGERPRINT_CHUNKS].sort().values
+        dense = torch.zeros(len(rows), c.plan.chunk_numel, dtype=torch.float32)
+        dense.scatter_(1, c.indices[rows].cpu(), c.values[rows].float().cpu())
+        out[names[i]] = dense.view(-1)
     return out
 
 
@@ -60,13 +72,14 @@ def fast_evaluate(
     *,
     sync_max_steps: float,
     duplicate_threshold: float,
+    salt: int,
 ) -> dict[str, FastVerdict]:
     """A verdict for every gathered peer; pure given the gather results and our probes."""
     verdicts: dict[str, FastVerdict] = {}
     uploads: list[Upload] = []
     for hotkey, res in results.items():
         if res.status != GatherStatus.OK or res.value is None:
-            reason = f":{res.reason.split(':')[0][:40]}" if res.status == GatherStatus.MALFORMED and res.reason else ""
+            reason = f":{malformed_code(res.reason)}" if res.status == GatherStatus.MALFORMED and res.reason else ""
             verdicts[hotkey] = FastVerdict(False, f"{res.status.value}{reason}")
             continue
         g = res.value
@@ -76,7 +89,7 @@ def fast_evaluate(
             continue
         verdicts[hotkey] = FastVerdict(True, "warmup" if g.warmup else "ok", sync_steps=steps)
         uploads.append(Upload(hotkey=hotkey, timestamp=float(res.timestamp or 0.0), digest=g.digest,
-                              fingerprint=fingerprint(canonical_values(g.tensors))))
+                              fingerprint=fingerprint(canonical_values(g.tensors, salt))))
     for loser, original in find_copies(uploads, duplicate_threshold).items():
         verdicts[loser] = FastVerdict(False, "copy", sync_steps=verdicts[loser].sync_steps, copied_from=original)
     return verdicts

@@ -10,6 +10,7 @@ import torch
 from safetensors.torch import save_file
 
 from templar.comms import cleanup_checkpoints, put_aggregate, put_peers, put_start_window, save_checkpoint
+from templar.comms.keys import aggregate_key, window_of
 from templar.comms.progress import put_progress
 from templar.log import context
 from templar.node import Node
@@ -69,3 +70,17 @@ async def publish_checkpoint(node: Node, window: int, global_step: int) -> None:
         await cleanup_checkpoints(node.bucket, keep=KEEP_CHECKPOINTS)
     except StorageError as exc:
         log.warning(f"checkpoint upload failed: {exc}")
+        return
+    await _delete_aggregates_before(node, window - KEEP_CHECKPOINTS * node.hp.windows.checkpoint_frequency)
+
+
+async def _delete_aggregates_before(node: Node, oldest_needed: int) -> None:
+    """Aggregates older than the oldest kept checkpoint can no longer be replayed by anyone."""
+    prefix = aggregate_key(0).rsplit("/", 1)[0] + "/"
+    try:
+        for obj in await node.bucket.list(prefix):
+            window = window_of(obj.key, prefix, ".safetensors")
+            if window is not None and window < oldest_needed:
+                await node.bucket.delete(obj.key)
+    except StorageError as exc:
+        context(phase="cleanup").debug(f"aggregate cleanup incomplete: {exc}")

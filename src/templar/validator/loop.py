@@ -7,6 +7,8 @@ gather → fast eval → primary eval → scores and weights → outer step (+ l
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import os
 import time
 from pathlib import Path
 
@@ -32,11 +34,30 @@ from templar.train import evaluate_loss
 from templar.validator.evaluate import Evaluator, LossScores
 from templar.validator.fast_eval import FastVerdict, fast_evaluate
 from templar.validator.lead import publish_checkpoint, publish_start_window, publish_window
-from templar.windows import Clock
+from templar.windows import sleep_until
 from templar.wire import Gradient, PayloadError, max_gradient_bytes, read_gradient
 
 BOOK_FILE = "scorebook.json"
+SECRET_FILE = "eval_secret"
 HOLDOUT_PAGES = 4
+
+
+def load_or_create_secret(path: Path) -> bytes:
+    """This validator's private randomness for D_rand, S_t and fingerprints, kept across restarts.
+
+    Miners know the public seeds, so anything derived from them alone (say, next window's random
+    pages) could be trained on in advance; a per-validator secret makes those choices unpredictable.
+    """
+    if path.exists():
+        secret = path.read_bytes()
+        if len(secret) == 32:
+            return secret
+    secret = os.urandom(32)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(secret)
+    tmp.chmod(0o600)
+    tmp.replace(path)
+    return secret
 
 
 class Validator:
@@ -49,6 +70,11 @@ class Validator:
         self.max_bytes = max_gradient_bytes(node.shapes, self.hp)
         self.holdout = node.pages.batch(node.plan.holdout_pages()[:HOLDOUT_PAGES])
         self.is_lead = False
+        self.secret = load_or_create_secret(node.state_dir / SECRET_FILE)
+
+    def eval_seed(self, window: int) -> int:
+        digest = hashlib.blake2b(window.to_bytes(8, "little"), key=self.secret, digest_size=8).digest()
+        return int.from_bytes(digest, "little")
 
     # ------------------------------------------------------------------ life
     async def run(self) -> None:
@@ -70,12 +96,10 @@ class Validator:
     async def start(self) -> None:
         """Load the score book and state; the lead publishes the start window, others catch up."""
         node = self.node
-        self.book = self._load_book()
         self.state, _ = await restore(node)
-        lead = await node.lead()
-        self.is_lead = lead is not None and lead[0].hotkey == node.hotkey
+        self.book = self._load_book(self.state)
         current = node.clock.current_window()
-        if self.is_lead:
+        if await self._check_lead(current):
             if await self._published_start() is None:
                 self.state.window = current - 1
                 await publish_start_window(node, current)
@@ -90,7 +114,25 @@ class Validator:
         except (StorageError, RecordError):
             return None
 
-    def _load_book(self) -> ScoreBook:
+    async def _check_lead(self, window: int) -> bool:
+        """Whether we are the lead now: stake can move, and the new lead must take over at once."""
+        lead = await self.node.lead()
+        is_lead = lead is not None and lead[0].hotkey == self.node.hotkey
+        if is_lead != self.is_lead:
+            context(window=window, phase="lead").info(
+                "this validator is now the lead: publishing peer lists, aggregates and checkpoints"
+                if is_lead else "this validator is no longer the lead: following the lead's peer lists")
+        self.is_lead = is_lead
+        return is_lead
+
+    def _load_book(self, state: NodeState) -> ScoreBook:
+        """The book saved atomically with our state (never a window apart from it); else the copy."""
+        saved = state.extra.get("scorebook")
+        if isinstance(saved, str):
+            try:
+                return ScoreBook.from_json(saved)
+            except ScoreBookError as exc:
+                context(phase="startup").error(f"score book in the state file unreadable: {exc}")
         path = self.node.state_dir / BOOK_FILE
         try:
             return ScoreBook.load(path)
@@ -105,11 +147,12 @@ class Validator:
         node, hp = self.node, self.hp
         times = node.clock.times(window)
         log = context(window=window, phase="validate")
-        if not Clock.sleep_until(times.put_close, node.stop.is_set):
+        if not await sleep_until(times.gather_start, node.stop):
             return
         started = time.perf_counter()
         deadline = max(times.gather_deadline, time.time() + min(hp.windows.gather_seconds, 5.0))
 
+        await self._check_lead(window)
         neurons = await node.neurons()
         miners = {n.hotkey: n.uid for n in neurons if not (n.validator_permit and n.stake > 0)
                   and n.hotkey != node.hotkey}
@@ -117,11 +160,12 @@ class Validator:
         peer_list = await self._peer_list(window)
         lr = learning_rate(self.state.global_step, hp.optimizer)
 
-        fast_set = select_eval_peers(hp.data.data_seed, window, sorted(miners), hp.gauntlet.fast_eval_uids,
+        fast_set = select_eval_peers(self.eval_seed(window), window, sorted(miners), hp.gauntlet.fast_eval_uids,
                                      always=[p for p in peer_list if p in miners], purpose="fast")
         wanted = sorted(set(fast_set) | set(peer_list))
         results = await gather(await node.peer_buckets(wanted), window, put_window=times.put_window,
                                deadline=deadline, max_bytes=self.max_bytes,
+                               clock_skew=hp.windows.clock_skew_seconds,
                                validate=self._validator(window), malformed_errors=(PayloadError,))
         for hotkey in wanted:  # no locator on chain: as good as missing
             results.setdefault(hotkey, GatherResult(GatherStatus.MISSING, reason="no bucket committed"))
@@ -133,7 +177,7 @@ class Validator:
             fast_results = {hk: results[hk] for hk in fast_set}
             verdicts = await asyncio.to_thread(
                 fast_evaluate, fast_results, own_probes, lr, sync_max_steps=hp.gauntlet.sync_max_steps,
-                duplicate_threshold=hp.gauntlet.duplicate_threshold)
+                duplicate_threshold=hp.gauntlet.duplicate_threshold, salt=self.eval_seed(window))
             for hotkey, verdict in verdicts.items():
                 self.book.get_or_create(hotkey, miners[hotkey], window)
                 self.book.record_fast_eval(hotkey, verdict.passed or verdict.status == "warmup", verdict.status,
@@ -142,9 +186,9 @@ class Validator:
         weights = self.book.weights(hp.gauntlet.power)
         top = self.book.top_g(hp.gauntlet.top_g)
 
-        # The outer step with the peer list in effect for this window (the same set miners use).
-        chosen = [results[hk].value for hk in peer_list if hk in results and results[hk].ok
-                  and verdicts.get(hk, FastVerdict(True, "ok")).status != "copy"]
+        # The outer step with exactly the peer list miners use (consensus: no validator-only filter
+        # here; a bad peer leaves the list through its score, at the next replacement).
+        chosen = [results[hk].value for hk in peer_list if hk in results and results[hk].ok]
         step = await asyncio.to_thread(outer_step, node.model, [g for g in chosen if g is not None],
                                        self.state, hp)
         self.state.window = window
@@ -191,7 +235,7 @@ class Validator:
         """LossScore on assigned vs unassigned data for a random subset S_t (paper §3.1)."""
         hp, node = self.hp, self.node
         eligible = sorted(hk for hk, v in verdicts.items() if v.passed and v.status == "ok")
-        chosen = select_eval_peers(hp.data.data_seed, window, eligible, hp.gauntlet.uids_per_window,
+        chosen = select_eval_peers(self.eval_seed(window), window, eligible, hp.gauntlet.uids_per_window,
                                    purpose="primary")
         if not chosen:
             return {}
@@ -200,7 +244,8 @@ class Validator:
         n_eval = min(hp.data.eval_pages, hp.data.pages_per_window)
         assigned = {hk: node.pages.batch(node.plan.assigned_pages(miners[hk], window, hp.data.pages_per_window)[:n_eval])
                     for hk in chosen}
-        random_batch = node.pages.batch(node.plan.random_pages(window, hp.data.eval_pages))
+        salt = self.eval_seed(window) % node.plan.pool
+        random_batch = node.pages.batch(node.plan.random_pages(window, hp.data.eval_pages, salt=salt))
         beta = hp.gauntlet.eval_lr_factor * lr
         scores = await asyncio.to_thread(self.evaluator.score_peers, signs, assigned, random_batch, beta)
         self.book.record_primary({hk: PrimaryResult(s.delta_assigned, s.delta_rand) for hk, s in scores.items()},
@@ -226,8 +271,10 @@ class Validator:
         return True
 
     def _save(self) -> None:
-        self.book.save(self.node.state_dir / BOOK_FILE)
+        """State, model and score book in one atomic file; scorebook.json is a readable copy."""
+        self.state.extra = {"scorebook": self.book.to_json()}
         save_node_state(self.node.state_dir / STATE_FILE, self.node.model, {}, self.state)
+        self.book.save(self.node.state_dir / BOOK_FILE)
 
     def _log_window(self, window, verdicts, losses, weights, top, miners, step: OuterStep | None,
                     holdout_loss: float, gathered: int, wall: float, weights_set: bool) -> None:
