@@ -5,6 +5,7 @@ that resumes with identical scores."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -15,6 +16,7 @@ from templar.miner.loop import Miner
 from templar.miner.strategies import Late, Lazy, SignFlip, Strategy
 from templar.records import SCORES_FILE, read_records
 from templar.validator.loop import BOOK_FILE, Validator
+from templar.windows import sleep_until
 
 from .harness import NETUID, Subnet
 
@@ -37,9 +39,7 @@ def test_validator_scores_weights_publishes_and_resumes(tmp_path):
         first = v.state.window + 1
         for w in range(first, first + 7):
             async def post_garbage(window=w):
-                times = garbage.clock.times(window)
-                await asyncio.sleep(max(0.0, times.end - garbage.clock.times(window).start
-                                        - (times.start - __import__("time").time()) + 0.1))
+                await sleep_until(garbage.clock.times(window).end + 0.1)  # on time, but not safetensors
                 await put_gradient(garbage.bucket, window, b"\x00" * 4096)
 
             await asyncio.gather(v.run_window(w), post_garbage(), *(m.run_window(w) for m in miners))
@@ -48,7 +48,7 @@ def test_validator_scores_weights_publishes_and_resumes(tmp_path):
         peers = await get_peers(lead_bucket, first + 7)
         agg = await get_aggregate(lead_bucket, first + 6, max_bytes=1 << 24)
         ckpt = await download_latest_checkpoint(lead_bucket, tmp_path / "dl", max_bytes=1 << 30,
-                                                deadline=__import__("time").time() + 30, progress=False)
+                                                deadline=time.time() + 30, progress=False)
         book_before = ScoreBook.load(v.node.state_dir / BOOK_FILE)
         for node in [v.node, garbage, *(m.node for m in miners)]:
             await node.aclose()
@@ -68,7 +68,10 @@ def test_validator_scores_weights_publishes_and_resumes(tmp_path):
     for cheat in ("signflip", "lazy", "late", "garbage"):
         assert weights[cheat] < 0.05, (cheat, weights)
     statuses = {name: {r["status"] for r in records if r["hotkey"] == hk} for name, hk in hotkeys.items()}
-    assert "late" in statuses["late"]
+    # It did upload every window, but after the put window: to a validator gathering on time the
+    # object is not there yet (missing), to one gathering later its timestamp says late.
+    assert statuses["late"] <= {"missing", "late", "not-sampled"}, statuses["late"]
+    assert len(list((subnet.root / "buckets" / "late").rglob("*.safetensors"))) >= 3
     assert any(s.startswith("malformed") for s in statuses["garbage"]), statuses["garbage"]
     assert book.peers[hotkeys["signflip"]].mu < 0 or book.peers[hotkeys["signflip"]].score == 0
     assert book.peers[hotkeys["lazy"]].score < book.peers[hotkeys["honest"]].score
