@@ -115,6 +115,8 @@ class GauntletConfig(_Strict):
     openskill_beta: float = Field(gt=0)
     openskill_tau: float = Field(ge=0)
     duplicate_threshold: float = Field(gt=0, le=1, description="cosine above which two payloads are copies")
+    max_norm_ratio: float = Field(gt=1, description="a payload whose value norm exceeds the window's median "
+                                  "by this factor fails fast evaluation as 'scale'")
 
 
 class WindowConfig(_Strict):

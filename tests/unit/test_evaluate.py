@@ -43,3 +43,21 @@ def test_scores_match_reference_and_restore_model(tiny_pages):
     assert scores["honest"].delta_assigned > 0
     assert scores["honest"].delta_assigned > scores["lazy"].delta_assigned
     assert scores["honest"].loss_rand_before == scores["lazy"].loss_rand_before
+
+
+def test_norm_outliers_flag_only_shouting_peers():
+    from templar.compress import DCTCompressor
+    from templar.validator.fast_eval import norm_outliers
+    from templar.wire import Gradient
+
+    comp = DCTCompressor(64, 32)
+    torch.manual_seed(0)
+    base = torch.randn(128, 128)
+
+    def payload(scale: float) -> Gradient:
+        return Gradient(window=1, global_step=0, hotkey="x", warmup=False,
+                        tensors={"w": comp.compress(base * scale)}, probes={}, digest=b"", nbytes=0)
+
+    peers = {"a": payload(1.0), "b": payload(2.0), "new": payload(1e-3), "shout": payload(1e4)}
+    assert norm_outliers(peers, 1000.0) == ["shout"]   # the quiet newcomer is not flagged
+    assert norm_outliers({"a": peers["a"], "shout": peers["shout"]}, 1000.0) == []  # too few to judge

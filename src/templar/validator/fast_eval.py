@@ -1,8 +1,12 @@
 """Fast evaluation (paper §3.2) of many peers per window: cheap checks, each failure a named status.
 
 A peer passes when its upload arrived inside the put window, decoded cleanly, is in sync with our
-model (mean |θ_val − θ_peer| / α over this window's probes ≤ `sync_max_steps`), and is not a copy
-of an earlier upload by another hotkey. Everything else multiplies its μ by φ (0.75).
+model (mean |θ_val − θ_peer| / α over this window's probes ≤ `sync_max_steps`), is not a copy
+of an earlier upload by another hotkey, and is not shouting: the L2 norm of its values is at most
+`max_norm_ratio` times the window's median. Only the upper side is checked: error-feedback
+buffers grow with a miner's age (up to 1/(1 − decay) = 1000×), so a new honest miner is quiet. Aggregation normalises every peer, so a rescaled update
+cannot move the model, but its sign is an honest peer's; without this check it would be paid like
+one while probing for implementations that forget to normalise. Everything else multiplies μ by φ.
 """
 
 from __future__ import annotations
@@ -73,6 +77,7 @@ def fast_evaluate(
     sync_max_steps: float,
     duplicate_threshold: float,
     salt: int,
+    max_norm_ratio: float = float("inf"),
 ) -> dict[str, FastVerdict]:
     """A verdict for every gathered peer; pure given the gather results and our probes."""
     verdicts: dict[str, FastVerdict] = {}
@@ -92,4 +97,24 @@ def fast_evaluate(
                               fingerprint=fingerprint(canonical_values(g.tensors, salt))))
     for loser, original in find_copies(uploads, duplicate_threshold).items():
         verdicts[loser] = FastVerdict(False, "copy", sync_steps=verdicts[loser].sync_steps, copied_from=original)
+    for hotkey in norm_outliers({hk: results[hk].value for hk, v in verdicts.items() if v.passed}, max_norm_ratio):
+        verdicts[hotkey] = FastVerdict(False, "scale", sync_steps=verdicts[hotkey].sync_steps)
     return verdicts
+
+
+MIN_PEERS_FOR_NORM_CHECK = 3
+
+
+def payload_norm(g: Gradient) -> float:
+    return float(torch.sqrt(sum(c.values.double().square().sum() for c in g.tensors.values())))
+
+
+def norm_outliers(payloads: Mapping[str, Gradient], max_ratio: float) -> list[str]:
+    """Peers whose value norm exceeds `max_ratio` times the median of the window (needs 3 peers)."""
+    if len(payloads) < MIN_PEERS_FOR_NORM_CHECK:
+        return []
+    norms = {hk: payload_norm(g) for hk, g in payloads.items()}
+    median = float(torch.tensor(sorted(norms.values()), dtype=torch.float64).median())
+    if median <= 0:
+        return []
+    return sorted(hk for hk, n in norms.items() if n > median * max_ratio)
