@@ -102,9 +102,10 @@ class PagePlan:
         excluded = set(exclude)
         reserved = MAX_UIDS * self.pages_per_uid
         start = reserved if reserved + n * 4 <= self.pool else 0
+        span = self.pool - start  # positions past every uid's slot; a salt never wraps into them
         out: list[int] = []
-        for position in range(start + salt * n, start + salt * n + self.pool):
-            page = self._permuted("window", window, position)
+        for j in range(span):
+            page = self._permuted("window", window, start + (salt * n + j) % span)
             if page not in excluded and page not in out:
                 out.append(page)
                 if len(out) == n:

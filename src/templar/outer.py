@@ -7,16 +7,17 @@ the learning rate is a pure function of the synchronised `global_step`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 
+from templar.chain import verify_signature
 from templar.compress import aggregate, apply_signed_update
 from templar.config import HParams
 from templar.schedule import learning_rate
 from templar.state import NodeState
-from templar.wire import Gradient, probe_positions
+from templar.wire import Gradient, probe_positions, read_gradient
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,15 @@ def outer_step(model: torch.nn.Module, gradients: Sequence[Gradient], state: Nod
         apply_signed_update(model, signs, lr, hp.optimizer.weight_decay)
         state.global_step = step + 1
     return OuterStep(signs=signs, global_step=step, learning_rate=lr, peers=len(eligible))
+
+
+def payload_reader(shapes: dict[str, torch.Size], hp: HParams, window: int) -> Callable[[str, bytes], Gradient]:
+    """How every node reads a peer's gradient of `window`: strict, signed by the bucket's hotkey."""
+
+    def read(hotkey: str, data: bytes) -> Gradient:
+        return read_gradient(data, shapes, hp, verify=verify_signature, expected_hotkey=hotkey,
+                             expected_window=window)
+    return read
 
 
 @torch.no_grad()

@@ -39,6 +39,8 @@ def test_uids_get_disjoint_pages_and_never_holdout():
         rand = plan.random_pages(window, 8)
         assert len(set(rand)) == 8 and not set(rand) & (set(pages) | holdout)
         assert plan.random_pages(window, 8, salt=1) != rand
+        for salt in (7, 10**6, 2**61 - 1):  # validators use a private 64-bit salt: never an assigned page
+            assert not set(plan.random_pages(window, 8, salt=salt % plan.pool)) & (set(pages) | holdout)
         assert not set(plan.random_pages(window, 4, exclude=rand[:2])) & set(rand[:2])
 
 

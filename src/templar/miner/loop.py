@@ -9,14 +9,13 @@ from __future__ import annotations
 import asyncio
 import time
 
-from templar.chain import verify_signature
 from templar.comms import RecordError, gather, get_peers, put_gradient
 from templar.comms.keys import gradient_key
 from templar.compress import DCTCompressor, DeMo
 from templar.log import context, short
 from templar.miner.strategies import Strategy
 from templar.node import Node
-from templar.outer import collect_probes, outer_step, synced_step
+from templar.outer import collect_probes, outer_step, payload_reader, synced_step
 from templar.records import MINER_WINDOWS_FILE, MinerWindowRecord, append_record
 from templar.schedule import learning_rate
 from templar.state import NodeState, save_node_state
@@ -24,7 +23,7 @@ from templar.storage import StorageError
 from templar.sync import STATE_FILE, Phase, catch_up, restore
 from templar.train import accumulate_gradients, gradients
 from templar.windows import sleep_until
-from templar.wire import Gradient, PayloadError, max_gradient_bytes, read_gradient, write_gradient
+from templar.wire import PayloadError, max_gradient_bytes, write_gradient
 
 
 class Miner:
@@ -162,14 +161,6 @@ class Miner:
                               global_step=self.state.global_step, hotkey=node.hotkey, hp=hp,
                               sign=node.chain.sign, warmup=self.phase == Phase.WARMUP)
 
-    def _validate(self, window: int):
-        shapes, hp = self.node.shapes, self.hp
-
-        def validate(hotkey: str, data: bytes) -> Gradient:
-            return read_gradient(data, shapes, hp, verify=verify_signature, expected_hotkey=hotkey,
-                                 expected_window=window)
-        return validate
-
     async def _aggregate(self, window: int, times) -> int:
         """Gather the lead's top-G for `window` and apply the outer step, as validators do."""
         node, hp = self.node, self.hp
@@ -188,7 +179,7 @@ class Miner:
         results = await gather(await node.peer_buckets(peers), window, put_window=times.put_window,
                                deadline=times.gather_deadline, max_bytes=self.max_bytes,
                                clock_skew=hp.windows.clock_skew_seconds,
-                               validate=self._validate(window), malformed_errors=(PayloadError,))
+                               validate=payload_reader(node.shapes, hp, window), malformed_errors=(PayloadError,))
         received = [r.value for r in results.values() if r.ok and r.value is not None]
         if not self.strategy.applies_aggregate(window, self.start_window):
             # Keep the step count moving with the swarm, but leave θ behind (the `desync` adversary).
@@ -210,8 +201,7 @@ class Miner:
             for hotkey in candidates:
                 try:
                     data = await buckets[hotkey].get(gradient_key(window), max_bytes=self.max_bytes, timeout=2.0)
-                    g = read_gradient(data, node.shapes, self.hp, verify=verify_signature,
-                                      expected_hotkey=hotkey, expected_window=window)
+                    g = payload_reader(node.shapes, self.hp, window)(hotkey, data)
                 except (StorageError, PayloadError):
                     continue
                 log.info(f"re-posting {short(hotkey)}'s gradient")

@@ -12,13 +12,13 @@ import os
 import time
 from pathlib import Path
 
-from templar.chain import ChainError, RateLimited, verify_signature
+from templar.chain import ChainError, RateLimited
 from templar.comms import GatherResult, GatherStatus, RecordError, gather, get_peers, get_start_window
 from templar.compress import aggregate
 from templar.gauntlet import PrimaryResult, ScoreBook, ScoreBookError, select_eval_peers
 from templar.log import context, short
 from templar.node import Node
-from templar.outer import OuterStep, collect_probes, outer_step
+from templar.outer import OuterStep, collect_probes, outer_step, payload_reader
 from templar.records import (
     SCORES_FILE,
     VALIDATOR_WINDOWS_FILE,
@@ -35,7 +35,7 @@ from templar.validator.evaluate import Evaluator, LossScores
 from templar.validator.fast_eval import FastVerdict, fast_evaluate
 from templar.validator.lead import publish_checkpoint, publish_start_window, publish_window
 from templar.windows import sleep_until
-from templar.wire import Gradient, PayloadError, max_gradient_bytes, read_gradient
+from templar.wire import PayloadError, max_gradient_bytes
 
 BOOK_FILE = "scorebook.json"
 SECRET_FILE = "eval_secret"
@@ -166,7 +166,7 @@ class Validator:
         results = await gather(await node.peer_buckets(wanted), window, put_window=times.put_window,
                                deadline=deadline, max_bytes=self.max_bytes,
                                clock_skew=hp.windows.clock_skew_seconds,
-                               validate=self._validator(window), malformed_errors=(PayloadError,))
+                               validate=payload_reader(node.shapes, hp, window), malformed_errors=(PayloadError,))
         for hotkey in wanted:  # no locator on chain: as good as missing
             results.setdefault(hotkey, GatherResult(GatherStatus.MISSING, reason="no bucket committed"))
 
@@ -211,14 +211,6 @@ class Validator:
                  f"{sum(r.ok for r in results.values())}/{len(results)} | evaluated {len(losses)} | "
                  f"aggregated {step.peers if step else 0} | step {self.state.global_step} | top-G "
                  + ",".join(short(h) for h in top))
-
-    def _validator(self, window: int):
-        shapes, hp = self.node.shapes, self.hp
-
-        def validate(hotkey: str, data: bytes) -> Gradient:
-            return read_gradient(data, shapes, hp, verify=verify_signature, expected_hotkey=hotkey,
-                                 expected_window=window)
-        return validate
 
     async def _peer_list(self, window: int) -> list[str]:
         lead = await self.node.lead()
