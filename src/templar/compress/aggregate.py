@@ -1,0 +1,116 @@
+"""DeMo aggregation (Algorithm 2, `DeMoAggregation`) and the signed outer step.
+
+Δ = sign(iDCT(Σ_p w_p · q_p / ||q_p||)), every peer's values L2-normalised per tensor so that
+rescaling a gradient (×1e6) changes nothing, then θ ← θ·(1 − α·wd) − α·Δ.
+
+Determinism: the weighted sum is accumulated in 2^-60 fixed point (int64), one `index_add_` of
+each peer's coefficients into one accumulator per tensor. Integer addition is associative, so the
+sum is bit-identical for any peer order and any scatter implementation, with no sorting of peers. The weights are divided by Σ|w| first (the sign is invariant to a positive
+scale) so every term and partial sum is below 2^60 in magnitude and cannot overflow. The
+quantisation step is 2^-60 of the unit-norm peer vectors, far below float32 resolution.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import torch
+from torch import nn
+
+from templar.compress.compressor import Compressed
+from templar.compress.dct import ChunkedDCT, ChunkPlan
+
+__all__ = ["aggregate", "apply_signed_update"]
+
+_FIXED_BITS = 60
+_DEFAULT_DCT = ChunkedDCT()
+
+
+def _check(name: str, items: Sequence[Compressed], shape: torch.Size) -> ChunkPlan:
+    plan = items[0].plan
+    if plan.shape != shape:
+        raise ValueError(f"{name}: compressed shape {tuple(plan.shape)} != expected {tuple(shape)}")
+    k = items[0].k
+    for c in items:
+        if c.plan != plan or c.indices.shape != (plan.n_chunks, k) or c.values.shape != c.indices.shape:
+            raise ValueError(f"{name}: peers disagree on chunking or k")
+        if not bool(torch.isfinite(c.values).all()):
+            raise ValueError(f"{name}: non-finite values")
+        if bool(((c.indices < 0) | (c.indices >= plan.chunk_numel)).any()):
+            raise ValueError(f"{name}: index outside its chunk")
+    return plan
+
+
+@torch.no_grad()
+def aggregate(
+    peers: Sequence[Mapping[str, Compressed]],
+    weights: Sequence[float],
+    shapes: Mapping[str, torch.Size],
+    *,
+    dct: ChunkedDCT | None = None,
+) -> dict[str, torch.Tensor]:
+    """sign(Δ) per parameter (float32 of -1/0/+1, on the peers' device), for G peers at once.
+
+    Each peer's indices must be unique within a chunk (as `templar.wire` guarantees). A single
+    peer, `aggregate([p], [1.0], shapes)`, is that peer's own update (validators' evaluation).
+    """
+    if len(peers) != len(weights):
+        raise ValueError(f"{len(peers)} peers but {len(weights)} weights")
+    if not peers:
+        raise ValueError("aggregate needs at least one peer")
+    w = torch.tensor([float(x) for x in weights], dtype=torch.float64)
+    if not bool(torch.isfinite(w).all()):
+        raise ValueError("weights must be finite")
+    total = float(w.abs().sum())
+    w = w / total if total > 0 else w
+    dct = dct if dct is not None else _DEFAULT_DCT
+    signs: dict[str, torch.Tensor] = {}
+    for name, shape in shapes.items():
+        missing = [i for i, p in enumerate(peers) if name not in p]
+        if missing:
+            raise ValueError(f"{name}: missing from peers {missing}")
+        items = [p[name] for p in peers]
+        plan = _check(name, items, torch.Size(shape))
+        device = items[0].values.device
+        p_rows, p_cols = plan.padded
+        with dct.lock:
+            acc = dct.scratch("acc", p_rows * p_cols, torch.int64, device)
+            acc.zero_()
+            for c, weight in zip(items, w.tolist(), strict=True):
+                values = c.values.to(torch.float64)
+                norm = float(torch.linalg.vector_norm(values))
+                if norm == 0.0 or weight == 0.0:
+                    continue
+                fixed = torch.round(values * (weight / norm * 2.0**_FIXED_BITS)).to(torch.int64)
+                acc.index_add_(0, plan.positions(c.indices).view(-1), fixed.view(-1))
+            coef = dct.scratch("acc32", p_rows * p_cols, torch.float32, device)
+            coef.copy_(acc)
+            delta = dct.crop(dct.inverse(coef, plan), plan)
+            signs[name] = torch.sign(delta)
+    return signs
+
+
+@torch.no_grad()
+def apply_signed_update(
+    params: Mapping[str, torch.Tensor] | nn.Module,
+    signs: Mapping[str, torch.Tensor],
+    lr: float,
+    weight_decay: float,
+) -> None:
+    """θ ← θ·(1 − lr·wd) − lr·sign, in place, for every parameter named in `signs`.
+
+    Parameters without a sign are left untouched. Raises ValueError on unknown names or shapes
+    before modifying anything.
+    """
+    named = dict(params.named_parameters()) if isinstance(params, nn.Module) else dict(params)
+    for name, s in signs.items():
+        if name not in named:
+            raise ValueError(f"sign for unknown parameter {name}")
+        if s.shape != named[name].shape:
+            raise ValueError(f"{name}: sign shape {tuple(s.shape)} != parameter {tuple(named[name].shape)}")
+    decay = 1.0 - lr * weight_decay
+    for name, s in signs.items():
+        p = named[name]
+        if decay != 1.0:
+            p.mul_(decay)
+        p.add_(s.to(device=p.device, dtype=p.dtype), alpha=-lr)

@@ -1,0 +1,131 @@
+"""DCT + top-k compression of one parameter (DeMo's `DCTEncode` + `TopKCompress`).
+
+`Compressed` is the in-memory form every other module exchanges: per chunk, the `k` kept
+within-chunk indices (ascending) and their coefficients. The chunking is part of it (`chunk`), so a
+decoder never needs the compressor's settings.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from templar.compress.dct import ChunkedDCT, ChunkPlan, plan_chunks
+from templar.compress.select import select_topk
+
+__all__ = ["Compressed", "DCTCompressor"]
+
+
+@dataclass(frozen=True, eq=False)
+class Compressed:
+    """Top-k DCT coefficients of one parameter.
+
+    `indices`: int64 `[n_chunks, k]`, within-chunk flat index `i*w + j`, ascending per chunk.
+    `values`: float32 `[n_chunks, k]`. `shape`: the parameter's shape. `chunk`: chunk side per
+    dimension (`(w,)` or `(h, w)`); chunks are numbered row-major over the chunk grid.
+    """
+
+    indices: torch.Tensor
+    values: torch.Tensor
+    shape: torch.Size
+    chunk: tuple[int, ...]
+
+    @property
+    def plan(self) -> ChunkPlan:
+        shape = torch.Size(self.shape)
+        h = 1 if len(shape) == 1 else self.chunk[0]
+        return ChunkPlan(shape=shape, h=h, w=self.chunk[-1])
+
+    @property
+    def k(self) -> int:
+        return self.indices.shape[-1]
+
+    @property
+    def n_coefficients(self) -> int:
+        return self.indices.numel()
+
+    def to(self, device: torch.device | str) -> Compressed:
+        """The same coefficients on `device` (e.g. to aggregate on the GPU)."""
+        return Compressed(self.indices.to(device), self.values.to(device), self.shape, self.chunk)
+
+
+class DCTCompressor:
+    """Chunked DCT-II + per-chunk top-k, with a sparse decoder.
+
+    Args:
+        target_chunk: chunk side; each dimension uses its largest divisor not above this (padded
+            when that divisor is poor, see `templar.compress.dct`).
+        topk: coefficients kept per chunk (clamped to the chunk size for small parameters).
+        dct: the transform (and its scratch buffers); share one between compressors to share memory.
+    """
+
+    def __init__(self, target_chunk: int = 64, topk: int = 32, *, dct: ChunkedDCT | None = None) -> None:
+        if target_chunk <= 0 or topk <= 0:
+            raise ValueError("target_chunk and topk must be positive")
+        self.target_chunk = target_chunk
+        self.topk = topk
+        self.dct = dct if dct is not None else ChunkedDCT()
+
+    def plan(self, shape: torch.Size | tuple[int, ...]) -> ChunkPlan:
+        return plan_chunks(shape, self.target_chunk)
+
+    def k_for(self, plan: ChunkPlan) -> int:
+        return min(self.topk, plan.chunk_numel)
+
+    def compress(self, x: torch.Tensor) -> Compressed:
+        """Keep the `topk` largest-|coefficient| DCT coefficients of every chunk of `x`."""
+        plan = self.plan(x.shape)
+        with self.dct.lock:
+            coef = self.dct.forward(x.detach(), plan)
+            indices, values = select_topk(coef, plan, self.k_for(plan), scratch=self.dct.scratch)
+        return Compressed(indices=indices, values=values, shape=torch.Size(x.shape), chunk=plan.chunk)
+
+    def _scatter(self, c: Compressed) -> torch.Tensor:
+        """Matrix-layout coefficient tensor with only `c`'s coefficients non-zero (scratch)."""
+        plan = c.plan
+        p_rows, p_cols = plan.padded
+        coef = self.dct.scratch("sparse", p_rows * p_cols, torch.float32, c.values.device)
+        coef.zero_()
+        coef[plan.positions(c.indices).view(-1)] = c.values.reshape(-1).to(torch.float32)
+        return coef
+
+    def decompress(self, c: Compressed) -> torch.Tensor:
+        """Dense float32 tensor of `c.shape`: scatter into zeros, then one batched inverse DCT."""
+        plan = c.plan
+        with self.dct.lock:
+            coef = self._scatter(c)
+            if plan.is_padded:
+                return self.dct.crop(self.dct.inverse(coef, plan), plan).clone()
+            out = torch.empty(plan.shape, dtype=torch.float32, device=c.values.device)
+            self.dct.inverse(coef, plan, out=out)
+            return out
+
+    def compress_residual_(self, e: torch.Tensor) -> Compressed:
+        """`q = compress(e)`, then `e <- e - decompress(q)` in place: one step of error feedback.
+
+        Computed as `e <- iDCT(DCT(e) with q's coefficients zeroed)`, which equals the definition
+        (the transform is orthonormal) but skips the sparse scatter and the subtraction pass.
+        `e` must be a contiguous float32 tensor.
+        """
+        if e.dtype != torch.float32 or not e.is_contiguous():
+            raise ValueError("error-feedback buffers must be contiguous float32")
+        plan = self.plan(e.shape)
+        with self.dct.lock:
+            coef = self.dct.forward(e, plan)
+            indices, values = select_topk(coef, plan, self.k_for(plan), scratch=self.dct.scratch)
+            coef[plan.positions(indices).view(-1)] = 0.0
+            if plan.is_padded:
+                e.copy_(self.dct.crop(self.dct.inverse(coef, plan), plan))
+            else:
+                self.dct.inverse(coef, plan, out=e)
+        return Compressed(indices=indices, values=values, shape=torch.Size(e.shape), chunk=plan.chunk)
+
+    def subtract_(self, target: torch.Tensor, c: Compressed) -> torch.Tensor:
+        """`target -= decompress(c)` in place, without allocating the decoded tensor."""
+        plan = c.plan
+        if target.shape != plan.shape:
+            raise ValueError(f"target shape {tuple(target.shape)} != compressed shape {tuple(plan.shape)}")
+        with self.dct.lock:
+            decoded = self.dct.crop(self.dct.inverse(self._scatter(c), plan), plan)
+            return target.sub_(decoded)

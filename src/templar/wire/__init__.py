@@ -1,0 +1,38 @@
+"""Wire formats: safetensors payloads exchanged through buckets, validated strictly.
+
+Every byte from a peer goes through `read_gradient` / `read_aggregate`, which raise `PayloadError`
+(with a stable `reason`) for anything malformed; nothing here ever unpickles. Signing and
+verification are injected callables (only `templar.chain` imports bittensor).
+"""
+
+from templar.wire.aggregate import Aggregate, max_aggregate_bytes, read_aggregate, write_aggregate
+from templar.wire.codec import CODEC
+from templar.wire.container import Signer, Verifier
+from templar.wire.errors import REASONS, PayloadError
+from templar.wire.gradient import (
+    Gradient,
+    coefficient_count,
+    max_gradient_bytes,
+    read_gradient,
+    write_gradient,
+)
+from templar.wire.probes import probe_positions, take_probes
+
+__all__ = [
+    "CODEC",
+    "REASONS",
+    "Aggregate",
+    "Gradient",
+    "PayloadError",
+    "Signer",
+    "Verifier",
+    "coefficient_count",
+    "max_aggregate_bytes",
+    "max_gradient_bytes",
+    "probe_positions",
+    "read_aggregate",
+    "read_gradient",
+    "take_probes",
+    "write_aggregate",
+    "write_gradient",
+]

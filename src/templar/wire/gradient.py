@@ -1,0 +1,207 @@
+"""A miner's pseudo-gradient payload: `v{P}/gradient/{window}.safetensors`.
+
+Tensors, for every parameter `name`: `name/idx_lo`, `name/idx_hi`, `name/rice`, `name/val`,
+`name/exp` (the `rice-mxint8` codec, see `templar.wire.codec`) and `name/probe` (float32
+`[probe_count]`, the miner's own θ at `probe_positions(...)`). Metadata: a `GradientDocument` and
+the signature. `read_gradient` is the single entry point for peer gradients: every failure is a
+`PayloadError` with a stable reason, checked cheapest first (size, header, metadata, schema,
+signature, then the vectorised decode).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+
+from templar.compress import Compressed, plan_chunks
+from templar.config import PROTOCOL_VERSION, HParams
+from templar.wire import codec
+from templar.wire.container import (
+    DTYPE_NAMES,
+    Container,
+    Signer,
+    Verifier,
+    header_bound,
+    parse_container,
+    parse_document,
+    serialize,
+    signed_digest,
+    tensor_digest,
+)
+from templar.wire.errors import PayloadError
+from templar.wire.schema import GradientDocument
+
+__all__ = ["Gradient", "max_gradient_bytes", "read_gradient", "write_gradient"]
+
+_DOMAIN = b"templar/gradient"
+_CONTENT_DOMAIN = b"templar/gradient-content"
+_PROBE = "probe"
+
+
+@dataclass(frozen=True, eq=False)
+class Gradient:
+    """A validated peer gradient.
+
+    `digest`: sha256 of the encoded gradient tensors (not probes, not metadata), so a byte-identical
+    re-upload under another hotkey is caught cheaply; re-encoded or rescaled copies are the
+    gauntlet's similarity check (`duplicate_threshold`), not this digest's.
+    """
+
+    window: int
+    global_step: int
+    hotkey: str
+    warmup: bool
+    tensors: dict[str, Compressed]
+    probes: dict[str, torch.Tensor]
+    digest: bytes
+    nbytes: int
+
+
+def _k(hp: HParams, chunk_numel: int) -> int:
+    return min(hp.demo.topk, chunk_numel)
+
+
+def _keys(expected: Mapping[str, torch.Size]) -> list[str]:
+    return [f"{name}/{part}" for name in expected for part in (*codec.PART_DTYPES, _PROBE)]
+
+
+def max_gradient_bytes(expected: Mapping[str, torch.Size], hp: HParams) -> int:
+    """Byte cap of an honest gradient payload for this schema (for transport limits too)."""
+    total = 8 + header_bound(_keys(expected))
+    for shape in expected.values():
+        plan = plan_chunks(shape, hp.demo.target_chunk)
+        total += codec.max_encoded_bytes(plan, _k(hp, plan.chunk_numel)) + 4 * hp.gauntlet.probe_count
+    return total
+
+
+def write_gradient(
+    compressed: Mapping[str, Compressed],
+    probes: Mapping[str, torch.Tensor],
+    *,
+    window: int,
+    global_step: int,
+    hotkey: str,
+    hp: HParams,
+    sign: Signer,
+    warmup: bool = False,
+) -> bytes:
+    """Encode, sign and serialise; ValueError when the caller's own data is inconsistent."""
+    if set(compressed) != set(probes):
+        raise ValueError("compressed and probes must name the same parameters")
+    tensors: dict[str, torch.Tensor] = {}
+    for name, c in compressed.items():
+        plan = plan_chunks(c.shape, hp.demo.target_chunk)
+        if c.plan != plan or c.k != _k(hp, plan.chunk_numel):
+            raise ValueError(f"{name}: compressed with settings other than hp.demo")
+        for part, tensor in codec.encode(c).items():
+            tensors[f"{name}/{part}"] = tensor
+        probe = probes[name].detach().to("cpu", torch.float32).reshape(-1)
+        if probe.numel() != hp.gauntlet.probe_count or not bool(torch.isfinite(probe).all()):
+            raise ValueError(f"{name}: probes must be {hp.gauntlet.probe_count} finite values")
+        tensors[f"{name}/{_PROBE}"] = probe
+    document = GradientDocument(
+        protocol=PROTOCOL_VERSION,
+        kind="gradient",
+        window=window,
+        global_step=global_step,
+        hotkey=hotkey,
+        warmup=warmup,
+        target_chunk=hp.demo.target_chunk,
+        topk=hp.demo.topk,
+        codec=codec.CODEC,
+    )
+    return serialize(tensors, document.model_dump(), domain=_DOMAIN, sign=sign)
+
+
+def _check_schema(container: Container, expected: Mapping[str, torch.Size], hp: HParams) -> None:
+    wanted = set(_keys(expected))
+    present = set(container.entries)
+    if wanted - present:
+        raise PayloadError("missing_tensor", f"{sorted(wanted - present)[:3]}")
+    if present - wanted:
+        raise PayloadError("unexpected_tensor", f"{sorted(present - wanted)[:3]}")
+    for name, shape in expected.items():
+        plan = plan_chunks(shape, hp.demo.target_chunk)
+        fixed = {**codec.fixed_part_shapes(plan, _k(hp, plan.chunk_numel)), _PROBE: (hp.gauntlet.probe_count,)}
+        dtypes = {**codec.PART_DTYPES, _PROBE: torch.float32}
+        for part, dtype in dtypes.items():
+            entry = container.entries[f"{name}/{part}"]
+            if entry.dtype != DTYPE_NAMES[dtype]:
+                raise PayloadError("bad_dtype", f"{name}/{part}: {entry.dtype}, expected {DTYPE_NAMES[dtype]}")
+            want = fixed.get(part)
+            if (want is not None and entry.shape != want) or (want is None and len(entry.shape) != 1):
+                raise PayloadError("bad_shape", f"{name}/{part}: shape {list(entry.shape)}")
+
+
+def _verify(verify: Verifier, hotkey: str, message: bytes, signature: bytes) -> None:
+    try:
+        ok = verify(hotkey, message, signature)
+    except ValueError as exc:
+        raise PayloadError("bad_signature", f"verifier rejected the input: {str(exc)[:100]}") from exc
+    if not bool(ok):
+        raise PayloadError("bad_signature", f"not signed by {hotkey}")
+
+
+def read_gradient(
+    data: bytes,
+    expected: Mapping[str, torch.Size],
+    hp: HParams,
+    *,
+    verify: Verifier | None,
+    expected_hotkey: str | None = None,
+    expected_window: int | None = None,
+) -> Gradient:
+    """Validate and decode a peer's gradient payload; raises `PayloadError` for anything malformed.
+
+    `verify=None` skips the signature check (local tools only; every peer path must pass one).
+    """
+    data = bytes(data)
+    cap = max_gradient_bytes(expected, hp)
+    if len(data) > cap:
+        raise PayloadError("oversize", f"{len(data)} > {cap} bytes")
+    container = parse_container(data, max_header=header_bound(_keys(expected)))
+    doc = parse_document(container, GradientDocument)
+    if (doc.target_chunk, doc.topk, doc.codec) != (hp.demo.target_chunk, hp.demo.topk, codec.CODEC):
+        raise PayloadError("bad_metadata", f"compression settings {doc.target_chunk}/{doc.topk}/{doc.codec}")
+    if expected_hotkey is not None and doc.hotkey != expected_hotkey:
+        raise PayloadError("wrong_hotkey", f"{doc.hotkey[:16]} != {expected_hotkey[:16]}")
+    if expected_window is not None and doc.window != expected_window:
+        raise PayloadError("wrong_window", f"{doc.window} != {expected_window}")
+    _check_schema(container, expected, hp)
+    if verify is not None:
+        _verify(verify, doc.hotkey, signed_digest(_DOMAIN, container.document, container), container.signature)
+
+    raw = container.tensors()
+    tensors: dict[str, Compressed] = {}
+    probes: dict[str, torch.Tensor] = {}
+    for name, shape in expected.items():
+        plan = plan_chunks(shape, hp.demo.target_chunk)
+        parts = {part: raw[f"{name}/{part}"] for part in codec.PART_DTYPES}
+        tensors[name] = codec.decode(parts, plan, _k(hp, plan.chunk_numel), name)
+        probe = raw[f"{name}/{_PROBE}"]
+        if not bool(torch.isfinite(probe).all()):
+            raise PayloadError("non_finite", f"{name}/{_PROBE}")
+        probes[name] = probe
+    gradient_keys = [f"{name}/{part}" for name in expected for part in codec.PART_DTYPES]
+    return Gradient(
+        window=doc.window,
+        global_step=doc.global_step,
+        hotkey=doc.hotkey,
+        warmup=doc.warmup,
+        tensors=tensors,
+        probes=probes,
+        digest=tensor_digest(_CONTENT_DOMAIN, container, gradient_keys),
+        nbytes=len(data),
+    )
+
+
+def coefficient_count(expected: Mapping[str, torch.Size], hp: HParams) -> int:
+    """Kept coefficients per payload for this schema (for bytes-per-coefficient figures)."""
+    total = 0
+    for shape in expected.values():
+        plan = plan_chunks(shape, hp.demo.target_chunk)
+        total += plan.n_chunks * _k(hp, plan.chunk_numel)
+    return total
+

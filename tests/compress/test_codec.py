@@ -1,0 +1,136 @@
+"""The `rice-mxint8` codec: exactness of indices, value precision, size, and sign agreement."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from templar.compress import Compressed, DCTCompressor, aggregate, plan_chunks
+from templar.wire import PayloadError, codec
+
+
+def _encoded_bytes(parts: dict[str, torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in parts.values())
+
+
+@pytest.mark.parametrize("shape", [(128,), (5, 3), (131, 64), (256, 512)])
+def test_round_trip_keeps_indices_exactly_and_values_within_int8_precision(shape) -> None:
+    torch.manual_seed(0)
+    c = DCTCompressor(64, 32).compress(torch.randn(shape) * 1e-3)
+    parts = codec.encode(c)
+    assert {n: t.dtype for n, t in parts.items()} == codec.PART_DTYPES
+    back = codec.decode(parts, c.plan, c.k, "x")
+    assert torch.equal(back.indices, c.indices)
+    scale = c.values.abs().amax(dim=1, keepdim=True)
+    assert torch.all((back.values - c.values).abs() <= scale / 127 + 1e-12)
+    assert _encoded_bytes(parts) <= codec.max_encoded_bytes(c.plan, c.k)
+
+
+def test_worst_case_indices_stay_under_the_cap() -> None:
+    plan = plan_chunks((256, 256), 64)
+    gen = torch.Generator().manual_seed(1)
+    for spread in ("uniform", "clustered", "extremes"):
+        if spread == "uniform":
+            idx = torch.stack([torch.randperm(4096, generator=gen)[:32] for _ in range(plan.n_chunks)])
+        elif spread == "clustered":
+            idx = torch.arange(32).expand(plan.n_chunks, 32)
+        else:
+            idx = torch.cat([torch.arange(16), torch.arange(4080, 4096)]).expand(plan.n_chunks, 32)
+        c = Compressed(idx.sort(dim=1).values.contiguous(), torch.randn(plan.n_chunks, 32), plan.shape, plan.chunk)
+        parts = codec.encode(c)
+        assert _encoded_bytes(parts) <= codec.max_encoded_bytes(plan, 32)
+        assert torch.equal(codec.decode(parts, plan, 32, "x").indices, c.indices)
+        if spread == "uniform":  # close to the entropy bound of 8.3 bits, far below int16
+            bits = 8 * (parts["idx_lo"].numel() + parts["idx_hi"].numel()) / idx.numel()
+            assert bits < 9.0
+
+
+def test_real_gradients_fit_target_size_and_keep_the_aggregated_sign(real_peers) -> None:
+    shapes, peers = real_peers
+    total_bytes = total_coefficients = 0
+    decoded = []
+    for peer in peers:
+        out = {}
+        for name, c in peer.items():
+            parts = codec.encode(c)
+            total_bytes += _encoded_bytes(parts)
+            total_coefficients += c.n_coefficients
+            out[name] = codec.decode(parts, c.plan, c.k, name)
+        decoded.append(out)
+    assert total_bytes / total_coefficients <= 2.1  # reference wire: 6 bytes (int16 + fp32)
+    weights = [1 / len(peers)] * len(peers)
+    exact = aggregate(peers, weights, shapes)
+    compact = aggregate(decoded, weights, shapes)
+    agree = sum(int((exact[n] == compact[n]).sum()) for n in shapes) / sum(exact[n].numel() for n in shapes)
+    assert agree >= 0.99
+
+
+def test_encoder_refuses_what_it_cannot_represent() -> None:
+    plan = plan_chunks((64, 64), 64)
+    values = torch.ones(1, 2)
+    with pytest.raises(ValueError):
+        codec.encode(Compressed(torch.tensor([[3, 3]]), values, plan.shape, plan.chunk))  # duplicate
+    with pytest.raises(ValueError):
+        codec.encode(Compressed(torch.tensor([[5, 2]]), values, plan.shape, plan.chunk))  # not ascending
+    with pytest.raises(ValueError):
+        codec.encode(Compressed(torch.tensor([[1, 2]]), torch.tensor([[1.0, float("inf")]]), plan.shape, plan.chunk))
+
+
+def test_decoder_rejects_non_canonical_streams() -> None:
+    c = DCTCompressor(64, 32).compress(torch.randn(128, 128))
+    good = codec.encode(c)
+
+    def attempt(**changes: torch.Tensor) -> str:
+        with pytest.raises(PayloadError) as info:
+            codec.decode({**good, **changes}, c.plan, c.k, "x")
+        return info.value.reason
+
+    hi = good["idx_hi"]
+    assert attempt(idx_hi=torch.cat([hi, torch.zeros(1, dtype=torch.uint8)])) == "bad_encoding"
+    lo_padded = good["idx_lo"].clone()
+    n_bits = c.n_coefficients * int(good["rice"][0])
+    if n_bits % 8:
+        lo_padded[-1] |= 0x80
+        assert attempt(idx_lo=lo_padded) == "bad_encoding"
+    assert attempt(rice=torch.tensor([13], dtype=torch.uint8)) == "bad_encoding"
+    assert attempt(idx_lo=good["idx_lo"][:-1]) == "bad_shape"
+    bits = np.unpackbits(hi.numpy(), bitorder="little")
+    last_one = int(np.flatnonzero(bits)[-1])
+    shifted = np.concatenate([bits[:last_one], np.zeros(4096 >> int(good["rice"][0]), np.uint8), [1]])
+    forged = torch.from_numpy(np.packbits(shifted, bitorder="little"))
+    assert attempt(idx_hi=forged) == "index_range"
+    assert attempt(exp=torch.full_like(good["exp"], 127)) == "non_finite"
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    rows=st.integers(min_value=1, max_value=140),
+    cols=st.integers(min_value=1, max_value=140),
+    k=st.integers(min_value=1, max_value=40),
+    seed=st.integers(min_value=0, max_value=2**31),
+)
+def test_any_index_set_round_trips(rows: int, cols: int, k: int, seed: int) -> None:
+    plan = plan_chunks((rows, cols), 64)
+    k = min(k, plan.chunk_numel)
+    gen = torch.Generator().manual_seed(seed)
+    keys = torch.rand(plan.n_chunks, plan.chunk_numel, generator=gen)
+    indices = torch.topk(keys, k, dim=1).indices.sort(dim=1).values
+    values = torch.randn(plan.n_chunks, k, generator=gen) * torch.rand(plan.n_chunks, 1, generator=gen) * 10
+    c = Compressed(indices, values, plan.shape, plan.chunk)
+    parts = codec.encode(c)
+    back = codec.decode(parts, plan, k, "x")
+    assert torch.equal(back.indices, indices)
+    assert sum(t.numel() for t in parts.values()) <= codec.max_encoded_bytes(plan, k)
+
+
+@pytest.mark.parametrize("b", range(0, 21))
+def test_fixed_width_fields_match_the_bit_stream(b: int) -> None:
+    rng = np.random.default_rng(b)
+    n = 37
+    fields = rng.integers(0, 1 << b, size=n) if b else np.zeros(n, dtype=np.int64)
+    bits = ((fields[:, None] >> np.arange(b)) & 1).reshape(-1)
+    stream = np.packbits(bits.astype(np.uint8), bitorder="little")
+    assert np.array_equal(codec._fixed_width(stream, n, b), fields)
