@@ -11,7 +11,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
+
+# Transparent huge pages for torch's CPU allocator: 3-4x less page-fault time on large tensors
+# (benchmarks/compress.py). Must be set before torch is imported; harmless on GPU.
+os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
 from templar.miner.strategies import STRATEGIES, make_strategy
 from templar.node import add_node_args
