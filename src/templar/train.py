@@ -83,10 +83,11 @@ def sequence_losses(model: torch.nn.Module, batch: torch.Tensor, micro_batch_siz
     for start in range(0, batch.size(0), micro_batch_size):
         micro = batch[start:start + micro_batch_size].to(device, non_blocking=True)
         with _autocast(device):
-            logits = model(input_ids=micro).logits
+            logits = model(input_ids=micro).logits[:, :-1]
+        # Class dimension last and contiguous: a transposed [B, V, L] view is ~2x slower on CPU.
         per_token = torch.nn.functional.cross_entropy(
-            logits[:, :-1].float().transpose(1, 2), micro[:, 1:], reduction="none"
-        )
+            logits.reshape(-1, logits.size(-1)).float(), micro[:, 1:].reshape(-1), reduction="none"
+        ).view(micro.size(0), -1)
         out.append(per_token.mean(dim=1).double().cpu())
     model.train(was_training)
     return torch.cat(out)
