@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import secrets
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -244,9 +246,11 @@ def tokenize_corpus(corpus: Path, tokenizer_path: Path, *, text_field: str = "te
         flush()
     tokens = np.concatenate(parts)
     cache_dir.mkdir(parents=True, exist_ok=True)
-    tmp = cache.with_suffix(".tmp.npy")
+    # Many processes may tokenize at once (a localnet's neurons): each writes its own temp file and
+    # renames it atomically; the contents are identical, so whichever rename lands last is fine.
+    tmp = cache.with_name(f"{cache.stem}.{os.getpid()}.{secrets.token_hex(4)}.tmp.npy")
     np.save(tmp, tokens)
-    tmp.replace(cache)
+    os.replace(tmp, cache)
     (cache_dir / f"tokens-{fingerprint}.json").write_text(
         json.dumps({"tokens": len(tokens), "tokenizer": str(tokenizer_path)})
     )

@@ -1,6 +1,7 @@
 """Deterministic page assignment and offline corpus loading."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -84,3 +85,21 @@ def test_local_sources_load_offline(tmp_path, assets_dir, kind):
     assert tok.decode(np.asarray(tokens[:8]).tolist()).startswith("Document number 0.")
     cached = tokenize_corpus(corpus, assets_dir / "tokenizer", text_field="body")
     assert np.array_equal(np.asarray(cached), np.asarray(tokens))
+
+
+def _tokenize_in_child(args):
+    corpus, tokenizer = args
+    return len(tokenize_corpus(Path(corpus), Path(tokenizer), text_field="text"))
+
+
+def test_concurrent_tokenizers_share_one_cache(tmp_path, assets_dir):
+    """A localnet starts many neurons at once: none may fail while another writes the cache."""
+    import multiprocessing
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.jsonl").write_text("\n".join(json.dumps({"text": f"Line {i}. " * 200}) for i in range(300)))
+    with multiprocessing.get_context("spawn").Pool(3) as pool:
+        sizes = pool.map(_tokenize_in_child, [(str(corpus), str(assets_dir / "tokenizer"))] * 3)
+    assert len(set(sizes)) == 1 and sizes[0] > 0
+    assert not list((corpus / ".cache").glob("*.tmp.npy"))

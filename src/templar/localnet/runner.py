@@ -150,6 +150,10 @@ class Localnet:
         return cmd, env
 
     def start(self) -> None:
+        # Tokenize the corpus once here rather than in every neuron at the same moment.
+        from templar.node import load_pages
+
+        load_pages(self.hp)
         if self.cfg.storage == "s3":
             from templar.localnet.s3 import LocalS3
 
