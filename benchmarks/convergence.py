@@ -19,8 +19,8 @@ simulated peers, peer k training on `assigned_pages(k, window, pages_per_window)
   betas (0.9, 0.999), the preset's weight decay (0.1) and the same warm-up/cosine shape as α.
 
 Held-out loss on `plan.holdout_pages()[:8]` (never assigned) every `--eval-every` windows. Writes
-`benchmarks/results/convergence.json` and `convergence.png`; prints both curves and the ratio
-final DeMo loss / final AdamW loss.
+`benchmarks/results/convergence.json` and `convergence.png` (`convergence_quick.*` with --quick);
+prints both curves and the ratio final DeMo loss / final AdamW loss.
 """
 
 from __future__ import annotations
@@ -123,6 +123,7 @@ def main() -> int:
     windows = args.windows or (15 if args.quick else 60)
     eval_every = args.eval_every or (3 if args.quick else 5)
 
+    stem = "convergence_quick" if args.quick else "convergence"  # a quick run never overwrites the full figures
     tiny = load_tiny()
     hp = tiny.hp
     holdout = tiny.pages.batch(tiny.plan.holdout_pages()[:HOLDOUT_PAGES])
@@ -171,8 +172,8 @@ def main() -> int:
                      "momentum_decay": hp.demo.momentum_decay},
         "eval_windows": steps, "holdout_loss": curves, "train_loss": train_loss,
     }
-    write_result("convergence.json", result)
-    plot(RESULTS_DIR / "convergence.png",
+    write_result(f"{stem}.json", result)
+    plot(RESULTS_DIR / f"{stem}.png",
          {"DeMo + signed top-G (K=4)": (steps, curves["demo"]), f"AdamW DP (lr {args.adamw_lr:g})":
           (steps, curves["adamw"])},
          f"tiny preset, K={PEERS} peers, same tokens; final ratio DeMo/AdamW {ratio:.3f}")

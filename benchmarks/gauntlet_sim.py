@@ -17,7 +17,8 @@ signed outer step over the top-G peers by PeerScore (all peers in a round where 
 positive score yet), exactly as honest nodes do.
 
 Writes `benchmarks/results/gauntlet_sim.json` (per round and peer: δ_rand, δ_assigned, μ, LossRating,
-PeerScore, in top-G) and a 2-panel `gauntlet_sim.png` (LossScore δ_rand, LossRating).
+PeerScore, in top-G) and a 2-panel `gauntlet_sim.png` (LossScore δ_rand, LossRating); `--quick`
+writes `gauntlet_sim_quick.*` instead, so it never overwrites the full figures.
 """
 
 from __future__ import annotations
@@ -96,6 +97,7 @@ def main() -> int:
     setup_torch()
     rounds = args.rounds or (10 if args.quick else 30)
 
+    stem = "gauntlet_sim_quick" if args.quick else "gauntlet_sim"  # a quick run never overwrites the full figures
     tiny = load_tiny()
     hp = tiny.hp
     g = hp.gauntlet
@@ -159,7 +161,7 @@ def main() -> int:
                "double_highest_rating": by_rating[0] == "double", "desync_lowest_rating": by_rating[-1] == "desync",
                "final": final}
     emit(summary)
-    write_result("gauntlet_sim.json", {
+    write_result(f"{stem}.json", {
         **summary, "peers": PEERS, "desync_lag": DESYNC_LAG,
         "settings": {"preset": hp.name, "top_g": g.top_g, "mu_gamma": g.mu_gamma, "proof_margin": g.proof_margin,
                      "eval_lr_factor": g.eval_lr_factor, "openskill_beta": g.openskill_beta,
@@ -168,7 +170,7 @@ def main() -> int:
         "holdout_loss": holdout_loss,
         "per_round": {hk: dict(series[hk]) for hk in PEERS},
     })
-    plot(RESULTS_DIR / "gauntlet_sim.png", list(range(rounds)), {hk: series[hk]["delta_rand"] for hk in PEERS},
+    plot(RESULTS_DIR / f"{stem}.png", list(range(rounds)), {hk: series[hk]["delta_rand"] for hk in PEERS},
          {hk: series[hk]["rating"] for hk in PEERS})
 
     print(f"\nGauntlet simulation, {rounds} rounds, tiny preset (G={g.top_g}); held-out loss "
