@@ -1,7 +1,8 @@
 """DeMo compression benchmark: templar.compress against the reference implementation's approach.
 
-    python benchmarks/compress.py            # 1.2B shapes, < 3 minutes on 2 CPU threads
-    python benchmarks/compress.py --quick    # small shapes, a few seconds
+    python benchmarks/compress.py               # 1.2B shapes, < 2 minutes on 2 CPU threads
+    python benchmarks/compress.py --quick       # small shapes, a few seconds
+    python benchmarks/compress.py --torch-only  # without the C kernels (templar.compress.native)
 
 Prints one JSON line per parameter shape, then a summary line. Every case compares, in the same
 process and on the same data:
@@ -18,21 +19,27 @@ coefficients; the
 `same_indices` field checks it (chunks differing only by float-rounding near-ties are reported).
 Bytes are the `rice-mxint8` wire codec against the reference's 6 bytes per coefficient, and
 `sign_agreement` compares the aggregate of decoded payloads with full-precision values.
+`kernels` says which path ran: `native` (the C top-k, sparse decode and accumulation) or `torch`.
+The full run also writes `benchmarks/results/compress.json` (`compress_torch.json` with --torch-only).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
-from templar.compress import Compressed, DCTCompressor, aggregate, dct_basis, plan_chunks
+from templar.compress import Compressed, DCTCompressor, aggregate, dct_basis, native, plan_chunks
 from templar.wire import codec
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 FULL_CASES = {
     "attn_2048x2048": (2048, 2048),
@@ -99,7 +106,9 @@ class ReferenceDeMo:
         out = torch.einsum("...ijbd, bk, dl -> ...ijkl", coef, self.b_h, self.b_w)
         return out.permute(0, 2, 1, 3).reshape(y * self.h, x * self.w)
 
-    def aggregate(self, peers: list[tuple[torch.Tensor, torch.Tensor]], weights: list[float], shape) -> torch.Tensor:
+    def aggregate(
+        self, peers: list[tuple[torch.Tensor, torch.Tensor]], weights: list[float], shape
+    ) -> torch.Tensor:
         idx = torch.cat([i.long() for i, _ in peers], dim=-1)
         val = torch.cat([w * v / v.norm() for (_, v), w in zip(peers, weights, strict=True)], dim=-1)
         return torch.sign(self.decode(self.decompress(idx, val, shape)))
@@ -139,10 +148,20 @@ def run_case(name: str, shape: tuple[int, ...], peers: int, reps: int) -> dict[s
     def ref_ef_step(e: torch.Tensor) -> None:
         e.sub_(ref_roundtrip(e))
 
-    out: dict[str, object] = {"case": name, "shape": list(shape), "chunk": [plan.h, plan.w]}
-    ours_rt, base_rt = paired_ms(lambda: compressor.decompress(compressor.compress(x)), lambda: ref_roundtrip(x), reps)
+    kernels = "native" if native.available() else "torch"
+    out: dict[str, object] = {
+        "case": name,
+        "shape": list(shape),
+        "chunk": [plan.h, plan.w],
+        "kernels": kernels,
+    }
+    ours_rt, base_rt = paired_ms(
+        lambda: compressor.decompress(compressor.compress(x)), lambda: ref_roundtrip(x), reps
+    )
     e_ours, e_base = x.clone(), x.clone()
-    ours_ef, base_ef = paired_ms(lambda: compressor.compress_residual_(e_ours), lambda: ref_ef_step(e_base), reps)
+    ours_ef, base_ef = paired_ms(
+        lambda: compressor.compress_residual_(e_ours), lambda: ref_ef_step(e_base), reps
+    )
 
     ours_c = compressor.compress(x)
     ref_idx, _, coef_shape = ref.compress(ref.encode(pad(x)))
@@ -154,9 +173,14 @@ def run_case(name: str, shape: tuple[int, ...], peers: int, reps: int) -> dict[s
         kth = torch.topk(coef[differ], ours_c.k + 1, dim=1).values
         near_tie = bool(((kth[:, -2] - kth[:, -1]) <= 1e-5 * kth[:, -2]).all())
     out.update(
-        roundtrip_ms=round(ours_rt, 2), baseline_roundtrip_ms=round(base_rt, 2), roundtrip_speedup=round(base_rt / ours_rt, 2),
-        ef_step_ms=round(ours_ef, 2), baseline_ef_step_ms=round(base_ef, 2), ef_step_speedup=round(base_ef / ours_ef, 2),
-        same_indices=round(1 - float(differ.float().mean()), 6), mismatches_are_near_ties=near_tie,
+        roundtrip_ms=round(ours_rt, 2),
+        baseline_roundtrip_ms=round(base_rt, 2),
+        roundtrip_speedup=round(base_rt / ours_rt, 2),
+        ef_step_ms=round(ours_ef, 2),
+        baseline_ef_step_ms=round(base_ef, 2),
+        ef_step_speedup=round(base_ef / ours_ef, 2),
+        same_indices=round(1 - float(differ.float().mean()), 6),
+        mismatches_are_near_ties=near_tie,
     )
 
     parts = codec.encode(ours_c)
@@ -170,10 +194,15 @@ def run_case(name: str, shape: tuple[int, ...], peers: int, reps: int) -> dict[s
         decode_ms=round(median_ms(lambda: codec.decode(parts, plan, ours_c.k, name), reps), 2),
     )
 
-    peer_list: list[Compressed] = [compressor.compress(structured((rows, cols), gen, shared).reshape(shape)) for _ in range(peers)]
+    peer_list: list[Compressed] = [
+        compressor.compress(structured((rows, cols), gen, shared).reshape(shape)) for _ in range(peers)
+    ]
     weights = [1.0 / peers] * peers
     shapes = {name: torch.Size(shape)}
-    ref_peers = [(c.indices.view(*coef_shape[:2], -1).to(torch.int16), c.values.view(*coef_shape[:2], -1)) for c in peer_list]
+    ref_peers = [
+        (c.indices.view(*coef_shape[:2], -1).to(torch.int16), c.values.view(*coef_shape[:2], -1))
+        for c in peer_list
+    ]
     ours_agg, base_agg = paired_ms(
         lambda: aggregate([{name: c} for c in peer_list], weights, shapes),
         lambda: ref.aggregate(ref_peers, weights, coef_shape),
@@ -184,7 +213,8 @@ def run_case(name: str, shape: tuple[int, ...], peers: int, reps: int) -> dict[s
     compact = aggregate(decoded, weights, shapes)[name]
     reference_sign = ref.aggregate(ref_peers, weights, coef_shape)[:rows, :cols].reshape(shape)
     out.update(
-        aggregate_ms=round(ours_agg, 2), baseline_aggregate_ms=round(base_agg, 2),
+        aggregate_ms=round(ours_agg, 2),
+        baseline_aggregate_ms=round(base_agg, 2),
         aggregate_speedup=round(base_agg / ours_agg, 2),
         sign_agreement=round(float((exact == compact).float().mean()), 5),
         baseline_sign_agreement=round(float((exact == reference_sign).float().mean()), 5),
@@ -193,35 +223,51 @@ def run_case(name: str, shape: tuple[int, ...], peers: int, reps: int) -> dict[s
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="small shapes (seconds instead of minutes)")
     parser.add_argument("--peers", type=int, default=15, help="G, peers in the aggregate")
     parser.add_argument("--reps", type=int, default=3, help="timed repetitions per measurement (median)")
     parser.add_argument("--case", action="append", default=None, help="run only these case names")
+    parser.add_argument(
+        "--torch-only", action="store_true", help="disable the C kernels (compare both paths)"
+    )
     args = parser.parse_args()
     torch.set_num_threads(2)
     started = time.perf_counter()
     rows = []
     cases = QUICK_CASES if args.quick else FULL_CASES
-    for name, shape in cases.items():
-        if args.case and name not in args.case:
-            continue
-        row = run_case(name, shape, args.peers, args.reps)
-        rows.append(row)
-        print(json.dumps(row), flush=True)
+    with native.disabled() if args.torch_only else contextlib.nullcontext():
+        for name, shape in cases.items():
+            if args.case and name not in args.case:
+                continue
+            row = run_case(name, shape, args.peers, args.reps)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
     coefficients = sum(int(r["coefficients"]) for r in rows)
     summary = {
         "case": "total",
-        "roundtrip_speedup": round(sum(r["baseline_roundtrip_ms"] for r in rows) / sum(r["roundtrip_ms"] for r in rows), 2),
-        "ef_step_speedup": round(sum(r["baseline_ef_step_ms"] for r in rows) / sum(r["ef_step_ms"] for r in rows), 2),
-        "aggregate_speedup": round(sum(r["baseline_aggregate_ms"] for r in rows) / sum(r["aggregate_ms"] for r in rows), 2),
+        "roundtrip_speedup": round(
+            sum(r["baseline_roundtrip_ms"] for r in rows) / sum(r["roundtrip_ms"] for r in rows), 2
+        ),
+        "ef_step_speedup": round(
+            sum(r["baseline_ef_step_ms"] for r in rows) / sum(r["ef_step_ms"] for r in rows), 2
+        ),
+        "aggregate_speedup": round(
+            sum(r["baseline_aggregate_ms"] for r in rows) / sum(r["aggregate_ms"] for r in rows), 2
+        ),
         "bytes_per_coef": round(sum(int(r["payload_bytes"]) for r in rows) / coefficients, 3),
         "min_sign_agreement": min(r["sign_agreement"] for r in rows),
+        "kernels": rows[0]["kernels"],
         "threads": torch.get_num_threads(),
         "load_avg_1m_at_end": round(os.getloadavg()[0], 2),  # other processes share the cores
         "seconds": round(time.perf_counter() - started, 1),
     }
     print(json.dumps(summary), flush=True)
+    if not args.quick and not args.case:
+        path = RESULTS_DIR / ("compress_torch.json" if args.torch_only else "compress.json")
+        path.write_text(json.dumps({"cases": rows, "total": summary}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

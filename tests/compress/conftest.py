@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
 
-from templar.compress import Compressed, DCTCompressor, DeMo
+from templar.compress import Compressed, DCTCompressor, DeMo, native
 from templar.config import HParams, load_hparams
 from templar.model import build_model, causal_lm_loss, parameter_shapes
 
@@ -68,6 +68,18 @@ def real_peers(hp: HParams) -> tuple[dict[str, torch.Size], list[dict[str, Compr
             ids = torch.multinomial(zipf, 4 * 64, replacement=True, generator=gen).view(4, 64)
             model.zero_grad()
             causal_lm_loss(model, ids).backward()
-            update = demo.step({n: p.grad for n, p in model.named_parameters()}, lr=hp.optimizer.learning_rate)
+            update = demo.step(
+                {n: p.grad for n, p in model.named_parameters()}, lr=hp.optimizer.learning_rate
+            )
         peers.append(update)
     return shapes, peers
+
+
+@pytest.fixture(params=["native", "torch"])
+def kernel_path(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Run a test on the C kernels (where built) and again on the torch paths."""
+    if request.param == "torch":
+        with native.disabled():
+            yield "torch"
+    else:
+        yield "native" if native.available() else "torch"

@@ -7,7 +7,15 @@ import math
 import pytest
 import torch
 
-from templar.compress import ChunkedDCT, DCTCompressor, chunk_side, dct_basis, plan_chunks, select_topk
+from templar.compress import (
+    ChunkedDCT,
+    DCTCompressor,
+    chunk_side,
+    dct_basis,
+    native,
+    plan_chunks,
+    select_topk,
+)
 from templar.compress import select as select_module
 
 
@@ -46,8 +54,16 @@ def test_basis_is_orthonormal_and_matches_definition(n: int) -> None:
 
 @pytest.mark.parametrize(
     ("n", "side", "padded"),
-    [(2048, 64, 2048), (8192, 64, 8192), (128, 64, 128), (100, 50, 100), (37, 37, 37),
-     (50257, 64, 50304), (32003, 64, 32064), (131, 44, 132)],
+    [
+        (2048, 64, 2048),
+        (8192, 64, 8192),
+        (128, 64, 128),
+        (100, 50, 100),
+        (37, 37, 37),
+        (50257, 64, 50304),
+        (32003, 64, 32064),
+        (131, 44, 132),
+    ],
 )
 def test_chunk_side_pads_only_poor_divisors(n: int, side: int, padded: int) -> None:
     assert chunk_side(n, 64) == side
@@ -84,10 +100,13 @@ def test_ties_break_towards_the_lower_index_on_both_paths(monkeypatch: pytest.Mo
     coef = torch.zeros(128 * 128)
     coef[::7] = 1.0  # many equal magnitudes, straddling every group boundary
     coef[::11] = -1.0
-    fast = select_topk(coef, plan, 32)
-    monkeypatch.setattr(select_module, "_group_size", lambda plan, k: 0)
-    exact = select_topk(coef, plan, 32)
-    assert torch.equal(fast[0], exact[0]) and torch.equal(fast[1], exact[1])
+    kernel = select_topk(coef, plan, 32)  # the C kernel where built, else the torch pre-filter
+    with native.disabled():
+        fast = select_topk(coef, plan, 32)
+        monkeypatch.setattr(select_module, "_group_size", lambda plan, k: 0)
+        exact = select_topk(coef, plan, 32)
+    for got in (kernel, fast):
+        assert torch.equal(got[0], exact[0]) and torch.equal(got[1], exact[1])
     chunked = coef.view(2, 64, 2, 64).permute(0, 2, 1, 3).reshape(4, 4096)
     for row in range(4):
         nonzero = chunked[row].nonzero()[:, 0]
@@ -101,12 +120,16 @@ def test_prefilter_equals_exact_selection_on_structured_data(monkeypatch: pytest
     plan = plan_chunks(x.shape, 64)
     dct = ChunkedDCT()
     coef = dct.forward(x, plan).clone()
-    fast = select_topk(coef, plan, 32)
-    monkeypatch.setattr(select_module, "_group_size", lambda plan, k: 0)
-    exact = select_topk(coef, plan, 32)
-    assert torch.equal(fast[0], exact[0]) and torch.equal(fast[1], exact[1])
+    kernel = select_topk(coef, plan, 32)
+    with native.disabled():
+        fast = select_topk(coef, plan, 32)
+        monkeypatch.setattr(select_module, "_group_size", lambda plan, k: 0)
+        exact = select_topk(coef, plan, 32)
+    for got in (kernel, fast):
+        assert torch.equal(got[0], exact[0]) and torch.equal(got[1], exact[1])
 
 
+@pytest.mark.usefixtures("kernel_path")
 def test_sparse_decode_matches_dense_reference() -> None:
     torch.manual_seed(3)
     x = torch.randn(131, 192)

@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import nn
 
+from templar.compress import native
 from templar.compress.compressor import Compressed
 from templar.compress.dct import ChunkedDCT, ChunkPlan
 
@@ -34,10 +35,14 @@ def _check(name: str, items: Sequence[Compressed], shape: torch.Size) -> ChunkPl
     for c in items:
         if c.plan != plan or c.indices.shape != (plan.n_chunks, k) or c.values.shape != c.indices.shape:
             raise ValueError(f"{name}: peers disagree on chunking or k")
-        if not bool(torch.isfinite(c.values).all()):
-            raise ValueError(f"{name}: non-finite values")
-        if bool(((c.indices < 0) | (c.indices >= plan.chunk_numel)).any()):
-            raise ValueError(f"{name}: index outside its chunk")
+    # one pass over all peers: per-peer checks cost more in dispatch than in arithmetic
+    values = torch.cat([c.values.reshape(-1) for c in items]) if len(items) > 1 else items[0].values
+    if not bool(torch.isfinite(values).all()):
+        raise ValueError(f"{name}: non-finite values")
+    indices = torch.cat([c.indices.reshape(-1) for c in items]) if len(items) > 1 else items[0].indices
+    low, high = torch.aminmax(indices)
+    if int(low) < 0 or int(high) >= plan.chunk_numel:
+        raise ValueError(f"{name}: index outside its chunk")
     return plan
 
 
@@ -73,21 +78,33 @@ def aggregate(
         plan = _check(name, items, torch.Size(shape))
         device = items[0].values.device
         p_rows, p_cols = plan.padded
+        included = []  # (peer, fixed-point scale); all-zero peers and zero weights add nothing
+        for c, weight in zip(items, w.tolist(), strict=True):
+            norm = float(torch.linalg.vector_norm(c.values.to(torch.float64)))
+            if norm != 0.0 and weight != 0.0:
+                included.append((c, weight / norm * 2.0**_FIXED_BITS))
         with dct.lock:
-            acc = dct.scratch("acc", p_rows * p_cols, torch.int64, device)
-            acc.zero_()
-            for c, weight in zip(items, w.tolist(), strict=True):
-                values = c.values.to(torch.float64)
-                norm = float(torch.linalg.vector_norm(values))
-                if norm == 0.0 or weight == 0.0:
-                    continue
-                fixed = torch.round(values * (weight / norm * 2.0**_FIXED_BITS)).to(torch.int64)
-                acc.index_add_(0, plan.positions(c.indices).view(-1), fixed.view(-1))
             coef = dct.scratch("acc32", p_rows * p_cols, torch.float32, device)
-            coef.copy_(acc)
+            peer_indices = [c.indices for c, _ in included]
+            peer_values = [c.values for c, _ in included]
+            scales = [scale for _, scale in included]
+            if not native.accumulate(peer_indices, peer_values, scales, plan, coef):
+                _accumulate(dct, plan, included, coef)
             delta = dct.crop(dct.inverse(coef, plan), plan)
             signs[name] = torch.sign(delta)
     return signs
+
+
+def _accumulate(
+    dct: ChunkedDCT, plan: ChunkPlan, included: list[tuple[Compressed, float]], coef: torch.Tensor
+) -> None:
+    """The torch path of `native.accumulate`: int64 `index_add_` of every peer, then float32."""
+    acc = dct.scratch("acc", coef.numel(), torch.int64, coef.device)
+    acc.zero_()
+    for c, scale in included:
+        fixed = torch.round(c.values.to(torch.float64) * scale).to(torch.int64)
+        acc.index_add_(0, plan.positions(c.indices).view(-1), fixed.view(-1))
+    coef.copy_(acc)
 
 
 @torch.no_grad()

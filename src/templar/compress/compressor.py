@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from templar.compress import native
 from templar.compress.dct import ChunkedDCT, ChunkPlan, plan_chunks
 from templar.compress.select import select_topk
 
@@ -91,22 +92,25 @@ class DCTCompressor:
         return coef
 
     def decompress(self, c: Compressed) -> torch.Tensor:
-        """Dense float32 tensor of `c.shape`: scatter into zeros, then one batched inverse DCT."""
+        """Dense float32 tensor of `c.shape`: a sparse inverse DCT (C kernel on CPU), else scatter
+        into zeros and one batched dense inverse DCT."""
         plan = c.plan
+        out = torch.empty(plan.shape, dtype=torch.float32, device=c.values.device)
+        if native.decode_into(c.indices, c.values, plan, out, subtract=False):
+            return out
         with self.dct.lock:
             coef = self._scatter(c)
             if plan.is_padded:
-                return self.dct.crop(self.dct.inverse(coef, plan), plan).clone()
-            out = torch.empty(plan.shape, dtype=torch.float32, device=c.values.device)
+                return out.copy_(self.dct.crop(self.dct.inverse(coef, plan), plan))
             self.dct.inverse(coef, plan, out=out)
             return out
 
     def compress_residual_(self, e: torch.Tensor) -> Compressed:
         """`q = compress(e)`, then `e <- e - decompress(q)` in place: one step of error feedback.
 
-        Computed as `e <- iDCT(DCT(e) with q's coefficients zeroed)`, which equals the definition
-        (the transform is orthonormal) but skips the sparse scatter and the subtraction pass.
-        `e` must be a contiguous float32 tensor.
+        On CPU with the C kernels the sent coefficients are decoded sparsely and subtracted in
+        place; otherwise it is computed as `e <- iDCT(DCT(e) with q's coefficients zeroed)`, which
+        equals the definition (the transform is orthonormal). `e` must be contiguous float32.
         """
         if e.dtype != torch.float32 or not e.is_contiguous():
             raise ValueError("error-feedback buffers must be contiguous float32")
@@ -114,6 +118,8 @@ class DCTCompressor:
         with self.dct.lock:
             coef = self.dct.forward(e, plan)
             indices, values = select_topk(coef, plan, self.k_for(plan), scratch=self.dct.scratch)
+            if native.decode_into(indices, values, plan, e, subtract=True):
+                return Compressed(indices=indices, values=values, shape=torch.Size(e.shape), chunk=plan.chunk)
             coef[plan.positions(indices).view(-1)] = 0.0
             if plan.is_padded:
                 e.copy_(self.dct.crop(self.dct.inverse(coef, plan), plan))
@@ -126,6 +132,8 @@ class DCTCompressor:
         plan = c.plan
         if target.shape != plan.shape:
             raise ValueError(f"target shape {tuple(target.shape)} != compressed shape {tuple(plan.shape)}")
+        if native.decode_into(c.indices, c.values, plan, target, subtract=True):
+            return target
         with self.dct.lock:
             decoded = self.dct.crop(self.dct.inverse(self._scatter(c), plan), plan)
             return target.sub_(decoded)

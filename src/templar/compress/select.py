@@ -22,6 +22,7 @@ from collections.abc import Callable
 
 import torch
 
+from templar.compress import native
 from templar.compress.dct import ChunkPlan
 
 __all__ = ["select_topk"]
@@ -51,7 +52,9 @@ def _group_size(plan: ChunkPlan, k: int) -> int:
     return 0
 
 
-def _exact(coef: torch.Tensor, plan: ChunkPlan, k: int, chunks: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+def _exact(
+    coef: torch.Tensor, plan: ChunkPlan, k: int, chunks: torch.Tensor | None
+) -> tuple[torch.Tensor, ...]:
     """Exact keyed top-k over whole chunks (all chunks, or only `chunks`)."""
     cn = plan.chunk_numel
     r_grid, c_grid = plan.grid
@@ -71,12 +74,15 @@ def select_topk(
     """Top-`k` coefficients of every chunk of the flat matrix-layout `coef`.
 
     Returns `(indices, values)`, both `[n_chunks, k]`; indices are within-chunk (`i*w + j`), int64,
-    ascending in each row. `scratch(slot, numel, dtype, device)` may supply reusable buffers for
+    ascending in each row. On CPU the C kernel (`templar.compress.native`) computes the same answer. `scratch(slot, numel, dtype, device)` may supply reusable buffers for
     the large intermediates (see `ChunkedDCT.scratch`).
     """
     cn = plan.chunk_numel
     if not 0 < k <= cn:
         raise ValueError(f"k={k} must be in [1, {cn}]")
+    selected = native.select_topk(coef, plan, k)
+    if selected is not None:
+        return selected
     g = _group_size(plan, k)
     if g == 0:
         idx, val = _exact(coef, plan, k, None)
@@ -111,7 +117,9 @@ def _prefiltered(
 
     # Level 2: the k largest groups inside those columns (k * bands candidates per chunk).
     chunk = torch.arange(n, device=device, dtype=torch.int64)[:, None]
-    gabs_origin = torch.div(chunk, c_grid, rounding_mode="floor") * (bands * row_stride) + (chunk % c_grid) * w
+    gabs_origin = (
+        torch.div(chunk, c_grid, rounding_mode="floor") * (bands * row_stride) + (chunk % c_grid) * w
+    )
     band_offsets = torch.arange(bands, device=device, dtype=torch.int64) * row_stride
     group_pos = ((gabs_origin + top_cols.indices)[..., None] + band_offsets).view(n, k * bands)
     group_abs = gabs.view(-1)[group_pos]

@@ -1,0 +1,171 @@
+"""The optional C kernels (`_native.c`) behind the CPU hot paths of compression and aggregation.
+
+On CPU, torch has no primitive for "top-k of every 4096-value chunk" that is not a full sort,
+and a dense inverse DCT does ~8x the work of a sparse one; these kernels do both directly. They
+are built with the package when a C compiler is present (`pip install -e .`); without one, or on
+a GPU, or with `TEMPLAR_NATIVE=0`, every caller uses its torch path, which returns the same
+selections and the same aggregation accumulators (tests hold both paths to that).
+
+Every function here checks device, dtype, contiguity and shapes itself and returns False/None
+when the kernels do not apply, so the C code only ever sees buffers it can trust. The kernels
+release the GIL and split chunk bands over torch's own OpenMP threads (`torch.get_num_threads()`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections.abc import Iterator, Sequence
+
+import torch
+from loguru import logger
+
+from templar.compress.dct import ChunkPlan, dct_basis
+
+_ABI = 1  # must equal TEMPLAR_NATIVE_ABI in _native.c
+
+try:  # built from _native.c at install time; optional by design
+    from templar.compress import _native
+except ImportError:  # pragma: no cover - exercised where no compiler was available
+    _native = None
+if _native is not None and getattr(_native, "ABI", None) != _ABI:  # pragma: no cover - stale build
+    logger.warning(
+        "templar.compress._native is out of date (ABI {}, want {}); using the torch paths. "
+        "Rebuild with `pip install -e .`",
+        getattr(_native, "ABI", None),
+        _ABI,
+    )
+    _native = None
+
+__all__ = ["accumulate", "available", "decode_into", "disabled", "select_topk"]
+
+_MIN_PARALLEL_NUMEL = 1 << 16  # below this, waking threads costs more than it saves
+_state = threading.local()
+
+
+def available() -> bool:
+    """Whether the kernels are built and enabled (`TEMPLAR_NATIVE=0` and `disabled()` turn them off)."""
+    if _native is None or getattr(_state, "disabled", False):
+        return False
+    return os.environ.get("TEMPLAR_NATIVE", "1") != "0"
+
+
+@contextlib.contextmanager
+def disabled() -> Iterator[None]:
+    """Run the block on the torch paths (in this thread), e.g. to compare both."""
+    before = getattr(_state, "disabled", False)
+    _state.disabled = True
+    try:
+        yield
+    finally:
+        _state.disabled = before
+
+
+def _applies(*tensors: torch.Tensor) -> bool:
+    return available() and all(t.device.type == "cpu" and t.is_contiguous() for t in tensors)
+
+
+def _threads(numel: int) -> int:
+    return 1 if numel < _MIN_PARALLEL_NUMEL else max(1, torch.get_num_threads())
+
+
+def select_topk(coef: torch.Tensor, plan: ChunkPlan, k: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Exact per-chunk top-k of the flat padded matrix-layout `coef` (see `select.select_topk`)."""
+    p_rows, p_cols = plan.padded
+    if not _applies(coef) or coef.dtype != torch.float32 or coef.numel() != p_rows * p_cols:
+        return None
+    if not 0 < k <= plan.chunk_numel:
+        raise ValueError(f"k={k} must be in [1, {plan.chunk_numel}]")
+    idx = torch.empty(plan.n_chunks, k, dtype=torch.int64)
+    val = torch.empty(plan.n_chunks, k, dtype=torch.float32)
+    _native.select(
+        coef.data_ptr(),
+        p_cols,
+        plan.h,
+        plan.w,
+        k,
+        plan.grid[0],
+        idx.data_ptr(),
+        val.data_ptr(),
+        _threads(coef.numel()),
+    )
+    return idx, val
+
+
+def decode_into(
+    indices: torch.Tensor, values: torch.Tensor, plan: ChunkPlan, out: torch.Tensor, *, subtract: bool
+) -> bool:
+    """`out` (= or -=) the inverse DCT of `(indices, values)` (`[n_chunks, k]`), in `plan.shape`.
+
+    Returns False, touching nothing, when the kernels do not apply.
+    """
+    if not _applies(indices, values, out):
+        return False
+    if indices.dtype != torch.int64 or values.dtype != torch.float32 or out.dtype != torch.float32:
+        return False
+    if indices.shape != values.shape or indices.dim() != 2 or indices.shape[0] != plan.n_chunks:
+        return False
+    if out.shape != plan.shape:
+        return False
+    dh, dw = dct_basis(plan.h), dct_basis(plan.w)
+    _native.decode(
+        indices.data_ptr(),
+        values.data_ptr(),
+        indices.shape[1],
+        dh.data_ptr(),
+        dw.data_ptr(),
+        plan.h,
+        plan.w,
+        plan.rows,
+        plan.cols,
+        out.data_ptr(),
+        plan.cols,
+        subtract,
+        _threads(out.numel()),
+    )
+    return True
+
+
+def accumulate(
+    indices: Sequence[torch.Tensor],
+    values: Sequence[torch.Tensor],
+    scales: Sequence[float],
+    plan: ChunkPlan,
+    out: torch.Tensor,
+) -> bool:
+    """`out` (flat padded matrix layout) = float32(Σ_p round_half_even(values_p · scales_p)) in int64.
+
+    Bit-identical to the torch path in `aggregate`. Returns False when the kernels do not apply.
+    """
+    p_rows, p_cols = plan.padded
+    if not indices or not _applies(out, *indices, *values) or out.dtype != torch.float32:
+        return False
+    if out.numel() != p_rows * p_cols:
+        return False
+    k = indices[0].shape[-1]
+    for i, v in zip(indices, values, strict=True):
+        if (
+            i.dtype != torch.int64
+            or v.dtype != torch.float32
+            or i.shape != (plan.n_chunks, k)
+            or v.shape != i.shape
+        ):
+            return False
+    idx_ptrs = torch.tensor([t.data_ptr() for t in indices], dtype=torch.int64)
+    val_ptrs = torch.tensor([t.data_ptr() for t in values], dtype=torch.int64)
+    scale = torch.tensor([float(s) for s in scales], dtype=torch.float64)
+    _native.accumulate(
+        len(indices),
+        idx_ptrs.data_ptr(),
+        val_ptrs.data_ptr(),
+        scale.data_ptr(),
+        k,
+        plan.h,
+        plan.w,
+        p_cols,
+        plan.grid[0],
+        out.data_ptr(),
+        _threads(out.numel()),
+    )
+    return True

@@ -1,0 +1,161 @@
+"""The C kernels against the torch paths: identical selections, identical aggregation accumulators,
+decodes equal to float rounding, on awkward shapes and hostile values."""
+
+from __future__ import annotations
+
+import shutil
+import sysconfig
+
+import pytest
+import torch
+
+from templar.compress import ChunkedDCT, DCTCompressor, aggregate, native, plan_chunks, select_topk
+from templar.compress.aggregate import _accumulate
+
+needs_kernels = pytest.mark.skipif(
+    not native.available(), reason="C kernels not built (no compiler at install)"
+)
+
+SHAPES = [(256, 256), (130, 200), (8191, 128), (96, 4096), (100,), (64,), (2048,), (5, 7), (3, 64)]
+
+
+def test_kernels_are_built_where_a_compiler_exists() -> None:
+    """A silently failed optional build would leave only the torch paths tested and slow."""
+    if (
+        shutil.which(sysconfig.get_config_var("CC").split()[0] if sysconfig.get_config_var("CC") else "cc")
+        is None
+    ):
+        pytest.skip("no C compiler on this machine: the torch paths are the product here")
+    assert native._native is not None, (
+        "templar.compress._native was not built; reinstall with `pip install -e .`"
+    )
+
+
+def _coefficients(shape: tuple[int, ...], kind: str, seed: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    plan = plan_chunks(shape, 64)
+    x = torch.randn(shape, generator=gen)
+    if kind == "structured":
+        x = x * torch.logspace(0, -3, shape[-1])
+    coef = ChunkedDCT().forward(x, plan).clone()
+    if kind == "ties":
+        coef = torch.randint(-3, 4, coef.shape, generator=gen).float()
+    elif kind == "zeros":
+        coef.zero_()
+    elif kind == "hostile":
+        coef[:: max(1, coef.numel() // 97)] = float("nan")
+        coef[1 :: max(1, coef.numel() // 89)] = float("inf")
+        coef[2 :: max(1, coef.numel() // 83)] = -float("inf")
+        coef[3 :: max(1, coef.numel() // 79)] = -0.0
+    return coef
+
+
+@needs_kernels
+@pytest.mark.parametrize("kind", ["gaussian", "structured", "ties", "zeros", "hostile"])
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("k", [1, 32, 64])
+def test_select_matches_the_torch_path_exactly(shape: tuple[int, ...], kind: str, k: int) -> None:
+    plan = plan_chunks(shape, 64)
+    k = min(k, plan.chunk_numel)
+    coef = _coefficients(shape, kind, seed=len(shape) * 1000 + shape[0])
+    got = native.select_topk(coef, plan, k)
+    assert got is not None
+    with native.disabled():
+        want = select_topk(coef, plan, k)
+    assert torch.equal(got[0], want[0])
+    assert torch.equal(got[1], want[1]) or torch.allclose(got[1], want[1], equal_nan=True, atol=0, rtol=0)
+
+
+@needs_kernels
+def test_select_is_independent_of_the_thread_split() -> None:
+    coef = _coefficients((1024, 512), "gaussian", seed=7)
+    plan = plan_chunks((1024, 512), 64)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = native.select_topk(coef, plan, 32)
+        torch.set_num_threads(max(2, threads))
+        many = native.select_topk(coef, plan, 32)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(one[0], many[0]) and torch.equal(one[1], many[1])
+
+
+@needs_kernels
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_decode_and_subtract_match_the_torch_path(shape: tuple[int, ...]) -> None:
+    torch.manual_seed(shape[0])
+    x = torch.randn(shape)
+    compressor = DCTCompressor(64, 32)
+    c = compressor.compress(x)
+    decoded = compressor.decompress(c)
+    with native.disabled():
+        want = compressor.decompress(c)
+    assert decoded.shape == x.shape
+    assert torch.allclose(decoded, want, atol=2e-6, rtol=1e-5)
+    e_native, e_torch = x.clone(), x.clone()
+    sent_native = compressor.compress_residual_(e_native)
+    with native.disabled():
+        sent_torch = compressor.compress_residual_(e_torch)
+    assert torch.equal(sent_native.indices, sent_torch.indices)
+    assert torch.allclose(e_native, e_torch, atol=2e-6, rtol=1e-5)
+
+
+@needs_kernels
+def test_decode_skips_out_of_range_indices_instead_of_writing_out_of_bounds() -> None:
+    plan = plan_chunks((128, 128), 64)
+    indices = torch.tensor([[-5, 0, 4096, 10**12]] * plan.n_chunks, dtype=torch.int64)
+    values = torch.ones(plan.n_chunks, 4)
+    out = torch.zeros(128, 128)
+    assert native.decode_into(indices, values, plan, out, subtract=False)
+    assert torch.isfinite(out).all() and float(out.abs().sum()) > 0
+    assert torch.allclose(out, torch.full((128, 128), 1 / 64))  # only index 0 (the DC term) decoded
+
+
+@needs_kernels
+@pytest.mark.parametrize("shape", [(256, 320), (8191, 128), (2048,), (5, 7)], ids=str)
+def test_accumulate_is_bit_identical_to_the_torch_path(shape: tuple[int, ...]) -> None:
+    torch.manual_seed(11)
+    compressor = DCTCompressor(64, 32)
+    peers = [compressor.compress(torch.randn(shape) * (10.0**p)) for p in range(-3, 4)]
+    plan = peers[0].plan
+    scales = [float(torch.rand(()) * 2**60 / torch.linalg.vector_norm(c.values.double())) for c in peers]
+    got = torch.empty(plan.padded[0] * plan.padded[1])
+    assert native.accumulate([c.indices for c in peers], [c.values for c in peers], scales, plan, got)
+    want = torch.empty_like(got)
+    _accumulate(ChunkedDCT(), plan, list(zip(peers, scales, strict=True)), want)
+    assert torch.equal(got, want)
+    reversed_order = torch.empty_like(got)
+    native.accumulate(
+        [c.indices for c in peers[::-1]], [c.values for c in peers[::-1]], scales[::-1], plan, reversed_order
+    )
+    assert torch.equal(got, reversed_order)
+
+
+@needs_kernels
+def test_aggregate_signs_are_identical_on_both_paths() -> None:
+    torch.manual_seed(12)
+    shapes = {"w": torch.Size((192, 256)), "b": torch.Size((300,)), "e": torch.Size((8191, 64))}
+    compressor = DCTCompressor(64, 32)
+    peers = [{n: compressor.compress(torch.randn(s)) for n, s in shapes.items()} for _ in range(6)]
+    weights = [0.5, 1.0, 2.0, 0.0, 1.5, 0.25]
+    got = aggregate(peers, weights, shapes)
+    with native.disabled():
+        want = aggregate(peers, weights, shapes)
+    for name in shapes:
+        assert torch.equal(got[name], want[name])
+
+
+def test_kernels_decline_what_they_do_not_handle() -> None:
+    plan = plan_chunks((128, 128), 64)
+    coef = torch.randn(128 * 128)
+    assert native.select_topk(coef.double(), plan, 32) is None  # float32 only
+    assert native.select_topk(coef[:-1], plan, 32) is None  # wrong size
+    indices = torch.zeros(plan.n_chunks, 4, dtype=torch.int64)
+    values = torch.zeros(plan.n_chunks, 4)
+    assert not native.decode_into(indices, values, plan, torch.zeros(128, 127), subtract=False)
+    assert not native.decode_into(indices.int(), values, plan, torch.zeros(128, 128), subtract=False)
+    assert not native.decode_into(indices, values, plan, torch.zeros(256, 128)[::2], subtract=False)
+    with native.disabled():
+        assert not native.available()
+        assert native.select_topk(coef, plan, 32) is None
