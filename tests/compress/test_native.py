@@ -16,7 +16,8 @@ needs_kernels = pytest.mark.skipif(
     not native.available(), reason="C kernels not built (no compiler at install)"
 )
 
-SHAPES = [(256, 256), (130, 200), (8191, 128), (96, 4096), (100,), (64,), (2048,), (5, 7), (3, 64)]
+# 64x64 chunks (the wide micro-kernel), 64x48 (the 16-lane one), padded, 1-D, and odd tiny ones
+SHAPES = [(256, 256), (128, 48), (130, 200), (8191, 128), (96, 4096), (100,), (64,), (2048,), (5, 7), (3, 64)]
 
 
 def test_kernels_are_built_where_a_compiler_exists() -> None:

@@ -29,6 +29,7 @@
 
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
 #define VECTOR_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#define HAVE_AVX512_KERNEL 1
 #else
 #define VECTOR_CLONES
 #endif
@@ -229,6 +230,63 @@ static void expand_rows_4x16(const float *restrict dh, int64_t h, const int64_t 
     }
 }
 
+#ifdef HAVE_AVX512_KERNEL
+static int cpu_has_avx512; /* set once when the module loads */
+typedef float f32x16 __attribute__((vector_size(64)));
+
+static inline f32x16 load16(const float *p) {
+    f32x16 v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+/* The same product with 4 x 32 blocks of 16-lane accumulators: half the loads per lane, which is
+ * what bounds the 8-lane kernel. Chosen at run time where the CPU has AVX-512; w % 32 == 0. */
+__attribute__((target("arch=x86-64-v4"))) static void expand_rows_4x32(const float *restrict dh, int64_t h,
+                                                                       const int64_t *restrict present, int64_t np,
+                                                                       const float *restrict z, int64_t w,
+                                                                       float *restrict dst, int64_t stride,
+                                                                       int subtract) {
+    const f32x16 zero = {0};
+    for (int64_t a0 = 0; a0 < h; a0 += 4) {
+        for (int64_t b0 = 0; b0 < w; b0 += 32) {
+            f32x16 c00 = zero, c01 = zero, c10 = zero, c11 = zero, c20 = zero, c21 = zero, c30 = zero, c31 = zero;
+            for (int64_t p = 0; p < np; p++) {
+                const f32x16 lo = load16(z + p * w + b0), hi = load16(z + p * w + b0 + 16);
+                const float *d = dh + present[p] * h + a0;
+                c00 += d[0] * lo, c01 += d[0] * hi;
+                c10 += d[1] * lo, c11 += d[1] * hi;
+                c20 += d[2] * lo, c21 += d[2] * hi;
+                c30 += d[3] * lo, c31 += d[3] * hi;
+            }
+            const f32x16 acc[4][2] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31}};
+            for (int q = 0; q < 4; q++) {
+                float *row = dst + (a0 + q) * stride + b0;
+                f32x16 lo = acc[q][0], hi = acc[q][1];
+                if (subtract) {
+                    lo = load16(row) - lo;
+                    hi = load16(row + 16) - hi;
+                }
+                memcpy(row, &lo, sizeof lo);
+                memcpy(row + 16, &hi, sizeof hi);
+            }
+        }
+    }
+}
+#endif
+
+/* dst = or -= the tile, with the widest micro-kernel this CPU and chunk width allow. */
+static void expand_rows(const float *dh, int64_t h, const int64_t *present, int64_t np, const float *z, int64_t w,
+                        float *dst, int64_t stride, int subtract) {
+#ifdef HAVE_AVX512_KERNEL
+    if (cpu_has_avx512 && w % 32 == 0) {
+        expand_rows_4x32(dh, h, present, np, z, w, dst, stride, subtract);
+        return;
+    }
+#endif
+    expand_rows_4x16(dh, h, present, np, z, w, dst, stride, subtract);
+}
+
 VECTOR_CLONES
 static void expand_rows_generic(const float *restrict dh, int64_t h, const int64_t *restrict present, int64_t np,
                                 const float *restrict z, int64_t w, float *restrict tile) {
@@ -284,11 +342,11 @@ static int decode_bands(const int64_t *idx, const float *val, int64_t k, const f
                 add_scaled_row(z + (np - 1) * w, dw + j * w, val[chunk * k + m], w);
             }
             if (blocked && nr == h && nw == w) {
-                expand_rows_4x16(dh, h, present, np, z, w, out + r0 * out_stride + c0, out_stride, subtract);
+                expand_rows(dh, h, present, np, z, w, out + r0 * out_stride + c0, out_stride, subtract);
                 continue;
             }
             if (blocked)
-                expand_rows_4x16(dh, h, present, np, z, w, tile, w, 0);
+                expand_rows(dh, h, present, np, z, w, tile, w, 0);
             else
                 expand_rows_generic(dh, h, present, np, z, w, tile);
             for (int64_t a = 0; a < nr; a++) {
@@ -433,6 +491,9 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_native", "DeMo comp
 #define TEMPLAR_NATIVE_ABI 1
 
 PyMODINIT_FUNC PyInit__native(void) {
+#ifdef HAVE_AVX512_KERNEL
+    cpu_has_avx512 = __builtin_cpu_supports("avx512f");
+#endif
     PyObject *m = PyModule_Create(&module);
     if (m && PyModule_AddIntConstant(m, "ABI", TEMPLAR_NATIVE_ABI) != 0) {
         Py_DECREF(m);
