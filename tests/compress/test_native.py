@@ -114,6 +114,22 @@ def test_decode_skips_out_of_range_indices_instead_of_writing_out_of_bounds() ->
 
 
 @needs_kernels
+def test_decode_of_unsorted_and_repeated_indices_matches_the_torch_path() -> None:
+    """Wire payloads are sorted, but the kernel must not depend on it for memory safety."""
+    plan = plan_chunks((128, 128), 64)
+    gen = torch.Generator().manual_seed(5)
+    indices = torch.randint(0, 4096, (plan.n_chunks, 200), generator=gen)  # > 64 row runs per chunk
+    values = torch.randn(plan.n_chunks, 200, generator=gen)
+    got = torch.zeros(128, 128)
+    assert native.decode_into(indices, values, plan, got, subtract=False)
+    want = torch.zeros(plan.padded[0] * plan.padded[1], dtype=torch.float64)
+    want.index_add_(0, plan.positions(indices).view(-1), values.double().view(-1))  # repeats add up
+    dct = ChunkedDCT()
+    expect = dct.inverse(want.float(), plan).view(128, 128)
+    assert torch.allclose(got, expect, atol=1e-4)
+
+
+@needs_kernels
 @pytest.mark.parametrize("shape", [(256, 320), (8191, 128), (2048,), (5, 7)], ids=str)
 def test_accumulate_is_bit_identical_to_the_torch_path(shape: tuple[int, ...]) -> None:
     torch.manual_seed(11)

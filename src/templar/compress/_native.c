@@ -305,9 +305,10 @@ static void add_scaled_row(float *restrict y, const float *restrict x, float s, 
 
 /*
  * out[rows, cols] (row stride out_stride) = or -= the inverse DCT of k coefficients per chunk,
- * cropped to the real rows/cols. Per chunk: Z[i, :] = sum of v * D_w[j, :] over its coefficients
- * in coefficient row i (indices are ascending, so equal rows are adjacent), then the tile
- * D_h^T[:, rows] @ Z: k*w + rows*h*w multiply-adds instead of a dense 2*h*w*(h+w).
+ * cropped to the real rows/cols. Per chunk: Z[p, :] = sum of v * D_w[j, :] over each run of
+ * coefficients in the same coefficient row i_p (ascending indices make one run per row), then the
+ * tile D_h^T[:, i] @ Z: k*w + runs*h*w multiply-adds instead of a dense 2*h*w*(h+w). Unsorted
+ * indices only make more runs (at most k), which still sum to the right answer.
  */
 static int decode_bands(const int64_t *idx, const float *val, int64_t k, const float *dh, const float *dw, int64_t h,
                         int64_t w, int64_t rows, int64_t cols, float *out, int64_t out_stride, int subtract,
@@ -317,11 +318,11 @@ static int decode_bands(const int64_t *idx, const float *val, int64_t k, const f
     int failed = 0;
 #pragma omp parallel num_threads(threads) reduction(| : failed)
     {
-    float *z = malloc(sizeof(float) * (size_t)(2 * cn));
-    int64_t *present = malloc(sizeof(int64_t) * (size_t)h);
+    float *z = malloc(sizeof(float) * (size_t)(k * w + cn)); /* k runs at most, then the tile */
+    int64_t *present = malloc(sizeof(int64_t) * (size_t)(k > 0 ? k : 1));
     int32_t *row_of = row_table(h, w);
     failed = !z || !present || !row_of;
-    float *tile = failed ? NULL : z + cn;
+    float *tile = failed ? NULL : z + k * w;
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < bands; r++) {
         if (failed) continue;
