@@ -223,14 +223,43 @@ def test_top_g_is_deterministic_positive_only_and_tie_broken_by_hotkey() -> None
         top_g(x, -1)
 
 
-def test_update_mu_dead_zone_counts_noise_as_zero():
-    # Lazy peer: δa 0.050 vs δr 0.048; zone = 0.3·(0.050+0.048)/2 = 0.0147 > |gap| 0.002 → direction 0,
-    # so μ only decays: 0.5·0.7 = 0.35 (a bare sign would have given 0.35 + 0.3 = 0.65).
-    assert update_mu(0.5, 0.050, 0.048, 0.7, margin=0.3) == pytest.approx(0.35)
+def test_update_mu_margin_ramps_noise_towards_zero_and_keeps_honest_credit():
+    # Lazy peer: δa 0.050 vs δr 0.048; zone = 0.3·(0.050+0.048)/2 = 0.0147, gap 0.002 → direction
+    # 0.002/0.0147 = 0.136, so μ mostly decays: 0.5·0.7 + 0.3·0.136 = 0.391 (bare sign: 0.65).
+    assert update_mu(0.5, 0.050, 0.048, 0.7, margin=0.3) == pytest.approx(0.35 + 0.3 * 0.002 / 0.0147)
     assert update_mu(0.5, 0.050, 0.048, 0.7) == pytest.approx(0.65)
-    # Honest peer: gap 0.04 far outside the zone 0.3·0.05 = 0.015 → +1: 0.7·0 + 0.3 = 0.3
+    # Noise in both directions cancels: a +gap and the same −gap leave μ where symmetric noise would.
+    up = update_mu(0.0, 0.050, 0.048, 0.7, margin=0.3)
+    assert update_mu(up, 0.048, 0.050, 0.7, margin=0.3) == pytest.approx(0.7 * up - 0.3 * 0.002 / 0.0147)
+    # Honest peer: gap 0.04 far outside the zone 0.3·0.05 = 0.015 → full +1: 0.7·0 + 0.3 = 0.3
     assert update_mu(0.0, 0.07, 0.03, 0.7, margin=0.3) == pytest.approx(0.3)
     # and the other way round still counts −1
     assert update_mu(0.0, 0.03, 0.07, 0.7, margin=0.3) == pytest.approx(-0.3)
+    # Extra data dilutes the gap (relative gap 0.2 < margin 0.3): partial credit 2/3, never zero.
+    assert update_mu(0.0, 0.11, 0.09, 0.7, margin=0.3) == pytest.approx(0.3 * 0.02 / 0.03)
+    # Both LossScores zero (a zero update): no evidence either way, μ decays.
+    assert update_mu(0.5, 0.0, 0.0, 0.7, margin=0.3) == pytest.approx(0.35)
+    # A broken update on either set is still −1 whatever the margin.
+    assert update_mu(0.0, -math.inf, 0.01, 0.7, margin=0.3) == pytest.approx(-0.3)
     with pytest.raises(ValueError):
         update_mu(0.0, 0.1, 0.0, 0.7, margin=-0.1)
+
+
+def test_update_mu_pays_extra_work_more_than_noise_over_many_windows():
+    """Over a run, a peer training on 2x pages (relative gaps 0.15-0.5, as measured in a tiny localnet)
+    keeps most of an honest peer's μ, while a lazy one (gaps ±0.12 around 0) stays near 0."""
+    honest = [0.6, 0.9, 0.4, 0.5, 0.7, 0.55, 0.5, 0.6]
+    more = [0.9, 0.27, 0.18, 0.36, 0.4, 0.47, 0.4, 0.2]
+    lazy = [-0.08, 0.03, 0.12, -0.05, 0.0, 0.03, -0.1, 0.06]
+
+    def final_mu(relative_gaps: list[float]) -> float:
+        mu = 0.0
+        for r in relative_gaps:  # δr = 0.05, δa chosen so (δa−δr)/((δa+δr)/2) = r
+            d_rand = 0.05
+            d_assigned = d_rand * (2 + r) / (2 - r)
+            mu = update_mu(mu, d_assigned, d_rand, 0.7, margin=0.3)
+        return mu
+
+    assert final_mu(honest) > 0.9
+    assert final_mu(more) > 0.75
+    assert abs(final_mu(lazy)) < 0.1

@@ -70,10 +70,14 @@ def update_mu(mu: float, delta_assigned: float, delta_rand: float, gamma: float,
     (the update broke the model on one of the sets, `loss_score` returned -inf) counts as −1:
     a destructive update never earns credit, and `-inf − -inf = NaN` never reaches the EMA.
 
-    `margin` (beyond the paper, 0 reproduces it): a gap smaller than `margin·(|δa| + |δr|)/2`
-    counts as 0, not ±1. A peer that trained on other data has δa ≈ δr up to evaluation noise;
-    with a bare sign it still earns +1 half of the time and its μ random-walks to positive
-    values, while in the dead zone its μ decays towards 0. Honest peers' gaps are far outside it.
+    `margin` (beyond the paper, 0 reproduces it) turns the step into a ramp: the direction is
+    gap / zone clipped to [−1, 1], with zone = `margin`·(|δa| + |δr|)/2. A peer that trained on
+    other data has δa ≈ δr up to evaluation noise; with a bare sign it still earns +1 half of the
+    time and its μ random-walks to positive values, while on the ramp its noise averages out near
+    0. Honest gaps lie beyond the zone and earn the full +1. A peer that trains on its assigned
+    pages *and* on extra data has a smaller relative gap (its update is diluted, not absent), so
+    it earns partial credit instead of none: a dead zone (0 inside, ±1 outside) punished
+    exactly the extra work the subnet pays for.
     """
     if not 0.0 <= gamma < 1.0:
         raise ValueError(f"update_mu: gamma must be in [0, 1), got {gamma!r}")
@@ -83,8 +87,8 @@ def update_mu(mu: float, delta_assigned: float, delta_rand: float, gamma: float,
         raise ValueError("update_mu: NaN input (loss_score never produces NaN; this is a caller bug)")
     if math.isfinite(delta_assigned) and math.isfinite(delta_rand):
         gap = delta_assigned - delta_rand
-        dead_zone = margin * (abs(delta_assigned) + abs(delta_rand)) / 2.0
-        direction = 0.0 if abs(gap) <= dead_zone and margin > 0 else _sign(gap)
+        zone = margin * (abs(delta_assigned) + abs(delta_rand)) / 2.0
+        direction = max(-1.0, min(1.0, gap / zone)) if zone > 0 else _sign(gap)
     else:
         direction = -1.0
     return gamma * mu + (1.0 - gamma) * direction
