@@ -17,8 +17,9 @@ fi
 pip=("$venv/bin/python" -m pip --disable-pip-version-check -q)
 
 stamp="$venv/.templar-installed"
-# _native.c is compiled by the install: a changed kernel source must trigger a rebuild
-want="$(cat "$root/pyproject.toml" "$root/scripts/bootstrap.sh" "$root/src/templar/compress/_native.c" | sha256sum | cut -c1-16)"
+# the C kernels are compiled by the install: a changed kernel source must trigger a rebuild
+want="$(cat "$root/pyproject.toml" "$root/scripts/bootstrap.sh" "$root/src/templar/compress/_native.c" \
+    "$root"/src/templar/compress/kernels/*.[ch] | sha256sum | cut -c1-16)"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   if ! "$venv/bin/python" -c "import torch" >/dev/null 2>&1; then
     if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then

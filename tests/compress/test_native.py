@@ -11,6 +11,7 @@ import torch
 
 from templar.compress import ChunkedDCT, DCTCompressor, aggregate, native, plan_chunks, select_topk
 from templar.compress.aggregate import _accumulate
+from templar.compress.dct import dct_basis
 
 needs_kernels = pytest.mark.skipif(
     not native.available(), reason="C kernels not built (no compiler at install)"
@@ -94,12 +95,112 @@ def test_decode_and_subtract_match_the_torch_path(shape: tuple[int, ...]) -> Non
         want = compressor.decompress(c)
     assert decoded.shape == x.shape
     assert torch.allclose(decoded, want, atol=2e-6, rtol=1e-5)
-    e_native, e_torch = x.clone(), x.clone()
-    sent_native = compressor.compress_residual_(e_native)
+    e_native = x.clone()
+    sent = compressor.compress_residual_(e_native)
     with native.disabled():
-        sent_torch = compressor.compress_residual_(e_torch)
-    assert torch.equal(sent_native.indices, sent_torch.indices)
-    assert torch.allclose(e_native, e_torch, atol=2e-6, rtol=1e-5)
+        want = x - compressor.decompress(sent)
+    assert torch.allclose(e_native, want, atol=2e-6, rtol=1e-5)
+
+
+def _assert_same_selection_up_to_near_ties(got: tuple[torch.Tensor, torch.Tensor], coef: torch.Tensor,
+                                           plan, k: int) -> None:
+    """`got` is the exact top-k of `coef` except where |values| tie to float32 rounding.
+
+    The fused kernel computes the coefficients in another order than torch's GEMMs, so a k-th and
+    (k+1)-th coefficient closer than a few ulps may swap; anything else is a bug.
+    """
+    want = select_topk(coef, plan, k)
+    got_idx, got_val = got
+    assert got_idx.shape == want[0].shape and got_val.shape == want[1].shape
+    assert bool(((got_idx >= 0) & (got_idx < plan.chunk_numel)).all())
+    assert bool((got_idx[:, 1:] > got_idx[:, :-1]).all()), "indices ascending and unique per chunk"
+    chunk_values = coef[plan.chunk_positions(torch.arange(plan.n_chunks))]
+    # float32 rounding of a 64-term sum scales with the chunk's largest coefficient, not each one
+    tolerance = 1e-5 * chunk_values.abs().amax(dim=1, keepdim=True) + 1e-6
+    assert bool(((got_val - chunk_values.gather(1, got_idx)).abs() <= tolerance).all())
+    differ = (got_idx != want[0]).any(dim=1)
+    assert float(differ.float().mean()) < 0.01
+    for chunk in differ.nonzero().flatten().tolist():
+        kth = float(chunk_values[chunk].abs().sort(descending=True).values[k - 1])
+        swapped = set(got_idx[chunk].tolist()) ^ set(want[0][chunk].tolist())
+        assert all(abs(float(chunk_values[chunk, i].abs()) - kth) <= 2 * float(tolerance[chunk])
+                   for i in swapped), f"chunk {chunk}: {swapped} are not near-ties of the k-th value"
+
+
+FUSED_SHAPES = [(256, 256), (128, 48), (8191, 128), (96, 4096), (64, 8), (8, 64), (2048, 2048)]
+
+
+@needs_kernels
+@pytest.mark.parametrize("kind", ["gaussian", "structured", "smooth"])
+@pytest.mark.parametrize("shape", FUSED_SHAPES, ids=str)
+@pytest.mark.parametrize("k", [1, 32])
+def test_fused_compress_selects_the_top_k_of_the_dct(shape: tuple[int, int], kind: str, k: int) -> None:
+    gen = torch.Generator().manual_seed(shape[0] + k)
+    x = torch.randn(shape, generator=gen)
+    if kind == "structured":
+        x = x * torch.logspace(0, -3, shape[-1])
+    elif kind == "smooth":
+        x = torch.cumsum(torch.cumsum(x, 0), 1)
+    plan = plan_chunks(shape, 64)
+    k = min(k, plan.chunk_numel)
+    got = native.compress(x, plan, k)
+    assert got is not None
+    coef = ChunkedDCT().forward(x, plan).clone()
+    _assert_same_selection_up_to_near_ties(got, coef, plan, k)
+
+
+@needs_kernels
+@pytest.mark.parametrize("shape", [(256, 256), (8191, 128), (64, 8)], ids=str)
+def test_fused_compress_keeping_every_coefficient_reconstructs_the_input(shape: tuple[int, int]) -> None:
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(3))
+    compressor = DCTCompressor(64, 64 * 64)
+    c = compressor.compress(x)
+    assert native.compress(x, c.plan, compressor.k_for(c.plan)) is not None  # the fused path ran
+    assert torch.allclose(compressor.decompress(c), x, atol=1e-5, rtol=1e-5)
+
+
+@needs_kernels
+def test_fused_compress_is_independent_of_the_thread_split() -> None:
+    x = torch.randn(1024, 512, generator=torch.Generator().manual_seed(11))
+    plan = plan_chunks((1024, 512), 64)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = native.compress(x, plan, 32)
+        torch.set_num_threads(max(2, threads))
+        many = native.compress(x, plan, 32)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(one[0], many[0]) and torch.equal(one[1], many[1])
+
+
+@needs_kernels
+def test_fused_compress_of_non_finite_input_stays_in_bounds() -> None:
+    """An error-feedback buffer gone non-finite must not crash or index out of a chunk."""
+    x = torch.randn(256, 256)
+    x[::37, ::11] = float("nan")
+    x[5, 7] = float("inf")
+    plan = plan_chunks(x.shape, 64)
+    idx, _ = native.compress(x, plan, 32)
+    assert bool(((idx >= 0) & (idx < plan.chunk_numel)).all())
+    assert bool((idx[:, 1:] > idx[:, :-1]).all())
+
+
+def test_dct_factors_rebuild_the_orthonormal_basis() -> None:
+    """The factor table, applied level by level as the C kernel does, is the DCT-II matrix."""
+    for n in (8, 16, 48, 64):
+        factors, basis = native.dct_factors(n).double(), torch.eye(n, dtype=torch.float64)
+        rebuilt = torch.zeros(n, n, dtype=torch.float64)
+        cur, size, scale, offset = basis, n, 1, 0
+        while size % 2 == 0 and size > 2:
+            half = size // 2
+            u, v = cur[:half] + cur[half:].flip(0), cur[:half] - cur[half:].flip(0)
+            odd = factors[offset : offset + half * half].view(half, half)
+            rebuilt[scale :: 2 * scale] = odd @ v
+            offset += half * half
+            cur, size, scale = u, half, scale * 2
+        rebuilt[::scale] = factors[offset:].view(size, size) @ cur
+        assert torch.allclose(rebuilt, dct_basis(n).double(), atol=1e-6)
 
 
 @needs_kernels
@@ -173,6 +274,12 @@ def test_kernels_decline_what_they_do_not_handle() -> None:
     assert not native.decode_into(indices, values, plan, torch.zeros(128, 127), subtract=False)
     assert not native.decode_into(indices.int(), values, plan, torch.zeros(128, 128), subtract=False)
     assert not native.decode_into(indices, values, plan, torch.zeros(256, 128)[::2], subtract=False)
+    x = torch.randn(128, 128)
+    assert native.compress(x.double(), plan, 32) is None  # float32 only
+    assert native.compress(x.t(), plan, 32) is None  # contiguous only
+    assert native.compress(torch.randn(100, 100), plan_chunks((100, 100), 64), 32) is None  # 50 % 8 != 0
+    assert native.compress(torch.randn(4096), plan_chunks((4096,), 64), 32) is None  # 1-D: torch forward
     with native.disabled():
         assert not native.available()
         assert native.select_topk(coef, plan, 32) is None
+        assert native.compress(x, plan, 32) is None

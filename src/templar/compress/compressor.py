@@ -77,6 +77,9 @@ class DCTCompressor:
     def compress(self, x: torch.Tensor) -> Compressed:
         """Keep the `topk` largest-|coefficient| DCT coefficients of every chunk of `x`."""
         plan = self.plan(x.shape)
+        fused = native.compress(x.detach(), plan, self.k_for(plan))
+        if fused is not None:
+            return Compressed(indices=fused[0], values=fused[1], shape=torch.Size(x.shape), chunk=plan.chunk)
         with self.dct.lock:
             coef = self.dct.forward(x.detach(), plan)
             indices, values = select_topk(coef, plan, self.k_for(plan), scratch=self.dct.scratch)
@@ -115,6 +118,9 @@ class DCTCompressor:
         if e.dtype != torch.float32 or not e.is_contiguous():
             raise ValueError("error-feedback buffers must be contiguous float32")
         plan = self.plan(e.shape)
+        fused = native.compress(e, plan, self.k_for(plan))
+        if fused is not None and native.decode_into(*fused, plan, e, subtract=True):
+            return Compressed(indices=fused[0], values=fused[1], shape=torch.Size(e.shape), chunk=plan.chunk)
         with self.dct.lock:
             coef = self.dct.forward(e, plan)
             indices, values = select_topk(coef, plan, self.k_for(plan), scratch=self.dct.scratch)

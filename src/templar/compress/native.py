@@ -14,16 +14,18 @@ release the GIL and split chunk bands over torch's own OpenMP threads (`torch.ge
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import threading
 from collections.abc import Iterator, Sequence
+from functools import lru_cache
 
 import torch
 from loguru import logger
 
 from templar.compress.dct import ChunkPlan, dct_basis
 
-_ABI = 1  # must equal TEMPLAR_NATIVE_ABI in _native.c
+_ABI = 2  # must equal TEMPLAR_NATIVE_ABI in _native.c
 
 try:  # built from _native.c at install time; optional by design
     from templar.compress import _native
@@ -38,7 +40,7 @@ if _native is not None and getattr(_native, "ABI", None) != _ABI:  # pragma: no 
     )
     _native = None
 
-__all__ = ["accumulate", "available", "decode_into", "disabled", "select_topk"]
+__all__ = ["accumulate", "available", "compress", "decode_into", "disabled", "select_topk"]
 
 _MIN_PARALLEL_NUMEL = 1 << 16  # below this, waking threads costs more than it saves
 _state = threading.local()
@@ -89,6 +91,58 @@ def select_topk(coef: torch.Tensor, plan: ChunkPlan, k: int) -> tuple[torch.Tens
         idx.data_ptr(),
         val.data_ptr(),
         _threads(coef.numel()),
+    )
+    return idx, val
+
+
+@lru_cache(maxsize=16)
+def dct_factors(n: int) -> torch.Tensor:
+    """The factored DCT-II of size `n` as `_native.c`'s `dct_rows` walks it (float32, flat).
+
+    While n is even and > 2: the odd rows of the current basis restricted to its first n/2 columns
+    (`(n/2)^2` values); the current basis becomes its even rows on those columns (the DCT-II of
+    size n/2, up to scale). Then the last basis, dense. Built in float64 and rounded once.
+    """
+    k = torch.arange(n, dtype=torch.float64)[:, None]
+    i = torch.arange(n, dtype=torch.float64)[None, :]
+    basis = torch.cos(math.pi * (2 * i + 1) * k / (2 * n)) * math.sqrt(2.0 / n)
+    basis[0] *= 1.0 / math.sqrt(2.0)
+    parts = []
+    while basis.shape[0] % 2 == 0 and basis.shape[0] > 2:
+        half = basis.shape[0] // 2
+        parts.append(basis[1::2, :half].reshape(-1))
+        basis = basis[0::2, :half]
+    parts.append(basis.reshape(-1))
+    return torch.cat(parts).to(torch.float32).contiguous()
+
+
+def compress(x: torch.Tensor, plan: ChunkPlan, k: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Top-k of every chunk's DCT coefficients of `x` (`plan.shape`), fused (see `_native.c`).
+
+    Same contract as `select_topk(forward(x))`; the coefficients round differently from the
+    GEMM path in the last bits. None when the kernels do not apply (1-D or odd chunk sides).
+    """
+    if not _applies(x) or x.dtype != torch.float32 or x.shape != plan.shape or len(plan.shape) != 2:
+        return None
+    if plan.h % 8 or plan.w % 8:
+        return None
+    if not 0 < k <= plan.chunk_numel:
+        raise ValueError(f"k={k} must be in [1, {plan.chunk_numel}]")
+    idx = torch.empty(plan.n_chunks, k, dtype=torch.int64)
+    val = torch.empty(plan.n_chunks, k, dtype=torch.float32)
+    fh, fw = dct_factors(plan.h), dct_factors(plan.w)
+    _native.compress(
+        x.data_ptr(),
+        plan.rows,
+        plan.cols,
+        plan.h,
+        plan.w,
+        fh.data_ptr(),
+        fw.data_ptr(),
+        k,
+        idx.data_ptr(),
+        val.data_ptr(),
+        _threads(x.numel()),
     )
     return idx, val
 
