@@ -19,7 +19,8 @@ coefficients; the
 `same_indices` field checks it (chunks differing only by float-rounding near-ties are reported).
 Bytes are the `rice-mxint8` wire codec against the reference's 6 bytes per coefficient, and
 `sign_agreement` compares the aggregate of decoded payloads with full-precision values.
-`kernels` says which path ran: `native` (the C top-k, sparse decode and accumulation) or `torch`.
+`kernels` says which path ran: `native` (the C forward DCT fused with top-k, sparse decode and
+accumulation) or `torch`.
 The full run also writes `benchmarks/results/compress.json` (`compress_torch.json` with --torch-only).
 """
 

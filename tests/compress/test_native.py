@@ -1,5 +1,6 @@
-"""The C kernels against the torch paths: identical selections, identical aggregation accumulators,
-decodes equal to float rounding, on awkward shapes and hostile values."""
+"""The C kernels against the torch paths: identical selections from the same coefficients, the
+fused forward+top-k equal up to float32 near-ties, identical aggregation accumulators, decodes equal
+to float rounding, on awkward shapes and hostile values."""
 
 from __future__ import annotations
 

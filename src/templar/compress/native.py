@@ -1,10 +1,12 @@
-"""The optional C kernels (`_native.c`) behind the CPU hot paths of compression and aggregation.
+"""The optional C kernels (`_native.c`, `kernels/`) behind the CPU hot paths of compression and aggregation.
 
 On CPU, torch has no primitive for "top-k of every 4096-value chunk" that is not a full sort,
-and a dense inverse DCT does ~8x the work of a sparse one; these kernels do both directly. They
-are built with the package when a C compiler is present (`pip install -e .`); without one, or on
-a GPU, or with `TEMPLAR_NATIVE=0`, every caller uses its torch path, which returns the same
-selections and the same aggregation accumulators (tests hold both paths to that).
+a dense inverse DCT does ~8x the work of a sparse one, and a forward DCT followed by a top-k
+writes and re-reads the whole coefficient matrix; these kernels do each directly. They are built
+with the package when a C compiler is present (`pip install -e .`); without one, or on a GPU, or
+with `TEMPLAR_NATIVE=0`, every caller uses its torch path, which returns the same aggregation
+accumulators and, from the same coefficients, the same selections (tests hold both paths to
+that). The fused `compress` computes the coefficients itself and may swap float32 near-ties.
 
 Every function here checks device, dtype, contiguity and shapes itself and returns False/None
 when the kernels do not apply, so the C code only ever sees buffers it can trust. The kernels
