@@ -107,8 +107,8 @@ class GauntletConfig(_Strict):
     uids_per_window: int = Field(gt=0, description="|S_t|: peers under primary evaluation per window")
     fast_eval_uids: int = Field(gt=0, description="peers under fast evaluation per window (top-G always)")
     mu_gamma: float = Field(ge=0, lt=1, description="gamma of the mu EMA")
-    proof_margin: float = Field(ge=0, lt=2, description="relative width of the ramp that replaces sign(δa − δr) "
-                                "in the mu update; 0 is the paper's formula (see gauntlet.update_mu)")
+    proof_margin: float = Field(ge=0, lt=2, description="relative width of the soft threshold that replaces "
+                                "sign(δa − δr) in the mu update; 0 is the paper's formula (see gauntlet.update_mu)")
     sync_max_steps: float = Field(gt=0, description="sync threshold in steps of alpha")
     fast_eval_penalty: float = Field(gt=0, lt=1, description="phi: mu multiplier on a failed fast eval")
     probe_count: int = Field(gt=0, description="parameter values probed per tensor for the sync score")

@@ -223,20 +223,19 @@ def test_top_g_is_deterministic_positive_only_and_tie_broken_by_hotkey() -> None
         top_g(x, -1)
 
 
-def test_update_mu_margin_ramps_noise_towards_zero_and_keeps_honest_credit():
-    # Lazy peer: δa 0.050 vs δr 0.048; zone = 0.3·(0.050+0.048)/2 = 0.0147, gap 0.002 → direction
-    # 0.002/0.0147 = 0.136, so μ mostly decays: 0.5·0.7 + 0.3·0.136 = 0.391 (bare sign: 0.65).
-    assert update_mu(0.5, 0.050, 0.048, 0.7, margin=0.3) == pytest.approx(0.35 + 0.3 * 0.002 / 0.0147)
+def test_update_mu_margin_ignores_noise_and_gives_diluted_gaps_partial_credit():
+    # Lazy peer: δa 0.050 vs δr 0.048; zone = 0.3·(0.050+0.048)/2 = 0.0147, gap 0.002 < zone/2
+    # → direction 0, μ only decays: 0.5·0.7 = 0.35 (a bare sign would have given 0.65).
+    assert update_mu(0.5, 0.050, 0.048, 0.7, margin=0.3) == pytest.approx(0.35)
     assert update_mu(0.5, 0.050, 0.048, 0.7) == pytest.approx(0.65)
-    # Noise in both directions cancels: a +gap and the same −gap leave μ where symmetric noise would.
-    up = update_mu(0.0, 0.050, 0.048, 0.7, margin=0.3)
-    assert update_mu(up, 0.048, 0.050, 0.7, margin=0.3) == pytest.approx(0.7 * up - 0.3 * 0.002 / 0.0147)
+    assert update_mu(0.5, 0.048, 0.050, 0.7, margin=0.3) == pytest.approx(0.35)
     # Honest peer: gap 0.04 far outside the zone 0.3·0.05 = 0.015 → full +1: 0.7·0 + 0.3 = 0.3
     assert update_mu(0.0, 0.07, 0.03, 0.7, margin=0.3) == pytest.approx(0.3)
     # and the other way round still counts −1
     assert update_mu(0.0, 0.03, 0.07, 0.7, margin=0.3) == pytest.approx(-0.3)
-    # Extra data dilutes the gap (relative gap 0.2 < margin 0.3): partial credit 2/3, never zero.
-    assert update_mu(0.0, 0.11, 0.09, 0.7, margin=0.3) == pytest.approx(0.3 * 0.02 / 0.03)
+    # Extra data dilutes the gap: δa 0.11, δr 0.09 → zone 0.03, gap 0.02 is 1/3 of the way from
+    # zone/2 to zone → credit 1/3 (a hard dead zone gave 0, and μ decayed).
+    assert update_mu(0.0, 0.11, 0.09, 0.7, margin=0.3) == pytest.approx(0.3 / 3)
     # Both LossScores zero (a zero update): no evidence either way, μ decays.
     assert update_mu(0.5, 0.0, 0.0, 0.7, margin=0.3) == pytest.approx(0.35)
     # A broken update on either set is still −1 whatever the margin.
@@ -261,5 +260,5 @@ def test_update_mu_pays_extra_work_more_than_noise_over_many_windows():
         return mu
 
     assert final_mu(honest) > 0.9
-    assert final_mu(more) > 0.75
-    assert abs(final_mu(lazy)) < 0.1
+    assert final_mu(more) > 0.7 * final_mu(honest)  # a hard dead zone left it at 0.56
+    assert abs(final_mu(lazy)) < 0.05

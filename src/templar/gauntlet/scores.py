@@ -70,14 +70,15 @@ def update_mu(mu: float, delta_assigned: float, delta_rand: float, gamma: float,
     (the update broke the model on one of the sets, `loss_score` returned -inf) counts as −1:
     a destructive update never earns credit, and `-inf − -inf = NaN` never reaches the EMA.
 
-    `margin` (beyond the paper, 0 reproduces it) turns the step into a ramp: the direction is
-    gap / zone clipped to [−1, 1], with zone = `margin`·(|δa| + |δr|)/2. A peer that trained on
-    other data has δa ≈ δr up to evaluation noise; with a bare sign it still earns +1 half of the
-    time and its μ random-walks to positive values, while on the ramp its noise averages out near
-    0. Honest gaps lie beyond the zone and earn the full +1. A peer that trains on its assigned
-    pages *and* on extra data has a smaller relative gap (its update is diluted, not absent), so
-    it earns partial credit instead of none: a dead zone (0 inside, ±1 outside) punished
-    exactly the extra work the subnet pays for.
+    `margin` (beyond the paper, 0 reproduces it) widens the sign into a soft threshold. With
+    zone = `margin`·(|δa| + |δr|)/2: a gap within zone/2 counts 0, a gap beyond the zone counts
+    ±1, and in between the credit rises linearly. A peer that trained on other data has δa ≈ δr
+    up to evaluation noise; with a bare sign it still earns +1 half of the time and its μ
+    random-walks to positive values, while noise-sized gaps here earn nothing and μ decays
+    towards 0. Honest gaps lie beyond the zone. A peer that trains on its assigned pages *and*
+    on extra data has a smaller relative gap (its update is diluted, not absent), so it earns
+    partial credit where a hard dead zone (0 inside the zone, ±1 outside) gave it none and
+    punished exactly the extra work the subnet pays for.
     """
     if not 0.0 <= gamma < 1.0:
         raise ValueError(f"update_mu: gamma must be in [0, 1), got {gamma!r}")
@@ -88,7 +89,11 @@ def update_mu(mu: float, delta_assigned: float, delta_rand: float, gamma: float,
     if math.isfinite(delta_assigned) and math.isfinite(delta_rand):
         gap = delta_assigned - delta_rand
         zone = margin * (abs(delta_assigned) + abs(delta_rand)) / 2.0
-        direction = max(-1.0, min(1.0, gap / zone)) if zone > 0 else _sign(gap)
+        if zone > 0:
+            excess = (abs(gap) - zone / 2.0) / (zone / 2.0)
+            direction = math.copysign(min(1.0, excess), gap) if excess > 0 else 0.0
+        else:
+            direction = _sign(gap)
     else:
         direction = -1.0
     return gamma * mu + (1.0 - gamma) * direction
