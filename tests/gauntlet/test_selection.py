@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from templar.gauntlet import select_eval_peers, selection_priority
+from templar.gauntlet import select_eval_pages, select_eval_peers, selection_priority
 
 CANDIDATES = [f"5Hotkey{i:02d}" for i in range(10)]
 
@@ -79,3 +79,19 @@ def test_result_is_in_priority_order_and_edge_sizes() -> None:
     shuffled = CANDIDATES[:]
     random.Random(0).shuffle(shuffled)
     assert select_eval_peers(5, 8, shuffled, 50) == chosen
+
+
+def test_evaluated_pages_are_a_secret_keyed_subset_of_the_assignment() -> None:
+    pages = [40, 7, 1999, 321]
+    picked = {tuple(select_eval_pages(seed, 12, uid=3, pages=pages, n=1)) for seed in range(64)}
+    # every assigned page is sometimes the one that counts: a miner cannot skip any of them
+    assert picked == {(p,) for p in pages}
+    two = select_eval_pages(99, 12, 3, pages, 2)
+    assert len(two) == 2 and set(two) <= set(pages)
+    assert two == [p for p in pages if p in two]  # assignment order
+    assert select_eval_pages(99, 12, 3, pages, 2) == two  # deterministic for one validator
+    assert select_eval_pages(99, 12, 3, pages, 4) == pages
+    assert select_eval_pages(99, 12, 3, pages, 9) == pages
+    assert select_eval_pages(99, 12, 3, pages, 0) == []
+    with pytest.raises(ValueError):
+        select_eval_pages(99, 12, 3, pages, -1)

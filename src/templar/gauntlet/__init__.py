@@ -18,7 +18,7 @@ from templar.gauntlet.scores import (
     top_g,
     update_mu,
 )
-from templar.gauntlet.selection import select_eval_peers, selection_priority
+from templar.gauntlet.selection import select_eval_pages, select_eval_peers, selection_priority
 
 __all__ = [
     "DEFAULT_RATING",
@@ -38,6 +38,7 @@ __all__ = [
     "peer_score",
     "penalise",
     "rate_match",
+    "select_eval_pages",
     "select_eval_peers",
     "selection_priority",
     "sync_steps",

@@ -54,3 +54,18 @@ def select_eval_peers(
     forced = sorted(pool.intersection(always), key=priority)
     drawn = sorted(pool.difference(forced), key=priority)[: max(0, n - len(forced))]
     return sorted(forced + drawn, key=priority)
+
+
+def select_eval_pages(seed: int, window: int, uid: int, pages: list[int], n: int) -> list[int]:
+    """The `n` of a peer's assigned `pages` that its LossScore is measured on, in assignment order.
+
+    Keyed by the validator's secret `seed`: were it always the first page, a miner could train on
+    that one alone and still pass the proof of computation with a fraction of the work.
+    """
+    if n < 0:
+        raise ValueError(f"select_eval_pages: n must be non-negative, got {n}")
+    if n >= len(pages):
+        return list(pages)
+    key = _window_key(seed, window, f"pages/{uid}")
+    ranked = sorted(range(len(pages)), key=lambda i: (_priority(key, str(pages[i])), i))
+    return [pages[i] for i in sorted(ranked[:n])]

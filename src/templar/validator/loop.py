@@ -15,7 +15,7 @@ from pathlib import Path
 from templar.chain import ChainError, RateLimited
 from templar.comms import GatherResult, GatherStatus, RecordError, gather, get_peers, get_start_window
 from templar.compress import aggregate
-from templar.gauntlet import PrimaryResult, ScoreBook, ScoreBookError, select_eval_peers
+from templar.gauntlet import PrimaryResult, ScoreBook, ScoreBookError, select_eval_pages, select_eval_peers
 from templar.log import context, short
 from templar.node import Node
 from templar.outer import OuterStep, collect_probes, outer_step, payload_reader
@@ -228,16 +228,19 @@ class Validator:
         """LossScore on assigned vs unassigned data for a random subset S_t (paper §3.1)."""
         hp, node = self.hp, self.node
         eligible = sorted(hk for hk, v in verdicts.items() if v.passed and v.status == "ok")
-        chosen = select_eval_peers(self.eval_seed(window), window, eligible, hp.gauntlet.uids_per_window,
-                                   purpose="primary")
+        seed = self.eval_seed(window)
+        chosen = select_eval_peers(seed, window, eligible, hp.gauntlet.uids_per_window, purpose="primary")
         if not chosen:
             return {}
         shapes = node.shapes
         signs = {hk: await asyncio.to_thread(aggregate, [results[hk].value.tensors], [1.0], shapes) for hk in chosen}
-        n_eval = min(hp.data.eval_pages, hp.data.pages_per_window)
-        assigned = {hk: node.pages.batch(node.plan.assigned_pages(miners[hk], window, hp.data.pages_per_window)[:n_eval])
-                    for hk in chosen}
-        salt = self.eval_seed(window) % node.plan.pool
+        assigned = {
+            hk: node.pages.batch(select_eval_pages(
+                seed, window, miners[hk], node.plan.assigned_pages(miners[hk], window, hp.data.pages_per_window),
+                hp.data.eval_pages))
+            for hk in chosen
+        }
+        salt = seed % node.plan.pool
         random_batch = node.pages.batch(node.plan.random_pages(window, hp.data.eval_pages, salt=salt))
         beta = hp.gauntlet.eval_lr_factor * lr
         scores = await asyncio.to_thread(self.evaluator.score_peers, signs, assigned, random_batch, beta)
