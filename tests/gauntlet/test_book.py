@@ -16,6 +16,7 @@ import pytest
 
 from templar.config import GauntletConfig
 from templar.gauntlet import DEFAULT_RATING, PrimaryResult, ScoreBook, ScoreBookError
+from templar.gauntlet.book import window_loss_scale
 
 
 def _populated_book() -> ScoreBook:
@@ -127,6 +128,23 @@ def test_record_primary_applies_mu_and_one_match() -> None:
     # score a = μ·LossRating = 0.1 · 27.635389 = 2.7635389; b: μ < 0 floored → 0
     assert a.score == pytest.approx(2.7635389, abs=1e-6) and b.score == 0.0
     assert (a.last_delta_assigned, a.last_delta_rand, a.primary_evals) == (0.03, 0.02, 1)
+
+
+def test_record_primary_judges_gaps_against_the_window_median() -> None:
+    """Three honest peers set the window's LossScore scale (median 0.05); a noise peer whose tiny δs
+    differ by "200 % of themselves" earns nothing, where its own scale would have counted +1."""
+    book = ScoreBook()
+    results = {
+        "h1": PrimaryResult(0.07, 0.03), "h2": PrimaryResult(0.08, 0.04), "h3": PrimaryResult(0.06, 0.02),
+        "noise": PrimaryResult(0.0012, -0.0013),
+    }
+    for uid, hotkey in enumerate(results):
+        book.get_or_create(hotkey, uid, window=0)
+    assert window_loss_scale(results.values()) == pytest.approx((0.04 + 0.05) / 2)
+    book.record_primary(results, gamma=0.7, beta=25 / 6, tau=25 / 300, margin=0.3)
+    assert book.peers["noise"].mu == 0.0
+    assert all(book.peers[h].mu == pytest.approx(0.3) for h in ("h1", "h2", "h3"))
+    assert window_loss_scale([PrimaryResult(-math.inf, 0.1)]) == 0.0
 
 
 def test_record_primary_is_all_or_nothing() -> None:

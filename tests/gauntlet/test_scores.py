@@ -262,3 +262,19 @@ def test_update_mu_pays_extra_work_more_than_noise_over_many_windows():
     assert final_mu(honest) > 0.9
     assert final_mu(more) > 0.7 * final_mu(honest)  # a hard dead zone left it at 0.56
     assert abs(final_mu(lazy)) < 0.05
+
+
+def test_update_mu_measures_gaps_against_the_window_scale_when_that_is_larger():
+    # A noise peer barely moves the loss: δa 0.0012, δr −0.0013. Against its own size the gap is
+    # ~2x "relative" and counts +1; against the window's typical LossScore 0.05 it is noise.
+    assert update_mu(0.0, 0.0012, -0.0013, 0.7, margin=0.3) == pytest.approx(0.3)
+    assert update_mu(0.0, 0.0012, -0.0013, 0.7, margin=0.3, scale=0.05) == pytest.approx(0.0)
+    # A peer with large δs keeps its own, larger zone: a window of tiny-δ peers cannot shrink it.
+    assert update_mu(0.0, 0.050, 0.048, 0.7, margin=0.3, scale=0.001) == pytest.approx(0.0)
+    # Honest gaps still count +1 against the window scale.
+    assert update_mu(0.0, 0.07, 0.03, 0.7, margin=0.3, scale=0.05) == pytest.approx(0.3)
+    # margin 0 is the paper whatever the scale
+    assert update_mu(0.0, 0.0012, -0.0013, 0.7, margin=0.0, scale=0.05) == pytest.approx(0.3)
+    for bad in (-1.0, math.inf, math.nan):
+        with pytest.raises(ValueError):
+            update_mu(0.0, 0.1, 0.0, 0.7, margin=0.3, scale=bad)

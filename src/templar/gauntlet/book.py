@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from types import MappingProxyType
 from typing import Annotated, Literal, NamedTuple
@@ -102,6 +102,19 @@ class _Schema(BaseModel):
                 raise ValueError(f"uid {record.uid} held by both {seen[record.uid]} and {hotkey}")
             seen[record.uid] = hotkey
         return self
+
+
+def window_loss_scale(results: Iterable[PrimaryResult]) -> float:
+    """Median of (|δ_assigned| + |δ_rand|)/2 over a window's finite results (0.0 if none)."""
+    sizes = sorted(
+        (abs(r.delta_assigned) + abs(r.delta_rand)) / 2.0
+        for r in results
+        if math.isfinite(r.delta_assigned) and math.isfinite(r.delta_rand)
+    )
+    if not sizes:
+        return 0.0
+    mid = len(sizes) // 2
+    return sizes[mid] if len(sizes) % 2 else (sizes[mid - 1] + sizes[mid]) / 2.0
 
 
 class ScoreBook:
@@ -220,7 +233,8 @@ class ScoreBook:
         """Apply one window's primary evaluation of S_t (Algorithm 1, lines after Fast Evaluation).
 
         One OpenSkill match among all of `results` ranked by δ_rand, then each peer's μ update
-        from sign(δ_assigned − δ_rand), then its PeerScore. Every hotkey must already be in the
+        from sign(δ_assigned − δ_rand) (softened by `margin` against the window's median
+        LossScore, see `update_mu`), then its PeerScore. Every hotkey must already be in the
         book. Validation happens before any state changes, so a bad call leaves the book intact.
         """
         records = {hotkey: self._require(hotkey) for hotkey in results}
@@ -233,8 +247,9 @@ class ScoreBook:
             beta=beta,
             tau=tau,
         )
+        scale = window_loss_scale(results.values())
         new_mus = {
-            hotkey: update_mu(records[hotkey].mu, result.delta_assigned, result.delta_rand, gamma, margin)
+            hotkey: update_mu(records[hotkey].mu, result.delta_assigned, result.delta_rand, gamma, margin, scale)
             for hotkey, result in results.items()
         }
         for hotkey, result in results.items():

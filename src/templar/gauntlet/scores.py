@@ -62,7 +62,9 @@ def _sign(x: float) -> float:
     return 1.0 if x > 0 else -1.0 if x < 0 else 0.0
 
 
-def update_mu(mu: float, delta_assigned: float, delta_rand: float, gamma: float, margin: float = 0.0) -> float:
+def update_mu(
+    mu: float, delta_assigned: float, delta_rand: float, gamma: float, margin: float = 0.0, scale: float = 0.0
+) -> float:
     """Proof of computation (paper eq. 3): μ ← γμ + (1−γ)·sign(δ_assigned − δ_rand).
 
     A peer that trained on its assigned pages improves the loss there more than on random pages,
@@ -79,16 +81,24 @@ def update_mu(mu: float, delta_assigned: float, delta_rand: float, gamma: float,
     on extra data has a smaller relative gap (its update is diluted, not absent), so it earns
     partial credit where a hard dead zone (0 inside the zone, ±1 outside) gave it none and
     punished exactly the extra work the subnet pays for.
+
+    `scale` (≥ 0) is the window's typical LossScore (the validator passes the median of
+    (|δa| + |δr|)/2 over S_t); the zone uses the larger of it and the peer's own. A peer whose
+    update barely moves the loss (noise, a zero update) has tiny δs, so its own scale would turn
+    pure noise into "large" relative gaps; against the window's scale those gaps earn nothing.
+    Taking the larger keeps a window of such peers from shrinking everyone's zone.
     """
     if not 0.0 <= gamma < 1.0:
         raise ValueError(f"update_mu: gamma must be in [0, 1), got {gamma!r}")
     if not margin >= 0.0:
         raise ValueError(f"update_mu: margin must be >= 0, got {margin!r}")
+    if not 0.0 <= scale < math.inf:
+        raise ValueError(f"update_mu: scale must be finite and >= 0, got {scale!r}")
     if math.isnan(mu) or math.isnan(delta_assigned) or math.isnan(delta_rand):
         raise ValueError("update_mu: NaN input (loss_score never produces NaN; this is a caller bug)")
     if math.isfinite(delta_assigned) and math.isfinite(delta_rand):
         gap = delta_assigned - delta_rand
-        zone = margin * (abs(delta_assigned) + abs(delta_rand)) / 2.0
+        zone = margin * max((abs(delta_assigned) + abs(delta_rand)) / 2.0, scale)
         if zone > 0:
             excess = (abs(gap) - zone / 2.0) / (zone / 2.0)
             direction = math.copysign(min(1.0, excess), gap) if excess > 0 else 0.0
