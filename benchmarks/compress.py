@@ -239,6 +239,9 @@ def main() -> None:
     started = time.perf_counter()
     rows = []
     cases = QUICK_CASES if args.quick else FULL_CASES
+    unknown = sorted(set(args.case or ()) - set(cases))
+    if unknown:
+        parser.error(f"unknown case(s) {unknown}; choose from {sorted(cases)}")
     with native.disabled() if args.torch_only else contextlib.nullcontext():
         for name, shape in cases.items():
             if args.case and name not in args.case:
