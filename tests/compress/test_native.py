@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import shutil
 import sysconfig
+from collections.abc import Callable
+from typing import TypeVar
 
 import pytest
 import torch
@@ -13,6 +15,8 @@ import torch
 from templar.compress import ChunkedDCT, DCTCompressor, aggregate, native, plan_chunks, select_topk
 from templar.compress.aggregate import _accumulate
 from templar.compress.dct import dct_basis
+
+T = TypeVar("T")
 
 needs_kernels = pytest.mark.skipif(
     not native.available(), reason="C kernels not built (no compiler at install)"
@@ -69,18 +73,24 @@ def test_select_matches_the_torch_path_exactly(shape: tuple[int, ...], kind: str
     assert torch.equal(got[1], want[1]) or torch.allclose(got[1], want[1], equal_nan=True, atol=0, rtol=0)
 
 
+def _on_one_and_many_threads(run: Callable[[], T]) -> tuple[T, T]:
+    """The kernels split chunks across threads; the split must not change a single bit."""
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = run()
+        torch.set_num_threads(max(2, threads))
+        many = run()
+    finally:
+        torch.set_num_threads(threads)
+    return one, many
+
+
 @needs_kernels
 def test_select_is_independent_of_the_thread_split() -> None:
     coef = _coefficients((1024, 512), "gaussian", seed=7)
     plan = plan_chunks((1024, 512), 64)
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        one = native.select_topk(coef, plan, 32)
-        torch.set_num_threads(max(2, threads))
-        many = native.select_topk(coef, plan, 32)
-    finally:
-        torch.set_num_threads(threads)
+    one, many = _on_one_and_many_threads(lambda: native.select_topk(coef, plan, 32))
     assert torch.equal(one[0], many[0]) and torch.equal(one[1], many[1])
 
 
@@ -164,14 +174,7 @@ def test_fused_compress_keeping_every_coefficient_reconstructs_the_input(shape: 
 def test_fused_compress_is_independent_of_the_thread_split() -> None:
     x = torch.randn(1024, 512, generator=torch.Generator().manual_seed(11))
     plan = plan_chunks((1024, 512), 64)
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        one = native.compress(x, plan, 32)
-        torch.set_num_threads(max(2, threads))
-        many = native.compress(x, plan, 32)
-    finally:
-        torch.set_num_threads(threads)
+    one, many = _on_one_and_many_threads(lambda: native.compress(x, plan, 32))
     assert torch.equal(one[0], many[0]) and torch.equal(one[1], many[1])
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+import statistics
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from types import MappingProxyType
@@ -106,15 +107,12 @@ class _Schema(BaseModel):
 
 def window_loss_scale(results: Iterable[PrimaryResult]) -> float:
     """Median of (|δ_assigned| + |δ_rand|)/2 over a window's finite results (0.0 if none)."""
-    sizes = sorted(
+    sizes = [
         (abs(r.delta_assigned) + abs(r.delta_rand)) / 2.0
         for r in results
         if math.isfinite(r.delta_assigned) and math.isfinite(r.delta_rand)
-    )
-    if not sizes:
-        return 0.0
-    mid = len(sizes) // 2
-    return sizes[mid] if len(sizes) % 2 else (sizes[mid - 1] + sizes[mid]) / 2.0
+    ]
+    return statistics.median(sizes) if sizes else 0.0
 
 
 class ScoreBook:
