@@ -10,7 +10,6 @@ and what each log line means.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import sys
 
@@ -18,7 +17,6 @@ import sys
 # (benchmarks/compress.py). Must be set before torch is imported; harmless on GPU.
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
-from templar.miner.strategies import STRATEGIES, make_strategy
 from templar.node import add_node_args
 
 
@@ -27,24 +25,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_node_args(parser)
     parser.add_argument("--extra-pages", type=int, default=0,
                         help="train on this many extra (unassigned) pages per window: more work, better rating")
-    parser.add_argument("--strategy", default="honest", choices=sorted(STRATEGIES),
-                        help="testing only: run an adversarial behaviour (the localnet uses this)")
-    parser.add_argument("--copy.hotkey", dest="copy_hotkey", default=None, help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
 
-async def main(args: argparse.Namespace) -> None:
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     from templar.miner.loop import Miner
-    from templar.node import start_node
+    from templar.node import run_node
 
-    node = await start_node(args, "miner")
-    node.install_signal_handlers()
-    strategy = make_strategy(args.strategy, node.hp.data.pages_per_window, args.extra_pages)
-    try:
-        await Miner(node, strategy, copy_hotkey=args.copy_hotkey).run()
-    finally:
-        await node.aclose()
+    return run_node(args, "miner", lambda node: Miner(node, extra_pages=args.extra_pages).run(args.windows))
 
 
 if __name__ == "__main__":
-    asyncio.run(main(parse_args(sys.argv[1:])))
+    sys.exit(main(sys.argv[1:]))

@@ -9,7 +9,6 @@ See docs/validating.md for stake, buckets, and how to read the score log.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import sys
 
@@ -27,17 +26,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-async def main(args: argparse.Namespace) -> None:
-    from templar.node import start_node
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from templar.node import run_node
     from templar.validator.loop import Validator
 
-    node = await start_node(args, "validator")
-    node.install_signal_handlers()
-    try:
-        await Validator(node).run()
-    finally:
-        await node.aclose()
+    return run_node(args, "validator", lambda node: Validator(node).run(args.windows))
 
 
 if __name__ == "__main__":
-    asyncio.run(main(parse_args(sys.argv[1:])))
+    sys.exit(main(sys.argv[1:]))

@@ -1,13 +1,27 @@
-"""Shared fixtures: the offline corpus and tokenizer built by scripts/build_assets.py."""
+"""Shared fixtures: the offline corpus and tokenizer built by scripts/build_assets.py, the tiny
+preset, a real sr25519 key, real compressed gradients, and a real SeaweedFS S3 server."""
 
 from __future__ import annotations
 
+import itertools
 import os
+import secrets
+import socket
 import subprocess
 import sys
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import torch
+
+from templar.compress import Compressed, DCTCompressor, DeMo
+from templar.config import HParams, load_hparams
+from templar.model import build_model, causal_lm_loss, parameter_shapes
+from templar.storage import Bucket, LocalBucket, S3Bucket
+from templar.storage.seaweed import SeaweedServer
 
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -35,3 +49,234 @@ def tiny_pages(assets_dir: Path, tmp_path_factory: pytest.TempPathFactory):
         assets_dir / "corpus", assets_dir / "tokenizer", text_field=hp.data.text_field,
         sequence_length=hp.data.sequence_length, sequences_per_page=hp.data.sequences_per_page,
     )
+
+
+@pytest.fixture(scope="session")
+def hp() -> HParams:
+    return load_hparams("tiny")
+
+
+@pytest.fixture(scope="session")
+def keypair():
+    from bittensor.sp_core import Keypair
+
+    return Keypair.create_from_uri("//Alice")
+
+
+@pytest.fixture(scope="session")
+def verify() -> Callable[[str, bytes, bytes], bool]:
+    """What templar.chain injects: sr25519 verification against an ss58 address."""
+    from bittensor.sp_core import Keypair
+
+    def _verify(hotkey: str, message: bytes, signature: bytes) -> bool:
+        return bool(Keypair(ss58_address=hotkey).verify(message, signature))
+
+    return _verify
+
+
+@pytest.fixture(scope="session")
+def small_shapes() -> dict[str, torch.Size]:
+    """A compact schema with every chunking case: 2-D, 1-D, padded (prime) rows, tiny."""
+    return {
+        "emb": torch.Size([131, 64]),
+        "proj": torch.Size([128, 128]),
+        "norm": torch.Size([128]),
+        "odd": torch.Size([5, 3]),
+    }
+
+
+@pytest.fixture(scope="session")
+def tiny_shapes(hp: HParams) -> dict[str, torch.Size]:
+    return parameter_shapes(build_model(hp, device="meta"))
+
+
+@pytest.fixture(scope="session")
+def real_peers(hp: HParams) -> tuple[dict[str, torch.Size], list[dict[str, Compressed]]]:
+    """Compressed pseudo-gradients of 4 peers: two DeMo steps each of real tiny-model backward
+    passes on Zipf-distributed tokens (different tokens per peer)."""
+    torch.manual_seed(0)
+    model = build_model(hp)
+    shapes = parameter_shapes(model)
+    compressor = DCTCompressor(hp.demo.target_chunk, hp.demo.topk)
+    zipf = 1.0 / torch.arange(1, hp.model.vocab_size + 1, dtype=torch.float64) ** 1.1
+    peers = []
+    for peer in range(4):
+        demo = DeMo(model, compressor=compressor, decay=hp.demo.momentum_decay)
+        gen = torch.Generator().manual_seed(100 + peer)
+        for _ in range(2):
+            ids = torch.multinomial(zipf, 4 * 64, replacement=True, generator=gen).view(4, 64)
+            model.zero_grad()
+            causal_lm_loss(model, ids).backward()
+            update = demo.step(
+                {n: p.grad for n, p in model.named_parameters()}, lr=hp.optimizer.learning_rate
+            )
+        peers.append(update)
+    return shapes, peers
+
+
+# -- storage: a real SeaweedFS S3 server for the session, buckets of both kinds, hostile endpoints.
+# If the server cannot start, every S3 test errors (never skips): the S3 path must be exercised.
+
+_names = itertools.count()
+
+
+def fresh_bucket_name(tag: str = "t") -> str:
+    return f"{tag}-{os.getpid()}-{next(_names)}-{secrets.token_hex(3)}"
+
+
+@pytest.fixture(scope="session")
+def seaweed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedServer]:
+    server = SeaweedServer(tmp_path_factory.mktemp("seaweed"))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop(kill=True)  # nothing to persist: skip the 2 s graceful shutdown
+
+
+@dataclass
+class BucketMaker:
+    """Opens a fresh, empty bucket of one kind; call `open()` inside the test's event loop."""
+
+    kind: str
+    make: Callable[[], Bucket]
+
+    def open(self) -> Bucket:
+        return self.make()
+
+
+@pytest.fixture(params=["local", "s3"])
+def maker(request: pytest.FixtureRequest, tmp_path: Path) -> BucketMaker:
+    if request.param == "local":
+        root = tmp_path / "bucket"
+        return BucketMaker("local", lambda: LocalBucket(root))
+    server: SeaweedServer = request.getfixturevalue("seaweed")
+    name = server.create_bucket(fresh_bucket_name())
+    return BucketMaker("s3", lambda: S3Bucket(server.endpoint_url, name, server.admin))
+
+
+@pytest.fixture
+def s3_maker(seaweed: SeaweedServer) -> BucketMaker:
+    name = seaweed.create_bucket(fresh_bucket_name())
+    return BucketMaker("s3", lambda: S3Bucket(seaweed.endpoint_url, name, seaweed.admin))
+
+
+class HangingServer:
+    """Accepts TCP connections on 127.0.0.1 and never answers (a wedged peer endpoint)."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.conns: list[socket.socket] = []
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.conns.append(conn)
+
+    def close(self) -> None:
+        self.sock.close()
+        for conn in self.conns:
+            conn.close()
+
+
+@pytest.fixture
+def hanging() -> Iterator[HangingServer]:
+    server = HangingServer()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def dead_endpoint() -> str:
+    """An endpoint with nothing listening (connection refused)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}"
+
+
+@pytest.fixture
+def new_bucket(seaweed: SeaweedServer) -> Callable[[], str]:
+    """Creates a fresh, empty bucket on the session server and returns its name."""
+    return lambda: seaweed.create_bucket(fresh_bucket_name())
+
+
+class HostileServer:
+    """Answers every HTTP request with the same raw response head, then streams `body_chunks`
+    chunked-encoded forever (or not at all): a peer endpoint lying about or ignoring sizes.
+    """
+
+    def __init__(self, head: bytes, stream_forever: bool) -> None:
+        self.head = head
+        self.stream_forever = stream_forever
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.sent = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        chunk = b"%x\r\n%s\r\n" % (65536, b"z" * 65536)
+        try:
+            conn.recv(65536)
+            conn.sendall(self.head)
+            while self.stream_forever:
+                conn.sendall(chunk)
+                self.sent += 65536
+        except OSError:
+            pass
+        finally:
+            conn.close()
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+_HEAD = (b"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\n"
+         b"Last-Modified: Wed, 21 Oct 2026 07:28:00 GMT\r\nETag: \"abc\"\r\n")
+
+
+@pytest.fixture
+def endless_server() -> Iterator[HostileServer]:
+    """Streams an unbounded chunked body with no Content-Length."""
+    server = HostileServer(_HEAD + b"Transfer-Encoding: chunked\r\n\r\n", stream_forever=True)
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def huge_length_server() -> Iterator[HostileServer]:
+    """Announces a 10 GB body and then sends nothing."""
+    server = HostileServer(_HEAD + b"Content-Length: 10000000000\r\n\r\n", stream_forever=False)
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def hostile_server() -> Iterator[Callable[[bytes], HostileServer]]:
+    """Factory: a server answering every request with the given raw bytes, then closing."""
+    servers: list[HostileServer] = []
+
+    def make(response: bytes) -> HostileServer:
+        servers.append(HostileServer(response, stream_forever=False))
+        return servers[-1]
+
+    yield make
+    for server in servers:
+        server.close()

@@ -2,6 +2,9 @@
 
 A role builds a `Node` (registration check, own bucket committed, model and data ready), then
 runs its own window loop. Nothing here knows about scoring or training strategy.
+
+Library code raises: `start_node` raises a `StartupError` that carries the message and exit code
+an operator should see; the entry points (`neurons/*.py`) print it and exit.
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ import argparse
 import asyncio
 import os
 import signal
-import sys
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,6 +22,7 @@ from loguru import logger
 
 from templar.chain import Chain, ChainError, Neuron, NotRegistered
 from templar.chain.flags import add_chain_args, connect_from_args
+from templar.clock import SYSTEM_TIME, TimeSource
 from templar.comms import fetch_dataset_shards
 from templar.config import HParams, HParamsError, load_hparams, resolve_asset
 from templar.data import PagePlan, PageStore
@@ -30,6 +34,19 @@ from templar.windows import Clock
 
 EXIT_NOT_REGISTERED = 2
 EXIT_CONFIG = 3
+
+PUBLIC_NETWORKS = frozenset({"finney", "test"})
+
+
+class StartupError(Exception):
+    """A node cannot start: bad configuration, wallet, chain connection, bucket or data.
+    The message is meant for the operator; `exit_code` is what the entry point exits with."""
+
+    exit_code = EXIT_CONFIG
+
+
+class NotRegisteredError(StartupError):
+    exit_code = EXIT_NOT_REGISTERED
 
 
 def add_node_args(parser: argparse.ArgumentParser) -> None:
@@ -69,14 +86,11 @@ class Node:
     bucket: Bucket
     state_dir: Path
     device: torch.device
-    args: argparse.Namespace
+    allow_private_endpoints: bool = False
+    """Whether peers' buckets may be on loopback/private addresses or local directories: never on
+    public networks (no SSRF into our LAN), always on the embedded chain."""
     stop: asyncio.Event = field(default_factory=asyncio.Event)
     _peer_buckets: dict[str, tuple[str, Bucket]] = field(default_factory=dict)
-
-    @property
-    def allow_private_endpoints(self) -> bool:
-        """Public networks refuse peer buckets on loopback/private addresses (no SSRF into our LAN)."""
-        return self.args.subtensor_network not in {"finney", "test"}
 
     @property
     def hotkey(self) -> str:
@@ -112,8 +126,8 @@ class Node:
                 continue
             try:
                 bucket = open_bucket(locator, allow_private=self.allow_private_endpoints)
-            except (LocatorError, StorageError) as exc:
-                logger.warning(f"ignoring bucket of {short(hotkey)}: {exc}")
+            except Exception as exc:  # whatever a hostile commitment triggers is its owner's problem alone
+                logger.warning(f"ignoring bucket of {short(hotkey)}: {type(exc).__name__}: {exc}")
                 continue
             if cached:
                 await cached[1].aclose()
@@ -179,67 +193,102 @@ def load_pages(hp: HParams, dataset_dir: Path | None = None) -> PageStore:
                                  sequences_per_page=hp.data.sequences_per_page, seed=hp.data.data_seed)
 
 
-async def start_node(args: argparse.Namespace, role: str) -> Node:
-    """Registration check, bucket commitment, model and data. Exits with a clear message on
-    configuration errors (code 3) or an unregistered hotkey (code 2)."""
+async def start_node(args: argparse.Namespace, role: str, *, time: TimeSource = SYSTEM_TIME,
+                     configure_logging: bool = True) -> Node:
+    """Registration check, bucket commitment, model and data, from the parsed node flags.
+
+    Raises `StartupError` (configuration, code 3) or `NotRegisteredError` (code 2) with a message
+    for the operator. `time` is where the node's "now" comes from (virtual in tests).
+    `configure_logging=False` leaves the process's logging as it is (many nodes in one process).
+    """
     try:
         hp = load_hparams(args.hparams)
     except HParamsError as exc:
-        logger.error(str(exc))
-        sys.exit(EXIT_CONFIG)
+        raise StartupError(str(exc)) from exc
     try:
-        chain = await asyncio.to_thread(connect_from_args, args)
+        chain = await asyncio.to_thread(connect_from_args, args, now=time.now)
     except (ChainError, OSError, ValueError) as exc:
-        logger.error(f"cannot connect to the chain or load the wallet: {exc}")
-        sys.exit(EXIT_CONFIG)
-    setup_logging(debug=args.logging_debug, json_lines=args.logging_json, logfile=args.logging_file,
-                  hotkey=chain.hotkey)
+        raise StartupError(f"cannot connect to the chain or load the wallet: {exc}") from exc
+    if configure_logging:
+        setup_logging(debug=args.logging_debug, json_lines=args.logging_json, logfile=args.logging_file,
+                      hotkey=chain.hotkey)
     log = logger.bind(phase="startup")
     log.info(f"[SYNC] Checking registration of {role} hotkey {chain.hotkey} on netuid {args.netuid}")
     try:
         await asyncio.to_thread(chain.require_registered)
+        uid = await asyncio.to_thread(chain.my_uid)
     except NotRegistered as exc:
-        log.error(str(exc))
-        sys.exit(EXIT_NOT_REGISTERED)
-    uid = await asyncio.to_thread(chain.my_uid)
-    assert uid is not None  # require_registered passed
+        raise NotRegisteredError(str(exc)) from exc
+    except ChainError as exc:
+        raise StartupError(f"cannot read our registration: {exc}") from exc
+    if uid is None:
+        raise NotRegisteredError(f"hotkey {chain.hotkey} has no uid on netuid {args.netuid}")
 
+    bucket = await _open_own_bucket(args, chain, time)
+    device = torch.device(args.device)
+    model = build_model(hp, device)
+    state_dir = args.state_dir or Path.home() / ".templar" / args.wallet_name / args.wallet_hotkey
+    try:
+        state_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise StartupError(f"state directory {state_dir}: {exc.strerror or exc}") from exc
+    try:
+        dataset_dir = await fetch_s3_dataset(args, state_dir) if hp.data.dataset == "s3" else None
+        pages = await asyncio.to_thread(load_pages, hp, dataset_dir)
+    except (HParamsError, LocatorError, StorageError, FileNotFoundError) as exc:
+        raise StartupError(f"data: {exc}") from exc
+    plan = PagePlan.build(pages.num_pages, hp.data.holdout_fraction, hp.data.data_seed, hp.data.pages_per_window)
+    clock = Clock(hp.windows, chain.block, chain.block_timestamp, time)
+    log.info(f"{role} uid {uid} ready: model {hp.name} on {device}, {pages.num_pages} pages, state in {state_dir}")
+    return Node(hp=hp, chain=chain, clock=clock, uid=uid, model=model, pages=pages, plan=plan, bucket=bucket,
+                state_dir=state_dir, device=device,
+                allow_private_endpoints=args.subtensor_network not in PUBLIC_NETWORKS)
+
+
+async def _open_own_bucket(args: argparse.Namespace, chain: Chain, time: TimeSource) -> Bucket:
+    """Our bucket, with its read locator committed on chain (write keys never leave this node)."""
+    log = logger.bind(phase="startup")
     if not args.bucket_locator:
-        log.error("no bucket: pass --bucket.locator (or set TEMPLAR_BUCKET); see docs/buckets.md")
-        sys.exit(EXIT_CONFIG)
+        raise StartupError("no bucket: pass --bucket.locator (or set TEMPLAR_BUCKET); see docs/buckets.md")
     try:
         locator = BucketLocator.parse(args.bucket_locator)
         credentials = (Credentials.from_file(args.bucket_credentials) if args.bucket_credentials
                        else Credentials.from_env())
     except (LocatorError, ValueError) as exc:
-        log.error(f"bucket configuration: {exc}")
-        sys.exit(EXIT_CONFIG)
+        raise StartupError(f"bucket configuration: {exc}") from exc
     if locator.kind != "local" and credentials is None:
-        log.error("no write key for the bucket: set TEMPLAR_BUCKET_WRITE_KEY_ID/_SECRET or pass "
-                  "--bucket.credentials FILE (the committed locator carries only the read key)")
-        sys.exit(EXIT_CONFIG)
-    bucket = open_bucket(locator, credentials)
+        raise StartupError("no write key for the bucket: set TEMPLAR_BUCKET_WRITE_KEY_ID/_SECRET or pass "
+                           "--bucket.credentials FILE (the committed locator carries only the read key)")
+    try:
+        bucket = open_bucket(locator, credentials, own=True, now=time.now)
+    except (LocatorError, StorageError, OSError) as exc:
+        raise StartupError(f"bucket {locator.kind}: {exc}") from exc
     committed = (await asyncio.to_thread(chain.bucket_locators)).get(chain.hotkey)
     if committed != locator.encode():
         log.info(f"committing bucket locator ({locator.kind}) on chain")
         try:
             await asyncio.to_thread(chain.commit_bucket, locator.encode())
         except ChainError as exc:
-            log.error(f"could not commit the bucket locator: {exc}")
-            sys.exit(EXIT_CONFIG)
+            raise StartupError(f"could not commit the bucket locator: {exc}") from exc
+    return bucket
 
-    device = torch.device(args.device)
-    model = build_model(hp, device)
-    state_dir = args.state_dir or Path.home() / ".templar" / args.wallet_name / args.wallet_hotkey
-    state_dir.mkdir(parents=True, exist_ok=True)
+
+def run_node(args: argparse.Namespace, role: str, run: Callable[[Node], Awaitable[None]]) -> int:
+    """What a neuron's `main` does: start the node, run the role on it, close it. Returns the
+    process exit code: 0, or a `StartupError`'s code after logging its message (no traceback
+    for a configuration error). SIGINT/SIGTERM finish the current window, then stop."""
+
+    async def main() -> None:
+        node = await start_node(args, role)
+        node.install_signal_handlers()
+        try:
+            await run(node)
+        finally:
+            await node.aclose()
+
     try:
-        dataset_dir = await fetch_s3_dataset(args, state_dir) if hp.data.dataset == "s3" else None
-        pages = await asyncio.to_thread(load_pages, hp, dataset_dir)
-    except (HParamsError, LocatorError, StorageError, FileNotFoundError) as exc:
-        log.error(f"data: {exc}")
-        sys.exit(EXIT_CONFIG)
-    plan = PagePlan.build(pages.num_pages, hp.data.holdout_fraction, hp.data.data_seed, hp.data.pages_per_window)
-    clock = Clock(hp.windows, chain.block, chain.block_timestamp)
-    log.info(f"{role} uid {uid} ready: model {hp.name} on {device}, {pages.num_pages} pages, state in {state_dir}")
-    return Node(hp=hp, chain=chain, clock=clock, uid=uid, model=model, pages=pages, plan=plan, bucket=bucket,
-                state_dir=state_dir, device=device, args=args)
+        asyncio.run(main())
+    except StartupError as exc:
+        logger.error(str(exc))
+        return exc.exit_code
+    return 0

@@ -7,17 +7,20 @@ the learning rate is a pure function of the synchronised `global_step`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 
 from templar.chain import verify_signature
+from templar.comms import GatherResult, gather
 from templar.compress import aggregate, apply_signed_update
 from templar.config import HParams
 from templar.schedule import learning_rate
 from templar.state import NodeState
-from templar.wire import Gradient, probe_positions, read_gradient
+from templar.storage import Bucket
+from templar.windows import Clock
+from templar.wire import Gradient, PayloadError, max_gradient_bytes, probe_positions, read_gradient
 
 
 @dataclass(frozen=True)
@@ -29,10 +32,19 @@ class OuterStep:
 
 
 def synced_step(own: int, claimed: Sequence[int], max_ahead: int) -> int:
-    """global_step = max(own, received), ignoring claims implausibly far ahead of our own
+    """The consensus rule for the global_step an update is applied at, used by the outer step
+    and by catch-up alike: max(own, received), ignoring claims implausibly far ahead of our own
     (a peer cannot fast-forward everyone's learning-rate schedule)."""
     plausible = [s for s in claimed if s <= own + max_ahead]
     return max([own, *plausible])
+
+
+def apply_update(model: torch.nn.Module, signs: dict[str, torch.Tensor], step: int, hp: HParams) -> float:
+    """θ ← θ − α(step)·sign(Δ) (with decoupled weight decay): the one way any node applies an
+    outer update, live or replayed. Returns the learning rate used."""
+    lr = learning_rate(step, hp.optimizer)
+    apply_signed_update(model, signs, lr, hp.optimizer.weight_decay)
+    return lr
 
 
 def outer_step(model: torch.nn.Module, gradients: Sequence[Gradient], state: NodeState, hp: HParams,
@@ -48,10 +60,11 @@ def outer_step(model: torch.nn.Module, gradients: Sequence[Gradient], state: Nod
     step = synced_step(state.global_step, [g.global_step for g in eligible], hp.windows.max_allowed_stale)
     weight = 1.0 / hp.gauntlet.top_g
     signs = aggregate([g.tensors for g in eligible], [weight] * len(eligible), shapes)
-    lr = learning_rate(step, hp.optimizer)
     if apply:
-        apply_signed_update(model, signs, lr, hp.optimizer.weight_decay)
+        lr = apply_update(model, signs, step, hp)
         state.global_step = step + 1
+    else:
+        lr = learning_rate(step, hp.optimizer)
     return OuterStep(signs=signs, global_step=step, learning_rate=lr, peers=len(eligible))
 
 
@@ -62,6 +75,20 @@ def payload_reader(shapes: dict[str, torch.Size], hp: HParams, window: int) -> C
         return read_gradient(data, shapes, hp, verify=verify_signature, expected_hotkey=hotkey,
                              expected_window=window)
     return read
+
+
+async def gather_gradients(buckets: Mapping[str, Bucket], window: int, *, clock: Clock, hp: HParams,
+                           shapes: dict[str, torch.Size], deadline: float | None = None,
+                           ) -> dict[str, GatherResult[Gradient]]:
+    """How every node, miner or validator, gathers `window`'s payloads: one put window, one skew
+    allowance, one size cap and one strict reader, so all honest readers agree on what was on
+    time and valid. `deadline` defaults to the window's gather deadline."""
+    times = clock.times(window)
+    return await gather(buckets, window, put_window=times.put_window,
+                        deadline=times.gather_deadline if deadline is None else deadline,
+                        max_bytes=max_gradient_bytes(shapes, hp), clock_skew=hp.windows.clock_skew_seconds,
+                        validate=payload_reader(shapes, hp, window), malformed_errors=(PayloadError,),
+                        now=clock.now)
 
 
 @torch.no_grad()

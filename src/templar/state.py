@@ -8,12 +8,13 @@ node neither applies an aggregate twice nor skips one.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
+
+from templar.atomic import atomic_write
 
 _MODEL = "model."
 _EF = "ef."
@@ -32,17 +33,7 @@ def save_node_state(path: Path, model: torch.nn.Module, error_feedback: dict[str
     tensors.update({_EF + k: v.detach().to("cpu").contiguous() for k, v in error_feedback.items()})
     meta = {"window": str(state.window), "global_step": str(state.global_step),
             "extra": json.dumps(state.extra, sort_keys=True)}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    save_file(tensors, str(tmp), metadata=meta)
-    with open(tmp, "rb") as f:
-        os.fsync(f.fileno())
-    tmp.replace(path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    atomic_write(path, lambda tmp: save_file(tensors, str(tmp), metadata=meta))
 
 
 def load_node_state(path: Path, model: torch.nn.Module) -> tuple[NodeState, dict[str, torch.Tensor]] | None:

@@ -27,10 +27,9 @@ from templar.comms import (
     get_start_window,
 )
 from templar.comms.progress import get_progress
-from templar.compress import apply_signed_update
 from templar.log import context
 from templar.node import Node
-from templar.schedule import learning_rate
+from templar.outer import apply_update, synced_step
 from templar.state import NodeState, load_node_state
 from templar.storage import StorageError
 from templar.wire import PayloadError, max_aggregate_bytes, read_aggregate
@@ -103,7 +102,8 @@ async def restore(node: Node, error_feedback: dict[str, torch.Tensor] | None = N
         try:
             ckpt = await download_latest_checkpoint(
                 lead[1], node.state_dir / "download", max_bytes=_checkpoint_cap(node.model),
-                deadline=time.time() + CHECKPOINT_DOWNLOAD_SECONDS, progress=True,
+                deadline=node.clock.now() + CHECKPOINT_DOWNLOAD_SECONDS, progress=True,
+                now=node.clock.now,
             )
         except (CheckpointError, StorageError) as exc:
             log.warning(f"[SYNC] Checkpoint download failed: {exc}")
@@ -163,7 +163,7 @@ async def catch_up(node: Node, state: NodeState, until: int) -> NodeState:
                         break  # the lead finished this window without an update
             except (StorageError, RecordError) as exc:
                 log.warning(f"aggregate {window}: {exc}")
-            if data is not None or time.time() > publish_by or node.stop.is_set():
+            if data is not None or node.clock.now() > publish_by or node.stop.is_set():
                 break
             await asyncio.sleep(0.5)
         if data is not None:
@@ -172,10 +172,8 @@ async def catch_up(node: Node, state: NodeState, until: int) -> NodeState:
             except PayloadError as exc:
                 log.warning(f"aggregate {window} from the lead is malformed ({exc.reason}); skipping it")
             else:
-                step = max(state.global_step, agg.global_step)
-                lr = learning_rate(step, node.hp.optimizer)
-                await asyncio.to_thread(apply_signed_update, node.model, agg.signs, lr,
-                                        node.hp.optimizer.weight_decay)
+                step = synced_step(state.global_step, [agg.global_step], node.hp.windows.max_allowed_stale)
+                await asyncio.to_thread(apply_update, node.model, agg.signs, step, node.hp)
                 state.global_step = step + 1
                 applied += 1
         state.window = window

@@ -10,10 +10,10 @@ same set of uploads and aggregate the same update. A gather never runs past `gat
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from templar.clock import SYSTEM_TIME, TimeSource, sleep_until
 from templar.config import WindowConfig
 
 SETTLE_SECONDS = 0.25
@@ -37,16 +37,28 @@ class WindowTimes:
 
 
 class Clock:
-    """Window arithmetic over a chain's block clock.
+    """A node's clock: window arithmetic over the chain's block clock, and "now" from one
+    injectable `TimeSource` (the wall clock in production, virtual time in tests).
 
     `block_timestamp(block)` must be defined for future blocks too (the chain layer extrapolates
-    with the block time), so deadlines of the current window are known in advance.
+    with the block time), so deadlines of the current window are known in advance. Everything
+    in a node that asks the time or waits for a landmark goes through here.
     """
 
-    def __init__(self, cfg: WindowConfig, block: Callable[[], int], block_timestamp: Callable[[int], float]):
+    def __init__(self, cfg: WindowConfig, block: Callable[[], int], block_timestamp: Callable[[int], float],
+                 time: TimeSource = SYSTEM_TIME):
         self.cfg = cfg
         self._block = block
         self._block_timestamp = block_timestamp
+        self.time = time
+
+    def now(self) -> float:
+        """Unix seconds by this node's time source."""
+        return self.time.now()
+
+    async def sleep_until(self, ts: float, stop: asyncio.Event | None = None) -> bool:
+        """Wait until unix time `ts`; False if `stop` is set first."""
+        return await sleep_until(self.time.now, ts, stop)
 
     def window_of(self, block: int) -> int:
         return block // self.cfg.blocks_per_window
@@ -63,19 +75,3 @@ class Clock:
         put_close = end + self.cfg.put_window_seconds
         gather_start = put_close + self.cfg.clock_skew_seconds + SETTLE_SECONDS
         return WindowTimes(window, start, end, put_close, gather_start, gather_start + self.cfg.gather_seconds)
-
-
-
-async def sleep_until(ts: float, stop: asyncio.Event | None = None) -> bool:
-    """Wait (without blocking the event loop) until unix time `ts`; False if `stop` is set first."""
-    left = ts - time.time()
-    if left <= 0:
-        return stop is None or not stop.is_set()
-    if stop is None:
-        await asyncio.sleep(left)
-        return True
-    try:
-        await asyncio.wait_for(stop.wait(), timeout=left)
-    except TimeoutError:
-        return True
-    return False

@@ -1,5 +1,11 @@
 """A small subnet inside one test: a real embedded chain, local buckets, real Miner/Validator
-objects (the same code the neurons run), and fast windows so several fit in a few seconds."""
+objects (the same code the neurons run), and fast windows.
+
+Scenarios run on virtual time (`templar.clock.run_virtual`): the chain's blocks, every deadline
+and every wait follow the event loop's virtual clock, which jumps ahead whenever all nodes are
+waiting, so a window costs only the computation in it. `Subnet.node` picks the running loop's
+time source, so the same scenario code also runs on the wall clock under `asyncio.run` (the
+tests that start real neuron processes do)."""
 
 from __future__ import annotations
 
@@ -12,6 +18,7 @@ from pathlib import Path
 import torch
 
 from templar.chain import create_dev_chain
+from templar.clock import loop_time
 from templar.config import PRESETS_DIR, load_hparams
 from templar.node import Node, add_node_args, start_node
 
@@ -57,8 +64,6 @@ class Subnet:
     def args(self, name: str, *extra: str) -> argparse.Namespace:
         parser = argparse.ArgumentParser()
         add_node_args(parser)
-        parser.add_argument("--strategy", default="honest")
-        parser.add_argument("--copy.hotkey", dest="copy_hotkey", default=None)
         bucket = self.root / "buckets" / name
         bucket.mkdir(parents=True, exist_ok=True)
         return parser.parse_args([
@@ -83,7 +88,8 @@ class Subnet:
                 "--bucket.locator", args.bucket_locator, *extra]
 
     async def node(self, name: str, *extra: str) -> Node:
-        return await start_node(self.args(name, *extra), "test")
+        """A started node on the running loop's time (virtual under `run_virtual`)."""
+        return await start_node(self.args(name, *extra), "test", time=loop_time())
 
 
 def parameters(node_or_model) -> dict[str, torch.Tensor]:

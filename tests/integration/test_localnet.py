@@ -1,5 +1,11 @@
-"""The whole subnet, as a newcomer runs it: `templar localnet` with every adversary, next to the same
-run without them. Honest work is paid, cheating is not, and the model does not notice the cheats."""
+"""The whole subnet, as a newcomer runs it.
+
+- The incentive: `templar localnet --in-process` with every adversary, next to the same run
+  without them, on virtual time (deterministic windows, the computation's cost only). Honest work
+  is paid, cheating is not, and the model does not notice the cheats.
+- The processes: one real-time `templar localnet` with separate neuron processes through their
+  entry points (`neurons/*.py` and the adversary entry point), a clean stop and a report.
+"""
 
 from __future__ import annotations
 
@@ -19,10 +25,11 @@ WINDOWS = 10
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
 
-def _localnet(out: Path, adversaries: list[str], miners: int) -> subprocess.Popen:
+def _localnet(out: Path, adversaries: list[str], miners: int, *extra: str, windows: int = WINDOWS,
+              in_process: bool = True) -> subprocess.Popen:
     flags = [f for a in adversaries for f in ("--adversary", a)] or ["--adversary", "none"]
-    cmd = [sys.executable, "-m", "templar.cli", "localnet", "--windows", str(WINDOWS), "--miners", str(miners),
-           "--out", str(out), "--no-live", *flags]
+    cmd = [sys.executable, "-m", "templar.cli", "localnet", "--windows", str(windows), "--miners", str(miners),
+           "--out", str(out), "--no-live", *flags, *extra, *(["--in-process"] if in_process else [])]
     log = open(out.with_suffix(".log"), "wb")  # noqa: SIM115 - closed by the child's exit
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
@@ -45,7 +52,6 @@ def test_localnet_pays_honest_work_and_nothing_else(tmp_path):
     assert report["outcome"] == "finished"
     for name in ("report.md", "loss.png", "weights.png", "ratings.png"):
         assert (adversarial / name).stat().st_size > 0
-    assert all((adversarial / "nodes" / p["name"] / "node.log").exists() for p in report["peers"])
 
     miners = {p["name"]: p for p in report["peers"] if p["role"] == "miner"}
     weight = {name: p["final_weight"] for name, p in miners.items()}
@@ -69,3 +75,23 @@ def test_localnet_pays_honest_work_and_nothing_else(tmp_path):
     step = max(set(with_cheats) & set(without))
     assert step >= 5
     assert abs(with_cheats[step] - without[step]) / without[step] < 0.02, (step, with_cheats[step], without[step])
+
+
+def test_localnet_runs_every_neuron_as_its_own_process(tmp_path):
+    """Real time, real processes: the entry points start, join, score, stop cleanly on SIGTERM."""
+    preset = tmp_path / "fast.json"
+    from templar.config import PRESETS_DIR
+
+    preset.write_text(json.dumps({"base": str(PRESETS_DIR / "tiny.json"), "name": "tiny-e2e",
+                                  "windows": {"blocks_per_window": 14}}))
+    out = tmp_path / "e2e"
+    proc = _localnet(out, ["copycat", "moredata"], 2, "--hparams", str(preset), windows=4, in_process=False)
+    assert proc.wait(timeout=600) == 0, out.with_suffix(".log").read_text()[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    assert report["outcome"] == "finished"
+    assert set(report["exit_codes"].values()) <= {0}, report["exit_codes"]  # every neuron stopped cleanly
+    assert all((out / "nodes" / p["name"] / "node.log").stat().st_size > 0 for p in report["peers"])
+    copycat_log = (out / "nodes" / "copycat0" / "node.log").read_text()
+    assert "re-posting" in copycat_log, "the adversary entry point ran the copycat hook"
+    weight = {p["name"]: p["final_weight"] for p in report["peers"] if p["role"] == "miner"}
+    assert weight["copycat0"] < 0.01 and min(weight["miner0"], weight["miner1"]) > 0.05, weight

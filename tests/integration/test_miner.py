@@ -11,9 +11,9 @@ import signal
 import pytest
 import torch
 
+from templar.clock import run_virtual
 from templar.comms.keys import gradient_key
 from templar.miner.loop import Miner
-from templar.miner.strategies import Strategy
 from templar.records import MINER_WINDOWS_FILE, read_records
 from templar.state import load_node_state
 from templar.sync import STATE_FILE, Phase
@@ -33,8 +33,8 @@ def test_miners_join_train_and_a_late_joiner_catches_up_bit_identically(tmp_path
 
     async def scenario():
         v = Validator(await subnet.node("lead"))
-        m0 = Miner(await subnet.node("m0"), Strategy())
-        m1 = Miner(await subnet.node("m1"), Strategy())
+        m0 = Miner(await subnet.node("m0"))
+        m1 = Miner(await subnet.node("m1"))
         await v.start()
         await m0.start()
         await m1.start()
@@ -49,7 +49,7 @@ def test_miners_join_train_and_a_late_joiner_catches_up_bit_identically(tmp_path
         assert v.state.global_step >= 1, "no outer step happened"
         assert m0.state.global_step == v.state.global_step == m1.state.global_step
 
-        late = Miner(await subnet.node("late"), Strategy())
+        late = Miner(await subnet.node("late"))
         await late.start()  # θ_0, then the lead's published aggregates up to now
         assert late.state.window == first + 3
         assert same_parameters(parameters(late.node), parameters(m0.node))
@@ -61,7 +61,7 @@ def test_miners_join_train_and_a_late_joiner_catches_up_bit_identically(tmp_path
             await node.aclose()
         return first, v, m0
 
-    first, v, m0 = asyncio.run(scenario())
+    first, v, m0 = run_virtual(scenario())
     records = list(read_records(m0.node.state_dir / MINER_WINDOWS_FILE))
     assert [r["window"] for r in records] == list(range(first, first + 6))
     assert records[0]["phase"] == "active" and records[0]["uploaded"]  # warm-up ended with window 1
@@ -81,7 +81,7 @@ def test_killed_miner_resumes_without_double_or_missed_updates(tmp_path):
 
     async def scenario():
         v = Validator(await subnet.node("lead"))
-        m0 = Miner(await subnet.node("m0"), Strategy())
+        m0 = Miner(await subnet.node("m0"))
         await v.start()
         await m0.start()
         snapshots: dict[int, tuple[dict, int]] = {}

@@ -5,18 +5,18 @@ that resumes with identical scores."""
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pytest
 
 from templar.chain import connect
+from templar.clock import run_virtual
 from templar.comms import download_latest_checkpoint, get_aggregate, get_peers, put_gradient
 from templar.gauntlet import ScoreBook
+from templar.localnet.adversaries import Late, Lazy, SignFlip
+from templar.miner.hooks import MinerHooks
 from templar.miner.loop import Miner
-from templar.miner.strategies import Late, Lazy, SignFlip, Strategy
 from templar.records import SCORES_FILE, read_records
 from templar.validator.loop import BOOK_FILE, Validator
-from templar.windows import sleep_until
 
 from .harness import NETUID, Subnet
 
@@ -29,9 +29,8 @@ def test_validator_scores_weights_publishes_and_resumes(tmp_path):
 
     async def scenario():
         v = Validator(await subnet.node("lead", "--windows", "0"))
-        miners = [Miner(await subnet.node(name), strategy) for name, strategy in
-                  (("honest", Strategy()), ("flip", SignFlip(name="signflip")), ("lazy", Lazy(name="lazy")),
-                   ("late", Late(name="late")))]
+        miners = [Miner(await subnet.node(name), hooks=hooks) for name, hooks in
+                  (("honest", MinerHooks()), ("flip", SignFlip()), ("lazy", Lazy()), ("late", Late()))]
         garbage = await subnet.node("garbage")
         await v.start()
         for m in miners:
@@ -39,16 +38,17 @@ def test_validator_scores_weights_publishes_and_resumes(tmp_path):
         first = v.state.window + 1
         for w in range(first, first + 7):
             async def post_garbage(window=w):
-                await sleep_until(garbage.clock.times(window).end + 0.1)  # on time, but not safetensors
+                await garbage.clock.sleep_until(garbage.clock.times(window).end + 0.1)  # on time, not safetensors
                 await put_gradient(garbage.bucket, window, b"\x00" * 4096)
 
             await asyncio.gather(v.run_window(w), post_garbage(), *(m.run_window(w) for m in miners))
-        hotkeys = {m.strategy.name: m.node.hotkey for m in miners} | {"garbage": garbage.hotkey}
+        hotkeys = {m.hooks.name: m.node.hotkey for m in miners} | {"garbage": garbage.hotkey}
         lead_bucket = v.node.bucket
         peers = await get_peers(lead_bucket, first + 7)
         agg = await get_aggregate(lead_bucket, first + 6, max_bytes=1 << 24)
         ckpt = await download_latest_checkpoint(lead_bucket, tmp_path / "dl", max_bytes=1 << 30,
-                                                deadline=time.time() + 30, progress=False)
+                                                deadline=v.node.clock.now() + 30, progress=False,
+                                                now=v.node.clock.now)
         book_before = ScoreBook.load(v.node.state_dir / BOOK_FILE)
         for node in [v.node, garbage, *(m.node for m in miners)]:
             await node.aclose()
@@ -60,7 +60,7 @@ def test_validator_scores_weights_publishes_and_resumes(tmp_path):
         await v2.node.aclose()
         return first, hotkeys, book_before, peers, agg, ckpt, v.state
 
-    first, hotkeys, book, peers, agg, ckpt, state = asyncio.run(scenario())
+    first, hotkeys, book, peers, agg, ckpt, state = run_virtual(scenario())
     records = [r for r in read_records(subnet.root / "nodes" / "lead" / SCORES_FILE)]
     last = {r["hotkey"]: r for r in records if r["window"] == first + 6}
     weights = {name: last[hk]["weight"] for name, hk in hotkeys.items()}

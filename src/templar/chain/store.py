@@ -107,6 +107,10 @@ class BlockClock:
         self.block_time = block_time
         self._now = now
 
+    def now(self) -> float:
+        """Unix seconds by this chain's time source."""
+        return self._now()
+
     def block(self) -> int:
         """The current block: how many whole block times have passed since genesis."""
         elapsed = max(0.0, self._now() - self.genesis_ts)

@@ -154,7 +154,7 @@ class EmbeddedSubstrate:
                         "parentHash": self._hash(number - 1),
                     }
                 }
-            wait = self.clock.timestamp(number + 1) - time.time()
+            wait = self.clock.timestamp(number + 1) - self.clock.now()
             await asyncio.sleep(min(max(wait, 0.01), self.clock.block_time))
 
     async def events(self, block_hash: str | None = None) -> list[dict]:

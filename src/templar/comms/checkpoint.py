@@ -19,6 +19,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, StringConstraints, field_validator
 
+from templar.clock import Now
 from templar.comms.exchange import RecordError, _Record, dump_record, parse_record
 from templar.comms.keys import (
     checkpoint_file_key,
@@ -145,17 +146,17 @@ async def _read_manifest(bucket: Bucket, remaining) -> Manifest | None:
 
 
 async def download_latest_checkpoint(bucket: Bucket, dest_dir: Path, *, max_bytes: int, deadline: float,
-                                     progress: bool = True) -> Checkpoint | None:
+                                     progress: bool = True, now: Now = time.time) -> Checkpoint | None:
     """Fetch the newest complete checkpoint into `dest_dir/<window>/`; None if there is none.
 
     `max_bytes` caps the checkpoint's total size (checked from the manifest before any file is
-    fetched); `deadline` is unix seconds for the whole download. Files already present and
+    fetched); `deadline` is unix seconds by `now` for the whole download. Files already present and
     verified are kept; a partial file resumes. Raises `ChecksumMismatch` (and deletes the bad
     file) if a download does not match its manifest entry.
     """
 
     def remaining() -> float:
-        left = deadline - time.time()
+        left = deadline - now()
         if left <= 0:
             raise StorageTimeout(f"{bucket.name}: checkpoint download deadline passed")
         return left

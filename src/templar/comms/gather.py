@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Generic, TypeVar
 
+from templar.clock import Now
 from templar.comms.keys import gradient_key
 from templar.config import PROTOCOL_VERSION
 from templar.log import context, short
@@ -57,7 +58,8 @@ class GatherStatus(StrEnum):
 
 @dataclass(frozen=True)
 class GatherResult(Generic[T]):
-    """One peer's outcome: `value` is set only when `status` is OK."""
+    """One peer's outcome: `value` is set only when `status` is OK; `error` is the validator's
+    exception, as raised (typed: e.g. a `PayloadError` with its reason code), when MALFORMED."""
 
     status: GatherStatus
     value: T | None = None
@@ -65,6 +67,7 @@ class GatherResult(Generic[T]):
     nbytes: int = 0
     seconds: float = 0.0
     timestamp: float | None = None
+    error: BaseException | None = None
 
     @property
     def ok(self) -> bool:
@@ -152,7 +155,7 @@ async def _fetch_one(hotkey: str, bucket: Bucket, rules: _Rules[T], budget_end: 
         value = await asyncio.to_thread(rules.validate, hotkey, blob.data)
     except rules.malformed_errors as exc:
         return GatherResult(GatherStatus.MALFORMED, reason=_clip(f"{type(exc).__name__}: {exc}"),
-                            nbytes=size, timestamp=stamp)
+                            nbytes=size, timestamp=stamp, error=exc)
     return GatherResult(GatherStatus.OK, value=value, nbytes=size, timestamp=stamp)
 
 
@@ -169,8 +172,9 @@ async def gather(
     clock_skew: float = 2.0,
     malformed_errors: tuple[type[BaseException], ...] = (ValueError,),
     version: int = PROTOCOL_VERSION,
+    now: Now = time.time,
 ) -> dict[str, GatherResult[T]]:
-    """Fetch and validate every peer's payload for `window`; returns by `deadline` (unix s).
+    """Fetch and validate every peer's payload for `window`; returns by `deadline` (unix s by `now`).
 
     `put_window` is `(start, end)` in unix seconds; uploads outside it widened by `clock_skew`
     seconds (S3 timestamps have 1 s resolution and clocks drift) are early/late.
@@ -182,7 +186,7 @@ async def gather(
     if concurrency < 1 or per_peer_timeout <= 0 or max_bytes < 0:
         raise ValueError("concurrency >= 1, per_peer_timeout > 0 and max_bytes >= 0 required")
     loop = asyncio.get_running_loop()
-    round_end = loop.time() + (deadline - time.time())
+    round_end = loop.time() + (deadline - now())
     rules = _Rules(gradient_key(window, version), put_window, clock_skew, max_bytes, validate,
                    malformed_errors)
     slots = asyncio.Semaphore(concurrency)
@@ -201,7 +205,7 @@ async def gather(
             waited = "round deadline" if loop.time() >= round_end - 1e-3 else "per-peer timeout"
             result = GatherResult(GatherStatus.TIMEOUT, reason=f"{waited} reached")
         return GatherResult(result.status, result.value, result.reason, result.nbytes,
-                            loop.time() - started, result.timestamp)
+                            loop.time() - started, result.timestamp, result.error)
 
     tasks = {hotkey: asyncio.create_task(one(hotkey, bucket), name=f"gather-{short(hotkey)}")
              for hotkey, bucket in peers.items()}

@@ -6,7 +6,7 @@ of a compressed gradient lives in `templar.wire`.
 
 from templar.compress.aggregate import aggregate, apply_signed_update
 from templar.compress.compressor import Compressed, DCTCompressor
-from templar.compress.dct import ChunkedDCT, ChunkPlan, chunk_side, dct_basis, plan_chunks
+from templar.compress.dct import ChunkedDCT, ChunkPlan, chunk_side, dct_basis, plan_chunks, topk_per_chunk
 from templar.compress.demo import DeMo
 from templar.compress.select import select_topk
 
@@ -22,4 +22,5 @@ __all__ = [
     "dct_basis",
     "plan_chunks",
     "select_topk",
+    "topk_per_chunk",
 ]

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from templar.compress import native
-from templar.compress.dct import ChunkedDCT, ChunkPlan, plan_chunks
+from templar.compress.dct import ChunkedDCT, ChunkPlan, plan_chunks, topk_per_chunk
 from templar.compress.select import select_topk
 
 __all__ = ["Compressed", "DCTCompressor"]
@@ -72,7 +72,7 @@ class DCTCompressor:
         return plan_chunks(shape, self.target_chunk)
 
     def k_for(self, plan: ChunkPlan) -> int:
-        return min(self.topk, plan.chunk_numel)
+        return topk_per_chunk(plan, self.topk)
 
     def compress(self, x: torch.Tensor) -> Compressed:
         """Keep the `topk` largest-|coefficient| DCT coefficients of every chunk of `x`."""

@@ -115,6 +115,12 @@ def plan_chunks(shape: torch.Size | tuple[int, ...], target_chunk: int) -> Chunk
     return ChunkPlan(shape=shape, h=h, w=chunk_side(shape[-1], target_chunk))
 
 
+def topk_per_chunk(plan: ChunkPlan, topk: int) -> int:
+    """Coefficients kept per chunk: `topk`, clamped to the chunk's size for small parameters.
+    With `plan_chunks`, the one rule that fixes a payload's layout for compressor and wire alike."""
+    return min(topk, plan.chunk_numel)
+
+
 @lru_cache(maxsize=64)
 def _basis_cpu(n: int) -> torch.Tensor:
     k = torch.arange(n, dtype=torch.float64)[:, None]

@@ -10,7 +10,6 @@ written as `Infinity`, which Python's `json` and pydantic read back.
 from __future__ import annotations
 
 import math
-import os
 import statistics
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import Annotated, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from templar.atomic import atomic_write
 from templar.gauntlet.rating import DEFAULT_RATING, loss_rating, rate_match
 from templar.gauntlet.scores import normalise, peer_score, penalise, update_mu
 from templar.gauntlet.scores import top_g as select_top_g
@@ -308,28 +308,8 @@ class ScoreBook:
         return cls(schema.peers)
 
     def save(self, path: str | Path) -> None:
-        """Write atomically: temp file in the same directory, fsync, rename, fsync the directory.
-
-        A crash at any point leaves either the previous file or the new one, never a torn one.
-        """
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        data = self.to_json().encode()
-        try:
-            with open(tmp, "wb") as handle:
-                handle.write(data)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-        dir_fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        """Write atomically (`templar.atomic`): a crash leaves the previous file or the new one."""
+        atomic_write(path, self.to_json().encode())
 
     @classmethod
     def load(cls, path: str | Path) -> ScoreBook:

@@ -27,6 +27,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0, help="run seed: initial weights and data assignment (0: the preset's)")
     p.add_argument("--resume", action="store_true", help="keep --out and resume instead of starting clean")
     p.add_argument("--no-live", action="store_true", help="no live table (for logs and CI)")
+    p.add_argument("--in-process", action="store_true",
+                   help="run every neuron in this process on virtual time: costs only the computation, and "
+                        "no node is late because the machine is busy (tests, experiments; local storage only)")
     p.add_argument("--report-only", action="store_true", help="rebuild the report of an existing --out and exit")
     p.set_defaults(func=run)
 
@@ -53,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
             return 2
     cfg = LocalnetConfig(out=args.out, miners=args.miners, validators=args.validators, windows=args.windows,
                          hparams=args.hparams, adversaries=adversaries, storage=args.storage, seed=args.seed,
-                         resume=args.resume, live=not args.no_live)
+                         resume=args.resume, live=not args.no_live, in_process=args.in_process)
     report = run_localnet(cfg)
     summary = [{k: p[k] for k in ("name", "strategy", "final_weight", "final_mu")}
                for p in report["peers"] if p["role"] == "miner"]

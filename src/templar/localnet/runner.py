@@ -46,20 +46,26 @@ class LocalnetConfig:
     seed: int = 0
     resume: bool = False
     live: bool = True
+    in_process: bool = False
+    """All neurons in this process on virtual time (`templar.localnet.inprocess`)."""
 
 
 def parse_adversary(spec: str) -> tuple[str, int]:
     """`NAME[:COUNT]` → (name, count)."""
     name, _, count = spec.partition(":")
-    from templar.miner.strategies import STRATEGIES
+    from templar.localnet.adversaries import LOCALNET_BEHAVIOURS
 
-    if name not in STRATEGIES or name == "honest":
-        raise ValueError(f"unknown adversary {name!r}; choose from "
-                         f"{', '.join(sorted(set(STRATEGIES) - {'honest'}))}")
+    if name not in LOCALNET_BEHAVIOURS:
+        raise ValueError(f"unknown adversary {name!r}; choose from {', '.join(sorted(LOCALNET_BEHAVIOURS))}")
     n = int(count) if count else 1
     if n < 1:
         raise ValueError(f"adversary count must be >= 1 in {spec!r}")
     return name, n
+
+
+def is_adversary(node: NodeInfo) -> bool:
+    """Started through the adversary entry point rather than the production miner's."""
+    return node.role == "miner" and node.strategy not in ("honest", "moredata")
 
 
 def plan_nodes(cfg: LocalnetConfig) -> list[tuple[str, str, str, float]]:
@@ -129,25 +135,43 @@ class Localnet:
         read_locator, write_env = self.s3.node_bucket(bucket)
         return ["--bucket.locator", read_locator], write_env
 
-    def _command(self, node: NodeInfo) -> tuple[list[str], dict[str, str]]:
-        script = REPO_ROOT / "neurons" / f"{node.role}.py"
+    def node_flags(self, node: NodeInfo, bucket_args: list[str]) -> list[str]:
+        """The node flags an operator would type for this neuron."""
         node_dir = node.directory(self.out)
         node_dir.mkdir(parents=True, exist_ok=True)
-        cmd = [sys.executable, str(script), "--wallet.name", WALLET, "--wallet.hotkey", node.name,
-               "--wallet.path", str(self.out / "wallets"), "--netuid", str(NETUID),
-               "--subtensor.network", "embedded", "--subtensor.chain_endpoint", str(self.out / "chain.sqlite"),
-               "--hparams", self.hparams, "--device", "cpu", "--state.dir", str(node_dir),
-               "--logging.file", str(node_dir / "node.log")]
-        bucket_args, env = self._bucket_args(node)
-        cmd += bucket_args
+        flags = ["--wallet.name", WALLET, "--wallet.hotkey", node.name,
+                 "--wallet.path", str(self.out / "wallets"), "--netuid", str(NETUID),
+                 "--subtensor.network", "embedded", "--subtensor.chain_endpoint", str(self.out / "chain.sqlite"),
+                 "--hparams", self.hparams, "--device", "cpu", "--state.dir", str(node_dir),
+                 "--logging.file", str(node_dir / "node.log"), *bucket_args]
         if node.role == "validator":
-            cmd += ["--windows", str(self.cfg.windows)]
+            flags += ["--windows", str(self.cfg.windows)]
+        return flags
+
+    def extra_pages(self, node: NodeInfo) -> int:
+        """`moredata` is the production miner doing twice the work (`--extra-pages`)."""
+        return self.hp.data.pages_per_window if node.strategy == "moredata" else 0
+
+    def copy_target(self, node: NodeInfo) -> str | None:
+        """The hotkey a `duplicate` re-posts: its honest twin's."""
+        if node.strategy != "duplicate":
+            return None
+        return next(n for n in self.nodes if n.name == node.name.replace("duplicate", "dup") + "-twin").hotkey
+
+    def _command(self, node: NodeInfo) -> tuple[list[str], dict[str, str]]:
+        """The neuron's command line: the production entry point for validators, honest miners and
+        `moredata` (the miner's own --extra-pages); the adversary entry point for the others."""
+        cmd = [sys.executable]
+        if is_adversary(node):
+            cmd += ["-m", "templar.localnet.adversary", "--strategy", node.strategy]
+            if (target := self.copy_target(node)) is not None:
+                cmd += ["--copy.hotkey", target]
         else:
-            cmd += ["--strategy", node.strategy]
-            if node.strategy == "duplicate":
-                twin = next(n for n in self.nodes if n.name == node.name.replace("duplicate", "dup") + "-twin")
-                cmd += ["--copy.hotkey", twin.hotkey]
-        return cmd, env
+            cmd += [str(REPO_ROOT / "neurons" / f"{node.role}.py")]
+            if extra := self.extra_pages(node):
+                cmd += ["--extra-pages", str(extra)]
+        bucket_args, env = self._bucket_args(node)
+        return cmd + self.node_flags(node, bucket_args), env
 
     def start(self) -> None:
         # Tokenize the corpus once here rather than in every neuron at the same moment.
@@ -231,16 +255,22 @@ def run_localnet(cfg: LocalnetConfig, *, deadline_seconds: float | None = None) 
     """Run a localnet to completion (or Ctrl-C) and return the report."""
     net = Localnet(cfg)
     net.prepare()
-    net.start()
-    window_seconds = net.hp.windows.blocks_per_window * net.hp.windows.block_time
-    deadline = deadline_seconds or (cfg.windows + 6) * window_seconds + 120
-    outcome = "interrupted"
-    try:
-        outcome = net.wait(deadline)
-    except KeyboardInterrupt:
-        logger.warning("Ctrl-C: stopping every neuron and writing the report")
-    finally:
-        codes = net.stop()
+    codes: dict[str, int | None] = {}
+    if cfg.in_process:
+        from templar.localnet.inprocess import run_in_process
+
+        outcome = run_in_process(net)
+    else:
+        net.start()
+        window_seconds = net.hp.windows.blocks_per_window * net.hp.windows.block_time
+        deadline = deadline_seconds or (cfg.windows + 6) * window_seconds + 120
+        outcome = "interrupted"
+        try:
+            outcome = net.wait(deadline)
+        except KeyboardInterrupt:
+            logger.warning("Ctrl-C: stopping every neuron and writing the report")
+        finally:
+            codes = net.stop()
     report = build_report(net.out)
     report["outcome"] = outcome
     report["exit_codes"] = codes

@@ -9,29 +9,31 @@ from __future__ import annotations
 import asyncio
 import time
 
-from templar.comms import RecordError, gather, get_peers, put_gradient
+from templar.comms import RecordError, get_peers, put_gradient
 from templar.comms.keys import gradient_key
 from templar.compress import DCTCompressor, DeMo
-from templar.log import context, short
-from templar.miner.strategies import Strategy
+from templar.log import context
+from templar.miner.hooks import MinerHooks
 from templar.node import Node
-from templar.outer import collect_probes, outer_step, payload_reader, synced_step
+from templar.outer import collect_probes, gather_gradients, outer_step
 from templar.records import MINER_WINDOWS_FILE, MinerWindowRecord, append_record
 from templar.schedule import learning_rate
 from templar.state import NodeState, save_node_state
 from templar.storage import StorageError
 from templar.sync import STATE_FILE, Phase, catch_up, restore
 from templar.train import accumulate_gradients, gradients
-from templar.windows import sleep_until
-from templar.wire import PayloadError, max_gradient_bytes, write_gradient
+from templar.wire import max_gradient_bytes, write_gradient
 
 
 class Miner:
-    def __init__(self, node: Node, strategy: Strategy, copy_hotkey: str | None = None):
+    """One miner. `extra_pages`: unassigned pages trained on per window on top of the assigned
+    ones (more work, a better rating: the paper's Figure 2). `hooks`: see `templar.miner.hooks`."""
+
+    def __init__(self, node: Node, *, extra_pages: int = 0, hooks: MinerHooks | None = None):
         self.node = node
         self.hp = node.hp
-        self.strategy = strategy
-        self.copy_hotkey = copy_hotkey
+        self.extra_pages = extra_pages
+        self.hooks = hooks or MinerHooks()
         self.demo = DeMo(node.model, compressor=DCTCompressor(self.hp.demo.target_chunk, self.hp.demo.topk),
                          decay=self.hp.demo.momentum_decay)
         self.state = NodeState(window=-1, global_step=0)
@@ -47,7 +49,8 @@ class Miner:
         self.start_window = self.state.window + 1
         await self.join(own_state=own)
 
-    async def run(self) -> None:
+    async def run(self, max_windows: int = 0) -> None:
+        """Join, then run windows until stopped (or `max_windows` windows, if not 0)."""
         node = self.node
         await self.start()
         done = 0
@@ -66,7 +69,7 @@ class Miner:
                 continue
             await self.run_window(current)
             done += 1
-            if node.args.windows and done >= node.args.windows:
+            if max_windows and done >= max_windows:
                 break
         self.save()
         context(phase="stopped").info("miner stopped cleanly")
@@ -95,7 +98,7 @@ class Miner:
         log = context(window=window, phase=self.phase)
         busy_started = time.perf_counter()
 
-        pages = self.strategy.pages(node.plan, node.uid, window, hp.data.pages_per_window)
+        pages = self.hooks.pages(self, window, self.pages(window))
         batch = node.pages.batch(pages)
         stats = await asyncio.to_thread(accumulate_gradients, node.model, batch,
                                         hp.optimizer.micro_batch_size, hp.optimizer.grad_clip)
@@ -104,10 +107,9 @@ class Miner:
 
         # Upload inside the put window: it opens when the next window's first block lands. A stop
         # request does not interrupt a window: the error feedback already gave up what we send.
-        await sleep_until(times.end + self.strategy.upload_delay(hp.windows.put_window_seconds))
+        await node.clock.sleep_until(times.end)
+        payload = await self.hooks.before_upload(self, window, payload)
         busy_started = time.perf_counter()
-        if self.strategy.copies:
-            payload = await self._copied_payload(window, times.put_close) or payload
         uploaded, up_bytes, up_seconds = False, 0, 0.0
         try:
             put = await put_gradient(node.bucket, window, payload, timeout=hp.windows.put_window_seconds)
@@ -116,9 +118,10 @@ class Miner:
             log.warning(f"upload failed: {exc}")
         busy += time.perf_counter() - busy_started
 
-        await sleep_until(times.gather_start)
+        await node.clock.sleep_until(times.gather_start)
         busy_started = time.perf_counter()
-        peers_aggregated = await self._aggregate(window, times)
+        peers_aggregated = await self._aggregate(window)
+        self.hooks.after_step(self, window)
         self.state.window = window
         await asyncio.to_thread(self.save)
         await self._delete_stale_gradient(window)
@@ -135,10 +138,18 @@ class Miner:
                  f"upload {up_bytes / 1e3:.0f} kB in {up_seconds:.2f}s | aggregated {peers_aggregated} | "
                  f"step {self.state.global_step} | overhead {overhead:.1%}")
         append_record(node.state_dir / MINER_WINDOWS_FILE, MinerWindowRecord(
-            window=window, phase=str(self.phase), strategy=self.strategy.name,
+            window=window, phase=str(self.phase), strategy=self.hooks.name,
             global_step=self.state.global_step, loss=stats.loss, tokens_per_second=stats.tokens_per_second,
             pages=len(pages), uploaded=uploaded, upload_bytes=up_bytes, upload_seconds=up_seconds,
             peers_aggregated=peers_aggregated, overhead_share=overhead))
+
+    def pages(self, window: int) -> list[int]:
+        """This window's assigned pages, plus `extra_pages` unassigned ones."""
+        plan, n = self.node.plan, self.hp.data.pages_per_window
+        pages = plan.assigned_pages(self.node.uid, window, n)
+        if self.extra_pages:
+            pages += plan.random_pages(window, self.extra_pages, salt=1000 + self.node.uid, exclude=pages)
+        return pages
 
     async def _delete_stale_gradient(self, window: int) -> None:
         """Keep our bucket bounded: nobody reads a gradient older than `max_allowed_stale` windows."""
@@ -154,14 +165,14 @@ class Miner:
         lr = learning_rate(self.state.global_step, hp.optimizer)
         compressed = self.demo.step(gradients(node.model), lr)
         node.model.zero_grad(set_to_none=True)
-        values = self.strategy.transform({k: c.values for k, c in compressed.items()}, window)
+        values = self.hooks.transform(self, window, {k: c.values for k, c in compressed.items()})
         compressed = {k: type(c)(indices=c.indices, values=values[k].float(), shape=c.shape, chunk=c.chunk)
                       for k, c in compressed.items()}
         return write_gradient(compressed, collect_probes(node.model, window, hp), window=window,
                               global_step=self.state.global_step, hotkey=node.hotkey, hp=hp,
                               sign=node.chain.sign, warmup=self.phase == Phase.WARMUP)
 
-    async def _aggregate(self, window: int, times) -> int:
+    async def _aggregate(self, window: int) -> int:
         """Gather the lead's top-G for `window` and apply the outer step, as validators do."""
         node, hp = self.node, self.hp
         log = context(window=window, phase="aggregate")
@@ -176,37 +187,8 @@ class Miner:
         if not peers:
             log.info("no peer list in effect yet: no outer step this window")
             return 0
-        results = await gather(await node.peer_buckets(peers), window, put_window=times.put_window,
-                               deadline=times.gather_deadline, max_bytes=self.max_bytes,
-                               clock_skew=hp.windows.clock_skew_seconds,
-                               validate=payload_reader(node.shapes, hp, window), malformed_errors=(PayloadError,))
+        results = await gather_gradients(await node.peer_buckets(peers), window, clock=node.clock, hp=hp,
+                                         shapes=node.shapes)
         received = [r.value for r in results.values() if r.ok and r.value is not None]
-        if not self.strategy.applies_aggregate(window, self.start_window):
-            # Keep the step count moving with the swarm, but leave θ behind (the `desync` adversary).
-            self.state.global_step = synced_step(self.state.global_step, [g.global_step for g in received],
-                                                 hp.windows.max_allowed_stale)
-            return 0
         step = await asyncio.to_thread(outer_step, node.model, received, self.state, hp)
         return step.peers if step else 0
-
-    async def _copied_payload(self, window: int, until: float) -> bytes | None:
-        """Adversaries only: fetch another miner's payload of this window and re-sign it as ours."""
-        node = self.node
-        log = context(window=window, phase="copy")
-        validators = {n.hotkey for n in await node.neurons() if n.validator_permit}
-        targets = [self.copy_hotkey] if self.copy_hotkey else None
-        buckets = await node.peer_buckets(targets)
-        candidates = [hk for hk in sorted(buckets) if hk != node.hotkey and hk not in validators]
-        while time.time() < until - 1.0:
-            for hotkey in candidates:
-                try:
-                    data = await buckets[hotkey].get(gradient_key(window), max_bytes=self.max_bytes, timeout=2.0)
-                    g = payload_reader(node.shapes, self.hp, window)(hotkey, data)
-                except (StorageError, PayloadError):
-                    continue
-                log.info(f"re-posting {short(hotkey)}'s gradient")
-                return write_gradient(g.tensors, g.probes, window=window, global_step=g.global_step,
-                                      hotkey=node.hotkey, hp=self.hp, sign=node.chain.sign, warmup=g.warmup)
-            await asyncio.sleep(0.3)
-        return None
-

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 
+from templar.clock import Now
 from templar.locator import BucketLocator, Credentials, LocatorError
 from templar.storage.base import (
     DEFAULT_TIMEOUT,
@@ -48,17 +49,21 @@ __all__ = [
 
 
 def open_bucket(locator: BucketLocator, credentials: Credentials | None = None, *,
-                allow_private: bool = True, **s3_options: object) -> Bucket:
+                allow_private: bool = True, own: bool = False, now: Now | None = None,
+                **s3_options: object) -> Bucket:
     """A bucket for `locator`: our own with write `credentials`, or a peer's with its read key.
 
     `allow_private=False` (mainnet validators) refuses loopback/private-IP endpoints a hostile
-    peer might commit to aim our requests at internal services. `s3_options` go to `S3Bucket`
-    (timeouts, pool size). Call inside the event loop that will use the bucket.
+    peer might commit to aim our requests at internal services. `own=True` for our own bucket:
+    only then may a local bucket's directory be created (a peer's locator never creates anything
+    on our disk). `now` stamps a local bucket's writes (an S3 server stamps its own).
+    `s3_options` go to `S3Bucket` (timeouts, pool size). Call inside the event loop that will
+    use the bucket.
     """
     if locator.kind == "local":
         if not allow_private:
             raise LocatorError("local buckets are refused when allow_private=False")
-        return LocalBucket(locator.path)
+        return LocalBucket(locator.path, create=own, now=now)
     if not allow_private and locator.is_private_endpoint:
         raise LocatorError(f"refusing private/loopback endpoint {locator.endpoint}")
     creds = credentials or locator.read_credentials

@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
+from templar.atomic import fsync_dir
 from templar.storage.base import (
     BucketUnreachable,
     ObjectInfo,
@@ -124,5 +125,6 @@ async def download_to_file(bucket: Bucket, key: str, dest: Path, *, max_bytes: i
         raise StorageTimeout(f"{bucket.name}/{key}: download exceeded {timeout}s "
                              f"(partial bytes kept in {part.name})") from exc
     os.replace(part, dest)
+    fsync_dir(dest.parent)
     state.unlink(missing_ok=True)
     return info

@@ -12,11 +12,11 @@ import asyncio
 import os
 import shutil
 import stat
-import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import TypeVar
 
+from templar.atomic import atomic_write
 from templar.storage.base import (
     DEFAULT_TIMEOUT,
     Blob,
@@ -45,12 +45,20 @@ def _info(key: str, path: Path, st: os.stat_result | None = None) -> ObjectInfo:
 
 
 class LocalBucket(Bucket):
-    """A bucket rooted at a directory (created if missing)."""
+    """A bucket rooted at a directory.
 
-    def __init__(self, root: str | Path):
+    `create=True` (our own bucket) creates the directory if missing; a peer's bucket is only
+    ever read, and nothing is created on disk from a peer's locator. `now` (unix seconds)
+    stamps each written object's modification time, so nodes on virtual time judge put windows
+    by the same clock; by default the file system stamps it.
+    """
+
+    def __init__(self, root: str | Path, *, create: bool = True, now: Callable[[], float] | None = None):
         self.root = Path(root).resolve()
         self.name = f"local:{self.root}"
-        (self.root / _STAGING).mkdir(parents=True, exist_ok=True)
+        self._now = now
+        if create:
+            (self.root / _STAGING).mkdir(parents=True, exist_ok=True)
 
     def _path(self, key: str) -> Path:
         return self.root / validate_key(key)
@@ -69,26 +77,15 @@ class LocalBucket(Bucket):
     # -- writes ------------------------------------------------------------------------------
 
     def _commit(self, key: str, write: Callable[[Path], None]) -> None:
-        """Write to a staging file via `write`, fsync it, then rename it over `key`."""
+        """Write via `write` to a staging file, then atomically over `key` (`templar.atomic`)."""
         dest = self._path(key)
-        tmp = self.root / _STAGING / f"{uuid.uuid4().hex}.tmp"
+        staging = self.root / _STAGING
+        staging.mkdir(parents=True, exist_ok=True)
         try:
-            write(tmp)
-            with tmp.open("rb+") as fh:
-                os.fsync(fh.fileno())
-            try:
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                os.replace(tmp, dest)
-            except (FileExistsError, NotADirectoryError, IsADirectoryError) as exc:
-                # A directory can't also be a file: "a" and "a/b" cannot both be keys here.
-                raise StorageError(f"{self.name}/{key}: key collides with an existing key or prefix") from exc
-        finally:
-            tmp.unlink(missing_ok=True)
-        dir_fd = os.open(dest.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+            atomic_write(dest, write, staging_dir=staging, stamp=self._now() if self._now else None)
+        except (FileExistsError, NotADirectoryError, IsADirectoryError) as exc:
+            # A directory can't also be a file: "a" and "a/b" cannot both be keys here.
+            raise StorageError(f"{self.name}/{key}: key collides with an existing key or prefix") from exc
 
     async def put(self, key: str, data: bytes, *, timeout: float = DEFAULT_TIMEOUT) -> None:
         validate_key(key)

@@ -19,7 +19,7 @@ import torch
 from templar.comms import GatherResult, GatherStatus
 from templar.compress import Compressed
 from templar.gauntlet import Upload, find_copies, fingerprint, sync_steps
-from templar.wire import Gradient
+from templar.wire import Gradient, PayloadError
 
 FINGERPRINT_TENSORS = 4
 FINGERPRINT_CHUNKS = 8
@@ -33,11 +33,12 @@ class FastVerdict:
     copied_from: str | None = None
 
 
-def malformed_code(reason: str) -> str:
-    """The stable PayloadError code out of gather's "PayloadError: <code>: <detail>" reason."""
-    parts = [p.strip() for p in reason.split(":")]
-    code = parts[1] if parts[0] == "PayloadError" and len(parts) > 1 else parts[0]
-    return code[:40]
+def failure_status(res: GatherResult) -> str:
+    """The verdict status of a failed gather: its status, plus the payload's stable reason code
+    when the bytes were malformed (`malformed:bad_signature`)."""
+    if res.status == GatherStatus.MALFORMED and isinstance(res.error, PayloadError):
+        return f"{res.status.value}:{res.error.reason}"
+    return res.status.value
 
 
 def canonical_values(tensors: Mapping[str, Compressed], salt: int) -> dict[str, torch.Tensor]:
@@ -84,8 +85,7 @@ def fast_evaluate(
     uploads: list[Upload] = []
     for hotkey, res in results.items():
         if res.status != GatherStatus.OK or res.value is None:
-            reason = f":{malformed_code(res.reason)}" if res.status == GatherStatus.MALFORMED and res.reason else ""
-            verdicts[hotkey] = FastVerdict(False, f"{res.status.value}{reason}")
+            verdicts[hotkey] = FastVerdict(False, failure_status(res))
             continue
         g = res.value
         steps = probe_sync_steps(own_probes, g.probes, lr)

@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from templar.atomic import atomic_write
 from templar.comms import cleanup_checkpoints, put_aggregate, put_peers, put_start_window, save_checkpoint
 from templar.comms.keys import aggregate_key, window_of
 from templar.comms.progress import put_progress
@@ -51,9 +52,8 @@ async def publish_window(node: Node, window: int, step: OuterStep | None, next_p
 
 
 def _write_model(model: torch.nn.Module, path: Path) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    save_file({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}, str(tmp))
-    tmp.replace(path)
+    tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    atomic_write(path, lambda tmp: save_file(tensors, str(tmp)))
 
 
 async def publish_checkpoint(node: Node, window: int, global_step: int) -> None:

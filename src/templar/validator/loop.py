@@ -12,13 +12,14 @@ import os
 import time
 from pathlib import Path
 
+from templar.atomic import atomic_write
 from templar.chain import ChainError, RateLimited
-from templar.comms import GatherResult, GatherStatus, RecordError, gather, get_peers, get_start_window
+from templar.comms import GatherResult, GatherStatus, RecordError, get_peers, get_start_window
 from templar.compress import aggregate
 from templar.gauntlet import PrimaryResult, ScoreBook, ScoreBookError, select_eval_pages, select_eval_peers
 from templar.log import context, short
 from templar.node import Node
-from templar.outer import OuterStep, collect_probes, outer_step, payload_reader
+from templar.outer import OuterStep, collect_probes, gather_gradients, outer_step
 from templar.records import (
     SCORES_FILE,
     VALIDATOR_WINDOWS_FILE,
@@ -34,8 +35,6 @@ from templar.train import evaluate_loss
 from templar.validator.evaluate import Evaluator, LossScores
 from templar.validator.fast_eval import FastVerdict, fast_evaluate
 from templar.validator.lead import publish_checkpoint, publish_start_window, publish_window
-from templar.windows import sleep_until
-from templar.wire import PayloadError, max_gradient_bytes
 
 BOOK_FILE = "scorebook.json"
 SECRET_FILE = "eval_secret"
@@ -53,10 +52,7 @@ def load_or_create_secret(path: Path) -> bytes:
         if len(secret) == 32:
             return secret
     secret = os.urandom(32)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(secret)
-    tmp.chmod(0o600)
-    tmp.replace(path)
+    atomic_write(path, secret, mode=0o600)
     return secret
 
 
@@ -67,7 +63,6 @@ class Validator:
         self.state = NodeState(window=-1, global_step=0)
         self.book = ScoreBook()
         self.evaluator = Evaluator(node.model, self.hp.optimizer.micro_batch_size)
-        self.max_bytes = max_gradient_bytes(node.shapes, self.hp)
         self.holdout = node.pages.batch(node.plan.holdout_pages()[:HOLDOUT_PAGES])
         self.is_lead = False
         self.secret = load_or_create_secret(node.state_dir / SECRET_FILE)
@@ -77,7 +72,8 @@ class Validator:
         return int.from_bytes(digest, "little")
 
     # ------------------------------------------------------------------ life
-    async def run(self) -> None:
+    async def run(self, max_windows: int = 0) -> None:
+        """Start, then validate windows until stopped (or `max_windows` windows, if not 0)."""
         node = self.node
         await self.start()
         done = 0
@@ -89,7 +85,7 @@ class Validator:
                 continue
             await self.run_window(window, evaluate=behind <= 1)
             done += 1
-            if node.args.windows and done >= node.args.windows:
+            if max_windows and done >= max_windows:
                 break
         context(phase="stopped").info("validator stopped cleanly")
 
@@ -147,10 +143,10 @@ class Validator:
         node, hp = self.node, self.hp
         times = node.clock.times(window)
         log = context(window=window, phase="validate")
-        if not await sleep_until(times.gather_start, node.stop):
+        if not await node.clock.sleep_until(times.gather_start, node.stop):
             return
         started = time.perf_counter()
-        deadline = max(times.gather_deadline, time.time() + min(hp.windows.gather_seconds, 5.0))
+        deadline = max(times.gather_deadline, node.clock.now() + min(hp.windows.gather_seconds, 5.0))
 
         await self._check_lead(window)
         neurons = await node.neurons()
@@ -163,10 +159,8 @@ class Validator:
         fast_set = select_eval_peers(self.eval_seed(window), window, sorted(miners), hp.gauntlet.fast_eval_uids,
                                      always=[p for p in peer_list if p in miners], purpose="fast")
         wanted = sorted(set(fast_set) | set(peer_list))
-        results = await gather(await node.peer_buckets(wanted), window, put_window=times.put_window,
-                               deadline=deadline, max_bytes=self.max_bytes,
-                               clock_skew=hp.windows.clock_skew_seconds,
-                               validate=payload_reader(node.shapes, hp, window), malformed_errors=(PayloadError,))
+        results = await gather_gradients(await node.peer_buckets(wanted), window, clock=node.clock, hp=hp,
+                                         shapes=node.shapes, deadline=deadline)
         for hotkey in wanted:  # no locator on chain: as good as missing
             results.setdefault(hotkey, GatherResult(GatherStatus.MISSING, reason="no bucket committed"))
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from templar.compress import Compressed, plan_chunks
+from templar.compress import ChunkPlan, Compressed, plan_chunks, topk_per_chunk
 from templar.config import PROTOCOL_VERSION, HParams
 from templar.wire import codec
 from templar.wire.container import (
@@ -59,8 +59,10 @@ class Gradient:
     nbytes: int
 
 
-def _k(hp: HParams, chunk_numel: int) -> int:
-    return min(hp.demo.topk, chunk_numel)
+def _layout(shape: torch.Size, hp: HParams) -> tuple[ChunkPlan, int]:
+    """The chunk plan and coefficients per chunk this run's compression gives `shape`."""
+    plan = plan_chunks(shape, hp.demo.target_chunk)
+    return plan, topk_per_chunk(plan, hp.demo.topk)
 
 
 def _keys(expected: Mapping[str, torch.Size]) -> list[str]:
@@ -71,8 +73,8 @@ def max_gradient_bytes(expected: Mapping[str, torch.Size], hp: HParams) -> int:
     """Byte cap of an honest gradient payload for this schema (for transport limits too)."""
     total = 8 + header_bound(_keys(expected))
     for shape in expected.values():
-        plan = plan_chunks(shape, hp.demo.target_chunk)
-        total += codec.max_encoded_bytes(plan, _k(hp, plan.chunk_numel)) + 4 * hp.gauntlet.probe_count
+        plan, k = _layout(shape, hp)
+        total += codec.max_encoded_bytes(plan, k) + 4 * hp.gauntlet.probe_count
     return total
 
 
@@ -92,8 +94,8 @@ def write_gradient(
         raise ValueError("compressed and probes must name the same parameters")
     tensors: dict[str, torch.Tensor] = {}
     for name, c in compressed.items():
-        plan = plan_chunks(c.shape, hp.demo.target_chunk)
-        if c.plan != plan or c.k != _k(hp, plan.chunk_numel):
+        plan, k = _layout(c.shape, hp)
+        if c.plan != plan or c.k != k:
             raise ValueError(f"{name}: compressed with settings other than hp.demo")
         for part, tensor in codec.encode(c).items():
             tensors[f"{name}/{part}"] = tensor
@@ -123,8 +125,8 @@ def _check_schema(container: Container, expected: Mapping[str, torch.Size], hp: 
     if present - wanted:
         raise PayloadError("unexpected_tensor", f"{sorted(present - wanted)[:3]}")
     for name, shape in expected.items():
-        plan = plan_chunks(shape, hp.demo.target_chunk)
-        fixed = {**codec.fixed_part_shapes(plan, _k(hp, plan.chunk_numel)), _PROBE: (hp.gauntlet.probe_count,)}
+        plan, k = _layout(shape, hp)
+        fixed = {**codec.fixed_part_shapes(plan, k), _PROBE: (hp.gauntlet.probe_count,)}
         dtypes = {**codec.PART_DTYPES, _PROBE: torch.float32}
         for part, dtype in dtypes.items():
             entry = container.entries[f"{name}/{part}"]
@@ -177,9 +179,9 @@ def read_gradient(
     tensors: dict[str, Compressed] = {}
     probes: dict[str, torch.Tensor] = {}
     for name, shape in expected.items():
-        plan = plan_chunks(shape, hp.demo.target_chunk)
+        plan, k = _layout(shape, hp)
         parts = {part: raw[f"{name}/{part}"] for part in codec.PART_DTYPES}
-        tensors[name] = codec.decode(parts, plan, _k(hp, plan.chunk_numel), name)
+        tensors[name] = codec.decode(parts, plan, k, name)
         probe = raw[f"{name}/{_PROBE}"]
         if not bool(torch.isfinite(probe).all()):
             raise PayloadError("non_finite", f"{name}/{_PROBE}")
@@ -201,7 +203,7 @@ def coefficient_count(expected: Mapping[str, torch.Size], hp: HParams) -> int:
     """Kept coefficients per payload for this schema (for bytes-per-coefficient figures)."""
     total = 0
     for shape in expected.values():
-        plan = plan_chunks(shape, hp.demo.target_chunk)
-        total += plan.n_chunks * _k(hp, plan.chunk_numel)
+        plan, k = _layout(shape, hp)
+        total += plan.n_chunks * k
     return total
 

@@ -1,0 +1,40 @@
+"""Entry point of an adversarial miner in the localnet (never used by a real miner):
+
+    python -m templar.localnet.adversary --strategy copycat [neurons/miner.py's node flags]
+
+It is the production miner with one `templar.localnet.adversaries` hook set in, so what the
+localnet proves about adversaries it proves about the code real miners run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
+
+from templar.localnet.adversaries import ADVERSARIES, make_adversary
+from templar.node import add_node_args
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description="Templar localnet adversary (testing only)")
+    add_node_args(parser)
+    parser.add_argument("--strategy", required=True, choices=sorted(ADVERSARIES))
+    parser.add_argument("--copy.hotkey", dest="copy_hotkey", default=None,
+                        help="copycat/duplicate: the hotkey whose payload to re-post")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from templar.miner.loop import Miner
+    from templar.node import run_node
+
+    hooks = make_adversary(args.strategy, target=args.copy_hotkey)
+    return run_node(args, "miner", lambda node: Miner(node, hooks=hooks).run(args.windows))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,101 @@
+"""The localnet's neurons in this one process, on virtual time (`templar localnet --in-process`).
+
+Same chain file, wallets, buckets, flags and role code as the multi-process localnet (each node is
+built by `start_node` from the flags an operator would type, and runs `Miner.run` or
+`Validator.run`), but every node is an asyncio task on one `VirtualTimeLoop`. Virtual time stands
+still while any node computes and jumps to the next deadline when all of them wait, so:
+
+- a run costs the computation in it, not its windows' wall time (a 10-window, 14-node run takes
+  a few minutes on 2 cores instead of its ~4 minutes of windows plus start-up); and
+- no node is ever late because the machine was busy: a run's outcome depends on its seed and
+  its neurons' behaviour, not on the load, which is what a test of the incentive needs.
+
+What it cannot show is what only separate processes show (kill -9 of one neuron, a real S3
+server's sockets, start-up races); the multi-process localnet remains the end-to-end demo.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+
+import torch
+from loguru import logger
+
+from templar.clock import loop_time, run_virtual
+from templar.localnet.adversaries import make_adversary
+from templar.localnet.report import NodeInfo, lead_validator
+from templar.localnet.runner import Localnet, is_adversary
+from templar.log import setup_logging
+from templar.miner.loop import Miner
+from templar.node import Node, add_node_args, start_node
+from templar.validator.loop import Validator
+
+
+def _parse(flags: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_node_args(parser)
+    return parser.parse_args(flags)
+
+
+async def _start(net: Localnet, info: NodeInfo) -> tuple[NodeInfo, Node]:
+    args = _parse(net.node_flags(info, net._bucket_args(info)[0]))
+    return info, await start_node(args, info.role, time=loop_time(), configure_logging=False)
+
+
+async def _run_all(net: Localnet) -> str:
+    started = await asyncio.gather(*(_start(net, info) for info in net.nodes))
+    nodes = dict(started)
+    lead_info = lead_validator(net.nodes)
+    roles: dict[str, Miner | Validator] = {}
+    for info, node in nodes.items():
+        if info.role == "validator":
+            roles[info.name] = Validator(node)
+        else:
+            hooks = make_adversary(info.strategy, target=net.copy_target(info)) if is_adversary(info) else None
+            roles[info.name] = Miner(node, extra_pages=net.extra_pages(info), hooks=hooks)
+    # Validators first: the lead publishes the run's start window before any miner looks for it.
+    validators = [info for info in nodes if info.role == "validator"]
+    tasks = {info.name: asyncio.create_task(roles[info.name].run(net.cfg.windows), name=info.name)
+             for info in validators}
+    await asyncio.sleep(0)
+    tasks |= {info.name: asyncio.create_task(roles[info.name].run(), name=info.name)
+              for info in nodes if info.role == "miner"}
+    outcome = "finished"
+    try:
+        if lead_info is not None:
+            await tasks[lead_info.name]
+    except Exception as exc:
+        logger.exception(f"lead validator failed: {exc}")
+        outcome = f"lead validator failed: {type(exc).__name__}: {exc}"
+    finally:
+        for node in nodes.values():
+            node.stop.set()  # everyone else finishes its window, saves and returns
+        results = await asyncio.gather(*tasks.values(), return_exceptions=True)
+        for name, result in zip(tasks, results, strict=True):
+            if isinstance(result, BaseException):
+                logger.opt(exception=result).error(f"{name} failed: {result!r}")
+                if outcome == "finished":
+                    outcome = f"{name} failed: {type(result).__name__}: {result}"
+        for node in nodes.values():
+            await node.aclose()
+            node.chain.close()
+    return outcome
+
+
+def run_in_process(net: Localnet) -> str:
+    """Run a prepared localnet's neurons in this process on virtual time; returns the outcome."""
+    if net.cfg.storage != "local":
+        raise ValueError("--in-process runs on virtual time, which cannot see a real S3 server's sockets: "
+                         "use --storage local")
+    setup_logging(logfile=net.out / "localnet.log")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # nodes compute in parallel worker threads; one torch thread each
+    started = time.perf_counter()
+    try:
+        outcome = run_virtual(_run_all(net))
+    finally:
+        torch.set_num_threads(threads)
+    logger.info(f"in-process localnet {outcome} in {time.perf_counter() - started:.0f}s of wall time")
+    return outcome

@@ -1,0 +1,83 @@
+"""The node runtime's edges: entry points decide exit codes (library code raises), the production
+miner's flags know nothing of adversaries, and a peer's commitment can only hurt its owner."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+from templar.config import REPO_ROOT
+from templar.node import EXIT_CONFIG, Node, StartupError, add_node_args, start_node
+from templar.storage import LocalBucket
+
+
+def _run(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=120, cwd=REPO_ROOT)
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_node_args(parser)
+    return parser.parse_args(list(argv))
+
+
+def test_a_configuration_error_is_one_line_and_exit_code_3(tmp_path):
+    done = _run(str(REPO_ROOT / "neurons" / "miner.py"), "--hparams", str(tmp_path / "missing.json"),
+                "--subtensor.network", "embedded", "--subtensor.chain_endpoint", str(tmp_path / "chain.sqlite"))
+    assert done.returncode == EXIT_CONFIG, done.stderr
+    assert "Traceback" not in done.stderr and "missing.json" in done.stderr
+
+
+def test_start_node_raises_instead_of_exiting(tmp_path):
+    args = _args("--hparams", "tiny", "--subtensor.network", "embedded",
+                 "--subtensor.chain_endpoint", str(tmp_path / "no-chain.sqlite"))
+    with pytest.raises(StartupError) as info:
+        asyncio.run(start_node(args, "miner"))
+    assert info.value.exit_code == EXIT_CONFIG and "chain" in str(info.value)
+
+
+def test_the_production_miner_has_no_adversary_switches():
+    shown = _run(str(REPO_ROOT / "neurons" / "miner.py"), "--help").stdout
+    assert "--extra-pages" in shown
+    for hidden in ("--strategy", "--copy.hotkey", "copycat", "signflip"):
+        assert hidden not in shown
+    adversary = _run("-m", "templar.localnet.adversary", "--help").stdout
+    assert "--strategy" in adversary and "copycat" in adversary
+
+
+class _Chain:
+    """A chain whose commitments are whatever peers wrote."""
+
+    def __init__(self, locators: dict[str, str]) -> None:
+        self.locators = locators
+
+    def bucket_locators(self) -> dict[str, str]:
+        return self.locators
+
+
+def _node(locators: dict[str, str], **kw) -> Node:
+    unused = SimpleNamespace()
+    return Node(hp=unused, chain=_Chain(locators), clock=unused, uid=0, model=unused, pages=unused, plan=unused,
+                bucket=unused, state_dir=unused, device=unused, **kw)
+
+
+def test_hostile_commitments_hurt_only_their_owner(tmp_path):
+    good = tmp_path / "good"
+    LocalBucket(good)  # an honest peer's existing bucket
+    never = tmp_path / "never" / "created"
+    locators = {"honest": f"local:{good}", "passwd": "local:/etc/passwd", "made-up": f"local:{never}",
+                "garbage": "\x00not a locator", "loopback": "s3:http://127.0.0.1:1/b:" + "0" * 20 + ":" + "0" * 40}
+
+    async def scenario(allow_private: bool):
+        return await _node(locators, allow_private_endpoints=allow_private).peer_buckets()
+
+    opened = asyncio.run(scenario(True))
+    assert "honest" in opened and "garbage" not in opened
+    assert not never.exists() and not (tmp_path / "never").exists(), "a peer's locator created directories"
+    public = asyncio.run(scenario(False))  # finney/test: no local or private buckets at all
+    assert not {"honest", "passwd", "made-up", "loopback"} & set(public)

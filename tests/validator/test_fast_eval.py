@@ -1,0 +1,93 @@
+"""Fast evaluation: every gathered peer gets exactly one named verdict, and a malformed payload's
+reason code arrives typed (from the `PayloadError` itself, never parsed back out of a string)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from templar.comms import GatherResult, GatherStatus
+from templar.compress import Compressed
+from templar.validator.fast_eval import failure_status, fast_evaluate
+from templar.wire import Gradient, PayloadError
+
+LR = 1e-3
+
+
+def _gradient(tensors: dict[str, Compressed], probes: dict[str, torch.Tensor], *, hotkey: str,
+              warmup: bool = False, digest: bytes | None = None) -> Gradient:
+    return Gradient(window=5, global_step=2, hotkey=hotkey, warmup=warmup, tensors=tensors, probes=probes,
+                    digest=digest or hotkey.encode(), nbytes=0)
+
+
+def _scaled(tensors: dict[str, Compressed], factor: float) -> dict[str, Compressed]:
+    return {k: Compressed(c.indices, c.values * factor, c.shape, c.chunk) for k, c in tensors.items()}
+
+
+@pytest.fixture
+def probes(real_peers) -> dict[str, torch.Tensor]:
+    shapes, _ = real_peers
+    return {n: torch.linspace(-1, 1, 16) for n in shapes}
+
+
+def _ok(value: Gradient, stamp: float) -> GatherResult[Gradient]:
+    return GatherResult(GatherStatus.OK, value=value, timestamp=stamp)
+
+
+def _evaluate(results, probes):
+    return fast_evaluate(results, probes, LR, sync_max_steps=3.0, duplicate_threshold=0.98, salt=7,
+                         max_norm_ratio=100.0)
+
+
+def test_honest_peers_pass_and_warmup_is_named(real_peers, probes):
+    _, peers = real_peers
+    results = {f"p{i}": _ok(_gradient(t, probes, hotkey=f"p{i}", warmup=i == 3), 100.0 + i)
+               for i, t in enumerate(peers)}
+    verdicts = _evaluate(results, probes)
+    assert {hk: v.status for hk, v in verdicts.items()} == {"p0": "ok", "p1": "ok", "p2": "ok", "p3": "warmup"}
+    assert all(v.passed and v.sync_steps == 0.0 for v in verdicts.values())
+
+
+def test_failures_keep_their_typed_reason(probes):
+    bad = GatherResult(GatherStatus.MALFORMED, reason="PayloadError: whatever text", error=PayloadError(
+        "bad_signature", "not signed by the bucket's hotkey"))
+    verdicts = _evaluate({"gone": GatherResult(GatherStatus.MISSING), "bad": bad,
+                          "slow": GatherResult(GatherStatus.LATE, reason="written 9s after")}, probes)
+    assert verdicts["gone"].status == "missing" and not verdicts["gone"].passed
+    assert verdicts["bad"].status == "malformed:bad_signature"
+    assert verdicts["slow"].status == "late"
+    # a malformed result without a typed error (a validator's own exception) has no code to report
+    assert failure_status(GatherResult(GatherStatus.MALFORMED, reason="PayloadError: oversize: x")) == "malformed"
+
+
+def test_a_peer_off_our_model_is_desync(real_peers, probes):
+    _, peers = real_peers
+    off = {n: p + 10 * LR for n, p in probes.items()}  # ten outer steps away everywhere
+    verdicts = _evaluate({"off": _ok(_gradient(peers[0], off, hotkey="off"), 100.0)}, probes)
+    assert verdicts["off"].status == "desync" and verdicts["off"].sync_steps == pytest.approx(10.0)
+
+
+def test_the_later_of_two_identical_uploads_is_the_copy(real_peers, probes):
+    _, peers = real_peers
+    results = {"first": _ok(_gradient(peers[0], probes, hotkey="first", digest=b"same"), 100.0),
+               "second": _ok(_gradient(peers[0], probes, hotkey="second", digest=b"same"), 101.0),
+               "other": _ok(_gradient(peers[1], probes, hotkey="other"), 100.5)}
+    verdicts = _evaluate(results, probes)
+    assert verdicts["second"].status == "copy" and verdicts["second"].copied_from == "first"
+    assert verdicts["first"].passed and verdicts["other"].passed
+
+
+def test_a_rescaled_copy_is_still_a_copy(real_peers, probes):
+    _, peers = real_peers
+    results = {"orig": _ok(_gradient(peers[0], probes, hotkey="orig"), 100.0),
+               "louder": _ok(_gradient(_scaled(peers[0], 3.0), probes, hotkey="louder"), 100.2)}
+    assert _evaluate(results, probes)["louder"].status == "copy"
+
+
+def test_a_shouting_peer_is_scale(real_peers, probes):
+    _, peers = real_peers
+    results = {f"p{i}": _ok(_gradient(t, probes, hotkey=f"p{i}"), 100.0 + i) for i, t in enumerate(peers[:3])}
+    results["loud"] = _ok(_gradient(_scaled(peers[3], 1e4), probes, hotkey="loud"), 104.0)
+    verdicts = _evaluate(results, probes)
+    assert verdicts["loud"].status == "scale"
+    assert all(verdicts[f"p{i}"].passed for i in range(3))
