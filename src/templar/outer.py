@@ -2,7 +2,7 @@
 
 Miners and validators call the same function with the same inputs (the top-G peers' payloads of
 a window) and get bit-identical parameters: aggregation is deterministic (`templar.compress`),
-the learning rate is a pure function of the synchronised `global_step`.
+the learning rate is a pure function of `global_step`, whose one rule is `update_step`.
 """
 
 from __future__ import annotations
@@ -31,12 +31,17 @@ class OuterStep:
     peers: int
 
 
-def synced_step(own: int, claimed: Sequence[int], max_ahead: int) -> int:
-    """The consensus rule for the global_step an update is applied at, used by the outer step
-    and by catch-up alike: max(own, received), ignoring claims implausibly far ahead of our own
-    (a peer cannot fast-forward everyone's learning-rate schedule)."""
-    plausible = [s for s in claimed if s <= own + max_ahead]
-    return max([own, *plausible])
+def update_step(own: int, published: int | None = None) -> int:
+    """The consensus rule for the global_step an outer update is applied at (DESIGN §2).
+
+    global_step is the number of outer steps the run applied before this one. Every honest node
+    applies the same updates, so it keeps the count by counting its own (`own`); the lead's signed
+    record of the run (`published`: the step in an aggregate replayed during catch-up, or in the
+    checkpoint a node loads) re-anchors it. A peer's claim is never an input: fast evaluation
+    checks it against the validator's own count (`wrong_step`), so no payload can move any
+    node's learning-rate schedule.
+    """
+    return own if published is None else published
 
 
 def apply_update(model: torch.nn.Module, signs: dict[str, torch.Tensor], step: int, hp: HParams) -> float:
@@ -57,7 +62,7 @@ def outer_step(model: torch.nn.Module, gradients: Sequence[Gradient], state: Nod
     if not eligible:
         return None
     shapes = {n: p.shape for n, p in model.named_parameters() if p.requires_grad}
-    step = synced_step(state.global_step, [g.global_step for g in eligible], hp.windows.max_allowed_stale)
+    step = update_step(state.global_step)
     weight = 1.0 / hp.gauntlet.top_g
     signs = aggregate([g.tensors for g in eligible], [weight] * len(eligible), shapes)
     if apply:

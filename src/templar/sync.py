@@ -29,7 +29,7 @@ from templar.comms import (
 from templar.comms.progress import get_progress
 from templar.log import context
 from templar.node import Node
-from templar.outer import apply_update, synced_step
+from templar.outer import apply_update, update_step
 from templar.state import NodeState, load_node_state
 from templar.storage import StorageError
 from templar.wire import PayloadError, max_aggregate_bytes, read_aggregate
@@ -172,7 +172,7 @@ async def catch_up(node: Node, state: NodeState, until: int) -> NodeState:
             except PayloadError as exc:
                 log.warning(f"aggregate {window} from the lead is malformed ({exc.reason}); skipping it")
             else:
-                step = synced_step(state.global_step, [agg.global_step], node.hp.windows.max_allowed_stale)
+                step = update_step(state.global_step, published=agg.global_step)
                 await asyncio.to_thread(apply_update, node.model, agg.signs, step, node.hp)
                 state.global_step = step + 1
                 applied += 1

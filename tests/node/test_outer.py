@@ -12,7 +12,7 @@ from templar.clock import LoopTime, run_virtual
 from templar.comms import GatherStatus, put_gradient
 from templar.compress import aggregate, apply_signed_update
 from templar.model import build_model
-from templar.outer import apply_update, gather_gradients, outer_step, synced_step
+from templar.outer import apply_update, gather_gradients, outer_step, update_step
 from templar.schedule import learning_rate
 from templar.state import NodeState
 from templar.storage import LocalBucket
@@ -20,12 +20,10 @@ from templar.windows import Clock
 from templar.wire import Gradient, PayloadError, write_gradient
 
 
-def test_synced_step_takes_the_largest_plausible_claim_and_never_decreases():
-    assert synced_step(5, [], 10) == 5
-    assert synced_step(5, [3, 4], 10) == 5
-    assert synced_step(5, [6, 9], 10) == 9
-    assert synced_step(5, [15], 10) == 15
-    assert synced_step(5, [16, 6], 10) == 6  # a claim beyond own + max_ahead moves nothing
+def test_the_step_is_our_own_count_unless_the_lead_re_anchors_it():
+    assert update_step(5) == 5
+    assert update_step(5, published=7) == 7  # replaying the lead's signed aggregate
+    assert update_step(5, published=4) == 4
 
 
 def _gradients(hp, real_peers, *, warmup=False, steps=(3, 3, 3, 3)) -> list[Gradient]:
@@ -67,10 +65,12 @@ def test_warmup_payloads_are_never_aggregated(hp, real_peers):
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
 
 
-def test_a_pumped_step_claim_is_ignored(hp, real_peers):
-    pumped = outer_step(build_model(hp), _gradients(hp, real_peers, steps=(3, 3, 3, 3 + 10**6)),
-                        NodeState(window=6, global_step=3), hp)
-    assert pumped is not None and pumped.global_step == 3
+@pytest.mark.parametrize("claims", [(3, 3, 3, 3 + 4), (13, 13, 13, 13), (0, 1, 2, 10**6)])
+def test_no_claim_moves_the_schedule(hp, real_peers, claims):
+    state = NodeState(window=6, global_step=3)
+    pumped = outer_step(build_model(hp), _gradients(hp, real_peers, steps=claims), state, hp)
+    assert pumped is not None and pumped.global_step == 3 and state.global_step == 4
+    assert pumped.learning_rate == learning_rate(3, hp.optimizer)
 
 
 def test_apply_update_is_what_replay_and_live_steps_share(hp, real_peers):

@@ -91,3 +91,14 @@ def test_a_shouting_peer_is_scale(real_peers, probes):
     verdicts = _evaluate(results, probes)
     assert verdicts["loud"].status == "scale"
     assert all(verdicts[f"p{i}"].passed for i in range(3))
+
+
+def test_a_payload_claiming_another_step_is_wrong_step(real_peers, probes):
+    _, peers = real_peers
+    honest = _gradient(peers[0], probes, hotkey="honest")
+    pumped = Gradient(**{**honest.__dict__, "hotkey": "pump", "global_step": honest.global_step + 4,
+                         "tensors": peers[1], "digest": b"pump"})
+    verdicts = fast_evaluate({"honest": _ok(honest, 100.0), "pump": _ok(pumped, 100.5)}, probes, LR,
+                             sync_max_steps=3.0, duplicate_threshold=0.98, salt=7, expected_step=2)
+    assert verdicts["honest"].passed
+    assert verdicts["pump"].status == "wrong_step" and not verdicts["pump"].passed

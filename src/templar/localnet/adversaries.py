@@ -88,6 +88,19 @@ class Late(MinerHooks):
         return payload
 
 
+class StepPump(MinerHooks):
+    """Honest work, signed with a global_step `max_allowed_stale` ahead: if any node adopted
+    peers' claims, an aggregated pumper would fast-forward everyone's learning-rate schedule."""
+
+    name = "steppump"
+
+    async def before_upload(self, miner, window, payload):
+        node, hp = miner.node, miner.hp
+        g = payload_reader(node.shapes, hp, window)(node.hotkey, payload)
+        return write_gradient(g.tensors, g.probes, window=window, hotkey=node.hotkey, hp=hp, sign=node.chain.sign,
+                              global_step=g.global_step + hp.windows.max_allowed_stale, warmup=g.warmup)
+
+
 class Desync(MinerHooks):
     """Applies the first two aggregates, then stops: trains on an ever staler model (its step
     count still moves with the swarm)."""
@@ -158,7 +171,7 @@ class Duplicate(Copycat):
 
 ADVERSARIES: dict[str, type[MinerHooks]] = {
     "lazy": Lazy, "scaled": Scaled, "signflip": SignFlip, "noise": Noise, "freerider": FreeRider,
-    "late": Late, "desync": Desync, "copycat": Copycat, "duplicate": Duplicate,
+    "late": Late, "desync": Desync, "copycat": Copycat, "duplicate": Duplicate, "steppump": StepPump,
 }
 """Every adversary by name. `duplicate` is started by the localnet as an honest twin plus this
 copier; `moredata` (the localnet's extra-work miner) is the production miner with `--extra-pages`."""

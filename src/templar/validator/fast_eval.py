@@ -1,6 +1,7 @@
 """Fast evaluation (paper §3.2) of many peers per window: cheap checks, each failure a named status.
 
-A peer passes when its upload arrived inside the put window, decoded cleanly, is in sync with our
+A peer passes when its upload arrived inside the put window, decoded cleanly, claims the
+global_step we hold (`templar.outer.update_step`: a claim is checked, never adopted), is in sync with our
 model (mean |θ_val − θ_peer| / α over this window's probes ≤ `sync_max_steps`), is not a copy
 of an earlier upload by another hotkey, and is not shouting: the L2 norm of its values is at most
 `max_norm_ratio` times the window's median. Only the upper side is checked: error-feedback
@@ -79,8 +80,10 @@ def fast_evaluate(
     duplicate_threshold: float,
     salt: int,
     max_norm_ratio: float = float("inf"),
+    expected_step: int | None = None,
 ) -> dict[str, FastVerdict]:
-    """A verdict for every gathered peer; pure given the gather results and our probes."""
+    """A verdict for every gathered peer; pure given the gather results and our probes.
+    `expected_step`: our global_step for the window; a payload claiming another is `wrong_step`."""
     verdicts: dict[str, FastVerdict] = {}
     uploads: list[Upload] = []
     for hotkey, res in results.items():
@@ -88,6 +91,9 @@ def fast_evaluate(
             verdicts[hotkey] = FastVerdict(False, failure_status(res))
             continue
         g = res.value
+        if expected_step is not None and g.global_step != expected_step:
+            verdicts[hotkey] = FastVerdict(False, "wrong_step")
+            continue
         steps = probe_sync_steps(own_probes, g.probes, lr)
         if not steps <= sync_max_steps:
             verdicts[hotkey] = FastVerdict(False, "desync", sync_steps=steps)

@@ -172,7 +172,7 @@ class Validator:
             verdicts = await asyncio.to_thread(
                 fast_evaluate, fast_results, own_probes, lr, sync_max_steps=hp.gauntlet.sync_max_steps,
                 duplicate_threshold=hp.gauntlet.duplicate_threshold, salt=self.eval_seed(window),
-                max_norm_ratio=hp.gauntlet.max_norm_ratio)
+                max_norm_ratio=hp.gauntlet.max_norm_ratio, expected_step=self.state.global_step)
             for hotkey, verdict in verdicts.items():
                 self.book.get_or_create(hotkey, miners[hotkey], window)
                 self.book.record_fast_eval(hotkey, verdict.passed or verdict.status == "warmup", verdict.status,

@@ -1,0 +1,54 @@
+"""Attacks on consensus rules, run against a real lead validator and real miners on virtual time."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from templar.clock import run_virtual
+from templar.comms import put_peers
+from templar.localnet.adversaries import StepPump
+from templar.miner.loop import Miner
+from templar.records import SCORES_FILE, read_records
+from templar.validator.loop import Validator
+
+from .harness import Subnet, parameters, same_parameters
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def test_a_step_pumper_in_the_top_g_changes_nothing(tmp_path):
+    """A miner claiming global_step + max_allowed_stale every window, kept in the top-G by force
+    (the test rewrites the lead's peer list to name it every window; its work is honest, so it is
+    aggregated): every node's step stays the count of outer steps applied, every node holds the
+    same model, and the pumper fails fast evaluation with `wrong_step`."""
+    subnet = Subnet.create(tmp_path, {"lead": 100.0, "m0": 0.0, "pump": 0.0})
+
+    async def scenario():
+        v = Validator(await subnet.node("lead"))
+        m0 = Miner(await subnet.node("m0"))
+        pump = Miner(await subnet.node("pump"), hooks=StepPump())
+        await v.start()
+        await m0.start()
+        await pump.start()
+        first = v.state.window + 1
+        steps_applied = 0
+        both = sorted([m0.node.hotkey, pump.node.hotkey])
+        await put_peers(v.node.bucket, first, both)
+        for w in range(first, first + 5):
+            before = v.state.global_step
+            await asyncio.gather(v.run_window(w), m0.run_window(w), pump.run_window(w))
+            await put_peers(v.node.bucket, w + 1, both)
+            steps_applied += v.state.global_step - before
+            assert v.state.global_step - before in (0, 1), "one outer step per window at most"
+            assert m0.state.global_step == v.state.global_step == pump.state.global_step, w
+            assert same_parameters(parameters(m0.node), parameters(v.node)), w
+        for node in (v.node, m0.node, pump.node):
+            await node.aclose()
+        return v, pump, steps_applied
+
+    v, pump, steps_applied = run_virtual(scenario())
+    assert steps_applied >= 3 and v.state.global_step == steps_applied  # started at 0: the count, nothing more
+    statuses = {r["status"] for r in read_records(v.node.state_dir / SCORES_FILE) if r["hotkey"] == pump.node.hotkey}
+    assert "wrong_step" in statuses, statuses
