@@ -39,7 +39,7 @@ from templar.schedule import learning_rate
 from templar.state import NodeState, save_node_state
 from templar.storage import LocalBucket
 from templar.train import accumulate_gradients, gradients
-from templar.wire import max_gradient_bytes, read_gradient, write_gradient
+from templar.wire import Run, max_gradient_bytes, read_gradient, write_gradient
 
 UID = 0
 PEER_URIS = ("//Bob", "//Charlie", "//Dave", "//Eve")
@@ -57,6 +57,7 @@ def main() -> int:
 
     tiny = load_tiny()
     hp = tiny.hp
+    run = Run(netuid=0, digest=hp.digest())  # the run every payload here belongs to
     model = build_model(hp)
     shapes = shapes_of(model)
     demo = new_demo(model, hp)
@@ -83,7 +84,7 @@ def main() -> int:
             # Peers' uploads for this window (their work, not ours: untimed).
             for kp, bucket, (compressed, probes) in zip(peers, peer_buckets, peer_updates, strict=True):
                 data = write_gradient(compressed, probes, window=window, global_step=state.global_step,
-                                      hotkey=kp.ss58_address, hp=hp, sign=kp.sign)
+                                      hotkey=kp.ss58_address, hp=hp, run=run, sign=kp.sign)
                 loop.run_until_complete(bucket.put(gradient_key(window), data))
 
             t: dict[str, float] = {}
@@ -96,13 +97,13 @@ def main() -> int:
             model.zero_grad(set_to_none=True)
             probes, t["probes"] = timed(lambda w=window: collect_probes(model, w, hp))
             payload, t["encode_sign"] = timed(lambda c=compressed, p=probes, w=window: write_gradient(
-                c, p, window=w, global_step=state.global_step, hotkey=me.ss58_address, hp=hp, sign=me.sign))
+                c, p, window=w, global_step=state.global_step, hotkey=me.ss58_address, hp=hp, run=run, sign=me.sign))
             _, t["put"] = timed(lambda d=payload, w=window: loop.run_until_complete(
                 put_gradient(own_bucket, w, d, timeout=hp.windows.put_window_seconds)))
             blobs, t["fetch_peers"] = timed(lambda w=window: [
                 loop.run_until_complete(b.get(gradient_key(w), max_bytes=max_bytes)) for b in peer_buckets])
             received, t["read_verify_peers"] = timed(lambda d=blobs, w=window: [
-                read_gradient(x, shapes, hp, verify=verify_signature, expected_hotkey=kp.ss58_address,
+                read_gradient(x, shapes, hp, run=run, verify=verify_signature, expected_hotkey=kp.ss58_address,
                               expected_window=w) for x, kp in zip(d, peers, strict=True)])
             step, t["outer_step"] = timed(lambda g=received: outer_step(model, g, state, hp))
             if step is None or step.peers != len(peers):

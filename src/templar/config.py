@@ -19,7 +19,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_HPARAMS = REPO_ROOT / "hparams.json"
 PRESETS_DIR = REPO_ROOT / "hparams"
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 """Bumped whenever the wire format or the consensus maths change; keys live under v{P}/."""
 
 

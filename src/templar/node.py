@@ -31,6 +31,7 @@ from templar.log import setup_logging, short
 from templar.model import build_model, parameter_shapes
 from templar.storage import Bucket, StorageError, open_bucket
 from templar.windows import Clock
+from templar.wire import Run
 
 EXIT_NOT_REGISTERED = 2
 EXIT_CONFIG = 3
@@ -99,6 +100,11 @@ class Node:
     @property
     def shapes(self) -> dict[str, torch.Size]:
         return parameter_shapes(self.model)
+
+    @property
+    def run(self) -> Run:
+        """The run this node's signed objects belong to: our subnet and our hparams' digest."""
+        return Run(self.chain.netuid, self.hp.digest())
 
     async def neurons(self) -> list[Neuron]:
         return await asyncio.to_thread(self.chain.metagraph)

@@ -20,7 +20,7 @@ from templar.schedule import learning_rate
 from templar.state import NodeState
 from templar.storage import Bucket
 from templar.windows import Clock
-from templar.wire import Gradient, PayloadError, max_gradient_bytes, probe_positions, read_gradient
+from templar.wire import Gradient, PayloadError, Run, max_gradient_bytes, probe_positions, read_gradient
 
 
 @dataclass(frozen=True)
@@ -73,17 +73,19 @@ def outer_step(model: torch.nn.Module, gradients: Sequence[Gradient], state: Nod
     return OuterStep(signs=signs, global_step=step, learning_rate=lr, peers=len(eligible))
 
 
-def payload_reader(shapes: dict[str, torch.Size], hp: HParams, window: int) -> Callable[[str, bytes], Gradient]:
-    """How every node reads a peer's gradient of `window`: strict, signed by the bucket's hotkey."""
+def payload_reader(shapes: dict[str, torch.Size], hp: HParams, window: int, run: Run,
+                   ) -> Callable[[str, bytes], Gradient]:
+    """How every node reads a peer's gradient of `window`: strict, of this run, signed by the
+    bucket's hotkey."""
 
     def read(hotkey: str, data: bytes) -> Gradient:
-        return read_gradient(data, shapes, hp, verify=verify_signature, expected_hotkey=hotkey,
+        return read_gradient(data, shapes, hp, run=run, verify=verify_signature, expected_hotkey=hotkey,
                              expected_window=window)
     return read
 
 
 async def gather_gradients(buckets: Mapping[str, Bucket], window: int, *, clock: Clock, hp: HParams,
-                           shapes: dict[str, torch.Size], deadline: float | None = None,
+                           shapes: dict[str, torch.Size], run: Run, deadline: float | None = None,
                            ) -> dict[str, GatherResult[Gradient]]:
     """How every node, miner or validator, gathers `window`'s payloads: one put window, one skew
     allowance, one size cap and one strict reader, so all honest readers agree on what was on
@@ -92,7 +94,7 @@ async def gather_gradients(buckets: Mapping[str, Bucket], window: int, *, clock:
     return await gather(buckets, window, put_window=times.put_window,
                         deadline=times.gather_deadline if deadline is None else deadline,
                         max_bytes=max_gradient_bytes(shapes, hp), clock_skew=hp.windows.clock_skew_seconds,
-                        validate=payload_reader(shapes, hp, window), malformed_errors=(PayloadError,),
+                        validate=payload_reader(shapes, hp, window, run), malformed_errors=(PayloadError,),
                         now=clock.now)
 
 

@@ -168,7 +168,8 @@ async def catch_up(node: Node, state: NodeState, until: int) -> NodeState:
             await asyncio.sleep(0.5)
         if data is not None:
             try:
-                agg = read_aggregate(data, shapes, verify=verify_signature, expected_hotkey=lead[0].hotkey)
+                agg = read_aggregate(data, shapes, run=node.run, verify=verify_signature,
+                                     expected_hotkey=lead[0].hotkey)
             except PayloadError as exc:
                 log.warning(f"aggregate {window} from the lead is malformed ({exc.reason}); skipping it")
             else:

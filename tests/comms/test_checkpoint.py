@@ -18,6 +18,7 @@ from templar.comms import (
     save_checkpoint,
 )
 from templar.comms.keys import checkpoint_file_key, checkpoint_manifest_key, latest_checkpoint_key
+from templar.config import PROTOCOL_VERSION
 from templar.storage import ObjectTooLarge
 
 DIGEST = "ab" * 32
@@ -171,7 +172,7 @@ def test_cleanup_keeps_newest_and_latest(maker, tmp_path: Path) -> None:
             await b.put(checkpoint_file_key(50, "model.safetensors"), b"in progress")
             deleted = await cleanup_checkpoints(b, keep=2)
             assert deleted == [10, 20]
-            keys = {o.key for o in await b.list("v1/checkpoint/")}
+            keys = {o.key for o in await b.list(f"v{PROTOCOL_VERSION}/checkpoint/")}
             windows = {k.split("/")[2] for k in keys}
             assert windows == {"30", "40", "50", "latest.json"}
             ckpt = await download_latest_checkpoint(b, tmp_path / "dl", max_bytes=10**9,

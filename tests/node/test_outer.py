@@ -17,7 +17,7 @@ from templar.schedule import learning_rate
 from templar.state import NodeState
 from templar.storage import LocalBucket
 from templar.windows import Clock
-from templar.wire import Gradient, PayloadError, write_gradient
+from templar.wire import Gradient, PayloadError, Run, write_gradient
 
 
 def test_the_step_is_our_own_count_unless_the_lead_re_anchors_it():
@@ -84,6 +84,7 @@ def test_apply_update_is_what_replay_and_live_steps_share(hp, real_peers):
 
 
 GENESIS = 1_700_000_000.0
+RUN = Run(netuid=7, digest="ab" * 32)
 
 
 @pytest.fixture
@@ -105,7 +106,7 @@ def test_gather_gradients_judges_timing_size_and_bytes_alike_for_every_node(hp, 
     hp = hp.model_copy(update={"windows": hp.windows.model_copy(update={
         "put_window_seconds": 3.0, "clock_skew_seconds": 0.5, "gather_seconds": 4.0})})
     signed = write_gradient(peers[0], {n: torch.zeros(hp.gauntlet.probe_count) for n in shapes}, window=3,
-                            global_step=1, hotkey=keypair.ss58_address, hp=hp, sign=keypair.sign)
+                            global_step=1, hotkey=keypair.ss58_address, hp=hp, run=RUN, sign=keypair.sign)
 
     async def scenario():
         from templar.clock import loop_time
@@ -125,7 +126,7 @@ def test_gather_gradients_judges_timing_size_and_bytes_alike_for_every_node(hp, 
         # the on-time payload is Alice's, so her address keys its bucket (the reader checks the signer)
         owners = {"on_time": keypair.ss58_address}
         results = await gather_gradients({owners.get(k, k): b for k, b in buckets.items()},
-                                         3, clock=clock, hp=hp, shapes=shapes)
+                                         3, clock=clock, hp=hp, shapes=shapes, run=RUN)
         return {next((k for k, v in owners.items() if v == hk), hk): r for hk, r in results.items()}
 
     results = run_virtual(scenario(), start=GENESIS + 20)

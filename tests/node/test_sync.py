@@ -21,9 +21,10 @@ from templar.state import NodeState
 from templar.storage import Bucket, LocalBucket
 from templar.sync import catch_up
 from templar.windows import Clock
-from templar.wire import write_aggregate
+from templar.wire import Run, write_aggregate
 
 GENESIS = 1_700_000_000.0
+RUN = Run(netuid=7, digest="ab" * 32)
 
 
 @dataclass
@@ -36,6 +37,7 @@ class FollowerNode:
     lead_hotkey: str
     lead_bucket: Bucket
     stop: asyncio.Event = field(default_factory=asyncio.Event)
+    run: Run = RUN
 
     @property
     def shapes(self):
@@ -61,7 +63,7 @@ def test_catch_up_replays_skips_and_waits_like_the_live_step(hp, keypair, tmp_pa
 
     def signed(window: int, step: int) -> bytes:
         return write_aggregate(published_signs[window], window=window, global_step=step, learning_rate=1e-3,
-                               hotkey=lead, sign=keypair.sign)
+                               hotkey=lead, run=RUN, sign=keypair.sign)
 
     async def scenario():
         time = loop_time()
@@ -103,7 +105,7 @@ def test_catch_up_takes_the_step_the_lead_signed(hp, keypair, tmp_path, publishe
         bucket = LocalBucket(tmp_path / "lead", now=time.now)
         node = FollowerNode(hp, build_model(hp), _clock(hp, time), lead, bucket)
         data = write_aggregate(published_signs[11], window=11, global_step=7, learning_rate=1e-3, hotkey=lead,
-                               sign=keypair.sign)
+                               run=RUN, sign=keypair.sign)
         await put_aggregate(bucket, 11, data)
         await put_progress(bucket, 11, 3)
         return await catch_up(node, NodeState(window=10, global_step=2), until=11)

@@ -15,6 +15,7 @@ from safetensors.torch import save as st_save
 from templar.compress import aggregate
 from templar.wire import (
     PayloadError,
+    Run,
     max_aggregate_bytes,
     probe_positions,
     read_aggregate,
@@ -23,6 +24,8 @@ from templar.wire import (
 )
 from templar.wire.aggregate import _DOMAIN
 from templar.wire.container import signed_digest
+
+RUN = Run(netuid=7, digest="ab" * 32)
 
 
 def _signs(shapes: dict[str, torch.Size], seed: int = 0) -> dict[str, torch.Tensor]:
@@ -35,14 +38,14 @@ def _signs(shapes: dict[str, torch.Size], seed: int = 0) -> dict[str, torch.Tens
 @pytest.fixture(scope="module")
 def published(small_shapes, keypair) -> tuple[dict[str, torch.Tensor], bytes]:
     signs = _signs(small_shapes)
-    data = write_aggregate(signs, window=9, global_step=4, learning_rate=3e-3, hotkey=keypair.ss58_address, sign=keypair.sign)
+    data = write_aggregate(signs, window=9, global_step=4, learning_rate=3e-3, hotkey=keypair.ss58_address, run=RUN, sign=keypair.sign)
     return signs, data
 
 
 def _reason(data: bytes, shapes, **kwargs) -> str:
     kwargs.setdefault("verify", None)
     with pytest.raises(PayloadError) as info:
-        read_aggregate(data, shapes, **kwargs)
+        read_aggregate(data, shapes, **{"run": RUN, **kwargs})
     return info.value.reason
 
 
@@ -59,7 +62,7 @@ def _doc(data: bytes) -> dict:
 
 def test_round_trip_is_exact_and_about_one_bit_per_value(published, small_shapes, keypair, verify) -> None:
     signs, data = published
-    agg = read_aggregate(data, small_shapes, verify=verify, expected_hotkey=keypair.ss58_address, expected_window=9)
+    agg = read_aggregate(data, small_shapes, run=RUN, verify=verify, expected_hotkey=keypair.ss58_address, expected_window=9)
     assert (agg.window, agg.global_step, agg.learning_rate) == (9, 4, 3e-3)
     for name in small_shapes:
         assert torch.equal(agg.signs[name], signs[name])
@@ -72,8 +75,8 @@ def test_round_trip_is_exact_and_about_one_bit_per_value(published, small_shapes
 def test_round_trips_a_real_aggregate(real_peers, keypair, verify) -> None:
     shapes, peers = real_peers
     signs = aggregate(peers, [0.25] * 4, shapes)
-    data = write_aggregate(signs, window=1, global_step=1, learning_rate=1e-3, hotkey=keypair.ss58_address, sign=keypair.sign)
-    agg = read_aggregate(data, shapes, verify=verify, expected_hotkey=keypair.ss58_address)
+    data = write_aggregate(signs, window=1, global_step=1, learning_rate=1e-3, hotkey=keypair.ss58_address, run=RUN, sign=keypair.sign)
+    agg = read_aggregate(data, shapes, run=RUN, verify=verify, expected_hotkey=keypair.ss58_address)
     assert all(torch.equal(agg.signs[n], signs[n]) for n in shapes)
     with_zeros = [n for n in shapes if bool((signs[n] == 0).any())]
     assert with_zeros == ["model.embed_tokens.weight"]  # rows of tokens no peer saw
@@ -107,7 +110,7 @@ def test_rejections(published, small_shapes, keypair, verify) -> None:
     assert _reason(_forge({**tensors, "odd/zero": torch.zeros(5, dtype=torch.uint8)}, doc, keypair), small_shapes) == "bad_shape"
     assert _reason(_forge({k: v for k, v in tensors.items() if k != "odd/zero"}, doc, keypair), small_shapes) == "missing_tensor"
     with pytest.raises(ValueError):
-        write_aggregate({"x": torch.tensor([0.5])}, window=1, global_step=1, learning_rate=1e-3, hotkey="hk", sign=keypair.sign)
+        write_aggregate({"x": torch.tensor([0.5])}, window=1, global_step=1, learning_rate=1e-3, hotkey="hk", run=RUN, sign=keypair.sign)
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -118,7 +121,7 @@ def test_mutated_aggregates_only_ever_raise_payload_error(published, small_shape
     for position, value in edits:
         blob[position % len(blob)] = value
     with contextlib.suppress(PayloadError):
-        read_aggregate(bytes(blob), small_shapes, verify=None)
+        read_aggregate(bytes(blob), small_shapes, run=RUN, verify=None)
 
 
 def test_probe_positions_are_pure_and_pinned() -> None:
@@ -149,14 +152,14 @@ def test_one_window_end_to_end(real_peers, hp, keypair, verify) -> None:
     shapes, peers = real_peers
     probes = {n: torch.zeros(hp.gauntlet.probe_count) for n in shapes}
     payloads = [
-        write_gradient(p, probes, window=3, global_step=2, hotkey=keypair.ss58_address, hp=hp, sign=keypair.sign)
+        write_gradient(p, probes, window=3, global_step=2, hotkey=keypair.ss58_address, hp=hp, run=RUN, sign=keypair.sign)
         for p in peers
     ]
-    received = [read_gradient(b, shapes, hp, verify=verify, expected_window=3) for b in payloads]
+    received = [read_gradient(b, shapes, hp, run=RUN, verify=verify, expected_window=3) for b in payloads]
     assert len({g.digest for g in received}) == len(peers)
     signs = aggregate([g.tensors for g in received], [1 / len(received)] * len(received), shapes)
-    blob = write_aggregate(signs, window=3, global_step=2, learning_rate=1e-2, hotkey=keypair.ss58_address, sign=keypair.sign)
-    replay = read_aggregate(blob, shapes, verify=verify, expected_hotkey=keypair.ss58_address)
+    blob = write_aggregate(signs, window=3, global_step=2, learning_rate=1e-2, hotkey=keypair.ss58_address, run=RUN, sign=keypair.sign)
+    replay = read_aggregate(blob, shapes, run=RUN, verify=verify, expected_hotkey=keypair.ss58_address)
     gen = torch.Generator().manual_seed(0)
     validator = {n: torch.randn(s, generator=gen) for n, s in shapes.items()}
     joiner = {n: t.clone() for n, t in validator.items()}
@@ -167,3 +170,9 @@ def test_one_window_end_to_end(real_peers, hp, keypair, verify) -> None:
         assert torch.equal(validator[name], joiner[name])
         step = before[name] * (1 - 1e-3) - validator[name]
         assert torch.allclose(step.abs()[signs[name] != 0], torch.tensor(1e-2), atol=1e-6)
+
+
+def test_an_aggregate_of_another_run_is_wrong_run(published, small_shapes, verify) -> None:
+    _, data = published
+    assert _reason(data, small_shapes, run=Run(netuid=8, digest="ab" * 32), verify=verify) == "wrong_run"
+    assert _reason(data, small_shapes, run=Run(netuid=7, digest="00" * 32), verify=verify) == "wrong_run"

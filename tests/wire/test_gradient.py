@@ -13,11 +13,12 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from templar.compress import DCTCompressor
-from templar.wire import PayloadError, max_gradient_bytes, read_gradient, take_probes, write_gradient
+from templar.wire import PayloadError, Run, max_gradient_bytes, read_gradient, take_probes, write_gradient
 from templar.wire.container import signed_digest
 from templar.wire.gradient import _DOMAIN
 
 WINDOW, STEP = 7, 3
+RUN = Run(netuid=7, digest="ab" * 32)
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +29,7 @@ def payload(hp, small_shapes, keypair) -> bytes:
     compressed = {n: compressor.compress(torch.randn(s, generator=gen)) for n, s in small_shapes.items()}
     probes = take_probes(params, seed=11, window=WINDOW, count=hp.gauntlet.probe_count)
     return write_gradient(
-        compressed, probes, window=WINDOW, global_step=STEP, hotkey=keypair.ss58_address, hp=hp, sign=keypair.sign
+        compressed, probes, window=WINDOW, global_step=STEP, hotkey=keypair.ss58_address, hp=hp, run=RUN, sign=keypair.sign
     )
 
 
@@ -49,13 +50,13 @@ def _forge(tensors, doc, signer=None, *, raw_doc: str | None = None, signature: 
 def _reason(data: bytes, hp, shapes, **kwargs) -> str:
     kwargs.setdefault("verify", None)
     with pytest.raises(PayloadError) as info:
-        read_gradient(data, shapes, hp, **kwargs)
+        read_gradient(data, shapes, hp, **{"run": RUN, **kwargs})
     return info.value.reason
 
 
 def test_round_trip_with_a_real_signature(payload, hp, small_shapes, keypair, verify) -> None:
     g = read_gradient(
-        payload, small_shapes, hp, verify=verify, expected_hotkey=keypair.ss58_address, expected_window=WINDOW
+        payload, small_shapes, hp, run=RUN, verify=verify, expected_hotkey=keypair.ss58_address, expected_window=WINDOW
     )
     assert (g.window, g.global_step, g.hotkey, g.warmup, g.nbytes) == (WINDOW, STEP, keypair.ss58_address, False, len(payload))
     assert set(g.tensors) == set(small_shapes) == set(g.probes)
@@ -64,7 +65,7 @@ def test_round_trip_with_a_real_signature(payload, hp, small_shapes, keypair, ve
     assert len(payload) <= max_gradient_bytes(small_shapes, hp)
     tensors, doc = _parts(payload)
     resigned = _forge(tensors, {**doc, "global_step": STEP + 1}, keypair)
-    again = read_gradient(resigned, small_shapes, hp, verify=verify)
+    again = read_gradient(resigned, small_shapes, hp, run=RUN, verify=verify)
     assert again.digest == g.digest and again.global_step == STEP + 1  # digest covers tensors only
 
 
@@ -82,7 +83,7 @@ def test_signature_binds_hotkey_metadata_and_tensors(payload, hp, small_shapes, 
     assert _reason(_forge(tensors, doc, signature="zz"), hp, small_shapes, verify=verify) == "bad_signature"
     assert _reason(_forge(tensors, {**doc, "hotkey": "not-an-address"}, keypair), hp, small_shapes, verify=verify) == "bad_signature"
     claims_bob = _forge(tensors, {**doc, "hotkey": bob.ss58_address}, bob)
-    assert read_gradient(claims_bob, small_shapes, hp, verify=verify).hotkey == bob.ss58_address
+    assert read_gradient(claims_bob, small_shapes, hp, run=RUN, verify=verify).hotkey == bob.ss58_address
     assert _reason(claims_bob, hp, small_shapes, verify=verify, expected_hotkey=keypair.ss58_address) == "wrong_hotkey"
 
 
@@ -127,8 +128,10 @@ def test_every_structural_reason(payload, hp, small_shapes) -> None:
         ({"kind": "aggregate"}, "bad_metadata"),
         ({"topk": 16}, "bad_metadata"),
         ({"codec": "raw"}, "bad_metadata"),
-        ({"protocol": 2}, "wrong_protocol"),
-        ({"protocol": "1"}, "bad_metadata"),
+        ({"protocol": 1}, "wrong_protocol"),
+        ({"netuid": "7"}, "bad_metadata"),
+        ({"run": "not-hex"}, "bad_metadata"),
+        ({"protocol": "2"}, "bad_metadata"),
     ],
 )
 def test_metadata_is_strictly_typed(payload, hp, small_shapes, change, reason) -> None:
@@ -150,7 +153,7 @@ def test_malformed_metadata_documents(payload, hp, small_shapes) -> None:
 def test_window_and_hotkey_expectations(payload, hp, small_shapes, keypair) -> None:
     assert _reason(payload, hp, small_shapes, expected_window=WINDOW + 1) == "wrong_window"
     assert _reason(payload, hp, small_shapes, expected_hotkey="5F" + "x" * 46) == "wrong_hotkey"
-    read_gradient(payload, small_shapes, hp, verify=None, expected_hotkey=keypair.ss58_address, expected_window=WINDOW)
+    read_gradient(payload, small_shapes, hp, run=RUN, verify=None, expected_hotkey=keypair.ss58_address, expected_window=WINDOW)
 
 
 def test_writer_refuses_inconsistent_input(hp, small_shapes, keypair) -> None:
@@ -158,7 +161,7 @@ def test_writer_refuses_inconsistent_input(hp, small_shapes, keypair) -> None:
     compressed = {n: compressor.compress(torch.randn(s)) for n, s in small_shapes.items()}
     probes = {n: torch.zeros(hp.gauntlet.probe_count) for n in small_shapes}
     with pytest.raises(ValueError):
-        write_gradient(compressed, probes, window=1, global_step=0, hotkey="hk", hp=hp, sign=keypair.sign)
+        write_gradient(compressed, probes, window=1, global_step=0, hotkey="hk", hp=hp, run=RUN, sign=keypair.sign)
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -177,4 +180,10 @@ def test_mutated_payloads_only_ever_raise_payload_error(payload, hp, small_shape
     if cut is not None:
         blob = blob[: cut % (len(blob) + 1)]
     with contextlib.suppress(PayloadError):
-        read_gradient(bytes(blob), small_shapes, hp, verify=None)
+        read_gradient(bytes(blob), small_shapes, hp, run=RUN, verify=None)
+
+
+@pytest.mark.parametrize("other", [Run(netuid=8, digest="ab" * 32), Run(netuid=7, digest="cd" * 32)])
+def test_a_payload_of_another_subnet_or_run_is_wrong_run(payload, hp, small_shapes, verify, other) -> None:
+    """Same shapes, same codec, a valid signature: bound to another run all the same."""
+    assert _reason(payload, hp, small_shapes, run=other, verify=verify) == "wrong_run"

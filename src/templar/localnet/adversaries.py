@@ -96,8 +96,9 @@ class StepPump(MinerHooks):
 
     async def before_upload(self, miner, window, payload):
         node, hp = miner.node, miner.hp
-        g = payload_reader(node.shapes, hp, window)(node.hotkey, payload)
-        return write_gradient(g.tensors, g.probes, window=window, hotkey=node.hotkey, hp=hp, sign=node.chain.sign,
+        g = payload_reader(node.shapes, hp, window, node.run)(node.hotkey, payload)
+        return write_gradient(g.tensors, g.probes, window=window, hotkey=node.hotkey, hp=hp, run=node.run,
+                              sign=node.chain.sign,
                               global_step=g.global_step + hp.windows.max_allowed_stale, warmup=g.warmup)
 
 
@@ -144,7 +145,7 @@ class Copycat(MinerHooks):
         validators = {n.hotkey for n in await node.neurons() if n.validator_permit}
         buckets = await node.peer_buckets([self.target] if self.target else None)
         candidates = [hk for hk in sorted(buckets) if hk != node.hotkey and hk not in validators]
-        read = payload_reader(node.shapes, hp, window)
+        read = payload_reader(node.shapes, hp, window, node.run)
         while node.clock.now() < until - 1.0:
             for hotkey in candidates:
                 try:
@@ -154,7 +155,8 @@ class Copycat(MinerHooks):
                     continue
                 log.info(f"re-posting {short(hotkey)}'s gradient")
                 return write_gradient(g.tensors, g.probes, window=window, global_step=g.global_step,
-                                      hotkey=node.hotkey, hp=hp, sign=node.chain.sign, warmup=g.warmup)
+                                      hotkey=node.hotkey, hp=hp, run=node.run, sign=node.chain.sign,
+                                      warmup=g.warmup)
             await asyncio.sleep(0.3)
         return None
 

@@ -169,7 +169,7 @@ class Miner:
         compressed = {k: type(c)(indices=c.indices, values=values[k].float(), shape=c.shape, chunk=c.chunk)
                       for k, c in compressed.items()}
         return write_gradient(compressed, collect_probes(node.model, window, hp), window=window,
-                              global_step=self.state.global_step, hotkey=node.hotkey, hp=hp,
+                              global_step=self.state.global_step, hotkey=node.hotkey, hp=hp, run=node.run,
                               sign=node.chain.sign, warmup=self.phase == Phase.WARMUP)
 
     async def _aggregate(self, window: int) -> int:
@@ -188,7 +188,7 @@ class Miner:
             log.info("no peer list in effect yet: no outer step this window")
             return 0
         results = await gather_gradients(await node.peer_buckets(peers), window, clock=node.clock, hp=hp,
-                                         shapes=node.shapes)
+                                         shapes=node.shapes, run=node.run)
         received = [r.value for r in results.values() if r.ok and r.value is not None]
         step = await asyncio.to_thread(outer_step, node.model, received, self.state, hp)
         return step.peers if step else 0

@@ -41,7 +41,8 @@ async def publish_window(node: Node, window: int, step: OuterStep | None, next_p
     try:
         if step is not None:
             data = write_aggregate(step.signs, window=window, global_step=step.global_step,
-                                   learning_rate=step.learning_rate, hotkey=node.hotkey, sign=node.chain.sign)
+                                   learning_rate=step.learning_rate, hotkey=node.hotkey, run=node.run,
+                                   sign=node.chain.sign)
             await put_aggregate(node.bucket, window, data)
         if next_peers is not None:
             await put_peers(node.bucket, window + 1, next_peers)

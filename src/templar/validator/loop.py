@@ -160,7 +160,7 @@ class Validator:
                                      always=[p for p in peer_list if p in miners], purpose="fast")
         wanted = sorted(set(fast_set) | set(peer_list))
         results = await gather_gradients(await node.peer_buckets(wanted), window, clock=node.clock, hp=hp,
-                                         shapes=node.shapes, deadline=deadline)
+                                         shapes=node.shapes, run=node.run, deadline=deadline)
         for hotkey in wanted:  # no locator on chain: as good as missing
             results.setdefault(hotkey, GatherResult(GatherStatus.MISSING, reason="no bucket committed"))
 

@@ -17,6 +17,7 @@ from templar.wire.gradient import (
     write_gradient,
 )
 from templar.wire.probes import probe_positions, take_probes
+from templar.wire.schema import Run
 
 __all__ = [
     "CODEC",
@@ -24,6 +25,7 @@ __all__ = [
     "Aggregate",
     "Gradient",
     "PayloadError",
+    "Run",
     "Signer",
     "Verifier",
     "coefficient_count",

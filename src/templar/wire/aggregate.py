@@ -30,7 +30,7 @@ from templar.wire.container import (
     signed_digest,
 )
 from templar.wire.errors import PayloadError
-from templar.wire.schema import AggregateDocument
+from templar.wire.schema import AggregateDocument, Run
 
 __all__ = ["Aggregate", "max_aggregate_bytes", "read_aggregate", "write_aggregate"]
 
@@ -69,9 +69,10 @@ def write_aggregate(
     global_step: int,
     learning_rate: float,
     hotkey: str,
+    run: Run,
     sign: Signer,
 ) -> bytes:
-    """Bit-pack, sign and serialise; ValueError if a tensor holds anything but -1/0/+1."""
+    """Bit-pack, sign and serialise for `run`; ValueError if a tensor holds anything but -1/0/+1."""
     tensors: dict[str, torch.Tensor] = {}
     for name, s in signs.items():
         s = s.detach().cpu()
@@ -82,6 +83,8 @@ def write_aggregate(
         tensors[f"{name}/zero"] = _pack(zero) if bool(zero.any()) else torch.empty(0, dtype=torch.uint8)
     document = AggregateDocument(
         protocol=PROTOCOL_VERSION,
+        netuid=run.netuid,
+        run=run.digest,
         kind="aggregate",
         window=window,
         global_step=global_step,
@@ -119,17 +122,21 @@ def read_aggregate(
     data: bytes,
     expected: Mapping[str, torch.Size],
     *,
+    run: Run,
     verify: Verifier | None,
     expected_hotkey: str | None = None,
     expected_window: int | None = None,
 ) -> Aggregate:
-    """Validate and decode a published aggregate; raises `PayloadError` for anything malformed."""
+    """Validate and decode a published aggregate of `run`; raises `PayloadError` for anything
+    malformed, unauthenticated or bound to another run."""
     data = bytes(data)
     cap = max_aggregate_bytes(expected)
     if len(data) > cap:
         raise PayloadError("oversize", f"{len(data)} > {cap} bytes")
     container = parse_container(data, max_header=header_bound(_keys(expected)))
     doc = parse_document(container, AggregateDocument)
+    if (other := run.check(doc.netuid, doc.run)) is not None:
+        raise PayloadError("wrong_run", other)
     if expected_hotkey is not None and doc.hotkey != expected_hotkey:
         raise PayloadError("wrong_hotkey", f"{doc.hotkey[:16]} != {expected_hotkey[:16]}")
     if expected_window is not None and doc.window != expected_window:

@@ -22,6 +22,7 @@ REASONS = frozenset(
         "wrong_protocol",  # another protocol version
         "wrong_hotkey",  # signed by a different hotkey than the bucket owner
         "wrong_window",  # stamped with another window
+        "wrong_run",  # signed for another subnet (netuid) or another run (hparams digest)
     }
 )
 

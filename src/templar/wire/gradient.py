@@ -31,7 +31,7 @@ from templar.wire.container import (
     tensor_digest,
 )
 from templar.wire.errors import PayloadError
-from templar.wire.schema import GradientDocument
+from templar.wire.schema import GradientDocument, Run
 
 __all__ = ["Gradient", "max_gradient_bytes", "read_gradient", "write_gradient"]
 
@@ -86,10 +86,11 @@ def write_gradient(
     global_step: int,
     hotkey: str,
     hp: HParams,
+    run: Run,
     sign: Signer,
     warmup: bool = False,
 ) -> bytes:
-    """Encode, sign and serialise; ValueError when the caller's own data is inconsistent."""
+    """Encode, sign and serialise for `run`; ValueError when the caller's own data is inconsistent."""
     if set(compressed) != set(probes):
         raise ValueError("compressed and probes must name the same parameters")
     tensors: dict[str, torch.Tensor] = {}
@@ -105,6 +106,8 @@ def write_gradient(
         tensors[f"{name}/{_PROBE}"] = probe
     document = GradientDocument(
         protocol=PROTOCOL_VERSION,
+        netuid=run.netuid,
+        run=run.digest,
         kind="gradient",
         window=window,
         global_step=global_step,
@@ -151,11 +154,13 @@ def read_gradient(
     expected: Mapping[str, torch.Size],
     hp: HParams,
     *,
+    run: Run,
     verify: Verifier | None,
     expected_hotkey: str | None = None,
     expected_window: int | None = None,
 ) -> Gradient:
-    """Validate and decode a peer's gradient payload; raises `PayloadError` for anything malformed.
+    """Validate and decode a peer's gradient payload of `run`; raises `PayloadError` for anything
+    malformed, unauthenticated or bound to another run.
 
     `verify=None` skips the signature check (local tools only; every peer path must pass one).
     """
@@ -165,6 +170,8 @@ def read_gradient(
         raise PayloadError("oversize", f"{len(data)} > {cap} bytes")
     container = parse_container(data, max_header=header_bound(_keys(expected)))
     doc = parse_document(container, GradientDocument)
+    if (other := run.check(doc.netuid, doc.run)) is not None:
+        raise PayloadError("wrong_run", other)
     if (doc.target_chunk, doc.topk, doc.codec) != (hp.demo.target_chunk, hp.demo.topk, codec.CODEC):
         raise PayloadError("bad_metadata", f"compression settings {doc.target_chunk}/{doc.topk}/{doc.codec}")
     if expected_hotkey is not None and doc.hotkey != expected_hotkey:

@@ -2,20 +2,42 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["AggregateDocument", "GradientDocument"]
+__all__ = ["AggregateDocument", "GradientDocument", "Run"]
 
 _HOTKEY_PATTERN = r"^[A-Za-z0-9_.\-]{1,64}$"
 _MAX_COUNTER = 2**53  # exactly representable in every JSON implementation
+
+
+@dataclass(frozen=True)
+class Run:
+    """The run a signed object belongs to: the subnet, and the digest of the run's hparams
+    (`HParams.digest()`: model, data seeds, compression, schedule). Every signed payload names
+    both, so a payload of another subnet or another run with the same shapes and codec is refused
+    (`wrong_run`) instead of being replayed into this one."""
+
+    netuid: int
+    digest: str
+
+    def check(self, netuid: int, digest: str) -> str | None:
+        """None when a document's (netuid, run) is this run's; else what differs."""
+        if netuid != self.netuid:
+            return f"netuid {netuid} != {self.netuid}"
+        if digest != self.digest:
+            return f"run {digest[:12]} != {self.digest[:12]}"
+        return None
 
 
 class _Document(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
     protocol: int
+    netuid: int = Field(ge=0, le=2**16 - 1)
+    run: str = Field(pattern=r"^[0-9a-f]{64}$")
     window: int = Field(ge=0, le=_MAX_COUNTER)
     global_step: int = Field(ge=0, le=_MAX_COUNTER)
     hotkey: str = Field(pattern=_HOTKEY_PATTERN)
