@@ -34,15 +34,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 async def main(args: argparse.Namespace) -> None:
+    from templar.metrics import start_metrics
     from templar.miner.loop import Miner
     from templar.node import start_node
 
     node = await start_node(args, "miner")
     node.install_signal_handlers()
+    metrics = start_metrics(args, role="miner", hotkey=node.hotkey, uid=node.uid)
     strategy = make_strategy(args.strategy, node.hp.data.pages_per_window, args.extra_pages)
     try:
         await Miner(node, strategy, copy_hotkey=args.copy_hotkey).run()
     finally:
+        if metrics is not None:
+            metrics.close()
         await node.aclose()
 
 

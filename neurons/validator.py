@@ -28,14 +28,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 async def main(args: argparse.Namespace) -> None:
+    from templar.metrics import start_metrics
     from templar.node import start_node
     from templar.validator.loop import Validator
 
     node = await start_node(args, "validator")
     node.install_signal_handlers()
+    metrics = start_metrics(args, role="validator", hotkey=node.hotkey, uid=node.uid)
     try:
         await Validator(node).run()
     finally:
+        if metrics is not None:
+            metrics.close()
         await node.aclose()
 
 

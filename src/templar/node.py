@@ -24,6 +24,7 @@ from templar.config import HParams, HParamsError, load_hparams, resolve_asset
 from templar.data import PagePlan, PageStore
 from templar.locator import BucketLocator, Credentials, LocatorError
 from templar.log import setup_logging, short
+from templar.metrics import add_metrics_args
 from templar.model import build_model, parameter_shapes
 from templar.storage import Bucket, StorageError, open_bucket
 from templar.windows import Clock
@@ -53,6 +54,7 @@ def add_node_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--logging.debug", dest="logging_debug", action="store_true")
     parser.add_argument("--logging.json", dest="logging_json", action="store_true", help="JSON lines on stderr")
     parser.add_argument("--logging.file", dest="logging_file", type=Path, default=None)
+    add_metrics_args(parser)  # --metrics.port / --metrics.host (templar.metrics; off by default)
 
 
 @dataclass

@@ -12,6 +12,7 @@ import ipaddress
 import socket
 import threading
 import time
+from pathlib import Path
 
 import uvicorn
 from loguru import logger
@@ -113,3 +114,29 @@ class BackgroundDashboard:
         self.server.should_exit = True
         self.thread.join(timeout)
         self.sock.close()
+
+
+def start_localnet_dashboard(out: Path, hparams: str, port: int, netuid: int) -> BackgroundDashboard | None:
+    """`templar localnet --dashboard PORT`: the dashboard on 127.0.0.1 next to the net, in a thread.
+
+    A busy port falls back to a free one (two localnets may run side by side); any other failure
+    is logged and the localnet runs on without a dashboard.
+    """
+    from functools import partial
+
+    from templar.chain import connect
+    from templar.config import load_hparams
+    from templar.dashboard.board import BoardConfig
+
+    hp = load_hparams(hparams)
+    config = BoardConfig(
+        localnet=out, connect=partial(connect, network="embedded", chain_endpoint=str(out / "chain.sqlite"),
+                                      netuid=netuid, wallet_name=None, read_timeout=10.0),
+        chain_label=f"embedded netuid {netuid}", chain_interval=max(2.0, hp.windows.block_time),
+        blocks_per_window=hp.windows.blocks_per_window, hparams_name=hp.name)
+    for attempt in (port, 0):
+        try:
+            return BackgroundDashboard(Board(config), DEFAULT_HOST, attempt).start()
+        except BindError as exc:
+            logger.warning(f"dashboard: {exc}" + ("; trying a free port" if attempt else ""))
+    return None

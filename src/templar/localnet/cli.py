@@ -28,6 +28,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--resume", action="store_true", help="keep --out and resume instead of starting clean")
     p.add_argument("--no-live", action="store_true", help="no live table (for logs and CI)")
     p.add_argument("--report-only", action="store_true", help="rebuild the report of an existing --out and exit")
+    p.add_argument("--dashboard", type=int, default=8787, metavar="PORT",
+                   help="serve `templar dashboard` for this net on 127.0.0.1:PORT (default 8787; busy: a free port)")
+    p.add_argument("--no-dashboard", action="store_true", help="do not start the dashboard")
     p.set_defaults(func=run)
 
 
@@ -53,7 +56,8 @@ def run(args: argparse.Namespace) -> int:
             return 2
     cfg = LocalnetConfig(out=args.out, miners=args.miners, validators=args.validators, windows=args.windows,
                          hparams=args.hparams, adversaries=adversaries, storage=args.storage, seed=args.seed,
-                         resume=args.resume, live=not args.no_live)
+                         resume=args.resume, live=not args.no_live,
+                         dashboard=None if args.no_dashboard else args.dashboard)
     report = run_localnet(cfg)
     summary = [{k: p[k] for k in ("name", "strategy", "final_weight", "final_mu")}
                for p in report["peers"] if p["role"] == "miner"]

@@ -46,6 +46,7 @@ class LocalnetConfig:
     seed: int = 0
     resume: bool = False
     live: bool = True
+    dashboard: int | None = None  # port of the dashboard on 127.0.0.1 (None: none)
 
 
 def parse_adversary(spec: str) -> tuple[str, int]:
@@ -231,6 +232,13 @@ def run_localnet(cfg: LocalnetConfig, *, deadline_seconds: float | None = None) 
     """Run a localnet to completion (or Ctrl-C) and return the report."""
     net = Localnet(cfg)
     net.prepare()
+    dashboard = None
+    if cfg.dashboard is not None:
+        from templar.dashboard.server import start_localnet_dashboard
+
+        dashboard = start_localnet_dashboard(net.out, net.hparams, cfg.dashboard, NETUID)
+        if dashboard is not None:
+            print(f"dashboard: {dashboard.url}", flush=True)
     net.start()
     window_seconds = net.hp.windows.blocks_per_window * net.hp.windows.block_time
     deadline = deadline_seconds or (cfg.windows + 6) * window_seconds + 120
@@ -241,6 +249,8 @@ def run_localnet(cfg: LocalnetConfig, *, deadline_seconds: float | None = None) 
         logger.warning("Ctrl-C: stopping every neuron and writing the report")
     finally:
         codes = net.stop()
+        if dashboard is not None:
+            dashboard.stop()
     report = build_report(net.out)
     report["outcome"] = outcome
     report["exit_codes"] = codes
