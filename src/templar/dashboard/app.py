@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import math
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from importlib import resources
 
 from starlette.applications import Starlette
@@ -83,7 +83,12 @@ class Refresher:
         self.last_request = 0.0
         self.streams = 0
         self.stop = asyncio.Event()
+        self.exiting: Callable[[], bool] = lambda: False  # the server's "shutting down" flag
         self._chain_task: asyncio.Task | None = None
+
+    @property
+    def stopping(self) -> bool:
+        return self.stop.is_set() or self.exiting()
 
     async def files(self, *, force: bool = False) -> None:
         now = time.monotonic()
@@ -105,7 +110,7 @@ class Refresher:
         await self.files()
 
     async def run(self) -> None:
-        while not self.stop.is_set():
+        while not self.stopping:
             if self.streams > 0 or time.monotonic() - self.last_request < WATCH_GRACE:
                 self.kick_chain()
                 await self.files()
@@ -221,7 +226,7 @@ def create_app(board: Board, *, allowed_hosts: list[str] | None = None) -> Starl
             try:
                 yield "retry: 3000\n\n"
                 sent, quiet = -1, 0.0
-                while not refresher.stop.is_set():
+                while not refresher.stopping:  # ends at shutdown, so the server need not cut it
                     if board.version != sent:
                         sent, quiet = board.version, 0.0
                         yield f"event: version\ndata: {sent}\n\n"

@@ -78,7 +78,9 @@ def build_server(board: Board, host: str) -> uvicorn.Server:
     config = uvicorn.Config(app, log_level="warning", access_log=False, server_header=False,
                             proxy_headers=False, timeout_graceful_shutdown=2, limit_concurrency=128,
                             lifespan="on")
-    return uvicorn.Server(config)
+    server = uvicorn.Server(config)
+    app.state.refresher.exiting = lambda: server.should_exit
+    return server
 
 
 def serve(board: Board, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, *, allow_remote: bool = False) -> None:

@@ -91,7 +91,8 @@ def line_chart(series: Sequence[tuple[str, Sequence[Point]]], *, title: str, x_l
                y_min: float | None = None) -> str:
     """Lines (or bars for a single series) with axes, ticks and a legend; an empty chart says so."""
     left, right, top, bottom = 52, 12, 28, 34
-    per_row = 2 if any(len(name) > 14 for name, _ in series) else 4
+    longest = max((len(name) for name, _ in series), default=0)
+    per_row = 1 if longest > 20 else 2 if longest > 12 else 4
     legend_rows = math.ceil(len(series) / per_row) if len(series) > 1 else 0
     top += 16 * legend_rows
     all_pts = [p for _, pts in series for p in _finite(pts)]

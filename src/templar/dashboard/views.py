@@ -177,7 +177,7 @@ def overview(board: Board, vname: str | None) -> str:
     lead_text, lead_sub = "–", ""
     if lead:
         lead_text = f"uid {lead.uid}"
-        lead_sub = f"{escape(board.label(lead.hotkey) or short(lead.hotkey))} · stake {lead.stake:,.0f} τ"
+        lead_sub = f"{escape(board.label(lead.hotkey) or short(lead.hotkey))} · {lead.stake:,.0f} τ"
     windows = list(v.windows) if v else []
     loss_sub = ""
     if len(windows) > 1:
@@ -307,18 +307,18 @@ def peers(board: Board, vname: str | None) -> str:
             f"{td(num(r.sync_steps, '.2f'), r.sync_steps, 'num opt')}"
             f"{td(num(r.delta_assigned, '+.4f'), r.delta_assigned, 'num opt')}"
             f"{td(num(r.delta_rand, '+.4f'), r.delta_rand, 'num opt')}"
-            f"{td(num(r.mu, '+.3f'), r.mu, 'num')}{td(num(r.rating, '.2f'), r.rating, 'num opt')}"
+            f"{td(num(r.mu, '+.3f'), r.mu, 'num opt')}{td(num(r.rating, '.2f'), r.rating, 'num opt')}"
             f"{td(num(r.score, '.3f'), r.score, 'num')}{td(num(r.weight, '.3f'), r.weight, 'num')}"
             f'<td data-v="{1 if r.in_top_g else 0}" class="c">{top}</td>'
             f"<td class=opt>{sparkline(weights, label=f'weight of uid {r.uid}, last {len(weights)} windows', lo=0)}</td>"
             f"{td(num(neuron.stake, ',.0f') if neuron else '–', neuron.stake if neuron else None, 'num opt')}</tr>")
-    cols = [("uid", "num"), ("peer", "text"), ("last windows", "none"), ("sync", "num"), ("δ assigned", "num"),
+    cols = [("uid", "num"), ("peer", "text"), ("status", "none"), ("sync", "num"), ("δ assigned", "num"),
             ("δ rand", "num"), ("μ", "num"), ("rating", "num"), ("score", "num"), ("weight", "num"),
             ("top-G", "num"), ("weight history", "none"), ("stake τ", "num")]
     window = v.table_window()
     parts.append(f'<section class="panel"><h2>Peers <small>{escape(v.name)}\'s view, window '
                  f'{num(window, "d")} · {len(rows)} peers · click a header to sort</small></h2>'
-                 f'{table(cols, rows, tid="peers", empty="no peer scored yet", optional=frozenset({3, 4, 5, 7, 11, 12}))}'
+                 f'{table(cols, rows, tid="peers", empty="no peer scored yet", optional=frozenset({3, 4, 5, 6, 7, 11, 12}))}'
                  "</section>")
     return "".join(parts)
 
