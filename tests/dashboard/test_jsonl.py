@@ -74,3 +74,17 @@ def test_records_are_checked_field_by_field(tmp_path):
     rf = RecordFile(path, PeerScoreRecord)
     assert len(rf.poll()[0]) == 1 and rf.invalid == 1
     assert any("without the expected fields" in p for p in rf.problems())
+
+
+def test_a_long_history_is_read_from_its_tail_at_a_line_boundary(tmp_path):
+    path = tmp_path / "scores.jsonl"
+    with open(path, "w") as f:
+        for window in range(2000):
+            f.write(json.dumps({"window": window, "pad": "x" * 40}) + "\n")
+    tail = JsonlTail(path, start_bytes=10_000)
+    records, _ = tail.poll()
+    windows = [r["window"] for r in records]
+    assert 100 < len(windows) < 250 and windows == list(range(windows[0], 2000))  # whole lines only
+    assert tail.status.truncated_start and tail.status.skipped == 0
+    append_record(path, WINDOW)
+    assert [r["window"] for r in tail.poll()[0]] == [3]

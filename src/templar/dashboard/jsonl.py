@@ -33,6 +33,7 @@ class TailStatus:
     last_skip_reason: str = ""
     resets: int = 0
     pending_bytes: int = 0      # a torn last line waiting for its newline
+    truncated_start: bool = False  # only the file's tail was read (JsonlTail.start_bytes)
     error: str = ""
 
 
@@ -41,9 +42,11 @@ class JsonlTail:
     """New complete JSON-object lines of `path` on each `poll()`."""
 
     path: Path
+    start_bytes: int | None = None  # on first sight of a file, skip all but its last this many bytes
     status: TailStatus = field(init=False)
     _offset: int = 0
     _identity: tuple[int, int] | None = None
+    _align: bool = False             # the offset may be mid-line: drop up to the first newline
 
     def __post_init__(self) -> None:
         self.path = Path(self.path)
@@ -70,6 +73,10 @@ class JsonlTail:
             status.resets += 1
             status.records = 0
             self._offset = 0
+        if (self._identity is None or reset) and self.start_bytes is not None and st.st_size > self.start_bytes:
+            self._offset = st.st_size - self.start_bytes
+            self._align = True
+            status.truncated_start = True
         self._identity = identity
         if st.st_size == self._offset:
             return [], reset
@@ -81,6 +88,13 @@ class JsonlTail:
             status.error = f"cannot read: {exc.strerror or exc}"
             return [], reset
         status.error = ""
+        if self._align:
+            first = chunk.find(b"\n")
+            if first < 0:
+                return [], reset
+            self._offset += first + 1
+            chunk = chunk[first + 1:]
+            self._align = False
         end = chunk.rfind(b"\n")
         if end < 0:
             if len(chunk) > MAX_LINE_BYTES:  # a line that will never be a record: skip past it

@@ -8,11 +8,13 @@ of its `templar.records` class before use; a line that fails is counted and skip
 source lists what is missing in `problems()` for the page to say.
 
 Histories are bounded (`MAX_WINDOWS` windows, `MAX_PEER_RECORDS` per peer, `MAX_PEERS`
-hotkeys), so a dashboard left open for weeks on a 256-peer subnet stays small.
+hotkeys), so a dashboard left open for weeks on a 256-peer subnet stays small, and a file that
+has grown for weeks is read from its last few MiB (`*_START_BYTES`), so the first page is quick.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -39,14 +41,26 @@ MAX_PEER_RECORDS = 400
 MAX_PEERS = 4096
 MAX_BOOK_BYTES = 16 * 1024 * 1024
 LOG_TAIL_BYTES = 256 * 1024
+SCORES_START_BYTES = 16 * 1024 * 1024   # a long-running validator's scores.jsonl is read from its last
+WINDOWS_START_BYTES = 4 * 1024 * 1024   # 16 MiB (~230 windows of a 256-peer subnet), window logs from 4 MiB
 HOTKEY_RE = re.compile(r"^[1-9A-HJ-NP-Za-km-z]{1,64}$")  # base58: what an ss58 address is made of
 
-_CHECKS = {
-    "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
-    "float": lambda v: isinstance(v, int | float) and not isinstance(v, bool),
-    "bool": lambda v: isinstance(v, bool),
-    "str": lambda v: isinstance(v, str) and len(v) <= 200,
-}
+_TYPES = {"int": (int,), "float": (int, float), "bool": (bool,), "str": (str,)}
+MAX_TEXT = 200
+
+
+@functools.cache
+def _schema(cls: type) -> tuple[tuple[str, frozenset[type], bool, bool], ...]:
+    """(name, accepted exact types, may be None, is float) per field of a record dataclass.
+
+    Exact types (`type(v) in ...`), so True is not an int and 1 is not a bool.
+    """
+    out = []
+    for f in fields(cls):
+        kinds = [k.strip() for k in str(f.type).split("|")]
+        types = frozenset(t for k in kinds for t in _TYPES.get(k, ()))
+        out.append((f.name, types, "None" in kinds, "float" in kinds))
+    return tuple(out)
 
 
 def parse_record(cls: type, raw: dict) -> object | None:
@@ -55,17 +69,16 @@ def parse_record(cls: type, raw: dict) -> object | None:
     Unknown keys are ignored (a newer writer may add fields); ints are accepted for floats.
     """
     values = {}
-    for f in fields(cls):
-        if f.name not in raw:
+    for name, types, nullable, is_float in _schema(cls):
+        value = raw.get(name, raw)  # `raw` itself marks a missing key
+        if value is None:
+            if not nullable:
+                return None
+        elif type(value) not in types or (type(value) is str and len(value) > MAX_TEXT):
             return None
-        value = raw[f.name]
-        kinds = [k.strip() for k in str(f.type).split("|")]
-        if value is None and "None" in kinds:
-            values[f.name] = None
-            continue
-        if not any(_CHECKS[k](value) for k in kinds if k in _CHECKS):
-            return None
-        values[f.name] = float(value) if "float" in kinds and not isinstance(value, str) else value
+        elif is_float:
+            value = float(value)
+        values[name] = value
     return cls(**values)
 
 
@@ -76,8 +89,8 @@ def valid_hotkey(text: str) -> bool:
 class RecordFile:
     """A JSONL tail whose lines are parsed into one record class; bad ones are counted."""
 
-    def __init__(self, path: Path, cls: type):
-        self.tail = JsonlTail(path)
+    def __init__(self, path: Path, cls: type, start_bytes: int | None = None):
+        self.tail = JsonlTail(path, start_bytes=start_bytes)
         self.cls = cls
         self.invalid = 0
 
@@ -146,8 +159,9 @@ class ValidatorSource:
     def __init__(self, name: str, directory: Path):
         self.name = name
         self.directory = Path(directory)
-        self.scores = RecordFile(self.directory / SCORES_FILE, PeerScoreRecord)
-        self.windows_file = RecordFile(self.directory / VALIDATOR_WINDOWS_FILE, ValidatorWindowRecord)
+        self.scores = RecordFile(self.directory / SCORES_FILE, PeerScoreRecord, SCORES_START_BYTES)
+        self.windows_file = RecordFile(self.directory / VALIDATOR_WINDOWS_FILE, ValidatorWindowRecord,
+                                       WINDOWS_START_BYTES)
         self.windows: deque[ValidatorWindowRecord] = deque(maxlen=MAX_WINDOWS)
         self.history: dict[str, deque[PeerScoreRecord]] = {}
         self.book: dict[str, BookEntry] = {}
@@ -261,7 +275,7 @@ class MinerSource:
     def __init__(self, name: str, directory: Path):
         self.name = name
         self.directory = Path(directory)
-        self.file = RecordFile(self.directory / MINER_WINDOWS_FILE, MinerWindowRecord)
+        self.file = RecordFile(self.directory / MINER_WINDOWS_FILE, MinerWindowRecord, WINDOWS_START_BYTES)
         self.windows: deque[MinerWindowRecord] = deque(maxlen=MAX_WINDOWS)
         self.sync: SyncLine | None = None
         self._log_stamp: tuple[int, int] | None = None
