@@ -66,34 +66,37 @@ class NeuronMetrics:
         self.global_step = Gauge("templar_global_step", "global_step after the last window", registry=r)
         self.windows = Counter("templar_windows", "Windows finished since start", registry=r)
         self.peers_aggregated = Gauge("templar_peers_aggregated", "Payloads in the last outer step", registry=r)
+        # Each role exports only its own series: the other role's are created unregistered.
+        m = r if role == "miner" else None
+        v = r if role == "validator" else None
         # miner
-        self.loss = Gauge("templar_train_loss", "Miner: training loss of the last window", registry=r)
-        self.tokens = Gauge("templar_tokens_per_second", "Miner: training throughput of the last window", registry=r)
+        self.loss = Gauge("templar_train_loss", "Miner: training loss of the last window", registry=m)
+        self.tokens = Gauge("templar_tokens_per_second", "Miner: training throughput of the last window", registry=m)
         self.overhead = Gauge("templar_overhead_share", "Miner: share of the window spent outside forward/backward",
-                              registry=r)
-        self.upload_bytes = Gauge("templar_upload_bytes", "Miner: size of the last upload", registry=r)
-        self.upload_seconds = Gauge("templar_upload_seconds", "Miner: duration of the last upload (put)", registry=r)
-        self.uploads = Counter("templar_uploads", "Miner: uploads by result", ["result"], registry=r)
+                              registry=m)
+        self.upload_bytes = Gauge("templar_upload_bytes", "Miner: size of the last upload", registry=m)
+        self.upload_seconds = Gauge("templar_upload_seconds", "Miner: duration of the last upload (put)", registry=m)
+        self.uploads = Counter("templar_uploads", "Miner: uploads by result", ["result"], registry=m)
         # validator
-        self.holdout = Gauge("templar_holdout_loss", "Validator: held-out loss after the last outer step", registry=r)
-        self.lr = Gauge("templar_learning_rate", "Learning rate of the last outer step", registry=r)
+        self.holdout = Gauge("templar_holdout_loss", "Validator: held-out loss after the last outer step", registry=v)
+        self.lr = Gauge("templar_learning_rate", "Learning rate of the last outer step", registry=v)
         self.window_seconds = Gauge("templar_window_seconds", "Validator: seconds from gather start to saved",
-                                    registry=r)
-        self.gathered = Gauge("templar_gathered", "Validator: payloads requested in the last gather", registry=r)
-        self.evaluated = Gauge("templar_evaluated", "Validator: peers primary-evaluated last window", registry=r)
-        self.weights_set = Counter("templar_weights_set", "Validator: windows in which weights were set", registry=r)
+                                    registry=v)
+        self.gathered = Gauge("templar_gathered", "Validator: payloads requested in the last gather", registry=v)
+        self.evaluated = Gauge("templar_evaluated", "Validator: peers primary-evaluated last window", registry=v)
+        self.weights_set = Counter("templar_weights_set", "Validator: windows in which weights were set", registry=v)
         self.gather_status = Gauge("templar_gather_status", "Validator: peers per gather/fast-eval status, last window",
-                                   ["status"], registry=r)
+                                   ["status"], registry=v)
         self.status_total = Counter("templar_peer_status", "Validator: peer verdicts by status since start",
-                                    ["status"], registry=r)
+                                    ["status"], registry=v)
         peer = ["uid", "hotkey"]
-        self.score = Gauge("templar_peer_score", "Validator: PeerScore per uid", peer, registry=r)
-        self.weight = Gauge("templar_peer_weight", "Validator: normalised weight per uid", peer, registry=r)
-        self.mu = Gauge("templar_peer_mu", "Validator: proof-of-computation μ per uid", peer, registry=r)
-        self.rating = Gauge("templar_peer_rating", "Validator: LossRating per uid", peer, registry=r)
-        self.top_g = Gauge("templar_peer_in_top_g", "Validator: 1 if the uid is in the top-G", peer, registry=r)
+        self.score = Gauge("templar_peer_score", "Validator: PeerScore per uid", peer, registry=v)
+        self.weight = Gauge("templar_peer_weight", "Validator: normalised weight per uid", peer, registry=v)
+        self.mu = Gauge("templar_peer_mu", "Validator: proof-of-computation μ per uid", peer, registry=v)
+        self.rating = Gauge("templar_peer_rating", "Validator: LossRating per uid", peer, registry=v)
+        self.top_g = Gauge("templar_peer_in_top_g", "Validator: 1 if the uid is in the top-G", peer, registry=v)
         self.sync = Gauge("templar_peer_sync_steps", "Validator: sync score in steps (absent when unmeasured)",
-                          peer, registry=r)
+                          peer, registry=v)
         self._peer_gauges = (self.score, self.weight, self.mu, self.rating, self.top_g, self.sync)
         self._seen: set[tuple[str, str]] = set()       # label sets of the window being recorded
         self._exported: set[tuple[str, str]] = set()   # label sets exported after the last window

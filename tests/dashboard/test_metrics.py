@@ -70,6 +70,7 @@ def test_validator_metrics_follow_the_records_and_forget_departed_peers(tmp_path
         assert m['templar_gather_status{status="ok"}'] == 2 and m['templar_gather_status{status="late"}'] == 1
         assert m['templar_peer_status_total{status="late"}'] == 1
         assert m['templar_info{hotkey="5Val",role="validator",uid="0",version="0.1.0"}'] == 1
+        assert "templar_tokens_per_second" not in m  # a miner's series only on a miner
         # uid 3 deregisters: gone from the next window's metrics; no peer is late any more
         append_record(scores, peer(6, 1, "5Aaa"))
         append_record(scores, peer(6, 2, "5Bbb"))
@@ -98,6 +99,7 @@ def test_miner_metrics_and_a_broken_listener_never_stop_a_record(tmp_path):
         m = scrape(port)
         assert m["templar_tokens_per_second"] == 2500 and m["templar_upload_bytes"] == 160_000
         assert m["templar_train_loss"] == 6.5 and m['templar_uploads_total{result="ok"}'] == 1
+        assert "templar_holdout_loss" not in m and not any(k.startswith("templar_peer_") for k in m)
     finally:
         remove_listener(broken)
         metrics.close()

@@ -19,6 +19,7 @@ import json
 import math
 import os
 import re
+import time
 from collections import deque
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -40,7 +41,8 @@ MAX_WINDOWS = 2000
 MAX_PEER_RECORDS = 400
 MAX_PEERS = 4096
 MAX_BOOK_BYTES = 16 * 1024 * 1024
-LOG_TAIL_BYTES = 256 * 1024
+LOG_TAIL_BYTES = 64 * 1024
+LOG_INTERVAL = 5.0                       # seconds between two looks at a node.log
 SCORES_START_BYTES = 16 * 1024 * 1024   # a long-running validator's scores.jsonl is read from its last
 WINDOWS_START_BYTES = 4 * 1024 * 1024   # 16 MiB (~230 windows of a 256-peer subnet), window logs from 4 MiB
 HOTKEY_RE = re.compile(r"^[1-9A-HJ-NP-Za-km-z]{1,64}$")  # base58: what an ss58 address is made of
@@ -279,6 +281,7 @@ class MinerSource:
         self.windows: deque[MinerWindowRecord] = deque(maxlen=MAX_WINDOWS)
         self.sync: SyncLine | None = None
         self._log_stamp: tuple[int, int] | None = None
+        self._log_checked = -LOG_INTERVAL
 
     def refresh(self) -> bool:
         records, reset = self.file.poll()
@@ -288,6 +291,11 @@ class MinerSource:
         return bool(records) or reset or self._refresh_sync()
 
     def _refresh_sync(self) -> bool:
+        """The last `[SYNC]` line, from the log's last 64 KiB, looked at every LOG_INTERVAL at most."""
+        now = time.monotonic()
+        if now - self._log_checked < LOG_INTERVAL:
+            return False
+        self._log_checked = now
         path = self.directory / LOG_FILE
         try:
             st = os.stat(path)
