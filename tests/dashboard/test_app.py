@@ -159,3 +159,23 @@ def test_cli_flags():
     args = parser.parse_args(["dashboard", "--validator.dir", "/v", "--subtensor.network", "finney", "--netuid", "3"])
     cfg = board_config(args)
     assert cfg.chain_label == "finney netuid 3" and cfg.validator_dirs == [Path("/v")]
+
+
+def test_with_the_chain_alone_the_peers_page_is_the_metagraph(run: Run):
+    """A miner operator with no validator state dir still sees the subnet as the chain has it."""
+    from templar.chain import connect
+
+    config = BoardConfig(connect=lambda: connect(network="embedded", chain_endpoint=str(run.out / "chain.sqlite"),
+                                                 netuid=1, wallet_name=None), chain_label="embedded netuid 1",
+                         blocks_per_window=20)
+    dash = BackgroundDashboard(Board(config), "127.0.0.1", 0).start()
+    try:
+        dash.board.refresh_chain(force=True)
+        html = get(dash.url + "peers")[2]
+        assert "no validator state dir" in html and 'id="subnet"' in html
+        for node in run.nodes:
+            assert f'data-hotkey="{node.hotkey}"' in html
+        status, _, page = get(dash.url + f"peers/{run.node('miner2').hotkey}")
+        assert status == 200 and "local:" in page and "weight on chain by validator" in page
+    finally:
+        dash.stop()

@@ -288,7 +288,7 @@ def peers(board: Board, vname: str | None) -> str:
     v = board.validator(vname)
     parts = [problems_box(board), validator_picker(board, v, "/peers")]
     if v is None:
-        return "".join(parts) + '<p class="muted">no validator state dir: the peers table comes from a score log</p>'
+        return "".join(parts) + subnet_table(board)
     current = v.current()
     snap = board.snapshot
     chain_hk = snap.by_hotkey if snap else {}
@@ -327,6 +327,29 @@ def proof_failed(rec: PeerScoreRecord) -> bool:
     """Primary evaluation ran and the assigned-data gain did not beat the random-data gain."""
     return (rec.evaluated and rec.delta_assigned is not None and rec.delta_rand is not None
             and not rec.delta_assigned > rec.delta_rand)
+
+
+def subnet_table(board: Board) -> str:
+    """Without a validator's score log, the chain's own view: every neuron with the lead's weight."""
+    snap = board.snapshot
+    note = ('<p class="muted">no validator state dir (--validator.dir or --localnet): scores, statuses and '
+            "histories come from a validator's score log; below is what the chain says</p>")
+    if snap is None:
+        return note
+    lead = snap.lead()
+    lead_row = snap.weights.get(lead.uid, {}) if lead else {}
+    rows = []
+    for n in snap.neurons:
+        w = lead_row.get(n.uid)
+        rows.append(f'<tr data-hotkey="{escape(n.hotkey)}">{td(str(n.uid), n.uid, "num")}'
+                    f'<td data-v="{escape(n.hotkey)}">{peer_link(n.hotkey, board.label(n.hotkey))}</td>'
+                    f"{td(f'{n.stake:,.1f}', n.stake, 'num')}<td>{'✓' if n.validator_permit else ''}</td>"
+                    f"{td(str(n.last_update), n.last_update, 'num opt')}<td class=opt>{escape(bucket_label(n))}</td>"
+                    f"{td(num(w, '.3f'), w, 'num')}</tr>")
+    cols = [("uid", "num"), ("hotkey", "text"), ("stake τ", "num"), ("permit", "text"), ("last update", "num"),
+            ("bucket", "text"), ("lead's weight", "num")]
+    return note + (f'<section class="panel"><h2>Subnet <small>block {snap.block} · {len(rows)} neurons</small></h2>'
+                   f'{table(cols, rows, tid="subnet", optional=frozenset({4, 5}))}</section>')
 
 
 def why(rec: PeerScoreRecord, prev: PeerScoreRecord | None) -> str:
