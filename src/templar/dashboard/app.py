@@ -217,6 +217,8 @@ def create_app(board: Board, *, allowed_hosts: list[str] | None = None) -> Starl
 
     async def events(request: Request) -> Response:
         """Server-sent events: `version` whenever the board changed; a comment line as heartbeat."""
+        if request.method == "HEAD":
+            return Response(media_type="text/event-stream")
         if refresher.streams >= MAX_EVENT_STREAMS:
             return PlainTextResponse("too many live views open", status_code=503)
         await refresher.on_request()
