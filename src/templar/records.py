@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -65,6 +65,26 @@ class MinerWindowRecord:
     overhead_share: float     # share of the window spent outside forward/backward
 
 
+RecordListener = Callable[[Path, object], None]
+_listeners: list[RecordListener] = []
+
+
+def add_listener(listener: RecordListener) -> None:
+    """Call `listener(path, record)` after every `append_record` in this process.
+
+    This is how `templar.metrics` follows the roles without a line in their loops: every number
+    it exports is already in a record. A listener must be quick and must not raise; if it does,
+    the error is logged and the record still counts as written.
+    """
+    if listener not in _listeners:
+        _listeners.append(listener)
+
+
+def remove_listener(listener: RecordListener) -> None:
+    if listener in _listeners:
+        _listeners.remove(listener)
+
+
 def append_record(path: Path, record: object) -> None:
     line = json.dumps(asdict(record) if hasattr(record, "__dataclass_fields__") else record, sort_keys=True)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -72,6 +92,13 @@ def append_record(path: Path, record: object) -> None:
         f.write(line + "\n")
         f.flush()
         os.fsync(f.fileno())
+    for listener in list(_listeners):
+        try:
+            listener(path, record)
+        except Exception as exc:  # an exporter's bug must never stop a window
+            from loguru import logger
+
+            logger.warning(f"record listener {getattr(listener, '__name__', listener)!r} failed: {exc!r}")
 
 
 def read_records(path: Path) -> Iterator[dict]:

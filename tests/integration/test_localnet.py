@@ -29,7 +29,7 @@ def _localnet(out: Path, adversaries: list[str], miners: int, *extra: str, windo
               in_process: bool = True) -> subprocess.Popen:
     flags = [f for a in adversaries for f in ("--adversary", a)] or ["--adversary", "none"]
     cmd = [sys.executable, "-m", "templar.cli", "localnet", "--windows", str(windows), "--miners", str(miners),
-           "--out", str(out), "--no-live", *flags, *extra, *(["--in-process"] if in_process else [])]
+           "--out", str(out), "--no-live", *flags, *extra, *(["--in-process", "--no-dashboard"] if in_process else [])]
     log = open(out.with_suffix(".log"), "wb")  # noqa: SIM115 - closed by the child's exit
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)

@@ -31,6 +31,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="run every neuron in this process on virtual time: costs only the computation, and "
                         "no node is late because the machine is busy (tests, experiments; local storage only)")
     p.add_argument("--report-only", action="store_true", help="rebuild the report of an existing --out and exit")
+    p.add_argument("--dashboard", type=int, default=8787, metavar="PORT",
+                   help="serve `templar dashboard` for this net on 127.0.0.1:PORT (default 8787; busy: a free port)")
+    p.add_argument("--no-dashboard", action="store_true", help="do not start the dashboard")
     p.set_defaults(func=run)
 
 
@@ -56,7 +59,8 @@ def run(args: argparse.Namespace) -> int:
             return 2
     cfg = LocalnetConfig(out=args.out, miners=args.miners, validators=args.validators, windows=args.windows,
                          hparams=args.hparams, adversaries=adversaries, storage=args.storage, seed=args.seed,
-                         resume=args.resume, live=not args.no_live, in_process=args.in_process)
+                         resume=args.resume, live=not args.no_live, in_process=args.in_process,
+                         dashboard=None if args.no_dashboard else args.dashboard)
     report = run_localnet(cfg)
     summary = [{k: p[k] for k in ("name", "strategy", "final_weight", "final_mu")}
                for p in report["peers"] if p["role"] == "miner"]

@@ -48,6 +48,8 @@ class LocalnetConfig:
     live: bool = True
     in_process: bool = False
     """All neurons in this process on virtual time (`templar.localnet.inprocess`)."""
+    dashboard: int | None = None
+    """Port of the dashboard on 127.0.0.1 (None: none)."""
 
 
 def parse_adversary(spec: str) -> tuple[str, int]:
@@ -256,21 +258,32 @@ def run_localnet(cfg: LocalnetConfig, *, deadline_seconds: float | None = None) 
     net = Localnet(cfg)
     net.prepare()
     codes: dict[str, int | None] = {}
-    if cfg.in_process:
-        from templar.localnet.inprocess import run_in_process
+    dashboard = None
+    if cfg.dashboard is not None:
+        from templar.dashboard.server import start_localnet_dashboard
 
-        outcome = run_in_process(net)
-    else:
-        net.start()
-        window_seconds = net.hp.windows.blocks_per_window * net.hp.windows.block_time
-        deadline = deadline_seconds or (cfg.windows + 6) * window_seconds + 120
-        outcome = "interrupted"
-        try:
-            outcome = net.wait(deadline)
-        except KeyboardInterrupt:
-            logger.warning("Ctrl-C: stopping every neuron and writing the report")
-        finally:
-            codes = net.stop()
+        dashboard = start_localnet_dashboard(net.out, net.hparams, cfg.dashboard, NETUID)
+        if dashboard is not None:
+            print(f"dashboard: {dashboard.url}", flush=True)
+    try:
+        if cfg.in_process:
+            from templar.localnet.inprocess import run_in_process
+
+            outcome = run_in_process(net)
+        else:
+            net.start()
+            window_seconds = net.hp.windows.blocks_per_window * net.hp.windows.block_time
+            deadline = deadline_seconds or (cfg.windows + 6) * window_seconds + 120
+            outcome = "interrupted"
+            try:
+                outcome = net.wait(deadline)
+            except KeyboardInterrupt:
+                logger.warning("Ctrl-C: stopping every neuron and writing the report")
+            finally:
+                codes = net.stop()
+    finally:
+        if dashboard is not None:
+            dashboard.stop()
     report = build_report(net.out)
     report["outcome"] = outcome
     report["exit_codes"] = codes

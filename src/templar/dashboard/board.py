@@ -1,0 +1,150 @@
+"""The dashboard's in-memory picture: every source plus the chain, refreshed in place.
+
+`Board` owns the sources (validator and miner state dirs, or a localnet directory whose
+roster names them) and the chain watcher. `refresh_files` and `refresh_chain` run in worker
+threads; pages render under `lock`, so a refresh never mutates a history mid-render. `version`
+goes up whenever anything visible changed; the live view pushes it to browsers.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from templar.chain import Chain
+from templar.dashboard.chainwatch import ChainSnapshot, ChainWatch
+from templar.dashboard.sources import LocalnetDir, MinerSource, NodeLabel, ValidatorSource
+
+
+@dataclass
+class BoardConfig:
+    """What to watch. Any part may be missing; the page says which."""
+
+    localnet: Path | None = None
+    validator_dirs: list[Path] = field(default_factory=list)
+    miner_dirs: list[Path] = field(default_factory=list)
+    connect: Callable[[], Chain] | None = None
+    chain_label: str = ""
+    chain_interval: float = 6.0
+    blocks_per_window: int | None = None
+    hparams_name: str = ""
+
+
+def _unique_name(directory: Path, taken: set[str]) -> str:
+    base = directory.name or "node"
+    name, i = base, 2
+    while name in taken:
+        name, i = f"{base}-{i}", i + 1
+    taken.add(name)
+    return name
+
+
+class Board:
+    def __init__(self, config: BoardConfig):
+        self.config = config
+        self.lock = threading.RLock()
+        self.version = 0
+        self.updated_at = 0.0
+        self.localnet = LocalnetDir(config.localnet) if config.localnet else None
+        self.labels: dict[str, NodeLabel] = {}
+        taken: set[str] = set()
+        self.validators = [ValidatorSource(_unique_name(d, taken), d) for d in config.validator_dirs]
+        self.miners = [MinerSource(_unique_name(d, taken), d) for d in config.miner_dirs]
+        self.chain = (ChainWatch(config.connect, config.chain_label, config.chain_interval)
+                      if config.connect else None)
+
+    # ---- refresh (worker threads) ------------------------------------------------------------
+
+    def refresh_files(self) -> bool:
+        with self.lock:
+            changed = self._load_roster()
+            for source in (*self.validators, *self.miners):
+                changed |= source.refresh()
+            if changed:
+                self._bump()
+            return changed
+
+    def refresh_chain(self, force: bool = False) -> bool:
+        if self.chain is None or not (force or self.chain.due()):
+            return False
+        changed = self.chain.poll()  # network I/O outside the lock
+        if changed:
+            with self.lock:
+                self._bump()
+        return changed
+
+    def _bump(self) -> None:
+        self.version += 1
+        self.updated_at = time.time()
+
+    def _load_roster(self) -> bool:
+        """A localnet's nodes.json names its nodes; sources for new names are added once."""
+        if self.localnet is None or (self.localnet.nodes and not self.localnet.error):
+            return False
+        self.localnet.load()
+        have = {s.name for s in (*self.validators, *self.miners)}
+        for node in self.localnet.nodes:
+            self.labels[node.hotkey] = node
+            if node.name in have:
+                continue
+            directory = self.localnet.node_dir(node)
+            if node.role == "validator":
+                self.validators.append(ValidatorSource(node.name, directory))
+            else:
+                self.miners.append(MinerSource(node.name, directory))
+        # the lead first: it is the validator whose view the model follows
+        lead = self.localnet.lead()
+        if lead:
+            self.validators.sort(key=lambda s: s.name != lead.name)
+        return bool(self.localnet.nodes)
+
+    # ---- reads (under lock) ------------------------------------------------------------------
+
+    @property
+    def snapshot(self) -> ChainSnapshot | None:
+        return self.chain.snapshot if self.chain else None
+
+    def validator(self, name: str | None) -> ValidatorSource | None:
+        """The named validator, else the lead's (on chain, or the localnet's), else the first."""
+        if name:
+            return next((v for v in self.validators if v.name == name), None)
+        snap = self.snapshot
+        lead = snap.lead() if snap else None
+        if lead and lead.hotkey in self.labels:
+            named = next((v for v in self.validators if v.name == self.labels[lead.hotkey].name), None)
+            if named:
+                return named
+        return self.validators[0] if self.validators else None
+
+    def miner(self, name: str) -> MinerSource | None:
+        return next((m for m in self.miners if m.name == name), None)
+
+    def label(self, hotkey: str) -> str:
+        node = self.labels.get(hotkey)
+        return f"{node.name}" if node else ""
+
+    def current_window(self) -> int | None:
+        snap, bpw = self.snapshot, self.config.blocks_per_window
+        return snap.block // bpw if snap and bpw else None
+
+    def problems(self) -> list[str]:
+        out = []
+        if self.localnet and self.localnet.error:
+            out.append(f"localnet {self.localnet.out}: {self.localnet.error}")
+        if not self.validators and not self.miners:
+            out.append("no validator or miner state dir to read: pass --localnet, --validator.dir or --miner.dir")
+        if self.chain is None:
+            out.append("no chain configured: stake, weights, commitments and agreement are not shown")
+        elif self.chain.error:
+            stale = ""
+            if self.chain.snapshot:
+                stale = f" (showing block {self.chain.snapshot.block}, read {time.time() - self.chain.snapshot.taken_at:.0f}s ago)"
+            out.append(self.chain.error + stale)
+        elif self.chain.snapshot is None:
+            out.append(f"chain {self.chain.label}: first read pending")
+        for source in (*self.validators, *self.miners):
+            out.extend(source.problems())
+        return out

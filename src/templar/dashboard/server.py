@@ -1,0 +1,144 @@
+"""Serving the dashboard: the binding rules, then uvicorn in the foreground or a background thread.
+
+Private by default: the dashboard binds to 127.0.0.1. Another address needs an explicit
+`allow_remote=True` (the `--allow-remote` flag) and logs a warning, because the pages show a
+validator's scoring of every peer. The socket is bound here, before uvicorn starts, so a busy
+port is a clear error at once and port 0 picks a free one.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+import threading
+import time
+from pathlib import Path
+
+import uvicorn
+from loguru import logger
+
+from templar.dashboard.app import create_app
+from templar.dashboard.board import Board
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8787
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
+
+
+class BindError(ValueError):
+    """The address may not be used (non-loopback without permission) or cannot be bound."""
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def bind_socket(host: str, port: int, *, allow_remote: bool = False) -> socket.socket:
+    """A listening TCP socket on (host, port); refuses a non-loopback host unless allowed."""
+    if not is_loopback(host):
+        if not allow_remote:
+            raise BindError(f"refusing to serve on {host}: the dashboard shows every peer's scores; bind to "
+                            "127.0.0.1 (the default) or pass --allow-remote to expose it on purpose")
+        logger.warning(f"dashboard bound to {host}: anyone who can reach this address can read it "
+                       "(no authentication); prefer an SSH tunnel to 127.0.0.1")
+    try:
+        infos = socket.getaddrinfo(host.strip("[]"), port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise BindError(f"cannot resolve {host}: {exc}") from exc
+    family, _, _, _, addr = infos[0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(addr)
+        sock.listen(64)
+    except OSError as exc:
+        sock.close()
+        raise BindError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
+    sock.setblocking(False)
+    return sock
+
+
+def url_of(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}/" if ":" in host else f"http://{host}:{port}/"
+
+
+def allowed_hosts(host: str) -> list[str] | None:
+    """Host headers accepted: loopback names when bound to loopback (DNS-rebinding guard), else any."""
+    return [*LOOPBACK_NAMES, "[::1]"] if is_loopback(host) else None
+
+
+def build_server(board: Board, host: str) -> uvicorn.Server:
+    app = create_app(board, allowed_hosts=allowed_hosts(host))
+    config = uvicorn.Config(app, log_level="warning", access_log=False, server_header=False,
+                            proxy_headers=False, timeout_graceful_shutdown=2, limit_concurrency=128,
+                            lifespan="on")
+    server = uvicorn.Server(config)
+    app.state.refresher.exiting = lambda: server.should_exit
+    return server
+
+
+def serve(board: Board, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, *, allow_remote: bool = False) -> None:
+    """Serve in the foreground until Ctrl-C."""
+    sock = bind_socket(host, port, allow_remote=allow_remote)
+    server = build_server(board, host)
+    print(f"templar dashboard: {url_of(sock)}  (read-only; Ctrl-C to stop)", flush=True)
+    server.run(sockets=[sock])
+
+
+class BackgroundDashboard:
+    """The dashboard on a daemon thread (used by `templar localnet` and the tests)."""
+
+    def __init__(self, board: Board, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, *,
+                 allow_remote: bool = False):
+        self.board = board
+        self.sock = bind_socket(host, port, allow_remote=allow_remote)
+        self.url = url_of(self.sock)
+        self.server = build_server(board, host)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
+                                       name="templar-dashboard", daemon=True)
+
+    def start(self, timeout: float = 20.0) -> BackgroundDashboard:
+        self.thread.start()
+        deadline = time.monotonic() + timeout
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise BindError(f"the dashboard did not start on {self.url}")
+            time.sleep(0.02)
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout)
+        self.sock.close()
+
+
+def start_localnet_dashboard(out: Path, hparams: str, port: int, netuid: int) -> BackgroundDashboard | None:
+    """`templar localnet --dashboard PORT`: the dashboard on 127.0.0.1 next to the net, in a thread.
+
+    A busy port falls back to a free one (two localnets may run side by side); any other failure
+    is logged and the localnet runs on without a dashboard.
+    """
+    from functools import partial
+
+    from templar.chain import connect
+    from templar.config import load_hparams
+    from templar.dashboard.board import BoardConfig
+
+    hp = load_hparams(hparams)
+    config = BoardConfig(
+        localnet=out, connect=partial(connect, network="embedded", chain_endpoint=str(out / "chain.sqlite"),
+                                      netuid=netuid, wallet_name=None, read_timeout=10.0),
+        chain_label=f"embedded netuid {netuid}", chain_interval=max(2.0, hp.windows.block_time),
+        blocks_per_window=hp.windows.blocks_per_window, hparams_name=hp.name)
+    for attempt in (port, 0):
+        try:
+            return BackgroundDashboard(Board(config), DEFAULT_HOST, attempt).start()
+        except BindError as exc:
+            logger.warning(f"dashboard: {exc}" + ("; trying a free port" if attempt else ""))
+    return None

@@ -1,0 +1,181 @@
+"""The dashboard over HTTP, on a real run directory and a real embedded chain: content, secrets,
+read-only rules, and what it does with missing, torn and unreachable inputs."""
+
+from __future__ import annotations
+
+import json
+import socket
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from templar.dashboard.board import Board, BoardConfig
+from templar.dashboard.server import BackgroundDashboard, BindError, bind_socket, is_loopback
+
+from .runfixture import S3_SECRET, Run
+
+
+def get(url: str, *, headers: dict | None = None, method: str = "GET") -> tuple[int, dict, str]:
+    req = urllib.request.Request(url, headers=headers or {}, method=method)
+    try:
+        with urllib.request.urlopen(req, timeout=20) as resp:
+            return resp.status, dict(resp.headers), resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), exc.read().decode()
+
+
+def test_pages_render_the_run_and_the_api_matches_the_score_book(run: Run, dashboard: BackgroundDashboard):
+    book = json.loads((run.state_dir("validator0") / "scorebook.json").read_text())["peers"]
+    status, _, body = get(dashboard.url + "api/peers")
+    assert status == 200
+    api = json.loads(body)
+    assert api["validator"] == "validator0" and api["window"] == run.last_window
+    assert {p["hotkey"] for p in api["peers"]} == set(book)
+    for p in api["peers"]:
+        assert p["uid"] == book[p["hotkey"]]["uid"]
+        assert p["weight"] == pytest.approx(book[p["hotkey"]]["weight"])
+        assert p["mu"] == pytest.approx(book[p["hotkey"]]["mu"])
+    summary = json.loads(get(dashboard.url + "api/summary")[2])
+    assert summary["chain"]["lead"]["uid"] == run.node("validator0").uid and summary["problems"] == []
+    assert summary["current_window"] >= run.last_window
+    lazy = run.node("lazy0").hotkey
+    for path, must in (("", ["Held-out loss", "Validator agreement", "Top-G now"]),
+                       ("peers", ["miner0", "copycat0", "late0", "δ assigned"]),
+                       (f"peers/{lazy}", ["no proof of its assigned work", "miner / lazy"]),
+                       ("miners", ["miner3", "tok/s"]), ("miners/miner0", ["[SYNC] Active", "Upload size"])):
+        status, headers, html = get(dashboard.url + path)
+        assert status == 200, path
+        for text in must:
+            assert text in html, (path, text)
+        assert "default-src 'none'" in headers["content-security-policy"]
+
+
+def test_no_secret_reaches_a_page(run: Run, dashboard: BackgroundDashboard):
+    secret_forms = [run.secret.hex(), run.secret.hex().upper(), S3_SECRET, "READKEYID"]
+    for path in ("", "peers", "miners", f"peers/{run.node('miner1').hotkey}", "api/summary", "api/peers",
+                 "api/miners", "miners/miner1", "?v=validator1"):
+        body = get(dashboard.url + path)[2]
+        for secret in secret_forms:
+            assert secret not in body, (path, secret)
+    assert "s3:tpl-miner1" in get(dashboard.url + f"peers/{run.node('miner1').hotkey}")[2]  # kind + bucket only
+
+
+def test_read_only_and_unknown_paths(run: Run, dashboard: BackgroundDashboard):
+    assert get(dashboard.url + "nope")[0] == 404
+    assert get(dashboard.url + "static/../eval_secret")[0] == 404
+    assert get(dashboard.url + "static/x.js")[0] == 404
+    assert get(dashboard.url + "peers/" + "1" * 48)[0] == 404          # well-formed, unknown
+    assert get(dashboard.url + "peers/not-a-hotkey!")[0] == 404
+    assert get(dashboard.url + "miners/nobody")[0] == 404
+    for method in ("POST", "PUT", "DELETE"):
+        assert get(dashboard.url + "peers", method=method)[0] == 405
+    assert get(dashboard.url, headers={"Host": "evil.example"})[0] == 400  # DNS rebinding
+    status, headers, _ = get(dashboard.url + "static/dashboard.js")
+    assert status == 200 and headers["content-type"].startswith("text/javascript")
+
+
+def test_events_announce_the_version(dashboard: BackgroundDashboard):
+    with urllib.request.urlopen(dashboard.url + "events", timeout=20) as resp:
+        assert resp.headers["content-type"].startswith("text/event-stream")
+        lines = [resp.readline().decode().strip() for _ in range(4)]
+    assert lines[0] == "retry: 3000" and "event: version" in lines
+
+
+def test_the_dashboard_writes_nothing(run: Run, dashboard: BackgroundDashboard):
+    def snapshot() -> dict[str, tuple[int, int]]:
+        return {str(p): (p.stat().st_size, p.stat().st_mtime_ns) for p in run.out.rglob("*")
+                if p.is_file() and not p.name.startswith("chain.sqlite")}  # SQLite's own -wal/-shm aside
+
+    before = snapshot()
+    for path in ("", "peers", "miners", "api/summary"):
+        get(dashboard.url + path)
+    dashboard.board.refresh_files()
+    assert snapshot() == before
+
+
+def test_missing_torn_and_unreachable_inputs_are_reported_not_fatal(tmp_path: Path):
+    empty = tmp_path / "validator"
+    empty.mkdir()
+    torn = tmp_path / "miner"
+    torn.mkdir()
+    (torn / "miner_windows.jsonl").write_text('{"window": 1, "phase": "active"}\n{"window": 2, "pha')
+    from templar.chain import connect
+
+    config = BoardConfig(validator_dirs=[empty, tmp_path / "absent"], miner_dirs=[torn],
+                         connect=lambda: connect(network="embedded", chain_endpoint=str(tmp_path / "no.sqlite"),
+                                                 netuid=1, wallet_name=None, read_timeout=5.0),
+                         chain_label="embedded netuid 1", blocks_per_window=20)
+    dash = BackgroundDashboard(Board(config), "127.0.0.1", 0).start()
+    try:
+        dash.board.refresh_chain(force=True)
+        for path in ("", "peers", "miners", "miners/miner"):
+            status, _, html = get(dash.url + path)
+            assert status == 200, path
+        html = get(dash.url)[2]
+        assert "scores.jsonl: not written yet" in html
+        assert "absent: state dir" in html and "does not exist" in html
+        assert "unreachable" in html and "no embedded chain" in html
+        assert "without the expected fields" in get(dash.url + "miners")[2]
+        assert get(dash.url + "healthz")[2] == "ok"
+    finally:
+        dash.stop()
+
+
+def test_binding_is_loopback_unless_asked(run: Run):
+    assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
+    assert not is_loopback("0.0.0.0") and not is_loopback("192.168.1.10")
+    with pytest.raises(BindError, match="--allow-remote"):
+        bind_socket("0.0.0.0", 0)
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen(1)
+    try:
+        port = busy.getsockname()[1]
+        with pytest.raises(BindError, match="cannot listen"):
+            bind_socket("127.0.0.1", port)
+        # `templar localnet --dashboard PORT` on a busy port falls back to a free one
+        from templar.dashboard.server import start_localnet_dashboard
+
+        dash = start_localnet_dashboard(run.out, "tiny", port, 1)
+        assert dash is not None and not dash.url.endswith(f":{port}/")
+        dash.stop()
+    finally:
+        busy.close()
+
+
+def test_cli_flags():
+    from templar.cli import build_parser
+    from templar.dashboard.cli import board_config
+
+    parser = build_parser()
+    args = parser.parse_args(["localnet", "--no-dashboard"])
+    assert args.no_dashboard
+    assert parser.parse_args(["localnet", "--dashboard", "9000"]).dashboard == 9000
+    args = parser.parse_args(["dashboard", "--localnet", "/tmp/x", "--port", "0"])
+    cfg = board_config(args)
+    assert cfg.chain_label == "embedded netuid 1" and cfg.blocks_per_window == 20
+    args = parser.parse_args(["dashboard", "--validator.dir", "/v", "--subtensor.network", "finney", "--netuid", "3"])
+    cfg = board_config(args)
+    assert cfg.chain_label == "finney netuid 3" and cfg.validator_dirs == [Path("/v")]
+
+
+def test_with_the_chain_alone_the_peers_page_is_the_metagraph(run: Run):
+    """A miner operator with no validator state dir still sees the subnet as the chain has it."""
+    from templar.chain import connect
+
+    config = BoardConfig(connect=lambda: connect(network="embedded", chain_endpoint=str(run.out / "chain.sqlite"),
+                                                 netuid=1, wallet_name=None), chain_label="embedded netuid 1",
+                         blocks_per_window=20)
+    dash = BackgroundDashboard(Board(config), "127.0.0.1", 0).start()
+    try:
+        dash.board.refresh_chain(force=True)
+        html = get(dash.url + "peers")[2]
+        assert "no validator state dir" in html and 'id="subnet"' in html
+        for node in run.nodes:
+            assert f'data-hotkey="{node.hotkey}"' in html
+        status, _, page = get(dash.url + f"peers/{run.node('miner2').hotkey}")
+        assert status == 200 and "local:" in page and "weight on chain by validator" in page
+    finally:
+        dash.stop()

@@ -1,0 +1,106 @@
+"""Prometheus /metrics: off by default, on 127.0.0.1 when asked, fed by the records the roles write."""
+
+from __future__ import annotations
+
+import argparse
+import urllib.request
+
+from templar.metrics import NeuronMetrics, start_metrics
+from templar.node import add_node_args
+from templar.records import (
+    MinerWindowRecord,
+    PeerScoreRecord,
+    ValidatorWindowRecord,
+    add_listener,
+    append_record,
+    read_records,
+    remove_listener,
+)
+
+
+def scrape(port: int) -> dict[str, float]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            out[name] = float(value)
+    return out
+
+
+def peer(window: int, uid: int, hotkey: str, status: str = "ok", weight: float = 0.5) -> PeerScoreRecord:
+    return PeerScoreRecord(window=window, hotkey=hotkey, uid=uid, status=status, evaluated=True, sync_steps=0.4,
+                           delta_assigned=0.03, delta_rand=0.01, mu=0.6, rating=27.0, score=16.2, weight=weight,
+                           in_top_g=status == "ok")
+
+
+def vwindow(window: int) -> ValidatorWindowRecord:
+    return ValidatorWindowRecord(window=window, global_step=window - 1, learning_rate=0.003, holdout_loss=7.25,
+                                 peers_aggregated=2, gathered=3, evaluated=2, wall_seconds=6.5, weights_set=True)
+
+
+def node_args(*extra: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_node_args(parser)
+    return parser.parse_args(list(extra))
+
+
+def test_metrics_are_off_by_default_and_loopback_when_on():
+    args = node_args()
+    assert args.metrics_port == 0 and args.metrics_host == "127.0.0.1"
+    assert start_metrics(args, role="miner", hotkey="5F", uid=1) is None
+
+
+def test_validator_metrics_follow_the_records_and_forget_departed_peers(tmp_path):
+    metrics = start_metrics(node_args("--metrics.port", "0"), role="validator", hotkey="5Val", uid=0)
+    assert metrics is None  # port 0 means off on the command line
+    metrics = NeuronMetrics("validator", "5Val", 0)
+    port = metrics.serve("127.0.0.1", 0)
+    add_listener(metrics.on_record)
+    try:
+        scores = tmp_path / "scores.jsonl"
+        for rec in (peer(5, 1, "5Aaa"), peer(5, 2, "5Bbb", status="late", weight=0.0), peer(5, 3, "5Ccc")):
+            append_record(scores, rec)
+        append_record(tmp_path / "validator_windows.jsonl", vwindow(5))
+        m = scrape(port)
+        assert m["templar_window"] == 5 and m["templar_global_step"] == 4 and m["templar_holdout_loss"] == 7.25
+        assert m['templar_peer_weight{hotkey="5Aaa",uid="1"}'] == 0.5
+        assert m['templar_peer_in_top_g{hotkey="5Bbb",uid="2"}'] == 0
+        assert m['templar_gather_status{status="ok"}'] == 2 and m['templar_gather_status{status="late"}'] == 1
+        assert m['templar_peer_status_total{status="late"}'] == 1
+        assert m['templar_info{hotkey="5Val",role="validator",uid="0",version="0.1.0"}'] == 1
+        assert "templar_tokens_per_second" not in m  # a miner's series only on a miner
+        # uid 3 deregisters: gone from the next window's metrics; no peer is late any more
+        append_record(scores, peer(6, 1, "5Aaa"))
+        append_record(scores, peer(6, 2, "5Bbb"))
+        append_record(tmp_path / "validator_windows.jsonl", vwindow(6))
+        m = scrape(port)
+        assert not any('uid="3"' in k for k in m)
+        assert m['templar_gather_status{status="late"}'] == 0 and m["templar_windows_total"] == 2
+    finally:
+        metrics.close()
+    assert len(list(read_records(scores))) == 5
+
+
+def test_miner_metrics_and_a_broken_listener_never_stop_a_record(tmp_path):
+    metrics = NeuronMetrics("miner", "5Min", 4)
+    port = metrics.serve("127.0.0.1", 0)
+    add_listener(metrics.on_record)
+
+    def broken(path, record):
+        raise RuntimeError("exporter bug")
+
+    add_listener(broken)
+    try:
+        append_record(tmp_path / "miner_windows.jsonl", MinerWindowRecord(
+            window=9, phase="active", strategy="honest", global_step=8, loss=6.5, tokens_per_second=2500.0, pages=2,
+            uploaded=True, upload_bytes=160_000, upload_seconds=0.2, peers_aggregated=4, overhead_share=0.2))
+        m = scrape(port)
+        assert m["templar_tokens_per_second"] == 2500 and m["templar_upload_bytes"] == 160_000
+        assert m["templar_train_loss"] == 6.5 and m['templar_uploads_total{result="ok"}'] == 1
+        assert "templar_holdout_loss" not in m and not any(k.startswith("templar_peer_") for k in m)
+    finally:
+        remove_listener(broken)
+        metrics.close()
+    assert len(list(read_records(tmp_path / "miner_windows.jsonl"))) == 1
