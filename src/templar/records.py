@@ -47,6 +47,7 @@ class ValidatorWindowRecord:
     evaluated: int
     wall_seconds: float
     weights_set: bool
+    gather_seconds: float | None = None  # the gather alone (absent in records of older versions)
 
 
 @dataclass(frozen=True)

@@ -104,7 +104,8 @@ def score_window(book: ScoreBook, window: int, idx: int, nodes: list[NodeInfo], 
     append_record(state_dir / VALIDATOR_WINDOWS_FILE, ValidatorWindowRecord(
         window=window, global_step=idx, learning_rate=hp.optimizer.learning_rate * min(1.0, (idx + 1) / 2),
         holdout_loss=loss, peers_aggregated=min(len(top), 4), gathered=len(verdicts), evaluated=len(results),
-        wall_seconds=round(rng.uniform(5.5, 9.0), 2), weights_set=idx % 2 == 0))
+        wall_seconds=round(rng.uniform(5.5, 9.0), 2), weights_set=idx % 2 == 0,
+        gather_seconds=round(rng.uniform(1.0, 3.0), 2)))
     book.save(state_dir / "scorebook.json")
     return weights
 

@@ -88,3 +88,16 @@ def test_a_long_history_is_read_from_its_tail_at_a_line_boundary(tmp_path):
     assert tail.status.truncated_start and tail.status.skipped == 0
     append_record(path, WINDOW)
     assert [r["window"] for r in tail.poll()[0]] == [3]
+
+
+def test_records_of_older_versions_still_parse():
+    """A field added later (with a default) may be absent; a present one must have its type."""
+    from templar.dashboard.sources import parse_record
+    from templar.records import ValidatorWindowRecord
+
+    old = {"window": 3, "global_step": 2, "learning_rate": 1e-3, "holdout_loss": 7.5, "peers_aggregated": 2,
+           "gathered": 3, "evaluated": 2, "wall_seconds": 6.5, "weights_set": True}
+    parsed = parse_record(ValidatorWindowRecord, old)
+    assert parsed is not None and parsed.gather_seconds is None
+    assert parse_record(ValidatorWindowRecord, {**old, "gather_seconds": 1.25}).gather_seconds == 1.25
+    assert parse_record(ValidatorWindowRecord, {**old, "gather_seconds": "slow"}) is None

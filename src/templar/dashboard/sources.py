@@ -21,7 +21,7 @@ import os
 import re
 import time
 from collections import deque
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 
 from templar.dashboard.jsonl import JsonlTail
@@ -52,16 +52,16 @@ MAX_TEXT = 200
 
 
 @functools.cache
-def _schema(cls: type) -> tuple[tuple[str, frozenset[type], bool, bool], ...]:
-    """(name, accepted exact types, may be None, is float) per field of a record dataclass.
-
-    Exact types (`type(v) in ...`), so True is not an int and 1 is not a bool.
-    """
+def _schema(cls: type) -> tuple[tuple[str, frozenset[type], bool, bool, bool], ...]:
+    """(name, accepted exact types, may be None, is float, may be absent) per field of a record
+    dataclass. Exact types (`type(v) in ...`), so True is not an int and 1 is not a bool. A field
+    with a default may be absent (records written before it existed)."""
     out = []
     for f in fields(cls):
         kinds = [k.strip() for k in str(f.type).split("|")]
         types = frozenset(t for k in kinds for t in _TYPES.get(k, ()))
-        out.append((f.name, types, "None" in kinds, "float" in kinds))
+        optional = f.default is not MISSING
+        out.append((f.name, types, "None" in kinds, "float" in kinds, optional))
     return tuple(out)
 
 
@@ -71,7 +71,9 @@ def parse_record(cls: type, raw: dict) -> object | None:
     Unknown keys are ignored (a newer writer may add fields); ints are accepted for floats.
     """
     values = {}
-    for name, types, nullable, is_float in _schema(cls):
+    for name, types, nullable, is_float, optional in _schema(cls):
+        if optional and name not in raw:
+            continue
         value = raw.get(name, raw)  # `raw` itself marks a missing key
         if value is None:
             if not nullable:

@@ -195,7 +195,10 @@ def overview(board: Board, vname: str | None) -> str:
     ]
     parts.append(f'<section class="cards">{"".join(cards)}</section>')
     loss_pts = [(w.window, w.holdout_loss) for w in windows]
-    timing = [("validator: gather → saved", [(w.window, w.wall_seconds) for w in windows[-60:]])]
+    timing = [("validator: window (gather → saved)", [(w.window, w.wall_seconds) for w in windows[-60:]])]
+    gathers = [(w.window, w.gather_seconds) for w in windows[-60:] if w.gather_seconds is not None]
+    if gathers:
+        timing.append(("validator: gather", gathers))
     put = _median_put(board.miners, {w.window for w in windows[-60:]} if windows else None)
     if put:
         timing.append(("miners: put (median upload)", put))

@@ -159,8 +159,10 @@ class Validator:
         fast_set = select_eval_peers(self.eval_seed(window), window, sorted(miners), hp.gauntlet.fast_eval_uids,
                                      always=[p for p in peer_list if p in miners], purpose="fast")
         wanted = sorted(set(fast_set) | set(peer_list))
+        gather_started = time.perf_counter()
         results = await gather_gradients(await node.peer_buckets(wanted), window, clock=node.clock, hp=hp,
                                          shapes=node.shapes, run=node.run, deadline=deadline)
+        gather_seconds = time.perf_counter() - gather_started
         for hotkey in wanted:  # no locator on chain: as good as missing
             results.setdefault(hotkey, GatherResult(GatherStatus.MISSING, reason="no bucket committed"))
 
@@ -200,7 +202,7 @@ class Validator:
         await asyncio.to_thread(self._save)
         wall = time.perf_counter() - started
         self._log_window(window, verdicts, losses, weights, top, miners, step, holdout_loss, len(results), wall,
-                         weights_set)
+                         weights_set, gather_seconds)
         log.info(f"window done in {wall:.1f}s | held-out loss {holdout_loss:.4f} | gathered "
                  f"{sum(r.ok for r in results.values())}/{len(results)} | evaluated {len(losses)} | "
                  f"aggregated {step.peers if step else 0} | step {self.state.global_step} | top-G "
@@ -267,7 +269,8 @@ class Validator:
         self.book.save(self.node.state_dir / BOOK_FILE)
 
     def _log_window(self, window, verdicts, losses, weights, top, miners, step: OuterStep | None,
-                    holdout_loss: float, gathered: int, wall: float, weights_set: bool) -> None:
+                    holdout_loss: float, gathered: int, wall: float, weights_set: bool,
+                    gather_seconds: float) -> None:
         state_dir: Path = self.node.state_dir
         log = context(window=window, phase="score")
         for hotkey in sorted(self.book):
@@ -291,5 +294,5 @@ class Validator:
             window=window, global_step=self.state.global_step,
             learning_rate=step.learning_rate if step else learning_rate(self.state.global_step, self.hp.optimizer),
             holdout_loss=holdout_loss, peers_aggregated=step.peers if step else 0, gathered=gathered,
-            evaluated=len(losses), wall_seconds=wall, weights_set=weights_set))
+            evaluated=len(losses), wall_seconds=wall, weights_set=weights_set, gather_seconds=gather_seconds))
 
