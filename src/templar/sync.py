@@ -101,15 +101,13 @@ async def restore(node: Node, error_feedback: dict[str, torch.Tensor] | None = N
         ckpt = None
         try:
             ckpt = await download_latest_checkpoint(
-                lead[1], node.state_dir / "download", max_bytes=_checkpoint_cap(node.model),
+                lead[1], node.state_dir / "download", run=node.run, max_bytes=_checkpoint_cap(node.model),
                 deadline=node.clock.now() + CHECKPOINT_DOWNLOAD_SECONDS, progress=True,
                 now=node.clock.now,
             )
         except (CheckpointError, StorageError) as exc:
             log.warning(f"[SYNC] Checkpoint download failed: {exc}")
-        if ckpt is not None and ckpt.hparams_digest != hp.digest():
-            log.warning(f"[SYNC] Lead checkpoint of window {ckpt.window} is for other hparams; ignoring it")
-        elif ckpt is not None and (local is None or ckpt.window > local.window):
+        if ckpt is not None and (local is None or ckpt.window > local.window):
             try:
                 await asyncio.to_thread(load_model_file, node.model, ckpt.files[MODEL_FILE])
             except (CheckpointError, KeyError) as exc:
@@ -122,7 +120,7 @@ async def restore(node: Node, error_feedback: dict[str, torch.Tensor] | None = N
     start = None
     if lead is not None:
         try:
-            start = await get_start_window(lead[1])
+            start = await get_start_window(lead[1], run=node.run)
         except (StorageError, ValueError) as exc:
             log.warning(f"[SYNC] Could not read the start window: {exc}")
     start = current if start is None else start
@@ -158,7 +156,7 @@ async def catch_up(node: Node, state: NodeState, until: int) -> NodeState:
             try:
                 data = await get_aggregate(lead[1], window, max_bytes=cap, timeout=10.0)
                 if data is None:
-                    progress = await get_progress(lead[1], timeout=10.0)
+                    progress = await get_progress(lead[1], run=node.run, timeout=10.0)
                     if progress is not None and progress.window >= window:
                         break  # the lead finished this window without an update
             except (StorageError, RecordError) as exc:

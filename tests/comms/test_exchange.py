@@ -19,6 +19,10 @@ from templar.comms import (
 from templar.comms.keys import gradient_key, peers_key, start_window_key, window_of
 from templar.config import PROTOCOL_VERSION
 from templar.storage import ObjectTooLarge
+from templar.wire import Run
+
+RUN = Run(netuid=7, digest="ab" * 32)
+OTHER_SUBNET, OTHER_RUN = Run(netuid=8, digest="ab" * 32), Run(netuid=7, digest="cd" * 32)
 
 
 def test_keys_live_under_the_protocol_version() -> None:
@@ -34,15 +38,15 @@ def test_keys_live_under_the_protocol_version() -> None:
 def test_peer_lists_pick_newest_not_after_window(maker) -> None:
     async def body() -> None:
         async with maker.open() as b:
-            assert await get_peers(b, 100) is None
-            await put_peers(b, 10, ["alice", "bob"])
-            await put_peers(b, 20, ["carol"])
-            await put_peers(b, 9, ["zed"])
-            assert await get_peers(b, 9) == (9, ["zed"])
-            assert await get_peers(b, 15) == (10, ["alice", "bob"])
-            assert await get_peers(b, 20) == (20, ["carol"])
-            assert await get_peers(b, 10**6) == (20, ["carol"])
-            assert await get_peers(b, 8) is None
+            assert await get_peers(b, 100, run=RUN) is None
+            await put_peers(b, 10, ["alice", "bob"], run=RUN)
+            await put_peers(b, 20, ["carol"], run=RUN)
+            await put_peers(b, 9, ["zed"], run=RUN)
+            assert await get_peers(b, 9, run=RUN) == (9, ["zed"])
+            assert await get_peers(b, 15, run=RUN) == (10, ["alice", "bob"])
+            assert await get_peers(b, 20, run=RUN) == (20, ["carol"])
+            assert await get_peers(b, 10**6, run=RUN) == (20, ["carol"])
+            assert await get_peers(b, 8, run=RUN) is None
 
     asyncio.run(body())
 
@@ -65,7 +69,7 @@ def test_malformed_peer_list_raises_record_error(tmp_path, raw: bytes) -> None:
         b = LocalBucket(tmp_path)
         await b.put(peers_key(3), raw)
         with pytest.raises(RecordError):
-            await get_peers(b, 5, max_bytes=1 << 20)
+            await get_peers(b, 5, max_bytes=1 << 20, run=RUN)
 
     asyncio.run(body())
 
@@ -77,7 +81,7 @@ def test_peer_list_byte_cap(tmp_path) -> None:
         b = LocalBucket(tmp_path)
         await b.put(peers_key(3), b" " * 70_000)
         with pytest.raises(ObjectTooLarge):
-            await get_peers(b, 5)
+            await get_peers(b, 5, run=RUN)
 
     asyncio.run(body())
 
@@ -88,7 +92,7 @@ def test_put_peers_validates_before_upload(tmp_path) -> None:
     async def body() -> None:
         b = LocalBucket(tmp_path)
         with pytest.raises(ValueError):
-            await put_peers(b, 1, ["dup", "dup"])
+            await put_peers(b, 1, ["dup", "dup"], run=RUN)
         assert await b.list("") == []
 
     asyncio.run(body())
@@ -102,11 +106,29 @@ def test_aggregates_and_start_window(maker) -> None:
             assert await get_aggregate(b, 4, max_bytes=100) == b"\x01\x02signs"
             with pytest.raises(ObjectTooLarge):
                 await get_aggregate(b, 4, max_bytes=3)
-            assert await get_start_window(b) is None
-            await put_start_window(b, 1234)
-            assert await get_start_window(b) == 1234
+            assert await get_start_window(b, run=RUN) is None
+            await put_start_window(b, 1234, run=RUN)
+            assert await get_start_window(b, run=RUN) == 1234
             await b.put(start_window_key(), b'{"protocol": 1, "start_window": "1234"}')
             with pytest.raises(RecordError):
-                await get_start_window(b)
+                await get_start_window(b, run=RUN)
 
     asyncio.run(body())
+
+
+def test_records_of_another_run_are_refused(maker):
+    """A peer list, start window or progress record left by another subnet or run is an error,
+    never taken for this run's."""
+    from templar.comms.progress import get_progress, put_progress
+
+    async def scenario():
+        async with maker.open() as b:
+            await put_peers(b, 10, ["alice"], run=OTHER_RUN)
+            await put_start_window(b, 5, run=OTHER_SUBNET)
+            await put_progress(b, 10, 3, run=OTHER_RUN)
+            for read in (get_peers(b, 10, run=RUN), get_start_window(b, run=RUN), get_progress(b, run=RUN)):
+                with pytest.raises(RecordError, match="another run"):
+                    await read
+            assert await get_peers(b, 10, run=OTHER_RUN) == (10, ["alice"])
+
+    asyncio.run(scenario())

@@ -35,11 +35,11 @@ def test_a_step_pumper_in_the_top_g_changes_nothing(tmp_path):
         first = v.state.window + 1
         steps_applied = 0
         both = sorted([m0.node.hotkey, pump.node.hotkey])
-        await put_peers(v.node.bucket, first, both)
+        await put_peers(v.node.bucket, first, both, run=v.node.run)
         for w in range(first, first + 5):
             before = v.state.global_step
             await asyncio.gather(v.run_window(w), m0.run_window(w), pump.run_window(w))
-            await put_peers(v.node.bucket, w + 1, both)
+            await put_peers(v.node.bucket, w + 1, both, run=v.node.run)
             steps_applied += v.state.global_step - before
             assert v.state.global_step - before in (0, 1), "one outer step per window at most"
             assert m0.state.global_step == v.state.global_step == pump.state.global_step, w

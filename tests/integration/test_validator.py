@@ -44,9 +44,9 @@ def test_validator_scores_weights_publishes_and_resumes(tmp_path):
             await asyncio.gather(v.run_window(w), post_garbage(), *(m.run_window(w) for m in miners))
         hotkeys = {m.hooks.name: m.node.hotkey for m in miners} | {"garbage": garbage.hotkey}
         lead_bucket = v.node.bucket
-        peers = await get_peers(lead_bucket, first + 7)
+        peers = await get_peers(lead_bucket, first + 7, run=v.node.run)
         agg = await get_aggregate(lead_bucket, first + 6, max_bytes=1 << 24)
-        ckpt = await download_latest_checkpoint(lead_bucket, tmp_path / "dl", max_bytes=1 << 30,
+        ckpt = await download_latest_checkpoint(lead_bucket, tmp_path / "dl", run=v.node.run, max_bytes=1 << 30,
                                                 deadline=v.node.clock.now() + 30, progress=False,
                                                 now=v.node.clock.now)
         book_before = ScoreBook.load(v.node.state_dir / BOOK_FILE)

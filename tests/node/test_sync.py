@@ -73,12 +73,12 @@ def test_catch_up_replays_skips_and_waits_like_the_live_step(hp, keypair, tmp_pa
         await put_aggregate(bucket, 12, signed(12, 3))
         # window 13: the lead stepped nothing (it finished the window without an aggregate)
         await put_aggregate(bucket, 14, b"\x00garbage")  # a torn or hostile object: skipped, not applied
-        await put_progress(bucket, 14, 4)
+        await put_progress(bucket, 14, 4, run=RUN)
 
         async def publish_15_late():
             await asyncio.sleep(3)  # after catch-up reached it, before its publish deadline
             await put_aggregate(bucket, 15, signed(14, 4))
-            await put_progress(bucket, 15, 5)
+            await put_progress(bucket, 15, 5, run=RUN)
 
         started = time.now()
         late = asyncio.create_task(publish_15_late())
@@ -107,7 +107,7 @@ def test_catch_up_takes_the_step_the_lead_signed(hp, keypair, tmp_path, publishe
         data = write_aggregate(published_signs[11], window=11, global_step=7, learning_rate=1e-3, hotkey=lead,
                                run=RUN, sign=keypair.sign)
         await put_aggregate(bucket, 11, data)
-        await put_progress(bucket, 11, 3)
+        await put_progress(bucket, 11, 3, run=RUN)
         return await catch_up(node, NodeState(window=10, global_step=2), until=11)
 
     state = run_virtual(scenario(), start=GENESIS + 150)

@@ -30,6 +30,7 @@ from templar.comms.keys import (
 from templar.config import PROTOCOL_VERSION
 from templar.log import context
 from templar.storage.base import Bucket, ObjectNotFound, ObjectTooLarge, StorageError, StorageTimeout
+from templar.wire import Run
 
 MAX_MANIFEST_BYTES = 1 << 20
 _NAME = r"^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,99}$"
@@ -56,6 +57,7 @@ class Manifest(_Record):
     """`v{P}/checkpoint/{window}/manifest.json`."""
 
     protocol: Literal[PROTOCOL_VERSION]  # type: ignore[valid-type]
+    netuid: Annotated[int, Field(ge=0, le=2**16 - 1)]
     window: Annotated[int, Field(ge=0)]
     global_step: Annotated[int, Field(ge=0)]
     hparams_digest: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{16,128}$")]
@@ -98,11 +100,11 @@ def sha256_file(path: Path) -> str:
 
 
 async def save_checkpoint(bucket: Bucket, window: int, files: dict[str, Path], meta: dict[str, Any], *,
-                          timeout: float | None = None) -> Manifest:
+                          run: Run, timeout: float | None = None) -> Manifest:
     """Upload `files`, then the manifest, then `latest.json` (the commit point).
 
-    `meta` must hold `global_step` (int) and `hparams_digest` (hex); the rest is free-form JSON
-    (e.g. hparams, tokens seen). Returns the manifest written.
+    `meta` must hold `global_step` (int); the rest is free-form JSON (e.g. hparams, tokens seen).
+    The manifest names `run` (netuid and hparams digest). Returns the manifest written.
     """
     extra = {k: v for k, v in meta.items() if k not in {"global_step", "hparams_digest"}}
     entries = {}
@@ -110,8 +112,8 @@ async def save_checkpoint(bucket: Bucket, window: int, files: dict[str, Path], m
         digest = await asyncio.to_thread(sha256_file, Path(path))
         entries[name] = FileEntry(sha256=digest, size=Path(path).stat().st_size)
     try:
-        manifest = Manifest(protocol=PROTOCOL_VERSION, window=window, global_step=meta.get("global_step"),
-                            hparams_digest=meta.get("hparams_digest"), files=entries,
+        manifest = Manifest(protocol=PROTOCOL_VERSION, netuid=run.netuid, window=window,
+                            global_step=meta.get("global_step"), hparams_digest=run.digest, files=entries,
                             meta=json.loads(json.dumps(extra)))
     except (TypeError, ValueError) as exc:
         raise CheckpointError(f"refusing to save an invalid checkpoint manifest: {exc}") from exc
@@ -145,9 +147,12 @@ async def _read_manifest(bucket: Bucket, remaining) -> Manifest | None:
     return manifest
 
 
-async def download_latest_checkpoint(bucket: Bucket, dest_dir: Path, *, max_bytes: int, deadline: float,
-                                     progress: bool = True, now: Now = time.time) -> Checkpoint | None:
-    """Fetch the newest complete checkpoint into `dest_dir/<window>/`; None if there is none.
+async def download_latest_checkpoint(bucket: Bucket, dest_dir: Path, *, run: Run, max_bytes: int,
+                                     deadline: float, progress: bool = True,
+                                     now: Now = time.time) -> Checkpoint | None:
+    """Fetch the newest complete checkpoint of `run` into `dest_dir/<window>/`; None if there is
+    none. A checkpoint of another run (netuid or hparams digest) is a `CheckpointError`, found
+    from its manifest before any file is fetched.
 
     `max_bytes` caps the checkpoint's total size (checked from the manifest before any file is
     fetched); `deadline` is unix seconds by `now` for the whole download. Files already present and
@@ -171,6 +176,8 @@ async def download_latest_checkpoint(bucket: Bucket, dest_dir: Path, *, max_byte
             raise CheckpointError(f"{bucket.name}: latest.json names a checkpoint with no manifest") from exc
     if manifest is None:
         return None
+    if (other := run.check(manifest.netuid, manifest.hparams_digest)) is not None:
+        raise CheckpointError(f"{bucket.name}: checkpoint {manifest.window} belongs to another run: {other}")
     total = sum(e.size for e in manifest.files.values())
     if total > max_bytes:
         raise ObjectTooLarge(f"{bucket.name}: checkpoint {manifest.window} is {total} bytes > cap {max_bytes}")

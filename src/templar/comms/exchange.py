@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, Validation
 from templar.comms.keys import aggregate_key, peers_key, peers_prefix, start_window_key, window_of
 from templar.config import PROTOCOL_VERSION
 from templar.storage.base import DEFAULT_TIMEOUT, Bucket, ObjectNotFound
+from templar.wire import Run
 
 MAX_RECORD_BYTES = 64 << 10
 MAX_PEERS = 1024
@@ -31,10 +32,24 @@ class _Record(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
 
-class PeerList(_Record):
-    """`v{P}/peers/{window}.json`: the top-G hotkeys in effect from `window`."""
+class _RunRecord(_Record):
+    """A record of one run: it names the subnet and the run's hparams digest (`templar.wire.Run`),
+    so a record another run left in a bucket (or a replayed one) is never taken for this run's."""
 
     protocol: Literal[PROTOCOL_VERSION]  # type: ignore[valid-type]
+    netuid: Annotated[int, Field(ge=0, le=2**16 - 1)]
+    run: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
+
+
+def check_run(record: _RunRecord, run: Run, what: str) -> None:
+    """RecordError unless `record` belongs to `run`."""
+    if (other := run.check(record.netuid, record.run)) is not None:
+        raise RecordError(f"{what} belongs to another run: {other}")
+
+
+class PeerList(_RunRecord):
+    """`v{P}/peers/{window}.json`: the top-G hotkeys in effect from `window`."""
+
     window: Window
     peers: list[Hotkey] = Field(max_length=MAX_PEERS)
 
@@ -46,10 +61,9 @@ class PeerList(_Record):
         return peers
 
 
-class StartWindow(_Record):
+class StartWindow(_RunRecord):
     """`v{P}/start_window.json`: the window at which global_step was 0."""
 
-    protocol: Literal[PROTOCOL_VERSION]  # type: ignore[valid-type]
     start_window: Window
 
 
@@ -68,18 +82,19 @@ def dump_record(record: _Record) -> bytes:
 
 # -- peer lists -------------------------------------------------------------------------------
 
-async def put_peers(bucket: Bucket, window: int, hotkeys: list[str], *,
+async def put_peers(bucket: Bucket, window: int, hotkeys: list[str], *, run: Run,
                     timeout: float = DEFAULT_TIMEOUT) -> None:
     """Publish the peer list in effect from `window` (validated before upload)."""
-    record = PeerList(protocol=PROTOCOL_VERSION, window=window, peers=list(hotkeys))
+    record = PeerList(protocol=PROTOCOL_VERSION, netuid=run.netuid, run=run.digest, window=window,
+                      peers=list(hotkeys))
     await bucket.put(peers_key(window), dump_record(record), timeout=timeout)
 
 
-async def get_peers(bucket: Bucket, window: int, *, timeout: float = DEFAULT_TIMEOUT,
+async def get_peers(bucket: Bucket, window: int, *, run: Run, timeout: float = DEFAULT_TIMEOUT,
                     max_bytes: int = MAX_RECORD_BYTES) -> tuple[int, list[str]] | None:
-    """The newest peer list whose window is <= `window`, as (effective_window, hotkeys).
+    """The newest peer list of `run` whose window is <= `window`, as (effective_window, hotkeys).
 
-    None if none has been published; `RecordError` if the newest one is malformed.
+    None if none has been published; `RecordError` if the newest one is malformed or of another run.
     """
     prefix = peers_prefix()
     windows = [w for obj in await bucket.list(prefix, timeout=timeout)
@@ -92,6 +107,7 @@ async def get_peers(bucket: Bucket, window: int, *, timeout: float = DEFAULT_TIM
     except ObjectNotFound:
         return None  # deleted between list and get
     record: PeerList = parse_record(data, PeerList, f"{bucket.name} peers/{effective}")
+    check_run(record, run, f"{bucket.name} peers/{effective}")
     if record.window != effective:
         raise RecordError(f"peer list at window {effective} claims window {record.window}")
     return effective, list(record.peers)
@@ -115,16 +131,18 @@ async def get_aggregate(bucket: Bucket, window: int, *, max_bytes: int,
 
 # -- start window -----------------------------------------------------------------------------
 
-async def put_start_window(bucket: Bucket, window: int, *, timeout: float = DEFAULT_TIMEOUT) -> None:
-    record = StartWindow(protocol=PROTOCOL_VERSION, start_window=window)
+async def put_start_window(bucket: Bucket, window: int, *, run: Run, timeout: float = DEFAULT_TIMEOUT) -> None:
+    record = StartWindow(protocol=PROTOCOL_VERSION, netuid=run.netuid, run=run.digest, start_window=window)
     await bucket.put(start_window_key(), dump_record(record), timeout=timeout)
 
 
-async def get_start_window(bucket: Bucket, *, timeout: float = DEFAULT_TIMEOUT) -> int | None:
-    """The run's start window, or None if not yet published."""
+async def get_start_window(bucket: Bucket, *, run: Run, timeout: float = DEFAULT_TIMEOUT) -> int | None:
+    """The start window of `run`, or None if not yet published; `RecordError` if malformed or of
+    another run."""
     try:
         data = await bucket.get(start_window_key(), max_bytes=4096, timeout=timeout)
     except ObjectNotFound:
         return None
     record: StartWindow = parse_record(data, StartWindow, f"{bucket.name} start_window")
+    check_run(record, run, f"{bucket.name} start_window")
     return record.start_window

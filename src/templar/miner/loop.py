@@ -180,7 +180,7 @@ class Miner:
         peers: list[str] = []
         if lead is not None:
             try:
-                found = await get_peers(lead[1], window, timeout=5.0)
+                found = await get_peers(lead[1], window, run=node.run, timeout=5.0)
                 peers = found[1] if found else []
             except (StorageError, RecordError) as exc:
                 log.warning(f"peer list unavailable: {exc}")

@@ -25,7 +25,7 @@ KEEP_CHECKPOINTS = 3
 
 async def publish_start_window(node: Node, window: int) -> None:
     try:
-        await put_start_window(node.bucket, window)
+        await put_start_window(node.bucket, window, run=node.run)
         context(window=window, phase="lead").info(f"published the run's start window {window}")
     except StorageError as exc:
         context(window=window, phase="lead").warning(f"could not publish the start window: {exc}")
@@ -45,9 +45,9 @@ async def publish_window(node: Node, window: int, step: OuterStep | None, next_p
                                    sign=node.chain.sign)
             await put_aggregate(node.bucket, window, data)
         if next_peers is not None:
-            await put_peers(node.bucket, window + 1, next_peers)
+            await put_peers(node.bucket, window + 1, next_peers, run=node.run)
             log.info(f"published peer list for window {window + 1}: {len(next_peers)} peers")
-        await put_progress(node.bucket, window, global_step)
+        await put_progress(node.bucket, window, global_step, run=node.run)
     except StorageError as exc:
         log.warning(f"publishing failed: {exc}")
 
@@ -66,8 +66,7 @@ async def publish_checkpoint(node: Node, window: int, global_step: int) -> None:
     await asyncio.to_thread(_write_model, node.model, path)
     try:
         await save_checkpoint(node.bucket, window, {MODEL_FILE: path},
-                              {"global_step": global_step, "hparams_digest": node.hp.digest(),
-                               "hparams": node.hp.name})
+                              {"global_step": global_step, "hparams": node.hp.name}, run=node.run)
         await cleanup_checkpoints(node.bucket, keep=KEEP_CHECKPOINTS)
     except StorageError as exc:
         log.warning(f"checkpoint upload failed: {exc}")

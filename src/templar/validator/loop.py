@@ -106,7 +106,7 @@ class Validator:
 
     async def _published_start(self) -> int | None:
         try:
-            return await get_start_window(self.node.bucket)
+            return await get_start_window(self.node.bucket, run=self.node.run)
         except (StorageError, RecordError):
             return None
 
@@ -213,7 +213,7 @@ class Validator:
         if lead is None:
             return []
         try:
-            found = await get_peers(lead[1], window, timeout=5.0)
+            found = await get_peers(lead[1], window, run=self.node.run, timeout=5.0)
         except (StorageError, RecordError) as exc:
             context(window=window, phase="validate").warning(f"peer list unavailable: {exc}")
             return []
