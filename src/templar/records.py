@@ -12,6 +12,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from templar.atomic import atomic_write
+
 SCORES_FILE = "scores.jsonl"
 VALIDATOR_WINDOWS_FILE = "validator_windows.jsonl"
 MINER_WINDOWS_FILE = "miner_windows.jsonl"
@@ -114,3 +116,39 @@ def read_records(path: Path) -> Iterator[dict]:
                 yield json.loads(line)
             except json.JSONDecodeError:
                 continue
+
+
+def trim_records(path: Path, last_window: int) -> int:
+    """Drop records of windows after `last_window` (and a torn last line): they were appended
+    for a window whose state never committed, and that window will be recorded again. Returns
+    how many lines were dropped; the file is rewritten atomically."""
+    if not path.exists():
+        return 0
+    kept: list[str] = []
+    dropped = 0
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            try:
+                record = json.loads(line) if line.endswith("\n") else None
+            except json.JSONDecodeError:
+                record = None
+            if isinstance(record, dict) and isinstance(record.get("window"), int) and record["window"] <= last_window:
+                kept.append(line)
+            else:
+                dropped += 1
+    if dropped:
+        atomic_write(path, "".join(kept).encode())
+    return dropped
+
+
+def drop_uncommitted_records(state_dir: Path, names: list[str], last_window: int) -> None:
+    """At a restart: `trim_records` on each of a node's record files, with one log line saying
+    what was dropped (nothing is logged when the records and the state already agree)."""
+    dropped = {name: trim_records(state_dir / name, last_window) for name in names}
+    if any(dropped.values()):
+        from loguru import logger
+
+        logger.bind(phase="startup").info(
+            "[SYNC] dropped records of windows after the restored state's window "
+            f"{last_window} (written before a crash, never committed): "
+            + ", ".join(f"{name} {n}" for name, n in dropped.items() if n))

@@ -2,16 +2,23 @@
 
 Everything lives in ONE safetensors file written to a temp name, fsynced and renamed, so a
 `kill -9` at any instant leaves either the old state or the new one, never a mix: the restarted
-node neither applies an aggregate twice nor skips one.
+node neither applies an aggregate twice nor skips one. The state before it is kept as
+`<name>.prev` (a hard link, so free), and `load_node_state_or_previous` falls back to it when the
+newest file is unreadable (a truncated or corrupted disk): one window is redone, none is lost.
+The state file is a window's commit point: records of a window are appended before it, and
+`trim_records` drops those of windows the restored state never committed.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from templar.atomic import atomic_write
@@ -33,7 +40,42 @@ def save_node_state(path: Path, model: torch.nn.Module, error_feedback: dict[str
     tensors.update({_EF + k: v.detach().to("cpu").contiguous() for k, v in error_feedback.items()})
     meta = {"window": str(state.window), "global_step": str(state.global_step),
             "extra": json.dumps(state.extra, sort_keys=True)}
+    if path.exists():
+        _keep_previous(path)
     atomic_write(path, lambda tmp: save_file(tensors, str(tmp), metadata=meta))
+
+
+def previous_path(path: Path) -> Path:
+    return path.with_name(path.name + ".prev")
+
+
+def _keep_previous(path: Path) -> None:
+    """`path.prev` becomes the current state (a hard link; a copy where links are unsupported)."""
+    prev, tmp = previous_path(path), path.with_name(path.name + ".prev.tmp")
+    tmp.unlink(missing_ok=True)
+    try:
+        os.link(path, tmp)
+    except OSError:
+        shutil.copyfile(path, tmp)
+    os.replace(tmp, prev)
+
+
+def load_node_state_or_previous(path: Path, model: torch.nn.Module,
+                                ) -> tuple[tuple[NodeState, dict[str, torch.Tensor]] | None, str]:
+    """The newest readable state and where it came from ("state", "previous state (…)", or
+    "nothing"). Raises ValueError only when neither file is usable."""
+    try:
+        return load_node_state(path, model), "state"
+    except (ValueError, SafetensorError, OSError, KeyError) as exc:
+        problem = f"{path.name} unreadable ({str(exc)[:120]})"
+    prev = previous_path(path)
+    try:
+        loaded = load_node_state(prev, model)
+    except (ValueError, SafetensorError, OSError, KeyError) as exc:
+        raise ValueError(f"{problem}; {prev.name} unreadable too ({str(exc)[:120]})") from exc
+    if loaded is None:
+        raise ValueError(f"{problem}; no previous state")
+    return loaded, f"previous state ({problem})"
 
 
 def load_node_state(path: Path, model: torch.nn.Module) -> tuple[NodeState, dict[str, torch.Tensor]] | None:

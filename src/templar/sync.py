@@ -30,7 +30,7 @@ from templar.comms.progress import get_progress
 from templar.log import context
 from templar.node import Node
 from templar.outer import apply_update, update_step
-from templar.state import NodeState, load_node_state
+from templar.state import NodeState, load_node_state_or_previous
 from templar.storage import StorageError
 from templar.wire import PayloadError, max_aggregate_bytes, read_aggregate
 
@@ -79,17 +79,18 @@ async def restore(node: Node, error_feedback: dict[str, torch.Tensor] | None = N
     log = context(window=current, phase=Phase.DOWNLOAD)
     local = None
     try:
-        loaded = load_node_state(node.state_dir / STATE_FILE, node.model)
-    except (ValueError, SafetensorError) as exc:
-        log.warning(f"ignoring unreadable local state: {exc}")
-        loaded = None
+        loaded, source = load_node_state_or_previous(node.state_dir / STATE_FILE, node.model)
+    except ValueError as exc:
+        log.warning(f"[SYNC] ignoring unreadable local state: {exc}")
+        loaded, source = None, "nothing"
     if loaded is not None:
         local, ef = loaded
         if error_feedback is not None and set(ef) == set(error_feedback):
             for name, t in ef.items():
                 error_feedback[name].copy_(t)
         if current - local.window - 1 <= hp.windows.max_allowed_stale:
-            log.info(f"[SYNC] Resuming from local state at window {local.window} (global_step {local.global_step})")
+            log.info(f"[SYNC] Resuming from local state at window {local.window} (global_step {local.global_step}); "
+                     f"restored from the {source}")
             return local, True
         log.info(f"[SYNC] Local state is {current - local.window - 1} windows old; looking for a newer checkpoint")
 

@@ -94,6 +94,7 @@ class Localnet:
         self.hp = load_hparams(cfg.hparams)
         self.procs: dict[str, subprocess.Popen] = {}
         self.nodes: list[NodeInfo] = []
+        self.resumed_after = -1  # the last window the lead scored before a --resume
         self.s3 = None
 
     # ---------------------------------------------------------------- set-up
@@ -116,6 +117,7 @@ class Localnet:
             from templar.localnet.report import read_nodes
 
             self.nodes = read_nodes(self.out)
+            self.resumed_after = max(self._lead_windows(), default=-1)
             return
         logger.info(f"creating embedded chain with {len(planned)} hotkeys in {chain_path}")
         dev = create_dev_chain(
@@ -198,11 +200,15 @@ class Localnet:
         logger.info(f"started {len(self.procs)} neurons; logs under {self.out / 'nodes'}")
 
     # ---------------------------------------------------------------- run
-    def windows_done(self) -> int:
+    def _lead_windows(self) -> list[int]:
         lead = lead_validator(self.nodes)
         if lead is None:
-            return 0
-        return sum(1 for _ in read_records(lead.directory(self.out) / VALIDATOR_WINDOWS_FILE))
+            return []
+        return [r["window"] for r in read_records(lead.directory(self.out) / VALIDATOR_WINDOWS_FILE)]
+
+    def windows_done(self) -> int:
+        """Windows the lead scored in this run (with --resume, those after the last one scored before)."""
+        return len({w for w in self._lead_windows() if w > self.resumed_after})
 
     def alive(self) -> dict[str, bool]:
         return {name: proc.poll() is None for name, proc in self.procs.items()}

@@ -16,7 +16,7 @@ from templar.log import context
 from templar.miner.hooks import MinerHooks
 from templar.node import Node
 from templar.outer import collect_probes, gather_gradients, outer_step
-from templar.records import MINER_WINDOWS_FILE, MinerWindowRecord, append_record
+from templar.records import MINER_WINDOWS_FILE, MinerWindowRecord, append_record, drop_uncommitted_records
 from templar.schedule import learning_rate
 from templar.state import NodeState, save_node_state
 from templar.storage import StorageError
@@ -46,6 +46,7 @@ class Miner:
     async def start(self) -> None:
         """Phases 2-3 of the join flow: restore or download state, then catch up."""
         self.state, own = await restore(self.node, self.demo.buffers)
+        drop_uncommitted_records(self.node.state_dir, [MINER_WINDOWS_FILE], self.state.window)
         self.start_window = self.state.window + 1
         await self.join(own_state=own)
 
@@ -123,7 +124,6 @@ class Miner:
         peers_aggregated = await self._aggregate(window)
         self.hooks.after_step(self, window)
         self.state.window = window
-        await asyncio.to_thread(self.save)
         await self._delete_stale_gradient(window)
         busy += time.perf_counter() - busy_started
 
@@ -142,6 +142,9 @@ class Miner:
             global_step=self.state.global_step, loss=stats.loss, tokens_per_second=stats.tokens_per_second,
             pages=len(pages), uploaded=uploaded, upload_bytes=up_bytes, upload_seconds=up_seconds,
             peers_aggregated=peers_aggregated, overhead_share=overhead))
+        # The commit point: the window's record is written first, so a crash before this line
+        # redoes the window and `trim_records` drops its uncommitted record at the restart.
+        await asyncio.to_thread(self.save)
 
     def pages(self, window: int) -> list[int]:
         """This window's assigned pages, plus `extra_pages` unassigned ones."""

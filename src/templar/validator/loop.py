@@ -26,6 +26,7 @@ from templar.records import (
     PeerScoreRecord,
     ValidatorWindowRecord,
     append_record,
+    drop_uncommitted_records,
 )
 from templar.schedule import learning_rate
 from templar.state import NodeState, save_node_state
@@ -92,8 +93,9 @@ class Validator:
     async def start(self) -> None:
         """Load the score book and state; the lead publishes the start window, others catch up."""
         node = self.node
-        self.state, _ = await restore(node)
-        self.book = self._load_book(self.state)
+        self.state, own = await restore(node)
+        self.book = self._load_book(self.state, own)
+        drop_uncommitted_records(node.state_dir, [SCORES_FILE, VALIDATOR_WINDOWS_FILE], self.state.window)
         current = node.clock.current_window()
         if await self._check_lead(current):
             if await self._published_start() is None:
@@ -121,14 +123,23 @@ class Validator:
         self.is_lead = is_lead
         return is_lead
 
-    def _load_book(self, state: NodeState) -> ScoreBook:
-        """The book saved atomically with our state (never a window apart from it); else the copy."""
+    def _load_book(self, state: NodeState, own: bool) -> ScoreBook:
+        """The book saved atomically with our state (never a window apart from it).
+
+        `scorebook.json` is only a readable copy: it may be a window ahead of or behind any state
+        we could restore, so it is read only for an own state saved without a book (older versions).
+        A state that is not our own (the lead's checkpoint) starts an empty book rather than one
+        that would count some windows twice."""
+        log = context(phase="startup")
         saved = state.extra.get("scorebook")
         if isinstance(saved, str):
             try:
                 return ScoreBook.from_json(saved)
             except ScoreBookError as exc:
-                context(phase="startup").error(f"score book in the state file unreadable: {exc}")
+                log.error(f"score book in the state file unreadable: {exc}")
+        if not own:
+            log.warning("[SYNC] no own state to take the score book from: starting an empty score book")
+            return ScoreBook()
         path = self.node.state_dir / BOOK_FILE
         try:
             return ScoreBook.load(path)
@@ -199,10 +210,12 @@ class Validator:
             weights_set = await self._set_weights(window, weights, miners)
         if self.is_lead and window % hp.windows.checkpoint_frequency == 0:
             await publish_checkpoint(node, window, self.state.global_step)
-        await asyncio.to_thread(self._save)
         wall = time.perf_counter() - started
         self._log_window(window, verdicts, losses, weights, top, miners, step, holdout_loss, len(results), wall,
                          weights_set, gather_seconds)
+        # The commit point: model, window and book change together here, after the window's records
+        # (a crash before it redoes the window; its uncommitted records are dropped at the restart).
+        await asyncio.to_thread(self._save)
         log.info(f"window done in {wall:.1f}s | held-out loss {holdout_loss:.4f} | gathered "
                  f"{sum(r.ok for r in results.values())}/{len(results)} | evaluated {len(losses)} | "
                  f"aggregated {step.peers if step else 0} | step {self.state.global_step} | top-G "

@@ -1,0 +1,44 @@
+"""A node's state file is its commit point: the previous state survives a torn newest one, and
+records of windows the state never committed are dropped at the restart."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from templar.model import build_model
+from templar.records import trim_records
+from templar.state import NodeState, load_node_state_or_previous, previous_path, save_node_state
+
+
+def test_a_torn_state_falls_back_to_the_previous_one(hp, tmp_path):
+    model = build_model(hp)
+    path = tmp_path / "state.safetensors"
+    for window in (1, 2, 3):
+        with torch.no_grad():
+            next(model.parameters()).fill_(float(window))
+        save_node_state(path, model, {}, NodeState(window=window, global_step=window))
+    (state, _), source = load_node_state_or_previous(path, model)
+    assert (state.window, source) == (3, "state")
+
+    path.write_bytes(path.read_bytes()[:1000])  # truncated by a failing disk
+    fresh = build_model(hp)
+    (state, _), source = load_node_state_or_previous(path, fresh)
+    assert state.window == 2 and source.startswith("previous state")
+    assert float(next(fresh.parameters()).detach().flatten()[0]) == 2.0  # the model of that same window
+
+    previous_path(path).write_bytes(b"garbage")
+    with pytest.raises(ValueError, match="unreadable too"):
+        load_node_state_or_previous(path, fresh)
+
+
+def test_trim_records_drops_uncommitted_windows_and_torn_lines(tmp_path):
+    path = tmp_path / "scores.jsonl"
+    lines = [json.dumps({"window": w, "hotkey": h}) + "\n" for w in (1, 2, 3, 4) for h in ("a", "b")]
+    path.write_text("".join(lines) + '{"window": 5, "hot')
+    assert trim_records(path, 3) == 3  # window 4 twice, plus the torn line
+    assert [json.loads(x)["window"] for x in path.read_text().splitlines()] == [1, 1, 2, 2, 3, 3]
+    assert trim_records(path, 3) == 0
+    assert trim_records(tmp_path / "absent.jsonl", 3) == 0
