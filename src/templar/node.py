@@ -36,19 +36,34 @@ from templar.wire import Run
 
 EXIT_NOT_REGISTERED = 2
 EXIT_CONFIG = 3
+EXIT_OWN_BUCKET = 4
+WRITABLE_PROBE_KEY = "writable-check"
 
 PUBLIC_NETWORKS = frozenset({"finney", "test"})
 
 
-class StartupError(Exception):
-    """A node cannot start: bad configuration, wallet, chain connection, bucket or data.
-    The message is meant for the operator; `exit_code` is what the entry point exits with."""
+class NodeError(Exception):
+    """A node cannot go on, for a reason its operator must fix. The message is meant for the
+    operator (one line, no traceback); `exit_code` is what the entry point exits with."""
+
+    exit_code = 1
+
+
+class StartupError(NodeError):
+    """A node cannot start: bad configuration, wallet, chain connection, bucket or data."""
 
     exit_code = EXIT_CONFIG
 
 
 class NotRegisteredError(StartupError):
     exit_code = EXIT_NOT_REGISTERED
+
+
+class OwnBucketError(NodeError):
+    """Our own bucket keeps refusing our writes at run time (a revoked key, a full or read-only
+    bucket): uploading nothing, window after window, helps nobody."""
+
+    exit_code = EXIT_OWN_BUCKET
 
 
 def add_node_args(parser: argparse.ArgumentParser) -> None:
@@ -94,6 +109,8 @@ class Node:
     public networks (no SSRF into our LAN), always on the embedded chain."""
     stop: asyncio.Event = field(default_factory=asyncio.Event)
     _peer_buckets: dict[str, tuple[str, Bucket]] = field(default_factory=dict)
+    bucket_faults: dict[str, str] = field(default_factory=dict)
+    """Why a peer's committed locator could not be opened, by hotkey (its gathers: `unreachable`)."""
 
     @property
     def hotkey(self) -> str:
@@ -129,14 +146,14 @@ class Node:
                 continue
             try:
                 locator = BucketLocator.parse(raw)
-            except LocatorError as exc:
-                logger.warning(f"ignoring bucket commitment of {short(hotkey)}: {exc}")
-                continue
-            try:
                 bucket = open_bucket(locator, allow_private=self.allow_private_endpoints)
             except Exception as exc:  # whatever a hostile commitment triggers is its owner's problem alone
-                logger.warning(f"ignoring bucket of {short(hotkey)}: {type(exc).__name__}: {exc}")
+                reason = f"bucket commitment unusable: {type(exc).__name__}: {str(exc)[:160]}"
+                if self.bucket_faults.get(hotkey) != reason:
+                    logger.warning(f"ignoring bucket of {short(hotkey)}: {reason}")
+                self.bucket_faults[hotkey] = reason
                 continue
+            self.bucket_faults.pop(hotkey, None)
             if cached:
                 await cached[1].aclose()
             self._peer_buckets[hotkey] = (raw, bucket)
@@ -271,6 +288,12 @@ async def _open_own_bucket(args: argparse.Namespace, chain: Chain, time: TimeSou
         bucket = open_bucket(locator, credentials, own=True, now=time.now)
     except (LocatorError, StorageError, OSError) as exc:
         raise StartupError(f"bucket {locator.kind}: {exc}") from exc
+    try:  # a bucket we cannot write to is found now, not one failed upload per window
+        await bucket.put(WRITABLE_PROBE_KEY, b"ok", timeout=30.0)
+        await bucket.delete(WRITABLE_PROBE_KEY, timeout=30.0)
+    except StorageError as exc:
+        await bucket.aclose()
+        raise StartupError(f"our bucket ({locator.kind}) is not writable with our key: {exc}") from exc
     committed = (await asyncio.to_thread(chain.bucket_locators)).get(chain.hotkey)
     if committed != locator.encode():
         log.info(f"committing bucket locator ({locator.kind}) on chain")
@@ -283,8 +306,8 @@ async def _open_own_bucket(args: argparse.Namespace, chain: Chain, time: TimeSou
 
 def run_node(args: argparse.Namespace, role: str, run: Callable[[Node], Awaitable[None]]) -> int:
     """What a neuron's `main` does: start the node, run the role on it, close it. Returns the
-    process exit code: 0, or a `StartupError`'s code after logging its message (no traceback
-    for a configuration error). SIGINT/SIGTERM finish the current window, then stop."""
+    process exit code: 0, or a `NodeError`'s code after logging its message in one line (no
+    traceback for what the operator must fix). SIGINT/SIGTERM finish the current window, then stop."""
 
     async def main() -> None:
         node = await start_node(args, role)
@@ -299,7 +322,7 @@ def run_node(args: argparse.Namespace, role: str, run: Callable[[Node], Awaitabl
 
     try:
         asyncio.run(main())
-    except StartupError as exc:
+    except NodeError as exc:
         logger.error(str(exc))
         return exc.exit_code
     return 0

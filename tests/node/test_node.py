@@ -74,10 +74,13 @@ def test_hostile_commitments_hurt_only_their_owner(tmp_path):
                 "garbage": "\x00not a locator", "loopback": "s3:http://127.0.0.1:1/b:" + "0" * 20 + ":" + "0" * 40}
 
     async def scenario(allow_private: bool):
-        return await _node(locators, allow_private_endpoints=allow_private).peer_buckets()
+        node = _node(locators, allow_private_endpoints=allow_private)
+        return await node.peer_buckets(), node.bucket_faults
 
-    opened = asyncio.run(scenario(True))
+    opened, faults = asyncio.run(scenario(True))
     assert "honest" in opened and "garbage" not in opened
+    assert "garbage" in faults and "honest" not in faults  # its gathers are `unreachable`, with this reason
     assert not never.exists() and not (tmp_path / "never").exists(), "a peer's locator created directories"
-    public = asyncio.run(scenario(False))  # finney/test: no local or private buckets at all
+    public, faults = asyncio.run(scenario(False))  # finney/test: no local or private buckets at all
     assert not {"honest", "passwd", "made-up", "loopback"} & set(public)
+    assert {"honest", "passwd", "made-up", "loopback", "garbage"} <= set(faults)

@@ -14,7 +14,7 @@ from templar.comms.keys import gradient_key
 from templar.compress import DCTCompressor, DeMo
 from templar.log import context
 from templar.miner.hooks import MinerHooks
-from templar.node import Node
+from templar.node import Node, OwnBucketError
 from templar.outer import collect_probes, gather_gradients, outer_step
 from templar.records import MINER_WINDOWS_FILE, MinerWindowRecord, append_record, drop_uncommitted_records
 from templar.schedule import learning_rate
@@ -23,6 +23,9 @@ from templar.storage import StorageError
 from templar.sync import STATE_FILE, Phase, catch_up, restore
 from templar.train import accumulate_gradients, gradients
 from templar.wire import max_gradient_bytes, write_gradient
+
+MAX_FAILED_UPLOADS = 5
+"""Consecutive windows whose upload our own bucket refused before the miner stops (`OwnBucketError`)."""
 
 
 class Miner:
@@ -41,6 +44,7 @@ class Miner:
         self.warmup_left = 0
         self.start_window = 0
         self.max_bytes = max_gradient_bytes(node.shapes, self.hp)
+        self.failed_uploads = 0
 
     # ------------------------------------------------------------------ life
     async def start(self) -> None:
@@ -116,7 +120,13 @@ class Miner:
             put = await put_gradient(node.bucket, window, payload, timeout=hp.windows.put_window_seconds)
             uploaded, up_bytes, up_seconds = True, put.nbytes, put.seconds
         except StorageError as exc:
-            log.warning(f"upload failed: {exc}")
+            self.failed_uploads += 1
+            log.warning(f"upload failed ({self.failed_uploads}/{MAX_FAILED_UPLOADS} in a row): {exc}")
+            if self.failed_uploads >= MAX_FAILED_UPLOADS:
+                raise OwnBucketError(f"our bucket refused {self.failed_uploads} uploads in a row (last: {exc}); "
+                                     "check its write key, permissions and space") from exc
+        else:
+            self.failed_uploads = 0
         busy += time.perf_counter() - busy_started
 
         await node.clock.sleep_until(times.gather_start)

@@ -4,6 +4,8 @@ the start window, the top-G peer list, each window's aggregate (for catch-up) an
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -31,25 +33,58 @@ async def publish_start_window(node: Node, window: int) -> None:
         context(window=window, phase="lead").warning(f"could not publish the start window: {exc}")
 
 
-async def publish_window(node: Node, window: int, step: OuterStep | None, next_peers: list[str] | None,
-                         global_step: int) -> None:
-    """The aggregate applied at `window` and, when due, the peer list in effect from window+1.
+class WindowPublisher:
+    """The lead's per-window publications (aggregate, peer list, progress), each upload bounded by
+    a deadline so a slow or stalled bucket never delays the next window. What misses its deadline
+    stays queued, is logged, and goes out first at the next window (oldest first; a newer progress
+    record replaces a queued one). Followers wait for a late aggregate until its publish deadline
+    (one window after its own), so a publication retried one window later still serves them."""
 
-    Failures are logged, never fatal: followers then fall back to gathering themselves.
-    """
-    log = context(window=window, phase="lead")
-    try:
+    MAX_QUEUED = 32
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.queued: dict[str, Callable[[], Awaitable[None]]] = {}
+
+    async def publish(self, window: int, step: OuterStep | None, next_peers: list[str] | None,
+                      global_step: int, *, deadline: float) -> bool:
+        """Queue this window's objects and upload the queue until `deadline` (unix seconds by the
+        node's clock). True when nothing is left queued."""
+        node, run = self.node, self.node.run
         if step is not None:
             data = write_aggregate(step.signs, window=window, global_step=step.global_step,
-                                   learning_rate=step.learning_rate, hotkey=node.hotkey, run=node.run,
-                                   sign=node.chain.sign)
-            await put_aggregate(node.bucket, window, data)
+                                   learning_rate=step.learning_rate, hotkey=node.hotkey, run=run, sign=node.chain.sign)
+            self.queued[f"aggregate/{window}"] = partial(put_aggregate, node.bucket, window, data)
         if next_peers is not None:
-            await put_peers(node.bucket, window + 1, next_peers, run=node.run)
-            log.info(f"published peer list for window {window + 1}: {len(next_peers)} peers")
-        await put_progress(node.bucket, window, global_step, run=node.run)
-    except StorageError as exc:
-        log.warning(f"publishing failed: {exc}")
+            self.queued[f"peers/{window + 1}"] = partial(put_peers, node.bucket, window + 1, next_peers, run=run)
+        self.queued.pop("progress", None)  # re-queued last: it promises everything before it
+        self.queued["progress"] = partial(put_progress, node.bucket, window, global_step, run=run)
+        while len(self.queued) > self.MAX_QUEUED:
+            dropped = next(iter(self.queued))
+            del self.queued[dropped]
+            context(window=window, phase="lead").warning(f"dropping {dropped}: never published in time")
+        return await self._flush(window, deadline)
+
+    async def _flush(self, window: int, deadline: float) -> bool:
+        log = context(window=window, phase="lead")
+        for name in list(self.queued):
+            left = deadline - self.node.clock.now()
+            try:
+                if left <= 0:
+                    raise TimeoutError
+                async with asyncio.timeout(left):
+                    await self.queued[name]()
+            except TimeoutError:
+                log.warning(f"publishing is late ({len(self.queued)} objects queued, next: {name}); "
+                            "retrying next window")
+                return False
+            except StorageError as exc:
+                log.warning(f"publishing {name} failed ({exc}); retrying next window")
+                return False
+            del self.queued[name]
+            if name.startswith("peers/"):
+                log.info(f"published peer list for window {name.split('/')[1]}")
+        return True
 
 
 def _write_model(model: torch.nn.Module, path: Path) -> None:
@@ -57,21 +92,51 @@ def _write_model(model: torch.nn.Module, path: Path) -> None:
     atomic_write(path, lambda tmp: save_file(tensors, str(tmp)))
 
 
-async def publish_checkpoint(node: Node, window: int, global_step: int) -> None:
-    """θ after applying `window`'s aggregate; written between windows, never mid-update."""
-    log = context(window=window, phase="checkpoint")
-    folder = node.state_dir / "checkpoint"
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / MODEL_FILE
-    await asyncio.to_thread(_write_model, node.model, path)
-    try:
-        await save_checkpoint(node.bucket, window, {MODEL_FILE: path},
-                              {"global_step": global_step, "hparams": node.hp.name}, run=node.run)
-        await cleanup_checkpoints(node.bucket, keep=KEEP_CHECKPOINTS)
-    except StorageError as exc:
-        log.warning(f"checkpoint upload failed: {exc}")
-        return
-    await _delete_aggregates_before(node, window - KEEP_CHECKPOINTS * node.hp.windows.checkpoint_frequency)
+class CheckpointPublisher:
+    """θ after a window's aggregate, snapshotted to disk between windows (never mid-update) and
+    uploaded in the background, so a large model or a slow bucket never delays a window. One
+    upload at a time, bounded by `checkpoint_frequency` windows; a checkpoint falling due while
+    the previous one is still uploading is skipped with a log line (the next one will do)."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.task: asyncio.Task | None = None
+
+    async def publish(self, window: int, global_step: int) -> None:
+        log = context(window=window, phase="checkpoint")
+        if self.task is not None and not self.task.done():
+            log.warning("the previous checkpoint is still uploading: skipping this one")
+            return
+        folder = self.node.state_dir / "checkpoint"
+        for old in folder.glob("*.safetensors") if folder.exists() else ():
+            old.unlink(missing_ok=True)
+        path = folder / f"{window}-{MODEL_FILE}"
+        await asyncio.to_thread(_write_model, self.node.model, path)
+        hp = self.node.hp
+        budget = hp.windows.checkpoint_frequency * hp.windows.blocks_per_window * hp.windows.block_time
+        self.task = asyncio.create_task(self._upload(window, global_step, path, budget), name=f"checkpoint-{window}")
+
+    async def _upload(self, window: int, global_step: int, path: Path, budget: float) -> None:
+        node, log = self.node, context(window=window, phase="checkpoint")
+        try:
+            async with asyncio.timeout(budget):
+                await save_checkpoint(node.bucket, window, {MODEL_FILE: path},
+                                      {"global_step": global_step, "hparams": node.hp.name}, run=node.run)
+                await cleanup_checkpoints(node.bucket, keep=KEEP_CHECKPOINTS)
+        except TimeoutError:
+            log.warning(f"checkpoint upload did not finish within {budget:.0f}s; the next one will be tried")
+            return
+        except StorageError as exc:
+            log.warning(f"checkpoint upload failed: {exc}")
+            return
+        finally:
+            path.unlink(missing_ok=True)
+        await _delete_aggregates_before(node, window - KEEP_CHECKPOINTS * node.hp.windows.checkpoint_frequency)
+
+    async def wait(self) -> None:
+        """Let an upload under way finish (or time out): called when the validator stops."""
+        if self.task is not None:
+            await asyncio.gather(self.task, return_exceptions=True)
 
 
 async def _delete_aggregates_before(node: Node, oldest_needed: int) -> None:

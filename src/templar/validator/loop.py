@@ -35,11 +35,13 @@ from templar.sync import STATE_FILE, Phase, catch_up, restore
 from templar.train import evaluate_loss
 from templar.validator.evaluate import Evaluator, LossScores
 from templar.validator.fast_eval import FastVerdict, fast_evaluate
-from templar.validator.lead import publish_checkpoint, publish_start_window, publish_window
+from templar.validator.lead import CheckpointPublisher, WindowPublisher, publish_start_window
 
 BOOK_FILE = "scorebook.json"
 SECRET_FILE = "eval_secret"
 HOLDOUT_PAGES = 4
+PUBLISH_MIN_SECONDS = 5.0
+"""A lead already behind still gets this long to publish a window before it moves on."""
 
 
 def load_or_create_secret(path: Path) -> bytes:
@@ -66,6 +68,8 @@ class Validator:
         self.evaluator = Evaluator(node.model, self.hp.optimizer.micro_batch_size)
         self.holdout = node.pages.batch(node.plan.holdout_pages()[:HOLDOUT_PAGES])
         self.is_lead = False
+        self.publisher = WindowPublisher(node)
+        self.checkpoints = CheckpointPublisher(node)
         self.secret = load_or_create_secret(node.state_dir / SECRET_FILE)
 
     def eval_seed(self, window: int) -> int:
@@ -88,6 +92,7 @@ class Validator:
             done += 1
             if max_windows and done >= max_windows:
                 break
+        await self.checkpoints.wait()
         context(phase="stopped").info("validator stopped cleanly")
 
     async def start(self) -> None:
@@ -137,10 +142,12 @@ class Validator:
                 return ScoreBook.from_json(saved)
             except ScoreBookError as exc:
                 log.error(f"score book in the state file unreadable: {exc}")
-        if not own:
-            log.warning("[SYNC] no own state to take the score book from: starting an empty score book")
-            return ScoreBook()
         path = self.node.state_dir / BOOK_FILE
+        if not own:
+            if path.exists():
+                log.warning(f"[SYNC] no own state to take the score book from: starting an empty one "
+                            f"({path.name} is a readable copy that may be windows ahead of or behind this state)")
+            return ScoreBook()
         try:
             return ScoreBook.load(path)
         except ScoreBookError as exc:
@@ -174,8 +181,10 @@ class Validator:
         results = await gather_gradients(await node.peer_buckets(wanted), window, clock=node.clock, hp=hp,
                                          shapes=node.shapes, run=node.run, deadline=deadline)
         gather_seconds = time.perf_counter() - gather_started
-        for hotkey in wanted:  # no locator on chain: as good as missing
-            results.setdefault(hotkey, GatherResult(GatherStatus.MISSING, reason="no bucket committed"))
+        for hotkey in wanted:  # no usable locator on chain: unreachable if it is broken, else missing
+            fault = node.bucket_faults.get(hotkey)
+            results.setdefault(hotkey, GatherResult(GatherStatus.UNREACHABLE, reason=fault) if fault
+                               else GatherResult(GatherStatus.MISSING, reason="no bucket committed"))
 
         own_probes = collect_probes(node.model, window, hp)
         verdicts = {}
@@ -202,14 +211,16 @@ class Validator:
         self.state.window = window
         if self.is_lead:
             due = window % hp.windows.peer_replacement_frequency == 0 or not peer_list
-            await publish_window(node, window, step, top if due else None, self.state.global_step)
+            await self.publisher.publish(window, step, top if due else None, self.state.global_step,
+                                         deadline=max(node.clock.times(window + 1).gather_start,
+                                                      node.clock.now() + PUBLISH_MIN_SECONDS))
         holdout_loss = await asyncio.to_thread(evaluate_loss, node.model, self.holdout, hp.optimizer.micro_batch_size)
 
         weights_set = False
         if window % hp.windows.windows_per_weights == 0:
             weights_set = await self._set_weights(window, weights, miners)
         if self.is_lead and window % hp.windows.checkpoint_frequency == 0:
-            await publish_checkpoint(node, window, self.state.global_step)
+            await self.checkpoints.publish(window, self.state.global_step)
         wall = time.perf_counter() - started
         self._log_window(window, verdicts, losses, weights, top, miners, step, holdout_loss, len(results), wall,
                          weights_set, gather_seconds)

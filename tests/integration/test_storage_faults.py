@@ -1,0 +1,115 @@
+"""Storage faults stay inside their window: a stalled lead bucket delays no window and its
+publications go out late, and a miner whose own bucket refuses every write stops with one clear
+error after a bounded number of windows. On virtual time, with real nodes."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from templar.clock import run_virtual
+from templar.comms.keys import aggregate_key
+from templar.comms.progress import get_progress
+from templar.miner.loop import MAX_FAILED_UPLOADS, Miner
+from templar.node import OwnBucketError
+from templar.storage import Bucket, StorageError
+from templar.validator.loop import PUBLISH_MIN_SECONDS, Validator
+
+from .harness import Subnet, parameters, same_parameters
+
+pytestmark = pytest.mark.timeout(240)
+
+
+class FaultyBucket(Bucket):
+    """A real bucket whose writes can stall (a SIGSTOPped server) or fail (a revoked key)."""
+
+    def __init__(self, inner: Bucket) -> None:
+        self.inner, self.name = inner, inner.name
+        self.stalled, self.refusing = False, False
+
+    async def put(self, key, data, *, timeout=30.0):
+        if self.refusing:
+            raise StorageError(f"{self.name}/{key}: AccessDenied")
+        while self.stalled:
+            await asyncio.sleep(1.0)
+        await self.inner.put(key, data, timeout=timeout)
+
+    async def put_file(self, *a, **kw):
+        return await self.inner.put_file(*a, **kw)
+
+    async def head(self, *a, **kw):
+        return await self.inner.head(*a, **kw)
+
+    async def fetch(self, *a, **kw):
+        return await self.inner.fetch(*a, **kw)
+
+    async def delete(self, *a, **kw):
+        return await self.inner.delete(*a, **kw)
+
+    async def list(self, *a, **kw):
+        return await self.inner.list(*a, **kw)
+
+    def _read_range(self, *a, **kw):
+        return self.inner._read_range(*a, **kw)
+
+    async def aclose(self):
+        await self.inner.aclose()
+
+
+def test_a_stalled_lead_bucket_delays_no_window(tmp_path):
+    subnet = Subnet.create(tmp_path, {"lead": 100.0, "m0": 0.0, "m1": 0.0})
+
+    async def scenario():
+        v = Validator(await subnet.node("lead"))
+        miners = [Miner(await subnet.node(name)) for name in ("m0", "m1")]
+        await v.start()
+        for m in miners:
+            await m.start()
+        faulty = v.node.bucket = FaultyBucket(v.node.bucket)
+        first = v.state.window + 1
+        for w in range(first, first + 2):
+            await asyncio.gather(v.run_window(w), *(m.run_window(w) for m in miners))
+        stalled = first + 2
+        faulty.stalled = True
+        await asyncio.gather(v.run_window(stalled), *(m.run_window(stalled) for m in miners))
+        clock = v.node.clock
+        bound = clock.times(stalled + 1).gather_start + PUBLISH_MIN_SECONDS
+        assert clock.now() <= bound, "the validator's window overran because of its bucket"
+        assert v.publisher.queued, "the stalled publications stay queued"
+        progress = await get_progress(faulty.inner, run=v.node.run)
+        assert progress is not None and progress.window == stalled - 1
+        faulty.stalled = False
+        await asyncio.gather(v.run_window(stalled + 1), *(m.run_window(stalled + 1) for m in miners))
+        assert not v.publisher.queued
+        progress = await get_progress(faulty.inner, run=v.node.run)
+        assert progress.window == stalled + 1
+        assert await faulty.inner.head(aggregate_key(stalled)), "the late aggregate went out a window later"
+        for m in miners:
+            assert same_parameters(parameters(m.node), parameters(v.node))
+        for node in [v.node, *(m.node for m in miners)]:
+            await node.aclose()
+
+    run_virtual(scenario())
+
+
+def test_a_miner_whose_bucket_refuses_writes_stops_with_one_clear_error(tmp_path):
+    subnet = Subnet.create(tmp_path, {"lead": 100.0, "m0": 0.0})
+
+    async def scenario():
+        v = Validator(await subnet.node("lead"))
+        m = Miner(await subnet.node("m0"))
+        await v.start()
+        await m.start()
+        m.node.bucket = faulty = FaultyBucket(m.node.bucket)
+        faulty.refusing = True
+        w = v.state.window + 1
+        for _ in range(MAX_FAILED_UPLOADS - 1):
+            await asyncio.gather(v.run_window(w), m.run_window(w))
+            w += 1
+        with pytest.raises(OwnBucketError, match="refused 5 uploads in a row"):
+            await asyncio.gather(v.run_window(w), m.run_window(w))
+        for node in (v.node, m.node):
+            await node.aclose()
+
+    run_virtual(scenario())
