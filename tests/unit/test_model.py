@@ -3,7 +3,7 @@
 import torch
 
 from templar.config import load_hparams
-from templar.data import PageStore
+from templar.data import LocalCorpus
 from templar.model import build_model, causal_lm_loss, parameter_count
 
 
@@ -20,7 +20,7 @@ def test_init_is_deterministic():
         assert na == nb and torch.equal(pa, pb)
 
 
-def test_tiny_model_loss_falls(tiny_pages: PageStore):
+def test_tiny_model_loss_falls(tiny_pages: LocalCorpus):
     hp = load_hparams("tiny")
     torch.manual_seed(0)
     model = build_model(hp)

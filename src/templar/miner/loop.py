@@ -96,7 +96,8 @@ class Miner:
         busy_started = time.perf_counter()
 
         pages = self.strategy.pages(node.plan, node.uid, window, hp.data.pages_per_window)
-        batch = node.pages.batch(pages)
+        batch, pages = await node.pages.fetch(  # data (#16): pages on demand, next window's read ahead
+            pages, prefetch=self.strategy.pages(node.plan, node.uid, window + 1, hp.data.pages_per_window))
         stats = await asyncio.to_thread(accumulate_gradients, node.model, batch,
                                         hp.optimizer.micro_batch_size, hp.optimizer.grad_clip)
         payload = await asyncio.to_thread(self._compress_and_encode, window)

@@ -25,12 +25,12 @@ from templar.storage.base import (
     ObjectInfo,
     ObjectNotFound,
     ObjectTooLarge,
-    StorageError,
     ShortRead,
+    StorageError,
     StorageTimeout,
     validate_key,
-    validate_range,
     validate_prefix,
+    validate_range,
 )
 
 _STAGING = ".staging"

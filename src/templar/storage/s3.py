@@ -32,12 +32,12 @@ from templar.storage.base import (
     ObjectInfo,
     ObjectNotFound,
     ObjectTooLarge,
-    StorageError,
     ShortRead,
+    StorageError,
     StorageTimeout,
     validate_key,
-    validate_range,
     validate_prefix,
+    validate_range,
 )
 
 MULTIPART_THRESHOLD = 64 << 20

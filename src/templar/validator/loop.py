@@ -68,7 +68,7 @@ class Validator:
         self.book = ScoreBook()
         self.evaluator = Evaluator(node.model, self.hp.optimizer.micro_batch_size)
         self.max_bytes = max_gradient_bytes(node.shapes, self.hp)
-        self.holdout = node.pages.batch(node.plan.holdout_pages()[:HOLDOUT_PAGES])
+        self.holdout = node.pages.empty  # data (#16): filled in start(), pages come from the bucket
         self.is_lead = False
         self.secret = load_or_create_secret(node.state_dir / SECRET_FILE)
 
@@ -98,6 +98,7 @@ class Validator:
         node = self.node
         self.state, _ = await restore(node)
         self.book = self._load_book(self.state)
+        self.holdout = (await node.pages.fetch(node.plan.holdout_pages()[:HOLDOUT_PAGES])).batch  # data (#16)
         current = node.clock.current_window()
         if await self._check_lead(current):
             if await self._published_start() is None:
@@ -235,13 +236,16 @@ class Validator:
         shapes = node.shapes
         signs = {hk: await asyncio.to_thread(aggregate, [results[hk].value.tensors], [1.0], shapes) for hk in chosen}
         assigned = {
-            hk: node.pages.batch(select_eval_pages(
+            hk: (await node.pages.fetch(select_eval_pages(
                 seed, window, miners[hk], node.plan.assigned_pages(miners[hk], window, hp.data.pages_per_window),
-                hp.data.eval_pages))
+                hp.data.eval_pages))).batch
             for hk in chosen
         }
         salt = seed % node.plan.pool
-        random_batch = node.pages.batch(node.plan.random_pages(window, hp.data.eval_pages, salt=salt))
+        random_batch = (await node.pages.fetch(  # data (#16): next window's random pages read ahead
+            node.plan.random_pages(window, hp.data.eval_pages, salt=salt),
+            prefetch=node.plan.random_pages(window + 1, hp.data.eval_pages,
+                                            salt=self.eval_seed(window + 1) % node.plan.pool))).batch
         beta = hp.gauntlet.eval_lr_factor * lr
         scores = await asyncio.to_thread(self.evaluator.score_peers, signs, assigned, random_batch, beta)
         self.book.record_primary({hk: PrimaryResult(s.delta_assigned, s.delta_rand) for hk, s in scores.items()},
