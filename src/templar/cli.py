@@ -16,6 +16,7 @@ SUBCOMMANDS: tuple[str, ...] = (
     "templar.tools.hparams_cmd",
     "templar.chain.cli",
     "templar.localnet.cli",
+    "templar.data.cli",
 )
 
 

@@ -26,7 +26,7 @@ import hashlib
 import json
 import multiprocessing
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -203,9 +203,11 @@ def shuffle_sequences(tokens: np.ndarray, sequence_length: int, seed: int, shard
     return np.ascontiguousarray(rows[order]).reshape(-1)
 
 
-def write_shard(out: Path, index: int, tokens: np.ndarray, geometry: Geometry) -> ShardInfo:
+def write_shard(out: Path, index: int, tokens: np.ndarray, geometry: Geometry, *, shuffle: bool = True) -> ShardInfo:
     """Write `shards/NNNNN.tok` and its page index atomically; return its manifest entry."""
-    data = shuffle_sequences(tokens, geometry.sequence_length, geometry.shuffle_seed, index).tobytes()
+    tokens = tokens.astype(tokens.dtype.newbyteorder("<"), copy=False)
+    data = (shuffle_sequences(tokens, geometry.sequence_length, geometry.shuffle_seed, index) if shuffle
+            else tokens).tobytes()
     page_bytes = geometry.page_tokens * tokens.itemsize
     pages = len(data) // page_bytes
     index_bytes = b"".join(page_hash(memoryview(data)[p * page_bytes:(p + 1) * page_bytes]) for p in range(pages))
@@ -218,6 +220,28 @@ def write_shard(out: Path, index: int, tokens: np.ndarray, geometry: Geometry) -
         os.replace(tmp, path)
     return ShardInfo(key=shard_key(index), index_key=index_key(index), pages=pages, bytes=len(data),
                      sha256=hashlib.sha256(data).hexdigest(), index_sha256=hashlib.sha256(index_bytes).hexdigest())
+
+
+def write_manifest(out: Path, manifest: Manifest) -> None:
+    tmp = out / f".{MANIFEST_KEY}.tmp"
+    tmp.write_bytes(manifest.canonical())
+    os.replace(tmp, out / MANIFEST_KEY)
+
+
+def write_token_corpus(out: Path, shards: Iterable[np.ndarray], geometry: Geometry, *, name: str,
+                       tokenizer: TokenizerInfo, shuffle: bool = True) -> Manifest:
+    """A corpus from token arrays given shard by shard (synthetic corpora: tests, benchmarks).
+
+    Each array must hold `pages_per_shard` whole pages (the last may hold fewer).
+    """
+    infos = [write_shard(out, i, tokens, geometry, shuffle=shuffle) for i, tokens in enumerate(shards)]
+    dtype = "uint16" if tokenizer.vocab_size <= 1 << 16 else "uint32"
+    manifest = Manifest(format="templar-tokens", version=VERSION, name=name, tokenizer=tokenizer, dtype=dtype,
+                        sequence_length=geometry.sequence_length, sequences_per_page=geometry.sequences_per_page,
+                        pages_per_shard=geometry.pages_per_shard, shuffle_seed=geometry.shuffle_seed,
+                        documents=0, shards=infos)
+    write_manifest(out, manifest)
+    return manifest
 
 
 @dataclass
@@ -321,9 +345,7 @@ def prepare(source: str, tokenizer_name: str, work: Path, geometry: Geometry, *,
                         sequence_length=geometry.sequence_length, sequences_per_page=geometry.sequences_per_page,
                         pages_per_shard=geometry.pages_per_shard, shuffle_seed=geometry.shuffle_seed,
                         documents=docs_done, shards=shards)
-    tmp = work / f".{MANIFEST_KEY}.tmp"
-    tmp.write_bytes(manifest.canonical())
-    os.replace(tmp, work / MANIFEST_KEY)
+    write_manifest(work, manifest)
     (work / STATE_FILE).unlink(missing_ok=True)
     carry_path.unlink(missing_ok=True)
     logger.info(f"prepared {manifest.name}: {manifest.num_tokens:,} tokens in {manifest.num_pages:,} pages, "
