@@ -129,6 +129,7 @@ def test_open_reader_checks_digest_and_geometry_against_hparams(tmp_path: Path) 
     async def body() -> None:
         reader = await open_reader(hp, tmp_path / "cache")
         assert reader.num_pages == 5651
+        assert reader.deadline == hp.windows.blocks_per_window * hp.windows.block_time / 4  # a quarter window
         await reader.aclose()
         wrong = hp.model_copy(update={"data": hp.data.model_copy(update={"manifest": "2" * 64})})
         with pytest.raises(ManifestError, match="pinned"):

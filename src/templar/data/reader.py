@@ -109,9 +109,10 @@ class PageCache:
         self._lru.move_to_end(name)
         return data
 
-    def put(self, page: int, data: bytes) -> None:
+    def write(self, page: int, data: bytes) -> bool:
+        """Write the file only (safe in a worker thread); `record` it from the owner's thread."""
         if len(data) > self.max_bytes:
-            return
+            return False
         name = self._name(page)
         tmp = self.root / f".{name}.{os.getpid()}.tmp"
         try:
@@ -120,10 +121,18 @@ class PageCache:
         except OSError as exc:
             context(phase="data").warning(f"page cache: cannot write page {page}: {exc}")
             tmp.unlink(missing_ok=True)
-            return
-        self.size += len(data) - self._lru.pop(name, 0)
-        self._lru[name] = len(data)
+            return False
+        return True
+
+    def record(self, page: int, size: int) -> None:
+        name = self._name(page)
+        self.size += size - self._lru.pop(name, 0)
+        self._lru[name] = size
         self._evict()
+
+    def put(self, page: int, data: bytes) -> None:
+        if self.write(page, data):
+            self.record(page, len(data))
 
     def discard(self, page: int) -> None:
         self._drop(self._name(page))
@@ -193,7 +202,7 @@ class PageReader:
 
     def __init__(self, manifest: Manifest, bucket: Bucket, prefix: str, cache_dir: Path, *,
                  cache_bytes: int, get_timeout: float = GET_TIMEOUT, attempts: int = ATTEMPTS,
-                 backoff: float = BACKOFF, concurrency: int = CONCURRENCY):
+                 backoff: float = BACKOFF, concurrency: int = CONCURRENCY, deadline: float | None = None):
         self.manifest = manifest
         self.bucket = bucket
         self.prefix = prefix
@@ -203,6 +212,8 @@ class PageReader:
         self.get_timeout = get_timeout
         self.attempts = attempts
         self.backoff = backoff
+        self.deadline = deadline
+        """Default bound of one `fetch`, seconds (None: only the per-GET timeouts and retries)."""
         self._sem = asyncio.Semaphore(concurrency)
         self._indexes: OrderedDict[int, list[bytes]] = OrderedDict()
         self._index_locks: dict[int, asyncio.Lock] = {}
@@ -285,7 +296,8 @@ class PageReader:
                 raise PageError(f"page {page}: {type(exc).__name__}: {exc}") from exc
             self.stats["remote"] += 1
             if page_hash(data) == expected:
-                await asyncio.to_thread(self.cache.put, page, data)
+                if await asyncio.to_thread(self.cache.write, page, data):
+                    self.cache.record(page, len(data))  # bookkeeping stays on the event loop's thread
                 return data
             self.stats["bad"] += 1
             context(phase="data").warning(f"page {page}: bytes do not match the manifest (attempt {attempt}/2)")
@@ -306,7 +318,8 @@ class PageReader:
         """The verified pages among `pages`, in order, stacked; the others are skipped with a log line.
 
         `prefetch`: pages to read into the cache in the background afterwards (next window's).
-        `deadline`: seconds after which pages still missing are given up on.
+        `deadline`: seconds after which pages still missing are given up on for this call (their
+        reads go on into the cache); default: the reader's `deadline`.
         """
         wanted = list(dict.fromkeys(int(p) for p in pages))
         log = context(phase="data")
@@ -314,9 +327,10 @@ class PageReader:
         for p in set(wanted) - set(valid):
             log.warning(f"page {p} outside the corpus [0, {self.num_pages}); skipped")
         tasks = [self._task(p) for p in valid]
-        done, pending = await asyncio.wait([asyncio.shield(t) for t in tasks], timeout=deadline) if tasks else (
-            set(), set())
-        del done
+        deadline = self.deadline if deadline is None else deadline
+        pending: set[asyncio.Future[bytes]] = set()
+        if tasks:
+            _, pending = await asyncio.wait([asyncio.shield(t) for t in tasks], timeout=deadline)
         got: list[int] = []
         tensors: list[torch.Tensor] = []
         for page, task in zip(valid, tasks, strict=True):

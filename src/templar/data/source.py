@@ -17,6 +17,8 @@ from templar.locator import BucketLocator
 from templar.storage import Bucket, LocalBucket, StorageError, open_bucket
 
 DEFAULT_CACHE_GB = 16.0
+FETCH_SHARE = 0.25
+"""A page fetch gives up after this share of a window (21 s on finney); the reads go on into the cache."""
 
 
 def corpus_bucket(location: str, *, allow_private: bool = True) -> Bucket:
@@ -67,4 +69,6 @@ async def open_reader(hp: HParams, cache_root: Path, *, locator: str | None = No
     except BaseException:
         await bucket.aclose()
         raise
-    return PageReader(manifest, bucket, prefix, cache_dir, cache_bytes=int(cache_gb * (1 << 30)))
+    # A slow data bucket may cost a window a quarter of its length, never the whole window.
+    deadline = hp.windows.blocks_per_window * hp.windows.block_time * FETCH_SHARE
+    return PageReader(manifest, bucket, prefix, cache_dir, cache_bytes=int(cache_gb * (1 << 30)), deadline=deadline)
