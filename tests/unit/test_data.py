@@ -110,7 +110,10 @@ def test_prepare_local_sources(tmp_path, assets_dir, kind):
     stream = np.concatenate([np.asarray([*tok(d, add_special_tokens=False)["input_ids"], tok.eos_token_id])
                              for d in docs])[:m.num_tokens]
     assert np.array_equal(np.sort(tokens), np.sort(stream))
-    assert not (out / STATE_FILE).exists()
+    assert json.loads((out / STATE_FILE).read_text())["done"]
+    again = prepare(str(src), str(assets_dir / "tokenizer"), out, GEOMETRY, name="t", text_field="body",
+                    workers=0, progress=False, on_shard=lambda *_: pytest.fail("a finished corpus was redone"))
+    assert again.digest() == m.digest()
 
 
 def test_prepare_is_deterministic_and_resumable(tmp_path, assets_dir, monkeypatch):

@@ -100,7 +100,7 @@ def run_prepare(args: argparse.Namespace) -> int:
         print(f"error: {exc}")
         return 1
     print(f"{manifest.name}: {manifest.num_tokens:,} tokens, {manifest.num_pages:,} pages of "
-          f"{manifest.page_tokens:,} tokens, {len(manifest.shards)} shards, {manifest.total_bytes / 1e9:.2f} GB")
+          f"{manifest.page_tokens:,} tokens, {len(manifest.shards)} shards, {manifest.total_bytes / 1e6:,.1f} MB")
     print(f"manifest digest (hparams data.manifest): {manifest.digest()}")
     return 0
 

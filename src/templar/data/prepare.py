@@ -252,6 +252,7 @@ class _State:
     documents: int
     shards: list[dict[str, Any]]
     carry_tokens: int
+    done: bool = False
 
     def save(self, work: Path) -> None:
         tmp = work / f".{STATE_FILE}.tmp"
@@ -286,6 +287,10 @@ def prepare(source: str, tokenizer_name: str, work: Path, geometry: Geometry, *,
         "source": source_fingerprint(source), "tokenizer": tok.sha256, "geometry": geometry.__dict__,
         "text_field": text_field, "name": name, "version": VERSION})).hexdigest()
     state = _State.load(work, settings)
+    if state.done and (work / MANIFEST_KEY).is_file():
+        manifest = Manifest.model_validate_json((work / MANIFEST_KEY).read_bytes())
+        logger.info(f"{work}: already prepared with these settings (digest {manifest.digest()})")
+        return manifest
     carry_path = work / ".carry.npy"
     carry = np.load(carry_path) if state.carry_tokens else np.zeros(0, dtype=dtype)
     if len(carry) != state.carry_tokens:
@@ -346,7 +351,7 @@ def prepare(source: str, tokenizer_name: str, work: Path, geometry: Geometry, *,
                         pages_per_shard=geometry.pages_per_shard, shuffle_seed=geometry.shuffle_seed,
                         documents=docs_done, shards=shards)
     write_manifest(work, manifest)
-    (work / STATE_FILE).unlink(missing_ok=True)
+    _State(settings, docs_done, [], 0, done=True).save(work)  # a rerun returns at once
     carry_path.unlink(missing_ok=True)
     logger.info(f"prepared {manifest.name}: {manifest.num_tokens:,} tokens in {manifest.num_pages:,} pages, "
                 f"{len(shards)} shards, digest {manifest.digest()}")
