@@ -197,3 +197,25 @@ def test_a_hanging_bucket_is_given_up_on_by_the_deadline(published, hanging, tmp
             await reader.aclose()
 
     asyncio.run(body())
+
+
+def test_verify_checks_every_page_in_the_bucket(published, tmp_path: Path) -> None:
+    from templar.data.verify import verify
+
+    maker, manifest, _ = published
+    shard = bytearray((tmp_path / "local" / manifest.shards[2].key).read_bytes())
+    shard[5] ^= 0x01  # global page 16
+
+    async def body() -> None:
+        async with maker.open() as b:
+            report = await verify(b, PREFIX, digest=manifest.digest())
+            assert report.ok and report.shards_ok == 3
+            await b.put(PREFIX + manifest.shards[2].key, bytes(shard))
+            await b.delete(PREFIX + manifest.shards[0].index_key)
+            report = await verify(b, PREFIX, digest=manifest.digest())
+            assert report.shards_ok == 1 and len(report.problems) == 3, report.problems
+            assert any("page 0 does not match" in p for p in report.problems)
+            with pytest.raises(ManifestError):
+                await verify(b, PREFIX, digest="4" * 64)
+
+    asyncio.run(body())
