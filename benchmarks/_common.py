@@ -18,13 +18,11 @@ from typing import Any
 import torch
 
 from templar.compress import Compressed, DCTCompressor, DeMo
-from templar.config import REPO_ROOT, HParams, load_hparams
-from templar.data import PagePlan, PageStore
+from templar.config import HParams, load_hparams, resolve_asset
+from templar.data import LocalCorpus, PagePlan
 from templar.train import accumulate_gradients, gradients
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
-CORPUS = REPO_ROOT / "assets" / "corpus"
-TOKENIZER = REPO_ROOT / "assets" / "tokenizer"
 THREADS = 2
 
 
@@ -40,14 +38,13 @@ class Tiny:
     """The tiny preset with its pages and page plan over the offline corpus."""
 
     hp: HParams
-    pages: PageStore
+    pages: LocalCorpus
     plan: PagePlan
 
 
 def load_tiny() -> Tiny:
     hp = load_hparams("tiny")
-    pages = PageStore.from_corpus(CORPUS, TOKENIZER, text_field="text", sequence_length=hp.data.sequence_length,
-                                  sequences_per_page=hp.data.sequences_per_page, seed=hp.data.data_seed)
+    pages = LocalCorpus(resolve_asset(hp.data.corpus), digest=hp.data.manifest)
     plan = PagePlan.build(pages.num_pages, hp.data.holdout_fraction, hp.data.data_seed, hp.data.pages_per_window)
     return Tiny(hp=hp, pages=pages, plan=plan)
 

@@ -8,6 +8,9 @@ text is committed to this repository and nothing is fetched from a hub:
 Outputs:
   assets/corpus/{wiki,shakespeare}.jsonl   one {"text": ...} document per line
   assets/tokenizer/                        byte-level BPE (8192 tokens), AutoTokenizer-loadable
+  assets/shards/                           the corpus prepared for the tiny preset (templar.data
+                                           format: manifest.json + token shards); its digest is
+                                           pinned in hparams/tiny.json (data.manifest)
 
     python scripts/build_assets.py [--out assets] [--vocab 8192] [--force]
 """
@@ -90,6 +93,24 @@ def train_tokenizer(corpus_files: list[Path], out: Path, vocab: int) -> None:
     fast.save_pretrained(str(out))
 
 
+SHARD_GEOMETRY = {"sequence_length": 128, "sequences_per_page": 4}
+"""The tiny preset's page geometry (hparams/tiny.json); one shard holds the whole sample corpus,
+so its in-shard shuffle mixes Wikipedia and Shakespeare into every page."""
+
+
+def prepare_shards(out: Path) -> None:
+    """Tokenize the sample corpus into the shard format every node reads (deterministic)."""
+    from templar.data.prepare import Geometry, prepare
+
+    shards = out / "shards"
+    if (shards / "manifest.json").exists():
+        return
+    geometry = Geometry(pages_per_shard=1 << 18, **SHARD_GEOMETRY)
+    manifest = prepare(str(out / "corpus"), str(out / "tokenizer"), shards, geometry, name="sample",
+                       workers=2, progress=False)
+    print(f"prepared {manifest.num_pages} pages in {shards}, manifest digest {manifest.digest()}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "assets")
@@ -101,8 +122,13 @@ def main() -> None:
     tokenizer = args.out / "tokenizer"
     stamp = args.out / "BUILT"
     if stamp.exists() and not args.force:
+        prepare_shards(args.out)
         print(f"assets ready in {args.out}")
         return
+    if args.force:
+        import shutil
+
+        shutil.rmtree(args.out / "shards", ignore_errors=True)
     corpus.mkdir(parents=True, exist_ok=True)
     wiki = corpus / "wiki.jsonl"
     plays = corpus / "shakespeare.jsonl"
@@ -111,6 +137,7 @@ def main() -> None:
     train_tokenizer([wiki, plays], tokenizer, args.vocab)
     size_mb = sum(p.stat().st_size for p in corpus.glob("*.jsonl")) / 1e6
     stamp.write_text(json.dumps({"corpus_mb": round(size_mb, 2), "vocab": args.vocab}) + "\n")
+    prepare_shards(args.out)
     print(f"built {size_mb:.1f} MB corpus and a {args.vocab}-token tokenizer in {args.out}")
 
 

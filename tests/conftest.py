@@ -33,22 +33,19 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 def assets_dir() -> Path:
     """The sample corpus and tokenizer; built on first use if a bare checkout lacks them."""
     assets = ROOT / "assets"
-    if not (assets / "BUILT").exists():
+    if not (assets / "BUILT").exists() or not (assets / "shards" / "manifest.json").exists():
         subprocess.run([sys.executable, str(ROOT / "scripts" / "build_assets.py"), "--out", str(assets)], check=True)
     return assets
 
 
 @pytest.fixture(scope="session")
-def tiny_pages(assets_dir: Path, tmp_path_factory: pytest.TempPathFactory):
-    """The tiny preset's pages over the sample corpus (tokenized once per session, cached)."""
-    from templar.config import load_hparams
-    from templar.data import PageStore
+def tiny_pages(assets_dir: Path):
+    """The tiny preset's pages: the sample corpus as prepared by build_assets (digest pinned)."""
+    from templar.config import load_hparams, resolve_asset
+    from templar.data import LocalCorpus
 
     hp = load_hparams("tiny")
-    return PageStore.from_corpus(
-        assets_dir / "corpus", assets_dir / "tokenizer", text_field=hp.data.text_field,
-        sequence_length=hp.data.sequence_length, sequences_per_page=hp.data.sequences_per_page,
-    )
+    return LocalCorpus(resolve_asset(hp.data.corpus), digest=hp.data.manifest)
 
 
 @pytest.fixture(scope="session")

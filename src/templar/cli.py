@@ -17,6 +17,7 @@ SUBCOMMANDS: tuple[str, ...] = (
     "templar.chain.cli",
     "templar.localnet.cli",
     "templar.dashboard.cli",
+    "templar.data.cli",
 )
 
 

@@ -54,18 +54,20 @@ class ModelConfig(_Strict):
 class DataConfig(_Strict):
     """Where tokens come from and how they are cut into pages."""
 
-    tokenizer: str = Field(
-        min_length=1,
-        description="local directory loadable with AutoTokenizer, or 'hub:<repo id>' for online nodes",
+    corpus: str = Field(
+        description="where the run's prepared corpus lives (docs/data.md): a bucket locator "
+        "(r2:…, s3:…, local:/abs/path) or a folder relative to the repository root; '' until the "
+        "subnet owner publishes it. Nodes may read a mirror instead (--data.locator): the pinned "
+        "manifest digest makes every copy byte-identical",
     )
-    dataset: str = Field(
-        min_length=1,
-        description="local file/dir (text, jsonl, parquet), 's3' for shards in the data bucket, "
-        "or 'hub:<repo id>' for online nodes",
-    )
-    text_field: str = Field(min_length=1, description="column holding the document text")
-    sequence_length: int = Field(gt=1, description="tokens per training sequence")
-    sequences_per_page: int = Field(gt=0, description="a page is this many packed sequences")
+    corpus_prefix: str = Field(pattern=r"^([A-Za-z0-9_.=+-]+/)*$",
+                               description="key prefix of manifest.json and shards/ inside the bucket")
+    manifest: str = Field(pattern=r"^([0-9a-f]{64})?$",
+                          description="sha256 of the corpus manifest.json (consensus: every node reads the "
+                          "same bytes); '' until published, and a node refuses to start")
+    sequence_length: int = Field(gt=1, description="tokens per training sequence (must match the manifest)")
+    sequences_per_page: int = Field(gt=0, description="a page is this many packed sequences (must match the "
+                                    "manifest)")
     pages_per_window: int = Field(gt=0, description="assigned pages each miner trains on per window")
     eval_pages: int = Field(gt=0, description="pages per LossScore evaluation (assigned and random)")
     holdout_fraction: float = Field(ge=0, lt=0.5, description="pages kept out of assignment for held-out loss")
@@ -149,8 +151,9 @@ class HParams(_Strict):
 
     def digest(self) -> str:
         """Stable sha256 of the settings that consensus depends on: not the name, and not where a
-        node keeps its tokenizer and data (local paths differ between honest nodes)."""
-        body = self.model_dump(exclude={"name": True, "data": {"tokenizer", "dataset"}})
+        node reads its corpus from (mirrors differ between honest nodes; the manifest digest,
+        which is included, makes their bytes identical)."""
+        body = self.model_dump(exclude={"name": True, "data": {"corpus", "corpus_prefix"}})
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
@@ -216,8 +219,8 @@ def load_hparams(name_or_path: str | Path | None = None) -> HParams:
 
 
 def resolve_asset(value: str) -> str:
-    """Relative data/tokenizer paths in hparams are relative to the repository root."""
-    if value.startswith("hub:") or value == "s3":
+    """Relative paths in hparams are relative to the repository root; locators pass through."""
+    if value.startswith(("r2:", "s3:", "local:", "hub:")):
         return value
     path = Path(value)
     return str(path if path.is_absolute() else REPO_ROOT / path)

@@ -23,9 +23,9 @@ from loguru import logger
 from templar.chain import Chain, ChainError, Neuron, NotRegistered
 from templar.chain.flags import add_chain_args, connect_from_args
 from templar.clock import SYSTEM_TIME, TimeSource
-from templar.comms import fetch_dataset_shards
-from templar.config import HParams, HParamsError, load_hparams, resolve_asset
-from templar.data import PagePlan, PageStore
+from templar.config import HParams, HParamsError, load_hparams
+from templar.data import ManifestError, PagePlan, PageReader
+from templar.data.source import DEFAULT_CACHE_GB, open_reader
 from templar.locator import BucketLocator, Credentials, LocatorError
 from templar.log import setup_logging, short
 from templar.metrics import add_metrics_args, start_metrics
@@ -80,9 +80,14 @@ def add_node_args(parser: argparse.ArgumentParser) -> None:
                         default=os.getenv("TEMPLAR_BUCKET_CREDENTIALS"),
                         help="JSON file with the bucket WRITE key (or env TEMPLAR_BUCKET_WRITE_KEY_ID/_SECRET)")
     parser.add_argument("--data.locator", dest="data_locator", default=os.getenv("TEMPLAR_DATA_BUCKET"),
-                        help="read locator of the run's data bucket when hparams say data.dataset='s3'")
-    parser.add_argument("--data.prefix", dest="data_prefix", default="shards/", help="key prefix of the shards")
-    parser.add_argument("--data.max_gb", dest="data_max_gb", type=int, default=64, help="cap on shard bytes")
+                        help="read the run's corpus from this bucket locator or folder instead of hparams "
+                             "data.corpus (a mirror; the pinned manifest digest still applies)")
+    parser.add_argument("--data.prefix", dest="data_prefix", default=None,
+                        help="key prefix of the corpus in --data.locator (default: hparams data.corpus_prefix)")
+    parser.add_argument("--data.cache_gb", dest="data_cache_gb", type=float, default=DEFAULT_CACHE_GB,
+                        help="cap on the on-disk page cache (least recently used pages evicted)")
+    parser.add_argument("--data.cache_dir", dest="data_cache_dir", type=Path, default=None,
+                        help="page cache folder (default STATE_DIR/data)")
     parser.add_argument("--windows", type=int, default=0, help="stop after this many windows (0: run forever)")
     parser.add_argument("--logging.debug", dest="logging_debug", action="store_true")
     parser.add_argument("--logging.json", dest="logging_json", action="store_true", help="JSON lines on stderr")
@@ -99,7 +104,7 @@ class Node:
     clock: Clock
     uid: int
     model: torch.nn.Module
-    pages: PageStore
+    pages: PageReader
     plan: PagePlan
     bucket: Bucket
     state_dir: Path
@@ -187,35 +192,7 @@ class Node:
         for _, bucket in self._peer_buckets.values():
             await bucket.aclose()
         await self.bucket.aclose()
-
-
-async def fetch_s3_dataset(args: argparse.Namespace, state_dir: Path) -> Path:
-    """`data.dataset = "s3"`: parquet shards from the run's data bucket, cached under the state dir."""
-    if not args.data_locator:
-        raise HParamsError("data.dataset is 's3': pass --data.locator (the data bucket) and --data.prefix")
-    bucket = open_bucket(BucketLocator.parse(args.data_locator))
-    dest = state_dir / "dataset"
-    try:
-        shards = await fetch_dataset_shards(bucket, args.data_prefix, dest, max_bytes=args.data_max_gb << 30,
-                                            progress=True)
-    finally:
-        await bucket.aclose()
-    if not shards:
-        raise HParamsError(f"no parquet shards under {args.data_prefix!r} in the data bucket")
-    return dest
-
-
-def load_pages(hp: HParams, dataset_dir: Path | None = None) -> PageStore:
-    dataset = str(dataset_dir) if dataset_dir else resolve_asset(hp.data.dataset)
-    tokenizer = resolve_asset(hp.data.tokenizer)
-    if dataset.startswith("hub:") or tokenizer.startswith("hub:"):
-        raise HParamsError(
-            "data.dataset/data.tokenizer name a hub resource; download it once and point hparams at the "
-            "local copy (see docs/mining.md), or use data.dataset='s3' shards"
-        )
-    return PageStore.from_corpus(dataset, tokenizer, text_field=hp.data.text_field,
-                                 sequence_length=hp.data.sequence_length,
-                                 sequences_per_page=hp.data.sequences_per_page, seed=hp.data.data_seed)
+        await self.pages.aclose()
 
 
 async def start_node(args: argparse.Namespace, role: str, *, time: TimeSource = SYSTEM_TIME,
@@ -258,9 +235,9 @@ async def start_node(args: argparse.Namespace, role: str, *, time: TimeSource = 
     except OSError as exc:
         raise StartupError(f"state directory {state_dir}: {exc.strerror or exc}") from exc
     try:
-        dataset_dir = await fetch_s3_dataset(args, state_dir) if hp.data.dataset == "s3" else None
-        pages = await asyncio.to_thread(load_pages, hp, dataset_dir)
-    except (HParamsError, LocatorError, StorageError, FileNotFoundError) as exc:
+        pages = await open_reader(hp, args.data_cache_dir or state_dir / "data", locator=args.data_locator,
+                                  prefix=args.data_prefix, cache_gb=args.data_cache_gb)
+    except (ManifestError, LocatorError, StorageError) as exc:
         raise StartupError(f"data: {exc}") from exc
     plan = PagePlan.build(pages.num_pages, hp.data.holdout_fraction, hp.data.data_seed, hp.data.pages_per_window)
     clock = Clock(hp.windows, chain.block, chain.block_timestamp, time)

@@ -41,6 +41,8 @@ def accumulate_gradients(model: torch.nn.Module, batch: torch.Tensor, micro_batc
     n = batch.size(0)
     total = 0.0
     started = time.perf_counter()
+    if n == 0:  # no usable page this window (data bucket down): zero gradient, loss unknown
+        return TrainStats(loss=float("nan"), tokens=0, seconds=0.0)
     for start in range(0, n, micro_batch_size):
         micro = batch[start:start + micro_batch_size].to(device, non_blocking=True)
         with _autocast(device):
@@ -63,6 +65,8 @@ def evaluate_loss(model: torch.nn.Module, batch: torch.Tensor, micro_batch_size:
     """Mean next-token loss of `batch` without gradients (used by validators and the report)."""
     device = next(model.parameters()).device
     was_training = model.training
+    if batch.size(0) == 0:
+        return float("nan")
     model.eval()
     total = 0.0
     for start in range(0, batch.size(0), micro_batch_size):

@@ -50,6 +50,9 @@ class FaultyBucket(Bucket):
     async def list(self, *a, **kw):
         return await self.inner.list(*a, **kw)
 
+    async def get_range(self, *a, **kw):
+        return await self.inner.get_range(*a, **kw)
+
     def _read_range(self, *a, **kw):
         return self.inner._read_range(*a, **kw)
 

@@ -15,6 +15,7 @@ from templar.storage import (
     InvalidKey,
     ObjectNotFound,
     ObjectTooLarge,
+    ShortRead,
     StorageError,
     validate_key,
 )
@@ -51,6 +52,29 @@ def test_empty_object(maker) -> None:
             await b.put("empty", b"")
             assert await b.get("empty", max_bytes=0) == b""
             assert (await b.head("empty")).size == 0
+
+    asyncio.run(body())
+
+
+def test_get_range_reads_exactly_the_range(maker) -> None:
+    data = bytes(range(256)) * 1000
+
+    async def body() -> None:
+        async with maker.open() as b:
+            await b.put("data/shard.tok", data)
+            assert await b.get_range("data/shard.tok", 0, 10) == data[:10]
+            assert await b.get_range("data/shard.tok", 12_345, 70_000) == data[12_345:82_345]
+            assert await b.get_range("data/shard.tok", len(data) - 1, 1) == data[-1:]
+            with pytest.raises(ShortRead):
+                await b.get_range("data/shard.tok", len(data) - 5, 10)
+            with pytest.raises(ShortRead):
+                await b.get_range("data/shard.tok", len(data) + 10, 10)
+            with pytest.raises(ObjectNotFound):
+                await b.get_range("data/missing.tok", 0, 10)
+            with pytest.raises(ValueError):
+                await b.get_range("data/shard.tok", -1, 10)
+            with pytest.raises(ValueError):
+                await b.get_range("data/shard.tok", 0, 0)
 
     asyncio.run(body())
 

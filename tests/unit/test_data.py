@@ -1,4 +1,4 @@
-"""Deterministic page assignment and offline corpus loading."""
+"""Deterministic page assignment, the corpus format and `prepare` (offline, no bucket)."""
 
 import json
 from pathlib import Path
@@ -8,13 +8,16 @@ import pytest
 
 from templar.data import (
     MAX_UIDS,
+    LocalCorpus,
+    ManifestError,
+    PageError,
     PagePlan,
-    PageStore,
     assigned_pages,
-    load_tokenizer,
+    parse_manifest,
     random_pages,
-    tokenize_corpus,
 )
+from templar.data.manifest import MANIFEST_KEY
+from templar.data.prepare import STATE_FILE, Geometry, PrepareError, load_tokenizer, prepare
 
 NUM_PAGES = 5651  # the tiny preset over the sample corpus
 
@@ -56,50 +59,146 @@ def test_uid_out_of_range_is_refused():
         PagePlan.build(NUM_PAGES, 0.0, 1, 2).assigned_pages(MAX_UIDS, 0, 2)
 
 
-def test_pages_have_the_preset_shape(tiny_pages: PageStore):
-    assert tiny_pages.num_pages == NUM_PAGES
+def test_pages_have_the_preset_shape(tiny_pages: LocalCorpus):
+    assert tiny_pages.num_pages == NUM_PAGES  # same token stream as the old whole-corpus path
     page = tiny_pages.page(123)
     assert page.shape == (4, 128) and page.dtype.is_floating_point is False
     assert tiny_pages.batch([1, 2]).shape == (8, 128)
+    assert tiny_pages.batch([]).shape == (0, 128)
     with pytest.raises(IndexError):
         tiny_pages.page(NUM_PAGES)
 
 
-@pytest.mark.parametrize("kind", ["txt", "jsonl", "parquet"])
-def test_local_sources_load_offline(tmp_path, assets_dir, kind):
-    docs = [f"Document number {i}. " * 20 for i in range(30)]
-    corpus = tmp_path / "corpus"
-    corpus.mkdir()
+def _docs(n: int = 60) -> list[str]:
+    return [f"Document number {i} is about windows, buckets and gradients. " * (5 + i % 7) for i in range(n)]
+
+
+def _write_corpus(root: Path, kind: str, docs: list[str], field: str = "text") -> Path:
+    root.mkdir(parents=True, exist_ok=True)
     if kind == "txt":
-        (corpus / "a.txt").write_text("\n".join(docs))
+        (root / "a.txt").write_text("\n".join(docs))
     elif kind == "jsonl":
-        (corpus / "a.jsonl").write_text("\n".join(json.dumps({"body": d}) for d in docs))
+        (root / "a.jsonl").write_text("\n".join(json.dumps({field: d}) for d in docs[:30]))
+        (root / "b.jsonl").write_text("\n".join(json.dumps({field: d}) for d in docs[30:]))
     else:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        pq.write_table(pa.table({"body": docs}), corpus / "a.parquet")
-    tokens = tokenize_corpus(corpus, assets_dir / "tokenizer", text_field="body")
-    tok = load_tokenizer(assets_dir / "tokenizer")
-    assert int(np.sum(np.asarray(tokens) == tok.eos_token_id)) == len(docs)
-    assert tok.decode(np.asarray(tokens[:8]).tolist()).startswith("Document number 0.")
-    cached = tokenize_corpus(corpus, assets_dir / "tokenizer", text_field="body")
-    assert np.array_equal(np.asarray(cached), np.asarray(tokens))
+        pq.write_table(pa.table({field: docs}), root / "a.parquet")
+    return root
 
 
-def _tokenize_in_child(args):
-    corpus, tokenizer = args
-    return len(tokenize_corpus(Path(corpus), Path(tokenizer), text_field="text"))
+GEOMETRY = Geometry(sequence_length=32, sequences_per_page=2, pages_per_shard=8)
 
 
-def test_concurrent_tokenizers_share_one_cache(tmp_path, assets_dir):
-    """A localnet starts many neurons at once: none may fail while another writes the cache."""
-    import multiprocessing
+@pytest.mark.parametrize("kind", ["txt", "jsonl", "parquet"])
+def test_prepare_local_sources(tmp_path, assets_dir, kind):
+    docs = _docs()
+    src = _write_corpus(tmp_path / "src", kind, docs, field="body")
+    out = tmp_path / "out"
+    m = prepare(str(src), str(assets_dir / "tokenizer"), out, GEOMETRY, name="t", text_field="body",
+                workers=0, progress=False)
+    tok = load_tokenizer(str(assets_dir / "tokenizer"))
+    expected = sum(len(tok(d, add_special_tokens=False)["input_ids"]) + 1 for d in docs)
+    assert m.documents == len(docs) and m.dtype == "uint16"
+    assert m.num_tokens == expected // m.page_tokens * m.page_tokens  # only the tail shorter than a page is dropped
+    assert len(m.shards) == -(-m.num_pages // 8) and all(s.pages == 8 for s in m.shards[:-1])
+    corpus = LocalCorpus(out, digest=m.digest())
+    tokens = np.concatenate([corpus.page(i).numpy().ravel() for i in range(corpus.num_pages)])
+    assert int(np.sum(tokens == tok.eos_token_id)) > 0 and tokens.max() < len(tok)
+    # the in-shard shuffle keeps every token: the multiset of each shard equals the unshuffled stream's
+    stream = np.concatenate([np.asarray([*tok(d, add_special_tokens=False)["input_ids"], tok.eos_token_id])
+                             for d in docs])[:m.num_tokens]
+    assert np.array_equal(np.sort(tokens), np.sort(stream))
+    assert json.loads((out / STATE_FILE).read_text())["done"]
+    again = prepare(str(src), str(assets_dir / "tokenizer"), out, GEOMETRY, name="t", text_field="body",
+                    workers=0, progress=False, on_shard=lambda *_: pytest.fail("a finished corpus was redone"))
+    assert again.digest() == m.digest()
 
-    corpus = tmp_path / "corpus"
-    corpus.mkdir()
-    (corpus / "a.jsonl").write_text("\n".join(json.dumps({"text": f"Line {i}. " * 200}) for i in range(300)))
-    with multiprocessing.get_context("spawn").Pool(3) as pool:
-        sizes = pool.map(_tokenize_in_child, [(str(corpus), str(assets_dir / "tokenizer"))] * 3)
-    assert len(set(sizes)) == 1 and sizes[0] > 0
-    assert not list((corpus / ".cache").glob("*.tmp.npy"))
+
+def test_prepare_is_deterministic_and_resumable(tmp_path, assets_dir, monkeypatch):
+    import templar.data.prepare as prep
+
+    monkeypatch.setattr(prep, "DOCS_PER_TASK", 16)  # many tasks, so a resume skips documents
+    src = _write_corpus(tmp_path / "src", "jsonl", _docs(200))
+    tokenizer = str(assets_dir / "tokenizer")
+    one = prepare(str(src), tokenizer, tmp_path / "a", GEOMETRY, name="t", workers=0, progress=False)
+    two = prepare(str(src), tokenizer, tmp_path / "b", GEOMETRY, name="t", workers=1, progress=False)
+    assert one.digest() == two.digest() and len(one.shards) > 3
+    assert (tmp_path / "a" / MANIFEST_KEY).read_bytes() == one.canonical()
+
+    # An interrupted run: the state after shard 2 and the shards written so far; the rest is redone.
+    work = tmp_path / "c"
+    calls = []
+
+    def stop_after_two(_work, info):
+        calls.append(info.key)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        prepare(str(src), tokenizer, work, GEOMETRY, name="t", workers=0, progress=False, on_shard=stop_after_two)
+    assert (work / STATE_FILE).exists() and not (work / MANIFEST_KEY).exists()
+    assert 0 < json.loads((work / STATE_FILE).read_text())["documents"] < 200
+    resumed = []
+    again = prepare(str(src), tokenizer, work, GEOMETRY, name="t", workers=0, progress=False,
+                    on_shard=lambda _w, info: resumed.append(info.key))
+    assert again.digest() == one.digest()
+    assert resumed[0] == "shards/00002.tok"  # shards 0 and 1 were not redone
+
+    other = prepare(str(src), tokenizer, tmp_path / "d", Geometry(32, 2, 8, shuffle_seed=1), name="t",
+                    workers=0, progress=False)
+    assert other.digest() != one.digest()
+
+
+def test_prepare_refuses_too_little_text(tmp_path, assets_dir):
+    src = _write_corpus(tmp_path / "src", "txt", ["tiny"])
+    with pytest.raises(PrepareError):
+        prepare(str(src), str(assets_dir / "tokenizer"), tmp_path / "o", Geometry(512, 4, 2), name="t",
+                workers=0, progress=False)
+    (tmp_path / "mixed").mkdir()
+    (tmp_path / "mixed" / "a.txt").write_text("x")
+    (tmp_path / "mixed" / "b.jsonl").write_text("{}")
+    with pytest.raises(PrepareError, match="mixed"):
+        prepare(str(tmp_path / "mixed"), str(assets_dir / "tokenizer"), tmp_path / "o2", GEOMETRY, name="t",
+                workers=0, progress=False)
+
+
+def test_manifest_parsing_rejects_bad_input(tiny_pages: LocalCorpus):
+    good = tiny_pages.manifest.canonical()
+    digest = tiny_pages.manifest.digest()
+    assert parse_manifest(good, expected_digest=digest) == tiny_pages.manifest
+    with pytest.raises(ManifestError, match="does not match the pinned"):
+        parse_manifest(good, expected_digest="0" * 64)
+    with pytest.raises(ManifestError, match="not JSON"):
+        parse_manifest(good[: len(good) // 2])
+    with pytest.raises(ManifestError, match="not JSON"):
+        parse_manifest(b"\xff\xfe garbage")
+    raw = json.loads(good)
+    for mutate, reason in [
+        (lambda r: r.update(extra=1), "extra"),
+        (lambda r: r["shards"][0].update(pages=r["shards"][0]["pages"] + 1), "bytes"),
+        (lambda r: r["shards"][0].update(key="../../etc/passwd"), "shards/"),
+        (lambda r: r.update(sequence_length="128"), "sequence_length"),
+        (lambda r: r["tokenizer"].update(vocab_size=1 << 20), "does not fit"),
+    ]:
+        bad = json.loads(good)
+        mutate(bad)
+        with pytest.raises(ManifestError, match=reason):
+            parse_manifest(json.dumps(bad, sort_keys=True, separators=(",", ":")).encode())
+    with pytest.raises(ManifestError, match="canonical"):
+        parse_manifest(json.dumps(raw, indent=1).encode())
+
+
+def test_local_corpus_detects_a_corrupted_page(tmp_path, assets_dir):
+    src = _write_corpus(tmp_path / "src", "jsonl", _docs())
+    out = tmp_path / "out"
+    m = prepare(str(src), str(assets_dir / "tokenizer"), out, GEOMETRY, name="t", workers=0, progress=False)
+    shard = out / m.shards[0].key
+    data = bytearray(shard.read_bytes())
+    data[m.page_bytes + 3] ^= 0xFF  # page 1
+    shard.write_bytes(bytes(data))
+    corpus = LocalCorpus(out, digest=m.digest())
+    corpus.page(0)
+    with pytest.raises(PageError):
+        corpus.page(1)

@@ -3,7 +3,7 @@
 import torch
 
 from templar.config import load_hparams
-from templar.data import PageStore
+from templar.data import LocalCorpus
 from templar.model import build_model, causal_lm_loss, parameter_count
 
 
@@ -20,7 +20,7 @@ def test_init_is_deterministic():
         assert na == nb and torch.equal(pa, pb)
 
 
-def test_tiny_model_loss_falls(tiny_pages: PageStore):
+def test_tiny_model_loss_falls(tiny_pages: LocalCorpus):
     hp = load_hparams("tiny")
     torch.manual_seed(0)
     model = build_model(hp)
@@ -35,3 +35,18 @@ def test_tiny_model_loss_falls(tiny_pages: PageStore):
         opt.step()
         losses.append(loss.item())
     assert losses[-1] < losses[0] - 1.0, losses
+
+
+def test_a_window_without_usable_pages_trains_nothing_and_does_not_crash(tiny_pages: LocalCorpus):
+    """The data bucket down for a whole window: zero gradient, unknown loss, no exception."""
+    import math
+
+    from templar.train import accumulate_gradients, evaluate_loss, gradients
+
+    hp = load_hparams("tiny")
+    model = build_model(hp)
+    empty = tiny_pages.batch([])
+    stats = accumulate_gradients(model, empty, hp.optimizer.micro_batch_size, hp.optimizer.grad_clip)
+    assert math.isnan(stats.loss) and stats.tokens == 0
+    assert all(not g.any() for g in gradients(model).values())
+    assert math.isnan(evaluate_loss(model, empty, hp.optimizer.micro_batch_size))

@@ -27,7 +27,6 @@ from templar.comms.exchange import (
     put_start_window,
 )
 from templar.comms.gather import GatherResult, GatherStatus, PutResult, gather, put_gradient
-from templar.comms.shards import fetch_dataset_shards
 
 __all__ = [
     "Checkpoint",
@@ -41,7 +40,6 @@ __all__ = [
     "RecordError",
     "cleanup_checkpoints",
     "download_latest_checkpoint",
-    "fetch_dataset_shards",
     "gather",
     "get_aggregate",
     "get_peers",

@@ -178,10 +178,11 @@ class Localnet:
         return cmd + self.node_flags(node, bucket_args), env
 
     def start(self) -> None:
-        # Tokenize the corpus once here rather than in every neuron at the same moment.
-        from templar.node import load_pages
+        # The neurons read pages from the prepared sample corpus; fail here, once, if it is missing.
+        from templar.config import resolve_asset
+        from templar.data import LocalCorpus
 
-        load_pages(self.hp)
+        LocalCorpus(resolve_asset(self.hp.data.corpus), digest=self.hp.data.manifest or None)
         if self.cfg.storage == "s3":
             from templar.localnet.s3 import LocalS3
 

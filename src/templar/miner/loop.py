@@ -104,7 +104,8 @@ class Miner:
         busy_started = time.perf_counter()
 
         pages = self.hooks.pages(self, window, self.pages(window))
-        batch = node.pages.batch(pages)
+        batch, pages = await node.pages.fetch(  # only these pages' bytes; the next window's read ahead
+            pages, prefetch=self.hooks.pages(self, window + 1, self.pages(window + 1)))
         stats = await asyncio.to_thread(accumulate_gradients, node.model, batch,
                                         hp.optimizer.micro_batch_size, hp.optimizer.grad_clip)
         payload = await asyncio.to_thread(self._compress_and_encode, window)

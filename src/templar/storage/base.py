@@ -47,6 +47,10 @@ class ObjectChanged(StorageError):
     """The object was replaced while a ranged/resumed read was in progress."""
 
 
+class ShortRead(StorageError):
+    """A ranged read ended before the range did (the object is shorter than the caller expects)."""
+
+
 class InvalidKey(StorageError, ValueError):
     """A key that could escape its bucket or is not in the portable key alphabet."""
 
@@ -64,6 +68,12 @@ def validate_key(key: str) -> str:
     if any(part.startswith(".") for part in key.split("/")):
         raise InvalidKey(f"key {key[:80]!r} has a segment starting with '.'")
     return key
+
+
+def validate_range(start: int, length: int) -> None:
+    """A byte range must start at or after 0 and hold at least one byte."""
+    if not isinstance(start, int) or not isinstance(length, int) or start < 0 or length <= 0:
+        raise ValueError(f"invalid byte range start={start!r} length={length!r}")
 
 
 def validate_prefix(prefix: str) -> str:
@@ -112,6 +122,15 @@ class Bucket(ABC):
     async def get(self, key: str, *, max_bytes: int, timeout: float = DEFAULT_TIMEOUT) -> bytes:
         """Read a whole object of at most `max_bytes` bytes."""
         return (await self.fetch(key, max_bytes=max_bytes, timeout=timeout)).data
+
+    @abstractmethod
+    async def get_range(self, key: str, start: int, length: int, *, timeout: float = DEFAULT_TIMEOUT) -> bytes:
+        """Exactly bytes `[start, start + length)` of an object (one ranged GET on S3).
+
+        Why: a node reads one page of a multi-GB data shard without downloading the shard.
+        `ShortRead` if the object ends before the range does; a server that sends more than
+        `length` bytes is cut at `length` (never buffered past it).
+        """
 
     @abstractmethod
     async def head(self, key: str, *, timeout: float = DEFAULT_TIMEOUT) -> ObjectInfo:

@@ -25,10 +25,12 @@ from templar.storage.base import (
     ObjectInfo,
     ObjectNotFound,
     ObjectTooLarge,
+    ShortRead,
     StorageError,
     StorageTimeout,
     validate_key,
     validate_prefix,
+    validate_range,
 )
 
 _STAGING = ".staging"
@@ -119,6 +121,20 @@ class LocalBucket(Bucket):
     async def fetch(self, key: str, *, max_bytes: int, timeout: float = DEFAULT_TIMEOUT) -> Blob:
         validate_key(key)
         return await self._run(lambda: self._read_capped(key, max_bytes), key, timeout)
+
+    def _read_exact(self, key: str, start: int, length: int) -> bytes:
+        with self._path(key).open("rb") as fh:
+            fh.seek(start)
+            data = fh.read(length)
+        if len(data) < length:
+            raise ShortRead(f"{self.name}/{key}: range [{start}, {start + length}) past the end "
+                            f"({start + len(data)} bytes)")
+        return data
+
+    async def get_range(self, key: str, start: int, length: int, *, timeout: float = DEFAULT_TIMEOUT) -> bytes:
+        validate_key(key)
+        validate_range(start, length)
+        return await self._run(lambda: self._read_exact(key, start, length), key, timeout)
 
     def _scan(self, prefix: str, limit: int) -> list[ObjectInfo]:
         # Walk only the deepest directory the prefix names, not the whole bucket.

@@ -1,4 +1,4 @@
-"""`templar hparams [PRESET]`: validate a hyperparameter file and print the resolved settings."""
+"""`templar hparams [PRESET]`: validate a hyperparameter file, print it and what a window costs."""
 
 from __future__ import annotations
 
@@ -6,11 +6,15 @@ import argparse
 import json
 
 from templar.config import HParamsError, load_hparams
+from templar.tools.sizing import DEFAULT_MFU, format_sizing, window_sizing
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("hparams", help="validate and print hyperparameters (a preset name or a path)")
+    p = subparsers.add_parser("hparams", help="validate and print hyperparameters (a preset name or a path), "
+                              "with per-window sizing: tokens, FLOPs, H100 time, memory, network, disk")
     p.add_argument("hparams", nargs="?", default=None, help="preset name (tiny) or path; default hparams.json")
+    p.add_argument("--mfu", type=float, default=DEFAULT_MFU, help="model FLOPs utilisation assumed for GPU time")
+    p.add_argument("--json", action="store_true", help="one JSON object (settings and sizing) only")
     p.set_defaults(func=run)
 
 
@@ -20,5 +24,10 @@ def run(args: argparse.Namespace) -> int:
     except HParamsError as exc:
         print(f"error: {exc}")
         return 2
+    sizing = window_sizing(hp, mfu=args.mfu)
+    if args.json:
+        print(json.dumps({"digest": hp.digest(), **hp.model_dump(), "sizing": sizing}, indent=2))
+        return 0
     print(json.dumps({"digest": hp.digest(), **hp.model_dump()}, indent=2))
+    print(f"\nper window ({hp.name}):\n{format_sizing(sizing)}")
     return 0

@@ -76,8 +76,9 @@ class Evaluator:
         beta: float,
     ) -> dict[str, LossScores]:
         """LossScores of every peer: one shared baseline pass, then one pass per peer."""
-        peers = sorted(signs_by_peer)
-        if not peers:
+        # A page the data bucket could not serve leaves an empty batch: no score beats a made-up one.
+        peers = sorted(p for p in signs_by_peer if assigned[p].size(0) > 0)
+        if not peers or random_batch.size(0) == 0:
             return {}
         self.snapshot()
         n_rand = random_batch.size(0)

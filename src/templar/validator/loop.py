@@ -66,7 +66,7 @@ class Validator:
         self.state = NodeState(window=-1, global_step=0)
         self.book = ScoreBook()
         self.evaluator = Evaluator(node.model, self.hp.optimizer.micro_batch_size)
-        self.holdout = node.pages.batch(node.plan.holdout_pages()[:HOLDOUT_PAGES])
+        self.holdout = node.pages.empty  # filled in start(): pages come from the data bucket
         self.is_lead = False
         self.publisher = WindowPublisher(node)
         self.checkpoints = CheckpointPublisher(node)
@@ -101,6 +101,7 @@ class Validator:
         self.state, own = await restore(node)
         self.book = self._load_book(self.state, own)
         drop_uncommitted_records(node.state_dir, [SCORES_FILE, VALIDATOR_WINDOWS_FILE], self.state.window)
+        self.holdout = (await node.pages.fetch(node.plan.holdout_pages()[:HOLDOUT_PAGES])).batch
         current = node.clock.current_window()
         if await self._check_lead(current):
             if await self._published_start() is None:
@@ -255,13 +256,16 @@ class Validator:
         shapes = node.shapes
         signs = {hk: await asyncio.to_thread(aggregate, [results[hk].value.tensors], [1.0], shapes) for hk in chosen}
         assigned = {
-            hk: node.pages.batch(select_eval_pages(
+            hk: (await node.pages.fetch(select_eval_pages(
                 seed, window, miners[hk], node.plan.assigned_pages(miners[hk], window, hp.data.pages_per_window),
-                hp.data.eval_pages))
+                hp.data.eval_pages))).batch
             for hk in chosen
         }
         salt = seed % node.plan.pool
-        random_batch = node.pages.batch(node.plan.random_pages(window, hp.data.eval_pages, salt=salt))
+        random_batch = (await node.pages.fetch(  # data (#16): next window's random pages read ahead
+            node.plan.random_pages(window, hp.data.eval_pages, salt=salt),
+            prefetch=node.plan.random_pages(window + 1, hp.data.eval_pages,
+                                            salt=self.eval_seed(window + 1) % node.plan.pool))).batch
         beta = hp.gauntlet.eval_lr_factor * lr
         scores = await asyncio.to_thread(self.evaluator.score_peers, signs, assigned, random_batch, beta)
         self.book.record_primary({hk: PrimaryResult(s.delta_assigned, s.delta_rand) for hk, s in scores.items()},

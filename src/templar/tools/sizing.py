@@ -1,0 +1,95 @@
+"""What one window costs a peer under a preset: tokens, FLOPs, GPU time, memory, network, disk.
+
+Estimates, stated with their formulas so they can be checked:
+
+* FLOPs per token, training: 6·N + 12·L·d·S (PaLM appendix B: weights, plus attention scores);
+  evaluation (forward only) a third of that.
+* GPU time: FLOPs / (peak · MFU); peak is the H100 SXM's dense bf16 989 TFLOP/s.
+* GPU memory, miner: fp32 weights, fp32 gradients and the DeMo error-feedback buffer (3 × 4·N
+  bytes; there is no inner optimizer state), plus activations of one micro-batch with fused
+  attention (34·S·b·d bytes per layer, Korthikanti et al. 2022) and fp32 logits (2 × b·S·V·4).
+  Validators hold a second fp32 copy of θ for LossScore rollback and no error feedback.
+* Network: pages in (ranged GETs), one compressed gradient out, the top-G gradients in
+  (the wire format's upper bound `max_gradient_bytes`); validators read `fast_eval_uids`.
+* Disk: the window's pages land in the page cache (bounded by --data.cache_gb).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from templar.config import HParams
+
+H100_BF16_FLOPS = 989e12
+DEFAULT_MFU = 0.40
+HOLDOUT_PAGES = 4  # templar.validator.loop.HOLDOUT_PAGES
+
+
+def window_sizing(hp: HParams, *, mfu: float = DEFAULT_MFU) -> dict[str, Any]:
+    """The figures of `templar hparams` (and the sizing table of docs/mining.md)."""
+    from templar.model import build_model, parameter_count, parameter_shapes
+    from templar.wire import max_gradient_bytes
+
+    model = build_model(hp, "meta")
+    n = parameter_count(model)
+    grad_bytes = max_gradient_bytes(parameter_shapes(model), hp)
+    m, d = hp.model, hp.data
+    seq, layers, width = d.sequence_length, m.num_hidden_layers, m.hidden_size
+    page_tokens = d.sequence_length * d.sequences_per_page
+    page_bytes = page_tokens * (2 if m.vocab_size <= 1 << 16 else 4)
+    tokens = d.pages_per_window * page_tokens
+    train_per_token = 6 * n + 12 * layers * width * seq
+    fwd_per_token = train_per_token / 3
+    train_flops = train_per_token * tokens
+    window_s = hp.windows.blocks_per_window * hp.windows.block_time
+    # LossScore: random pages before (shared) and after each peer's step, assigned pages before and after.
+    eval_pages = hp.data.eval_pages
+    eval_tokens = page_tokens * (eval_pages + hp.gauntlet.uids_per_window * 3 * eval_pages + HOLDOUT_PAGES)
+    eval_flops = fwd_per_token * eval_tokens
+    b = hp.optimizer.micro_batch_size
+    activations = layers * 34 * seq * b * width + 2 * b * seq * m.vocab_size * 4
+    miner_gpu = 3 * 4 * n + activations
+    validator_gpu = 3 * 4 * n + activations // 3
+    return {
+        "parameters": n,
+        "page_tokens": page_tokens,
+        "page_bytes": page_bytes,
+        "tokens_per_window_per_peer": tokens,
+        "window_seconds": window_s,
+        "train_flops_per_window": train_flops,
+        "mfu_assumed": mfu,
+        "h100_train_seconds": train_flops / (H100_BF16_FLOPS * mfu),
+        "validator_eval_tokens_per_window": eval_tokens,
+        "validator_eval_flops_per_window": eval_flops,
+        "h100_validator_eval_seconds": eval_flops / (H100_BF16_FLOPS * mfu),
+        "miner_gpu_memory_gb": miner_gpu / 1e9,
+        "validator_gpu_memory_gb": validator_gpu / 1e9,
+        "gradient_upload_max_mb": grad_bytes / 1e6,
+        "miner_download_mb_per_window": (d.pages_per_window * page_bytes + hp.gauntlet.top_g * grad_bytes) / 1e6,
+        # distinct pages: one assigned set per evaluated peer and the random set (held-out: once, at start)
+        "validator_pages_mb_per_window": (hp.gauntlet.uids_per_window + 1) * eval_pages * page_bytes / 1e6,
+        "validator_download_mb_per_window": ((hp.gauntlet.uids_per_window + 1) * eval_pages * page_bytes
+                                             + hp.gauntlet.fast_eval_uids * grad_bytes) / 1e6,
+        "page_cache_mb_per_window": d.pages_per_window * page_bytes / 1e6,
+    }
+
+
+def format_sizing(s: dict[str, Any]) -> str:
+    """A human table of `window_sizing`."""
+    rows = [
+        ("parameters", f"{s['parameters'] / 1e9:.3f} B"),
+        ("page", f"{s['page_tokens']:,} tokens ({s['page_bytes'] / 1024:.0f} KiB)"),
+        ("tokens per window per peer", f"{s['tokens_per_window_per_peer']:,}"),
+        ("window", f"{s['window_seconds']:.0f} s"),
+        ("training FLOPs per window", f"{s['train_flops_per_window']:.3g}"),
+        (f"H100 training time at {s['mfu_assumed']:.0%} MFU", f"{s['h100_train_seconds']:.2f} s"),
+        ("validator eval tokens per window", f"{s['validator_eval_tokens_per_window']:,}"),
+        (f"H100 validator eval time at {s['mfu_assumed']:.0%} MFU", f"{s['h100_validator_eval_seconds']:.2f} s"),
+        ("GPU memory, miner / validator", f"{s['miner_gpu_memory_gb']:.1f} / {s['validator_gpu_memory_gb']:.1f} GB"),
+        ("upload per window (gradient, max)", f"{s['gradient_upload_max_mb']:.2f} MB"),
+        ("download per window, miner / validator",
+         f"{s['miner_download_mb_per_window']:.1f} / {s['validator_download_mb_per_window']:.1f} MB"),
+        ("page cache growth per window", f"{s['page_cache_mb_per_window']:.2f} MB"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"  {k:<{width}}  {v}" for k, v in rows)
