@@ -302,6 +302,7 @@ class Chain:
         if graph is None:
             raise ChainError(f"subnet {self.netuid} does not exist on {self.network}")
         price = graph.price or 1.0
+        vtrust = self._validator_trust(len(graph.neurons))
         return [
             Neuron(
                 uid=n.uid,
@@ -311,9 +312,29 @@ class Chain:
                 validator_permit=n.validator_permit,
                 last_update=n.last_update,
                 commitment=clean_commitment(n.commitment.value) if n.commitment else None,
+                incentive=n.incentive,
+                dividends=n.dividends,
+                consensus=n.consensus,
+                trust=n.trust,
+                validator_trust=vtrust[n.uid],
+                emission=n.emission.rao / 1e9,
             )
             for n in graph.neurons
         ]
+
+    def _validator_trust(self, n: int) -> list[float]:
+        """Storage `ValidatorTrust[netuid]` (u16 fractions; the runtime metagraph record lacks it).
+
+        Anything but a list of u16 integers reads as zeros: it is display data, never a reason
+        to fail a metagraph read.
+        """
+        raw = self._call(
+            "read validator trust", lambda c: c.query(("SubtensorModule", "ValidatorTrust"), [self.netuid])
+        )
+        values = list(raw) if isinstance(raw, list | tuple) else []
+        ok = all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 65535 for v in values)
+        fractions = [v / 65535 for v in values] if ok else []
+        return (fractions + [0.0] * n)[:n]
 
     def my_uid(self) -> int | None:
         """Our hotkey's uid on the subnet, or None when it is not registered."""
