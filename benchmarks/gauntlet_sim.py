@@ -12,7 +12,7 @@ One shared model (tiny preset) and five peers, each with its own DeMo error feed
 Each round (= window): every peer computes its DeMo update; the validator scores all five with
 `Evaluator.score_peers` (LossScore δ on the peer's assigned page and on a random page, the preset's
 `eval_pages`, β = eval_lr_factor·α) and updates μ and the OpenSkill LossRating with
-`ScoreBook.record_primary` (preset's gamma, margin, OpenSkill beta/tau); then the model takes the
+`ScoreBook.record_primary` (preset's gamma, margin, OpenSkill beta/tau, μ ramp); then the model takes the
 signed outer step over the top-G peers by PeerScore (all peers in a round where nobody has a
 positive score yet), exactly as honest nodes do.
 
@@ -108,6 +108,7 @@ def main() -> int:
     history: collections.deque[dict[str, torch.Tensor]] = collections.deque(maxlen=DESYNC_LAG + 1)
     evaluator = Evaluator(model, hp.optimizer.micro_batch_size)
     book = ScoreBook()
+    book.set_mu_ramp(hp.gauntlet.mu_gamma, hp.gauntlet.mu_prior_evals)  # the preset's μ start-up ramp
     holdout = tiny.pages.batch(tiny.plan.holdout_pages()[:HOLDOUT_PAGES])
     n_eval = min(hp.data.eval_pages, hp.data.pages_per_window)
     series: dict[str, dict[str, list]] = {hk: collections.defaultdict(list) for hk in PEERS}
@@ -131,7 +132,8 @@ def main() -> int:
         for hotkey, uid in PEERS.items():
             book.get_or_create(hotkey, uid, window)
         book.record_primary({hk: PrimaryResult(s.delta_assigned, s.delta_rand) for hk, s in scores.items()},
-                            gamma=g.mu_gamma, beta=g.openskill_beta, tau=g.openskill_tau, margin=g.proof_margin)
+                            gamma=g.mu_gamma, beta=g.openskill_beta, tau=g.openskill_tau, margin=g.proof_margin,
+                            window=window)
         book.weights(g.power)
         top = book.top_g(g.top_g) or sorted(PEERS)
         step = aggregate([updates[hk] for hk in top], [1.0 / g.top_g] * len(top), shapes)

@@ -220,13 +220,23 @@ class ScoreBook:
             mu = ramped_mu(mu, record.primary_evals, *self._mu_ramp)
         record.score = peer_score(mu, record.loss_rating)
 
-    def staleness(self, window: int) -> dict[str, float]:
+    def staleness(self, window: int, newcomer_evals: int = 0) -> dict[str, float]:
         """Windows since each peer's last primary evaluation; peers never evaluated are absent.
 
-        The input of the stale-first draw of S_t (`select_eval_peers(staleness=...)`).
+        The input of the stale-first draw of S_t (`select_eval_peers(staleness=...)`). A peer
+        with fewer than `newcomer_evals` evaluations counts as `newcomer_evals / (evals + 1)`
+        times staler, so a newcomer collects its first few evaluations within a few windows
+        instead of one per |peers| / |S_t| windows, while staying a random draw.
         """
-        return {h: float(max(0, window - r.last_primary_window)) for h, r in self._peers.items()
-                if r.last_primary_window is not None}
+        if newcomer_evals < 0:
+            raise ValueError(f"staleness: newcomer_evals must be >= 0, got {newcomer_evals}")
+        out = {}
+        for hotkey, record in self._peers.items():
+            if record.last_primary_window is None:
+                continue
+            boost = max(1.0, newcomer_evals / (record.primary_evals + 1))
+            out[hotkey] = float(max(0, window - record.last_primary_window)) * boost
+        return out
 
     def record_fast_eval(
         self, hotkey: str, passed: bool, status: str, phi: float, *, sync_steps: float | None = None
