@@ -44,8 +44,8 @@ class Tiny:
     plan: PagePlan
 
 
-def load_tiny() -> Tiny:
-    hp = load_hparams("tiny")
+def load_tiny(preset: str = "tiny") -> Tiny:
+    hp = load_hparams(preset)
     pages = PageStore.from_corpus(CORPUS, TOKENIZER, text_field="text", sequence_length=hp.data.sequence_length,
                                   sequences_per_page=hp.data.sequences_per_page, seed=hp.data.data_seed)
     plan = PagePlan.build(pages.num_pages, hp.data.holdout_fraction, hp.data.data_seed, hp.data.pages_per_window)

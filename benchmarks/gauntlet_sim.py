@@ -93,12 +93,15 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="10 rounds instead of 30")
     parser.add_argument("--rounds", type=int, default=None)
+    parser.add_argument("--hparams", default="tiny", help="preset name or path (default tiny); a layered file "
+                        "with 'base': 'tiny.json' tries gauntlet settings on the same model and data")
+    parser.add_argument("--stem", default=None, help="results file name (default gauntlet_sim[_quick])")
     args = parser.parse_args()
     setup_torch()
     rounds = args.rounds or (10 if args.quick else 30)
 
-    stem = "gauntlet_sim_quick" if args.quick else "gauntlet_sim"  # a quick run never overwrites the full figures
-    tiny = load_tiny()
+    stem = args.stem or ("gauntlet_sim_quick" if args.quick else "gauntlet_sim")  # quick never overwrites the full run
+    tiny = load_tiny(args.hparams)
     hp = tiny.hp
     g = hp.gauntlet
     model = build_model(hp)

@@ -121,10 +121,7 @@ def normalise(x: np.ndarray) -> np.ndarray:
 
 def _normalise_columns(matrix: np.ndarray) -> np.ndarray:
     sums = matrix.sum(axis=0)
-    out = np.zeros_like(matrix, dtype=float)
-    nonzero = sums > 0
-    out[:, nonzero] = matrix[:, nonzero] / sums[nonzero]
-    return out
+    return np.divide(matrix, sums[None, :], out=np.zeros(matrix.shape), where=sums[None, :] > 0)
 
 
 def _normalise_rows(matrix: np.ndarray) -> np.ndarray:
