@@ -40,6 +40,7 @@ import numpy as np
 
 from templar.chain import yuma
 from templar.gauntlet import PrimaryResult, ScoreBook, select_eval_peers
+from templar.gauntlet.scores import peer_score, ramped_mu
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 WINDOW_SECONDS = 84.0
@@ -89,6 +90,8 @@ class SimConfig:
     """stale-first draw: peers with fewer evaluations count as staler (`ScoreBook.staleness`)"""
     mu_prior_evals: float | None = None
     """μ start-up ramp (None: the paper's μ)"""
+    rating: str = "openskill"
+    """"openskill": the paper's LossRating; "relative": a simulator-only experiment (`RelativeRatingBook`)"""
     tempo_windows: int = 1
     """windows between Yuma epochs (1: as if every window's weights were read; finney's tempo of
     360 blocks is 51 windows, and incentive holds between epochs)"""
@@ -188,6 +191,41 @@ def draw(strategy: str, rng: random.Random, noise: float = 1.0) -> PrimaryResult
     return PrimaryResult(LOSS_SCALE * (rand + gap), LOSS_SCALE * rand)
 
 
+class RelativeRatingBook(ScoreBook):
+    """Simulator-only experiment, not production code: LossRating = 25 × the peer's mean δ_rand
+    relative to its window's median δ_rand over S_t (25 before any evaluation, as OpenSkill's prior).
+
+    Identical peers are ranked at random by OpenSkill, so their ratings random-walk apart; a mean
+    of relative LossScores converges instead (standard error ≈ spread/√n). Everything else (μ,
+    the ramp, φ, normalisation, top-G) is the ScoreBook's.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.relative: dict[str, tuple[float, int]] = {}
+
+    def record_primary(self, results, **kwargs) -> None:  # type: ignore[override]
+        super().record_primary(results, **kwargs)
+        finite = [r.delta_rand for r in results.values() if math.isfinite(r.delta_rand)]
+        median = statistics.median(finite) if finite else 0.0
+        if median <= 0:
+            return
+        for hotkey, result in results.items():
+            total, n = self.relative.get(hotkey, (0.0, 0))
+            value = result.delta_rand / median if math.isfinite(result.delta_rand) else 0.0
+            self.relative[hotkey] = (total + value, n + 1)
+
+    def scores(self) -> dict[str, float]:
+        out = {}
+        for hotkey in sorted(self._peers):
+            record = self._peers[hotkey]
+            mu = ramped_mu(record.mu, record.primary_evals, *self._mu_ramp) if self._mu_ramp else record.mu
+            total, n = self.relative.get(hotkey, (0.0, 0))
+            record.score = peer_score(mu, 25.0 * total / n if n else 25.0)
+            out[hotkey] = record.score
+        return out
+
+
 def gini(values: list[float]) -> float:
     xs = sorted(values)
     n = len(xs)
@@ -204,7 +242,7 @@ def simulate(cfg: SimConfig, *, keep_series: bool = False) -> Outcome:
     miners = [p for p in peers if p.strategy != "validator"]
     books = []
     for _ in range(cfg.validators):
-        book = ScoreBook()
+        book = RelativeRatingBook() if cfg.rating == "relative" else ScoreBook()
         book.set_mu_ramp(cfg.mu_gamma, cfg.mu_prior_evals)
         books.append(book)
     secrets = [rng.getrandbits(64) for _ in range(cfg.validators)]
@@ -409,6 +447,11 @@ def plan(base: SimConfig, quick: bool) -> list[tuple[str, SimConfig, bool]]:
                          ("tempo_windows", [51]), ("seed", [1])):
         jobs += [(f"chosen, {name}={v:.3g}", replace(chosen, **{name: v}), False) for v in values]
     jobs += [("baseline, seed=1", replace(base, seed=1), False)]
+    relative = replace(chosen, rating="relative")  # simulator-only experiment, see RelativeRatingBook
+    jobs += [("experiment: relative rating, paper levers", replace(base, rating="relative"), False),
+             ("experiment: relative rating + chosen", relative, False),
+             ("experiment: relative rating + chosen, ramp k=0", replace(relative, mu_prior_evals=0.0), False),
+             ("experiment: relative rating + chosen, seed=1", replace(relative, seed=1), False)]
     return jobs
 
 
