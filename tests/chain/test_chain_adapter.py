@@ -292,3 +292,14 @@ def test_yuma_epoch_results_reach_the_metagraph(dev_chain: DevChain, open_chains
     assert [neurons[v1].dividends, neurons[v2].dividends] == approx([5 / 6, 1 / 6])
     assert neurons[m2].emission == pytest.approx(10 * 0.41 * 17 / 24, abs=1e-6)
     assert neurons[v1].emission == pytest.approx(10 * 0.41 * 5 / 6, abs=1e-6)
+
+
+def test_validator_trust_is_display_data_never_a_failure() -> None:
+    """Malformed or missing vtrust vectors read as zeros, padded or cut to the neuron count."""
+    from templar.chain.client import _u16_fractions
+
+    assert _u16_fractions([65535, 0, 32768], 2) == pytest.approx([1.0, 0.0])
+    assert _u16_fractions([65535], 3) == pytest.approx([1.0, 0.0, 0.0])
+    assert _u16_fractions(None, 2) == [0.0, 0.0]
+    assert _u16_fractions([70000, 1], 2) == [0.0, 0.0]
+    assert _u16_fractions("0x00", 1) == [0.0]

@@ -74,3 +74,15 @@ def test_no_validators_no_consensus(tmp_path: Path) -> None:
     write_nodes(tmp_path, NODES[2:])
     assert consensus_by_window(tmp_path, NODES[2:]) == []
     assert render_consensus([], NODES[2:]) == []
+
+
+def test_malformed_records_are_skipped(tmp_path: Path) -> None:
+    """A record without a window, or with a NaN or negative weight, never enters the epoch."""
+    _write_run(tmp_path, range(1, 3))
+    path = NODES[1].directory(tmp_path) / SCORES_FILE
+    with open(path, "a", encoding="utf-8") as f:
+        f.write('{"hotkey": "hk-m0", "weight": 0.5}\n{"hotkey": "hk-m0", "window": 2, "weight": NaN}\n'
+                '{"hotkey": "hk-m0", "window": "2", "weight": 0.5}\n{"hotkey": "hk-m1", "window": 2, "weight": -1}\n')
+    rows = consensus_by_window(tmp_path, NODES)
+    assert [r["window"] for r in rows] == [1, 2]
+    assert rows[-1]["incentive"] == pytest.approx({"miner0": 0.6875, "moredata0": 0.3125})

@@ -168,7 +168,7 @@ def redact_locator(value: str | None) -> str:
 def _snapshot(args: argparse.Namespace) -> dict[str, Any]:
     with connect_from_args(args, read_only=True) as chain:
         block = chain.block()
-        neurons: list[Neuron] = chain.metagraph()
+        neurons: list[Neuron] = chain.metagraph(validator_trust=True)
         weights = chain.current_weights()
     return {
         "network": args.subtensor_network,

@@ -10,6 +10,7 @@ epochs run every tempo (360 blocks by default), which a short localnet may never
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from pathlib import Path
 from typing import Protocol
@@ -41,8 +42,10 @@ def consensus_by_window(out: Path, nodes: list[_Node]) -> list[dict]:
     for v in validators:
         for rec in read_records(v.directory(out) / SCORES_FILE):
             node = by_hotkey.get(rec.get("hotkey"))
-            if node is not None and isinstance(rec.get("weight"), int | float):
-                weights[rec["window"]].setdefault(v.name, {})[node.name] = float(rec["weight"])
+            window, weight = rec.get("window"), rec.get("weight")
+            if (node is not None and isinstance(window, int) and not isinstance(window, bool)
+                    and isinstance(weight, int | float) and math.isfinite(weight) and weight >= 0):
+                weights[window].setdefault(v.name, {})[node.name] = float(weight)
     size = max(n.uid for n in nodes) + 1
     stake = np.zeros(size)
     for v in validators:
