@@ -42,8 +42,8 @@ class Tiny:
     plan: PagePlan
 
 
-def load_tiny() -> Tiny:
-    hp = load_hparams("tiny")
+def load_tiny(preset: str = "tiny") -> Tiny:
+    hp = load_hparams(preset)
     pages = LocalCorpus(resolve_asset(hp.data.corpus), digest=hp.data.manifest)
     plan = PagePlan.build(pages.num_pages, hp.data.holdout_fraction, hp.data.data_seed, hp.data.pages_per_window)
     return Tiny(hp=hp, pages=pages, plan=plan)

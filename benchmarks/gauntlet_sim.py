@@ -6,13 +6,13 @@
 One shared model (tiny preset) and five peers, each with its own DeMo error feedback:
 - `baseline`: honest, trains on its assigned pages;
 - `double`: honest with 2x data: its assigned pages plus as many extra (unassigned) pages,
-  as `templar.miner.strategies.MoreData` does;
+  as the production miner's `--extra-pages` does (the localnet's `moredata`);
 - `desync`: honest data, but computes its update on the model from 3 windows ago;
 - `normal1`, `normal2`: honest, so the top-G aggregate has G = 4 candidates besides the others.
 Each round (= window): every peer computes its DeMo update; the validator scores all five with
 `Evaluator.score_peers` (LossScore δ on the peer's assigned page and on a random page, the preset's
 `eval_pages`, β = eval_lr_factor·α) and updates μ and the OpenSkill LossRating with
-`ScoreBook.record_primary` (preset's gamma, margin, OpenSkill beta/tau); then the model takes the
+`ScoreBook.record_primary` (preset's gamma, margin, OpenSkill beta/tau, μ ramp); then the model takes the
 signed outer step over the top-G peers by PeerScore (all peers in a round where nobody has a
 positive score yet), exactly as honest nodes do.
 
@@ -93,12 +93,15 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="10 rounds instead of 30")
     parser.add_argument("--rounds", type=int, default=None)
+    parser.add_argument("--hparams", default="tiny", help="preset name or path (default tiny); a layered file "
+                        "with 'base': 'tiny.json' tries gauntlet settings on the same model and data")
+    parser.add_argument("--stem", default=None, help="results file name (default gauntlet_sim[_quick])")
     args = parser.parse_args()
     setup_torch()
     rounds = args.rounds or (10 if args.quick else 30)
 
-    stem = "gauntlet_sim_quick" if args.quick else "gauntlet_sim"  # a quick run never overwrites the full figures
-    tiny = load_tiny()
+    stem = args.stem or ("gauntlet_sim_quick" if args.quick else "gauntlet_sim")  # quick never overwrites the full run
+    tiny = load_tiny(args.hparams)
     hp = tiny.hp
     g = hp.gauntlet
     model = build_model(hp)
@@ -108,6 +111,7 @@ def main() -> int:
     history: collections.deque[dict[str, torch.Tensor]] = collections.deque(maxlen=DESYNC_LAG + 1)
     evaluator = Evaluator(model, hp.optimizer.micro_batch_size)
     book = ScoreBook()
+    book.set_mu_ramp(hp.gauntlet.mu_gamma, hp.gauntlet.mu_prior_evals)  # the preset's μ start-up ramp
     holdout = tiny.pages.batch(tiny.plan.holdout_pages()[:HOLDOUT_PAGES])
     n_eval = min(hp.data.eval_pages, hp.data.pages_per_window)
     series: dict[str, dict[str, list]] = {hk: collections.defaultdict(list) for hk in PEERS}
@@ -131,7 +135,8 @@ def main() -> int:
         for hotkey, uid in PEERS.items():
             book.get_or_create(hotkey, uid, window)
         book.record_primary({hk: PrimaryResult(s.delta_assigned, s.delta_rand) for hk, s in scores.items()},
-                            gamma=g.mu_gamma, beta=g.openskill_beta, tau=g.openskill_tau, margin=g.proof_margin)
+                            gamma=g.mu_gamma, beta=g.openskill_beta, tau=g.openskill_tau, margin=g.proof_margin,
+                            window=window)
         book.weights(g.power)
         top = book.top_g(g.top_g) or sorted(PEERS)
         step = aggregate([updates[hk] for hk in top], [1.0 / g.top_g] * len(top), shapes)

@@ -119,6 +119,14 @@ class GauntletConfig(_Strict):
     duplicate_threshold: float = Field(gt=0, le=1, description="cosine above which two payloads are copies")
     max_norm_ratio: float = Field(gt=1, description="a payload whose value norm exceeds the window's median "
                                   "by this factor fails fast evaluation as 'scale'")
+    selection_sharpness: float = Field(default=0.0, ge=0, le=16, description="F_t and S_t favour peers not "
+                                       "evaluated for long: draw weight (windows since the last primary "
+                                       "evaluation)^sharpness; 0 is the paper's uniform draw")
+    newcomer_evals: int = Field(default=0, ge=0, description="with selection_sharpness > 0, a peer with fewer "
+                                "primary evaluations than this counts as newcomer_evals / (evals + 1) times staler")
+    mu_prior_evals: float | None = Field(default=None, ge=0, description="PeerScore reads mu / (1 - gamma^(n + "
+                                         "this)) after n primary evaluations (start-up bias removed); None is "
+                                         "the paper's mu")
 
 
 class WindowConfig(_Strict):

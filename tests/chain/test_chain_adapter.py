@@ -15,6 +15,7 @@ from templar.chain import (
     connect,
     verify_signature,
 )
+from templar.chain.embedded import ChainStore
 
 
 def test_metagraph_lists_every_neuron_with_stake_and_permits(dev_chain: DevChain, open_chains: dict) -> None:
@@ -259,3 +260,46 @@ def test_one_chain_is_safe_to_share_between_threads(dev_chain: DevChain, open_ch
         results = list(pool.map(work, range(32)))
     assert set(results) == {(5, dev_chain.wallets["miner1"].uid)}
     assert chain.bucket_locators()[chain.hotkey].startswith("local:/tmp/thread-")
+
+
+def test_yuma_epoch_results_reach_the_metagraph(dev_chain: DevChain, open_chains: dict, go_to_block) -> None:
+    """Two validators, stake 100 / 40 (S = 5/7, 2/7), weigh two miners (1, 3) and (3, 1); tempo 9.
+
+    Subnet 3's epochs fall on blocks b with (b + 3 + 1) % 10 == 0: 56 is the first after the
+    weights are set at block 50. By hand (κ = 0.5): consensus (1/4, 3/4); val2's clipped row is
+    (1/4, 1/4), so ranks are (1/4, 5/7·3/4 + 2/7·1/4 = 17/28) and incentive (7/24, 17/24);
+    vtrust (1, 1/2); trust of miner1 = (1/4) / (5/7·1/4 + 2/7·3/4 = 11/28) = 7/11, miner2 1.
+    Bonds are the stake-weighted clipped weights per column: (5/7, 2/7) and (15/17, 2/17), so
+    dividends are (5/7·7/24 + 15/17·17/24, 2/7·7/24 + 2/17·17/24) = (5/6, 1/6). Emission:
+    10 blocks × 1 α; miners and validators get 41 % each.
+    """
+    with ChainStore(dev_chain.path) as store:
+        store.set_subnet_params(dev_chain.netuid, tempo=9)
+    w = dev_chain.wallets
+    m1, m2, v1, v2 = w["miner1"].uid, w["miner2"].uid, w["val1"].uid, w["val2"].uid
+    go_to_block(50)
+    open_chains["val1"].set_weights({m1: 1.0, m2: 3.0})
+    open_chains["val2"].set_weights({m1: 3.0, m2: 1.0})
+    go_to_block(55)
+    assert all(n.incentive == 0 for n in open_chains["miner1"].metagraph())  # no epoch since the weights
+    go_to_block(57)
+    neurons = open_chains["miner1"].metagraph()
+    approx = lambda x: pytest.approx(x, abs=2e-4)  # noqa: E731  (u16 fractions)
+    assert [neurons[m1].incentive, neurons[m2].incentive] == approx([7 / 24, 17 / 24])
+    assert [neurons[m1].consensus, neurons[m2].consensus] == approx([1 / 4, 3 / 4])
+    assert [neurons[m1].trust, neurons[m2].trust] == approx([7 / 11, 1.0])
+    assert [neurons[v1].validator_trust, neurons[v2].validator_trust] == approx([1.0, 0.5])
+    assert [neurons[v1].dividends, neurons[v2].dividends] == approx([5 / 6, 1 / 6])
+    assert neurons[m2].emission == pytest.approx(10 * 0.41 * 17 / 24, abs=1e-6)
+    assert neurons[v1].emission == pytest.approx(10 * 0.41 * 5 / 6, abs=1e-6)
+
+
+def test_validator_trust_is_display_data_never_a_failure() -> None:
+    """Malformed or missing vtrust vectors read as zeros, padded or cut to the neuron count."""
+    from templar.chain.client import _u16_fractions
+
+    assert _u16_fractions([65535, 0, 32768], 2) == pytest.approx([1.0, 0.0])
+    assert _u16_fractions([65535], 3) == pytest.approx([1.0, 0.0, 0.0])
+    assert _u16_fractions(None, 2) == [0.0, 0.0]
+    assert _u16_fractions([70000, 1], 2) == [0.0, 0.0]
+    assert _u16_fractions("0x00", 1) == [0.0]

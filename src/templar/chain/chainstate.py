@@ -13,9 +13,32 @@ from typing import Any
 
 from bittensor.result import ChainError as SdkChainError
 
-from templar.chain import store
+from templar.chain import epochs, store
 
 MECHANISM_STRIDE = 4096  # storage index = mechid * 4096 + netuid (GLOBAL_MAX_SUBNET_COUNT)
+U16_MAX = 65535
+
+EPOCH_ITEMS = {
+    "Incentive": "incentive",
+    "Dividends": "dividends",
+    "Consensus": "consensus",
+    "Trust": "trust",
+    "ValidatorTrust": "validator_trust",
+    "Rank": "rank",
+    "Emission": "emission",
+}
+"""Per-subnet vectors the Yuma epoch writes (`templar.chain.epochs`): u16 fractions, emission in rao."""
+
+
+def epoch_column(conn: sqlite3.Connection, netuid: int, column: str) -> list[int]:
+    """One epoch result per uid, as the chain stores it: PerU16 fractions, or rao for emission.
+
+    Uids that registered after the last epoch (or whose hotkey changed since) read 0.
+    """
+    n = len(store.neuron_rows(conn, netuid))
+    values = epochs.results(conn, netuid)
+    scale = 1 if column == "emission" else U16_MAX
+    return [round(values[uid][column] * scale) if uid in values else 0 for uid in range(n)]
 
 
 def unsupported(what: str) -> SdkChainError:
@@ -48,6 +71,11 @@ def storage_value(conn: sqlite3.Connection, module: str, item: str, params: list
         return store.owner_of(conn, params[0])
     if item in ("LastUpdate", "ValidatorPermit", "Weights", "Keys"):
         return _per_uid(conn, item, params)
+    if item in EPOCH_ITEMS:
+        index = params[0]
+        if index >= MECHANISM_STRIDE or store.subnet_row(conn, index) is None:
+            return []
+        return epoch_column(conn, index, EPOCH_ITEMS[item])
     subnet = store.subnet_row(conn, params[0]) if params else None
     if item == "NetworksAdded":
         return subnet is not None
@@ -110,7 +138,8 @@ def metagraph(conn: sqlite3.Connection, netuid: int, block: int) -> dict | None:
     n = len(neurons)
     zeros = [0] * n
     stakes = [x.stake for x in neurons]
-    since = (block - subnet.registered_at) % max(subnet.tempo, 1)
+    last_epoch = epochs.last_epoch(conn, netuid, subnet.registered_at)
+    since = max(0, block - last_epoch)
     return {
         "netuid": netuid,
         "name": list(subnet.name.encode()),
@@ -121,7 +150,7 @@ def metagraph(conn: sqlite3.Connection, netuid: int, block: int) -> dict | None:
         "owner_coldkey": subnet.owner_coldkey,
         "block": block,
         "tempo": subnet.tempo,
-        "last_step": block - since,
+        "last_step": last_epoch,
         "blocks_since_last_step": since,
         "num_uids": n,
         "max_uids": subnet.max_uids,
@@ -136,13 +165,16 @@ def metagraph(conn: sqlite3.Connection, netuid: int, block: int) -> dict | None:
         "validator_permit": store.validator_permits(neurons, subnet.max_validators),
         "last_update": [x.last_update for x in neurons],
         "block_at_registration": [x.registered_at for x in neurons],
-        "rank": zeros,
-        "trust": zeros,
-        "consensus": zeros,
-        "incentives": zeros,
-        "dividends": zeros,
+        "rank": epoch_column(conn, netuid, "rank"),
+        "trust": epoch_column(conn, netuid, "trust"),
+        "consensus": epoch_column(conn, netuid, "consensus"),
+        "incentives": epoch_column(conn, netuid, "incentive"),
+        "dividends": epoch_column(conn, netuid, "dividends"),
         "pruning_score": zeros,
-        "emission": zeros,
+        "emission": epoch_column(conn, netuid, "emission"),
+        # Not in finney's runtime record (operators read it from storage `ValidatorTrust`);
+        # carried here too so `Metagraph.raw` shows it.
+        "validator_trust": epoch_column(conn, netuid, "validator_trust"),
         "alpha_stake": stakes,
         "tao_stake": zeros,
         "total_stake": stakes,

@@ -75,7 +75,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     reg.set_defaults(func=run_register)
 
-    show = commands.add_parser("show", help="print the metagraph and current weights")
+    show = commands.add_parser("show", help="print the metagraph (with the last epoch's Yuma results) and current weights")
     add_chain_args(show)
     show.add_argument("--json", action="store_true", help="machine-readable output")
     show.set_defaults(func=run_show)
@@ -168,7 +168,7 @@ def redact_locator(value: str | None) -> str:
 def _snapshot(args: argparse.Namespace) -> dict[str, Any]:
     with connect_from_args(args, read_only=True) as chain:
         block = chain.block()
-        neurons: list[Neuron] = chain.metagraph()
+        neurons: list[Neuron] = chain.metagraph(validator_trust=True)
         weights = chain.current_weights()
     return {
         "network": args.subtensor_network,
@@ -183,6 +183,12 @@ def _snapshot(args: argparse.Namespace) -> dict[str, Any]:
                 "validator_permit": n.validator_permit,
                 "last_update": n.last_update,
                 "bucket": redact_locator(n.commitment),
+                "incentive": n.incentive,
+                "dividends": n.dividends,
+                "consensus": n.consensus,
+                "trust": n.trust,
+                "validator_trust": n.validator_trust,
+                "emission": n.emission,
             }
             for n in neurons
         ],
@@ -211,6 +217,13 @@ def run_show(args: argparse.Namespace) -> int:
             n["bucket"],
         )
     console.print(table)
+    epoch = Table(title="last Yuma epoch (fractions; emission in α per epoch)")
+    keys = ("incentive", "dividends", "consensus", "trust", "validator_trust")
+    for column in ("uid", "incentive", "dividends", "consensus", "trust", "vtrust", "emission"):
+        epoch.add_column(column, justify="right")
+    for n in snapshot["neurons"]:
+        epoch.add_row(str(n["uid"]), *(f"{n[k]:.4f}" for k in keys), f"{n['emission']:.3f}")
+    console.print(epoch)
     weights = Table(title="current weights (validator uid -> uid: fraction)")
     weights.add_column("validator", justify="right")
     weights.add_column("weights")

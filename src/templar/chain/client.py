@@ -28,6 +28,7 @@ import bittensor as bt
 from bittensor.sp_core import Keypair
 from bittensor.wallet import Wallet
 from bittensor_core import KeyfileError
+from loguru import logger
 
 from templar.chain.store import BlockClock, Now
 from templar.chain.substrate import EmbeddedSubstrate
@@ -181,6 +182,14 @@ def _from_sdk_error(what: str, exc: bt.ChainError) -> ChainError:
     return ChainError(f"{detail} (hint: {exc.remediation})")
 
 
+def _u16_fractions(values: object, n: int) -> list[float]:
+    """`n` fractions from a chain vector of u16 values; anything malformed reads as zeros."""
+    items = list(values) if isinstance(values, list | tuple) else []
+    ok = all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 65535 for v in items)
+    fractions = [v / 65535 for v in items] if ok else []
+    return (fractions + [0.0] * n)[:n]
+
+
 def _check(what: str, result: Any, endpoint: str) -> Any:
     """Raise the translated error of a failed `ExtrinsicResult`; return it otherwise."""
     if not result.success:
@@ -296,12 +305,23 @@ class Chain:
 
     # -- reads -------------------------------------------------------------------------------
 
-    def metagraph(self) -> list[Neuron]:
-        """Every neuron on our subnet, ordered by uid."""
+    def metagraph(self, *, validator_trust: bool = False) -> list[Neuron]:
+        """Every neuron on our subnet, ordered by uid.
+
+        Incentive, dividends, consensus and trust come with the runtime's metagraph record.
+        vtrust is not in finney's record: it is read from storage only with
+        `validator_trust=True` (one more read, for operators' tools; nodes do not need it).
+        The embedded chain carries it in the record, so it is always filled there.
+        """
         graph = self._call("read metagraph", lambda c: c.subnets.metagraph(self.netuid))
         if graph is None:
             raise ChainError(f"subnet {self.netuid} does not exist on {self.network}")
         price = graph.price or 1.0
+        raw = getattr(graph, "raw", None)
+        carried = raw.get("validator_trust") if isinstance(raw, dict) else None
+        if carried is None and validator_trust:
+            carried = self._validator_trust()
+        vtrust = _u16_fractions(carried, len(graph.neurons))
         return [
             Neuron(
                 uid=n.uid,
@@ -311,9 +331,28 @@ class Chain:
                 validator_permit=n.validator_permit,
                 last_update=n.last_update,
                 commitment=clean_commitment(n.commitment.value) if n.commitment else None,
+                incentive=n.incentive,
+                dividends=n.dividends,
+                consensus=n.consensus,
+                trust=n.trust,
+                validator_trust=vtrust[n.uid],
+                emission=n.emission.rao / 1e9,
             )
             for n in graph.neurons
         ]
+
+    def _validator_trust(self) -> object:
+        """Storage `ValidatorTrust[netuid]`, or None when the chain does not answer it.
+
+        Display data: a failed read must never fail the metagraph read it decorates.
+        """
+        try:
+            return self._call(
+                "read validator trust", lambda c: c.query(("SubtensorModule", "ValidatorTrust"), [self.netuid])
+            )
+        except ChainError as exc:
+            logger.debug(f"validator trust unavailable: {exc}")
+            return None
 
     def my_uid(self) -> int | None:
         """Our hotkey's uid on the subnet, or None when it is not registered."""

@@ -58,6 +58,23 @@ CREATE TABLE IF NOT EXISTS extrinsics (
 CREATE INDEX IF NOT EXISTS extrinsics_by_block ON extrinsics (block, idx);
 """
 
+_EPOCH_SCHEMA = """
+CREATE TABLE IF NOT EXISTS epochs (netuid INTEGER PRIMARY KEY, block INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS epoch_results (
+    netuid INTEGER NOT NULL, uid INTEGER NOT NULL, hotkey TEXT NOT NULL, stake REAL NOT NULL,
+    consensus REAL NOT NULL, incentive REAL NOT NULL, dividends REAL NOT NULL, trust REAL NOT NULL,
+    validator_trust REAL NOT NULL, rank REAL NOT NULL, emission INTEGER NOT NULL,
+    PRIMARY KEY (netuid, uid));
+CREATE TABLE IF NOT EXISTS bonds (netuid INTEGER PRIMARY KEY, entries TEXT NOT NULL);
+"""
+"""The subnet epoch's state (`templar.chain.epochs`): last epoch block, results per uid, bonds."""
+
+
+def ensure_epoch_schema(conn: sqlite3.Connection) -> None:
+    """Create the epoch tables (idempotent), also in chain files made before they existed."""
+    for statement in filter(str.strip, _EPOCH_SCHEMA.split(";")):
+        conn.execute(statement)
+
 
 @dataclass(frozen=True)
 class ChainSpec:
@@ -215,6 +232,13 @@ class ChainStore:
                 f"{self.path} is not an embedded chain of schema {SCHEMA_VERSION} "
                 f"(found {meta.get('schema')!r}); delete it and run `templar chain init` again"
             )
+        try:
+            if not self._conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'epoch_results'").fetchone():
+                with self.write() as conn:
+                    ensure_epoch_schema(conn)  # a file made before the epoch tables existed
+        except (ChainUnavailable, sqlite3.Error) as exc:
+            self._conn.close()
+            raise ChainUnavailable(f"{self.path}: cannot add the epoch tables: {exc}") from exc
         known = {f.name for f in fields(ChainSpec)}
         self.spec = ChainSpec(**{k: v for k, v in json.loads(meta["spec"]).items() if k in known})
         self.clock = BlockClock(float(meta["genesis_ts"]), self.spec.genesis_block, self.spec.block_time, now)
@@ -231,6 +255,7 @@ class ChainStore:
             # executescript() would COMMIT on its own; run the statements inside our transaction.
             for statement in filter(str.strip, _SCHEMA.split(";")):
                 conn.execute(statement)
+            ensure_epoch_schema(conn)
             genesis_ts = now()
             rows = {
                 "schema": str(SCHEMA_VERSION),

@@ -32,8 +32,8 @@ from bittensor.result import ChainError as SdkChainError
 from bittensor.result import ExtrinsicResult
 from bittensor.sp_core import verify as sr25519_verify
 
-from templar.chain import runtime, store
-from templar.chain.chainstate import metagraph, storage_map, storage_value, unsupported
+from templar.chain import epochs, runtime, store
+from templar.chain.chainstate import EPOCH_ITEMS, metagraph, storage_map, storage_value, unsupported
 from templar.chain.store import ChainSpec, ChainStore, Now
 
 SPEC_VERSION = 1
@@ -162,12 +162,28 @@ class EmbeddedSubstrate:
         with self.store.read() as conn:
             return store.block_events(conn, block)
 
+    # -- subnet epochs -----------------------------------------------------------------------
+
+    def _advance_epochs(self) -> None:
+        """Run the Yuma epochs that fell due (see `templar.chain.epochs`) before a read of their results.
+
+        A cheap read decides first, so the write lock is taken only when an epoch is due.
+        """
+        block = self.clock.block()
+        with self.store.read() as conn:
+            due = epochs.pending(conn, block)
+        if due:
+            with self.store.write() as conn:
+                epochs.advance(conn, block)
+
     # -- storage reads -----------------------------------------------------------------------
 
     async def query(
         self, module: str, storage_function: str, params: list | None = None, block_hash: str | None = None
     ) -> Any:
         block = self._block_of(block_hash)
+        if storage_function in EPOCH_ITEMS:
+            self._advance_epochs()
         with self.store.read() as conn:
             return storage_value(
                 conn, module, storage_function, list(params or []), self._timestamp_ms(block)
@@ -197,6 +213,7 @@ class EmbeddedSubstrate:
     async def runtime_call(self, api: str, method: str, params: list, block_hash: str | None = None) -> Any:
         block = self._block_of(block_hash)
         if (api, method) == ("SubnetInfoRuntimeApi", "get_metagraph"):
+            self._advance_epochs()
             with self.store.read() as conn:
                 return metagraph(conn, int(params[0]), block)
         if (api, method) == ("SwapRuntimeApi", "current_alpha_price"):
@@ -282,6 +299,7 @@ class EmbeddedSubstrate:
         _, extrinsic_hash = await self._signed(composed, keypair, nonce)
         with self.store.write() as conn:
             block = self.clock.block()
+            epochs.advance(conn, block)  # an epoch due now reads the weights from before this call
             if (composed.module, composed.function) != ("MevShield", "submit_encrypted"):
                 return self._execute(conn, block, signer, nonce, composed, extrinsic_hash)
             inner = self._shielded.pop((signer, nonce + 1), None)

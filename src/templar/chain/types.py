@@ -19,6 +19,10 @@ class Neuron:
     `stake` is the neuron's stake weight in TAO-equivalent units (alpha stake valued at the
     subnet's spot price; 1:1 on the embedded chain). `commitment` is the raw committed string
     (a bucket locator), or None when absent or not a well-formed commitment.
+
+    The last epoch's Yuma results, as operators read them on finney: `incentive`, `dividends`,
+    `consensus`, `trust` and `validator_trust` are fractions in [0, 1]; `emission` is the alpha
+    the uid received in that epoch.
     """
 
     uid: int
@@ -28,6 +32,12 @@ class Neuron:
     validator_permit: bool
     last_update: int
     commitment: str | None
+    incentive: float = 0.0
+    dividends: float = 0.0
+    consensus: float = 0.0
+    trust: float = 0.0
+    validator_trust: float = 0.0
+    emission: float = 0.0
 
 
 class ChainError(Exception):

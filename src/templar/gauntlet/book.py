@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from templar.atomic import atomic_write
 from templar.gauntlet.rating import DEFAULT_RATING, loss_rating, rate_match
-from templar.gauntlet.scores import normalise, peer_score, penalise, update_mu
+from templar.gauntlet.scores import normalise, peer_score, penalise, ramped_mu, update_mu
 from templar.gauntlet.scores import top_g as select_top_g
 
 SCHEMA_VERSION = 1
@@ -61,6 +61,8 @@ class PeerRecord(BaseModel):
     last_delta_rand: float | None = Field(default=None, description="LossScore on D_t^rand; may be -inf")
     last_sync_steps: float | None = Field(default=None, ge=0.0, description="SyncScore in steps; may be +inf")
     primary_evals: int = Field(default=0, ge=0)
+    last_primary_window: int | None = Field(default=None, ge=0,
+                                            description="window of the last primary evaluation (None: never)")
     fast_eval_passes: int = Field(default=0, ge=0)
     fast_eval_fails: int = Field(default=0, ge=0)
     last_status: str = Field(default="new", min_length=1, max_length=64)
@@ -120,6 +122,7 @@ class ScoreBook:
 
     def __init__(self, peers: Mapping[str, PeerRecord] | None = None) -> None:
         self._peers: dict[str, PeerRecord] = dict(peers or {})
+        self._mu_ramp: tuple[float, float] | None = None
         holders: dict[int, str] = {}
         for hotkey, record in self._peers.items():
             if record.uid in holders:
@@ -200,9 +203,40 @@ class ScoreBook:
 
     # ---- scoring ------------------------------------------------------------------------
 
-    @staticmethod
-    def _rescore(record: PeerRecord) -> None:
-        record.score = peer_score(record.mu, record.loss_rating)
+    def set_mu_ramp(self, gamma: float, prior_evals: float | None) -> None:
+        """Score with `ramped_mu` (μ's start-up bias removed but for `prior_evals`); None: the paper's μ.
+
+        A setting, not state: it is not saved with the book, the validator sets it from its hparams.
+        """
+        if prior_evals is None:
+            self._mu_ramp = None
+            return
+        ramped_mu(0.0, 0, gamma, prior_evals)  # validates
+        self._mu_ramp = (gamma, float(prior_evals))
+
+    def _rescore(self, record: PeerRecord) -> None:
+        mu = record.mu
+        if self._mu_ramp is not None:
+            mu = ramped_mu(mu, record.primary_evals, *self._mu_ramp)
+        record.score = peer_score(mu, record.loss_rating)
+
+    def staleness(self, window: int, newcomer_evals: int = 0) -> dict[str, float]:
+        """Windows since each peer's last primary evaluation; peers never evaluated are absent.
+
+        The input of the stale-first draw of S_t (`select_eval_peers(staleness=...)`). A peer
+        with fewer than `newcomer_evals` evaluations counts as `newcomer_evals / (evals + 1)`
+        times staler, so a newcomer collects its first few evaluations within a few windows
+        instead of one per |peers| / |S_t| windows, while staying a random draw.
+        """
+        if newcomer_evals < 0:
+            raise ValueError(f"staleness: newcomer_evals must be >= 0, got {newcomer_evals}")
+        out = {}
+        for hotkey, record in self._peers.items():
+            if record.last_primary_window is None:
+                continue
+            boost = max(1.0, newcomer_evals / (record.primary_evals + 1))
+            out[hotkey] = float(max(0, window - record.last_primary_window)) * boost
+        return out
 
     def record_fast_eval(
         self, hotkey: str, passed: bool, status: str, phi: float, *, sync_steps: float | None = None
@@ -226,7 +260,7 @@ class ScoreBook:
 
     def record_primary(
         self, results: Mapping[str, PrimaryResult], *, gamma: float, beta: float, tau: float,
-        margin: float = 0.0,
+        margin: float = 0.0, window: int | None = None,
     ) -> None:
         """Apply one window's primary evaluation of S_t (Algorithm 1, lines after Fast Evaluation).
 
@@ -257,6 +291,8 @@ class ScoreBook:
             record.last_delta_assigned = float(result.delta_assigned)
             record.last_delta_rand = float(result.delta_rand)
             record.primary_evals += 1
+            if window is not None:
+                record.last_primary_window = window
             self._rescore(record)
 
     def scores(self) -> dict[str, float]:

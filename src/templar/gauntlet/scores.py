@@ -109,6 +109,27 @@ def update_mu(
     return gamma * mu + (1.0 - gamma) * direction
 
 
+def ramped_mu(mu: float, evaluations: int, gamma: float, prior_evals: float | None) -> float:
+    """μ as PeerScore reads it: the EMA divided by the weight it has accumulated so far.
+
+    μ starts at 0, so after n evaluations it carries only 1 − γⁿ of its full weight: with
+    γ = 0.9 an honest newcomer reads 0.1 after one evaluation and 0.65 after ten, whatever it
+    proved. Dividing by 1 − γ^(n + k) removes that start-up bias except for k pseudo-evaluations
+    of prior doubt (k = `prior_evals`): k = 0 is the full bias correction (one +1 reads 1.0),
+    large k is the paper's μ, None turns the ramp off. The stored μ (eq. 3) is unchanged; the
+    result is clipped to [−1, 1].
+    """
+    if prior_evals is None:
+        return mu
+    if not prior_evals >= 0 or not 0.0 <= gamma < 1.0 or evaluations < 0:
+        raise ValueError(f"ramped_mu: need prior_evals >= 0, 0 <= gamma < 1, evaluations >= 0, "
+                         f"got {prior_evals!r}, {gamma!r}, {evaluations!r}")
+    accumulated = 1.0 - gamma ** (evaluations + prior_evals)
+    if accumulated <= 0.0:
+        return 0.0
+    return max(-1.0, min(1.0, mu / accumulated))
+
+
 def penalise(mu: float, phi: float) -> float:
     """Fast-evaluation penalty (paper §3.2): μ ← φ·μ with φ = 0.75 on any failed check.
 

@@ -10,7 +10,8 @@ leaving never reshuffles the others' relative order.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable
+import math
+from collections.abc import Iterable, Mapping
 
 
 def _window_key(seed: int, window: int, purpose: str) -> bytes:
@@ -34,6 +35,8 @@ def select_eval_peers(
     always: Iterable[str] = (),
     *,
     purpose: str = "eval",
+    staleness: Mapping[str, float] | None = None,
+    sharpness: float = 0.0,
 ) -> list[str]:
     """Pick up to `n` peers from `candidates` for this window, `always` ones included.
 
@@ -42,18 +45,51 @@ def select_eval_peers(
     random; if `always` alone exceeds `n`, all of them are still returned. Hotkeys in `always`
     that are not candidates (deregistered) are ignored. Use a different `purpose` for S_t and
     F_t so the two draws in one window are independent. The result is in priority order.
+
+    `staleness` with `sharpness` > 0 tilts the draw towards peers this validator has not
+    evaluated for long (see `stale_first_priority`); without them every peer has equal odds.
     """
     if n < 0:
         raise ValueError(f"select_eval_peers: n must be non-negative, got {n}")
+    if not sharpness >= 0 or not math.isfinite(sharpness):
+        raise ValueError(f"select_eval_peers: sharpness must be finite and >= 0, got {sharpness!r}")
     pool = set(candidates)
     key = _window_key(seed, window, purpose)
+    tilted = staleness is not None and sharpness > 0
+    weights = _stale_weights(pool, staleness or {}, sharpness) if tilted else {}
 
-    def priority(hotkey: str) -> tuple[bytes, str]:
+    def priority(hotkey: str) -> tuple[float | bytes, str]:
+        if tilted:
+            return stale_first_priority(_priority(key, hotkey), weights[hotkey]), hotkey
         return _priority(key, hotkey), hotkey
 
     forced = sorted(pool.intersection(always), key=priority)
     drawn = sorted(pool.difference(forced), key=priority)[: max(0, n - len(forced))]
     return sorted(forced + drawn, key=priority)
+
+
+def _stale_weights(pool: set[str], staleness: Mapping[str, float], sharpness: float) -> dict[str, float]:
+    """Draw weight per peer: (windows since its last primary evaluation)^sharpness, at least 1.
+
+    A peer missing from `staleness` was never evaluated (a newcomer): it counts as twice the
+    stalest known peer, so newcomers are evaluated first without any one of them being certain.
+    """
+    known = [max(1.0, float(staleness[h])) for h in pool if h in staleness]
+    newcomer = 2.0 * max(known, default=1.0)
+    return {h: max(1.0, float(staleness[h])) ** sharpness if h in staleness else newcomer**sharpness
+            for h in pool}
+
+
+def stale_first_priority(digest: bytes, weight: float) -> float:
+    """Weighted sampling without replacement by an exponential race (Efraimidis–Spirakis).
+
+    The keyed digest gives a uniform u in (0, 1); the peer's arrival time is −ln(u)/weight and
+    the earliest arrivals win. A peer of weight 2w is drawn first twice as often as one of
+    weight w, but never with certainty: the draw stays keyed by the validator's private seed,
+    so a miner still cannot know in which window it will be evaluated.
+    """
+    u = (int.from_bytes(digest[:8], "big") + 0.5) / 2.0**64
+    return -math.log(u) / weight
 
 
 def select_eval_pages(seed: int, window: int, uid: int, pages: list[int], n: int) -> list[int]:

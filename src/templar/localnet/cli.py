@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
                          resume=args.resume, live=not args.no_live, in_process=args.in_process,
                          dashboard=None if args.no_dashboard else args.dashboard)
     report = run_localnet(cfg)
-    summary = [{k: p[k] for k in ("name", "strategy", "final_weight", "final_mu")}
+    summary = [{k: p.get(k) for k in ("name", "strategy", "final_weight", "final_incentive", "final_mu")}
                for p in report["peers"] if p["role"] == "miner"]
     print(json.dumps({"outcome": report["outcome"], "miners": summary}, indent=2))
     return 0 if report["outcome"] == "finished" else 1

@@ -11,6 +11,7 @@ from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from templar.localnet.consensus import consensus_by_window, render_consensus
 from templar.records import MINER_WINDOWS_FILE, SCORES_FILE, VALIDATOR_WINDOWS_FILE, read_records
 
 NODES_FILE = "nodes.json"
@@ -77,7 +78,11 @@ def build_report(out: Path) -> dict:
         })
     windows = [{"window": r["window"], "loss": r["holdout_loss"], "peers_aggregated": r["peers_aggregated"],
                 "wall_seconds": r["wall_seconds"], "global_step": r["global_step"]} for r in vwindows]
-    report = {"lead_validator": lead.hotkey if lead else None, "peers": peers, "windows": windows}
+    consensus = consensus_by_window(out, nodes)
+    for peer in peers:
+        peer["final_incentive"] = consensus[-1]["incentive"].get(peer["name"], 0.0) if consensus else 0.0
+    report = {"lead_validator": lead.hotkey if lead else None, "peers": peers, "windows": windows,
+              "consensus": consensus}
     (out / "report.json").write_text(json.dumps(report, indent=2))
     (out / "report.md").write_text(render_markdown(report))
     plot_report(report, out)
@@ -100,8 +105,15 @@ def render_markdown(report: dict) -> str:
     lines += ["", "| window | held-out loss | peers aggregated | wall seconds |", "|---|---|---|---|"]
     lines += [f"| {w['window']} | {w['loss']:.4f} | {w['peers_aggregated']} | {w['wall_seconds']:.1f} |"
               for w in windows]
+    lines += render_consensus(report.get("consensus", []), read_nodes_of(report))
     lines += ["", "![loss](loss.png) ![weights](weights.png) ![ratings](ratings.png)", ""]
     return "\n".join(lines)
+
+
+def read_nodes_of(report: dict) -> list[NodeInfo]:
+    """The node list as the report carries it (render_markdown is pure over the report)."""
+    return [NodeInfo(name=p["name"], hotkey=p["hotkey"], uid=p["uid"], role=p["role"], strategy=p["strategy"])
+            for p in report["peers"]]
 
 
 def plot_report(report: dict, out: Path) -> None:

@@ -100,6 +100,7 @@ class Validator:
         node = self.node
         self.state, own = await restore(node)
         self.book = self._load_book(self.state, own)
+        self.book.set_mu_ramp(self.hp.gauntlet.mu_gamma, self.hp.gauntlet.mu_prior_evals)
         drop_uncommitted_records(node.state_dir, [SCORES_FILE, VALIDATOR_WINDOWS_FILE], self.state.window)
         self.holdout = (await node.pages.fetch(node.plan.holdout_pages()[:HOLDOUT_PAGES])).batch
         current = node.clock.current_window()
@@ -176,7 +177,8 @@ class Validator:
         lr = learning_rate(self.state.global_step, hp.optimizer)
 
         fast_set = select_eval_peers(self.eval_seed(window), window, sorted(miners), hp.gauntlet.fast_eval_uids,
-                                     always=[p for p in peer_list if p in miners], purpose="fast")
+                                     always=[p for p in peer_list if p in miners], purpose="fast",
+                                     **self._stale_first(window))
         wanted = sorted(set(fast_set) | set(peer_list))
         gather_started = time.perf_counter()
         results = await gather_gradients(await node.peer_buckets(wanted), window, clock=node.clock, hp=hp,
@@ -250,7 +252,8 @@ class Validator:
         hp, node = self.hp, self.node
         eligible = sorted(hk for hk, v in verdicts.items() if v.passed and v.status == "ok")
         seed = self.eval_seed(window)
-        chosen = select_eval_peers(seed, window, eligible, hp.gauntlet.uids_per_window, purpose="primary")
+        chosen = select_eval_peers(seed, window, eligible, hp.gauntlet.uids_per_window, purpose="primary",
+                                   **self._stale_first(window))
         if not chosen:
             return {}
         shapes = node.shapes
@@ -270,8 +273,15 @@ class Validator:
         scores = await asyncio.to_thread(self.evaluator.score_peers, signs, assigned, random_batch, beta)
         self.book.record_primary({hk: PrimaryResult(s.delta_assigned, s.delta_rand) for hk, s in scores.items()},
                                  gamma=hp.gauntlet.mu_gamma, beta=hp.gauntlet.openskill_beta,
-                                 tau=hp.gauntlet.openskill_tau, margin=hp.gauntlet.proof_margin)
+                                 tau=hp.gauntlet.openskill_tau, margin=hp.gauntlet.proof_margin, window=window)
         return scores
+
+    def _stale_first(self, window: int) -> dict:
+        """The stale-first tilt of F_t and S_t (issue 19; docs/scoring.md §1); {} keeps the uniform draw."""
+        g = self.hp.gauntlet
+        if g.selection_sharpness <= 0:
+            return {}
+        return {"staleness": self.book.staleness(window, g.newcomer_evals), "sharpness": g.selection_sharpness}
 
     async def _set_weights(self, window: int, weights: dict[str, float], miners: dict[str, int]) -> bool:
         log = context(window=window, phase="weights")

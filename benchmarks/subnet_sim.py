@@ -1,0 +1,512 @@
+"""The Gauntlet at subnet scale: 256 uids, 1-4 validators, hundreds of windows, through Yuma.
+
+    python benchmarks/subnet_sim.py              # baseline, sweeps and levers (a few minutes, 2 cores)
+    python benchmarks/subnet_sim.py --quick      # a handful of windows, for the test suite
+
+What is real and what is drawn. Every validator runs the production Gauntlet code: its own
+`ScoreBook` and private seed, `select_eval_peers` for F_t (fast_eval_uids, the lead's top-G
+always in) and S_t (uids_per_window among those that passed), `record_fast_eval` (φ on a failed
+check), `record_primary` (OpenSkill match on δ_rand, μ update), `weights(power)` and `top_g`.
+Every window the validators' weight vectors go through `templar.chain.yuma.epoch`, the embedded
+chain's epoch (stake-weighted consensus, clipping, bonds, incentive, vtrust), as if an epoch fell
+on that window. Only the LossScores are drawn: per strategy, a (δ_rand, δ_assigned − δ_rand)
+pair resampled from those measured in a localnet run (`FIT_FILE`, relative to each window's
+honest mean), independently per validator and window (validators evaluate different pages).
+
+Peers (256 uids): the validators, 8 each of `moredata`, `lazy`, `copycat` and `noise`, 8
+`newcomer` honest peers that register at `join_window`, and honest peers for the rest (identical
+by construction: any spread among them is the incentive's own noise). A copycat re-posts an
+honest peer's payload: it fails fast evaluation as `copy` whenever its source is in the same F_t
+(the copy check compares F_t's uploads) and otherwise scores like `lazy` (the update was trained
+on someone else's pages).
+
+Writes `benchmarks/results/subnet_sim.json` and `subnet_sim.png` (`--quick`: `subnet_sim_quick.*`).
+Windows convert to time at the production cadence, 84 s (7 blocks × 12 s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+
+from templar.chain import yuma
+from templar.gauntlet import PrimaryResult, ScoreBook, select_eval_peers
+from templar.gauntlet.scores import peer_score, ramped_mu
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+WINDOW_SECONDS = 84.0
+LAST = 12
+"""Incentive is averaged over the last 12 windows (the issue's fairness horizon)."""
+
+FIT_FILE = RESULTS_DIR / "subnet_sim_fit.json"
+"""The measured LossScores the draws resample (written by `--fit RUN_DIR`): per strategy, pairs of
+(δ_rand, δ_assigned − δ_rand), each relative to the mean δ_rand of the honest peers in the same
+validator's window, plus where they came from."""
+FIT_RUN = ("localnet 2026-11-23 15:47 UTC, tiny preset (eval_pages 2, proof_margin 0.3 there), `templar "
+           "localnet --validators 3 --miners 4 --adversary moredata --adversary lazy --adversary copycat "
+           "--adversary noise --windows 12`")
+LOSS_SCALE = 0.04
+"""Mean honest δ_rand of that run (nats); only `proof_margin` > 0 looks at absolute sizes."""
+
+STRATEGIES = ("honest", "newcomer", "moredata", "lazy", "copycat", "noise", "lazy_new")
+CHEATS = ("lazy", "copycat", "noise", "lazy_new")
+JOINING = ("newcomer", "lazy_new")
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """One simulated subnet; the Gauntlet fields mirror `hparams.json` (section gauntlet)."""
+
+    uids: int = 256
+    validators: int = 2
+    windows: int = 720
+    join_window: int = 420
+    per_class: int = 8
+    uids_per_window: int = 8
+    fast_eval_uids: int = 64
+    mu_gamma: float = 0.9
+    power: float = 2.0
+    top_g: int = 15
+    proof_margin: float = 0.0
+    phi: float = 0.75
+    openskill_beta: float = 4.1667
+    openskill_tau: float = 0.0833
+    peer_replacement_frequency: int = 5
+    noise: float = 1.0
+    """spread of the LossScores around their strategy's mean, × the measured one (equal compute:
+    twice the peers per window on half the pages each is about √2)"""
+    sharpness: float = 0.0
+    """stale-first draw of F_t and S_t (0: uniform, the paper)"""
+    newcomer_evals: int = 0
+    """stale-first draw: peers with fewer evaluations count as staler (`ScoreBook.staleness`)"""
+    mu_prior_evals: float | None = None
+    """μ start-up ramp (None: the paper's μ)"""
+    rating: str = "openskill"
+    """"openskill": the paper's LossRating; "relative": a simulator-only experiment (`RelativeRatingBook`)"""
+    tempo_windows: int = 1
+    """windows between Yuma epochs (1: as if every window's weights were read; finney's tempo of
+    360 blocks is 51 windows, and incentive holds between epochs)"""
+    seed: int = 0
+
+
+@dataclass
+class Peer:
+    hotkey: str
+    uid: int
+    strategy: str
+    joins: int = 0
+    source: str | None = None  # copycat: whose payload it re-posts
+
+
+@dataclass
+class Outcome:
+    config: dict
+    metrics: dict
+    series: dict = field(default_factory=dict)
+
+
+def fit_from_scores(run_dir: Path) -> dict:
+    """Fit `FIT_FILE` from a localnet's scores.jsonl files (every validator's).
+
+    Each LossScore is divided by the mean δ_rand of the honest peers in the same validator's
+    window: the loss scale falls as the model trains, and only the spread *within* a window
+    matters to the OpenSkill ranking (and to the sign in μ). Returns mean and sd of the relative
+    δ_rand and of the relative gap δ_assigned − δ_rand per strategy.
+    """
+    nodes = {n["hotkey"]: n for n in json.loads((run_dir / "nodes.json").read_text())}
+    validators = [n["name"] for n in nodes.values() if n["role"] == "validator"]
+    records = []
+    for name in validators:
+        for text in (run_dir / "nodes" / name / "scores.jsonl").read_text().splitlines():
+            rec = json.loads(text)
+            if rec.get("evaluated") and rec.get("delta_rand") is not None and rec["hotkey"] in nodes:
+                records.append((name, rec["window"], nodes[rec["hotkey"]]["strategy"],
+                                rec["delta_assigned"], rec["delta_rand"]))
+    honest: dict[tuple[str, int], list[float]] = {}
+    for name, window, strategy, _, rand in records:
+        if strategy == "honest":
+            honest.setdefault((name, window), []).append(rand)
+    scale = {key: statistics.fmean(values) for key, values in honest.items()}
+    relative: dict[str, list[tuple[float, float]]] = {}
+    for name, window, strategy, assigned, rand in records:
+        if scale.get((name, window), 0) > 0:
+            m = scale[(name, window)]
+            relative.setdefault(strategy, []).append((rand / m, (assigned - rand) / m))
+    summary = {}
+    for strategy, pairs in sorted(relative.items()):
+        rand, gap = [r for r, _ in pairs], [g for _, g in pairs]
+        summary[strategy] = {"n": len(pairs),
+                             "rand_mean_sd": [round(statistics.fmean(rand), 3), round(statistics.stdev(rand), 3)],
+                             "gap_mean_sd": [round(statistics.fmean(gap), 3), round(statistics.stdev(gap), 3)],
+                             "gap_negative": round(sum(g < 0 for g in gap) / len(gap), 3)}
+    return {"source": f"{FIT_RUN}: {len(validators)} validators' scores.jsonl, {len(records)} primary evaluations "
+                      "(copycat was caught as `copy` in every window and has none: it is drawn as `lazy`)",
+            "summary": summary,
+            "samples": {k: [[round(r, 4), round(g, 4)] for r, g in v] for k, v in sorted(relative.items())}}
+
+
+_FIT: dict | None = None
+
+
+def fit() -> dict:
+    global _FIT
+    if _FIT is None:
+        _FIT = json.loads(FIT_FILE.read_text())
+    return _FIT
+
+
+def build_peers(cfg: SimConfig, rng: random.Random) -> list[Peer]:
+    peers = [Peer(f"v{i:02d}", i, "validator") for i in range(cfg.validators)]
+    uid = cfg.validators
+    for strategy in ("moredata", "lazy", "copycat", "noise", "newcomer", "lazy_new"):
+        for i in range(cfg.per_class):
+            peers.append(Peer(f"{strategy}{i:02d}", uid, strategy, cfg.join_window if strategy in JOINING else 0))
+            uid += 1
+    while uid < cfg.uids:
+        peers.append(Peer(f"honest{uid:03d}", uid, "honest"))
+        uid += 1
+    honest = [p.hotkey for p in peers if p.strategy == "honest"]
+    for p in peers:
+        if p.strategy == "copycat":
+            p.source = rng.choice(honest)
+    return peers
+
+
+def draw(strategy: str, rng: random.Random, noise: float = 1.0) -> PrimaryResult:
+    """One LossScore pair resampled from the measured ones of the strategy (scaled to nats)."""
+    kind = {"newcomer": "honest", "copycat": "lazy", "lazy_new": "lazy"}.get(strategy, strategy)
+    rand, gap = rng.choice(fit()["samples"][kind])
+    if noise != 1.0:  # fewer sequences per evaluation: the same means, wider spread
+        (mr, _), (mg, _) = fit()["summary"][kind]["rand_mean_sd"], fit()["summary"][kind]["gap_mean_sd"]
+        rand, gap = mr + (rand - mr) * noise, mg + (gap - mg) * noise
+    return PrimaryResult(LOSS_SCALE * (rand + gap), LOSS_SCALE * rand)
+
+
+class RelativeRatingBook(ScoreBook):
+    """Simulator-only experiment, not production code: LossRating = 25 × the peer's mean δ_rand
+    relative to its window's median δ_rand over S_t (25 before any evaluation, as OpenSkill's prior).
+
+    Identical peers are ranked at random by OpenSkill, so their ratings random-walk apart; a mean
+    of relative LossScores converges instead (standard error ≈ spread/√n). Everything else (μ,
+    the ramp, φ, normalisation, top-G) is the ScoreBook's.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.relative: dict[str, tuple[float, int]] = {}
+
+    def record_primary(self, results, **kwargs) -> None:  # type: ignore[override]
+        super().record_primary(results, **kwargs)
+        finite = [r.delta_rand for r in results.values() if math.isfinite(r.delta_rand)]
+        median = statistics.median(finite) if finite else 0.0
+        if median <= 0:
+            return
+        for hotkey, result in results.items():
+            total, n = self.relative.get(hotkey, (0.0, 0))
+            value = result.delta_rand / median if math.isfinite(result.delta_rand) else 0.0
+            self.relative[hotkey] = (total + value, n + 1)
+
+    def scores(self) -> dict[str, float]:
+        out = {}
+        for hotkey in sorted(self._peers):
+            record = self._peers[hotkey]
+            mu = ramped_mu(record.mu, record.primary_evals, *self._mu_ramp) if self._mu_ramp else record.mu
+            total, n = self.relative.get(hotkey, (0.0, 0))
+            record.score = peer_score(mu, 25.0 * total / n if n else 25.0)
+            out[hotkey] = record.score
+        return out
+
+
+def gini(values: list[float]) -> float:
+    xs = sorted(values)
+    n = len(xs)
+    total = sum(xs)
+    if n == 0 or total <= 0:
+        return 0.0
+    return sum((2 * (i + 1) - n - 1) * x for i, x in enumerate(xs)) / (n * total)
+
+
+def simulate(cfg: SimConfig, *, keep_series: bool = False) -> Outcome:
+    rng = random.Random(cfg.seed)
+    peers = build_peers(cfg, rng)
+    by_hotkey = {p.hotkey: p for p in peers}
+    miners = [p for p in peers if p.strategy != "validator"]
+    books = []
+    for _ in range(cfg.validators):
+        book = RelativeRatingBook() if cfg.rating == "relative" else ScoreBook()
+        book.set_mu_ramp(cfg.mu_gamma, cfg.mu_prior_evals)
+        books.append(book)
+    secrets = [rng.getrandbits(64) for _ in range(cfg.validators)]
+    stake = np.zeros(cfg.uids)
+    stake[: cfg.validators] = [1000.0 / (i + 1) for i in range(cfg.validators)]
+    permit = stake > 0
+    registered = np.array([p.joins for p in peers] + [0] * (cfg.uids - len(peers)), dtype=np.int64)
+    bonds = None
+    peer_list: list[str] = []
+    incentive_hist = np.zeros((cfg.windows, cfg.uids))
+    agreement_hist: list[float] = []
+    vtrust_hist = np.zeros((cfg.windows, cfg.validators))
+    for window in range(cfg.windows):
+        candidates = sorted(p.hotkey for p in miners if p.joins <= window)
+        weights = np.zeros((cfg.uids, cfg.uids))
+        vectors = []
+        for v, book in enumerate(books):
+            seed = secrets[v] ^ window
+            staleness = book.staleness(window, cfg.newcomer_evals) if cfg.sharpness > 0 else None
+            fast = select_eval_peers(seed, window, candidates, cfg.fast_eval_uids, always=peer_list,
+                                     purpose="fast", staleness=staleness, sharpness=cfg.sharpness)
+            fast_set = set(fast)
+            passed = []
+            for hotkey in fast:
+                peer = by_hotkey[hotkey]
+                ok = not (peer.strategy == "copycat" and peer.source in fast_set)
+                book.get_or_create(hotkey, peer.uid, window)
+                book.record_fast_eval(hotkey, ok, "ok" if ok else "copy", cfg.phi)
+                if ok:
+                    passed.append(hotkey)
+            chosen = select_eval_peers(seed, window, passed, cfg.uids_per_window, purpose="primary",
+                                       staleness=staleness, sharpness=cfg.sharpness)
+            book.record_primary({hk: draw(by_hotkey[hk].strategy, rng, cfg.noise) for hk in chosen}, gamma=cfg.mu_gamma,
+                                beta=cfg.openskill_beta, tau=cfg.openskill_tau, margin=cfg.proof_margin,
+                                window=window)
+            x = book.weights(cfg.power)
+            vectors.append(x)
+            for hotkey, value in x.items():
+                weights[v, by_hotkey[hotkey].uid] = value
+            if v == 0 and window % cfg.peer_replacement_frequency == 0:
+                peer_list = book.top_g(cfg.top_g)
+        pairs = [yuma.agreement(vectors[i], vectors[j]) for i in range(len(vectors)) for j in range(i)]
+        agreement_hist.append(statistics.fmean(pairs) if pairs else 1.0)
+        if window % cfg.tempo_windows == 0:
+            result = yuma.epoch(yuma.EpochInputs(
+                weights=weights, stake=stake, permit=permit,
+                last_update=np.full(cfg.uids, window + 1, dtype=np.int64), registered_at=registered,
+                block=window + 1, bonds=bonds))
+            bonds = result.bonds
+        incentive_hist[window] = result.incentive
+        vtrust_hist[window] = result.validator_trust[: cfg.validators]
+    return Outcome(asdict(cfg), metrics(cfg, peers, incentive_hist, agreement_hist, vtrust_hist),
+                   series(cfg, peers, incentive_hist, agreement_hist) if keep_series else {})
+
+
+def metrics(cfg: SimConfig, peers: list[Peer], inc: np.ndarray, agreement: list[float], vtrust: np.ndarray) -> dict:
+    last = inc[-LAST:].mean(axis=0)
+    uids = {s: [p.uid for p in peers if p.strategy == s] for s in STRATEGIES}
+    honest = [float(last[u]) for u in uids["honest"]]
+    honest_min = min(honest)
+    first_weight, reach_median = [], []
+    for u in uids["newcomer"]:
+        first = reach = None
+        for w in range(cfg.join_window, cfg.windows):
+            median = float(np.median(inc[w, uids["honest"]]))
+            if first is None and inc[w, u] > 0:
+                first = w - cfg.join_window
+            if reach is None and median > 0 and inc[w, u] >= median:
+                reach = w - cfg.join_window
+        first_weight.append(first)
+        reach_median.append(reach)
+
+    def typical(values: list[int | None]) -> float | None:
+        """Median over newcomers; one that never got there counts as the rest of the run."""
+        horizon = cfg.windows - cfg.join_window
+        return float(statistics.median(horizon if v is None else v for v in values))
+
+    tail = max(1, len(agreement) // 3)
+    return {
+        "newcomer_first_weight_windows": typical(first_weight),
+        "newcomer_honest_median_windows": typical(reach_median),
+        "newcomers_never_at_median": sum(v is None for v in reach_median),
+        "honest_max_over_min": (max(honest) / honest_min) if honest_min > 0 else math.inf,
+        "honest_p90_over_p10": float(np.percentile(honest, 90) / max(np.percentile(honest, 10), 1e-12)),
+        "honest_zero_share": sum(h == 0 for h in honest) / len(honest),
+        "honest_gini": gini(honest),
+        "agreement_mean": statistics.fmean(agreement[-tail:]),
+        "agreement_min": min(agreement[-tail:]),
+        "vtrust_mean": float(vtrust[-tail:].mean()),
+        "vtrust_min": float(vtrust[-tail:].mean(axis=0).min()),
+        "share": {s: float(last[uids[s]].sum()) for s in STRATEGIES},
+        "share_since_join": {s: float(inc[cfg.join_window:, uids[s]].sum(axis=1).mean()) for s in STRATEGIES},
+        "moredata_over_honest": float(last[uids["moredata"]].mean() / max(np.mean(honest), 1e-12)),
+    }
+
+
+def series(cfg: SimConfig, peers: list[Peer], inc: np.ndarray, agreement: list[float]) -> dict:
+    uids = {s: [p.uid for p in peers if p.strategy == s] for s in STRATEGIES}
+    honest = inc[:, uids["honest"]]
+    return {
+        "honest_median": np.median(honest, axis=1).tolist(),
+        "honest_p10": np.percentile(honest, 10, axis=1).tolist(),
+        "honest_p90": np.percentile(honest, 90, axis=1).tolist(),
+        "newcomer_mean": inc[:, uids["newcomer"]].mean(axis=1).tolist(),
+        "moredata_mean": inc[:, uids["moredata"]].mean(axis=1).tolist(),
+        "cheat_share": inc[:, [u for s in CHEATS for u in uids[s]]].sum(axis=1).tolist(),
+        "agreement": agreement,
+    }
+
+
+def worst_cheat(m: dict) -> tuple[str, float]:
+    """The best-paid cheat class: its share over the last 12 windows, or since joining for lazy_new."""
+    shares = {c: m["share"][c] for c in CHEATS if c != "lazy_new"}
+    shares["lazy_new"] = m["share_since_join"]["lazy_new"]
+    name = max(shares, key=shares.get)
+    return name, shares[name]
+
+
+def hours(windows: float | None) -> float:
+    return math.nan if windows is None else windows * WINDOW_SECONDS / 3600
+
+
+def line(label: str, m: dict) -> str:
+    cheat, share = worst_cheat(m)
+    return (f"  {label:<44} newcomer >0 {hours(m['newcomer_first_weight_windows']):5.2f} h, median "
+            f"{hours(m['newcomer_honest_median_windows']):5.2f} h | honest max/min {m['honest_max_over_min']:6.2f} "
+            f"p90/p10 {m['honest_p90_over_p10']:5.2f} gini {m['honest_gini']:.3f} | agree {m['agreement_mean']:.3f} "
+            f"vtrust min {m['vtrust_min']:.3f} | worst cheat {cheat} {share:.4f} | moredata/honest "
+            f"{m['moredata_over_honest']:.2f}")
+
+
+def plot(path: Path, baseline: Outcome, improved: Outcome, sweeps: dict[str, list[tuple[float, dict]]]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 3, figsize=(15, 8))
+    def time_axis(n: int) -> np.ndarray:
+        return np.arange(n) * WINDOW_SECONDS / 3600
+
+    for ax, outcome, title in ((axes[0, 0], baseline, "baseline (paper settings)"),
+                               (axes[0, 1], improved, "with the chosen levers")):
+        s = outcome.series
+        t = time_axis(len(s["honest_median"]))
+        ax.fill_between(t, s["honest_p10"], s["honest_p90"], alpha=0.3, label="honest p10–p90")
+        ax.plot(t, s["honest_median"], label="honest median")
+        ax.plot(t, s["newcomer_mean"], label="newcomers (mean)")
+        ax.plot(t, s["moredata_mean"], label="moredata (mean)")
+        ax.axvline(outcome.config["join_window"] * WINDOW_SECONDS / 3600, color="grey", linestyle=":")
+        ax.set(title=title, xlabel="hours (84 s windows)", ylabel="Yuma incentive per uid")
+        ax.legend(fontsize=7)
+    ax = axes[0, 2]
+    for outcome, label in ((baseline, "baseline"), (improved, "levers")):
+        s = outcome.series
+        ax.plot(time_axis(len(s["agreement"])), s["agreement"], label=label)
+    ax.set(title="validator agreement (1 − TV)", xlabel="hours", ylim=(0, 1.02))
+    ax.legend(fontsize=7)
+    for ax, (name, points) in zip(axes[1], list(sweeps.items())[:3], strict=False):
+        xs = [p[0] for p in points]
+        ax.plot(xs, [hours(p[1]["newcomer_honest_median_windows"]) for p in points], "o-",
+                label="newcomer → honest median (h)")
+        ax.plot(xs, [min(p[1]["honest_p90_over_p10"], 10) for p in points], "s-", label="honest p90/p10 (cap 10)")
+        ax.plot(xs, [p[1]["agreement_mean"] * 5 for p in points], "^-", label="agreement × 5")
+        ax.plot(xs, [100 * worst_cheat(p[1])[1] for p in points], "x-", label="worst cheat class (%)")
+        ax.plot(xs, [min(p[1]["moredata_over_honest"], 10) for p in points], "d-", label="moredata / honest (cap 10)")
+        ax.axhline(1.0, color="grey", linewidth=0.5)
+        ax.set(title=f"trade-off: {name}", xlabel=name.split(", ")[-1])
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def _run(job: tuple[str, SimConfig, bool]) -> tuple[str, Outcome]:
+    label, cfg, keep = job
+    return label, simulate(cfg, keep_series=keep)
+
+
+def plan(base: SimConfig, quick: bool) -> list[tuple[str, SimConfig, bool]]:
+    """Every run of the benchmark: the baseline, one-knob sweeps, the levers, the chosen mix."""
+    chosen = replace(base, **CHOSEN)
+    jobs = [("baseline", base, True), ("chosen", chosen, True)]
+    if quick:
+        return jobs
+    one_knob = {
+        "validators": [1, 4],
+        "uids_per_window": [32],
+        "mu_gamma": [0.7],
+        "power": [1.0, 1.5],
+        "top_g": [30],
+        "sharpness": [2.0],
+        "mu_prior_evals": [1.0, 0.0],
+        "noise": [1 / math.sqrt(2)],
+    }
+    for name, values in one_knob.items():
+        jobs += [(f"{name}={v:.3g}", replace(base, **{name: v}), False) for v in values]
+    jobs += [("stale-first + newcomer_evals=32", replace(base, sharpness=CHOSEN["sharpness"], newcomer_evals=32), False),
+             ("equal compute: uids_per_window=16, noise=1.41", replace(base, uids_per_window=16, noise=math.sqrt(2)),
+              False)]
+    for name, values in (("mu_prior_evals", [0.0, 2.0, 5.0]), ("power", [1.0, 1.5]), ("validators", [1, 4]),
+                         ("tempo_windows", [51]), ("seed", [1])):
+        jobs += [(f"chosen, {name}={v:.3g}", replace(chosen, **{name: v}), False) for v in values]
+    jobs += [("baseline, seed=1", replace(base, seed=1), False)]
+    relative = replace(chosen, rating="relative")  # simulator-only experiment, see RelativeRatingBook
+    jobs += [("experiment: relative rating, paper levers", replace(base, rating="relative"), False),
+             ("experiment: relative rating + chosen", relative, False),
+             ("experiment: relative rating + chosen, ramp k=0", replace(relative, mu_prior_evals=0.0), False),
+             ("experiment: relative rating + chosen, seed=1", replace(relative, seed=1), False)]
+    return jobs
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="a handful of windows on 64 uids (for tests)")
+    parser.add_argument("--fit", type=Path, default=None, help="refit FIT_FILE from a localnet --out directory")
+    parser.add_argument("--processes", type=int, default=2, help="simulations run in parallel (default 2)")
+    args = parser.parse_args(argv)
+    if args.fit is not None:
+        fitted = fit_from_scores(args.fit)
+        FIT_FILE.write_text(json.dumps(fitted, indent=None))
+        print(json.dumps({"source": fitted["source"], "summary": fitted["summary"]}, indent=1))
+        print(f"wrote {FIT_FILE}")
+        return 0
+    started = time.perf_counter()
+    base = SimConfig()
+    if args.quick:
+        base = replace(base, windows=12, join_window=4, uids=64, per_class=2, fast_eval_uids=16)
+    print(f"subnet_sim: {base.uids} uids, {base.windows} windows ({hours(base.windows):.1f} h at 84 s), newcomers "
+          f"join at window {base.join_window}; LossScores resampled from {fit()['source']}", flush=True)
+    jobs = plan(base, args.quick)
+    outcomes: dict[str, Outcome] = {}
+    if args.processes > 1 and len(jobs) > 1:
+        import multiprocessing
+
+        with multiprocessing.get_context("fork").Pool(args.processes) as pool:
+            for label, outcome in pool.imap(_run, jobs):
+                outcomes[label] = outcome
+                print(line(label, outcome.metrics), flush=True)
+    else:
+        for job in jobs:
+            label, outcome = _run(job)
+            outcomes[label] = outcome
+            print(line(label, outcome.metrics), flush=True)
+    stem = "subnet_sim_quick" if args.quick else "subnet_sim"
+    RESULTS_DIR.mkdir(exist_ok=True)
+    baseline, improved = outcomes["baseline"], outcomes["chosen"]
+    payload = {"fit_source": fit()["source"], "fit": fit()["summary"], "window_seconds": WINDOW_SECONDS,
+               "chosen": CHOSEN, "results": {k: o.metrics | {"config": o.config} for k, o in outcomes.items()},
+               "baseline_series": baseline.series, "chosen_series": improved.series,
+               "wall_seconds": round(time.perf_counter() - started, 1)}
+    (RESULTS_DIR / f"{stem}.json").write_text(json.dumps(payload, indent=1, default=str))
+    curves = {}
+    for name in ("power", "mu_prior_evals", "validators"):
+        points = [(float(o.config[name]) if o.config[name] is not None else -1.0, o.metrics)
+                  for k, o in outcomes.items() if k == "chosen" or k.startswith(f"chosen, {name}=")]
+        curves[f"chosen, {name}"] = sorted(points, key=lambda p: p[0])
+    plot(RESULTS_DIR / f"{stem}.png", baseline, improved, curves)
+    print(f"wrote {RESULTS_DIR / stem}.json/.png in {time.perf_counter() - started:.0f}s")
+    return 0
+
+
+CHOSEN: dict = {"sharpness": 2.0, "newcomer_evals": 32, "mu_prior_evals": 1.0}
+"""The levers this benchmark argues for (docs/scoring.md, 'At subnet scale')."""
+
+if __name__ == "__main__":
+    sys.exit(main())
