@@ -25,6 +25,7 @@ from templar.atomic import atomic_write
 
 _MODEL = "model."
 _EF = "ef."
+MODEL_PREFIX, EF_PREFIX = _MODEL, _EF  # the state file's tensor-name prefixes (templar.distributed reads them)
 
 
 @dataclass

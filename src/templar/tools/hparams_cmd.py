@@ -15,6 +15,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("hparams", nargs="?", default=None, help="preset name (tiny) or path; default hparams.json")
     p.add_argument("--mfu", type=float, default=DEFAULT_MFU, help="model FLOPs utilisation assumed for GPU time")
     p.add_argument("--json", action="store_true", help="one JSON object (settings and sizing) only")
+    p.add_argument("--ranks", type=int, nargs="+", default=None, metavar="N",
+                   help="print per-GPU memory of this model, 8B and 70B LLaMA at N ranks (meta device)")
     p.set_defaults(func=run)
 
 
@@ -24,6 +26,14 @@ def run(args: argparse.Namespace) -> int:
     except HParamsError as exc:
         print(f"error: {exc}")
         return 2
+    if args.ranks:
+        from templar.distributed.sizing import SHAPES, report
+
+        if any(n <= 0 for n in args.ranks):
+            print("error: --ranks must be positive")
+            return 2
+        print(report(hp, args.ranks, ["hparams", *SHAPES], args.hparams))
+        return 0
     sizing = window_sizing(hp, mfu=args.mfu)
     if args.json:
         print(json.dumps({"digest": hp.digest(), **hp.model_dump(), "sizing": sizing}, indent=2))

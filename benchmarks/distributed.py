@@ -1,0 +1,185 @@
+"""A miner window's computation on 1 vs 2 ranks (torchrun, gloo, CPU): wall time and time in collectives.
+
+    python benchmarks/distributed.py            # 6 timed windows per run, after 1 warm-up window
+    python benchmarks/distributed.py --quick    # 3 timed windows
+
+Launches `torch.distributed.run` twice (1 rank with 2 threads, 2 ranks with 1 thread each: the
+same 2 cores), each running `templar.distributed.compute.NodeCompute` exactly as a miner does:
+rank 0 builds the batch of the window's 2 assigned pages (tiny preset, offline corpus) and drives
+train → compress (DeMo split by parameter) → probes → encode → outer step over G=4 peers' payloads
+→ state save; rank 1 follows. In the 1-rank run the pre-#17 code (plain model, `accumulate_gradients`,
+`DeMo`, `outer_step`, `save_node_state`) runs the same windows in the same process as the baseline
+(no FSDP). Reports per-phase medians, the window's wall time, the seconds rank 0 spent inside
+collectives (waiting for the other rank included), and the ratios in one table.
+
+On 2 shared CPU cores a second rank brings no speed (the tiny model is communication-bound and the
+two ranks split the same two cores); the figures show what the distributed machinery costs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from _common import emit, load_tiny, median, setup_torch, write_result
+from templar.compress import DCTCompressor, DeMo
+from templar.config import REPO_ROOT
+from templar.model import build_model
+from templar.outer import collect_probes, outer_step
+from templar.schedule import learning_rate
+from templar.state import NodeState, save_node_state
+from templar.train import accumulate_gradients, gradients
+from templar.wire import Gradient, Run, write_gradient
+
+PHASES = ("train", "compress", "probes", "encode", "outer", "save")
+
+RUN = Run(netuid=0, digest="0" * 64)  # the run these payloads are signed for
+
+
+def _peers(sent, window: int, step: int) -> list[Gradient]:
+    return [Gradient(window=window, global_step=step, hotkey=f"peer{i}", warmup=False, tensors=sent, probes={},
+                     digest=b"", nbytes=0) for i in range(4)]
+
+
+class Laps:
+    """Seconds between successive `lap(name)` calls, by name."""
+
+    def __init__(self) -> None:
+        self.start = self.last = time.perf_counter()
+        self.t: dict[str, float] = {}
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.t[name], self.last = now - self.last, now
+
+
+def _nosign(message: bytes) -> bytes:
+    return b"\x00" * 64
+
+
+def worker(windows: int, out: Path) -> None:
+    from templar.distributed.compute import NodeCompute
+    from templar.distributed.group import init_group
+
+    group = init_group("cpu")
+    torch.set_num_threads(max(1, 2 // group.world_size))
+    if not group.is_leader:
+        NodeCompute.join(group).follow()
+        group.close()
+        return
+    setup_torch()
+    torch.set_num_threads(max(1, 2 // group.world_size))
+    tiny = load_tiny()
+    hp = tiny.hp
+    compute = NodeCompute.lead(build_model(hp), hp, group, role="miner")
+    state = NodeState(window=-1, global_step=0)
+    tmp = Path(tempfile.mkdtemp())
+    rows = []
+    for window in range(windows + 1):
+        batch = tiny.pages.batch(tiny.plan.assigned_pages(0, window, hp.data.pages_per_window))
+        laps, comm0 = Laps(), group.comm_seconds
+        lap, t, start = laps.lap, laps.t, laps.start
+
+        compute.train(batch, hp.optimizer.micro_batch_size, hp.optimizer.grad_clip)
+        lap("train")
+        sent = compute.compress(learning_rate(state.global_step, hp.optimizer))
+        lap("compress")
+        probes = compute.probes(window)
+        lap("probes")
+        write_gradient(sent, probes, window=window, global_step=state.global_step, hotkey="h", hp=hp, run=RUN, sign=_nosign)
+        lap("encode")
+        compute.outer_step(_peers(sent, window, state.global_step), state)
+        lap("outer")
+        state.window = window
+        compute.save(tmp / "state.safetensors", state)
+        lap("save")
+        t["window"] = time.perf_counter() - start
+        t["collectives"] = group.comm_seconds - comm0
+        if window:  # the first window warms up
+            rows.append(t)
+    compute.stop()
+    result = {"ranks": group.world_size, "fsdp": {k: median([r[k] for r in rows]) for k in rows[0]}}
+    if group.world_size == 1:
+        result["baseline"] = _baseline(tiny, windows, tmp)
+    out.write_text(json.dumps(result))
+    group.close()
+
+
+def _baseline(tiny, windows: int, tmp: Path) -> dict[str, float]:
+    """The pre-#17 1-process code on the same windows (no FSDP, no process group use)."""
+    hp = tiny.hp
+    model = build_model(hp)
+    demo = DeMo(model, compressor=DCTCompressor(hp.demo.target_chunk, hp.demo.topk), decay=hp.demo.momentum_decay)
+    state = NodeState(window=-1, global_step=0)
+    rows = []
+    for window in range(windows + 1):
+        batch = tiny.pages.batch(tiny.plan.assigned_pages(0, window, hp.data.pages_per_window))
+        laps = Laps()
+        lap, t, start = laps.lap, laps.t, laps.start
+
+        accumulate_gradients(model, batch, hp.optimizer.micro_batch_size, hp.optimizer.grad_clip)
+        lap("train")
+        sent = demo.step(gradients(model), learning_rate(state.global_step, hp.optimizer))
+        model.zero_grad(set_to_none=True)
+        lap("compress")
+        probes = collect_probes(model, window, hp)
+        lap("probes")
+        write_gradient(sent, probes, window=window, global_step=state.global_step, hotkey="h", hp=hp, run=RUN, sign=_nosign)
+        lap("encode")
+        outer_step(model, _peers(sent, window, state.global_step), state, hp)
+        lap("outer")
+        state.window = window
+        save_node_state(tmp / "plain.safetensors", model, demo.buffers, state)
+        lap("save")
+        t["window"] = time.perf_counter() - start
+        t["collectives"] = 0.0
+        if window:
+            rows.append(t)
+    return {k: median([r[k] for r in rows]) for k in rows[0]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--worker", type=Path, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--windows", type=int, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    windows = args.windows or (3 if args.quick else 6)
+    if args.worker:
+        worker(windows, args.worker)
+        return
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO_ROOT / "src"), os.environ.get("PYTHONPATH", "")]))
+    runs = {}
+    for ranks in (1, 2):
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp) / "out.json"
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}",
+                   __file__, "--worker", str(out), "--windows", str(windows)]
+            subprocess.run(cmd, env=env, check=True, cwd=REPO_ROOT, stdout=subprocess.DEVNULL)
+            runs[ranks] = json.loads(out.read_text())
+    base, one, two = runs[1]["baseline"], runs[1]["fsdp"], runs[2]["fsdp"]
+    print(f"{'phase':<12}{'1 process (pre-#17)':>22}{'1 rank FSDP':>14}{'2 ranks FSDP':>15}"
+          f"{'1 rank / pre':>14}{'2 ranks / 1 rank':>18}")
+    for phase in (*PHASES, "window", "collectives"):
+        ratio_a = one[phase] / base[phase] if base[phase] else float("nan")
+        ratio_b = two[phase] / one[phase] if one[phase] else float("nan")
+        print(f"{phase:<12}{base[phase]:>20.4f} s{one[phase]:>12.4f} s{two[phase]:>13.4f} s"
+              f"{ratio_a:>14.2f}{ratio_b:>18.2f}")
+    record = {"benchmark": "distributed", "windows": windows, "baseline_1_process": base, "fsdp_1_rank": one,
+              "fsdp_2_ranks": two, "window_ratio_1rank_vs_baseline": one["window"] / base["window"],
+              "window_ratio_2ranks_vs_1rank": two["window"] / one["window"],
+              "collective_share_2ranks": two["collectives"] / two["window"]}
+    emit(record)
+    write_result("distributed_quick.json" if args.quick else "distributed.json", record)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,300 @@
+"""Every computation on a node's θ, run by all its ranks together: rank 0 drives, the others follow.
+
+Rank 0 runs the ordinary miner/validator loop (chain, buckets, clock) and calls these methods
+where the 1-process code called `accumulate_gradients`, `DeMo.step`, `outer_step`, ... Each call
+first broadcasts `(op, small arguments)`; the other ranks sit in `follow()` and run the same
+method with the same arguments, so the collectives inside pair up. Large data that only rank 0
+has (peers' payloads, the lead's signs, files) is passed by rank 0 alone and distributed inside
+the method (broadcast, scatter of rows). With one process the broadcasts are trivial and the
+code is the same.
+
+A `keepalive` task pings the followers while rank 0 waits on the network (a window's sleep, a
+checkpoint download), so a follower's wait stays under the collective timeout while a dead or
+stuck leader is still detected within it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import weakref
+from pathlib import Path
+from typing import Any
+
+import torch
+from loguru import logger
+from safetensors import SafetensorError, safe_open
+from torch import nn
+
+from templar.comms import CheckpointError
+from templar.compress import Compressed, DCTCompressor
+from templar.config import HParams
+from templar.distributed.checkpoint import (
+    gather_model,
+    load_sharded_state,
+    save_sharded_state,
+    stream_safetensors,
+)
+from templar.distributed.demo import ShardedDeMo
+from templar.distributed.evaluate import ShardedEvaluator, sequence_losses_sharded
+from templar.distributed.fsdp import local, local_rows, reshard, shard_model
+from templar.distributed.group import Group, init_group, scatter_rows
+from templar.distributed.outer import collect_probes_sharded, outer_step_sharded
+from templar.distributed.train import accumulate_sharded
+from templar.model import build_model
+from templar.outer import OuterStep
+from templar.state import NodeState
+from templar.train import TrainStats
+from templar.wire import Gradient
+
+__all__ = ["NodeCompute", "compute_of"]
+
+_STOP = "stop"
+_EXPECTED = (ValueError, CheckpointError)  # raised on every rank alike; the leader decides
+_BY_MODEL: weakref.WeakKeyDictionary[nn.Module, NodeCompute] = weakref.WeakKeyDictionary()
+
+
+def compute_of(node: Any, role: str = "miner") -> NodeCompute:
+    """The node's compute (the one `NodeCompute.lead` registered for `node.model`); a node built
+    in-process without `neurons/` (tests, benchmarks) gets its 1-rank compute here on first use."""
+    found = _BY_MODEL.get(node.model)
+    if found is None:
+        found = NodeCompute.lead(node.model, node.hp, init_group(node.device), role=role)
+    return found
+
+
+class NodeCompute:
+    def __init__(self, model: nn.Module, hp: HParams, group: Group, *, role: str) -> None:
+        self.model = shard_model(model, group)
+        self.hp = hp
+        self.group = group
+        self.role = role
+        self.demo = ShardedDeMo(self.model, group, compressor=DCTCompressor(hp.demo.target_chunk, hp.demo.topk),
+                                decay=hp.demo.momentum_decay) if role == "miner" else None
+        self.evaluator = ShardedEvaluator(self.model, hp.optimizer.micro_batch_size, group)
+        self._lock = threading.Lock()  # one op at a time, in the order the followers see them
+        self._stopped = False
+        _BY_MODEL[self.model] = self
+
+    # ------------------------------------------------------------------ start and follow
+    @classmethod
+    def lead(cls, model: nn.Module, hp: HParams, group: Group, *, role: str) -> NodeCompute:
+        """Rank 0: tell the followers what to build (the run's hparams and the role), then shard."""
+        group.broadcast_object((hp, role))
+        return cls(model, hp, group, role=role)
+
+    @classmethod
+    def join(cls, group: Group) -> NodeCompute:
+        """Ranks > 0: build the same θ_0 from rank 0's hparams and shard it."""
+        hp, role = group.broadcast_object(None)
+        return cls(build_model(hp), hp, group, role=role)
+
+    def follow(self) -> None:
+        """Ranks > 0: run rank 0's ops until it stops (or a collective fails: DistError)."""
+        log = logger.bind(phase="follow")
+        log.info(f"rank {self.group.rank} following rank 0 ({self.role})")
+        while True:
+            message = self.group.broadcast_object(None)
+            if message == _STOP:
+                break
+            op, kwargs = message
+            try:
+                self._run(op, kwargs)
+            except _EXPECTED as exc:  # rank 0 got the same error and handles it
+                log.debug(f"{op}: {exc}")
+        log.info(f"rank {self.group.rank} stopped")
+
+    def _call(self, op: str, leader_only: dict[str, Any] | None = None, **kwargs: Any) -> Any:
+        """On rank 0: broadcast (op, kwargs), then run it with `leader_only` arguments added."""
+        with self._lock:
+            if self._stopped:
+                if op == "ping":  # a keepalive that lost the race with stop(): nobody is listening
+                    return None
+                raise RuntimeError(f"{op}: the node's compute is stopped")
+            self.group.broadcast_object((op, kwargs))
+            return self._run(op, {**kwargs, **(leader_only or {})})
+
+    def _run(self, op: str, kwargs: dict[str, Any]) -> Any:
+        try:
+            return getattr(self, "_" + op)(**kwargs)
+        finally:
+            reshard(self.model)  # between ops, parameters are always the shards
+
+    def stop(self) -> None:
+        """Rank 0: release the followers (they exit `follow`)."""
+        with self._lock:
+            if not self._stopped:
+                self.group.broadcast_object(_STOP)
+            self._stopped = True
+
+    async def keepalive(self, every: float | None = None) -> None:
+        """Rank 0, as a task: ping the followers while the loop waits (see module doc)."""
+        every = every or max(5.0, self.group.timeout_s / 4)
+        if self.group.world_size == 1:
+            return
+        while True:
+            await asyncio.sleep(every)
+            await asyncio.to_thread(self._call, "ping")
+
+    def _ping(self) -> None:
+        return None
+
+    # ------------------------------------------------------------------ training (miners)
+    def train(self, batch: torch.Tensor, micro_batch_size: int, grad_clip: float | None) -> TrainStats:
+        return self._call("train", batch=batch, micro_batch_size=micro_batch_size, grad_clip=grad_clip)
+
+    def _train(self, batch: torch.Tensor, micro_batch_size: int, grad_clip: float | None) -> TrainStats:
+        return accumulate_sharded(self.model, batch, micro_batch_size, self.group, grad_clip)
+
+    def compress(self, lr: float) -> dict[str, Compressed]:
+        """The node's DeMo step (error feedback split across ranks); clears the gradients."""
+        return self._call("compress", lr=lr)
+
+    def _compress(self, lr: float) -> dict[str, Compressed]:
+        assert self.demo is not None, "compress() is a miner's op"
+        try:
+            return self.demo.step(self.model, lr)
+        finally:
+            self.model.zero_grad(set_to_none=True)
+
+    # ------------------------------------------------------------------ θ
+    def probes(self, window: int) -> dict[str, torch.Tensor]:
+        return self._call("probes", window=window)
+
+    def _probes(self, window: int) -> dict[str, torch.Tensor]:
+        return collect_probes_sharded(self.model, window, self.hp, self.group)
+
+    def outer_step(self, gradients: list[Gradient], state: NodeState, *, keep_signs: bool = False) -> OuterStep | None:
+        """`templar.outer.outer_step`; `state` is updated on rank 0 (the followers keep none)."""
+        return self._call("outer_step", {"gradients": gradients, "state": state}, keep_signs=keep_signs)
+
+    def _outer_step(self, keep_signs: bool, gradients: list[Gradient] | None = None,
+                    state: NodeState | None = None) -> OuterStep | None:
+        state = state if state is not None else NodeState(window=-1, global_step=0)
+        steps = self.group.broadcast_object(state.global_step if self.group.is_leader else None)
+        state.global_step = steps
+        return outer_step_sharded(self.model, gradients, state, self.hp, self.group,
+                                  keep_signs=keep_signs and self.group.is_leader)
+
+    def apply_signs(self, signs: dict[str, torch.Tensor], lr: float, weight_decay: float) -> None:
+        """`templar.compress.apply_signed_update` of rank 0's dense signs (the lead's aggregate)."""
+        self._call("apply_signs", {"signs": signs}, lr=lr, weight_decay=weight_decay)
+
+    @torch.no_grad()
+    def _apply_signs(self, lr: float, weight_decay: float, signs: dict[str, torch.Tensor] | None = None) -> None:
+        names = None
+        if self.group.is_leader:
+            assert signs is not None
+            params = dict(self.model.named_parameters())
+            for name, s in signs.items():  # the checks of apply_signed_update, before any change
+                if name not in params or tuple(s.shape) != tuple(params[name].shape):
+                    names = ValueError(f"sign for unknown parameter or of another shape: {name}")
+                    break
+            names = names or [n for n in params if n in signs]
+        names = self.group.broadcast_object(names)
+        if isinstance(names, Exception):
+            raise names
+        decay = 1.0 - lr * weight_decay
+        params = dict(self.model.named_parameters())
+        for name in names:
+            p = params[name]
+            full = signs[name].to(torch.int8) if signs is not None else None
+            rows = scatter_rows(self.group, full, p.shape, torch.int8, src=0)
+            start, end = local_rows(p.shape, self.group)
+            mine = local(p)
+            if decay != 1.0:
+                mine.mul_(decay)
+            mine.add_(rows[: end - start].to(mine.device, mine.dtype), alpha=-lr)
+
+    # ------------------------------------------------------------------ evaluation (validators)
+    def evaluate_loss(self, batch: torch.Tensor) -> float:
+        return self._call("evaluate_loss", batch=batch)
+
+    def _evaluate_loss(self, batch: torch.Tensor) -> float:
+        return float(sequence_losses_sharded(self.model, batch, self.hp.optimizer.micro_batch_size,
+                                             self.group).mean())
+
+    def score_peers(self, signs_by_peer: dict[str, dict[str, torch.Tensor]], assigned: dict[str, torch.Tensor],
+                    random_batch: torch.Tensor, beta: float) -> dict:
+        """`Evaluator.score_peers` over all ranks (signs stay on rank 0; batches are broadcast)."""
+        return self._call("score_peers", {"signs_by_peer": signs_by_peer}, peers=sorted(signs_by_peer),
+                          assigned=assigned, random_batch=random_batch, beta=beta)
+
+    def _score_peers(self, peers: list[str], assigned: dict[str, torch.Tensor], random_batch: torch.Tensor,
+                     beta: float, signs_by_peer: dict[str, dict[str, torch.Tensor]] | None = None) -> dict:
+        signs = signs_by_peer if signs_by_peer is not None else {p: {} for p in peers}
+        return self.evaluator.score_peers(signs, assigned, random_batch, beta)
+
+    # ------------------------------------------------------------------ files
+    def save(self, path: Path, state: NodeState) -> None:
+        """The node's own state file (θ and, for miners, the error feedback), written by rank 0."""
+        self._call("save", {"state": state}, path=str(path))
+
+    def _save(self, path: str, state: NodeState | None = None) -> None:
+        save_sharded_state(Path(path), self.model, self.demo, state or NodeState(-1, 0), self.group)
+
+    def load_node_state(self, path: Path) -> tuple[NodeState, dict[str, torch.Tensor]] | None:
+        """`templar.state.load_node_state`, sharded: the error feedback goes straight into the
+        owners' buffers, so the returned dict is empty. ValueError when the file does not match."""
+        state = self._call("load_node_state", path=str(path))
+        return None if state is None else (state, {})
+
+    def _load_node_state(self, path: str) -> NodeState | None:
+        return load_sharded_state(Path(path), self.model, self.demo, self.group)
+
+    def load_model_file(self, path: Path) -> None:
+        """`templar.sync.load_model_file` (a published checkpoint): CheckpointError on every rank
+        when rank 0's checks fail, before anything changes."""
+        self._call("load_model_file", path=str(path))
+
+    @torch.no_grad()
+    def _load_model_file(self, path: str) -> None:
+        expected = self.model.state_dict()
+        verdict = None
+        if self.group.is_leader:
+            verdict = _check_model_file(Path(path), expected)
+        verdict = self.group.broadcast_object(verdict)
+        if verdict:
+            raise CheckpointError(verdict)
+        handle = safe_open(path, framework="pt") if self.group.is_leader else None
+        for key, value in expected.items():
+            full = handle.get_tensor(key) if handle is not None else None
+            mine = local(value)
+            if value.dim() and mine is not value:
+                rows = scatter_rows(self.group, full, value.shape, value.dtype, src=0)
+                start, end = local_rows(value.shape, self.group)
+                mine.copy_(rows[: end - start].to(mine.device))
+            else:
+                mine.copy_(self.group.broadcast_object(full).to(mine.device))
+
+    def write_model_file(self, path: Path) -> None:
+        """θ as one plain safetensors file (the published checkpoint any node can load), by rank 0."""
+        self._call("write_model_file", path=str(path))
+
+    def _write_model_file(self, path: str) -> None:
+        entries = [(k, v.dtype, tuple(v.shape)) for k, v in self.model.state_dict().items()]
+        tensors = (full for _, full in gather_model(self.model, self.group, 0))
+        if self.group.is_leader:
+            stream_safetensors(Path(path), entries, {}, tensors)
+        else:
+            for _ in tensors:  # take part in every gather; rank 0 writes
+                pass
+
+
+def _check_model_file(path: Path, expected: dict[str, torch.Tensor]) -> str | None:
+    """The checks of `templar.sync.load_model_file` (names, shapes, dtypes, finite values)."""
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            names = set(f.keys())
+            if names != set(expected):
+                return f"{path.name}: tensor names differ from the model ({len(names ^ set(expected))} mismatched)"
+            for name in names:
+                t = f.get_tensor(name)
+                ref = expected[name]
+                if tuple(t.shape) != tuple(ref.shape) or t.dtype != ref.dtype:
+                    return f"{path.name}: {name} is {t.dtype}{tuple(t.shape)}, expected {ref.dtype}{tuple(ref.shape)}"
+                if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+                    return f"{path.name}: {name} holds non-finite values"
+    except (SafetensorError, OSError) as exc:
+        return f"{path.name}: not a valid safetensors file: {exc}"
+    return None

@@ -1,0 +1,135 @@
+"""The outer step on a sharded model, bit-identical to `templar.outer.outer_step`.
+
+Every rank receives the same peers' coefficients (rank 0 downloaded and validated the payloads;
+it broadcasts them a bucket of parameters at a time) and runs `templar.compress.aggregate` one parameter at a time: the same deterministic
+fixed-point code on the same inputs, so the same sign(Δ) bit for bit. Each rank then applies its
+own rows, θ ← θ·(1 − α·wd) − α·sign, which is element-wise and therefore the same bits as the
+1-process update. Only one parameter's dense sign tensor exists at a time.
+
+The aggregation is repeated on every rank (not split): it is a few percent of a window, it needs
+no extra collective, and it keeps the consensus-critical path the one 1-process code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from templar.compress import ChunkPlan, Compressed, aggregate, plan_chunks, topk_per_chunk
+from templar.config import HParams
+from templar.distributed.fsdp import local, local_rows
+from templar.distributed.group import Group
+from templar.outer import OuterStep, update_step
+from templar.schedule import learning_rate
+from templar.state import NodeState
+from templar.wire import Gradient, probe_positions
+
+__all__ = ["collect_probes_sharded", "outer_step_sharded"]
+
+
+def _matches(c: Compressed | None, plan: ChunkPlan, k: int) -> bool:
+    return c is not None and c.plan == plan and tuple(c.indices.shape) == (plan.n_chunks, k) \
+        and tuple(c.values.shape) == (plan.n_chunks, k)
+
+
+BUCKET_COEFFICIENTS = 1 << 22
+"""Coefficients (all peers together) per broadcast of the outer step: 48 MB of indices and values."""
+
+
+def _buckets(params: list[tuple[str, torch.Tensor]], plans: dict[str, ChunkPlan], ks: dict[str, int],
+             peers: int) -> list[list[tuple[str, torch.Tensor]]]:
+    """Consecutive parameters grouped so one broadcast carries about BUCKET_COEFFICIENTS (fewer
+    round trips than one per parameter, bounded memory unlike one for the whole model)."""
+    out: list[list[tuple[str, torch.Tensor]]] = [[]]
+    size = 0
+    for name, p in params:
+        n = plans[name].n_chunks * ks[name] * peers
+        if out[-1] and size + n > BUCKET_COEFFICIENTS:
+            out.append([])
+            size = 0
+        out[-1].append((name, p))
+        size += n
+    return out
+
+
+@torch.no_grad()
+def outer_step_sharded(model: nn.Module, gradients: Sequence[Gradient] | None, state: NodeState, hp: HParams,
+                       group: Group, *, apply: bool = True, keep_signs: bool = False) -> OuterStep | None:
+    """`templar.outer.outer_step` for a node of N ranks. `gradients`: rank 0's received payloads
+    (ignored elsewhere). Rank 0 broadcasts the eligible peers' coefficients in buckets of
+    parameters as flat tensors (no pickling of payloads; a rank holds one bucket at a time).
+    `keep_signs` returns the full signs on this rank (the lead validator publishes them)."""
+    eligible = [g for g in gradients or [] if not g.warmup] if group.is_leader else []
+    params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    plans = {n: plan_chunks(p.shape, hp.demo.target_chunk) for n, p in params}
+    ks = {n: topk_per_chunk(plan, hp.demo.topk) for n, plan in plans.items()}
+    header = None
+    if group.is_leader:
+        bad = [n for n, _ in params for g in eligible if not _matches(g.tensors.get(n), plans[n], ks[n])]
+        header = ([g.global_step for g in eligible], bad[:1])
+    steps, bad = group.broadcast_object(header)
+    if bad:
+        raise ValueError(f"{bad[0]}: a peer's coefficients do not match hp.demo (read payloads with read_gradient)")
+    if not steps:
+        return None
+    step = update_step(state.global_step)  # the one step rule: peers' claims (`steps`) never move it
+    weights = [1.0 / hp.gauntlet.top_g] * len(steps)
+    lr = learning_rate(step, hp.optimizer)
+    decay = 1.0 - lr * hp.optimizer.weight_decay
+    signs: dict[str, torch.Tensor] = {}
+    for bucket in _buckets(params, plans, ks, len(steps)):
+        sizes = [plans[n].n_chunks * ks[n] for n, _ in bucket]
+        if group.is_leader:  # [peer, coefficient] for every parameter of the bucket, concatenated
+            idx = torch.cat([torch.stack([g.tensors[n].indices.reshape(-1).to("cpu", torch.int64) for g in eligible])
+                             for n, _ in bucket], dim=1)
+            val = torch.cat([torch.stack([g.tensors[n].values.reshape(-1).to("cpu", torch.float32) for g in eligible])
+                             for n, _ in bucket], dim=1)
+        else:
+            idx = torch.empty((len(steps), sum(sizes)), dtype=torch.int64)
+            val = torch.empty((len(steps), sum(sizes)), dtype=torch.float32)
+        group.broadcast_(idx, src=0)
+        group.broadcast_(val, src=0)
+        for (name, p), i, v in zip(bucket, idx.split(sizes, dim=1), val.split(sizes, dim=1), strict=True):
+            plan = plans[name]
+            peers = [{name: Compressed(i[j].reshape(plan.n_chunks, ks[name]), v[j].reshape(plan.n_chunks, ks[name]),
+                                       torch.Size(p.shape), plan.chunk)} for j in range(len(steps))]
+            sign = aggregate(peers, weights, {name: p.shape})[name]
+            if keep_signs:
+                signs[name] = sign.clone()
+            if apply:
+                start, end = local_rows(p.shape, group)
+                mine = local(p)
+                if decay != 1.0:
+                    mine.mul_(decay)
+                mine.add_(sign[start:end].to(device=mine.device, dtype=mine.dtype), alpha=-lr)
+        del idx, val
+    if apply:
+        state.global_step = step + 1
+    return OuterStep(signs=signs, global_step=step, learning_rate=lr, peers=len(steps))
+
+
+@torch.no_grad()
+def collect_probes_sharded(model: nn.Module, window: int, hp: HParams, group: Group) -> dict[str, torch.Tensor]:
+    """`templar.outer.collect_probes` of the sharded θ, on every rank: each probe is read by the
+    rank holding its row and summed as int32 bit patterns (exact, signed zeros included)."""
+    names, parts = [], []
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        idx = probe_positions(hp.data.data_seed, window, name, p.numel(), hp.gauntlet.probe_count)
+        start, end = local_rows(p.shape, group)
+        row = p.numel() // p.shape[0] if p.dim() else 1
+        lo, hi = start * row, end * row
+        vals = torch.zeros(idx.numel(), dtype=torch.float32)
+        mask = (idx >= lo) & (idx < hi)
+        if bool(mask.any()):
+            flat = local(p).detach().reshape(-1)
+            vals[mask] = flat[(idx[mask] - lo).to(flat.device)].float().cpu()
+        names.append(name)
+        parts.append(vals)
+    bits = torch.cat(parts).view(torch.int32).clone()
+    group.all_reduce_(bits)
+    values = bits.view(torch.float32).split([v.numel() for v in parts])
+    return {n: v.clone() for n, v in zip(names, values, strict=True)}

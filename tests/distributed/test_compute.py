@@ -1,0 +1,28 @@
+"""`NodeCompute` as one process (world size 1, the `python neurons/miner.py` case), in-process."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.distributed.tensor import DTensor
+
+from templar.config import load_hparams
+from templar.distributed.compute import NodeCompute
+from templar.distributed.group import init_group
+from templar.model import build_model
+
+
+def test_one_process_node_is_sharded_and_stops_cleanly() -> None:
+    hp = load_hparams("tiny")
+    compute = NodeCompute.lead(build_model(hp), hp, init_group("cpu"), role="miner")
+    assert all(isinstance(p, DTensor) for p in compute.model.parameters())  # FSDP2 with one rank
+    batch = torch.randint(0, hp.model.vocab_size, (4, hp.data.sequence_length), generator=torch.Generator().manual_seed(1))
+    stats = compute.train(batch, 2, hp.optimizer.grad_clip)
+    sent = compute.compress(0.01)
+    assert stats.loss > 0 and set(sent) == {n for n, _ in compute.model.named_parameters()}
+    assert all(p.grad is None for p in compute.model.parameters())  # compress clears the gradients
+    compute.stop()
+    compute.stop()  # idempotent
+    assert compute._call("ping") is None  # a keepalive racing stop() sends nothing
+    with pytest.raises(RuntimeError, match="stopped"):
+        compute.train(batch, 2, None)

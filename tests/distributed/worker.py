@@ -1,0 +1,293 @@
+"""What each rank runs in tests/distributed (under torchrun, 1 or 2 ranks, gloo on CPU).
+
+`equality OUT`: every rank also builds the 1-process reference (plain model, `accumulate_gradients`,
+`DeMo`, `outer_step`, `save_node_state`) and checks the sharded node against it: gradients within
+float tolerance, the compressed update and the wire payload identical for the same gradient, the
+outer step and probes bit-identical, and the state file round trip. Rank 0 writes OUT/result.json.
+
+`windows STATE_DIR N`: a miner's compute loop without chain or bucket (train, compress, write the
+payload, outer step with its own update, save), resuming from STATE_DIR; each finished window is
+appended to STATE_DIR/progress.txt and each rank's pid written to STATE_DIR/pid.RANK.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from safetensors.torch import load_file, save_file
+
+from templar.comms import CheckpointError
+from templar.compress import DCTCompressor, DeMo, aggregate, apply_signed_update
+from templar.config import HParams, load_hparams
+from templar.distributed import (
+    DistError,
+    ShardedDeMo,
+    accumulate_sharded,
+    collect_probes_sharded,
+    init_group,
+    load_sharded_state,
+    outer_step_sharded,
+    save_sharded_state,
+    shard_model,
+)
+from templar.distributed.checkpoint import full_model_state
+from templar.distributed.compute import NodeCompute
+from templar.distributed.evaluate import ShardedEvaluator
+from templar.distributed.fsdp import check_layout, local
+from templar.distributed.group import Group
+from templar.model import build_model
+from templar.outer import collect_probes, outer_step
+from templar.schedule import learning_rate
+from templar.state import NodeState, load_node_state, save_node_state
+from templar.train import accumulate_gradients, evaluate_loss, gradients
+from templar.validator.evaluate import Evaluator
+from templar.wire import Gradient, Run, write_gradient
+
+RUN = Run(netuid=0, digest="0" * 64)  # the run these payloads are signed for
+
+
+def pages(hp, window: int, n: int | None = None) -> torch.Tensor:
+    """The node's batch of a window: deterministic token ids (the content does not matter here)."""
+    gen = torch.Generator().manual_seed(1000 + window)
+    n = n or hp.data.pages_per_window * hp.data.sequences_per_page
+    return torch.randint(0, hp.model.vocab_size, (n, hp.data.sequence_length), generator=gen)
+
+
+def nosign(message: bytes) -> bytes:
+    return b"\x00" * 64
+
+
+def same_payload(a: bytes, b: bytes) -> bool:
+    """Same tensors and metadata (safetensors orders the header's metadata map arbitrarily, so
+    two writes of one payload may differ in header bytes; the signed digest does not)."""
+    from safetensors.torch import load
+
+    ta, tb = load(a), load(b)
+    if set(ta) != set(tb) or not all(torch.equal(ta[k].view(torch.uint8), tb[k].view(torch.uint8)) for k in ta):
+        return False
+    metas = []
+    for blob in (a, b):
+        n = int.from_bytes(blob[:8], "little")
+        metas.append(json.loads(blob[8:8 + n]).get("__metadata__"))
+    return metas[0] == metas[1]
+
+
+def full_grads(model, group) -> dict[str, torch.Tensor]:
+    out = {}
+    for name, p in model.named_parameters():
+        full = group.gather_rows(local(p.grad), p.shape[0], dst=0)
+        if full is not None:
+            out[name] = full.view(p.shape)
+    return out
+
+
+def equality(out_dir: Path) -> None:
+    import templar.distributed.outer as sharded_outer
+
+    sharded_outer.BUCKET_COEFFICIENTS = 20_000  # many small broadcasts here; `windows` runs the default
+    hp = load_hparams("tiny")
+    group = init_group("cpu")
+    ref = build_model(hp)
+    model = shard_model(build_model(hp), group)
+    check_layout(model, group)
+    comp = DCTCompressor(hp.demo.target_chunk, hp.demo.topk)
+    ref_demo = DeMo(ref, compressor=comp, decay=hp.demo.momentum_decay)
+    demo = ShardedDeMo(model, group, compressor=DCTCompressor(hp.demo.target_chunk, hp.demo.topk),
+                       decay=hp.demo.momentum_decay)
+    report: dict[str, object] = {"world_size": group.world_size, "windows": []}
+    state, ref_state = NodeState(window=-1, global_step=0), NodeState(window=-1, global_step=0)
+    # 9 sequences with micro-batch 4: uneven shares (5 / 4) and a short last micro-batch
+    for window, n in ((0, None), (1, 9), (2, None)):
+        batch = pages(hp, window, n)
+        stats = accumulate_sharded(model, batch, 4, group, hp.optimizer.grad_clip)
+        ref_stats = accumulate_gradients(ref, batch, 4, hp.optimizer.grad_clip)
+        got = full_grads(model, group)
+        if window == 0:  # activation checkpointing (node-local memory option) changes no gradient
+            ck = shard_model(build_model(hp), group, checkpoint_activations=True)
+            accumulate_sharded(ck, batch, 4, group, hp.optimizer.grad_clip)
+            ck_got = full_grads(ck, group)
+            if group.is_leader:
+                report["checkpointed_grads_equal"] = all(torch.equal(ck_got[k], got[k]) for k in got)
+            del ck
+        want = gradients(ref)
+        lr = learning_rate(state.global_step, hp.optimizer)
+        # the compressed update from the sharded state == the 1-process DeMo fed the same gradient and state
+        ef_before = demo.gather_state()
+        sent = demo.step(model, lr)
+        row: dict[str, object] = {"window": window, "loss": stats.loss, "ref_loss": ref_stats.loss}
+        if group.is_leader:
+            row["grad_max_abs_diff"] = max(float((got[k] - want[k]).abs().max()) for k in want)
+            row["grad_max_rel"] = max(float((got[k] - want[k]).norm() / (want[k].norm() + 1e-30)) for k in want)
+            twin = DeMo(ref, compressor=comp, decay=hp.demo.momentum_decay)
+            twin.load_state_dict(ef_before)
+            twin_sent = twin.step(got, lr)
+            row["same_coefficients_same_grad"] = all(
+                torch.equal(sent[k].indices, twin_sent[k].indices) and torch.equal(sent[k].values, twin_sent[k].values)
+                for k in sent)
+        ref_sent = ref_demo.step(want, lr)
+        ref.zero_grad(set_to_none=True)
+        model.zero_grad(set_to_none=True)
+        agree = [float((sent[k].indices == ref_sent[k].indices).float().mean()) for k in sent]
+        row["indices_agree_vs_1process_training"] = min(agree)
+        probes = collect_probes_sharded(model, window, hp, group)
+        ref_probes = collect_probes(ref, window, hp)
+        row["probes_equal"] = all(torch.equal(probes[k], ref_probes[k]) for k in probes)
+        if group.is_leader:
+            payload = write_gradient(sent, probes, window=window, global_step=state.global_step, hotkey="h", hp=hp, run=RUN,
+                                     sign=nosign)
+            twin_payload = write_gradient(twin_sent, ref_probes, window=window, global_step=state.global_step,
+                                          hotkey="h", hp=hp, run=RUN, sign=nosign)
+            row["payload_identical_same_grad"] = same_payload(payload, twin_payload)
+        # outer step: three peers (ours and two others), the same on both
+        peers = [Gradient(window=window, global_step=state.global_step, hotkey=str(i), warmup=False,
+                          tensors=t, probes={}, digest=b"", nbytes=0)
+                 for i, t in enumerate((ref_sent, sent, ref_sent))]
+        step = outer_step_sharded(model, peers if group.is_leader else None, state, hp, group)
+        ref_step = outer_step(ref, peers, ref_state, hp)
+        theta = full_model_state(model, group)
+        if group.is_leader:
+            sd = ref.state_dict()
+            row["theta_bit_identical"] = all(torch.equal(theta[k], sd[k]) for k in sd)
+            row["global_step"] = [state.global_step, ref_state.global_step]
+            row["peers"] = [step.peers, ref_step.peers]
+        report["windows"].append(row)
+    # validator: LossScores over all ranks == the 1-process Evaluator; θ restored bit for bit
+    shapes = {n: p.shape for n, p in ref.named_parameters()}
+    signs = {"a": aggregate([sent], [1.0], shapes), "b": aggregate([ref_sent], [1.0], shapes)}
+    assigned = {"a": pages(hp, 10, 6), "b": pages(hp, 11, 5)}
+    random_batch = pages(hp, 12, 7)
+    got = ShardedEvaluator(model, 4, group).score_peers(signs if group.is_leader else {"a": {}, "b": {}},
+                                                        assigned, random_batch, 0.05)
+    want = Evaluator(ref, 4).score_peers(signs, assigned, random_batch, 0.05)
+    after = full_model_state(model, group)
+    if group.is_leader:
+        report["loss_score_max_diff"] = max(abs(getattr(got[p], f) - getattr(want[p], f)) for p in want
+                                            for f in ("delta_assigned", "delta_rand", "loss_rand_after"))
+        report["loss_score_delta"] = want["a"].delta_assigned
+        sd = ref.state_dict()
+        report["theta_restored_after_eval"] = all(torch.equal(after[k], sd[k]) for k in sd)
+    # state: the sharded node's file loads into a 1-process node and back into a fresh sharded node
+    path = out_dir / "state.safetensors"
+    state.window = 2
+    save_sharded_state(path, model, demo, state, group)
+    fresh = shard_model(build_model(hp), group)
+    fresh_demo = ShardedDeMo(fresh, group, compressor=comp, decay=hp.demo.momentum_decay)
+    loaded = load_sharded_state(path, fresh, fresh_demo, group)
+    a, b = full_model_state(model, group), full_model_state(fresh, group)
+    ea, eb = demo.gather_state(), fresh_demo.gather_state()
+    if group.is_leader:
+        report["reload_equal"] = all(torch.equal(a[k], b[k]) for k in a) and all(torch.equal(ea[k], eb[k]) for k in ea)
+        report["reload_state"] = [loaded.window, loaded.global_step]
+        one = build_model(hp)
+        _, ef = load_node_state(path, one)
+        report["one_process_loads"] = all(torch.equal(one.state_dict()[k], a[k]) for k in a) and \
+            all(torch.equal(ef[k], ea[k]) for k in ea)
+        # a 1-process node's file loads into the sharded node too (any rank count, one format)
+        save_node_state(out_dir / "one.safetensors", ref, ref_demo.state_dict(), ref_state)
+    load_sharded_state(out_dir / "one.safetensors", fresh, fresh_demo, group)
+    b, eb = full_model_state(fresh, group), fresh_demo.gather_state()
+    if group.is_leader:
+        sd, rd = ref.state_dict(), ref_demo.state_dict()
+        report["loads_one_process_file"] = all(torch.equal(b[k], sd[k]) for k in sd) and \
+            all(torch.equal(eb[k], rd[k]) for k in rd)
+        report["comm_seconds"] = group.comm_seconds
+    driver(out_dir, hp, group, ref, ref_sent, report)
+    if group.world_size > 1:  # a hung rank: the others get DistError within the collective timeout
+        short = dataclasses.replace(group, pg=dist.new_group(list(range(group.world_size)),
+                                                             timeout=timedelta(seconds=3)))
+        if group.is_leader:
+            started = time.monotonic()
+            try:
+                short.barrier()
+                report["hang"] = None
+            except DistError as exc:
+                report["hang"] = {"seconds": time.monotonic() - started, "error": str(exc)[:300]}
+        else:
+            time.sleep(8)
+        group.barrier()
+    if group.is_leader:
+        (out_dir / "result.json").write_text(json.dumps(report, indent=1))
+    group.close()
+
+
+def driver(out_dir: Path, hp: HParams, group: Group, ref: torch.nn.Module, ref_sent: dict, report: dict) -> None:
+    """The validator's and catch-up's ops through `NodeCompute` as the neurons run it: rank 0
+    calls, the other ranks `follow()`. Results against the 1-process functions on `ref`."""
+    if not group.is_leader:
+        NodeCompute.join(group).follow()
+        return
+    compute = NodeCompute.lead(build_model(hp), hp, group, role="validator")
+    plain = out_dir / "ref_model.safetensors"
+    save_file({k: v.contiguous() for k, v in ref.state_dict().items()}, str(plain))
+    compute.load_model_file(plain)                         # a published checkpoint, loaded sharded
+    bad = out_dir / "bad.safetensors"
+    save_file({"nope": torch.zeros(3)}, str(bad))
+    try:
+        compute.load_model_file(bad)
+        report["bad_checkpoint_refused"] = False
+    except CheckpointError:
+        report["bad_checkpoint_refused"] = True
+    shapes = {n: p.shape for n, p in ref.named_parameters()}
+    signs = aggregate([ref_sent], [1.0], shapes)
+    compute.apply_signs(signs, 0.01, hp.optimizer.weight_decay)   # catch-up: the lead's aggregate
+    apply_signed_update(ref, signs, 0.01, hp.optimizer.weight_decay)
+    batch = pages(hp, 20, 6)
+    report["driver_eval_diff"] = abs(compute.evaluate_loss(batch) - evaluate_loss(ref, batch, 4))
+    peers = [Gradient(window=5, global_step=3, hotkey=str(i), warmup=False, tensors=ref_sent, probes={},
+                      digest=b"", nbytes=0) for i in range(2)]
+    state, ref_state = NodeState(window=4, global_step=3), NodeState(window=4, global_step=3)
+    step = compute.outer_step(peers, state, keep_signs=True)
+    ref_step = outer_step(ref, peers, ref_state, hp)
+    report["driver_signs_equal"] = all(torch.equal(step.signs[k], ref_step.signs[k]) for k in ref_step.signs)
+    published = out_dir / "published.safetensors"
+    compute.write_model_file(published)                    # what the lead uploads: one plain file
+    got, want = load_file(str(published)), ref.state_dict()
+    report["driver_theta_bit_identical"] = set(got) == set(want) and all(torch.equal(got[k], want[k]) for k in want)
+    report["driver_global_step"] = [state.global_step, ref_state.global_step]
+    compute.stop()
+
+
+def windows(state_dir: Path, until: int, delay: float) -> None:
+    hp = load_hparams("tiny")
+    group = init_group("cpu")
+    (state_dir / f"pid.{group.rank}").write_text(str(os.getpid()))
+    model = shard_model(build_model(hp), group)
+    demo = ShardedDeMo(model, group, compressor=DCTCompressor(hp.demo.target_chunk, hp.demo.topk),
+                       decay=hp.demo.momentum_decay)
+    path = state_dir / "state.safetensors"
+    state = load_sharded_state(path, model, demo, group) or NodeState(window=-1, global_step=0)
+    for window in range(state.window + 1, until):
+        batch = pages(hp, window)
+        accumulate_sharded(model, batch, hp.optimizer.micro_batch_size, group, hp.optimizer.grad_clip)
+        sent = demo.step(model, learning_rate(state.global_step, hp.optimizer))
+        model.zero_grad(set_to_none=True)
+        probes = collect_probes_sharded(model, window, hp, group)
+        payload = None
+        if group.is_leader:
+            payload = write_gradient(sent, probes, window=window, global_step=state.global_step, hotkey="h",
+                                     hp=hp, run=RUN, sign=nosign)
+        mine = Gradient(window=window, global_step=state.global_step, hotkey="h", warmup=False, tensors=sent,
+                        probes=probes, digest=b"", nbytes=len(payload or b""))
+        outer_step_sharded(model, [mine] if group.is_leader else None, state, hp, group)
+        state.window = window
+        save_sharded_state(path, model, demo, state, group)
+        if group.is_leader:
+            with open(state_dir / "progress.txt", "a") as f:
+                f.write(f"{window} {group.world_size}\n")
+        time.sleep(delay)
+    group.close()
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "equality":
+        equality(Path(sys.argv[2]))
+    else:
+        windows(Path(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]))
