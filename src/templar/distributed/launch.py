@@ -1,4 +1,4 @@
-"""How `neurons/*.py` start one node over torchrun's ranks (or as one process, the same code).
+"""How `neurons/*.py` will start one node over torchrun's ranks (not wired into them yet: see docs/mining.md §12).
 
     torchrun --nproc_per_node 8 neurons/miner.py --wallet.name W ...       # one box, 8 GPUs
     torchrun --nnodes 4 --nproc_per_node 8 --rdzv_backend c10d \\
