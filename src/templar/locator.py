@@ -333,3 +333,14 @@ class BucketLocator:
         return f"BucketLocator({self.kind}, {where}{bucket}{key})"
 
     __str__ = __repr__
+
+
+def is_loopback(host: str) -> bool:
+    """Whether a listening address is this machine only ("localhost", 127.0.0.0/8, ::1): what the
+    dashboard and the metrics exporter bind to unless told otherwise."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False

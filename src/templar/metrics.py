@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ipaddress
 import math
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_serv
 from prometheus_client.process_collector import ProcessCollector
 
 from templar import __version__
+from templar.locator import is_loopback
 from templar.records import (
     MinerWindowRecord,
     PeerScoreRecord,
@@ -42,15 +42,6 @@ def add_metrics_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--metrics.host", dest="metrics_host", default=DEFAULT_HOST,
                        help="address for --metrics.port (default 127.0.0.1; anything else is reachable "
                             "from the network and logs a warning)")
-
-
-def _loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 class NeuronMetrics:
@@ -174,7 +165,7 @@ class NeuronMetrics:
 
     def serve(self, host: str, port: int) -> int:
         """Start the HTTP endpoint; returns the bound port (0 picks a free one). Raises OSError."""
-        if not _loopback(host):
+        if not is_loopback(host):
             logger.warning(f"metrics bound to {host}:{port}: reachable from the network, without authentication")
         server, _thread = start_http_server(port, addr=host, registry=self.registry)
         self._server = server

@@ -8,7 +8,6 @@ port is a clear error at once and port 0 picks a free one.
 
 from __future__ import annotations
 
-import ipaddress
 import socket
 import threading
 import time
@@ -19,6 +18,7 @@ from loguru import logger
 
 from templar.dashboard.app import create_app
 from templar.dashboard.board import Board
+from templar.locator import is_loopback
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8787
@@ -27,15 +27,6 @@ LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 
 class BindError(ValueError):
     """The address may not be used (non-loopback without permission) or cannot be bound."""
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def bind_socket(host: str, port: int, *, allow_remote: bool = False) -> socket.socket:
