@@ -18,9 +18,9 @@ from typing import Any
 import torch
 
 from templar.compress import Compressed, DCTCompressor, DeMo
-from templar.config import HParams, load_hparams, resolve_asset
+from templar.core.config import HParams, load_hparams, resolve_asset
 from templar.data import LocalCorpus, PagePlan
-from templar.train import accumulate_gradients, gradients
+from templar.runtime.train import accumulate_gradients, gradients
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 THREADS = 2

@@ -11,7 +11,7 @@ simulated peers, peer k training on `assigned_pages(k, window, pages_per_window)
 - DeMo: each peer accumulates its gradient on its pages at the shared θ, takes one DeMo step with
   its own error feedback (decay `demo.momentum_decay`, lr folded in as miners do), then all K
   compressed updates are aggregated with w = 1/G (`templar.compress.aggregate`) and applied with
-  `apply_signed_update` at the schedule's α (`templar.schedule.learning_rate`, preset weight decay).
+  `apply_signed_update` at the schedule's α (`templar.core.schedule.learning_rate`, preset weight decay).
 - AdamW: the K peers' gradients (same pages, same per-micro-batch averaging) are averaged, clipped to
   `optimizer.grad_clip` as one data-parallel gradient, and one AdamW step is taken per window.
   Choice, documented: peak lr 1e-3 (`--adamw-lr`; AdamW's usual small-model value, 1/3 of the
@@ -33,10 +33,10 @@ import torch
 
 from _common import RESULTS_DIR, emit, load_tiny, new_demo, peer_update, setup_torch, shapes_of, write_result
 from templar.compress import aggregate, apply_signed_update
-from templar.config import HParams
-from templar.model import build_model
-from templar.schedule import learning_rate
-from templar.train import accumulate_gradients, evaluate_loss, gradients
+from templar.core.config import HParams
+from templar.core.model import build_model
+from templar.core.schedule import learning_rate
+from templar.runtime.train import accumulate_gradients, evaluate_loss, gradients
 
 PEERS = 4
 HOLDOUT_PAGES = 8

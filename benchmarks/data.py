@@ -210,7 +210,7 @@ async def measure_old_path(cfg: dict) -> dict:
 
 
 def _creds(cfg: dict):
-    from templar.locator import Credentials
+    from templar.storage.locator import Credentials
 
     return Credentials(cfg["key_id"], cfg["secret"])
 
@@ -240,7 +240,7 @@ def main() -> None:
         print(json.dumps(asyncio.run(MEASURES[args.child](json.loads(sys.stdin.read())))))
         return
 
-    from templar.config import REPO_ROOT
+    from templar.core.config import REPO_ROOT
     from templar.storage.seaweed import SeaweedServer
 
     sizes = [int(s) for s in (args.sizes or ([1e7, 5e7] if args.quick else [1e7, 1e8, 1e9]))]

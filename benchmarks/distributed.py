@@ -31,12 +31,12 @@ import torch
 
 from _common import emit, load_tiny, median, setup_torch, write_result
 from templar.compress import DCTCompressor, DeMo
-from templar.config import REPO_ROOT
-from templar.model import build_model
-from templar.outer import collect_probes, outer_step
-from templar.schedule import learning_rate
-from templar.state import NodeState, save_node_state
-from templar.train import accumulate_gradients, gradients
+from templar.core.config import REPO_ROOT
+from templar.core.model import build_model
+from templar.core.schedule import learning_rate
+from templar.runtime.outer import collect_probes, outer_step
+from templar.runtime.state import NodeState, save_node_state
+from templar.runtime.train import accumulate_gradients, gradients
 from templar.wire import Gradient, Run, write_gradient
 
 PHASES = ("train", "compress", "probes", "encode", "outer", "save")

@@ -34,10 +34,10 @@ import torch
 
 from _common import emit, load_tiny, median, new_demo, peer_update, setup_torch, shapes_of, timed
 from templar.compress import aggregate
-from templar.config import HParams, load_hparams
-from templar.model import build_model, parameter_count
-from templar.schedule import learning_rate
-from templar.train import evaluate_loss, sequence_losses
+from templar.core.config import HParams, load_hparams
+from templar.core.model import build_model, parameter_count
+from templar.core.schedule import learning_rate
+from templar.runtime.train import evaluate_loss, sequence_losses
 from templar.validator.evaluate import Evaluator, LossScores
 
 WINDOW = 40

@@ -41,10 +41,10 @@ from _common import (
     write_result,
 )
 from templar.compress import Compressed, DeMo, aggregate, apply_signed_update
+from templar.core.model import build_model
+from templar.core.schedule import learning_rate
 from templar.gauntlet import PrimaryResult, ScoreBook
-from templar.model import build_model
-from templar.schedule import learning_rate
-from templar.train import evaluate_loss
+from templar.runtime.train import evaluate_loss
 from templar.validator.evaluate import Evaluator
 
 PEERS = {"baseline": 0, "double": 1, "desync": 2, "normal1": 3, "normal2": 4}

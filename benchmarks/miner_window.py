@@ -33,12 +33,12 @@ from templar.chain import verify_signature
 from templar.comms import put_gradient
 from templar.comms.keys import gradient_key
 from templar.compress import Compressed
-from templar.model import build_model
-from templar.outer import collect_probes, outer_step
-from templar.schedule import learning_rate
-from templar.state import NodeState, save_node_state
+from templar.core.model import build_model
+from templar.core.schedule import learning_rate
+from templar.runtime.outer import collect_probes, outer_step
+from templar.runtime.state import NodeState, save_node_state
+from templar.runtime.train import accumulate_gradients, gradients
 from templar.storage import LocalBucket
-from templar.train import accumulate_gradients, gradients
 from templar.wire import Run, max_gradient_bytes, read_gradient, write_gradient
 
 UID = 0

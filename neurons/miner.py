@@ -17,7 +17,7 @@ import sys
 # (benchmarks/compress.py). Must be set before torch is imported; harmless on GPU.
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
-from templar.node import add_node_args
+from templar.runtime.node import add_node_args
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -31,7 +31,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from templar.miner.loop import Miner
-    from templar.node import run_node
+    from templar.runtime.node import run_node
 
     return run_node(args, "miner", lambda node: Miner(node, extra_pages=args.extra_pages).run(args.windows))
 

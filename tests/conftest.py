@@ -18,8 +18,8 @@ import pytest
 import torch
 
 from templar.compress import Compressed, DCTCompressor, DeMo
-from templar.config import HParams, load_hparams
-from templar.model import build_model, causal_lm_loss, parameter_shapes
+from templar.core.config import HParams, load_hparams
+from templar.core.model import build_model, causal_lm_loss, parameter_shapes
 from templar.storage import Bucket, LocalBucket, S3Bucket
 from templar.storage.seaweed import SeaweedServer
 
@@ -41,7 +41,7 @@ def assets_dir() -> Path:
 @pytest.fixture(scope="session")
 def tiny_pages(assets_dir: Path):
     """The tiny preset's pages: the sample corpus as prepared by build_assets (digest pinned)."""
-    from templar.config import load_hparams, resolve_asset
+    from templar.core.config import load_hparams, resolve_asset
     from templar.data import LocalCorpus
 
     hp = load_hparams("tiny")

@@ -18,7 +18,7 @@ from templar.comms import (
     save_checkpoint,
 )
 from templar.comms.keys import checkpoint_file_key, checkpoint_manifest_key, latest_checkpoint_key
-from templar.config import PROTOCOL_VERSION
+from templar.core.config import PROTOCOL_VERSION
 from templar.storage import ObjectTooLarge
 from templar.wire import Run
 

@@ -17,7 +17,7 @@ from templar.comms import (
     put_start_window,
 )
 from templar.comms.keys import gradient_key, peers_key, start_window_key, window_of
-from templar.config import PROTOCOL_VERSION
+from templar.core.config import PROTOCOL_VERSION
 from templar.storage import ObjectTooLarge
 from templar.wire import Run
 

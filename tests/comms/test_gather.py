@@ -17,8 +17,8 @@ from safetensors.torch import save as st_save
 
 from templar.comms import GatherStatus, gather, put_gradient
 from templar.comms.keys import gradient_key
-from templar.locator import Credentials
 from templar.storage import Bucket, LocalBucket, S3Bucket
+from templar.storage.locator import Credentials
 from templar.storage.seaweed import SeaweedServer
 
 WINDOW = 12

@@ -4,7 +4,7 @@ A real embedded chain (`create_dev_chain`) with two validators and seven miners,
 and buckets committed through the real `Chain`; a real `ScoreBook` driven window by window
 through its scoring methods, with the records the validator loop writes (`PeerScoreRecord`,
 `ValidatorWindowRecord`, `scorebook.json`) and miners' `MinerWindowRecord`s, all written with
-`templar.records.append_record`; `nodes.json` as `templar localnet` writes it. Only the
+`templar.runtime.records.append_record`; `nodes.json` as `templar localnet` writes it. Only the
 training itself is replaced by chosen numbers, so every page has something true to show.
 """
 
@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from templar.chain import DevChain, create_dev_chain
-from templar.config import load_hparams
+from templar.core.config import load_hparams
 from templar.gauntlet import PrimaryResult, ScoreBook
 from templar.localnet.report import NodeInfo, write_nodes
-from templar.records import (
+from templar.runtime.records import (
     MINER_WINDOWS_FILE,
     SCORES_FILE,
     VALIDATOR_WINDOWS_FILE,

@@ -7,7 +7,7 @@ import os
 
 from templar.dashboard.jsonl import MAX_LINE_BYTES, JsonlTail
 from templar.dashboard.sources import RecordFile, parse_record
-from templar.records import PeerScoreRecord, ValidatorWindowRecord, append_record
+from templar.runtime.records import PeerScoreRecord, ValidatorWindowRecord, append_record
 
 WINDOW = ValidatorWindowRecord(window=3, global_step=2, learning_rate=1e-3, holdout_loss=7.5, peers_aggregated=4,
                                gathered=6, evaluated=3, wall_seconds=6.2, weights_set=True)
@@ -93,7 +93,7 @@ def test_a_long_history_is_read_from_its_tail_at_a_line_boundary(tmp_path):
 def test_records_of_older_versions_still_parse():
     """A field added later (with a default) may be absent; a present one must have its type."""
     from templar.dashboard.sources import parse_record
-    from templar.records import ValidatorWindowRecord
+    from templar.runtime.records import ValidatorWindowRecord
 
     old = {"window": 3, "global_step": 2, "learning_rate": 1e-3, "holdout_loss": 7.5, "peers_aggregated": 2,
            "gathered": 3, "evaluated": 2, "wall_seconds": 6.5, "weights_set": True}

@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import urllib.request
 
-from templar.metrics import NeuronMetrics, start_metrics
-from templar.node import add_node_args
-from templar.records import (
+from templar.runtime.metrics import NeuronMetrics, start_metrics
+from templar.runtime.node import add_node_args
+from templar.runtime.records import (
     MinerWindowRecord,
     PeerScoreRecord,
     ValidatorWindowRecord,

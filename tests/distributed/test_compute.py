@@ -6,10 +6,10 @@ import pytest
 import torch
 from torch.distributed.tensor import DTensor
 
-from templar.config import load_hparams
+from templar.core.config import load_hparams
+from templar.core.model import build_model
 from templar.distributed.compute import NodeCompute
 from templar.distributed.group import init_group
-from templar.model import build_model
 
 
 def test_one_process_node_is_sharded_and_stops_cleanly() -> None:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from templar.config import load_hparams
+from templar.core.config import load_hparams
+from templar.core.model import build_model, parameter_count
 from templar.distributed.demo import assign_owners
 from templar.distributed.sizing import GIB, size_node
-from templar.model import build_model, parameter_count
 
 
 def test_tiny_sizing_matches_the_model_and_shrinks_with_ranks() -> None:

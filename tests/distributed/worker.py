@@ -26,7 +26,9 @@ from safetensors.torch import load_file, save_file
 
 from templar.comms import CheckpointError
 from templar.compress import DCTCompressor, DeMo, aggregate, apply_signed_update
-from templar.config import HParams, load_hparams
+from templar.core.config import HParams, load_hparams
+from templar.core.model import build_model
+from templar.core.schedule import learning_rate
 from templar.distributed import (
     DistError,
     ShardedDeMo,
@@ -43,11 +45,9 @@ from templar.distributed.compute import NodeCompute
 from templar.distributed.evaluate import ShardedEvaluator
 from templar.distributed.fsdp import check_layout, local
 from templar.distributed.group import Group
-from templar.model import build_model
-from templar.outer import collect_probes, outer_step
-from templar.schedule import learning_rate
-from templar.state import NodeState, load_node_state, save_node_state
-from templar.train import accumulate_gradients, evaluate_loss, gradients
+from templar.runtime.outer import collect_probes, outer_step
+from templar.runtime.state import NodeState, load_node_state, save_node_state
+from templar.runtime.train import accumulate_gradients, evaluate_loss, gradients
 from templar.validator.evaluate import Evaluator
 from templar.wire import Gradient, Run, write_gradient
 

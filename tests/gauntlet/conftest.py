@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from templar.config import GauntletConfig, load_hparams
+from templar.core.config import GauntletConfig, load_hparams
 
 
 @pytest.fixture(scope="session")

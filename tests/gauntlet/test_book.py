@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from templar.config import GauntletConfig
+from templar.core.config import GauntletConfig
 from templar.gauntlet import DEFAULT_RATING, PrimaryResult, ScoreBook, ScoreBookError
 from templar.gauntlet.book import window_loss_scale
 

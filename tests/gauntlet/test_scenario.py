@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from templar.config import GauntletConfig
+from templar.core.config import GauntletConfig
 from templar.gauntlet import PrimaryResult, ScoreBook, select_eval_peers
 
 WINDOWS = 20

@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from templar.config import load_hparams
+from templar.core.config import load_hparams
 from templar.gauntlet import PrimaryResult, ScoreBook, select_eval_peers
 from templar.gauntlet.scores import ramped_mu
 from templar.gauntlet.selection import stale_first_priority

@@ -1,7 +1,7 @@
 """A small subnet inside one test: a real embedded chain, local buckets, real Miner/Validator
 objects (the same code the neurons run), and fast windows.
 
-Scenarios run on virtual time (`templar.clock.run_virtual`): the chain's blocks, every deadline
+Scenarios run on virtual time (`templar.core.clock.run_virtual`): the chain's blocks, every deadline
 and every wait follow the event loop's virtual clock, which jumps ahead whenever all nodes are
 waiting, so a window costs only the computation in it. `Subnet.node` picks the running loop's
 time source, so the same scenario code also runs on the wall clock under `asyncio.run` (the
@@ -18,9 +18,9 @@ from pathlib import Path
 import torch
 
 from templar.chain import create_dev_chain
-from templar.clock import loop_time
-from templar.config import PRESETS_DIR, load_hparams
-from templar.node import Node, add_node_args, start_node
+from templar.core.clock import loop_time
+from templar.core.config import PRESETS_DIR, load_hparams
+from templar.runtime.node import Node, add_node_args, start_node
 
 NETUID = 7
 FAST_WINDOWS = {
@@ -78,7 +78,7 @@ class Subnet:
         """The same flags for a real `neurons/<role>.py` process."""
         import sys
 
-        from templar.config import REPO_ROOT
+        from templar.core.config import REPO_ROOT
 
         args = self.args(name)
         return [sys.executable, str(REPO_ROOT / "neurons" / f"{role}.py"), "--wallet.name", "test",

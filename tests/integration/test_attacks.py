@@ -6,11 +6,11 @@ import asyncio
 
 import pytest
 
-from templar.clock import run_virtual
 from templar.comms import put_peers
+from templar.core.clock import run_virtual
 from templar.localnet.adversaries import StepPump
 from templar.miner.loop import Miner
-from templar.records import SCORES_FILE, read_records
+from templar.runtime.records import SCORES_FILE, read_records
 from templar.validator.loop import Validator
 
 from .harness import Subnet, parameters, same_parameters

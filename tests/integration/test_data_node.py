@@ -8,12 +8,12 @@ import json
 
 import pytest
 
-from templar.config import PRESETS_DIR, load_hparams, resolve_asset
+from templar.core.config import PRESETS_DIR, load_hparams, resolve_asset
 from templar.data import LocalCorpus
 from templar.data.prepare import upload
-from templar.locator import BucketLocator
-from templar.node import EXIT_CONFIG, run_node
+from templar.runtime.node import EXIT_CONFIG, run_node
 from templar.storage import S3Bucket
+from templar.storage.locator import BucketLocator
 from templar.storage.seaweed import SeaweedServer
 
 from .harness import Subnet

@@ -80,7 +80,7 @@ def test_localnet_pays_honest_work_and_nothing_else(tmp_path):
 def test_localnet_runs_every_neuron_as_its_own_process(tmp_path):
     """Real time, real processes: the entry points start, join, score, stop cleanly on SIGTERM."""
     preset = tmp_path / "fast.json"
-    from templar.config import PRESETS_DIR
+    from templar.core.config import PRESETS_DIR
 
     preset.write_text(json.dumps({"base": str(PRESETS_DIR / "tiny.json"), "name": "tiny-e2e",
                                   "windows": {"blocks_per_window": 14}}))

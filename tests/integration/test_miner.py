@@ -11,12 +11,12 @@ import signal
 import pytest
 import torch
 
-from templar.clock import run_virtual
 from templar.comms.keys import gradient_key
+from templar.core.clock import run_virtual
 from templar.miner.loop import Miner
-from templar.records import MINER_WINDOWS_FILE, read_records
-from templar.state import load_node_state
-from templar.sync import STATE_FILE, Phase
+from templar.runtime.records import MINER_WINDOWS_FILE, read_records
+from templar.runtime.state import load_node_state
+from templar.runtime.sync import STATE_FILE, Phase
 from templar.validator.loop import Validator
 
 from .harness import Subnet, parameters, same_parameters
@@ -132,8 +132,8 @@ def test_killed_miner_resumes_without_double_or_missed_updates(tmp_path):
     after = [r["window"] for r in read_records(victim_dir / MINER_WINDOWS_FILE) if r["window"] > restarted]
     assert after, "the restarted miner did no window"
 
-    from templar.config import load_hparams
-    from templar.model import build_model
+    from templar.core.config import load_hparams
+    from templar.core.model import build_model
 
     model = build_model(load_hparams(subnet.hparams))
     state, _ = load_node_state(victim_dir / STATE_FILE, model)

@@ -8,11 +8,11 @@ import asyncio
 
 import pytest
 
-from templar.clock import run_virtual
 from templar.comms.keys import aggregate_key
 from templar.comms.progress import get_progress
+from templar.core.clock import run_virtual
 from templar.miner.loop import MAX_FAILED_UPLOADS, Miner
-from templar.node import OwnBucketError
+from templar.runtime.node import OwnBucketError
 from templar.storage import Bucket, StorageError
 from templar.validator.loop import PUBLISH_MIN_SECONDS, Validator
 

@@ -9,13 +9,13 @@ import asyncio
 import pytest
 
 from templar.chain import connect
-from templar.clock import run_virtual
 from templar.comms import download_latest_checkpoint, get_aggregate, get_peers, put_gradient
+from templar.core.clock import run_virtual
 from templar.gauntlet import ScoreBook
 from templar.localnet.adversaries import Late, Lazy, SignFlip
 from templar.miner.hooks import MinerHooks
 from templar.miner.loop import Miner
-from templar.records import SCORES_FILE, read_records
+from templar.runtime.records import SCORES_FILE, read_records
 from templar.validator.loop import BOOK_FILE, Validator
 
 from .harness import NETUID, Subnet

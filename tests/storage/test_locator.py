@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from templar.locator import (
+from templar.storage.locator import (
     MAX_ENCODED_BYTES,
     BucketLocator,
     Credentials,

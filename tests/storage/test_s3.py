@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from templar.locator import BucketLocator, Credentials, LocatorError
 from templar.storage import (
     BucketUnreachable,
     LocalBucket,
@@ -20,6 +19,7 @@ from templar.storage import (
     StorageTimeout,
     open_bucket,
 )
+from templar.storage.locator import BucketLocator, Credentials, LocatorError
 
 
 def test_multipart_upload_round_trip(seaweed, new_bucket, tmp_path: Path) -> None:

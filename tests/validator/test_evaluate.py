@@ -4,9 +4,9 @@ import copy
 
 import torch
 
-from templar.config import load_hparams
-from templar.model import build_model, causal_lm_loss
-from templar.train import accumulate_gradients, gradients
+from templar.core.config import load_hparams
+from templar.core.model import build_model, causal_lm_loss
+from templar.runtime.train import accumulate_gradients, gradients
 from templar.validator.evaluate import Evaluator
 
 

@@ -19,7 +19,6 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, StringConstraints, field_validator
 
-from templar.clock import Now
 from templar.comms.exchange import RecordError, _Record, dump_record, parse_record
 from templar.comms.keys import (
     checkpoint_file_key,
@@ -27,8 +26,9 @@ from templar.comms.keys import (
     checkpoint_prefix,
     latest_checkpoint_key,
 )
-from templar.config import PROTOCOL_VERSION
-from templar.log import context
+from templar.core.clock import Now
+from templar.core.config import PROTOCOL_VERSION
+from templar.core.log import context
 from templar.storage.base import Bucket, ObjectNotFound, ObjectTooLarge, StorageError, StorageTimeout
 from templar.wire import Run
 

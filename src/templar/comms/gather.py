@@ -22,10 +22,10 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Generic, TypeVar
 
-from templar.clock import Now
 from templar.comms.keys import gradient_key
-from templar.config import PROTOCOL_VERSION
-from templar.log import context, short
+from templar.core.clock import Now
+from templar.core.config import PROTOCOL_VERSION
+from templar.core.log import context, short
 from templar.storage.base import (
     DEFAULT_TIMEOUT,
     Bucket,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from templar.config import PROTOCOL_VERSION
+from templar.core.config import PROTOCOL_VERSION
 
 
 def _root(version: int) -> str:

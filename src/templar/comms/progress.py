@@ -8,7 +8,7 @@ window for every window in which nobody was aggregated.
 from __future__ import annotations
 
 from templar.comms.exchange import Window, _RunRecord, check_run, dump_record, parse_record
-from templar.config import PROTOCOL_VERSION
+from templar.core.config import PROTOCOL_VERSION
 from templar.storage.base import DEFAULT_TIMEOUT, Bucket, ObjectNotFound
 from templar.wire import Run
 

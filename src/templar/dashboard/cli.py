@@ -53,7 +53,7 @@ def localnet_hparams(out: Path) -> str:
 def board_config(args: argparse.Namespace):
     """The `BoardConfig` the parsed flags describe (raises ValueError on a bad combination)."""
     from templar.chain import connect
-    from templar.config import load_hparams
+    from templar.core.config import load_hparams
     from templar.dashboard.board import BoardConfig
 
     hp = load_hparams(args.hparams or (localnet_hparams(args.localnet) if args.localnet else None))
@@ -83,10 +83,10 @@ def board_config(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    from templar.config import HParamsError
+    from templar.core.config import HParamsError
+    from templar.core.log import setup_logging
     from templar.dashboard.board import Board
     from templar.dashboard.server import DEFAULT_HOST, DEFAULT_PORT, BindError, serve
-    from templar.log import setup_logging
 
     setup_logging()
     try:

@@ -1,6 +1,6 @@
 """Incremental reading of an append-only JSONL file that another process is writing.
 
-The roles append one fsynced line per record (`templar.records`), so a reader can see a line
+The roles append one fsynced line per record (`templar.runtime.records`), so a reader can see a line
 that is still being written, and an operator may rotate or truncate the file. `JsonlTail`
 remembers its byte offset and the file's identity, returns only records completed since the
 last poll, and never raises on bad content: a torn last line waits for its newline, a line that

@@ -18,7 +18,7 @@ from loguru import logger
 
 from templar.dashboard.app import create_app
 from templar.dashboard.board import Board
-from templar.locator import is_loopback
+from templar.storage.locator import is_loopback
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8787
@@ -118,7 +118,7 @@ def start_localnet_dashboard(out: Path, hparams: str, port: int, netuid: int) ->
     from functools import partial
 
     from templar.chain import connect
-    from templar.config import load_hparams
+    from templar.core.config import load_hparams
     from templar.dashboard.board import BoardConfig
 
     hp = load_hparams(hparams)

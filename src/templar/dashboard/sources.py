@@ -4,7 +4,7 @@ Only these files are ever opened: `scores.jsonl`, `validator_windows.jsonl`, `sc
 (validators), `miner_windows.jsonl` and the tail of `node.log` for its `[SYNC]` lines (miners),
 and `nodes.json` (a localnet). `eval_secret`, wallets, bucket credentials and model state are
 never read, so the dashboard cannot show them. Every record is checked against the field types
-of its `templar.records` class before use; a line that fails is counted and skipped, and each
+of its `templar.runtime.records` class before use; a line that fails is counted and skipped, and each
 source lists what is missing in `problems()` for the page to say.
 
 Histories are bounded (`MAX_WINDOWS` windows, `MAX_PEER_RECORDS` per peer, `MAX_PEERS`
@@ -25,7 +25,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 
 from templar.dashboard.jsonl import JsonlTail
-from templar.records import (
+from templar.runtime.records import (
     MINER_WINDOWS_FILE,
     SCORES_FILE,
     VALIDATOR_WINDOWS_FILE,

@@ -19,7 +19,7 @@ from templar.dashboard.board import Board
 from templar.dashboard.chainwatch import agreement, bucket_label, pairwise
 from templar.dashboard.sources import MinerSource, ValidatorSource, valid_hotkey
 from templar.dashboard.svg import PALETTE, line_chart, sparkline
-from templar.records import PeerScoreRecord
+from templar.runtime.records import PeerScoreRecord
 
 PASSING = {"ok", "warmup", "not-sampled"}
 STATUS_MEANING = {

@@ -12,12 +12,12 @@ import argparse
 import asyncio
 from pathlib import Path
 
-from templar.config import HParamsError, load_hparams
+from templar.core.config import HParamsError, load_hparams
 from templar.data.manifest import ManifestError
 from templar.data.prepare import Geometry, PrepareError, prepare, upload
 from templar.data.source import corpus_bucket
-from templar.locator import BucketLocator, Credentials, LocatorError
 from templar.storage import StorageError, open_bucket
+from templar.storage.locator import BucketLocator, Credentials, LocatorError
 
 SHARD_TOKENS = 1 << 27
 """Default shard size: 128M tokens (256 MB of uint16), ~1000 pages of the production geometry."""

@@ -26,6 +26,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from templar.core.log import context
 from templar.data.manifest import (
     MANIFEST_KEY,
     MAX_MANIFEST_BYTES,
@@ -35,7 +36,6 @@ from templar.data.manifest import (
     parse_index,
     parse_manifest,
 )
-from templar.log import context
 from templar.storage import Bucket, ObjectNotFound, StorageError
 
 GET_TIMEOUT = 10.0

@@ -1,4 +1,4 @@
-"""A sharded node's own state: the one safetensors file of `templar.state`, for any rank count.
+"""A sharded node's own state: the one safetensors file of `templar.runtime.state`, for any rank count.
 
 Choice (issue #17 §5): gathered safetensors rather than torch.distributed.checkpoint. Rank 0
 gathers θ (FSDP rows) and the error feedback (from each parameter's owner), one tensor in flight
@@ -29,7 +29,7 @@ from torch import nn
 from templar.distributed.demo import ShardedDeMo
 from templar.distributed.fsdp import local, local_rows
 from templar.distributed.group import Group, scatter_rows
-from templar.state import EF_PREFIX, MODEL_PREFIX, NodeState
+from templar.runtime.state import EF_PREFIX, MODEL_PREFIX, NodeState
 
 __all__ = ["full_model_state", "gather_model", "load_sharded_state", "save_sharded_state", "stream_safetensors"]
 

@@ -28,7 +28,8 @@ from torch import nn
 
 from templar.comms import CheckpointError
 from templar.compress import Compressed, DCTCompressor
-from templar.config import HParams
+from templar.core.config import HParams
+from templar.core.model import build_model
 from templar.distributed.checkpoint import (
     gather_model,
     load_sharded_state,
@@ -41,10 +42,9 @@ from templar.distributed.fsdp import local, local_rows, reshard, shard_model
 from templar.distributed.group import Group, init_group, scatter_rows
 from templar.distributed.outer import collect_probes_sharded, outer_step_sharded
 from templar.distributed.train import accumulate_sharded
-from templar.model import build_model
-from templar.outer import OuterStep
-from templar.state import NodeState
-from templar.train import TrainStats
+from templar.runtime.outer import OuterStep
+from templar.runtime.state import NodeState
+from templar.runtime.train import TrainStats
 from templar.wire import Gradient
 
 __all__ = ["NodeCompute", "compute_of"]
@@ -165,7 +165,7 @@ class NodeCompute:
         return collect_probes_sharded(self.model, window, self.hp, self.group)
 
     def outer_step(self, gradients: list[Gradient], state: NodeState, *, keep_signs: bool = False) -> OuterStep | None:
-        """`templar.outer.outer_step`; `state` is updated on rank 0 (the followers keep none)."""
+        """`templar.runtime.outer.outer_step`; `state` is updated on rank 0 (the followers keep none)."""
         return self._call("outer_step", {"gradients": gradients, "state": state}, keep_signs=keep_signs)
 
     def _outer_step(self, keep_signs: bool, gradients: list[Gradient] | None = None,
@@ -234,7 +234,7 @@ class NodeCompute:
         save_sharded_state(Path(path), self.model, self.demo, state or NodeState(-1, 0), self.group)
 
     def load_node_state(self, path: Path) -> tuple[NodeState, dict[str, torch.Tensor]] | None:
-        """`templar.state.load_node_state`, sharded: the error feedback goes straight into the
+        """`templar.runtime.state.load_node_state`, sharded: the error feedback goes straight into the
         owners' buffers, so the returned dict is empty. ValueError when the file does not match."""
         state = self._call("load_node_state", path=str(path))
         return None if state is None else (state, {})
@@ -243,7 +243,7 @@ class NodeCompute:
         return load_sharded_state(Path(path), self.model, self.demo, self.group)
 
     def load_model_file(self, path: Path) -> None:
-        """`templar.sync.load_model_file` (a published checkpoint): CheckpointError on every rank
+        """`templar.runtime.sync.load_model_file` (a published checkpoint): CheckpointError on every rank
         when rank 0's checks fail, before anything changes."""
         self._call("load_model_file", path=str(path))
 
@@ -282,7 +282,7 @@ class NodeCompute:
 
 
 def _check_model_file(path: Path, expected: dict[str, torch.Tensor]) -> str | None:
-    """The checks of `templar.sync.load_model_file` (names, shapes, dtypes, finite values)."""
+    """The checks of `templar.runtime.sync.load_model_file` (names, shapes, dtypes, finite values)."""
     try:
         with safe_open(str(path), framework="pt") as f:
             names = set(f.keys())

@@ -20,7 +20,7 @@ from torch import nn
 from templar.distributed.fsdp import local, local_rows, reshard
 from templar.distributed.group import Group, scatter_rows
 from templar.distributed.train import rank_share
-from templar.train import _autocast
+from templar.runtime.train import _autocast
 from templar.validator.evaluate import Evaluator
 
 __all__ = ["ShardedEvaluator", "sequence_losses_sharded"]
@@ -29,7 +29,7 @@ __all__ = ["ShardedEvaluator", "sequence_losses_sharded"]
 @torch.no_grad()
 def sequence_losses_sharded(model: nn.Module, batch: torch.Tensor, micro_batch_size: int,
                             group: Group) -> torch.Tensor:
-    """`templar.train.sequence_losses` with each rank scoring its share; float64 CPU on every rank."""
+    """`templar.runtime.train.sequence_losses` with each rank scoring its share; float64 CPU on every rank."""
     was_training = model.training
     model.eval()
     n = batch.size(0)

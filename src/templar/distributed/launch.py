@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable
 
 from templar.distributed.compute import NodeCompute
 from templar.distributed.group import init_group
-from templar.node import Node, start_node
+from templar.runtime.node import Node, start_node
 
 __all__ = ["run_node"]
 

@@ -1,4 +1,4 @@
-"""The outer step on a sharded model, bit-identical to `templar.outer.outer_step`.
+"""The outer step on a sharded model, bit-identical to `templar.runtime.outer.outer_step`.
 
 Every rank receives the same peers' coefficients (rank 0 downloaded and validated the payloads;
 it broadcasts them a bucket of parameters at a time) and runs `templar.compress.aggregate` one parameter at a time: the same deterministic
@@ -18,12 +18,12 @@ import torch
 from torch import nn
 
 from templar.compress import ChunkPlan, Compressed, aggregate, plan_chunks, topk_per_chunk
-from templar.config import HParams
+from templar.core.config import HParams
+from templar.core.schedule import learning_rate
 from templar.distributed.fsdp import local, local_rows
 from templar.distributed.group import Group
-from templar.outer import OuterStep, update_step
-from templar.schedule import learning_rate
-from templar.state import NodeState
+from templar.runtime.outer import OuterStep, update_step
+from templar.runtime.state import NodeState
 from templar.wire import Gradient, probe_positions
 
 __all__ = ["collect_probes_sharded", "outer_step_sharded"]
@@ -57,7 +57,7 @@ def _buckets(params: list[tuple[str, torch.Tensor]], plans: dict[str, ChunkPlan]
 @torch.no_grad()
 def outer_step_sharded(model: nn.Module, gradients: Sequence[Gradient] | None, state: NodeState, hp: HParams,
                        group: Group, *, apply: bool = True, keep_signs: bool = False) -> OuterStep | None:
-    """`templar.outer.outer_step` for a node of N ranks. `gradients`: rank 0's received payloads
+    """`templar.runtime.outer.outer_step` for a node of N ranks. `gradients`: rank 0's received payloads
     (ignored elsewhere). Rank 0 broadcasts the eligible peers' coefficients in buckets of
     parameters as flat tensors (no pickling of payloads; a rank holds one bucket at a time).
     `keep_signs` returns the full signs on this rank (the lead validator publishes them)."""
@@ -112,7 +112,7 @@ def outer_step_sharded(model: nn.Module, gradients: Sequence[Gradient] | None, s
 
 @torch.no_grad()
 def collect_probes_sharded(model: nn.Module, window: int, hp: HParams, group: Group) -> dict[str, torch.Tensor]:
-    """`templar.outer.collect_probes` of the sharded θ, on every rank: each probe is read by the
+    """`templar.runtime.outer.collect_probes` of the sharded θ, on every rank: each probe is read by the
     rank holding its row and summed as int32 bit patterns (exact, signed zeros included)."""
     names, parts = [], []
     for name, p in model.named_parameters():

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from templar.config import HParams, load_hparams
+from templar.core.config import HParams, load_hparams
 from templar.distributed.demo import assign_owners
 
 __all__ = ["SHAPES", "Sizing", "llama_shape", "markdown_table", "report", "size_node"]

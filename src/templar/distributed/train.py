@@ -17,9 +17,9 @@ import time
 import torch
 from torch import nn
 
+from templar.core.model import causal_lm_loss
 from templar.distributed.group import Group
-from templar.model import causal_lm_loss
-from templar.train import TrainStats, _autocast
+from templar.runtime.train import TrainStats, _autocast
 
 __all__ = ["accumulate_sharded", "rank_share"]
 

@@ -18,7 +18,7 @@ from typing import Annotated, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from templar.atomic import atomic_write
+from templar.core.atomic import atomic_write
 from templar.gauntlet.rating import DEFAULT_RATING, loss_rating, rate_match
 from templar.gauntlet.scores import normalise, peer_score, penalise, ramped_mu, update_mu
 from templar.gauntlet.scores import top_g as select_top_g
@@ -344,7 +344,7 @@ class ScoreBook:
         return cls(schema.peers)
 
     def save(self, path: str | Path) -> None:
-        """Write atomically (`templar.atomic`): a crash leaves the previous file or the new one."""
+        """Write atomically (`templar.core.atomic`): a crash leaves the previous file or the new one."""
         atomic_write(path, self.to_json().encode())
 
     @classmethod

@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING
 import torch
 
 from templar.comms.keys import gradient_key
-from templar.log import context, short
+from templar.core.log import context, short
 from templar.miner.hooks import MinerHooks
-from templar.outer import payload_reader
+from templar.runtime.outer import payload_reader
 from templar.storage import StorageError
 from templar.wire import PayloadError, write_gradient
 

@@ -15,7 +15,7 @@ import sys
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
 from templar.localnet.adversaries import ADVERSARIES, make_adversary
-from templar.node import add_node_args
+from templar.runtime.node import add_node_args
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -30,7 +30,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from templar.miner.loop import Miner
-    from templar.node import run_node
+    from templar.runtime.node import run_node
 
     hooks = make_adversary(args.strategy, target=args.copy_hotkey)
     return run_node(args, "miner", lambda node: Miner(node, hooks=hooks).run(args.windows))

@@ -38,9 +38,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from templar.core.log import setup_logging
     from templar.localnet.report import build_report
     from templar.localnet.runner import run_localnet
-    from templar.log import setup_logging
 
     setup_logging()
     if args.report_only:

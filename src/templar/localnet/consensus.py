@@ -18,7 +18,7 @@ from typing import Protocol
 import numpy as np
 
 from templar.chain import yuma
-from templar.records import SCORES_FILE, read_records
+from templar.runtime.records import SCORES_FILE, read_records
 
 
 class _Node(Protocol):

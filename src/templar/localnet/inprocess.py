@@ -23,13 +23,13 @@ import time
 import torch
 from loguru import logger
 
-from templar.clock import loop_time, run_virtual
+from templar.core.clock import loop_time, run_virtual
+from templar.core.log import setup_logging
 from templar.localnet.adversaries import make_adversary
 from templar.localnet.report import NodeInfo, lead_validator
 from templar.localnet.runner import Localnet, is_adversary
-from templar.log import setup_logging
 from templar.miner.loop import Miner
-from templar.node import Node, add_node_args, start_node
+from templar.runtime.node import Node, add_node_args, start_node
 from templar.validator.loop import Validator
 
 

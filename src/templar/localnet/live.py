@@ -7,7 +7,7 @@ from pathlib import Path
 from rich.table import Table
 
 from templar.localnet.report import NodeInfo, lead_validator
-from templar.records import MINER_WINDOWS_FILE, SCORES_FILE, VALIDATOR_WINDOWS_FILE, read_records
+from templar.runtime.records import MINER_WINDOWS_FILE, SCORES_FILE, VALIDATOR_WINDOWS_FILE, read_records
 
 
 def _last(path: Path) -> dict | None:

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from templar.localnet.consensus import consensus_by_window, render_consensus
-from templar.records import MINER_WINDOWS_FILE, SCORES_FILE, VALIDATOR_WINDOWS_FILE, read_records
+from templar.runtime.records import MINER_WINDOWS_FILE, SCORES_FILE, VALIDATOR_WINDOWS_FILE, read_records
 
 NODES_FILE = "nodes.json"
 

@@ -22,10 +22,10 @@ from rich.console import Console
 from rich.live import Live
 
 from templar.chain.embedded import create_dev_chain
-from templar.config import REPO_ROOT, load_hparams, resolve_hparams_path
+from templar.core.config import REPO_ROOT, load_hparams, resolve_hparams_path
 from templar.localnet.live import live_table
 from templar.localnet.report import NodeInfo, build_report, lead_validator, write_nodes
-from templar.records import VALIDATOR_WINDOWS_FILE, read_records
+from templar.runtime.records import VALIDATOR_WINDOWS_FILE, read_records
 
 NETUID = 1
 WALLET = "localnet"
@@ -179,7 +179,7 @@ class Localnet:
 
     def start(self) -> None:
         # The neurons read pages from the prepared sample corpus; fail here, once, if it is missing.
-        from templar.config import resolve_asset
+        from templar.core.config import resolve_asset
         from templar.data import LocalCorpus
 
         LocalCorpus(resolve_asset(self.hp.data.corpus), digest=self.hp.data.manifest or None)

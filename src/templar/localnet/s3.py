@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from templar.locator import WRITE_KEY_ID_ENV, WRITE_SECRET_ENV
+from templar.storage.locator import WRITE_KEY_ID_ENV, WRITE_SECRET_ENV
 from templar.storage.seaweed import SeaweedServer
 
 

@@ -12,16 +12,21 @@ import time
 from templar.comms import RecordError, get_peers, put_gradient
 from templar.comms.keys import gradient_key
 from templar.compress import DCTCompressor, DeMo
-from templar.log import context
+from templar.core.log import context
+from templar.core.schedule import learning_rate
 from templar.miner.hooks import MinerHooks
-from templar.node import Node, OwnBucketError
-from templar.outer import collect_probes, gather_gradients, outer_step
-from templar.records import MINER_WINDOWS_FILE, MinerWindowRecord, append_record, drop_uncommitted_records
-from templar.schedule import learning_rate
-from templar.state import NodeState, save_node_state
+from templar.runtime.node import Node, OwnBucketError
+from templar.runtime.outer import collect_probes, gather_gradients, outer_step
+from templar.runtime.records import (
+    MINER_WINDOWS_FILE,
+    MinerWindowRecord,
+    append_record,
+    drop_uncommitted_records,
+)
+from templar.runtime.state import NodeState, save_node_state
+from templar.runtime.sync import STATE_FILE, Phase, catch_up, restore
+from templar.runtime.train import accumulate_gradients, gradients
 from templar.storage import StorageError
-from templar.sync import STATE_FILE, Phase, catch_up, restore
-from templar.train import accumulate_gradients, gradients
 from templar.wire import max_gradient_bytes, write_gradient
 
 MAX_FAILED_UPLOADS = 5

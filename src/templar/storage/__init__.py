@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import re
 
-from templar.clock import Now
-from templar.locator import BucketLocator, Credentials, LocatorError
+from templar.core.clock import Now
 from templar.storage.base import (
     DEFAULT_TIMEOUT,
     Blob,
@@ -28,6 +27,7 @@ from templar.storage.base import (
     validate_key,
 )
 from templar.storage.local import LocalBucket
+from templar.storage.locator import BucketLocator, Credentials, LocatorError
 from templar.storage.s3 import S3Bucket
 
 __all__ = [

@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
-from templar.atomic import fsync_dir
+from templar.core.atomic import fsync_dir
 from templar.storage.base import (
     BucketUnreachable,
     ObjectInfo,

@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import TypeVar
 
-from templar.atomic import atomic_write
+from templar.core.atomic import atomic_write
 from templar.storage.base import (
     DEFAULT_TIMEOUT,
     Blob,
@@ -79,7 +79,7 @@ class LocalBucket(Bucket):
     # -- writes ------------------------------------------------------------------------------
 
     def _commit(self, key: str, write: Callable[[Path], None]) -> None:
-        """Write via `write` to a staging file, then atomically over `key` (`templar.atomic`)."""
+        """Write via `write` to a staging file, then atomically over `key` (`templar.core.atomic`)."""
         dest = self._path(key)
         staging = self.root / _STAGING
         staging.mkdir(parents=True, exist_ok=True)

@@ -21,7 +21,6 @@ from aiobotocore.config import AioConfig
 from aiobotocore.session import AioSession, get_session
 from botocore.exceptions import BotoCoreError, ClientError, ReadTimeoutError
 
-from templar.locator import Credentials
 from templar.storage.base import (
     DEFAULT_TIMEOUT,
     Blob,
@@ -39,6 +38,7 @@ from templar.storage.base import (
     validate_prefix,
     validate_range,
 )
+from templar.storage.locator import Credentials
 
 MULTIPART_THRESHOLD = 64 << 20
 PART_SIZE = 16 << 20

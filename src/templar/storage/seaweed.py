@@ -27,7 +27,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
-from templar.locator import BucketLocator, Credentials, validate_bucket_name
+from templar.storage.locator import BucketLocator, Credentials, validate_bucket_name
 
 _SERVICES = ("master", "volume", "filer", "s3", "admin")
 _GRPC_OFFSET = 10000

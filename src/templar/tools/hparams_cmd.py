@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from templar.config import HParamsError, load_hparams
+from templar.core.config import HParamsError, load_hparams
 from templar.tools.sizing import DEFAULT_MFU, format_sizing, window_sizing
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from templar.config import HParams
+from templar.core.config import HParams
 
 H100_BF16_FLOPS = 989e12
 DEFAULT_MFU = 0.40
@@ -27,7 +27,7 @@ HOLDOUT_PAGES = 4  # templar.validator.loop.HOLDOUT_PAGES
 
 def window_sizing(hp: HParams, *, mfu: float = DEFAULT_MFU) -> dict[str, Any]:
     """The figures of `templar hparams` (and the sizing table of docs/mining.md)."""
-    from templar.model import build_model, parameter_count, parameter_shapes
+    from templar.core.model import build_model, parameter_count, parameter_shapes
     from templar.wire import max_gradient_bytes
 
     model = build_model(hp, "meta")

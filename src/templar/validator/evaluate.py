@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from templar.train import sequence_losses
+from templar.runtime.train import sequence_losses
 
 
 @dataclass(frozen=True)

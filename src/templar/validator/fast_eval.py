@@ -1,7 +1,7 @@
 """Fast evaluation (paper §3.2) of many peers per window: cheap checks, each failure a named status.
 
 A peer passes when its upload arrived inside the put window, decoded cleanly, claims the
-global_step we hold (`templar.outer.update_step`: a claim is checked, never adopted), is in sync with our
+global_step we hold (`templar.runtime.outer.update_step`: a claim is checked, never adopted), is in sync with our
 model (mean |θ_val − θ_peer| / α over this window's probes ≤ `sync_max_steps`), is not a copy
 of an earlier upload by another hotkey, and is not shouting: the L2 norm of its values is at most
 `max_norm_ratio` times the window's median. Only the upper side is checked: error-feedback

@@ -11,15 +11,15 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from templar.atomic import atomic_write
 from templar.comms import cleanup_checkpoints, put_aggregate, put_peers, put_start_window, save_checkpoint
 from templar.comms.keys import aggregate_key, window_of
 from templar.comms.progress import put_progress
-from templar.log import context
-from templar.node import Node
-from templar.outer import OuterStep
+from templar.core.atomic import atomic_write
+from templar.core.log import context
+from templar.runtime.node import Node
+from templar.runtime.outer import OuterStep
+from templar.runtime.sync import MODEL_FILE
 from templar.storage import StorageError
-from templar.sync import MODEL_FILE
 from templar.wire import write_aggregate
 
 KEEP_CHECKPOINTS = 3

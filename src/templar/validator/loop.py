@@ -12,15 +12,16 @@ import os
 import time
 from pathlib import Path
 
-from templar.atomic import atomic_write
 from templar.chain import ChainError, RateLimited
 from templar.comms import GatherResult, GatherStatus, RecordError, get_peers, get_start_window
 from templar.compress import aggregate
+from templar.core.atomic import atomic_write
+from templar.core.log import context, short
+from templar.core.schedule import learning_rate
 from templar.gauntlet import PrimaryResult, ScoreBook, ScoreBookError, select_eval_pages, select_eval_peers
-from templar.log import context, short
-from templar.node import Node
-from templar.outer import OuterStep, collect_probes, gather_gradients, outer_step
-from templar.records import (
+from templar.runtime.node import Node
+from templar.runtime.outer import OuterStep, collect_probes, gather_gradients, outer_step
+from templar.runtime.records import (
     SCORES_FILE,
     VALIDATOR_WINDOWS_FILE,
     PeerScoreRecord,
@@ -28,11 +29,10 @@ from templar.records import (
     append_record,
     drop_uncommitted_records,
 )
-from templar.schedule import learning_rate
-from templar.state import NodeState, save_node_state
+from templar.runtime.state import NodeState, save_node_state
+from templar.runtime.sync import STATE_FILE, Phase, catch_up, restore
+from templar.runtime.train import evaluate_loss
 from templar.storage import StorageError
-from templar.sync import STATE_FILE, Phase, catch_up, restore
-from templar.train import evaluate_loss
 from templar.validator.evaluate import Evaluator, LossScores
 from templar.validator.fast_eval import FastVerdict, fast_evaluate
 from templar.validator.lead import CheckpointPublisher, WindowPublisher, publish_start_window

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from templar.config import PROTOCOL_VERSION
+from templar.core.config import PROTOCOL_VERSION
 from templar.wire.container import (
     Container,
     Signer,

@@ -23,7 +23,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from templar.config import PROTOCOL_VERSION
+from templar.core.config import PROTOCOL_VERSION
 from templar.wire.errors import PayloadError
 
 __all__ = [

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from templar.compress import ChunkPlan, Compressed, plan_chunks, topk_per_chunk
-from templar.config import PROTOCOL_VERSION, HParams
+from templar.core.config import PROTOCOL_VERSION, HParams
 from templar.wire import codec
 from templar.wire.container import (
     DTYPE_NAMES,

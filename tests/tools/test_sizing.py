@@ -2,7 +2,7 @@
 tokens, and a validator's evaluation fits inside the window at the stated MFU."""
 
 from templar.cli import main
-from templar.config import load_hparams
+from templar.core.config import load_hparams
 from templar.tools.sizing import window_sizing
 
 

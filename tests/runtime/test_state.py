@@ -8,9 +8,9 @@ import json
 import pytest
 import torch
 
-from templar.model import build_model
-from templar.records import trim_records
-from templar.state import NodeState, load_node_state_or_previous, previous_path, save_node_state
+from templar.core.model import build_model
+from templar.runtime.records import trim_records
+from templar.runtime.state import NodeState, load_node_state_or_previous, previous_path, save_node_state
 
 
 def test_a_torn_state_falls_back_to_the_previous_one(hp, tmp_path):

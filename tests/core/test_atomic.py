@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from templar.atomic import atomic_write
+from templar.core.atomic import atomic_write
 
 
 def test_replaces_content_and_leaves_no_temporary_files(tmp_path):

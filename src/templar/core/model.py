@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from templar.config import HParams
+from templar.core.config import HParams
 
 
 def llama_config(hp: HParams) -> LlamaConfig:

@@ -11,8 +11,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from templar.config import REPO_ROOT
-from templar.node import EXIT_CONFIG, Node, StartupError, add_node_args, start_node
+from templar.core.config import REPO_ROOT
+from templar.runtime.node import EXIT_CONFIG, Node, StartupError, add_node_args, start_node
 from templar.storage import LocalBucket
 
 

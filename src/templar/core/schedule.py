@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from templar.config import OptimizerConfig
+from templar.core.config import OptimizerConfig
 
 
 def learning_rate(step: int, opt: OptimizerConfig) -> float:

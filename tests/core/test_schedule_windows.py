@@ -5,9 +5,9 @@ import math
 
 import pytest
 
-from templar.config import load_hparams
-from templar.schedule import learning_rate
-from templar.windows import Clock
+from templar.core.config import load_hparams
+from templar.core.schedule import learning_rate
+from templar.runtime.windows import Clock
 
 
 def test_learning_rate_warmup_then_cosine():

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from templar.model import causal_lm_loss
+from templar.core.model import causal_lm_loss
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from templar.atomic import atomic_write
+from templar.core.atomic import atomic_write
 
 _MODEL = "model."
 _EF = "ef."

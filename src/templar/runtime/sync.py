@@ -1,7 +1,7 @@
 """Joining a running subnet (DESIGN §8, seeds 000 and 002), shared by miners and validators.
 
 Phases, each announced by one `[SYNC]` line:
-  1. registration check (in `templar.node.start_node`)
+  1. registration check (in `templar.runtime.node.start_node`)
   2. state download: own local state if recent, else the lead validator's latest checkpoint
      (sha256-verified, resumable, progress bar), else θ_0 of the run
   3. catch-up: replay the lead's published aggregates up to the current window, no uploads
@@ -27,10 +27,10 @@ from templar.comms import (
     get_start_window,
 )
 from templar.comms.progress import get_progress
-from templar.log import context
-from templar.node import Node
-from templar.outer import apply_update, update_step
-from templar.state import NodeState, load_node_state_or_previous
+from templar.core.log import context
+from templar.runtime.node import Node
+from templar.runtime.outer import apply_update, update_step
+from templar.runtime.state import NodeState, load_node_state_or_previous
 from templar.storage import StorageError
 from templar.wire import PayloadError, max_aggregate_bytes, read_aggregate
 

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from templar.atomic import atomic_write
+from templar.core.atomic import atomic_write
 
 SCORES_FILE = "scores.jsonl"
 VALIDATOR_WINDOWS_FILE = "validator_windows.jsonl"
@@ -75,7 +75,7 @@ _listeners: list[RecordListener] = []
 def add_listener(listener: RecordListener) -> None:
     """Call `listener(path, record)` after every `append_record` in this process.
 
-    This is how `templar.metrics` follows the roles without a line in their loops: every number
+    This is how `templar.runtime.metrics` follows the roles without a line in their loops: every number
     it exports is already in a record. A listener must be quick and must not raise; if it does,
     the error is logged and the record still counts as written.
     """

@@ -8,15 +8,15 @@ import copy
 import pytest
 import torch
 
-from templar.clock import LoopTime, run_virtual
 from templar.comms import GatherStatus, put_gradient
 from templar.compress import aggregate, apply_signed_update
-from templar.model import build_model
-from templar.outer import apply_update, gather_gradients, outer_step, update_step
-from templar.schedule import learning_rate
-from templar.state import NodeState
+from templar.core.clock import LoopTime, run_virtual
+from templar.core.model import build_model
+from templar.core.schedule import learning_rate
+from templar.runtime.outer import apply_update, gather_gradients, outer_step, update_step
+from templar.runtime.state import NodeState
+from templar.runtime.windows import Clock
 from templar.storage import LocalBucket
-from templar.windows import Clock
 from templar.wire import Gradient, PayloadError, Run, write_gradient
 
 
@@ -109,7 +109,7 @@ def test_gather_gradients_judges_timing_size_and_bytes_alike_for_every_node(hp, 
                             global_step=1, hotkey=keypair.ss58_address, hp=hp, run=RUN, sign=keypair.sign)
 
     async def scenario():
-        from templar.clock import loop_time
+        from templar.core.clock import loop_time
 
         clock = window_clock(loop_time())
         buckets = {name: LocalBucket(tmp_path / name, now=clock.now) for name in ("on_time", "early", "late",

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from templar.clock import SYSTEM_TIME, LoopTime, VirtualTimeLoop, loop_time, run_virtual, sleep_until
+from templar.core.clock import SYSTEM_TIME, LoopTime, VirtualTimeLoop, loop_time, run_virtual, sleep_until
 
 START = 1_700_000_000.0
 

@@ -8,7 +8,7 @@ import pytest
 
 from templar.localnet.consensus import consensus_by_window, render_consensus
 from templar.localnet.report import NodeInfo, build_report, write_nodes
-from templar.records import (
+from templar.runtime.records import (
     SCORES_FILE,
     VALIDATOR_WINDOWS_FILE,
     PeerScoreRecord,

@@ -13,8 +13,8 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from templar.clock import SYSTEM_TIME, TimeSource, sleep_until
-from templar.config import WindowConfig
+from templar.core.clock import SYSTEM_TIME, TimeSource, sleep_until
+from templar.core.config import WindowConfig
 
 SETTLE_SECONDS = 0.25
 """Time for an upload stamped at the last acceptable instant to become visible to readers."""

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from templar.config import HParamsError, load_hparams, resolve_hparams_path
+from templar.core.config import HParamsError, load_hparams, resolve_hparams_path
 
 
 def test_production_and_tiny_validate():

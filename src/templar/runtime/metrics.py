@@ -4,7 +4,7 @@
     python neurons/miner.py ... --metrics.port 9102 --metrics.host 0.0.0.0   # logs a warning
 
 Every number exported is one the roles already write to their JSONL records, so the exporter
-follows them through `templar.records.add_listener` and the window loops carry no metrics code.
+follows them through `templar.runtime.records.add_listener` and the window loops carry no metrics code.
 A validator exports per-uid scores and weights (labels `uid`, `hotkey`); a peer that leaves the
 score book leaves the metrics at the next window, so label sets stay bounded by the subnet size.
 Nothing is sent anywhere: Prometheus scrapes this endpoint, or nobody does.
@@ -22,14 +22,14 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_serv
 from prometheus_client.process_collector import ProcessCollector
 
 from templar import __version__
-from templar.locator import is_loopback
-from templar.records import (
+from templar.runtime.records import (
     MinerWindowRecord,
     PeerScoreRecord,
     ValidatorWindowRecord,
     add_listener,
     remove_listener,
 )
+from templar.storage.locator import is_loopback
 
 DEFAULT_HOST = "127.0.0.1"
 

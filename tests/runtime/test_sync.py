@@ -11,16 +11,16 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from templar.clock import LoopTime, loop_time, run_virtual
 from templar.comms import put_aggregate
 from templar.comms.progress import put_progress
 from templar.compress import aggregate
-from templar.model import build_model, parameter_shapes
-from templar.outer import apply_update
-from templar.state import NodeState
+from templar.core.clock import LoopTime, loop_time, run_virtual
+from templar.core.model import build_model, parameter_shapes
+from templar.runtime.outer import apply_update
+from templar.runtime.state import NodeState
+from templar.runtime.sync import catch_up
+from templar.runtime.windows import Clock
 from templar.storage import Bucket, LocalBucket
-from templar.sync import catch_up
-from templar.windows import Clock
 from templar.wire import Run, write_aggregate
 
 GENESIS = 1_700_000_000.0

@@ -2,9 +2,9 @@
 
 import torch
 
-from templar.config import load_hparams
+from templar.core.config import load_hparams
+from templar.core.model import build_model, causal_lm_loss, parameter_count
 from templar.data import LocalCorpus
-from templar.model import build_model, causal_lm_loss, parameter_count
 
 
 def test_production_model_is_about_1_2b():
@@ -41,7 +41,7 @@ def test_a_window_without_usable_pages_trains_nothing_and_does_not_crash(tiny_pa
     """The data bucket down for a whole window: zero gradient, unknown loss, no exception."""
     import math
 
-    from templar.train import accumulate_gradients, evaluate_loss, gradients
+    from templar.runtime.train import accumulate_gradients, evaluate_loss, gradients
 
     hp = load_hparams("tiny")
     model = build_model(hp)

@@ -22,16 +22,16 @@ from loguru import logger
 
 from templar.chain import Chain, ChainError, Neuron, NotRegistered
 from templar.chain.flags import add_chain_args, connect_from_args
-from templar.clock import SYSTEM_TIME, TimeSource
-from templar.config import HParams, HParamsError, load_hparams
+from templar.core.clock import SYSTEM_TIME, TimeSource
+from templar.core.config import HParams, HParamsError, load_hparams
+from templar.core.log import setup_logging, short
+from templar.core.model import build_model, parameter_shapes
 from templar.data import ManifestError, PagePlan, PageReader
 from templar.data.source import DEFAULT_CACHE_GB, open_reader
-from templar.locator import BucketLocator, Credentials, LocatorError
-from templar.log import setup_logging, short
-from templar.metrics import add_metrics_args, start_metrics
-from templar.model import build_model, parameter_shapes
+from templar.runtime.metrics import add_metrics_args, start_metrics
+from templar.runtime.windows import Clock
 from templar.storage import Bucket, StorageError, open_bucket
-from templar.windows import Clock
+from templar.storage.locator import BucketLocator, Credentials, LocatorError
 from templar.wire import Run
 
 EXIT_NOT_REGISTERED = 2
@@ -92,7 +92,7 @@ def add_node_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--logging.debug", dest="logging_debug", action="store_true")
     parser.add_argument("--logging.json", dest="logging_json", action="store_true", help="JSON lines on stderr")
     parser.add_argument("--logging.file", dest="logging_file", type=Path, default=None)
-    add_metrics_args(parser)  # --metrics.port / --metrics.host (templar.metrics; off by default)
+    add_metrics_args(parser)  # --metrics.port / --metrics.host (templar.runtime.metrics; off by default)
 
 
 @dataclass

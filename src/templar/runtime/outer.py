@@ -15,11 +15,11 @@ import torch
 from templar.chain import verify_signature
 from templar.comms import GatherResult, gather
 from templar.compress import aggregate, apply_signed_update
-from templar.config import HParams
-from templar.schedule import learning_rate
-from templar.state import NodeState
+from templar.core.config import HParams
+from templar.core.schedule import learning_rate
+from templar.runtime.state import NodeState
+from templar.runtime.windows import Clock
 from templar.storage import Bucket
-from templar.windows import Clock
 from templar.wire import Gradient, PayloadError, Run, max_gradient_bytes, probe_positions, read_gradient
 
 

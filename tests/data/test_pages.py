@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from templar.config import load_hparams
+from templar.core.config import load_hparams
 from templar.data import LocalCorpus, ManifestError, PageReader, load_manifest
 from templar.data.manifest import MANIFEST_KEY, Manifest, TokenizerInfo
 from templar.data.prepare import Geometry, upload, write_token_corpus

@@ -1,0 +1,1 @@
+"""Pure core: configuration, model, data pages, schedule, time and durable files. No network I/O."""
