@@ -69,6 +69,8 @@ def test_localnet_pays_honest_work_and_nothing_else(tmp_path):
     assert weight["duplicate0"] + weight["dup0-twin"] <= max([*honest, weight["dup0-twin"]]) + 1e-9, summary
     assert weight["moredata0"] > min(honest), summary
 
+    _dashboard_shows_the_run(adversarial)
+
     windows = report["windows"]
     assert windows[-1]["loss"] < windows[0]["loss"] - 0.5, windows
     with_cheats, without = _loss_at_step(adversarial), _loss_at_step(baseline)
@@ -95,3 +97,30 @@ def test_localnet_runs_every_neuron_as_its_own_process(tmp_path):
     assert "re-posting" in copycat_log, "the adversary entry point ran the copycat hook"
     weight = {p["name"]: p["final_weight"] for p in report["peers"] if p["role"] == "miner"}
     assert weight["copycat0"] < 0.01 and min(weight["miner0"], weight["miner1"]) > 0.05, weight
+
+
+def _dashboard_shows_the_run(out: Path) -> None:
+    """`templar dashboard` on a real `templar localnet` directory and its embedded chain: the
+    peers API is the lead's score book, and the pages render."""
+    import urllib.request
+
+    from templar.dashboard.server import start_localnet_dashboard
+
+    dash = start_localnet_dashboard(out, "tiny", 0, 1)
+    assert dash is not None
+    try:
+        dash.board.refresh_files()
+        dash.board.refresh_chain(force=True)
+        with urllib.request.urlopen(dash.url + "api/peers", timeout=30) as resp:
+            api = json.loads(resp.read())
+        book = json.loads((out / "nodes" / "validator0" / "scorebook.json").read_text())["peers"]
+        assert {p["hotkey"] for p in api["peers"]} == set(book)
+        for peer in api["peers"]:
+            assert peer["weight"] == pytest.approx(book[peer["hotkey"]]["weight"])
+        for path in ("", "peers", "miners"):
+            with urllib.request.urlopen(dash.url + path, timeout=30) as resp:
+                status, body = resp.status, resp.read()
+            assert status == 200, path
+            assert path == "" or b"copycat0" in body, path
+    finally:
+        dash.stop()
