@@ -193,6 +193,8 @@ def test_sign_and_verify_signature(dev_chain: DevChain, open_chains: dict) -> No
         (None, b"m", bytes(64)),
         ("5GrwvaEF5zXb26Fz9rcQpDWS57CtERHpNehXCPcNoHGKutQY", b"m", None),
     ],
+    ids=["bad-address", "empty-address", "bad-checksum", "empty-signature", "short-signature", "random-signature",
+         "str-message", "no-address", "no-signature"],
 )
 def test_verify_signature_is_false_on_garbage(hotkey, message, signature) -> None:
     assert verify_signature(hotkey, message, signature) is False
