@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from templar.comms import put_aggregate
+from templar.comms.keys import aggregate_key
 from templar.comms.progress import put_progress
 from templar.compress import aggregate
 from templar.core.clock import LoopTime, loop_time, run_virtual
@@ -20,7 +21,7 @@ from templar.runtime.outer import apply_update
 from templar.runtime.state import NodeState
 from templar.runtime.sync import catch_up
 from templar.runtime.windows import Clock
-from templar.storage import Bucket, LocalBucket
+from templar.storage import Bucket, LocalBucket, StorageError
 from templar.wire import Run, write_aggregate
 
 GENESIS = 1_700_000_000.0
@@ -112,3 +113,47 @@ def test_catch_up_takes_the_step_the_lead_signed(hp, keypair, tmp_path, publishe
 
     state = run_virtual(scenario(), start=GENESIS + 150)
     assert state.global_step == 8  # the lead's record of the run re-anchors a replaying node's count
+
+
+class _UnreadableAggregates(LocalBucket):
+    """The lead's bucket, where some aggregates cannot be read for a while (a stalled server)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.unreadable: set[str] = set()
+
+    async def fetch(self, key, *, max_bytes, timeout=30.0):
+        if key in self.unreadable:
+            raise StorageError(f"{self.name}/{key}: connection reset")
+        return await super().fetch(key, max_bytes=max_bytes, timeout=timeout)
+
+
+def test_an_unreadable_aggregate_is_never_taken_for_no_update(hp, keypair, tmp_path, published_signs):
+    """The silent fork: a follower that could not read window 12's aggregate used to move on as
+    if the lead had stepped nothing. It must stop before that window and finish once it can read."""
+    lead = keypair.ss58_address
+
+    def signed(window: int, signs_of: int, step: int) -> bytes:
+        return write_aggregate(published_signs[signs_of], window=window, global_step=step, learning_rate=1e-3,
+                               hotkey=lead, run=RUN, sign=keypair.sign)
+
+    async def scenario():
+        time = loop_time()
+        bucket = _UnreadableAggregates(tmp_path / "lead", now=time.now)
+        node = FollowerNode(hp, build_model(hp), _clock(hp, time), lead, bucket)
+        for window, signs_of, step in ((11, 11, 2), (12, 12, 3), (13, 14, 4)):
+            await put_aggregate(bucket, window, signed(window, signs_of, step))
+        await put_progress(bucket, 13, 5, run=RUN)
+        bucket.unreadable = {aggregate_key(12)}
+        stuck = await catch_up(node, NodeState(window=10, global_step=2), until=13)
+        assert (stuck.window, stuck.global_step) == (11, 3), "window 12 was assumed empty"
+        bucket.unreadable = set()
+        return node.model, await catch_up(node, stuck, until=13)
+
+    model, state = run_virtual(scenario(), start=GENESIS + 150)
+    assert (state.window, state.global_step) == (13, 5)
+    reference = build_model(hp)
+    for signs, step in ((published_signs[11], 2), (published_signs[12], 3), (published_signs[14], 4)):
+        apply_update(reference, signs, step, hp)
+    for (n, p), (_, q) in zip(model.named_parameters(), reference.named_parameters(), strict=True):
+        assert torch.equal(p, q), n

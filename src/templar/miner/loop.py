@@ -69,8 +69,10 @@ class Miner:
             behind = current - self.state.window - 1
             if behind > self.hp.windows.max_allowed_stale:
                 context(window=current, phase=self.phase).warning(
-                    f"[SYNC] {behind} windows behind (max {self.hp.windows.max_allowed_stale}): re-entering catch-up")
-                await self.join(own_state=False)
+                    f"[SYNC] {behind} windows behind (max {self.hp.windows.max_allowed_stale}): re-syncing from "
+                    "the lead's newest checkpoint")
+                self.state, own = await restore(node, self.demo.buffers)
+                await self.join(own_state=own)
                 continue
             if behind > 0:
                 # A window's processing overran: replay what we missed rather than train on stale θ,

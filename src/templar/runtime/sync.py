@@ -37,6 +37,8 @@ from templar.wire import PayloadError, max_aggregate_bytes, read_aggregate
 STATE_FILE = "state.safetensors"
 MODEL_FILE = "model.safetensors"
 CHECKPOINT_DOWNLOAD_SECONDS = 1800.0
+RETRY_SECONDS = 2.0
+"""Pause before catch-up retries a window whose update it could not establish."""
 
 
 class Phase(StrEnum):
@@ -136,8 +138,12 @@ def _checkpoint_cap(model: torch.nn.Module) -> int:
 async def catch_up(node: Node, state: NodeState, until: int) -> NodeState:
     """Phase 3: apply the lead's published aggregates for windows (state.window, until].
 
-    An aggregate not yet published is waited for until one window after its own (when the lead
-    must have published it); after that the window is taken as one without an update.
+    A window counts as one without an update only when the lead's progress says it finished that
+    window and no aggregate exists. An aggregate that cannot be read (a stalled bucket, a lead
+    still replaying behind us) is waited for until one window after its own; then catch-up stops
+    *before* that window, never assuming it was empty (that would fork this node from the run for
+    good), and returns: the caller retries, and past `max_allowed_stale` re-syncs from the lead's
+    newest checkpoint.
     """
     if state.window >= until:
         return state
@@ -151,20 +157,30 @@ async def catch_up(node: Node, state: NodeState, until: int) -> NodeState:
         if node.stop.is_set():
             break
         lead = await node.lead()
-        data = None
+        data, resolved, problem = None, False, "no lead validator with a readable bucket"
         publish_by = node.clock.times(window + 1).end
         while lead is not None:
             try:
                 data = await get_aggregate(lead[1], window, max_bytes=cap, timeout=10.0)
-                if data is None:
-                    progress = await get_progress(lead[1], run=node.run, timeout=10.0)
-                    if progress is not None and progress.window >= window:
-                        break  # the lead finished this window without an update
+                if data is not None:
+                    resolved = True
+                    break
+                progress = await get_progress(lead[1], run=node.run, timeout=10.0)
+                if progress is not None and progress.window >= window:
+                    resolved = True  # the lead finished this window without an update
+                    break
+                problem = "not published yet"
             except (StorageError, RecordError) as exc:
-                log.warning(f"aggregate {window}: {exc}")
-            if data is not None or node.clock.now() > publish_by or node.stop.is_set():
+                problem = f"unreadable: {str(exc)[:160]}"
+            if node.clock.now() > publish_by or node.stop.is_set():
                 break
             await asyncio.sleep(0.5)
+        if not resolved:
+            if not node.stop.is_set():
+                log.warning(f"[SYNC] The lead's update of window {window} is {problem}: not assuming there was "
+                            f"none; caught up to window {state.window}, retrying")
+                await node.clock.sleep_until(node.clock.now() + RETRY_SECONDS, node.stop)
+            break
         if data is not None:
             try:
                 agg = read_aggregate(data, shapes, run=node.run, verify=verify_signature,
