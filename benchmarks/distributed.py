@@ -99,7 +99,7 @@ def worker(windows: int, out: Path) -> None:
         compute.outer_step(_peers(sent, window, state.global_step), state)
         lap("outer")
         state.window = window
-        compute.save(tmp / "state.safetensors", state)
+        compute.save_state(tmp / "state.safetensors", state)
         lap("save")
         t["window"] = time.perf_counter() - start
         t["collectives"] = group.comm_seconds - comm0

@@ -3,8 +3,9 @@
 Every rank receives the same peers' coefficients (rank 0 downloaded and validated the payloads;
 it broadcasts them a bucket of parameters at a time) and runs `templar.compress.aggregate` one parameter at a time: the same deterministic
 fixed-point code on the same inputs, so the same sign(Δ) bit for bit. Each rank then applies its
-own rows, θ ← θ·(1 − α·wd) − α·sign, which is element-wise and therefore the same bits as the
-1-process update. Only one parameter's dense sign tensor exists at a time.
+own rows through the one rule, `templar.runtime.outer.apply_update` (θ ← θ·(1 − α·wd) − α·sign,
+element-wise, hence the same bits as the 1-process update), at the step `update_step` gives.
+Only one parameter's dense sign tensor exists at a time.
 
 The aggregation is repeated on every rank (not split): it is a few percent of a window, it needs
 no extra collective, and it keeps the consensus-critical path the one 1-process code.
@@ -22,7 +23,7 @@ from templar.core.config import HParams
 from templar.core.schedule import learning_rate
 from templar.distributed.fsdp import local, local_rows
 from templar.distributed.group import Group
-from templar.runtime.outer import OuterStep, update_step
+from templar.runtime.outer import OuterStep, apply_update, update_step
 from templar.runtime.state import NodeState
 from templar.wire import Gradient, probe_positions
 
@@ -77,7 +78,6 @@ def outer_step_sharded(model: nn.Module, gradients: Sequence[Gradient] | None, s
     step = update_step(state.global_step)  # the one step rule: peers' claims (`steps`) never move it
     weights = [1.0 / hp.gauntlet.top_g] * len(steps)
     lr = learning_rate(step, hp.optimizer)
-    decay = 1.0 - lr * hp.optimizer.weight_decay
     signs: dict[str, torch.Tensor] = {}
     for bucket in _buckets(params, plans, ks, len(steps)):
         sizes = [plans[n].n_chunks * ks[n] for n, _ in bucket]
@@ -98,12 +98,9 @@ def outer_step_sharded(model: nn.Module, gradients: Sequence[Gradient] | None, s
             sign = aggregate(peers, weights, {name: p.shape})[name]
             if keep_signs:
                 signs[name] = sign.clone()
-            if apply:
+            if apply:  # the one θ-update rule, on this rank's rows
                 start, end = local_rows(p.shape, group)
-                mine = local(p)
-                if decay != 1.0:
-                    mine.mul_(decay)
-                mine.add_(sign[start:end].to(device=mine.device, dtype=mine.dtype), alpha=-lr)
+                apply_update({name: local(p)}, {name: sign[start:end]}, step, hp)
         del idx, val
     if apply:
         state.global_step = step + 1

@@ -11,21 +11,20 @@ import time
 
 from templar.comms import RecordError, get_peers, put_gradient
 from templar.comms.keys import gradient_key
-from templar.compress import DCTCompressor, DeMo
 from templar.core.log import context
 from templar.core.schedule import learning_rate
 from templar.miner.hooks import MinerHooks
+from templar.runtime.compute import compute_of
 from templar.runtime.node import Node, OwnBucketError
-from templar.runtime.outer import collect_probes, gather_gradients, outer_step
+from templar.runtime.outer import gather_gradients
 from templar.runtime.records import (
     MINER_WINDOWS_FILE,
     MinerWindowRecord,
     append_record,
     drop_uncommitted_records,
 )
-from templar.runtime.state import NodeState, save_node_state
+from templar.runtime.state import NodeState
 from templar.runtime.sync import STATE_FILE, Phase, catch_up, restore
-from templar.runtime.train import accumulate_gradients, gradients
 from templar.storage import StorageError
 from templar.wire import max_gradient_bytes, write_gradient
 
@@ -42,8 +41,8 @@ class Miner:
         self.hp = node.hp
         self.extra_pages = extra_pages
         self.hooks = hooks or MinerHooks()
-        self.demo = DeMo(node.model, compressor=DCTCompressor(self.hp.demo.target_chunk, self.hp.demo.topk),
-                         decay=self.hp.demo.momentum_decay)
+        self.compute = compute_of(node)  # θ and the error feedback: one process, or torchrun's ranks
+        self.compute.enable_error_feedback()
         self.state = NodeState(window=-1, global_step=0)
         self.phase = Phase.STARTUP
         self.warmup_left = 0
@@ -54,7 +53,7 @@ class Miner:
     # ------------------------------------------------------------------ life
     async def start(self) -> None:
         """Phases 2-3 of the join flow: restore or download state, then catch up."""
-        self.state, own = await restore(self.node, self.demo.buffers)
+        self.state, own = await restore(self.node)
         drop_uncommitted_records(self.node.state_dir, [MINER_WINDOWS_FILE], self.state.window)
         self.start_window = self.state.window + 1
         await self.join(own_state=own)
@@ -71,7 +70,7 @@ class Miner:
                 context(window=current, phase=self.phase).warning(
                     f"[SYNC] {behind} windows behind (max {self.hp.windows.max_allowed_stale}): re-syncing from "
                     "the lead's newest checkpoint")
-                self.state, own = await restore(node, self.demo.buffers)
+                self.state, own = await restore(node)
                 await self.join(own_state=own)
                 continue
             if behind > 0:
@@ -101,7 +100,7 @@ class Miner:
             context(phase=self.phase).info("[SYNC] Active: full participation")
 
     def save(self) -> None:
-        save_node_state(self.node.state_dir / STATE_FILE, self.node.model, self.demo.buffers, self.state)
+        self.compute.save_state(self.node.state_dir / STATE_FILE, self.state)
 
     # ------------------------------------------------------------------ one window
     async def run_window(self, window: int) -> None:
@@ -113,8 +112,8 @@ class Miner:
         pages = self.hooks.pages(self, window, self.pages(window))
         batch, pages = await node.pages.fetch(  # only these pages' bytes; the next window's read ahead
             pages, prefetch=self.hooks.pages(self, window + 1, self.pages(window + 1)))
-        stats = await asyncio.to_thread(accumulate_gradients, node.model, batch,
-                                        hp.optimizer.micro_batch_size, hp.optimizer.grad_clip)
+        stats = await asyncio.to_thread(self.compute.train, batch, hp.optimizer.micro_batch_size,
+                                        hp.optimizer.grad_clip)
         payload = await asyncio.to_thread(self._compress_and_encode, window)
         busy = time.perf_counter() - busy_started
 
@@ -184,12 +183,11 @@ class Miner:
     def _compress_and_encode(self, window: int) -> bytes:
         hp, node = self.hp, self.node
         lr = learning_rate(self.state.global_step, hp.optimizer)
-        compressed = self.demo.step(gradients(node.model), lr)
-        node.model.zero_grad(set_to_none=True)
+        compressed = self.compute.compress(lr)
         values = self.hooks.transform(self, window, {k: c.values for k, c in compressed.items()})
         compressed = {k: type(c)(indices=c.indices, values=values[k].float(), shape=c.shape, chunk=c.chunk)
                       for k, c in compressed.items()}
-        return write_gradient(compressed, collect_probes(node.model, window, hp), window=window,
+        return write_gradient(compressed, self.compute.probes(window), window=window,
                               global_step=self.state.global_step, hotkey=node.hotkey, hp=hp, run=node.run,
                               sign=node.chain.sign, warmup=self.phase == Phase.WARMUP)
 
@@ -211,5 +209,5 @@ class Miner:
         results = await gather_gradients(await node.peer_buckets(peers), window, clock=node.clock, hp=hp,
                                          shapes=node.shapes, run=node.run)
         received = [r.value for r in results.values() if r.ok and r.value is not None]
-        step = await asyncio.to_thread(outer_step, node.model, received, self.state, hp)
+        step = await asyncio.to_thread(self.compute.outer_step, received, self.state, keep_signs=False)
         return step.peers if step else 0

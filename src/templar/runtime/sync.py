@@ -28,9 +28,10 @@ from templar.comms import (
 )
 from templar.comms.progress import get_progress
 from templar.core.log import context
+from templar.runtime.compute import compute_of
 from templar.runtime.node import Node
-from templar.runtime.outer import apply_update, update_step
-from templar.runtime.state import NodeState, load_node_state_or_previous
+from templar.runtime.outer import update_step
+from templar.runtime.state import NodeState
 from templar.storage import StorageError
 from templar.wire import PayloadError, max_aggregate_bytes, read_aggregate
 
@@ -74,22 +75,19 @@ def load_model_file(model: torch.nn.Module, path: Path) -> None:
     model.load_state_dict({k: v.to(device) for k, v in loaded.items()})
 
 
-async def restore(node: Node, error_feedback: dict[str, torch.Tensor] | None = None) -> tuple[NodeState, bool]:
+async def restore(node: Node) -> tuple[NodeState, bool]:
     """Phase 2. Returns the state and whether it is this node's own (so its error feedback, if
-    any, was restored into `error_feedback` and warm-up may be skipped)."""
+    the node keeps one, was restored with θ and warm-up may be skipped)."""
     hp, current = node.hp, node.clock.current_window()
     log = context(window=current, phase=Phase.DOWNLOAD)
+    compute = compute_of(node)
     local = None
     try:
-        loaded, source = load_node_state_or_previous(node.state_dir / STATE_FILE, node.model)
+        local, source = await asyncio.to_thread(compute.load_state, node.state_dir / STATE_FILE)
     except ValueError as exc:
         log.warning(f"[SYNC] ignoring unreadable local state: {exc}")
-        loaded, source = None, "nothing"
-    if loaded is not None:
-        local, ef = loaded
-        if error_feedback is not None and set(ef) == set(error_feedback):
-            for name, t in ef.items():
-                error_feedback[name].copy_(t)
+        local, source = None, "nothing"
+    if local is not None:
         if current - local.window - 1 <= hp.windows.max_allowed_stale:
             log.info(f"[SYNC] Resuming from local state at window {local.window} (global_step {local.global_step}); "
                      f"restored from the {source}")
@@ -112,7 +110,7 @@ async def restore(node: Node, error_feedback: dict[str, torch.Tensor] | None = N
             log.warning(f"[SYNC] Checkpoint download failed: {exc}")
         if ckpt is not None and (local is None or ckpt.window > local.window):
             try:
-                await asyncio.to_thread(load_model_file, node.model, ckpt.files[MODEL_FILE])
+                await asyncio.to_thread(compute.load_model_file, ckpt.files[MODEL_FILE])
             except (CheckpointError, KeyError) as exc:
                 log.warning(f"[SYNC] Checkpoint unusable: {exc}")
             else:
@@ -189,7 +187,7 @@ async def catch_up(node: Node, state: NodeState, until: int) -> NodeState:
                 log.warning(f"aggregate {window} from the lead is malformed ({exc.reason}); skipping it")
             else:
                 step = update_step(state.global_step, published=agg.global_step)
-                await asyncio.to_thread(apply_update, node.model, agg.signs, step, node.hp)
+                await asyncio.to_thread(compute_of(node).apply_update, agg.signs, step)
                 state.global_step = step + 1
                 applied += 1
         state.window = window

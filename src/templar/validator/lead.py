@@ -8,14 +8,11 @@ from collections.abc import Awaitable, Callable
 from functools import partial
 from pathlib import Path
 
-import torch
-from safetensors.torch import save_file
-
 from templar.comms import cleanup_checkpoints, put_aggregate, put_peers, put_start_window, save_checkpoint
 from templar.comms.keys import aggregate_key, window_of
 from templar.comms.progress import put_progress
-from templar.core.atomic import atomic_write
 from templar.core.log import context
+from templar.runtime.compute import compute_of
 from templar.runtime.node import Node
 from templar.runtime.outer import OuterStep
 from templar.runtime.sync import MODEL_FILE
@@ -87,11 +84,6 @@ class WindowPublisher:
         return True
 
 
-def _write_model(model: torch.nn.Module, path: Path) -> None:
-    tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-    atomic_write(path, lambda tmp: save_file(tensors, str(tmp)))
-
-
 class CheckpointPublisher:
     """θ after a window's aggregate, snapshotted to disk between windows (never mid-update) and
     uploaded in the background, so a large model or a slow bucket never delays a window. One
@@ -111,7 +103,7 @@ class CheckpointPublisher:
         for old in folder.glob("*.safetensors") if folder.exists() else ():
             old.unlink(missing_ok=True)
         path = folder / f"{window}-{MODEL_FILE}"
-        await asyncio.to_thread(_write_model, self.node.model, path)
+        await asyncio.to_thread(compute_of(self.node).write_model_file, path)  # θ from all ranks, one file
         hp = self.node.hp
         budget = hp.windows.checkpoint_frequency * hp.windows.blocks_per_window * hp.windows.block_time
         self.task = asyncio.create_task(self._upload(window, global_step, path, budget), name=f"checkpoint-{window}")
