@@ -9,7 +9,9 @@ rank 0 builds the batch of the window's 2 assigned pages (tiny preset, offline c
 train → compress (DeMo split by parameter) → probes → encode → outer step over G=4 peers' payloads
 → state save; rank 1 follows. In the 1-rank run the pre-#17 code (plain model, `accumulate_gradients`,
 `DeMo`, `outer_step`, `save_node_state`) runs the same windows in the same process as the baseline
-(no FSDP). Reports per-phase medians, the window's wall time, the seconds rank 0 spent inside
+(no FSDP), alternating window by window with what `python neurons/miner.py` runs since #17's wiring
+(`LocalCompute`, the same functions behind the node's compute interface: the "node" column, which
+must equal the baseline within noise). Reports per-phase medians, the window's wall time, the seconds rank 0 spent inside
 collectives (waiting for the other rank included), and the ratios in one table.
 
 On 2 shared CPU cores a second rank brings no speed (the tiny model is communication-bound and the
@@ -65,6 +67,30 @@ def _nosign(message: bytes) -> bytes:
     return b"\x00" * 64
 
 
+def _compute_window(compute, tiny, window: int, state: NodeState, path: Path, group=None) -> dict[str, float]:
+    """One miner window through a `templar.runtime.compute.Compute` (the ops `Miner.run_window` calls)."""
+    hp = tiny.hp
+    batch = tiny.pages.batch(tiny.plan.assigned_pages(0, window, hp.data.pages_per_window))
+    laps, comm0 = Laps(), group.comm_seconds if group is not None else 0.0
+    lap, t, start = laps.lap, laps.t, laps.start
+    compute.train(batch, hp.optimizer.micro_batch_size, hp.optimizer.grad_clip)
+    lap("train")
+    sent = compute.compress(learning_rate(state.global_step, hp.optimizer))
+    lap("compress")
+    probes = compute.probes(window)
+    lap("probes")
+    write_gradient(sent, probes, window=window, global_step=state.global_step, hotkey="h", hp=hp, run=RUN, sign=_nosign)
+    lap("encode")
+    compute.outer_step(_peers(sent, window, state.global_step), state, keep_signs=False)
+    lap("outer")
+    state.window = window
+    compute.save_state(path, state)
+    lap("save")
+    t["window"] = time.perf_counter() - start
+    t["collectives"] = group.comm_seconds - comm0 if group is not None else 0.0
+    return t
+
+
 def worker(windows: int, out: Path) -> None:
     from templar.distributed.compute import NodeCompute
     from templar.distributed.group import init_group
@@ -84,43 +110,53 @@ def worker(windows: int, out: Path) -> None:
     tmp = Path(tempfile.mkdtemp())
     rows = []
     for window in range(windows + 1):
-        batch = tiny.pages.batch(tiny.plan.assigned_pages(0, window, hp.data.pages_per_window))
-        laps, comm0 = Laps(), group.comm_seconds
-        lap, t, start = laps.lap, laps.t, laps.start
-
-        compute.train(batch, hp.optimizer.micro_batch_size, hp.optimizer.grad_clip)
-        lap("train")
-        sent = compute.compress(learning_rate(state.global_step, hp.optimizer))
-        lap("compress")
-        probes = compute.probes(window)
-        lap("probes")
-        write_gradient(sent, probes, window=window, global_step=state.global_step, hotkey="h", hp=hp, run=RUN, sign=_nosign)
-        lap("encode")
-        compute.outer_step(_peers(sent, window, state.global_step), state)
-        lap("outer")
-        state.window = window
-        compute.save_state(tmp / "state.safetensors", state)
-        lap("save")
-        t["window"] = time.perf_counter() - start
-        t["collectives"] = group.comm_seconds - comm0
+        t = _compute_window(compute, tiny, window, state, tmp / "state.safetensors", group)
         if window:  # the first window warms up
             rows.append(t)
     compute.stop()
     result = {"ranks": group.world_size, "fsdp": {k: median([r[k] for r in rows]) for k in rows[0]}}
     if group.world_size == 1:
-        result["baseline"] = _baseline(tiny, windows, tmp)
+        result["baseline"], result["node"] = _one_process(tiny, windows, tmp)
     out.write_text(json.dumps(result))
     group.close()
 
 
-def _baseline(tiny, windows: int, tmp: Path) -> dict[str, float]:
-    """The pre-#17 1-process code on the same windows (no FSDP, no process group use)."""
+def _one_process(tiny, windows: int, tmp: Path) -> tuple[dict[str, float], dict[str, float]]:
+    """The pre-#17 1-process code (plain model, the functions called directly) and what
+    `python neurons/miner.py` runs now (`LocalCompute` through `compute_of`), window by window in
+    alternating order, so the machine's drift falls on both alike."""
+    from templar.runtime.compute import LocalCompute
+
+    hp = tiny.hp
+    compute = LocalCompute(build_model(hp), hp)
+    compute.enable_error_feedback()
+    node_state = NodeState(window=-1, global_step=0)
+    base_rows, node_rows = [], []
+    run_base = _baseline(tiny, tmp)
+    for window in range(windows + 1):
+        order = (0, 1) if window % 2 else (1, 0)
+        for which in order:
+            if which == 0:
+                t = next(run_base)
+                if window:
+                    base_rows.append(t)
+            else:
+                t = _compute_window(compute, tiny, window, node_state, tmp / "node.safetensors")
+                if window:
+                    node_rows.append(t)
+    return ({k: median([r[k] for r in base_rows]) for k in base_rows[0]},
+            {k: median([r[k] for r in node_rows]) for k in node_rows[0]})
+
+
+def _baseline(tiny, tmp: Path):
+    """The pre-#17 1-process code on successive windows (no FSDP, no process group, no compute
+    interface): yields each window's laps."""
     hp = tiny.hp
     model = build_model(hp)
     demo = DeMo(model, compressor=DCTCompressor(hp.demo.target_chunk, hp.demo.topk), decay=hp.demo.momentum_decay)
     state = NodeState(window=-1, global_step=0)
-    rows = []
-    for window in range(windows + 1):
+    window = 0
+    while True:
         batch = tiny.pages.batch(tiny.plan.assigned_pages(0, window, hp.data.pages_per_window))
         laps = Laps()
         lap, t, start = laps.lap, laps.t, laps.start
@@ -141,9 +177,8 @@ def _baseline(tiny, windows: int, tmp: Path) -> dict[str, float]:
         lap("save")
         t["window"] = time.perf_counter() - start
         t["collectives"] = 0.0
-        if window:
-            rows.append(t)
-    return {k: median([r[k] for r in rows]) for k in rows[0]}
+        yield t
+        window += 1
 
 
 def main() -> None:
@@ -165,16 +200,19 @@ def main() -> None:
                    __file__, "--worker", str(out), "--windows", str(windows)]
             subprocess.run(cmd, env=env, check=True, cwd=REPO_ROOT, stdout=subprocess.DEVNULL)
             runs[ranks] = json.loads(out.read_text())
-    base, one, two = runs[1]["baseline"], runs[1]["fsdp"], runs[2]["fsdp"]
-    print(f"{'phase':<12}{'1 process (pre-#17)':>22}{'1 rank FSDP':>14}{'2 ranks FSDP':>15}"
-          f"{'1 rank / pre':>14}{'2 ranks / 1 rank':>18}")
+    base, node, one, two = runs[1]["baseline"], runs[1]["node"], runs[1]["fsdp"], runs[2]["fsdp"]
+    print(f"{'phase':<12}{'1 process (pre-#17)':>22}{'1 process (node)':>18}{'1 rank FSDP':>14}{'2 ranks FSDP':>15}"
+          f"{'node / pre':>12}{'1 rank / pre':>14}{'2 ranks / 1 rank':>18}")
     for phase in (*PHASES, "window", "collectives"):
+        ratio_n = node[phase] / base[phase] if base[phase] else float("nan")
         ratio_a = one[phase] / base[phase] if base[phase] else float("nan")
         ratio_b = two[phase] / one[phase] if one[phase] else float("nan")
-        print(f"{phase:<12}{base[phase]:>20.4f} s{one[phase]:>12.4f} s{two[phase]:>13.4f} s"
-              f"{ratio_a:>14.2f}{ratio_b:>18.2f}")
-    record = {"benchmark": "distributed", "windows": windows, "baseline_1_process": base, "fsdp_1_rank": one,
-              "fsdp_2_ranks": two, "window_ratio_1rank_vs_baseline": one["window"] / base["window"],
+        print(f"{phase:<12}{base[phase]:>20.4f} s{node[phase]:>16.4f} s{one[phase]:>12.4f} s{two[phase]:>13.4f} s"
+              f"{ratio_n:>12.2f}{ratio_a:>14.2f}{ratio_b:>18.2f}")
+    record = {"benchmark": "distributed", "windows": windows, "baseline_1_process": base, "node_1_process": node,
+              "fsdp_1_rank": one, "fsdp_2_ranks": two,
+              "window_ratio_node_vs_baseline": node["window"] / base["window"],
+              "window_ratio_1rank_vs_baseline": one["window"] / base["window"],
               "window_ratio_2ranks_vs_1rank": two["window"] / one["window"],
               "collective_share_2ranks": two["collectives"] / two["window"]}
     emit(record)
