@@ -2,6 +2,7 @@
 
     python benchmarks/distributed.py            # 6 timed windows per run, after 1 warm-up window
     python benchmarks/distributed.py --quick    # 3 timed windows
+    python benchmarks/distributed.py --one-process 40   # only: 1-process node vs pre-#17 code, 40 windows
 
 Launches `torch.distributed.run` twice (1 rank with 2 threads, 2 ranks with 1 thread each: the
 same 2 cores), each running `templar.distributed.compute.NodeCompute` exactly as a miner does:
@@ -116,12 +117,17 @@ def worker(windows: int, out: Path) -> None:
     compute.stop()
     result = {"ranks": group.world_size, "fsdp": {k: median([r[k] for r in rows]) for k in rows[0]}}
     if group.world_size == 1:
-        result["baseline"], result["node"] = _one_process(tiny, windows, tmp)
+        base_rows, node_rows = _one_process(tiny, windows, tmp)
+        result["baseline"], result["node"] = _medians(base_rows), _medians(node_rows)
     out.write_text(json.dumps(result))
     group.close()
 
 
-def _one_process(tiny, windows: int, tmp: Path) -> tuple[dict[str, float], dict[str, float]]:
+def _medians(rows: list[dict[str, float]]) -> dict[str, float]:
+    return {k: median([r[k] for r in rows]) for k in rows[0]}
+
+
+def _one_process(tiny, windows: int, tmp: Path) -> tuple[list[dict[str, float]], list[dict[str, float]]]:
     """The pre-#17 1-process code (plain model, the functions called directly) and what
     `python neurons/miner.py` runs now (`LocalCompute` through `compute_of`), window by window in
     alternating order, so the machine's drift falls on both alike."""
@@ -144,8 +150,29 @@ def _one_process(tiny, windows: int, tmp: Path) -> tuple[dict[str, float], dict[
                 t = _compute_window(compute, tiny, window, node_state, tmp / "node.safetensors")
                 if window:
                     node_rows.append(t)
-    return ({k: median([r[k] for r in base_rows]) for k in base_rows[0]},
-            {k: median([r[k] for r in node_rows]) for k in node_rows[0]})
+    return base_rows, node_rows
+
+
+def one_process_only(windows: int) -> None:
+    """`--one-process`: only the 1-process comparison (pre-#17 code vs the node's `LocalCompute`),
+    in this process, over many windows: medians and the median of the paired per-window ratios."""
+    setup_torch()
+    torch.set_num_threads(2)
+    tiny = load_tiny()
+    with tempfile.TemporaryDirectory() as tmp:
+        base_rows, node_rows = _one_process(tiny, windows, Path(tmp))
+    base, node = _medians(base_rows), _medians(node_rows)
+    paired = {k: median([n[k] / b[k] for b, n in zip(base_rows, node_rows, strict=True) if b[k]])
+              for k in base if base[k]}
+    print(f"{'phase':<12}{'1 process (pre-#17)':>22}{'1 process (node)':>18}{'node / pre':>12}{'paired':>9}")
+    for phase in (*PHASES, "window"):
+        print(f"{phase:<12}{base[phase]:>20.4f} s{node[phase]:>16.4f} s{node[phase] / base[phase]:>12.3f}"
+              f"{paired[phase]:>9.3f}")
+    record = {"benchmark": "distributed_one_process", "windows": windows, "baseline_1_process": base,
+              "node_1_process": node, "window_ratio_node_vs_baseline": node["window"] / base["window"],
+              "window_paired_ratio_median": paired["window"]}
+    emit(record)
+    write_result("distributed_one_process.json", record)
 
 
 def _baseline(tiny, tmp: Path):
@@ -184,12 +211,17 @@ def _baseline(tiny, tmp: Path):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--one-process", type=int, default=0, metavar="WINDOWS",
+                        help="only compare the 1-process node with the pre-#17 code, over this many windows")
     parser.add_argument("--worker", type=Path, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--windows", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     windows = args.windows or (3 if args.quick else 6)
     if args.worker:
         worker(windows, args.worker)
+        return
+    if args.one_process:
+        one_process_only(args.one_process)
         return
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO_ROOT / "src"), os.environ.get("PYTHONPATH", "")]))
     runs = {}
