@@ -52,6 +52,8 @@ class LocalnetConfig:
     """Port of the dashboard on 127.0.0.1 (None: none)."""
     miner_ranks: int = 1
     """Honest miner0 runs as one node over this many torchrun ranks (FSDP2, gloo on CPU; issue #17)."""
+    validator_ranks: int = 1
+    """The lead, validator0, runs over this many torchrun ranks."""
 
 
 def parse_adversary(spec: str) -> tuple[str, int]:
@@ -165,7 +167,10 @@ class Localnet:
         return next(n for n in self.nodes if n.name == node.name.replace("duplicate", "dup") + "-twin").hotkey
 
     def ranks(self, node: NodeInfo) -> int:
-        """How many torchrun ranks run this node: `miner_ranks` for honest miner0, else 1."""
+        """How many torchrun ranks run this node: `miner_ranks` for honest miner0, `validator_ranks`
+        for the lead validator0, else 1."""
+        if node.name == "validator0":
+            return self.cfg.validator_ranks
         return self.cfg.miner_ranks if node.name == "miner0" and node.strategy == "honest" else 1
 
     def _command(self, node: NodeInfo) -> tuple[list[str], dict[str, str]]:
