@@ -74,6 +74,7 @@ def test_miners_join_train_and_a_late_joiner_catches_up_bit_identically(tmp_path
     assert m0.node.hotkey in scores
 
 
+@pytest.mark.slow(seconds=40)
 def test_killed_miner_resumes_without_double_or_missed_updates(tmp_path):
     # A restart (interpreter, torch and SDK imports) takes longer than a 5 s window on a loaded
     # 2-core machine; allow enough staleness that the restarted miner resumes from its own state.
@@ -96,8 +97,8 @@ def test_killed_miner_resumes_without_double_or_missed_updates(tmp_path):
             return [r["window"] for r in read_records(victim_dir / MINER_WINDOWS_FILE)]
 
         async def killer() -> None:
-            """kill -9 somewhere inside the victim's third window, then start it again."""
-            while len(victim_windows()) < 2:
+            """kill -9 somewhere inside the victim's second window, then start it again."""
+            while len(victim_windows()) < 1:
                 await asyncio.sleep(0.2)
             await asyncio.sleep(1.7)
             procs[0].send_signal(signal.SIGKILL)
@@ -113,7 +114,7 @@ def test_killed_miner_resumes_without_double_or_missed_updates(tmp_path):
             snapshots[w] = (parameters(m0.node), m0.state.global_step)
             w += 1
             after = [d for d in victim_windows() if d > marks.get("killed", 1 << 30)]
-            if len(after) >= 2 and not stop_sent:
+            if after and not stop_sent:
                 procs[-1].send_signal(signal.SIGTERM)  # it finishes its window; keep the swarm going till then
                 stop_sent = True
             if stop_sent and procs[-1].returncode is not None:
