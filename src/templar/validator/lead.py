@@ -16,6 +16,7 @@ from templar.comms.keys import aggregate_key, window_of
 from templar.comms.progress import put_progress
 from templar.core.atomic import atomic_write
 from templar.core.log import context
+from templar.runtime.fingerprint import model_fingerprint
 from templar.runtime.node import Node
 from templar.runtime.outer import OuterStep
 from templar.runtime.sync import MODEL_FILE
@@ -34,7 +35,8 @@ async def publish_start_window(node: Node, window: int) -> None:
 
 
 class WindowPublisher:
-    """The lead's per-window publications (aggregate, peer list, progress), each upload bounded by
+    """The lead's per-window publications (aggregate, peer list, progress with the model's
+    fingerprint, `templar.runtime.fingerprint`), each upload bounded by
     a deadline so a slow or stalled bucket never delays the next window. What misses its deadline
     stays queued, is logged, and goes out first at the next window (oldest first; a newer progress
     record replaces a queued one). Followers wait for a late aggregate until its publish deadline
@@ -58,7 +60,10 @@ class WindowPublisher:
         if next_peers is not None:
             self.queued[f"peers/{window + 1}"] = partial(put_peers, node.bucket, window + 1, next_peers, run=run)
         self.queued.pop("progress", None)  # re-queued last: it promises everything before it
-        self.queued["progress"] = partial(put_progress, node.bucket, window, global_step, run=run)
+        # θ after this window's step, so every node can check that it holds the run's model.
+        fingerprint = model_fingerprint(node.model, node.hp.data.data_seed, window)
+        self.queued["progress"] = partial(put_progress, node.bucket, window, global_step, run=run,
+                                          fingerprint=fingerprint)
         while len(self.queued) > self.MAX_QUEUED:
             dropped = next(iter(self.queued))
             del self.queued[dropped]

@@ -30,7 +30,7 @@ from templar.runtime.records import (
     drop_uncommitted_records,
 )
 from templar.runtime.state import NodeState, save_node_state
-from templar.runtime.sync import STATE_FILE, Phase, catch_up, restore
+from templar.runtime.sync import STATE_FILE, Phase, ResyncError, SyncCheck, catch_up, restore, resync
 from templar.runtime.train import evaluate_loss
 from templar.storage import StorageError
 from templar.validator.evaluate import Evaluator, LossScores
@@ -71,6 +71,7 @@ class Validator:
         self.publisher = WindowPublisher(node)
         self.checkpoints = CheckpointPublisher(node)
         self.secret = load_or_create_secret(node.state_dir / SECRET_FILE)
+        self.sync = SyncCheck(node)
 
     def eval_seed(self, window: int) -> int:
         digest = hashlib.blake2b(window.to_bytes(8, "little"), key=self.secret, digest_size=8).digest()
@@ -87,6 +88,7 @@ class Validator:
             behind = node.clock.current_window() - window
             if behind > self.hp.windows.max_allowed_stale and not self.is_lead:
                 self.state = await catch_up(node, self.state, node.clock.current_window() - 1)
+                self.sync.record(self.state.window, self.state.global_step)
                 continue
             await self.run_window(window, evaluate=behind <= 1)
             done += 1
@@ -110,6 +112,7 @@ class Validator:
                 await publish_start_window(node, current)
         else:
             self.state = await catch_up(node, self.state, current - 1)
+            self.sync.record(self.state.window, self.state.global_step)
         context(phase=Phase.ACTIVE).info(
             f"[SYNC] Active as {'lead ' if self.is_lead else ''}validator from window {self.state.window + 1}")
 
@@ -169,6 +172,17 @@ class Validator:
         deadline = max(times.gather_deadline, node.clock.now() + min(hp.windows.gather_seconds, 5.0))
 
         await self._check_lead(window)
+        if not self.is_lead and not await self.sync.check(window):
+            # A forked validator would score every honest miner desync: re-sync instead of this window.
+            try:
+                self.state = await resync(node)
+            except ResyncError as exc:
+                log.warning(f"[SYNC] Re-sync not possible now ({exc}); not evaluating this window")
+                evaluate = False
+            else:
+                self.sync.record(self.state.window, self.state.global_step)
+                await asyncio.to_thread(self._save)
+                return
         neurons = await node.neurons()
         miners = {n.hotkey: n.uid for n in neurons if not (n.validator_permit and n.stake > 0)
                   and n.hotkey != node.hotkey}
@@ -212,6 +226,7 @@ class Validator:
         step = await asyncio.to_thread(outer_step, node.model, [g for g in chosen if g is not None],
                                        self.state, hp)
         self.state.window = window
+        self.sync.record(window, self.state.global_step)
         if self.is_lead:
             due = window % hp.windows.peer_replacement_frequency == 0 or not peer_list
             await self.publisher.publish(window, step, top if due else None, self.state.global_step,
