@@ -295,20 +295,28 @@ class SyncCheck:
 
     def record(self, window: int, global_step: int) -> None:
         """Call after the model holds `window`'s update (live step, catch-up or re-sync)."""
+        if window < 0:  # nothing applied yet (before the run's start window)
+            return
         self.own[window] = (global_step, model_fingerprint(self.node.model, self.node.hp.data.data_seed, window))
         for old in [w for w in self.own if w <= window - self.KEEP or w > window]:
             del self.own[old]
 
-    async def check(self, window: int) -> bool:
-        """False only on evidence of a fork (logged in one `[SYNC]` line): the lead's progress names a
-        window we hold a fingerprint of, and ours differs. Nothing to compare (no lead, an unreadable
-        or late progress record) is not evidence: True. `window` is the one we are in (for the log)."""
+    async def check(self, window: int, state: NodeState) -> bool:
+        """False only on evidence of a fork (logged in one `[SYNC]` line): the lead's progress names
+        the window our model holds (`state`: then the model itself is fingerprinted now, so damage
+        since that window's step shows too) or one we hold a fingerprint of, and ours differs.
+        Nothing to compare (no lead, an unreadable or late progress record) is not evidence: True.
+        `window` is the one we are in (for the log)."""
         node = self.node
         lead = await node.lead()
         if lead is None or lead[0].hotkey == node.hotkey:
             return True
         progress = await _read_progress(node, lead[1])
-        if progress is None or progress.window not in self.own:
+        if progress is None:
+            return True
+        if progress.window == state.window:
+            self.record(state.window, state.global_step)
+        if progress.window not in self.own:
             return True
         global_step, own = self.own[progress.window]
         problem = compare_with_lead(node, progress, global_step, own)

@@ -172,7 +172,7 @@ class Validator:
         deadline = max(times.gather_deadline, node.clock.now() + min(hp.windows.gather_seconds, 5.0))
 
         await self._check_lead(window)
-        if not self.is_lead and not await self.sync.check(window):
+        if not self.is_lead and not await self.sync.check(window, self.state):
             # A forked validator would score every honest miner desync: re-sync instead of this window.
             try:
                 self.state = await resync(node)
