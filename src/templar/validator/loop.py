@@ -229,6 +229,9 @@ class Validator:
         self.sync.record(window, self.state.global_step)
         if self.is_lead:
             due = window % hp.windows.peer_replacement_frequency == 0 or not peer_list
+            # Replaying windows it missed, the lead never names peers for a window whose gather has
+            # begun: the miners aggregated it with the list in effect then (another list is a fork).
+            due = due and node.clock.now() < node.clock.times(window + 1).gather_start
             await self.publisher.publish(window, step, top if due else None, self.state.global_step,
                                          deadline=max(node.clock.times(window + 1).gather_start,
                                                       node.clock.now() + PUBLISH_MIN_SECONDS))
