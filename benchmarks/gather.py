@@ -64,7 +64,13 @@ async def run_case(server: SeaweedServer, names: list[str], repeats: int, concur
              for i, n in enumerate(names)}
     key = gradient_key(WINDOW)
     try:
-        sizes = [info.size for info in await asyncio.gather(*(b.head(key) for b in peers.values()))]
+        limit = asyncio.Semaphore(32)  # warm-up: each peer's client and connection, a few at a time
+
+        async def warm(b: S3Bucket):
+            async with limit:
+                return await b.head(key, timeout=120.0)
+
+        sizes = [info.size for info in await asyncio.gather(*(warm(b) for b in peers.values()))]
         total = sum(sizes)
         seq_times, gather_times, ok = [], [], 0
         for _ in range(repeats):

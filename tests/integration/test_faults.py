@@ -38,6 +38,9 @@ from .harness import Subnet, parameters, same_parameters
 
 pytestmark = pytest.mark.timeout(240)
 
+LIGHT = {"data": {"pages_per_window": 1, "eval_pages": 1}}
+"""One page to train on and one to evaluate per window: these tests are about the mechanics."""
+
 
 class LogLines(list):
     """Loguru messages at WARNING and above while the context is open."""
@@ -206,7 +209,7 @@ def test_kill_9_of_the_lead_and_of_a_miner_at_every_phase_forks_nothing(tmp_path
     before a gather and in the middle of its publications, then restarted two windows later, so it
     replays behind its miners. Every window any honest node committed holds the same θ on all of
     them, and no record has a window twice (the lead's: none missing either)."""
-    subnet = Subnet.create(tmp_path, {"lead": 100.0, "m0": 0.0, "m1": 0.0}, max_allowed_stale=6)
+    subnet = Subnet.create(tmp_path, {"lead": 100.0, "m0": 0.0, "m1": 0.0}, LIGHT, max_allowed_stale=6)
     swarm = Swarm(subnet)
     add_listener(swarm.on_record)
 
@@ -226,13 +229,13 @@ def test_kill_9_of_the_lead_and_of_a_miner_at_every_phase_forks_nothing(tmp_path
         await swarm.kill("lead")
         lead = await swarm.start("lead")
         # ... then in the middle of window first+2's publications (its aggregate out, its progress
-        # not), and back only two windows later: it replays behind its miners.
+        # not), and back a window later: it replays first+2 behind its miners.
         lead.node.bucket = KillOnPut(lead.node.bucket, progress_key(), count=2)
         await asyncio.gather(swarm.wait_dead("m1"), swarm.wait_dead("lead"))
         await swarm.start("m1")
-        await clock.sleep_until(clock.times(first + 4).start)
+        await clock.sleep_until(clock.times(first + 3).start + 1.0)
         await swarm.start("lead")
-        await clock.sleep_until(clock.times(first + 5).end)
+        await clock.sleep_until(clock.times(first + 4).end)
         await swarm.stop()
 
 
@@ -246,7 +249,7 @@ def test_kill_9_of_the_lead_and_of_a_miner_at_every_phase_forks_nothing(tmp_path
         windows = [r["window"] for r in read_records(subnet.root / "nodes" / name / MINER_WINDOWS_FILE)]
         assert windows == sorted(set(windows)), (name, windows)
     honest_windows = set().union(*(swarm.digests[n] for n in swarm.digests))
-    assert len(honest_windows) >= 6
+    assert len(honest_windows) >= 5
     for window in sorted(honest_windows):
         seen = {d for n in swarm.digests for d in swarm.digests[n].get(window, [])}
         assert len(seen) == 1, f"window {window}: {len(seen)} different models " + str(
@@ -317,7 +320,7 @@ def test_storage_outages_torn_files_a_foreign_model_and_a_hostile_peer_fork_noth
     4. the miner's state file is truncated and the lead's scorebook.json too; both restart.
     After each window, every honest node's committed θ is the same, and no record has a
     window twice or (the lead's) misses one."""
-    subnet = Subnet.create(tmp_path, {"lead": 100.0, "m0": 0.0, "victim": 0.0, "hostile": 0.0})
+    subnet = Subnet.create(tmp_path, {"lead": 100.0, "m0": 0.0, "victim": 0.0, "hostile": 0.0}, LIGHT)
     server = Server()
     real_open = node_module.open_bucket
     monkeypatch.setattr(node_module, "open_bucket", lambda *a, **kw: OnServer(real_open(*a, **kw), server))
@@ -400,4 +403,4 @@ def test_storage_outages_torn_files_a_foreign_model_and_a_hostile_peer_fork_noth
     assert victim_records[hit]["uploaded"]
     assert len(digests.seen) >= 7
     hostile = {r["status"] for r in read_records(nodes / "lead" / SCORES_FILE) if r["uid"] == hostile_uid}
-    assert hostile == {"unreachable"}, hostile
+    assert hostile and hostile <= {"missing", "unreachable"}, hostile  # never a crash, never another's fault
