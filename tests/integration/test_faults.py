@@ -305,6 +305,15 @@ class Digests:
             assert len({d for ds in by_node.values() for d in ds}) == 1, f"window {window}: models differ {by_node}"
 
 
+def foreign_update(miner: Miner) -> None:
+    """θ moved by one update the run never made: ±α on every coordinate."""
+    lr = learning_rate(miner.state.global_step, miner.hp.optimizer)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in miner.node.model.parameters():
+            p.add_(lr * (torch.randint(0, 2, p.shape, generator=g).float() * 2 - 1))
+
+
 def _committed_windows(path) -> list[int]:
     return [r["window"] for r in read_records(path)]
 
@@ -317,7 +326,9 @@ def test_storage_outages_torn_files_a_foreign_model_and_a_hostile_peer_fork_noth
        one), logs one `[SYNC]` line and re-syncs from the lead's checkpoint;
     3. the storage server is stopped (SIGSTOP) across a window's uploads, gathers and
        publications, then killed across the next window's gather;
-    4. the miner's state file is truncated and the lead's scorebook.json too; both restart.
+    4. the miner's state file is truncated, the lead's scorebook.json too, and the other miner's
+       state holds a foreign model (whole and valid: a disk that kept the wrong file); all three
+       restart, and the one with the foreign model re-syncs at its first window.
     After each window, every honest node's committed θ is the same, and no record has a
     window twice or (the lead's) misses one."""
     subnet = Subnet.create(tmp_path, {"lead": 100.0, "m0": 0.0, "victim": 0.0, "hostile": 0.0}, LIGHT)
@@ -344,11 +355,7 @@ def test_storage_outages_torn_files_a_foreign_model_and_a_hostile_peer_fork_noth
         lead, victim = roles["lead"], roles["victim"]
 
         # 2. a foreign update in the victim's θ
-        lr = learning_rate(victim.state.global_step, victim.hp.optimizer)
-        g = torch.Generator().manual_seed(0)
-        with torch.no_grad():
-            for p in victim.node.model.parameters():
-                p.add_(lr * (torch.randint(0, 2, p.shape, generator=g).float() * 2 - 1))
+        foreign_update(victim)
         hit = lead.state.window + 1
         with LogLines() as lines:
             await windows(1)
@@ -371,16 +378,21 @@ def test_storage_outages_torn_files_a_foreign_model_and_a_hostile_peer_fork_noth
         await killed
         await windows(1)
 
-        # 4. torn files, then restarts from them
+        # 4. torn files (and a whole but foreign one), then restarts from them
         state = victim.node.state_dir / STATE_FILE
         state.write_bytes(state.read_bytes()[:1000])
         book = lead.node.state_dir / BOOK_FILE
         book.write_bytes(book.read_bytes()[:10])
-        dead = [lead.node, victim.node]
-        roles["lead"], roles["victim"] = Validator(await subnet.node("lead")), Miner(await subnet.node("victim"))
-        await roles["lead"].start()
-        await roles["victim"].start()
-        await windows(1)
+        foreign_update(roles["m0"])
+        roles["m0"].save()
+        dead = [lead.node, victim.node, roles["m0"].node]
+        roles["lead"] = Validator(await subnet.node("lead"))
+        roles["m0"], roles["victim"] = Miner(await subnet.node("m0")), Miner(await subnet.node("victim"))
+        for role in roles.values():
+            await role.start()
+        with LogLines() as lines:
+            await windows(1)
+        assert [line for line in lines if "[SYNC] Our model differs from the lead's" in line], lines
         models = [parameters(r.node) for r in roles.values()]
         assert all(same_parameters(models[0], m) for m in models[1:])
         for node in [*(r.node for r in roles.values()), *dead, hostile]:
