@@ -231,7 +231,7 @@ async def catch_up(node: Node, state: NodeState, until: int, *, verify: bool = T
     if verify and state.window > first and not node.stop.is_set():
         lead = await node.lead()
         progress = await _read_progress(node, lead[1]) if lead is not None else None
-        if progress is not None and progress.window == state.window:
+        if progress is not None and progress.window == state.window and progress.fingerprint is not None:
             own = await asyncio.to_thread(model_fingerprint, node.model, node.hp.data.data_seed, state.window)
             problem = compare_with_lead(node, progress, state.global_step, own)
             if problem is not None:
