@@ -305,12 +305,12 @@ class Digests:
             assert len({d for ds in by_node.values() for d in ds}) == 1, f"window {window}: models differ {by_node}"
 
 
-def foreign_update(miner: Miner) -> None:
+def foreign_update(role: Miner | Validator) -> None:
     """θ moved by one update the run never made: ±α on every coordinate."""
-    lr = learning_rate(miner.state.global_step, miner.hp.optimizer)
+    lr = learning_rate(role.state.global_step, role.hp.optimizer)
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():
-        for p in miner.node.model.parameters():
+        for p in role.node.model.parameters():
             p.add_(lr * (torch.randint(0, 2, p.shape, generator=g).float() * 2 - 1))
 
 
@@ -323,7 +323,8 @@ def test_storage_outages_torn_files_a_foreign_model_and_a_hostile_peer_fork_noth
     1. a peer commits `local:/etc/passwd` as its bucket (once crashed every node's gather);
     2. a miner's θ is changed by one foreign update between two windows: at the next window its
        check fails, it uploads a warm-up payload (weight 0, never scored as a desynced active
-       one), logs one `[SYNC]` line and re-syncs from the lead's checkpoint;
+       one), logs one `[SYNC]` line and re-syncs from the lead's checkpoint; a follower
+       validator's too: it re-syncs instead of scoring that window;
     3. the storage server is stopped (SIGSTOP) across a window's uploads, gathers and
        publications, then killed across the next window's gather;
     4. the miner's state file is truncated, the lead's scorebook.json too, and the other miner's
@@ -332,7 +333,8 @@ def test_storage_outages_torn_files_a_foreign_model_and_a_hostile_peer_fork_noth
        and re-syncs from the checkpoint.
     After each window, every honest node's committed θ is the same, and no record has a
     window twice or (the lead's) misses one."""
-    subnet = Subnet.create(tmp_path, {"lead": 100.0, "m0": 0.0, "victim": 0.0, "hostile": 0.0}, LIGHT)
+    subnet = Subnet.create(tmp_path, {"lead": 100.0, "follower": 10.0, "m0": 0.0, "victim": 0.0, "hostile": 0.0},
+                           LIGHT)
     server = Server()
     real_open = node_module.open_bucket
     monkeypatch.setattr(node_module, "open_bucket", lambda *a, **kw: OnServer(real_open(*a, **kw), server))
@@ -354,13 +356,20 @@ def test_storage_outages_torn_files_a_foreign_model_and_a_hostile_peer_fork_noth
             await role.start()
         await windows(2)
         lead, victim = roles["lead"], roles["victim"]
+        roles["follower"] = follower = Validator(await subnet.node("follower"))  # for this one window
+        await follower.start()
 
-        # 2. a foreign update in the victim's θ
+        # 2. a foreign update in the victim's θ, and in the follower validator's
         foreign_update(victim)
+        foreign_update(follower)
         hit = lead.state.window + 1
         with LogLines() as lines:
             await windows(1)
-        assert [line for line in lines if "[SYNC] Our model differs from the lead's" in line], lines
+        assert len([line for line in lines if "[SYNC] Our model differs from the lead's" in line]) == 2, lines
+        assert hit not in _committed_windows(follower.node.state_dir / VALIDATOR_WINDOWS_FILE), \
+            "a forked validator scored a window"
+        assert same_parameters(parameters(follower.node), parameters(lead.node)), "the follower did not re-sync"
+        dead = [roles.pop("follower").node]
         payload = (subnet.root / "buckets" / "victim" / gradient_key(hit)).read_bytes()
         gradient = read_gradient(payload, victim.node.shapes, victim.hp, run=victim.node.run,
                                  verify=verify_signature, expected_hotkey=victim.node.hotkey, expected_window=hit)
@@ -386,10 +395,10 @@ def test_storage_outages_torn_files_a_foreign_model_and_a_hostile_peer_fork_noth
         book.write_bytes(book.read_bytes()[:10])
         foreign_update(roles["m0"])
         roles["m0"].save()
-        dead = [lead.node, victim.node, roles.pop("m0").node]
+        dead += [lead.node, victim.node, roles.pop("m0").node]
         roles["lead"], roles["victim"] = Validator(await subnet.node("lead")), Miner(await subnet.node("victim"))
-        for role in roles.values():
-            await role.start()
+        await roles["lead"].start()
+        await roles["victim"].start()
         await windows(1)  # m0 is down for this one: at its restart, catch-up replays it
         roles["m0"] = Miner(await subnet.node("m0"))  # (starting a node resets the log handlers)
         with LogLines() as lines:
@@ -410,8 +419,8 @@ def test_storage_outages_torn_files_a_foreign_model_and_a_hostile_peer_fork_noth
     nodes = subnet.root / "nodes"
     lead_windows = _committed_windows(nodes / "lead" / VALIDATOR_WINDOWS_FILE)
     assert lead_windows == list(range(lead_windows[0], lead_windows[-1] + 1)), lead_windows
-    for name in ("m0", "victim"):
-        recorded = _committed_windows(nodes / name / MINER_WINDOWS_FILE)
+    for name, file in (("m0", MINER_WINDOWS_FILE), ("victim", MINER_WINDOWS_FILE), ("follower", VALIDATOR_WINDOWS_FILE)):
+        recorded = _committed_windows(nodes / name / file)
         assert recorded == sorted(set(recorded)), (name, recorded)
     victim_records = {r["window"]: r for r in read_records(nodes / "victim" / MINER_WINDOWS_FILE)}
     assert victim_records[hit]["phase"] == "catchup" and victim_records[hit + 1]["phase"] == "active"
