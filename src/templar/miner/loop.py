@@ -120,7 +120,7 @@ class Miner:
         stats = await asyncio.to_thread(accumulate_gradients, node.model, batch,
                                         hp.optimizer.micro_batch_size, hp.optimizer.grad_clip)
         # A node that cannot show it holds the run's model uploads with weight 0 (a warm-up payload).
-        in_sync = not self.resync_pending and await self.sync.check(window, self.state)
+        in_sync = not self.hooks.checks_sync or (not self.resync_pending and await self.sync.check(window, self.state))
         payload = await asyncio.to_thread(self._compress_and_encode, window, not in_sync)
         busy = time.perf_counter() - busy_started
 
