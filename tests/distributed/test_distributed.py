@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 from safetensors import safe_open
 
+pytestmark = pytest.mark.slow(seconds=20)
+
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("worker.py")
 

@@ -77,7 +77,8 @@ def test_miners_join_train_and_a_late_joiner_catches_up_bit_identically(tmp_path
     assert m0.node.hotkey in scores
 
 
-@pytest.mark.parametrize("ranks", [1, pytest.param(2, marks=pytest.mark.slow)], ids=["1-process", "2-ranks"])
+@pytest.mark.slow(seconds=40)
+@pytest.mark.parametrize("ranks", [1, pytest.param(2, marks=pytest.mark.slow(seconds=60))], ids=["1-process", "2-ranks"])
 def test_killed_miner_resumes_without_double_or_missed_updates(tmp_path, ranks):
     """kill -9 inside a window (of the process; of rank 1 under torchrun, which takes the node down
     with one DistError line), restart: the miner resumes from its state file and ends bit-identical
@@ -105,8 +106,8 @@ def test_killed_miner_resumes_without_double_or_missed_updates(tmp_path, ranks):
             return [r["window"] for r in read_records(victim_dir / MINER_WINDOWS_FILE)]
 
         async def killer() -> None:
-            """kill -9 somewhere inside the victim's third window, then start it again."""
-            while len(victim_windows()) < 2:
+            """kill -9 somewhere inside the victim's second window, then start it again."""
+            while len(victim_windows()) < 1:
                 await asyncio.sleep(0.2)
             await asyncio.sleep(1.7)
             # one rank of a multi-rank node (torchrun then stops the rest of it), or the process
@@ -123,7 +124,7 @@ def test_killed_miner_resumes_without_double_or_missed_updates(tmp_path, ranks):
             snapshots[w] = (parameters(m0.node), m0.state.global_step)
             w += 1
             after = [d for d in victim_windows() if d > marks.get("killed", 1 << 30)]
-            if len(after) >= 2 and not stop_sent:
+            if after and not stop_sent:
                 # it finishes its window; keep the swarm going till then (torchrun: rank 0 gets it)
                 os.kill(torchrun_ranks(procs[-1].pid).get(0, procs[-1].pid), signal.SIGTERM)
                 stop_sent = True

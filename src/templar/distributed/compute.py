@@ -38,7 +38,7 @@ from templar.distributed.demo import ShardedDeMo
 from templar.distributed.evaluate import ShardedEvaluator, sequence_losses_sharded
 from templar.distributed.fsdp import local, local_rows, reshard, shard_model
 from templar.distributed.group import DistError, Group, scatter_rows
-from templar.distributed.outer import collect_probes_sharded, outer_step_sharded
+from templar.distributed.outer import collect_probes_sharded, fingerprint_sharded, outer_step_sharded
 from templar.distributed.train import accumulate_sharded
 from templar.runtime.compute import register_compute
 from templar.runtime.outer import OuterStep, apply_update
@@ -171,6 +171,27 @@ class NodeCompute:
 
     def _probes(self, window: int) -> dict[str, torch.Tensor]:
         return collect_probes_sharded(self.model, window, self.hp, self.group)
+
+    def fingerprint(self, window: int) -> torch.Tensor:
+        return self._call("fingerprint", window=window)
+
+    def _fingerprint(self, window: int) -> torch.Tensor:
+        return fingerprint_sharded(self.model, self.hp.data.data_seed, window, self.group)
+
+    def reset_model(self) -> None:
+        """θ ← θ_0: every rank builds it (deterministic from init_seed) and keeps its rows."""
+        self._call("reset_model")
+
+    @torch.no_grad()
+    def _reset_model(self) -> None:
+        fresh = build_model(self.hp).state_dict()
+        for key, value in self.model.state_dict().items():
+            mine = local(value)
+            if value.dim() and mine is not value:
+                start, end = local_rows(value.shape, self.group)
+                mine.copy_(fresh[key][start:end].to(mine.device))
+            else:
+                mine.copy_(fresh[key].to(mine.device))
 
     def outer_step(self, gradients: Sequence[Gradient], state: NodeState, *,
                    keep_signs: bool = True) -> OuterStep | None:

@@ -23,11 +23,12 @@ from templar.core.config import HParams
 from templar.core.schedule import learning_rate
 from templar.distributed.fsdp import local, local_rows
 from templar.distributed.group import Group
+from templar.runtime.fingerprint import FINGERPRINT_POSITIONS, fingerprint_positions
 from templar.runtime.outer import OuterStep, apply_update, update_step
 from templar.runtime.state import NodeState
 from templar.wire import Gradient, probe_positions
 
-__all__ = ["collect_probes_sharded", "outer_step_sharded"]
+__all__ = ["collect_probes_sharded", "fingerprint_sharded", "outer_step_sharded"]
 
 
 def _matches(c: Compressed | None, plan: ChunkPlan, k: int) -> bool:
@@ -130,3 +131,25 @@ def collect_probes_sharded(model: nn.Module, window: int, hp: HParams, group: Gr
     group.all_reduce_(bits)
     values = bits.view(torch.float32).split([v.numel() for v in parts])
     return {n: v.clone() for n, v in zip(names, values, strict=True)}
+
+
+@torch.no_grad()
+def fingerprint_sharded(model: nn.Module, seed: int, window: int, group: Group,
+                        count: int = FINGERPRINT_POSITIONS) -> torch.Tensor:
+    """`templar.runtime.fingerprint.model_fingerprint` of the sharded θ, on every rank: the same
+    positions (`fingerprint_positions`), each read by the rank holding its row, summed as int32
+    bit patterns (exact, as the probes)."""
+    params = dict(model.named_parameters())
+    out = torch.zeros(count, dtype=torch.float32)
+    for name, picked, offsets in fingerprint_positions(model, seed, window, count):
+        p = params[name]
+        start, end = local_rows(p.shape, group)
+        row = p.numel() // p.shape[0] if p.dim() else 1
+        lo, hi = start * row, end * row
+        mask = (offsets >= lo) & (offsets < hi)
+        if bool(mask.any()):
+            flat = local(p).detach().reshape(-1)
+            out[picked[mask]] = flat[(offsets[mask] - lo).to(flat.device)].float().cpu()
+    bits = out.view(torch.int32).clone()
+    group.all_reduce_(bits)
+    return bits.view(torch.float32).clone()

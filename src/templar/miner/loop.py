@@ -24,7 +24,7 @@ from templar.runtime.records import (
     drop_uncommitted_records,
 )
 from templar.runtime.state import NodeState
-from templar.runtime.sync import STATE_FILE, Phase, catch_up, restore
+from templar.runtime.sync import STATE_FILE, Phase, ResyncError, SyncCheck, catch_up, restore, resync
 from templar.storage import StorageError
 from templar.wire import max_gradient_bytes, write_gradient
 
@@ -49,6 +49,8 @@ class Miner:
         self.start_window = 0
         self.max_bytes = max_gradient_bytes(node.shapes, self.hp)
         self.failed_uploads = 0
+        self.sync = SyncCheck(node)
+        self.resync_pending = False
 
     # ------------------------------------------------------------------ life
     async def start(self) -> None:
@@ -77,6 +79,7 @@ class Miner:
                 # A window's processing overran: replay what we missed rather than train on stale θ,
                 # then look at the clock again (the replay itself may have taken time).
                 self.state = await catch_up(node, self.state, current - 1)
+                self.sync.record(self.state.window, self.state.global_step)
                 continue
             await self.run_window(current)
             done += 1
@@ -89,6 +92,7 @@ class Miner:
         node = self.node
         self.phase = Phase.CATCHUP
         self.state = await catch_up(node, self.state, node.clock.current_window() - 1)
+        self.sync.record(self.state.window, self.state.global_step)
         self.save()
         self.warmup_left = 0 if own_state else self.hp.windows.warmup_windows
         self.phase = Phase.WARMUP if self.warmup_left else Phase.ACTIVE
@@ -114,7 +118,9 @@ class Miner:
             pages, prefetch=self.hooks.pages(self, window + 1, self.pages(window + 1)))
         stats = await asyncio.to_thread(self.compute.train, batch, hp.optimizer.micro_batch_size,
                                         hp.optimizer.grad_clip)
-        payload = await asyncio.to_thread(self._compress_and_encode, window)
+        # A node that cannot show it holds the run's model uploads with weight 0 (a warm-up payload).
+        in_sync = not self.hooks.checks_sync or (not self.resync_pending and await self.sync.check(window, self.state))
+        payload = await asyncio.to_thread(self._compress_and_encode, window, not in_sync)
         busy = time.perf_counter() - busy_started
 
         # Upload inside the put window: it opens when the next window's first block lands. A stop
@@ -136,11 +142,20 @@ class Miner:
             self.failed_uploads = 0
         busy += time.perf_counter() - busy_started
 
+        if not in_sync and await self._resync(window):
+            append_record(node.state_dir / MINER_WINDOWS_FILE, MinerWindowRecord(
+                window=window, phase=str(Phase.CATCHUP), strategy=self.hooks.name,
+                global_step=self.state.global_step, loss=stats.loss, tokens_per_second=stats.tokens_per_second,
+                pages=len(pages), uploaded=uploaded, upload_bytes=up_bytes, upload_seconds=up_seconds,
+                peers_aggregated=0, overhead_share=0.0))
+            await asyncio.to_thread(self.save)
+            return
         await node.clock.sleep_until(times.gather_start)
         busy_started = time.perf_counter()
         peers_aggregated = await self._aggregate(window)
         self.hooks.after_step(self, window)
         self.state.window = window
+        self.sync.record(window, self.state.global_step)
         await self._delete_stale_gradient(window)
         busy += time.perf_counter() - busy_started
 
@@ -163,6 +178,20 @@ class Miner:
         # redoes the window and `trim_records` drops its uncommitted record at the restart.
         await asyncio.to_thread(self.save)
 
+    async def _resync(self, window: int) -> bool:
+        """Checkpoint + replay up to the last finished window (this one: its aggregate is the lead's).
+        False when it cannot be made now: the window goes on as usual and the next one retries."""
+        try:
+            self.state = await resync(self.node)
+        except ResyncError as exc:
+            self.resync_pending = True
+            context(window=window, phase="sync").warning(f"[SYNC] Re-sync not possible now ({exc}); retrying "
+                                                         "next window, uploading with weight 0 until then")
+            return False
+        self.resync_pending = False
+        self.sync.record(self.state.window, self.state.global_step)
+        return True
+
     def pages(self, window: int) -> list[int]:
         """This window's assigned pages, plus `extra_pages` unassigned ones."""
         plan, n = self.node.plan, self.hp.data.pages_per_window
@@ -180,7 +209,7 @@ class Miner:
             except StorageError as exc:
                 context(window=window, phase="cleanup").debug(f"could not delete gradient {old}: {exc}")
 
-    def _compress_and_encode(self, window: int) -> bytes:
+    def _compress_and_encode(self, window: int, weight_zero: bool = False) -> bytes:
         hp, node = self.hp, self.node
         lr = learning_rate(self.state.global_step, hp.optimizer)
         compressed = self.compute.compress(lr)
@@ -189,7 +218,7 @@ class Miner:
                       for k, c in compressed.items()}
         return write_gradient(compressed, self.compute.probes(window), window=window,
                               global_step=self.state.global_step, hotkey=node.hotkey, hp=hp, run=node.run,
-                              sign=node.chain.sign, warmup=self.phase == Phase.WARMUP)
+                              sign=node.chain.sign, warmup=self.phase == Phase.WARMUP or weight_zero)
 
     async def _aggregate(self, window: int) -> int:
         """Gather the lead's top-G for `window` and apply the outer step, as validators do."""

@@ -28,6 +28,8 @@ from torch import nn
 from templar.compress import Compressed, DCTCompressor, DeMo
 from templar.core.atomic import atomic_write
 from templar.core.config import HParams
+from templar.core.model import build_model
+from templar.runtime.fingerprint import model_fingerprint
 from templar.runtime.outer import OuterStep, apply_update, collect_probes, outer_step
 from templar.runtime.state import NodeState, load_node_state_or_previous, save_node_state
 from templar.runtime.train import TrainStats, accumulate_gradients, evaluate_loss, gradients
@@ -50,6 +52,12 @@ class Compute(Protocol):
         """The DeMo step on the accumulated gradients (which it clears): the node's payload."""
 
     def probes(self, window: int) -> dict[str, torch.Tensor]: ...
+
+    def fingerprint(self, window: int) -> torch.Tensor:
+        """`runtime.fingerprint.model_fingerprint` of θ for `window` (float32, CPU)."""
+
+    def reset_model(self) -> None:
+        """θ ← θ_0 of the run (a re-sync with no checkpoint published yet)."""
 
     def outer_step(self, gradients: Sequence[Gradient], state: NodeState, *,
                    keep_signs: bool = True) -> OuterStep | None:
@@ -129,6 +137,12 @@ class LocalCompute:
 
     def probes(self, window: int) -> dict[str, torch.Tensor]:
         return collect_probes(self.model, window, self.hp)
+
+    def fingerprint(self, window: int) -> torch.Tensor:
+        return model_fingerprint(self.model, self.hp.data.data_seed, window)
+
+    def reset_model(self) -> None:
+        self.model.load_state_dict(build_model(self.hp).state_dict())  # deterministic from init_seed
 
     def outer_step(self, gradients: Sequence[Gradient], state: NodeState, *,
                    keep_signs: bool = True) -> OuterStep | None:

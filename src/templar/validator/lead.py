@@ -31,7 +31,8 @@ async def publish_start_window(node: Node, window: int) -> None:
 
 
 class WindowPublisher:
-    """The lead's per-window publications (aggregate, peer list, progress), each upload bounded by
+    """The lead's per-window publications (aggregate, peer list, progress with the model's
+    fingerprint, `templar.runtime.fingerprint`), each upload bounded by
     a deadline so a slow or stalled bucket never delays the next window. What misses its deadline
     stays queued, is logged, and goes out first at the next window (oldest first; a newer progress
     record replaces a queued one). Followers wait for a late aggregate until its publish deadline
@@ -55,7 +56,10 @@ class WindowPublisher:
         if next_peers is not None:
             self.queued[f"peers/{window + 1}"] = partial(put_peers, node.bucket, window + 1, next_peers, run=run)
         self.queued.pop("progress", None)  # re-queued last: it promises everything before it
-        self.queued["progress"] = partial(put_progress, node.bucket, window, global_step, run=run)
+        # θ after this window's step, so every node can check that it holds the run's model.
+        fingerprint = compute_of(node).fingerprint(window)
+        self.queued["progress"] = partial(put_progress, node.bucket, window, global_step, run=run,
+                                          fingerprint=fingerprint)
         while len(self.queued) > self.MAX_QUEUED:
             dropped = next(iter(self.queued))
             del self.queued[dropped]

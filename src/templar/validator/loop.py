@@ -31,7 +31,7 @@ from templar.runtime.records import (
     drop_uncommitted_records,
 )
 from templar.runtime.state import NodeState
-from templar.runtime.sync import STATE_FILE, Phase, catch_up, restore
+from templar.runtime.sync import STATE_FILE, Phase, ResyncError, SyncCheck, catch_up, restore, resync
 from templar.storage import StorageError
 from templar.validator.evaluate import Evaluator, LossScores
 from templar.validator.fast_eval import FastVerdict, fast_evaluate
@@ -72,6 +72,7 @@ class Validator:
         self.publisher = WindowPublisher(node)
         self.checkpoints = CheckpointPublisher(node)
         self.secret = load_or_create_secret(node.state_dir / SECRET_FILE)
+        self.sync = SyncCheck(node)
 
     def eval_seed(self, window: int) -> int:
         digest = hashlib.blake2b(window.to_bytes(8, "little"), key=self.secret, digest_size=8).digest()
@@ -88,6 +89,7 @@ class Validator:
             behind = node.clock.current_window() - window
             if behind > self.hp.windows.max_allowed_stale and not self.is_lead:
                 self.state = await catch_up(node, self.state, node.clock.current_window() - 1)
+                self.sync.record(self.state.window, self.state.global_step)
                 continue
             await self.run_window(window, evaluate=behind <= 1)
             done += 1
@@ -111,6 +113,7 @@ class Validator:
                 await publish_start_window(node, current)
         else:
             self.state = await catch_up(node, self.state, current - 1)
+            self.sync.record(self.state.window, self.state.global_step)
         context(phase=Phase.ACTIVE).info(
             f"[SYNC] Active as {'lead ' if self.is_lead else ''}validator from window {self.state.window + 1}")
 
@@ -170,6 +173,17 @@ class Validator:
         deadline = max(times.gather_deadline, node.clock.now() + min(hp.windows.gather_seconds, 5.0))
 
         await self._check_lead(window)
+        if not self.is_lead and not await self.sync.check(window, self.state):
+            # A forked validator would score every honest miner desync: re-sync instead of this window.
+            try:
+                self.state = await resync(node)
+            except ResyncError as exc:
+                log.warning(f"[SYNC] Re-sync not possible now ({exc}); not evaluating this window")
+                evaluate = False
+            else:
+                self.sync.record(self.state.window, self.state.global_step)
+                await asyncio.to_thread(self._save)
+                return
         neurons = await node.neurons()
         miners = {n.hotkey: n.uid for n in neurons if not (n.validator_permit and n.stake > 0)
                   and n.hotkey != node.hotkey}
@@ -213,8 +227,12 @@ class Validator:
         step = await asyncio.to_thread(self.compute.outer_step, [g for g in chosen if g is not None],
                                        self.state, keep_signs=self.is_lead)
         self.state.window = window
+        self.sync.record(window, self.state.global_step)
         if self.is_lead:
             due = window % hp.windows.peer_replacement_frequency == 0 or not peer_list
+            # Replaying windows it missed, the lead never names peers for a window whose gather has
+            # begun: the miners aggregated it with the list in effect then (another list is a fork).
+            due = due and node.clock.now() < node.clock.times(window + 1).gather_start
             await self.publisher.publish(window, step, top if due else None, self.state.global_step,
                                          deadline=max(node.clock.times(window + 1).gather_start,
                                                       node.clock.now() + PUBLISH_MIN_SECONDS))
