@@ -63,6 +63,7 @@ def test_sharded_node_equals_one_process(ranks: int, tmp_path: Path) -> None:
     assert report["bad_checkpoint_refused"] and report["driver_signs_equal"], report
     assert report["driver_theta_bit_identical"] and report["driver_global_step"] == [4, 4], report
     assert report["driver_eval_diff"] < 1e-5, report
+    assert report["driver_fingerprint_equal"] and report["driver_reset_to_theta0"], report
     if ranks > 1:  # a rank that hangs: one clear error on the others, within the collective timeout
         hang = report["hang"]
         assert hang is not None and hang["seconds"] < 7.5 and "barrier failed" in hang["error"], hang

@@ -45,6 +45,7 @@ from templar.distributed.compute import NodeCompute
 from templar.distributed.evaluate import ShardedEvaluator
 from templar.distributed.fsdp import check_layout, local
 from templar.distributed.group import Group
+from templar.runtime.fingerprint import model_fingerprint
 from templar.runtime.outer import apply_update, collect_probes, outer_step
 from templar.runtime.state import NodeState, load_node_state, save_node_state
 from templar.runtime.train import accumulate_gradients, evaluate_loss, gradients
@@ -252,6 +253,13 @@ def driver(out_dir: Path, hp: HParams, group: Group, ref: torch.nn.Module, ref_s
     got, want = load_file(str(published)), ref.state_dict()
     report["driver_theta_bit_identical"] = set(got) == set(want) and all(torch.equal(got[k], want[k]) for k in want)
     report["driver_global_step"] = [state.global_step, ref_state.global_step]
+    # the sync check's fingerprint, read from the ranks' rows (a few windows: positions move)
+    report["driver_fingerprint_equal"] = all(
+        torch.equal(compute.fingerprint(w), model_fingerprint(ref, hp.data.data_seed, w)) for w in (5, 6, 7))
+    compute.reset_model()                                  # a re-sync with no checkpoint yet: θ_0
+    compute.write_model_file(published)
+    got, want = load_file(str(published)), build_model(hp).state_dict()
+    report["driver_reset_to_theta0"] = all(torch.equal(got[k], want[k]) for k in want)
     compute.stop()
 
 
