@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
 
@@ -29,7 +30,7 @@ from loguru import logger
 
 from templar.core.log import setup_logging
 from templar.distributed.compute import NodeCompute
-from templar.distributed.group import DistError, Group, init_group, world_size
+from templar.distributed.group import EXIT_RANK_LOST, DistError, Group, init_group, world_size
 from templar.runtime.node import Node, NodeError
 from templar.runtime.node import run_node as run_one_node
 
@@ -44,7 +45,18 @@ def run_node(args: argparse.Namespace, role: str, run: Callable[[Node], Awaitabl
     group = init_group(args.device)
     if not group.is_leader:
         return _follow(args, group)
-    return run_one_node(args, role, run, attach=lambda node: _lead(node, group, role))
+    code = run_one_node(args, role, run, attach=lambda node: _lead(node, group, role))
+    if code != EXIT_RANK_LOST:
+        _close(group)
+    return code
+
+
+def _close(group: Group) -> None:
+    """Tear the process group down once the sharded model is gone: FSDP's device mesh holds the
+    group, and a gloo group freed during the interpreter's own teardown aborts the process
+    ("terminate called without an active exception", about one exit in two without this)."""
+    gc.collect()
+    group.close()
 
 
 @contextlib.asynccontextmanager
@@ -76,8 +88,6 @@ async def _lead(node: Node, group: Group, role: str) -> AsyncIterator[None]:
         with contextlib.suppress(asyncio.CancelledError):
             await task
         compute.stop()
-        if not failed:
-            group.close()
 
 
 def _follow(args: argparse.Namespace, group: Group) -> int:
@@ -87,10 +97,12 @@ def _follow(args: argparse.Namespace, group: Group) -> int:
     # followers. A follower that died at the signal would fail rank 0's last collectives.
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
+    compute = NodeCompute.join(group)
     try:
-        NodeCompute.join(group).follow()
+        compute.follow()
     except NodeError as exc:
         logger.error(str(exc))
         return exc.exit_code
-    group.close()
+    del compute  # the sharded model and its device mesh, before the group (see `_close`)
+    _close(group)
     return 0
