@@ -22,6 +22,7 @@ two ranks split the same two cores); the figures show what the distributed machi
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import subprocess
@@ -100,6 +101,7 @@ def worker(windows: int, out: Path) -> None:
     torch.set_num_threads(max(1, 2 // group.world_size))
     if not group.is_leader:
         NodeCompute.join(group).follow()
+        gc.collect()  # the sharded model (and FSDP's mesh holding the group) before the group
         group.close()
         return
     setup_torch()
