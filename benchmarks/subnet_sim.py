@@ -40,7 +40,6 @@ import numpy as np
 
 from templar.chain import yuma
 from templar.gauntlet import PrimaryResult, ScoreBook, select_eval_peers
-from templar.gauntlet.scores import peer_score, ramped_mu
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 WINDOW_SECONDS = 84.0
@@ -91,7 +90,13 @@ class SimConfig:
     mu_prior_evals: float | None = None
     """μ start-up ramp (None: the paper's μ)"""
     rating: str = "openskill"
-    """"openskill": the paper's LossRating; "relative": a simulator-only experiment (`RelativeRatingBook`)"""
+    """"openskill": the paper's LossRating; "relative": `gauntlet.relative_rating` (hparams
+    `loss_rating`); "openskill_ties": a simulator-only candidate (`TiedOpenSkillBook`)"""
+    rating_gamma: float = 0.95
+    rating_tie_band: float = 0.25
+    rating_exponent: float = 10.0
+    openskill_tie_band: float = 0.084
+    """"openskill_ties": the tie width, × the window's median δ_rand (0.084 is one evaluation's spread)"""
     tempo_windows: int = 1
     """windows between Yuma epochs (1: as if every window's weights were read; finney's tempo of
     360 blocks is 51 windows, and incentive holds between epochs)"""
@@ -191,39 +196,30 @@ def draw(strategy: str, rng: random.Random, noise: float = 1.0) -> PrimaryResult
     return PrimaryResult(LOSS_SCALE * (rand + gap), LOSS_SCALE * rand)
 
 
-class RelativeRatingBook(ScoreBook):
-    """Simulator-only experiment, not production code: LossRating = 25 × the peer's mean δ_rand
-    relative to its window's median δ_rand over S_t (25 before any evaluation, as OpenSkill's prior).
+class TiedOpenSkillBook(ScoreBook):
+    """Simulator-only candidate, not production code: OpenSkill with ties for indistinguishable LossScores.
 
-    Identical peers are ranked at random by OpenSkill, so their ratings random-walk apart; a mean
-    of relative LossScores converges instead (standard error ≈ spread/√n). Everything else (μ,
-    the ramp, φ, normalisation, top-G) is the ScoreBook's.
+    Before the match, δ_rand is sorted and cut into groups: a peer joins the group of the best
+    peer above it while within `band` × the window's median δ_rand of that group's best, and
+    every peer of a group gets the group's best value (a tie). Identical peers then mostly tie
+    instead of being ranked at random.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, band: float) -> None:
         super().__init__()
-        self.relative: dict[str, tuple[float, int]] = {}
+        self.band = band
 
     def record_primary(self, results, **kwargs) -> None:  # type: ignore[override]
-        super().record_primary(results, **kwargs)
-        finite = [r.delta_rand for r in results.values() if math.isfinite(r.delta_rand)]
+        finite = sorted(r.delta_rand for r in results.values() if math.isfinite(r.delta_rand))
         median = statistics.median(finite) if finite else 0.0
-        if median <= 0:
-            return
-        for hotkey, result in results.items():
-            total, n = self.relative.get(hotkey, (0.0, 0))
-            value = result.delta_rand / median if math.isfinite(result.delta_rand) else 0.0
-            self.relative[hotkey] = (total + value, n + 1)
-
-    def scores(self) -> dict[str, float]:
-        out = {}
-        for hotkey in sorted(self._peers):
-            record = self._peers[hotkey]
-            mu = ramped_mu(record.mu, record.primary_evals, *self._mu_ramp) if self._mu_ramp else record.mu
-            total, n = self.relative.get(hotkey, (0.0, 0))
-            record.score = peer_score(mu, 25.0 * total / n if n else 25.0)
-            out[hotkey] = record.score
-        return out
+        width = self.band * abs(median)
+        tied, head = {}, None
+        for hotkey in sorted(results, key=lambda h: -results[h].delta_rand):
+            value = results[hotkey].delta_rand
+            if head is None or not math.isfinite(value) or head - value > width:
+                head = value
+            tied[hotkey] = PrimaryResult(results[hotkey].delta_assigned, head)
+        super().record_primary(tied, **kwargs)
 
 
 def gini(values: list[float]) -> float:
@@ -242,7 +238,10 @@ def simulate(cfg: SimConfig, *, keep_series: bool = False) -> Outcome:
     miners = [p for p in peers if p.strategy != "validator"]
     books = []
     for _ in range(cfg.validators):
-        book = RelativeRatingBook() if cfg.rating == "relative" else ScoreBook()
+        book = TiedOpenSkillBook(cfg.openskill_tie_band) if cfg.rating == "openskill_ties" else ScoreBook()
+        if cfg.rating == "relative":
+            book.set_loss_rating("relative", gamma=cfg.rating_gamma, tie_band=cfg.rating_tie_band,
+                                 exponent=cfg.rating_exponent)
         book.set_mu_ramp(cfg.mu_gamma, cfg.mu_prior_evals)
         books.append(book)
     secrets = [rng.getrandbits(64) for _ in range(cfg.validators)]
