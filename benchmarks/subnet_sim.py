@@ -1,6 +1,6 @@
 """The Gauntlet at subnet scale: 256 uids, 1-4 validators, hundreds of windows, through Yuma.
 
-    python benchmarks/subnet_sim.py              # baseline, sweeps and levers (a few minutes, 2 cores)
+    python benchmarks/subnet_sim.py              # baseline, sweeps, levers, rating candidates (~75 runs)
     python benchmarks/subnet_sim.py --quick      # a handful of windows, for the test suite
 
 What is real and what is drawn. Every validator runs the production Gauntlet code: its own
@@ -20,7 +20,13 @@ honest peer's payload: it fails fast evaluation as `copy` whenever its source is
 (the copy check compares F_t's uploads) and otherwise scores like `lazy` (the update was trained
 on someone else's pages).
 
-Writes `benchmarks/results/subnet_sim.json` and `subnet_sim.png` (`--quick`: `subnet_sim_quick.*`).
+The LossRating is a setting (`SimConfig.rating`): the paper's OpenSkill, the production relative
+rating (`gauntlet.relative_rating`, hparams `loss_rating`), or a simulator-only candidate
+(`TiedOpenSkillBook`); `rating_candidates` sweeps them for the trade-off curve.
+
+Writes `benchmarks/results/subnet_sim.json`, `subnet_sim.png` and `subnet_sim_tradeoff.png` (honest
+max/min and agreement against `moredata`'s premium per LossRating candidate; `--quick`:
+`subnet_sim_quick.*`).
 Windows convert to time at the production cadence, 84 s (7 blocks × 12 s).
 """
 
@@ -422,11 +428,13 @@ def _run(job: tuple[str, SimConfig, bool]) -> tuple[str, Outcome]:
 
 
 def plan(base: SimConfig, quick: bool) -> list[tuple[str, SimConfig, bool]]:
-    """Every run of the benchmark: the baseline, one-knob sweeps, the levers, the chosen mix."""
+    """Every run of the benchmark: the baseline, one-knob sweeps, the levers, the rating candidates."""
     chosen = replace(base, **CHOSEN)
+    levers = replace(base, **LEVERS)
     jobs = [("baseline", base, True), ("chosen", chosen, True)]
     if quick:
         return jobs
+    jobs += [("levers, OpenSkill (before)", levers, True), ("levers, OpenSkill, seed=1", replace(levers, seed=1), False)]
     one_knob = {
         "validators": [1, 4],
         "uids_per_window": [32],
@@ -439,19 +447,72 @@ def plan(base: SimConfig, quick: bool) -> list[tuple[str, SimConfig, bool]]:
     }
     for name, values in one_knob.items():
         jobs += [(f"{name}={v:.3g}", replace(base, **{name: v}), False) for v in values]
-    jobs += [("stale-first + newcomer_evals=32", replace(base, sharpness=CHOSEN["sharpness"], newcomer_evals=32), False),
+    jobs += [("stale-first + newcomer_evals=32", replace(base, sharpness=LEVERS["sharpness"], newcomer_evals=32), False),
              ("equal compute: uids_per_window=16, noise=1.41", replace(base, uids_per_window=16, noise=math.sqrt(2)),
-              False)]
-    for name, values in (("mu_prior_evals", [0.0, 2.0, 5.0]), ("power", [1.0, 1.5]), ("validators", [1, 4]),
-                         ("tempo_windows", [51]), ("seed", [1])):
+              False),
+             ("baseline, seed=1", replace(base, seed=1), False)]
+    for name, values in (("mu_prior_evals", [1.0, 2.0]), ("power", [1.0, 1.5]), ("validators", [1, 4]),
+                         ("tempo_windows", [51]), ("seed", [1, 2]), ("noise", [math.sqrt(2)]),
+                         ("rating_exponent", [10.0, 15.0])):
         jobs += [(f"chosen, {name}={v:.3g}", replace(chosen, **{name: v}), False) for v in values]
-    jobs += [("baseline, seed=1", replace(base, seed=1), False)]
-    relative = replace(chosen, rating="relative")  # simulator-only experiment, see RelativeRatingBook
-    jobs += [("experiment: relative rating, paper levers", replace(base, rating="relative"), False),
-             ("experiment: relative rating + chosen", relative, False),
-             ("experiment: relative rating + chosen, ramp k=0", replace(relative, mu_prior_evals=0.0), False),
-             ("experiment: relative rating + chosen, seed=1", replace(relative, seed=1), False)]
+    jobs += [(label, cfg, False) for label, cfg in rating_candidates(levers)]
     return jobs
+
+
+def rating_candidates(levers: SimConfig) -> list[tuple[str, SimConfig]]:
+    """The LossRating designs of the trade-off curve, all on the selection and μ levers
+    (`candidate:` family, then its knobs)."""
+    out = [("candidate: openskill", levers),
+           ("candidate: openskill, tau=0", replace(levers, openskill_tau=0.0)),
+           ("candidate: openskill, beta=12.5", replace(levers, openskill_beta=12.5))]
+    out += [(f"candidate: openskill ties, band={b:.3g}", replace(levers, rating="openskill_ties", openskill_tie_band=b))
+            for b in (0.084, 0.17, 0.25)]
+    relative = replace(levers, rating="relative", mu_prior_evals=0.0)
+    out += [(f"candidate: relative, band=0, k={k:g}", replace(relative, rating_tie_band=0.0, rating_exponent=k))
+            for k in (1.0, 3.0, 5.0, 10.0)]
+    out += [(f"candidate: relative, band={b:.3g}, k={k:g}", replace(relative, rating_tie_band=b, rating_exponent=k))
+            for b in (0.17, 0.25, 0.3) for k in (5.0, 10.0, 12.0, 15.0, 20.0)]
+    out += [(f"candidate: relative, band=0.25, k=12, c={c:g}", replace(relative, rating_tie_band=0.25,
+                                                                     rating_exponent=12.0, power=c))
+            for c in (1.0, 1.5)]
+    return out
+
+
+def plot_tradeoff(path: Path, outcomes: dict[str, Outcome]) -> None:
+    """Honest max/min and validator agreement against `moredata`'s premium, per LossRating candidate."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    families: dict[str, list[tuple[str, dict]]] = {}
+    for label, outcome in outcomes.items():
+        if label.startswith("candidate: "):
+            rest = label.removeprefix("candidate: ")
+            family = rest.split(", k=")[0] if rest.startswith("relative") else rest.split(",")[0]
+            families.setdefault(family, []).append((rest, outcome.metrics))
+    fig, axes = plt.subplots(1, 2, figsize=(14, 5.5))
+    for ax, key, target, title in ((axes[0], "honest_max_over_min", 1.5, "identical honest peers: max/min incentive"),
+                                   (axes[1], "agreement_mean", 0.95, "two validators' agreement (1 − TV)")):
+        for family, points in sorted(families.items()):
+            points = sorted(points, key=lambda p: p[1]["moredata_over_honest"])
+            xs = [p[1]["moredata_over_honest"] for p in points]
+            ys = [min(p[1][key], 20.0) for p in points]
+            ax.plot(xs, ys, "o-", label=family)
+        chosen = outcomes["chosen"].metrics
+        ax.plot([chosen["moredata_over_honest"]], [chosen[key]], "*", color="black", markersize=16, label="chosen")
+        ax.axhline(target, color="grey", linestyle="--", linewidth=1)
+        ax.axvline(1.0, color="grey", linewidth=0.5)
+        ax.set(xscale="log", xlabel="moredata / honest incentive (premium for 2× data)", title=title)
+        if key == "honest_max_over_min":
+            ax.set(yscale="log", ylabel="max/min over 206 identical peers (cap 20)")
+        else:
+            ax.set(ylabel="agreement")
+        ax.legend(fontsize=7)
+    fig.suptitle("LossRating candidates at 256 uids, 2 validators, 720 windows (target: left ≤ 1.5, right ≥ 0.95)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -500,12 +561,17 @@ def main(argv: list[str] | None = None) -> int:
                   for k, o in outcomes.items() if k == "chosen" or k.startswith(f"chosen, {name}=")]
         curves[f"chosen, {name}"] = sorted(points, key=lambda p: p[0])
     plot(RESULTS_DIR / f"{stem}.png", baseline, improved, curves)
+    if not args.quick:
+        plot_tradeoff(RESULTS_DIR / "subnet_sim_tradeoff.png", outcomes)
     print(f"wrote {RESULTS_DIR / stem}.json/.png in {time.perf_counter() - started:.0f}s")
     return 0
 
 
-CHOSEN: dict = {"sharpness": 2.0, "newcomer_evals": 32, "mu_prior_evals": 1.0}
-"""The levers this benchmark argues for (docs/scoring.md, 'At subnet scale')."""
+LEVERS: dict = {"sharpness": 2.0, "newcomer_evals": 32, "mu_prior_evals": 1.0}
+"""The selection and μ levers of the first round of issue 19 (with the paper's OpenSkill rating)."""
+CHOSEN: dict = {"sharpness": 2.0, "newcomer_evals": 32, "mu_prior_evals": 0.0, "rating": "relative",
+                "rating_gamma": 0.95, "rating_tie_band": 0.25, "rating_exponent": 12.0}
+"""The settings this benchmark argues for (docs/scoring.md §11; `hparams.json` gauntlet section)."""
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -136,7 +136,7 @@ class GauntletConfig(_Strict):
     rating_tie_band: float = Field(default=0.25, ge=0, le=2, description="relative rating: a mean within "
                                    "this / sqrt(n_eff) of the median counts as the median (about 3 sigma of "
                                    "one evaluation)")
-    rating_exponent: float = Field(default=10.0, gt=0, le=100, description="relative rating: LossRating = "
+    rating_exponent: float = Field(default=12.0, gt=0, le=100, description="relative rating: LossRating = "
                                    "25 x (relative LossScore beyond the band)^this")
 
 
