@@ -99,7 +99,7 @@ class SimConfig:
     """"openskill": the paper's LossRating; "relative": `gauntlet.relative_rating` (hparams
     `loss_rating`); "openskill_ties": a simulator-only candidate (`TiedOpenSkillBook`)"""
     rating_gamma: float = 0.95
-    rating_tie_band: float = 0.25
+    rating_tie_band: float = 3.0
     rating_exponent: float = 10.0
     openskill_tie_band: float = 0.084
     """"openskill_ties": the tie width, × the window's median δ_rand (0.084 is one evaluation's spread)"""
@@ -570,7 +570,7 @@ def main(argv: list[str] | None = None) -> int:
 LEVERS: dict = {"sharpness": 2.0, "newcomer_evals": 32, "mu_prior_evals": 1.0}
 """The selection and μ levers of the first round of issue 19 (with the paper's OpenSkill rating)."""
 CHOSEN: dict = {"sharpness": 2.0, "newcomer_evals": 32, "mu_prior_evals": 0.0, "rating": "relative",
-                "rating_gamma": 0.95, "rating_tie_band": 0.25, "rating_exponent": 12.0}
+                "rating_gamma": 0.95, "rating_tie_band": 3.0, "rating_exponent": 12.0}
 """The settings this benchmark argues for (docs/scoring.md §11; `hparams.json` gauntlet section)."""
 
 if __name__ == "__main__":

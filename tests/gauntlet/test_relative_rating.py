@@ -13,6 +13,7 @@ from templar.gauntlet.rating import (
     effective_evaluations,
     relative_loss_scores,
     relative_rating,
+    relative_spread,
     update_relative,
 )
 
@@ -53,31 +54,45 @@ def test_effective_evaluations() -> None:
     assert effective_evaluations(10_000, 0.95) == pytest.approx(1.95 / 0.05)  # saturates at (1+γ)/(1−γ)
 
 
+def test_relative_spread_is_a_robust_sigma() -> None:
+    # x 0.5, 0.9, 1.0, 1.1, 3.0: median 1.0, |deviations| 0, 0.1, 0.1, 0.5, 2.0 → median 0.1 → 0.14826;
+    # the two outliers (a cheat near 0, a freak high) do not move it
+    assert relative_spread({"a": 0.5, "b": 0.9, "c": 1.0, "d": 1.1, "e": 3.0}) == pytest.approx(0.14826)
+    assert relative_spread({"a": 1.0, "b": 1.0}) is None
+
+
 def test_relative_rating_hand_computed() -> None:
-    # γ 0.5, n 2: n_eff = 1.5²/1.25 = 1.8; band 0.3/√1.8 = 0.223607; mean 1.4 → 1 + 0.176393;
+    # γ 0.5, n 2: n_eff = 1.5²/1.25 = 1.8; band 3 × 0.1/√1.8 = 0.223607; mean 1.4 → 1 + 0.176393;
     # squared: 1.383901 × 25 = 34.597524
-    assert relative_rating(1.4, 2, gamma=0.5, tie_band=0.3, exponent=2.0) == pytest.approx(34.597524, abs=1e-6)
-    # one evaluation (n_eff 1), band 0.25: 1.3 → 1.05^10 × 25 = 40.722366; 0.5 → 0.75^2 × 25 = 14.0625
-    assert relative_rating(1.3, 1, gamma=0.9, tie_band=0.25, exponent=10.0) == pytest.approx(40.722366, abs=1e-6)
-    assert relative_rating(0.5, 1, gamma=0.9, tie_band=0.25, exponent=2.0) == pytest.approx(14.0625)
+    assert relative_rating(1.4, 2, gamma=0.5, tie_band=3.0, exponent=2.0, noise=0.1) == pytest.approx(
+        34.597524, abs=1e-6)
+    # one evaluation (n_eff 1), band 2.5 × 0.1: 1.3 → 1.05^10 × 25 = 40.722366; 0.5 → 0.75^2 × 25 = 14.0625
+    assert relative_rating(1.3, 1, gamma=0.9, tie_band=2.5, exponent=10.0, noise=0.1) == pytest.approx(
+        40.722366, abs=1e-6)
+    assert relative_rating(0.5, 1, gamma=0.9, tie_band=2.5, exponent=2.0, noise=0.1) == pytest.approx(14.0625)
 
 
 def test_relative_rating_ties_inside_the_band_and_floors_at_zero() -> None:
     # inside the band every peer is rated exactly as the median: 25, whatever the exponent
     for mean in (0.8, 0.99, 1.0, 1.2):
-        assert relative_rating(mean, 1, gamma=0.9, tie_band=0.25, exponent=10.0) == 25.0
-    assert relative_rating(1.0, 0, gamma=0.9, tie_band=0.0, exponent=10.0) == 25.0  # never rated: the prior
-    assert relative_rating(3.0, 0, gamma=0.9, tie_band=0.0, exponent=10.0) == 25.0
-    assert relative_rating(-0.5, 4, gamma=0.9, tie_band=0.0, exponent=3.0) == 0.0  # made the loss worse
-    assert relative_rating(1.1, 4, gamma=0.9, tie_band=0.0, exponent=1.0) == pytest.approx(27.5)
+        assert relative_rating(mean, 1, gamma=0.9, tie_band=2.5, exponent=10.0, noise=0.1) == 25.0
+    plain = {"gamma": 0.9, "tie_band": 0.0, "noise": 0.1}
+    assert relative_rating(1.0, 0, exponent=10.0, **plain) == 25.0  # never rated: the prior
+    assert relative_rating(3.0, 0, exponent=10.0, **plain) == 25.0
+    assert relative_rating(-0.5, 4, exponent=3.0, **plain) == 0.0  # made the loss worse
+    assert relative_rating(1.1, 4, exponent=1.0, **plain) == pytest.approx(27.5)
     # more evaluations narrow the band: the same mean earns more once it is clear of the noise
-    few = relative_rating(1.2, 2, gamma=0.95, tie_band=0.25, exponent=10.0)
-    many = relative_rating(1.2, 30, gamma=0.95, tie_band=0.25, exponent=10.0)
+    few = relative_rating(1.2, 2, gamma=0.95, tie_band=3.0, exponent=10.0, noise=0.084)
+    many = relative_rating(1.2, 30, gamma=0.95, tie_band=3.0, exponent=10.0, noise=0.084)
     assert 25.0 < few < many
+    # noisier evaluations widen it: the same mean is a tie
+    assert relative_rating(1.2, 30, gamma=0.95, tie_band=3.0, exponent=10.0, noise=0.5) == 25.0
     with pytest.raises(ValueError):
-        relative_rating(1.0, 1, gamma=0.9, tie_band=-0.1, exponent=1.0)
+        relative_rating(1.0, 1, gamma=0.9, tie_band=-0.1, exponent=1.0, noise=0.1)
     with pytest.raises(ValueError):
-        relative_rating(1.0, 1, gamma=0.9, tie_band=0.1, exponent=0.0)
+        relative_rating(1.0, 1, gamma=0.9, tie_band=0.1, exponent=0.0, noise=0.1)
+    with pytest.raises(ValueError):
+        relative_rating(1.0, 1, gamma=0.9, tie_band=0.1, exponent=1.0, noise=math.inf)
 
 
 def _book(tie_band: float, exponent: float) -> ScoreBook:
@@ -97,12 +112,14 @@ def test_book_scores_with_the_relative_rating() -> None:
     assert {hk: book.loss_rating(hk) for hk in book} == pytest.approx({"a": 12.5, "b": 25.0, "c": 50.0})
     assert book.scores() == pytest.approx({"a": 1.25, "b": 2.5, "c": 5.0})
     assert book.peers["c"].relative_evals == 1 and book.peers["c"].relative_delta == pytest.approx(2.0)
+    # spread of 0.5, 1, 2 around 1: |dev| 0.5, 0, 1 → median 0.5 → 0.7413, the first window's noise
+    assert book.relative_noise == (pytest.approx(0.7413), 1)
     # x = s² / Σ s²: 1.5625, 6.25, 25 over 32.8125
     assert book.weights(2.0) == pytest.approx({"a": 1.5625 / 32.8125, "b": 6.25 / 32.8125, "c": 25 / 32.8125})
 
 
 def test_identical_peers_inside_the_band_are_paid_exactly_alike() -> None:
-    book = _book(tie_band=0.25, exponent=10.0)
+    book = _book(tie_band=3.0, exponent=10.0)
     for window, values in enumerate(((0.040, 0.044, 0.037), (0.041, 0.038, 0.043))):
         book.record_primary({hk: PrimaryResult(v + 0.01, v) for hk, v in zip("abc", values, strict=True)},
                             gamma=0.9, beta=25 / 6, tau=25 / 300, window=window)
@@ -132,11 +149,14 @@ def test_saved_book_keeps_the_relative_state_and_old_books_load() -> None:
                         gamma=0.9, beta=25 / 6, tau=25 / 300)
     again = ScoreBook.from_json(book.to_json())
     assert again == book and again.peers["a"].relative_delta == pytest.approx(0.5)
+    assert again.relative_noise == book.relative_noise and book.relative_noise[1] == 1
     old = json.loads(book.to_json())  # a book written before the fields existed
     for record in old["peers"].values():
         del record["relative_delta"], record["relative_evals"]
+    del old["relative_noise"], old["relative_noise_windows"]
     restored = ScoreBook.from_json(json.dumps(old))
     assert restored.peers["a"].relative_delta == 1.0 and restored.peers["a"].relative_evals == 0
+    assert restored.relative_noise == (0.0, 0)
 
 
 def test_configure_applies_the_production_hparams() -> None:

@@ -25,6 +25,7 @@ from templar.gauntlet.rating import (
     rate_match,
     relative_loss_scores,
     relative_rating,
+    relative_spread,
     update_relative,
 )
 from templar.gauntlet.scores import normalise, peer_score, penalise, ramped_mu, update_mu
@@ -117,6 +118,9 @@ class _Schema(BaseModel):
 
     version: Literal[1] = SCHEMA_VERSION
     peers: dict[Hotkey, PeerRecord]
+    relative_noise: float = Field(default=0.0, ge=0.0, le=8.0, allow_inf_nan=False,
+                                  description="EMA of the windows' relative_spread (relative LossRating)")
+    relative_noise_windows: int = Field(default=0, ge=0, description="windows in relative_noise")
 
     @model_validator(mode="after")
     def _uids_unique(self) -> _Schema:
@@ -141,8 +145,11 @@ def window_loss_scale(results: Iterable[PrimaryResult]) -> float:
 class ScoreBook:
     """Per-hotkey Gauntlet state plus the window-level updates of Algorithm 1."""
 
-    def __init__(self, peers: Mapping[str, PeerRecord] | None = None) -> None:
+    def __init__(self, peers: Mapping[str, PeerRecord] | None = None, relative_noise: tuple[float, int] = (0.0, 0)
+                 ) -> None:
         self._peers: dict[str, PeerRecord] = dict(peers or {})
+        self.relative_noise: tuple[float, int] = relative_noise
+        """(one evaluation's spread of relative LossScores as a bias-corrected EMA over windows, windows)"""
         self._mu_ramp: tuple[float, float] | None = None
         self._relative: tuple[float, float, float] | None = None
         holders: dict[int, str] = {}
@@ -168,7 +175,8 @@ class ScoreBook:
         return iter(sorted(self._peers))
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, ScoreBook) and self._peers == other._peers
+        return (isinstance(other, ScoreBook) and self._peers == other._peers
+                and self.relative_noise == other.relative_noise)
 
     __hash__ = None  # type: ignore[assignment]  # mutable
 
@@ -257,7 +265,7 @@ class ScoreBook:
             return
         if kind != "relative":
             raise ValueError(f"set_loss_rating: unknown kind {kind!r} (openskill or relative)")
-        relative_rating(1.0, 1, gamma=gamma, tie_band=tie_band, exponent=exponent)  # validates
+        relative_rating(1.0, 1, gamma=gamma, tie_band=tie_band, exponent=exponent, noise=0.0)  # validates
         self._relative = (float(gamma), float(tie_band), float(exponent))
 
     def loss_rating(self, hotkey: str) -> float:
@@ -269,7 +277,7 @@ class ScoreBook:
             return record.loss_rating
         gamma, band, exponent = self._relative
         return relative_rating(record.relative_delta, record.relative_evals, gamma=gamma, tie_band=band,
-                               exponent=exponent)
+                               exponent=exponent, noise=self.relative_noise[0])
 
     def _rescore(self, record: PeerRecord) -> None:
         mu = record.mu
@@ -342,6 +350,7 @@ class ScoreBook:
             for hotkey, result in results.items()
         }
         relative = relative_loss_scores({hotkey: result.delta_rand for hotkey, result in results.items()})
+        spread = relative_spread(relative)
         for hotkey, result in results.items():
             record = records[hotkey]
             record.rating = new_ratings[hotkey]
@@ -356,6 +365,11 @@ class ScoreBook:
             if window is not None:
                 record.last_primary_window = window
             self._rescore(record)
+        if self._relative is not None and spread is not None:
+            noise, windows = self.relative_noise
+            self.relative_noise = (update_relative(noise, windows, spread, self._relative[0]), windows + 1)
+            for record in self._peers.values():
+                self._rescore(record)
 
     def scores(self) -> dict[str, float]:
         """PeerScore_p for every hotkey in the book (eq. 4, floored factors)."""
@@ -391,7 +405,8 @@ class ScoreBook:
         Every record is revalidated first; an invalid one raises pydantic's ValidationError.
         """
         ordered = {hotkey: self._peers[hotkey] for hotkey in sorted(self._peers)}
-        return _Schema(peers=ordered).model_dump_json(indent=1)
+        noise, windows = self.relative_noise
+        return _Schema(peers=ordered, relative_noise=noise, relative_noise_windows=windows).model_dump_json(indent=1)
 
     @classmethod
     def from_json(cls, text: str | bytes) -> ScoreBook:
@@ -403,7 +418,7 @@ class ScoreBook:
                 f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['msg']}" for err in exc.errors()
             )
             raise ScoreBookError(f"invalid score book: {problems}") from exc
-        return cls(schema.peers)
+        return cls(schema.peers, (schema.relative_noise, schema.relative_noise_windows))
 
     def save(self, path: str | Path) -> None:
         """Write atomically (`templar.core.atomic`): a crash leaves the previous file or the new one."""

@@ -113,8 +113,7 @@ def relative_loss_scores(results: Mapping[str, float]) -> dict[str, float]:
     finite = sorted(value for value in results.values() if math.isfinite(value))
     if len(finite) < RELATIVE_MIN_PLAYERS:
         return {}
-    mid = len(finite) // 2
-    median = finite[mid] if len(finite) % 2 else (finite[mid - 1] + finite[mid]) / 2.0
+    median = _median(finite)
     if not median > 0:
         return {}
     low, high = RELATIVE_CLIP
@@ -152,29 +151,51 @@ def effective_evaluations(evaluations: int, gamma: float) -> float:
     return total * total / squares
 
 
-def relative_rating(mean: float, evaluations: int, *, gamma: float, tie_band: float, exponent: float) -> float:
+def relative_spread(relative: Mapping[str, float]) -> float | None:
+    """One window's spread of relative LossScores: 1.4826 × the median |x − median x| (a robust σ).
+
+    The tie band is a multiple of this, so it follows the evaluation noise of the deployment
+    (pages per evaluation, model size) instead of a constant tuned on one preset. The median
+    absolute deviation ignores the few peers that differ for real (cheats near 0, a strong peer):
+    it only moves when most of S_t is spread out. None with fewer than `RELATIVE_MIN_PLAYERS`.
+    """
+    values = sorted(relative.values())
+    if len(values) < RELATIVE_MIN_PLAYERS:
+        return None
+    deviations = sorted(abs(v - _median(values)) for v in values)
+    return 1.4826 * _median(deviations)
+
+
+def _median(ordered: list[float]) -> float:
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2.0
+
+
+def relative_rating(
+    mean: float, evaluations: int, *, gamma: float, tie_band: float, exponent: float, noise: float
+) -> float:
     """LossRating from the relative LossScores: 25 · max(0, 1 + shrink(mean − 1))^exponent.
 
-    shrink(d) = sign(d) · max(0, |d| − tie_band/√n_eff): a peer whose mean is within
-    `tie_band`/√n_eff of the window median (1.0) is statistically indistinguishable from a
-    typical peer and is rated exactly 25, like every other such peer, so identical peers are
-    paid alike and two validators, whose books hold different evaluations, rate them alike.
-    `tie_band` is a multiple of one evaluation's spread (about 3 × σ keeps the extreme of a
-    few hundred identical peers inside the band). Beyond the band the rating grows as a power
-    `exponent` of the relative LossScore, which is the premium for more useful work: with
-    exponent 10 a peer that improves the loss 10 % more than the median, clear of the band,
-    is rated 2.6× (before the normalisation's power c). A peer that was never rated
-    gets 25, OpenSkill's prior: the score of a newcomer is held back by μ, not by its rating.
+    shrink(d) = sign(d) · max(0, |d| − tie_band · noise/√n_eff): a peer whose mean is within
+    `tie_band` standard errors of the window median (1.0) is statistically indistinguishable
+    from a typical peer and is rated exactly 25, like every other such peer, so identical peers
+    are paid alike and two validators, whose books hold different evaluations, rate them alike.
+    `noise` is one evaluation's spread (the book's running `relative_spread`); `tie_band` 3 keeps
+    the extreme of a few hundred identical peers (about 2.8 standard errors out) inside the band.
+    Beyond the band the rating grows as a power `exponent` of the relative LossScore, the premium
+    for more useful work: with exponent 12 a peer 5 % clear of the band is rated 1.8× (before
+    the normalisation's power c). A peer never rated gets 25, OpenSkill's prior: the score of a
+    newcomer is held back by μ, not by its rating.
     """
     if not 0.0 <= gamma < 1.0 or not tie_band >= 0 or not exponent > 0 or not math.isfinite(exponent):
         raise ValueError(f"relative_rating: need 0 <= gamma < 1, tie_band >= 0 and a finite exponent > 0, got "
                          f"{gamma!r}, {tie_band!r}, {exponent!r}")
-    if not math.isfinite(mean):
-        raise ValueError(f"relative_rating: mean must be finite, got {mean!r}")
+    if not math.isfinite(mean) or not 0.0 <= noise < math.inf:
+        raise ValueError(f"relative_rating: mean and noise must be finite (noise >= 0), got {mean!r}, {noise!r}")
     prior = DEFAULT_RATING[0]
     n_eff = effective_evaluations(evaluations, gamma)
     if n_eff <= 0:
         return prior
-    excess = abs(mean - 1.0) - tie_band / math.sqrt(n_eff)
+    excess = abs(mean - 1.0) - tie_band * noise / math.sqrt(n_eff)
     relative = 1.0 + math.copysign(excess, mean - 1.0) if excess > 0 else 1.0
     return prior * max(0.0, relative) ** exponent
