@@ -133,10 +133,10 @@ class GauntletConfig(_Strict):
         "(gauntlet.relative_rating; issue 19)")
     rating_gamma: float = Field(default=0.95, ge=0, lt=1, description="relative rating: EMA factor of the "
                                 "relative LossScores (memory about 1 / (1 - gamma) evaluations)")
-    rating_tie_band: float = Field(default=3.0, ge=0, le=10, description="relative rating: a mean within "
+    rating_tie_band: float = Field(default=3.5, ge=0, le=10, description="relative rating: a mean within "
                                    "this many standard errors (noise / sqrt(n_eff), noise measured from the "
                                    "windows' spread) of the median counts as the median")
-    rating_exponent: float = Field(default=12.0, gt=0, le=100, description="relative rating: LossRating = "
+    rating_exponent: float = Field(default=10.0, gt=0, le=100, description="relative rating: LossRating = "
                                    "25 x (relative LossScore beyond the band)^this")
 
 
