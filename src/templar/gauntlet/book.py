@@ -331,8 +331,10 @@ class ScoreBook:
 
         One OpenSkill match among all of `results` ranked by δ_rand, then each peer's μ update
         from sign(δ_assigned − δ_rand) (softened by `margin` against the window's median
-        LossScore, see `update_mu`), then its PeerScore. Every hotkey must already be in the
-        book. Validation happens before any state changes, so a bad call leaves the book intact.
+        LossScore, see `update_mu`), then its PeerScore. With the relative LossRating set
+        (`set_loss_rating`), each peer's relative LossScore (δ_rand over the window's median) also
+        enters its EMA and the window's spread enters the book's noise estimate. Every hotkey must
+        already be in the book. Validation happens before any state changes, so a bad call leaves the book intact.
         """
         records = {hotkey: self._require(hotkey) for hotkey in results}
         for hotkey, result in results.items():
