@@ -111,7 +111,7 @@ def main() -> int:
     history: collections.deque[dict[str, torch.Tensor]] = collections.deque(maxlen=DESYNC_LAG + 1)
     evaluator = Evaluator(model, hp.optimizer.micro_batch_size)
     book = ScoreBook()
-    book.set_mu_ramp(hp.gauntlet.mu_gamma, hp.gauntlet.mu_prior_evals)  # the preset's μ start-up ramp
+    book.configure(hp.gauntlet)  # the preset's μ start-up ramp and LossRating
     holdout = tiny.pages.batch(tiny.plan.holdout_pages()[:HOLDOUT_PAGES])
     n_eval = min(hp.data.eval_pages, hp.data.pages_per_window)
     series: dict[str, dict[str, list]] = {hk: collections.defaultdict(list) for hk in PEERS}
@@ -148,7 +148,7 @@ def main() -> int:
         for hotkey in PEERS:
             rec, s = book.peers[hotkey], scores[hotkey]
             values = {"delta_rand": s.delta_rand, "delta_assigned": s.delta_assigned, "mu": rec.mu,
-                      "rating": rec.loss_rating, "score": rec.score, "weight": rec.weight,
+                      "rating": book.loss_rating(hotkey), "score": rec.score, "weight": rec.weight,
                       "in_top_g": hotkey in top}
             for key, value in values.items():
                 series[hotkey][key].append(value)

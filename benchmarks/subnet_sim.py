@@ -1,6 +1,6 @@
 """The Gauntlet at subnet scale: 256 uids, 1-4 validators, hundreds of windows, through Yuma.
 
-    python benchmarks/subnet_sim.py              # baseline, sweeps and levers (a few minutes, 2 cores)
+    python benchmarks/subnet_sim.py              # baseline, sweeps, levers, rating candidates (~75 runs)
     python benchmarks/subnet_sim.py --quick      # a handful of windows, for the test suite
 
 What is real and what is drawn. Every validator runs the production Gauntlet code: its own
@@ -20,7 +20,13 @@ honest peer's payload: it fails fast evaluation as `copy` whenever its source is
 (the copy check compares F_t's uploads) and otherwise scores like `lazy` (the update was trained
 on someone else's pages).
 
-Writes `benchmarks/results/subnet_sim.json` and `subnet_sim.png` (`--quick`: `subnet_sim_quick.*`).
+The LossRating is a setting (`SimConfig.rating`): the paper's OpenSkill, the production relative
+rating (`gauntlet.relative_rating`, hparams `loss_rating`), or a simulator-only candidate
+(`TiedOpenSkillBook`); `rating_candidates` sweeps them for the trade-off curve.
+
+Writes `benchmarks/results/subnet_sim.json`, `subnet_sim.png` and `subnet_sim_tradeoff.png` (honest
+max/min and agreement against `moredata`'s premium per LossRating candidate; `--quick`:
+`subnet_sim_quick.*`).
 Windows convert to time at the production cadence, 84 s (7 blocks × 12 s).
 """
 
@@ -40,7 +46,6 @@ import numpy as np
 
 from templar.chain import yuma
 from templar.gauntlet import PrimaryResult, ScoreBook, select_eval_peers
-from templar.gauntlet.scores import peer_score, ramped_mu
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 WINDOW_SECONDS = 84.0
@@ -91,7 +96,13 @@ class SimConfig:
     mu_prior_evals: float | None = None
     """μ start-up ramp (None: the paper's μ)"""
     rating: str = "openskill"
-    """"openskill": the paper's LossRating; "relative": a simulator-only experiment (`RelativeRatingBook`)"""
+    """"openskill": the paper's LossRating; "relative": `gauntlet.relative_rating` (hparams
+    `loss_rating`); "openskill_ties": a simulator-only candidate (`TiedOpenSkillBook`)"""
+    rating_gamma: float = 0.95
+    rating_tie_band: float = 3.5
+    rating_exponent: float = 10.0
+    openskill_tie_band: float = 0.084
+    """"openskill_ties": the tie width, × the window's median δ_rand (0.084 is one evaluation's spread)"""
     tempo_windows: int = 1
     """windows between Yuma epochs (1: as if every window's weights were read; finney's tempo of
     360 blocks is 51 windows, and incentive holds between epochs)"""
@@ -191,39 +202,30 @@ def draw(strategy: str, rng: random.Random, noise: float = 1.0) -> PrimaryResult
     return PrimaryResult(LOSS_SCALE * (rand + gap), LOSS_SCALE * rand)
 
 
-class RelativeRatingBook(ScoreBook):
-    """Simulator-only experiment, not production code: LossRating = 25 × the peer's mean δ_rand
-    relative to its window's median δ_rand over S_t (25 before any evaluation, as OpenSkill's prior).
+class TiedOpenSkillBook(ScoreBook):
+    """Simulator-only candidate, not production code: OpenSkill with ties for indistinguishable LossScores.
 
-    Identical peers are ranked at random by OpenSkill, so their ratings random-walk apart; a mean
-    of relative LossScores converges instead (standard error ≈ spread/√n). Everything else (μ,
-    the ramp, φ, normalisation, top-G) is the ScoreBook's.
+    Before the match, δ_rand is sorted and cut into groups: a peer joins the group of the best
+    peer above it while within `band` × the window's median δ_rand of that group's best, and
+    every peer of a group gets the group's best value (a tie). Identical peers then mostly tie
+    instead of being ranked at random.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, band: float) -> None:
         super().__init__()
-        self.relative: dict[str, tuple[float, int]] = {}
+        self.band = band
 
     def record_primary(self, results, **kwargs) -> None:  # type: ignore[override]
-        super().record_primary(results, **kwargs)
-        finite = [r.delta_rand for r in results.values() if math.isfinite(r.delta_rand)]
+        finite = sorted(r.delta_rand for r in results.values() if math.isfinite(r.delta_rand))
         median = statistics.median(finite) if finite else 0.0
-        if median <= 0:
-            return
-        for hotkey, result in results.items():
-            total, n = self.relative.get(hotkey, (0.0, 0))
-            value = result.delta_rand / median if math.isfinite(result.delta_rand) else 0.0
-            self.relative[hotkey] = (total + value, n + 1)
-
-    def scores(self) -> dict[str, float]:
-        out = {}
-        for hotkey in sorted(self._peers):
-            record = self._peers[hotkey]
-            mu = ramped_mu(record.mu, record.primary_evals, *self._mu_ramp) if self._mu_ramp else record.mu
-            total, n = self.relative.get(hotkey, (0.0, 0))
-            record.score = peer_score(mu, 25.0 * total / n if n else 25.0)
-            out[hotkey] = record.score
-        return out
+        width = self.band * abs(median)
+        tied, head = {}, None
+        for hotkey in sorted(results, key=lambda h: -results[h].delta_rand):
+            value = results[hotkey].delta_rand
+            if head is None or not math.isfinite(value) or head - value > width:
+                head = value
+            tied[hotkey] = PrimaryResult(results[hotkey].delta_assigned, head)
+        super().record_primary(tied, **kwargs)
 
 
 def gini(values: list[float]) -> float:
@@ -242,7 +244,10 @@ def simulate(cfg: SimConfig, *, keep_series: bool = False) -> Outcome:
     miners = [p for p in peers if p.strategy != "validator"]
     books = []
     for _ in range(cfg.validators):
-        book = RelativeRatingBook() if cfg.rating == "relative" else ScoreBook()
+        book = TiedOpenSkillBook(cfg.openskill_tie_band) if cfg.rating == "openskill_ties" else ScoreBook()
+        if cfg.rating == "relative":
+            book.set_loss_rating("relative", gamma=cfg.rating_gamma, tie_band=cfg.rating_tie_band,
+                                 exponent=cfg.rating_exponent)
         book.set_mu_ramp(cfg.mu_gamma, cfg.mu_prior_evals)
         books.append(book)
     secrets = [rng.getrandbits(64) for _ in range(cfg.validators)]
@@ -422,37 +427,88 @@ def _run(job: tuple[str, SimConfig, bool]) -> tuple[str, Outcome]:
     return label, simulate(cfg, keep_series=keep)
 
 
-def plan(base: SimConfig, quick: bool) -> list[tuple[str, SimConfig, bool]]:
-    """Every run of the benchmark: the baseline, one-knob sweeps, the levers, the chosen mix."""
+def plan(base: SimConfig, quick: bool, sweeps: bool = False) -> list[tuple[str, SimConfig, bool]]:
+    """Every run of the benchmark: the baseline, one-knob sweeps, the levers, the rating candidates."""
     chosen = replace(base, **CHOSEN)
+    levers = replace(base, **LEVERS)
     jobs = [("baseline", base, True), ("chosen", chosen, True)]
     if quick:
         return jobs
-    one_knob = {
-        "validators": [1, 4],
-        "uids_per_window": [32],
-        "mu_gamma": [0.7],
-        "power": [1.0, 1.5],
-        "top_g": [30],
-        "sharpness": [2.0],
-        "mu_prior_evals": [1.0, 0.0],
-        "noise": [1 / math.sqrt(2)],
-    }
-    for name, values in one_knob.items():
-        jobs += [(f"{name}={v:.3g}", replace(base, **{name: v}), False) for v in values]
-    jobs += [("stale-first + newcomer_evals=32", replace(base, sharpness=CHOSEN["sharpness"], newcomer_evals=32), False),
-             ("equal compute: uids_per_window=16, noise=1.41", replace(base, uids_per_window=16, noise=math.sqrt(2)),
-              False)]
-    for name, values in (("mu_prior_evals", [0.0, 2.0, 5.0]), ("power", [1.0, 1.5]), ("validators", [1, 4]),
-                         ("tempo_windows", [51]), ("seed", [1])):
-        jobs += [(f"chosen, {name}={v:.3g}", replace(chosen, **{name: v}), False) for v in values]
+    jobs += [("levers, OpenSkill (before)", levers, True), ("levers, OpenSkill, seed=1", replace(levers, seed=1), False)]
+    # The paper's one-knob sweeps (validators, uids_per_window, mu_gamma, power, top_g, δ noise) of the
+    # first round are in docs/scoring.md §11 and unchanged by the rating; `--sweeps` reruns them.
+    if sweeps:
+        one_knob = {"validators": [1, 4], "uids_per_window": [32], "mu_gamma": [0.7], "power": [1.0, 1.5],
+                    "top_g": [30], "sharpness": [2.0], "mu_prior_evals": [1.0, 0.0], "noise": [1 / math.sqrt(2)]}
+        for name, values in one_knob.items():
+            jobs += [(f"{name}={v:.3g}", replace(base, **{name: v}), False) for v in values]
+        jobs += [("stale-first + newcomer_evals=32", replace(base, sharpness=LEVERS["sharpness"], newcomer_evals=32),
+                  False),
+                 ("equal compute: uids_per_window=16, noise=1.41", replace(base, uids_per_window=16,
+                                                                           noise=math.sqrt(2)), False)]
     jobs += [("baseline, seed=1", replace(base, seed=1), False)]
-    relative = replace(chosen, rating="relative")  # simulator-only experiment, see RelativeRatingBook
-    jobs += [("experiment: relative rating, paper levers", replace(base, rating="relative"), False),
-             ("experiment: relative rating + chosen", relative, False),
-             ("experiment: relative rating + chosen, ramp k=0", replace(relative, mu_prior_evals=0.0), False),
-             ("experiment: relative rating + chosen, seed=1", replace(relative, seed=1), False)]
+    for name, values in (("mu_prior_evals", [1.0, 2.0]), ("power", [1.0, 1.5]), ("validators", [1, 4]),
+                         ("tempo_windows", [51]), ("seed", [1, 2]), ("noise", [math.sqrt(2)]),
+                         ("rating_exponent", [12.0, 15.0]), ("rating_tie_band", [3.0])):
+        jobs += [(f"chosen, {name}={v:.3g}", replace(chosen, **{name: v}), False) for v in values]
+    jobs += [(label, cfg, False) for label, cfg in rating_candidates(levers)]
     return jobs
+
+
+def rating_candidates(levers: SimConfig) -> list[tuple[str, SimConfig]]:
+    """The LossRating designs of the trade-off curve, all on the selection and μ levers
+    (`candidate:` family, then its knobs)."""
+    out = [("candidate: openskill", levers),
+           ("candidate: openskill, tau=0", replace(levers, openskill_tau=0.0)),
+           ("candidate: openskill, beta=12.5", replace(levers, openskill_beta=12.5))]
+    out += [(f"candidate: openskill ties, band={b:.3g}", replace(levers, rating="openskill_ties", openskill_tie_band=b))
+            for b in (0.084, 0.17, 0.25)]
+    relative = replace(levers, rating="relative", mu_prior_evals=0.0)
+    out += [(f"candidate: relative, band=0, k={k:g}", replace(relative, rating_tie_band=0.0, rating_exponent=k))
+            for k in (1.0, 3.0, 5.0, 10.0)]
+    out += [(f"candidate: relative, band={z:g}σ, k={k:g}", replace(relative, rating_tie_band=z, rating_exponent=k))
+            for z in (2.5, 3.5, 4.5) for k in (5.0, 10.0, 15.0, 20.0)]
+    out += [(f"candidate: relative, band=3.5σ, k=10, c={c:g}", replace(relative, rating_tie_band=3.5,
+                                                                     rating_exponent=10.0, power=c))
+            for c in (1.0, 1.5)]
+    return out
+
+
+def plot_tradeoff(path: Path, outcomes: dict[str, Outcome]) -> None:
+    """Honest max/min and validator agreement against `moredata`'s premium, per LossRating candidate."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    families: dict[str, list[tuple[str, dict]]] = {}
+    for label, outcome in outcomes.items():
+        if label.startswith("candidate: "):
+            rest = label.removeprefix("candidate: ")
+            family = rest.split(", k=")[0] if rest.startswith("relative") else rest.split(",")[0]
+            families.setdefault(family, []).append((rest, outcome.metrics))
+    fig, axes = plt.subplots(1, 2, figsize=(14, 5.5))
+    for ax, key, target, title in ((axes[0], "honest_max_over_min", 1.5, "identical honest peers: max/min incentive"),
+                                   (axes[1], "agreement_mean", 0.95, "two validators' agreement (1 − TV)")):
+        for family, points in sorted(families.items()):
+            points = sorted(points, key=lambda p: p[1]["moredata_over_honest"])
+            xs = [p[1]["moredata_over_honest"] for p in points]
+            ys = [min(p[1][key], 20.0) for p in points]
+            ax.plot(xs, ys, "o-", label=family)
+        chosen = outcomes["chosen"].metrics
+        ax.plot([chosen["moredata_over_honest"]], [chosen[key]], "*", color="black", markersize=16, label="chosen")
+        ax.axhline(target, color="grey", linestyle="--", linewidth=1)
+        ax.axvline(1.0, color="grey", linewidth=0.5)
+        ax.set(xscale="log", xlabel="moredata / honest incentive (premium for 2× data)", title=title)
+        if key == "honest_max_over_min":
+            ax.set(yscale="log", ylabel="max/min over 206 identical peers (cap 20)")
+        else:
+            ax.set(ylabel="agreement")
+        ax.legend(fontsize=7)
+    fig.suptitle("LossRating candidates at 256 uids, 2 validators, 720 windows (target: left ≤ 1.5, right ≥ 0.95)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -460,6 +516,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a handful of windows on 64 uids (for tests)")
     parser.add_argument("--fit", type=Path, default=None, help="refit FIT_FILE from a localnet --out directory")
     parser.add_argument("--processes", type=int, default=2, help="simulations run in parallel (default 2)")
+    parser.add_argument("--sweeps", action="store_true", help="also rerun the paper's one-knob sweeps")
     args = parser.parse_args(argv)
     if args.fit is not None:
         fitted = fit_from_scores(args.fit)
@@ -473,7 +530,7 @@ def main(argv: list[str] | None = None) -> int:
         base = replace(base, windows=12, join_window=4, uids=64, per_class=2, fast_eval_uids=16)
     print(f"subnet_sim: {base.uids} uids, {base.windows} windows ({hours(base.windows):.1f} h at 84 s), newcomers "
           f"join at window {base.join_window}; LossScores resampled from {fit()['source']}", flush=True)
-    jobs = plan(base, args.quick)
+    jobs = plan(base, args.quick, args.sweeps)
     outcomes: dict[str, Outcome] = {}
     if args.processes > 1 and len(jobs) > 1:
         import multiprocessing
@@ -501,12 +558,17 @@ def main(argv: list[str] | None = None) -> int:
                   for k, o in outcomes.items() if k == "chosen" or k.startswith(f"chosen, {name}=")]
         curves[f"chosen, {name}"] = sorted(points, key=lambda p: p[0])
     plot(RESULTS_DIR / f"{stem}.png", baseline, improved, curves)
+    if not args.quick:
+        plot_tradeoff(RESULTS_DIR / "subnet_sim_tradeoff.png", outcomes)
     print(f"wrote {RESULTS_DIR / stem}.json/.png in {time.perf_counter() - started:.0f}s")
     return 0
 
 
-CHOSEN: dict = {"sharpness": 2.0, "newcomer_evals": 32, "mu_prior_evals": 1.0}
-"""The levers this benchmark argues for (docs/scoring.md, 'At subnet scale')."""
+LEVERS: dict = {"sharpness": 2.0, "newcomer_evals": 32, "mu_prior_evals": 1.0}
+"""The selection and μ levers of the first round of issue 19 (with the paper's OpenSkill rating)."""
+CHOSEN: dict = {"sharpness": 2.0, "newcomer_evals": 32, "mu_prior_evals": 0.0, "rating": "relative",
+                "rating_gamma": 0.95, "rating_tie_band": 3.5, "rating_exponent": 10.0}
+"""The settings this benchmark argues for (docs/scoring.md §11; `hparams.json` gauntlet section)."""
 
 if __name__ == "__main__":
     sys.exit(main())

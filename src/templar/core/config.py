@@ -127,6 +127,17 @@ class GauntletConfig(_Strict):
     mu_prior_evals: float | None = Field(default=None, ge=0, description="PeerScore reads mu / (1 - gamma^(n + "
                                          "this)) after n primary evaluations (start-up bias removed); None is "
                                          "the paper's mu")
+    loss_rating: Literal["openskill", "relative"] = Field(
+        default="openskill", description="LossRating in PeerScore: the paper's OpenSkill mu, or 25 x the "
+        "peer's relative LossScore (delta_rand / median of S_t) with a tie band and a power premium "
+        "(gauntlet.relative_rating; issue 19)")
+    rating_gamma: float = Field(default=0.95, ge=0, lt=1, description="relative rating: EMA factor of the "
+                                "relative LossScores (memory about 1 / (1 - gamma) evaluations)")
+    rating_tie_band: float = Field(default=3.5, ge=0, le=10, description="relative rating: a mean within "
+                                   "this many standard errors (noise / sqrt(n_eff), noise measured from the "
+                                   "windows' spread) of the median counts as the median")
+    rating_exponent: float = Field(default=10.0, gt=0, le=100, description="relative rating: LossRating = "
+                                   "25 x (relative LossScore beyond the band)^this")
 
 
 class WindowConfig(_Strict):

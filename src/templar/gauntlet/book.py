@@ -14,12 +14,20 @@ import statistics
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from types import MappingProxyType
-from typing import Annotated, Literal, NamedTuple
+from typing import Annotated, Literal, NamedTuple, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from templar.core.atomic import atomic_write
-from templar.gauntlet.rating import DEFAULT_RATING, loss_rating, rate_match
+from templar.gauntlet.rating import (
+    DEFAULT_RATING,
+    loss_rating,
+    rate_match,
+    relative_loss_scores,
+    relative_rating,
+    relative_spread,
+    update_relative,
+)
 from templar.gauntlet.scores import normalise, peer_score, penalise, ramped_mu, update_mu
 from templar.gauntlet.scores import top_g as select_top_g
 
@@ -27,6 +35,17 @@ SCHEMA_VERSION = 1
 
 Hotkey = Annotated[str, Field(min_length=1, max_length=64)]
 Finite = Annotated[float, Field(allow_inf_nan=False)]
+
+
+class GauntletSettings(Protocol):
+    """The fields of the hparams' gauntlet section that change how a book scores."""
+
+    mu_gamma: float
+    mu_prior_evals: float | None
+    loss_rating: str
+    rating_gamma: float
+    rating_tie_band: float
+    rating_exponent: float
 
 
 class ScoreBookError(ValueError):
@@ -71,6 +90,9 @@ class PeerRecord(BaseModel):
     score: float = Field(default=0.0, ge=0.0, allow_inf_nan=False, description="PeerScore (eq. 4)")
     weight: float = Field(default=0.0, ge=0.0, le=1.0, allow_inf_nan=False,
                           description="x_p (eq. 5) from the last weights() call")
+    relative_delta: float = Field(default=1.0, ge=-1.0, le=4.0, allow_inf_nan=False,
+                                  description="EMA of δ_rand / median δ_rand of S_t (relative LossRating)")
+    relative_evals: int = Field(default=0, ge=0, description="evaluations in relative_delta")
 
     @field_validator("last_delta_assigned", "last_delta_rand", "last_sync_steps")
     @classmethod
@@ -96,6 +118,9 @@ class _Schema(BaseModel):
 
     version: Literal[1] = SCHEMA_VERSION
     peers: dict[Hotkey, PeerRecord]
+    relative_noise: float = Field(default=0.0, ge=0.0, le=8.0, allow_inf_nan=False,
+                                  description="EMA of the windows' relative_spread (relative LossRating)")
+    relative_noise_windows: int = Field(default=0, ge=0, description="windows in relative_noise")
 
     @model_validator(mode="after")
     def _uids_unique(self) -> _Schema:
@@ -120,9 +145,13 @@ def window_loss_scale(results: Iterable[PrimaryResult]) -> float:
 class ScoreBook:
     """Per-hotkey Gauntlet state plus the window-level updates of Algorithm 1."""
 
-    def __init__(self, peers: Mapping[str, PeerRecord] | None = None) -> None:
+    def __init__(self, peers: Mapping[str, PeerRecord] | None = None, relative_noise: tuple[float, int] = (0.0, 0)
+                 ) -> None:
         self._peers: dict[str, PeerRecord] = dict(peers or {})
+        self.relative_noise: tuple[float, int] = relative_noise
+        """(one evaluation's spread of relative LossScores as a bias-corrected EMA over windows, windows)"""
         self._mu_ramp: tuple[float, float] | None = None
+        self._relative: tuple[float, float, float] | None = None
         holders: dict[int, str] = {}
         for hotkey, record in self._peers.items():
             if record.uid in holders:
@@ -146,7 +175,8 @@ class ScoreBook:
         return iter(sorted(self._peers))
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, ScoreBook) and self._peers == other._peers
+        return (isinstance(other, ScoreBook) and self._peers == other._peers
+                and self.relative_noise == other.relative_noise)
 
     __hash__ = None  # type: ignore[assignment]  # mutable
 
@@ -214,11 +244,46 @@ class ScoreBook:
         ramped_mu(0.0, 0, gamma, prior_evals)  # validates
         self._mu_ramp = (gamma, float(prior_evals))
 
+    def configure(self, gauntlet: GauntletSettings) -> None:
+        """Apply the scoring settings of the `gauntlet` hparams section (μ ramp, LossRating kind).
+
+        The one place every user of a book (validator, simulators, tests) turns hparams into
+        book settings, so they all score alike.
+        """
+        self.set_mu_ramp(gauntlet.mu_gamma, gauntlet.mu_prior_evals)
+        self.set_loss_rating(gauntlet.loss_rating, gamma=gauntlet.rating_gamma, tie_band=gauntlet.rating_tie_band,
+                             exponent=gauntlet.rating_exponent)
+
+    def set_loss_rating(self, kind: str, *, gamma: float = 0.95, tie_band: float = 0.0, exponent: float = 1.0) -> None:
+        """Which LossRating PeerScore reads: "openskill" (the paper) or "relative" (`relative_rating`).
+
+        A setting, not state, like `set_mu_ramp`. OpenSkill ratings are kept up to date either
+        way; the relative EMA is updated only while "relative" is set (it needs `gamma`).
+        """
+        if kind == "openskill":
+            self._relative = None
+            return
+        if kind != "relative":
+            raise ValueError(f"set_loss_rating: unknown kind {kind!r} (openskill or relative)")
+        relative_rating(1.0, 1, gamma=gamma, tie_band=tie_band, exponent=exponent, noise=0.0)  # validates
+        self._relative = (float(gamma), float(tie_band), float(exponent))
+
+    def loss_rating(self, hotkey: str) -> float:
+        """LossRating_p as PeerScore reads it under the current setting."""
+        return self._loss_rating(self._require(hotkey))
+
+    def _loss_rating(self, record: PeerRecord) -> float:
+        if self._relative is None:
+            return record.loss_rating
+        gamma, band, exponent = self._relative
+        return relative_rating(record.relative_delta, record.relative_evals, gamma=gamma, tie_band=band,
+                               exponent=exponent, noise=self.relative_noise[0])
+
     def _rescore(self, record: PeerRecord) -> None:
         mu = record.mu
         if self._mu_ramp is not None:
             mu = ramped_mu(mu, record.primary_evals, *self._mu_ramp)
-        record.score = peer_score(mu, record.loss_rating)
+        record.score = peer_score(mu, self._loss_rating(record))
 
     def staleness(self, window: int, newcomer_evals: int = 0) -> dict[str, float]:
         """Windows since each peer's last primary evaluation; peers never evaluated are absent.
@@ -266,8 +331,10 @@ class ScoreBook:
 
         One OpenSkill match among all of `results` ranked by δ_rand, then each peer's μ update
         from sign(δ_assigned − δ_rand) (softened by `margin` against the window's median
-        LossScore, see `update_mu`), then its PeerScore. Every hotkey must already be in the
-        book. Validation happens before any state changes, so a bad call leaves the book intact.
+        LossScore, see `update_mu`), then its PeerScore. With the relative LossRating set
+        (`set_loss_rating`), each peer's relative LossScore (δ_rand over the window's median) also
+        enters its EMA and the window's spread enters the book's noise estimate. Every hotkey must
+        already be in the book. Validation happens before any state changes, so a bad call leaves the book intact.
         """
         records = {hotkey: self._require(hotkey) for hotkey in results}
         for hotkey, result in results.items():
@@ -284,6 +351,8 @@ class ScoreBook:
             hotkey: update_mu(records[hotkey].mu, result.delta_assigned, result.delta_rand, gamma, margin, scale)
             for hotkey, result in results.items()
         }
+        relative = relative_loss_scores({hotkey: result.delta_rand for hotkey, result in results.items()})
+        spread = relative_spread(relative)
         for hotkey, result in results.items():
             record = records[hotkey]
             record.rating = new_ratings[hotkey]
@@ -291,9 +360,18 @@ class ScoreBook:
             record.last_delta_assigned = float(result.delta_assigned)
             record.last_delta_rand = float(result.delta_rand)
             record.primary_evals += 1
+            if self._relative is not None and hotkey in relative:
+                record.relative_delta = update_relative(record.relative_delta, record.relative_evals,
+                                                        relative[hotkey], self._relative[0])
+                record.relative_evals += 1
             if window is not None:
                 record.last_primary_window = window
             self._rescore(record)
+        if self._relative is not None and spread is not None:
+            noise, windows = self.relative_noise
+            self.relative_noise = (update_relative(noise, windows, spread, self._relative[0]), windows + 1)
+            for record in self._peers.values():
+                self._rescore(record)
 
     def scores(self) -> dict[str, float]:
         """PeerScore_p for every hotkey in the book (eq. 4, floored factors)."""
@@ -329,7 +407,8 @@ class ScoreBook:
         Every record is revalidated first; an invalid one raises pydantic's ValidationError.
         """
         ordered = {hotkey: self._peers[hotkey] for hotkey in sorted(self._peers)}
-        return _Schema(peers=ordered).model_dump_json(indent=1)
+        noise, windows = self.relative_noise
+        return _Schema(peers=ordered, relative_noise=noise, relative_noise_windows=windows).model_dump_json(indent=1)
 
     @classmethod
     def from_json(cls, text: str | bytes) -> ScoreBook:
@@ -341,7 +420,7 @@ class ScoreBook:
                 f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['msg']}" for err in exc.errors()
             )
             raise ScoreBookError(f"invalid score book: {problems}") from exc
-        return cls(schema.peers)
+        return cls(schema.peers, (schema.relative_noise, schema.relative_noise_windows))
 
     def save(self, path: str | Path) -> None:
         """Write atomically (`templar.core.atomic`): a crash leaves the previous file or the new one."""

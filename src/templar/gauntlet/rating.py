@@ -86,3 +86,116 @@ def rate_match(
     teams = [[model.rating(mu=current[hotkey][0], sigma=current[hotkey][1])] for hotkey in players]
     rated = model.rate(teams, ranks=[float(ranks[hotkey]) for hotkey in players])
     return {hotkey: (float(team[0].mu), float(team[0].sigma)) for hotkey, team in zip(players, rated, strict=True)}
+
+
+# ---- relative LossRating (issue 19; beyond the paper, `gauntlet.loss_rating` = "relative") -------------
+
+RELATIVE_CLIP = (-1.0, 4.0)
+"""Bounds of one relative LossScore. A δ_rand of −∞ (the update broke the model) or far below the
+median counts as −1; 4× the window's median is far beyond any honest spread, so the bound only
+stops one freak evaluation from dominating a peer's mean."""
+
+RELATIVE_MIN_PLAYERS = 3
+"""A median over fewer than three LossScores is one of the peers' own; such a window updates no one."""
+
+
+def relative_loss_scores(results: Mapping[str, float]) -> dict[str, float]:
+    """Each peer's δ_rand divided by the median δ_rand of the window's S_t, clipped to `RELATIVE_CLIP`.
+
+    Why relative: the loss scale falls as the model trains and differs from window to window,
+    so raw LossScores are not comparable across windows, while the ratio to the same window's
+    median is (1.0 = a typical peer of S_t). Unlike a rank, the ratio keeps the size of the
+    difference: two identical peers score 1 ± noise and the noise averages out over their
+    evaluations, where their OpenSkill ranks are coin flips whose ratings random-walk apart.
+    Returns {} (nothing to learn) when fewer than `RELATIVE_MIN_PLAYERS` results are finite or
+    the median is not positive (most of S_t made the loss worse: no scale to compare against).
+    """
+    finite = sorted(value for value in results.values() if math.isfinite(value))
+    if len(finite) < RELATIVE_MIN_PLAYERS:
+        return {}
+    median = _median(finite)
+    if not median > 0:
+        return {}
+    low, high = RELATIVE_CLIP
+    return {hotkey: low if math.isnan(value) else min(high, max(low, value / median))
+            for hotkey, value in results.items()}
+
+
+def update_relative(mean: float, evaluations: int, x: float, gamma: float) -> float:
+    """The peer's relative LossScore averaged as a bias-corrected EMA: after n+1 evaluations
+    mean ← mean + (x − mean)·(1 − γ)/(1 − γ^(n+1)).
+
+    The first evaluation sets the mean to x (no pull towards an arbitrary start); later ones
+    weigh recent evaluations more (memory about 1/(1 − γ) evaluations) so a peer that changes
+    its hardware or data is re-rated, as OpenSkill's τ allows.
+    """
+    if not 0.0 <= gamma < 1.0 or evaluations < 0:
+        raise ValueError(f"update_relative: need 0 <= gamma < 1 and evaluations >= 0, got {gamma!r}, {evaluations!r}")
+    if not (math.isfinite(mean) and math.isfinite(x)):
+        raise ValueError(f"update_relative: non-finite input mean={mean!r} x={x!r}")
+    return mean + (x - mean) * (1.0 - gamma) / (1.0 - gamma ** (evaluations + 1))
+
+
+def effective_evaluations(evaluations: int, gamma: float) -> float:
+    """n_eff = (Σ w)² / Σ w² of the EMA's weights γ^i over `evaluations` terms (1 when γ = 0).
+
+    The standard error of the EMA is σ/√n_eff; n_eff grows like n at first and saturates at
+    (1 + γ)/(1 − γ).
+    """
+    if evaluations <= 0:
+        return 0.0
+    if gamma == 0.0:
+        return 1.0
+    total = (1.0 - gamma**evaluations) / (1.0 - gamma)
+    squares = (1.0 - gamma ** (2 * evaluations)) / (1.0 - gamma * gamma)
+    return total * total / squares
+
+
+def relative_spread(relative: Mapping[str, float]) -> float | None:
+    """One window's spread of relative LossScores: 1.4826 × the median |x − median x| (a robust σ).
+
+    The tie band is a multiple of this, so it follows the evaluation noise of the deployment
+    (pages per evaluation, model size) instead of a constant tuned on one preset. The median
+    absolute deviation ignores the few peers that differ for real (cheats near 0, a strong peer):
+    it only moves when most of S_t is spread out. None with fewer than `RELATIVE_MIN_PLAYERS`.
+    """
+    values = sorted(relative.values())
+    if len(values) < RELATIVE_MIN_PLAYERS:
+        return None
+    deviations = sorted(abs(v - _median(values)) for v in values)
+    return 1.4826 * _median(deviations)
+
+
+def _median(ordered: list[float]) -> float:
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2.0
+
+
+def relative_rating(
+    mean: float, evaluations: int, *, gamma: float, tie_band: float, exponent: float, noise: float
+) -> float:
+    """LossRating from the relative LossScores: 25 · max(0, 1 + shrink(mean − 1))^exponent.
+
+    shrink(d) = sign(d) · max(0, |d| − tie_band · noise/√n_eff): a peer whose mean is within
+    `tie_band` standard errors of the window median (1.0) is statistically indistinguishable
+    from a typical peer and is rated exactly 25, like every other such peer, so identical peers
+    are paid alike and two validators, whose books hold different evaluations, rate them alike.
+    `noise` is one evaluation's spread (the book's running `relative_spread`); `tie_band` 3 keeps
+    the extreme of a few hundred identical peers (about 2.8 standard errors out) inside the band.
+    Beyond the band the rating grows as a power `exponent` of the relative LossScore, the premium
+    for more useful work: with exponent 12 a peer 5 % clear of the band is rated 1.8× (before
+    the normalisation's power c). A peer never rated gets 25, OpenSkill's prior: the score of a
+    newcomer is held back by μ, not by its rating.
+    """
+    if not 0.0 <= gamma < 1.0 or not tie_band >= 0 or not exponent > 0 or not math.isfinite(exponent):
+        raise ValueError(f"relative_rating: need 0 <= gamma < 1, tie_band >= 0 and a finite exponent > 0, got "
+                         f"{gamma!r}, {tie_band!r}, {exponent!r}")
+    if not math.isfinite(mean) or not 0.0 <= noise < math.inf:
+        raise ValueError(f"relative_rating: mean and noise must be finite (noise >= 0), got {mean!r}, {noise!r}")
+    prior = DEFAULT_RATING[0]
+    n_eff = effective_evaluations(evaluations, gamma)
+    if n_eff <= 0:
+        return prior
+    excess = abs(mean - 1.0) - tie_band * noise / math.sqrt(n_eff)
+    relative = 1.0 + math.copysign(excess, mean - 1.0) if excess > 0 else 1.0
+    return prior * max(0.0, relative) ** exponent

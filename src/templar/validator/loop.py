@@ -103,7 +103,7 @@ class Validator:
         node = self.node
         self.state, own = await restore(node)
         self.book = self._load_book(self.state, own)
-        self.book.set_mu_ramp(self.hp.gauntlet.mu_gamma, self.hp.gauntlet.mu_prior_evals)
+        self.book.configure(self.hp.gauntlet)
         drop_uncommitted_records(node.state_dir, [SCORES_FILE, VALIDATOR_WINDOWS_FILE], self.state.window)
         self.holdout = (await node.pages.fetch(node.plan.holdout_pages()[:HOLDOUT_PAGES])).batch
         current = node.clock.current_window()
@@ -340,12 +340,12 @@ class Validator:
                          f"{'-' if rec.last_sync_steps is None else f'{rec.last_sync_steps:.2f}'} | "
                          f"δa {'-' if not loss else f'{loss.delta_assigned:+.5f}'} δr "
                          f"{'-' if not loss else f'{loss.delta_rand:+.5f}'} | μ {rec.mu:+.3f} | rating "
-                         f"{rec.loss_rating:.2f} | score {rec.score:.3f} | weight {weights.get(hotkey, 0):.3f}")
+                         f"{self.book.loss_rating(hotkey):.2f} | score {rec.score:.3f} | weight {weights.get(hotkey, 0):.3f}")
             append_record(state_dir / SCORES_FILE, PeerScoreRecord(
                 window=window, hotkey=hotkey, uid=rec.uid, status=status, evaluated=loss is not None,
                 sync_steps=verdict.sync_steps if verdict else None,
                 delta_assigned=loss.delta_assigned if loss else None,
-                delta_rand=loss.delta_rand if loss else None, mu=rec.mu, rating=rec.loss_rating,
+                delta_rand=loss.delta_rand if loss else None, mu=rec.mu, rating=self.book.loss_rating(hotkey),
                 score=rec.score, weight=weights.get(hotkey, 0.0), in_top_g=hotkey in top))
         append_record(state_dir / VALIDATOR_WINDOWS_FILE, ValidatorWindowRecord(
             window=window, global_step=self.state.global_step,

@@ -1,0 +1,168 @@
+"""The relative LossRating (issue 19): δ_rand over the window's median, a tie band, a power premium."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from templar.core.config import load_hparams
+from templar.gauntlet import PrimaryResult, ScoreBook
+from templar.gauntlet.rating import (
+    effective_evaluations,
+    relative_loss_scores,
+    relative_rating,
+    relative_spread,
+    update_relative,
+)
+
+
+def test_relative_loss_scores_divide_by_the_median_and_clip() -> None:
+    # finite values 0.02, 0.03, 0.04, 0.06, 1.0 → median 0.04; −inf and 1.0/0.04 = 25 clip to −1 and 4
+    assert relative_loss_scores({"a": 0.02, "b": 0.04, "c": 0.06, "d": -math.inf, "e": 1.0, "f": 0.03}) == \
+        pytest.approx({"a": 0.5, "b": 1.0, "c": 1.5, "d": -1.0, "e": 4.0, "f": 0.75})
+    # even count: median of 0.01, 0.02, 0.03, 0.05 is 0.025
+    assert relative_loss_scores({"a": 0.01, "b": 0.02, "c": 0.03, "d": 0.05}) == pytest.approx(
+        {"a": 0.4, "b": 0.8, "c": 1.2, "d": 2.0})
+
+
+def test_relative_loss_scores_need_three_finite_and_a_positive_median() -> None:
+    assert relative_loss_scores({"a": 0.02, "b": 0.04, "c": -math.inf}) == {}
+    assert relative_loss_scores({"a": -0.02, "b": -0.01, "c": 0.03}) == {}  # median −0.01: the window hurt
+    assert relative_loss_scores({"a": 0.0, "b": 0.0, "c": 0.03}) == {}
+
+
+def test_update_relative_is_a_bias_corrected_ema() -> None:
+    # first evaluation: weight (1 − γ)/(1 − γ) = 1, the mean becomes x
+    assert update_relative(1.0, 0, 1.2, 0.9) == pytest.approx(1.2)
+    # second: weight 0.1/(1 − 0.81) = 0.526316 → 1.2 − 0.4·0.526316 = 0.989474
+    #        = (0.1·0.8 + 0.09·1.2)/(0.1 + 0.09), the EMA divided by the weight it holds
+    assert update_relative(1.2, 1, 0.8, 0.9) == pytest.approx(0.989474, abs=1e-6)
+    with pytest.raises(ValueError):
+        update_relative(1.0, 0, math.inf, 0.9)
+    with pytest.raises(ValueError):
+        update_relative(1.0, 0, 1.0, 1.0)
+
+
+def test_effective_evaluations() -> None:
+    assert effective_evaluations(0, 0.9) == 0.0
+    assert effective_evaluations(1, 0.9) == pytest.approx(1.0)
+    assert effective_evaluations(5, 0.0) == 1.0  # γ = 0 keeps only the last evaluation
+    # γ 0.9, n 2: (1.9)² / (1 + 0.81) = 1.994475
+    assert effective_evaluations(2, 0.9) == pytest.approx(3.61 / 1.81)
+    assert effective_evaluations(10_000, 0.95) == pytest.approx(1.95 / 0.05)  # saturates at (1+γ)/(1−γ)
+
+
+def test_relative_spread_is_a_robust_sigma() -> None:
+    # x 0.5, 0.9, 1.0, 1.1, 3.0: median 1.0, |deviations| 0, 0.1, 0.1, 0.5, 2.0 → median 0.1 → 0.14826;
+    # the two outliers (a cheat near 0, a freak high) do not move it
+    assert relative_spread({"a": 0.5, "b": 0.9, "c": 1.0, "d": 1.1, "e": 3.0}) == pytest.approx(0.14826)
+    assert relative_spread({"a": 1.0, "b": 1.0}) is None
+
+
+def test_relative_rating_hand_computed() -> None:
+    # γ 0.5, n 2: n_eff = 1.5²/1.25 = 1.8; band 3 × 0.1/√1.8 = 0.223607; mean 1.4 → 1 + 0.176393;
+    # squared: 1.383901 × 25 = 34.597524
+    assert relative_rating(1.4, 2, gamma=0.5, tie_band=3.0, exponent=2.0, noise=0.1) == pytest.approx(
+        34.597524, abs=1e-6)
+    # one evaluation (n_eff 1), band 2.5 × 0.1: 1.3 → 1.05^10 × 25 = 40.722366; 0.5 → 0.75^2 × 25 = 14.0625
+    assert relative_rating(1.3, 1, gamma=0.9, tie_band=2.5, exponent=10.0, noise=0.1) == pytest.approx(
+        40.722366, abs=1e-6)
+    assert relative_rating(0.5, 1, gamma=0.9, tie_band=2.5, exponent=2.0, noise=0.1) == pytest.approx(14.0625)
+
+
+def test_relative_rating_ties_inside_the_band_and_floors_at_zero() -> None:
+    # inside the band every peer is rated exactly as the median: 25, whatever the exponent
+    for mean in (0.8, 0.99, 1.0, 1.2):
+        assert relative_rating(mean, 1, gamma=0.9, tie_band=2.5, exponent=10.0, noise=0.1) == 25.0
+    plain = {"gamma": 0.9, "tie_band": 0.0, "noise": 0.1}
+    assert relative_rating(1.0, 0, exponent=10.0, **plain) == 25.0  # never rated: the prior
+    assert relative_rating(3.0, 0, exponent=10.0, **plain) == 25.0
+    assert relative_rating(-0.5, 4, exponent=3.0, **plain) == 0.0  # made the loss worse
+    assert relative_rating(1.1, 4, exponent=1.0, **plain) == pytest.approx(27.5)
+    # more evaluations narrow the band: the same mean earns more once it is clear of the noise
+    few = relative_rating(1.2, 2, gamma=0.95, tie_band=3.0, exponent=10.0, noise=0.084)
+    many = relative_rating(1.2, 30, gamma=0.95, tie_band=3.0, exponent=10.0, noise=0.084)
+    assert 25.0 < few < many
+    # noisier evaluations widen it: the same mean is a tie
+    assert relative_rating(1.2, 30, gamma=0.95, tie_band=3.0, exponent=10.0, noise=0.5) == 25.0
+    with pytest.raises(ValueError):
+        relative_rating(1.0, 1, gamma=0.9, tie_band=-0.1, exponent=1.0, noise=0.1)
+    with pytest.raises(ValueError):
+        relative_rating(1.0, 1, gamma=0.9, tie_band=0.1, exponent=0.0, noise=0.1)
+    with pytest.raises(ValueError):
+        relative_rating(1.0, 1, gamma=0.9, tie_band=0.1, exponent=1.0, noise=math.inf)
+
+
+def _book(tie_band: float, exponent: float) -> ScoreBook:
+    book = ScoreBook()
+    book.set_loss_rating("relative", gamma=0.9, tie_band=tie_band, exponent=exponent)
+    for uid, hotkey in enumerate(("a", "b", "c")):
+        book.get_or_create(hotkey, uid, window=0)
+    return book
+
+
+def test_book_scores_with_the_relative_rating() -> None:
+    book = _book(tie_band=0.0, exponent=1.0)
+    # δ_rand 0.02 / 0.04 / 0.08 → relative 0.5 / 1 / 2 → ratings 12.5 / 25 / 50;
+    # δ_assigned > δ_rand for all: μ = 0.1 after one evaluation (γ 0.9), so scores 1.25 / 2.5 / 5
+    book.record_primary({"a": PrimaryResult(0.03, 0.02), "b": PrimaryResult(0.05, 0.04),
+                         "c": PrimaryResult(0.09, 0.08)}, gamma=0.9, beta=25 / 6, tau=25 / 300, window=0)
+    assert {hk: book.loss_rating(hk) for hk in book} == pytest.approx({"a": 12.5, "b": 25.0, "c": 50.0})
+    assert book.scores() == pytest.approx({"a": 1.25, "b": 2.5, "c": 5.0})
+    assert book.peers["c"].relative_evals == 1 and book.peers["c"].relative_delta == pytest.approx(2.0)
+    # spread of 0.5, 1, 2 around 1: |dev| 0.5, 0, 1 → median 0.5 → 0.7413, the first window's noise
+    assert book.relative_noise == (pytest.approx(0.7413), 1)
+    # x = s² / Σ s²: 1.5625, 6.25, 25 over 32.8125
+    assert book.weights(2.0) == pytest.approx({"a": 1.5625 / 32.8125, "b": 6.25 / 32.8125, "c": 25 / 32.8125})
+
+
+def test_identical_peers_inside_the_band_are_paid_exactly_alike() -> None:
+    book = _book(tie_band=3.0, exponent=10.0)
+    for window, values in enumerate(((0.040, 0.044, 0.037), (0.041, 0.038, 0.043))):
+        book.record_primary({hk: PrimaryResult(v + 0.01, v) for hk, v in zip("abc", values, strict=True)},
+                            gamma=0.9, beta=25 / 6, tau=25 / 300, window=window)
+    weights = book.weights(2.0)
+    assert weights["a"] == weights["b"] == weights["c"] == pytest.approx(1 / 3)
+    # under OpenSkill the same evaluations rank them apart
+    book.set_loss_rating("openskill")
+    assert len(set(book.weights(2.0).values())) == 3
+
+
+def test_openskill_setting_leaves_the_relative_state_alone_and_bad_kinds_raise() -> None:
+    book = ScoreBook()
+    for uid, hotkey in enumerate("abc"):
+        book.get_or_create(hotkey, uid, window=0)
+    book.record_primary({hk: PrimaryResult(0.05, v) for hk, v in zip("abc", (0.02, 0.04, 0.08), strict=True)},
+                        gamma=0.9, beta=25 / 6, tau=25 / 300)
+    assert book.peers["c"].relative_evals == 0 and book.loss_rating("c") == book.peers["c"].rating[0]
+    with pytest.raises(ValueError):
+        book.set_loss_rating("elo")
+    with pytest.raises(ValueError):
+        book.set_loss_rating("relative", gamma=1.0)
+
+
+def test_saved_book_keeps_the_relative_state_and_old_books_load() -> None:
+    book = _book(tie_band=0.0, exponent=1.0)
+    book.record_primary({hk: PrimaryResult(0.05, v) for hk, v in zip("abc", (0.02, 0.04, 0.08), strict=True)},
+                        gamma=0.9, beta=25 / 6, tau=25 / 300)
+    again = ScoreBook.from_json(book.to_json())
+    assert again == book and again.peers["a"].relative_delta == pytest.approx(0.5)
+    assert again.relative_noise == book.relative_noise and book.relative_noise[1] == 1
+    old = json.loads(book.to_json())  # a book written before the fields existed
+    for record in old["peers"].values():
+        del record["relative_delta"], record["relative_evals"]
+    del old["relative_noise"], old["relative_noise_windows"]
+    restored = ScoreBook.from_json(json.dumps(old))
+    assert restored.peers["a"].relative_delta == 1.0 and restored.peers["a"].relative_evals == 0
+    assert restored.relative_noise == (0.0, 0)
+
+
+def test_configure_applies_the_production_hparams() -> None:
+    g = load_hparams(None).gauntlet
+    book = ScoreBook()
+    book.configure(g)
+    book.get_or_create("a", 0, window=0)
+    expected = 25.0 if g.loss_rating == "relative" else book.peers["a"].rating[0]
+    assert book.loss_rating("a") == expected
