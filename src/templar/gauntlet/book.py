@@ -38,6 +38,8 @@ class PrimaryResult(NamedTuple):
 
     delta_assigned: float
     delta_rand: float
+    pages: tuple[float, ...] = ()
+    """δ of each evaluated assigned page on its own (empty: judge the mean only); see `page_credit`."""
 
 
 class PeerRecord(BaseModel):
@@ -266,7 +268,8 @@ class ScoreBook:
 
         One OpenSkill match among all of `results` ranked by δ_rand, then each peer's μ update
         from sign(δ_assigned − δ_rand) (softened by `margin` against the window's median
-        LossScore, see `update_mu`), then its PeerScore. Every hotkey must already be in the
+        LossScore, see `update_mu`; page by page when the result carries its pages' δs), then
+        its PeerScore. Every hotkey must already be in the
         book. Validation happens before any state changes, so a bad call leaves the book intact.
         """
         records = {hotkey: self._require(hotkey) for hotkey in results}
@@ -281,7 +284,8 @@ class ScoreBook:
         )
         scale = window_loss_scale(results.values())
         new_mus = {
-            hotkey: update_mu(records[hotkey].mu, result.delta_assigned, result.delta_rand, gamma, margin, scale)
+            hotkey: update_mu(records[hotkey].mu, result.delta_assigned, result.delta_rand, gamma, margin, scale,
+                              pages=result.pages)
             for hotkey, result in results.items()
         }
         for hotkey, result in results.items():

@@ -270,8 +270,10 @@ class Validator:
             prefetch=node.plan.random_pages(window + 1, hp.data.eval_pages,
                                             salt=self.eval_seed(window + 1) % node.plan.pool))).batch
         beta = hp.gauntlet.eval_lr_factor * lr
-        scores = await asyncio.to_thread(self.evaluator.score_peers, signs, assigned, random_batch, beta)
-        self.book.record_primary({hk: PrimaryResult(s.delta_assigned, s.delta_rand) for hk, s in scores.items()},
+        scores = await asyncio.to_thread(self.evaluator.score_peers, signs, assigned, random_batch, beta,
+                                         hp.data.sequences_per_page)
+        self.book.record_primary({hk: PrimaryResult(s.delta_assigned, s.delta_rand, s.page_deltas)
+                                  for hk, s in scores.items()},
                                  gamma=hp.gauntlet.mu_gamma, beta=hp.gauntlet.openskill_beta,
                                  tau=hp.gauntlet.openskill_tau, margin=hp.gauntlet.proof_margin, window=window)
         return scores
