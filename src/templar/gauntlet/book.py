@@ -19,11 +19,16 @@ from typing import Annotated, Literal, NamedTuple
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from templar.core.atomic import atomic_write
+from templar.gauntlet.duplicates import one_per_pool
 from templar.gauntlet.rating import DEFAULT_RATING, loss_rating, rate_match
 from templar.gauntlet.scores import normalise, peer_score, penalise, ramped_mu, update_mu
 from templar.gauntlet.scores import top_g as select_top_g
 
 SCHEMA_VERSION = 1
+MAX_POOL = 256
+POOL_MEMORY = 720
+"""Windows a pool is remembered after it was last seen sharing work (about 17 h at 84 s): at 256
+peers and 64 fast evaluations a window, two members are in one F_t only one window in ~16."""
 
 Hotkey = Annotated[str, Field(min_length=1, max_length=64)]
 Finite = Annotated[float, Field(allow_inf_nan=False)]
@@ -73,6 +78,9 @@ class PeerRecord(BaseModel):
     score: float = Field(default=0.0, ge=0.0, allow_inf_nan=False, description="PeerScore (eq. 4)")
     weight: float = Field(default=0.0, ge=0.0, le=1.0, allow_inf_nan=False,
                           description="x_p (eq. 5) from the last weights() call")
+    pool: list[Hotkey] = Field(default_factory=list, max_length=MAX_POOL,
+                               description="hotkeys whose uploads shared work with this one (itself included)")
+    pool_window: int | None = Field(default=None, ge=0, description="window the pool was last seen sharing")
 
     @field_validator("last_delta_assigned", "last_delta_rand", "last_sync_steps")
     @classmethod
@@ -220,7 +228,36 @@ class ScoreBook:
         mu = record.mu
         if self._mu_ramp is not None:
             mu = ramped_mu(mu, record.primary_evals, *self._mu_ramp)
-        record.score = peer_score(mu, record.loss_rating)
+        # A pool's members split one member's score (issue 14): n hotkeys sharing one piece of work
+        # earn n·(s/n)^c ≤ s^c of the normalisation, never more than one hotkey doing all of it.
+        record.score = peer_score(mu, record.loss_rating) / max(1, len(record.pool))
+
+    def record_pool(self, members: Iterable[str], window: int) -> None:
+        """Remember that `members` (hotkeys in the book) shared work in `window`: each is paid its
+        score divided by the pool's size and the pool holds one top-G slot, for `POOL_MEMORY`
+        windows after it was last seen (pools seen again merge)."""
+        group = sorted({h for h in members if h in self._peers})
+        if len(group) < 2:
+            return
+        merged = set(group)
+        for hotkey in group:
+            merged |= {h for h in self._peers[hotkey].pool if h in self._peers}
+        pool = sorted(merged)[:MAX_POOL]
+        for hotkey in pool:
+            record = self._peers[hotkey]
+            record.pool, record.pool_window = pool, window
+            self._rescore(record)
+
+    def expire_pools(self, window: int, memory: int = POOL_MEMORY) -> None:
+        """Forget pools not seen sharing work for more than `memory` windows."""
+        for record in self._peers.values():
+            if record.pool and record.pool_window is not None and window - record.pool_window > memory:
+                record.pool, record.pool_window = [], None
+                self._rescore(record)
+
+    def pools(self) -> dict[str, list[str]]:
+        """Each pooled hotkey's pool (itself included)."""
+        return {hotkey: list(record.pool) for hotkey, record in self._peers.items() if record.pool}
 
     def staleness(self, window: int, newcomer_evals: int = 0) -> dict[str, float]:
         """Windows since each peer's last primary evaluation; peers never evaluated are absent.
@@ -321,9 +358,10 @@ class ScoreBook:
         """SelectTopG: the `g` best PeerScores > 0, ties by hotkey.
 
         Equal to ranking by x from `weights(power)`, which is a strictly increasing function
-        of the score (floor 0, power > 0), and independent of the power.
+        of the score (floor 0, power > 0), and independent of the power. A pool of hotkeys that
+        shared work holds one slot: only its best member is eligible (`one_per_pool`).
         """
-        return select_top_g(self.scores(), g)
+        return select_top_g(one_per_pool(self.scores(), self.pools()), g)
 
     # ---- persistence --------------------------------------------------------------------
 

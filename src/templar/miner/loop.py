@@ -10,6 +10,7 @@ import asyncio
 import time
 
 from templar.comms import RecordError, get_peers, put_gradient
+from templar.comms.commit import put_commit
 from templar.comms.keys import gradient_key
 from templar.compress import DCTCompressor, DeMo
 from templar.core.log import context
@@ -27,7 +28,7 @@ from templar.runtime.state import NodeState, save_node_state
 from templar.runtime.sync import STATE_FILE, Phase, catch_up, restore
 from templar.runtime.train import accumulate_gradients, gradients
 from templar.storage import StorageError
-from templar.wire import max_gradient_bytes, write_gradient
+from templar.wire import gradient_digest, max_gradient_bytes, write_gradient
 
 MAX_FAILED_UPLOADS = 5
 """Consecutive windows whose upload our own bucket refused before the miner stops (`OwnBucketError`)."""
@@ -116,6 +117,7 @@ class Miner:
         stats = await asyncio.to_thread(accumulate_gradients, node.model, batch,
                                         hp.optimizer.micro_batch_size, hp.optimizer.grad_clip)
         payload = await asyncio.to_thread(self._compress_and_encode, window)
+        await self._commit(window, payload)
         busy = time.perf_counter() - busy_started
 
         # Upload inside the put window: it opens when the next window's first block lands. A stop
@@ -163,6 +165,23 @@ class Miner:
         # The commit point: the window's record is written first, so a crash before this line
         # redoes the window and `trim_records` drops its uncommitted record at the restart.
         await asyncio.to_thread(self.save)
+
+    async def _commit(self, window: int, payload: bytes) -> None:
+        """Commit to the payload's digest before any gradient of the window is readable
+        (`templar.comms.commit`): without it validators fail the upload as `uncommitted`."""
+        node = self.node
+        log = context(window=window, phase=self.phase)
+        close = node.clock.times(window).commit_close
+        left = close - node.clock.now()
+        if left <= 0:
+            log.warning(f"commitment deadline passed {-left:.1f}s ago (training overran): this window's "
+                        "upload will fail fast evaluation as 'uncommitted'")
+            return
+        try:
+            await put_commit(node.bucket, window, gradient_digest(payload, node.shapes), run=node.run,
+                             timeout=left)
+        except StorageError as exc:
+            log.warning(f"commitment upload failed: {exc}")
 
     def pages(self, window: int) -> list[int]:
         """This window's assigned pages, plus `extra_pages` unassigned ones."""
