@@ -21,7 +21,8 @@ from templar.core.config import WindowConfig
 SETTLE_SECONDS = 0.25
 """Time for an upload stamped at the last acceptable instant to become visible to readers."""
 COMMIT_READ_SECONDS = 4.0
-"""How long validators have to read the window's commitments before any gradient can count."""
+"""How long validators have to read the window's commitments before any gradient can count (at
+most the put window: a run with short windows reads small objects as fast as it gathers)."""
 
 
 @dataclass(frozen=True)
@@ -30,11 +31,12 @@ class WindowTimes:
 
     window: int
     start: float            # first block of w
-    end: float              # first block of w+1: training of w stops, put window opens
+    end: float              # first block of w+1: the put window opens (training stopped by commit_close)
     put_close: float        # end + put_window_seconds: later uploads are 'late'
     gather_start: float     # put_close + clock skew + settle: every reader sees the same uploads
     gather_deadline: float  # gather_start + gather_seconds: nobody waits past this
-    commit_close: float     # end − clock skew − COMMIT_READ_SECONDS: a miner's commitment is written by then
+    commit_close: float     # end − clock skew − read span: a miner's commitment is written by then
+    skew: float             # the clock-skew allowance these landmarks were computed with
 
     @property
     def put_window(self) -> tuple[float, float]:
@@ -45,7 +47,7 @@ class WindowTimes:
         """When validators read the commitments: from `commit_close` (+ settle) to the earliest
         instant a gradient of the window can be stamped and still count (end − clock skew), so
         every commitment read was written before any gradient it could borrow from was readable."""
-        return (self.commit_close + SETTLE_SECONDS, self.commit_close + COMMIT_READ_SECONDS)
+        return (self.commit_close + SETTLE_SECONDS, self.end - self.skew)
 
 
 class Clock:
@@ -86,6 +88,7 @@ class Clock:
         end = self._block_timestamp(self.first_block(window + 1))
         put_close = end + self.cfg.put_window_seconds
         gather_start = put_close + self.cfg.clock_skew_seconds + SETTLE_SECONDS
-        commit_close = end - self.cfg.clock_skew_seconds - COMMIT_READ_SECONDS
+        skew = self.cfg.clock_skew_seconds
+        commit_close = end - skew - min(COMMIT_READ_SECONDS, self.cfg.put_window_seconds)
         return WindowTimes(window, start, end, put_close, gather_start, gather_start + self.cfg.gather_seconds,
-                           commit_close)
+                           commit_close, skew)
