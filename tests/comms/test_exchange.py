@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import pytest
 
@@ -154,8 +155,10 @@ def test_commitments_round_trip_and_refuse_garbage(tmp_path) -> None:
         with pytest.raises(RecordError):
             await get_commit(other, 5, run=RUN)
         await junk.put(commit_key(5), b'{"digest": "' + b"0" * 64 + b'"}')
-        found = await read_commits({"good": good, "other": other, "junk": junk, "empty": empty}, 5, run=RUN,
-                                   timeout=5.0)
+        buckets = {"good": good, "other": other, "junk": junk, "empty": empty}
+        found = await read_commits(buckets, 5, run=RUN, deadline=time.time() + 5.0, now=time.time)
         assert found == {"good": b"\x01" * 32, "other": b"", "junk": b"", "empty": b""}
+        # past the read span nothing is known: nobody is judged on a read that came too late
+        assert await read_commits(buckets, 5, run=RUN, deadline=time.time() - 1.0, now=time.time) == {}
 
     asyncio.run(body())

@@ -111,7 +111,7 @@ def test_partial_and_pooled_work_earn_less_than_honest_work(tmp_path):
         assert weakest > 0.05, summary
         assert weight["partial0"] < weakest, summary
         assert sum(w for name, w in weight.items() if miners[name]["strategy"] == "pooled") < weakest, summary
-        assert miners["partial0"]["statuses"].get("uncommitted", 0) >= 3, summary
+        assert miners["partial0"]["statuses"].get("uncommitted", 0) >= 2, summary
 
 
 def test_localnet_runs_every_neuron_as_its_own_process(tmp_path):

@@ -17,7 +17,7 @@ of its own; the gradient it names is signed.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Annotated
 
 from pydantic import StringConstraints
@@ -58,22 +58,27 @@ async def get_commit(bucket: Bucket, window: int, *, run: Run, timeout: float = 
     return bytes.fromhex(record.digest)
 
 
-async def read_commits(buckets: Mapping[str, Bucket], window: int, *, run: Run,
-                       timeout: float) -> dict[str, bytes | None]:
-    """Every named peer's commitment for `window`, read now (a validator calls this inside
-    `WindowTimes.commit_read`). A peer with no (or a malformed) commitment maps to b"" (committed
-    nothing); a peer whose bucket could not be read in time is absent (unknown: not judged)."""
+async def read_commits(buckets: Mapping[str, Bucket], window: int, *, run: Run, deadline: float,
+                       now: Callable[[], float]) -> dict[str, bytes]:
+    """Every named peer's commitment for `window`, each read completed by `deadline` by the clock
+    `now` (a validator passes the end of `WindowTimes.commit_read`). A peer with no (or a
+    malformed) commitment maps to b"" (committed nothing); a peer whose bucket could not be read,
+    or not by the deadline, is absent (unknown: not judged on it)."""
     limit = asyncio.Semaphore(COMMIT_CONCURRENCY)
 
     async def one(hotkey: str, bucket: Bucket) -> tuple[str, bytes | None]:
         async with limit:
+            left = deadline - now()
+            if left <= 0:
+                return hotkey, None
             try:
-                return hotkey, (await asyncio.wait_for(get_commit(bucket, window, run=run, timeout=timeout),
-                                                       timeout) or b"")
+                digest = await asyncio.wait_for(get_commit(bucket, window, run=run, timeout=left), left)
             except RecordError:  # garbage commits nothing
-                return hotkey, b""
+                digest = None if now() > deadline else b""
+                return hotkey, digest
             except (StorageError, TimeoutError):
                 return hotkey, None
+            return hotkey, (digest or b"") if now() <= deadline else None
 
     found = await asyncio.gather(*(one(hk, b) for hk, b in sorted(buckets.items())))
     return {hk: digest for hk, digest in found if digest is not None}

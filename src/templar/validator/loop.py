@@ -60,6 +60,14 @@ def load_or_create_secret(path: Path) -> bytes:
     return secret
 
 
+def _report_watcher(task: asyncio.Task) -> None:
+    """A commitment reader that died must not go unnoticed: from then on no upload is judged on
+    its commitment (fast evaluation skips the check for windows with nothing read)."""
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        context(phase="commit").opt(exception=exc).error(
+            f"commitment reader stopped: uploads are no longer checked against commitments ({exc!r})")
+
+
 class Validator:
     def __init__(self, node: Node):
         self.node = node
@@ -84,6 +92,7 @@ class Validator:
         """Start, then validate windows until stopped (or `max_windows` windows, if not 0)."""
         await self.start()
         watcher = asyncio.create_task(self.watch_commits(), name="commits")
+        watcher.add_done_callback(_report_watcher)
         try:
             await self._validate(max_windows)
         finally:
@@ -125,14 +134,10 @@ class Validator:
                 miners = [n.hotkey for n in neurons if not (n.validator_permit and n.stake > 0)
                           and n.hotkey != node.hotkey]
                 buckets = await node.peer_buckets(miners)
-                left = closes - node.clock.now()
-                if left > 0:
-                    read = await read_commits(buckets, window, run=node.run, timeout=left)
-                    if node.clock.now() <= closes:
-                        self.commits[window] = read
-                        log.debug(f"read {sum(bool(d) for d in read.values())}/{len(miners)} commitments")
-                    else:
-                        log.warning("commitments read too late: this window's uploads are not judged on them")
+                read = await read_commits(buckets, window, run=node.run, deadline=closes, now=node.clock.now)
+                self.commits[window] = read
+                log.debug(f"read {sum(bool(d) for d in read.values())}/{len(miners)} commitments "
+                          f"({len(miners) - len(read)} buckets unread in time: not judged on them)")
             except (ChainError, StorageError) as exc:
                 log.warning(f"commitments unavailable: {exc}")
             for old in [w for w in self.commits if w < window - 2 * self.hp.windows.max_allowed_stale]:
