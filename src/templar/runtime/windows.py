@@ -22,7 +22,7 @@ SETTLE_SECONDS = 0.25
 """Time for an upload stamped at the last acceptable instant to become visible to readers."""
 COMMIT_READ_SECONDS = 4.0
 """How long validators have to read the window's commitments before any gradient can count (at
-most the put window: a run with short windows reads small objects as fast as it gathers)."""
+most half the put window, so runs with short windows, tests and `tiny`, leave miners time to train)."""
 
 
 @dataclass(frozen=True)
@@ -89,6 +89,6 @@ class Clock:
         put_close = end + self.cfg.put_window_seconds
         gather_start = put_close + self.cfg.clock_skew_seconds + SETTLE_SECONDS
         skew = self.cfg.clock_skew_seconds
-        commit_close = end - skew - min(COMMIT_READ_SECONDS, self.cfg.put_window_seconds)
+        commit_close = end - skew - min(COMMIT_READ_SECONDS, self.cfg.put_window_seconds / 2)
         return WindowTimes(window, start, end, put_close, gather_start, gather_start + self.cfg.gather_seconds,
                            commit_close, skew)
