@@ -67,9 +67,9 @@ def _cosine(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     return float(unit(a) @ unit(b))
 
 
-def measure(out: Path) -> list[tuple[str, dict[str, list[float]]]]:
+def measure(out: Path, hparams: str | None = None) -> list[tuple[str, dict[str, list[float]]]]:
     hp_path = out / "hparams.json"
-    hp = load_hparams(str(hp_path) if hp_path.exists() else "tiny")
+    hp = load_hparams(hparams or (str(hp_path) if hp_path.exists() else "tiny"))
     shapes = parameter_shapes(build_model(hp))
     run = Run(1, hp.digest())
     nodes = {n["name"]: n for n in json.loads((out / "nodes.json").read_text()) if n["role"] == "miner"}
@@ -114,9 +114,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("outs", nargs="+", type=Path)
     parser.add_argument("--stem", default="similarity")
+    parser.add_argument("--hparams", default=None, help="the runs' preset (default: OUT/hparams.json, else tiny); "
+                        "payloads of another run (hparams digest) are skipped")
     args = parser.parse_args()
     setup_torch()
-    pairs = [p for out in args.outs for p in measure(out)]
+    pairs = [p for out in args.outs for p in measure(out, args.hparams)]
     result = {"runs": [str(o) for o in args.outs], "salts_per_pair": SALTS,
               "note": "cosine/shared: the validator's sampled figures (one sample per pair and salt); "
                       "*_all: the whole payload",

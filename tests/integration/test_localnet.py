@@ -107,6 +107,7 @@ def test_partial_and_pooled_work_earn_less_than_honest_work(tmp_path):
         miners = {p["name"]: p for p in report["peers"] if p["role"] == "miner"}
         weight = {name: p["final_weight"] for name, p in miners.items()}
         summary = json.dumps({"run": run, **{n: (miners[n]["strategy"], round(w, 4)) for n, w in weight.items()}})
+        print(summary)  # the numbers behind docs/scoring.md §8 (pytest -s)
         weakest = min(w for name, w in weight.items() if miners[name]["strategy"] == "honest")
         assert weakest > 0.05, summary
         assert weight["partial0"] < weakest, summary
