@@ -154,18 +154,34 @@ def find_pools(uploads: Sequence[Upload], cosine_threshold: float,
             i = parent[i]
         return i
 
+    shared = _shared_matrix(ordered) if math.isfinite(shared_threshold) else None
     for i in range(len(ordered)):
         for j in range(i):
             a, b = ordered[i], ordered[j]
-            shared = (shared_positions(a.canonical, b.canonical)
-                      if a.canonical is not None and b.canonical is not None and math.isfinite(shared_threshold)
-                      else 0.0)
-            if a.digest == b.digest or shares_work(cosine[i][j], shared, cosine_threshold, shared_threshold):
+            if a.digest == b.digest or shares_work(cosine[i][j], shared[i][j] if shared else 0.0,
+                                                   cosine_threshold, shared_threshold):
                 parent[root(i)] = root(j)
     groups: dict[int, list[str]] = {}
     for i, upload in enumerate(ordered):
         groups.setdefault(root(i), []).append(upload.hotkey)
     return [members for members in groups.values() if len(members) > 1]
+
+
+def _shared_matrix(uploads: Sequence[Upload]) -> list[list[float]] | None:
+    """`shared_positions` of every pair at once (one matmul of the kept-position masks); None
+    unless every upload carries canonical values over the same tensors and lengths."""
+    if any(u.canonical is None for u in uploads):
+        return None
+    names = sorted(uploads[0].canonical)  # type: ignore[arg-type]
+    try:
+        masks = torch.stack([torch.cat([u.canonical[n].reshape(-1) != 0 for n in names])  # type: ignore[index]
+                             for u in uploads]).to(torch.float64)
+    except (KeyError, RuntimeError):
+        return None  # tensors or lengths differ: no position figure rather than a wrong one
+    common = masks @ masks.T
+    kept = masks.sum(dim=1)
+    smaller = torch.minimum(kept.unsqueeze(0), kept.unsqueeze(1))
+    return torch.where(smaller > 0, common / smaller.clamp_min(1), torch.zeros_like(common)).tolist()
 
 
 def one_per_pool(scores: Mapping[str, float], pools: Mapping[str, Sequence[str]]) -> dict[str, float]:
