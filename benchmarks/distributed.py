@@ -2,6 +2,7 @@
 
     python benchmarks/distributed.py            # 6 timed windows per run, after 1 warm-up window
     python benchmarks/distributed.py --quick    # 3 timed windows
+    python benchmarks/distributed.py --one-process 40   # only: 1-process node vs pre-#17 code, 40 windows
 
 Launches `torch.distributed.run` twice (1 rank with 2 threads, 2 ranks with 1 thread each: the
 same 2 cores), each running `templar.distributed.compute.NodeCompute` exactly as a miner does:
@@ -9,7 +10,9 @@ rank 0 builds the batch of the window's 2 assigned pages (tiny preset, offline c
 train → compress (DeMo split by parameter) → probes → encode → outer step over G=4 peers' payloads
 → state save; rank 1 follows. In the 1-rank run the pre-#17 code (plain model, `accumulate_gradients`,
 `DeMo`, `outer_step`, `save_node_state`) runs the same windows in the same process as the baseline
-(no FSDP). Reports per-phase medians, the window's wall time, the seconds rank 0 spent inside
+(no FSDP), alternating window by window with what `python neurons/miner.py` runs since #17's wiring
+(`LocalCompute`, the same functions behind the node's compute interface: the "node" column, which
+must equal the baseline within noise). Reports per-phase medians, the window's wall time, the seconds rank 0 spent inside
 collectives (waiting for the other rank included), and the ratios in one table.
 
 On 2 shared CPU cores a second rank brings no speed (the tiny model is communication-bound and the
@@ -19,6 +22,7 @@ two ranks split the same two cores); the figures show what the distributed machi
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import subprocess
@@ -65,6 +69,30 @@ def _nosign(message: bytes) -> bytes:
     return b"\x00" * 64
 
 
+def _compute_window(compute, tiny, window: int, state: NodeState, path: Path, group=None) -> dict[str, float]:
+    """One miner window through a `templar.runtime.compute.Compute` (the ops `Miner.run_window` calls)."""
+    hp = tiny.hp
+    batch = tiny.pages.batch(tiny.plan.assigned_pages(0, window, hp.data.pages_per_window))
+    laps, comm0 = Laps(), group.comm_seconds if group is not None else 0.0
+    lap, t, start = laps.lap, laps.t, laps.start
+    compute.train(batch, hp.optimizer.micro_batch_size, hp.optimizer.grad_clip)
+    lap("train")
+    sent = compute.compress(learning_rate(state.global_step, hp.optimizer))
+    lap("compress")
+    probes = compute.probes(window)
+    lap("probes")
+    write_gradient(sent, probes, window=window, global_step=state.global_step, hotkey="h", hp=hp, run=RUN, sign=_nosign)
+    lap("encode")
+    compute.outer_step(_peers(sent, window, state.global_step), state, keep_signs=False)
+    lap("outer")
+    state.window = window
+    compute.save_state(path, state)
+    lap("save")
+    t["window"] = time.perf_counter() - start
+    t["collectives"] = group.comm_seconds - comm0 if group is not None else 0.0
+    return t
+
+
 def worker(windows: int, out: Path) -> None:
     from templar.distributed.compute import NodeCompute
     from templar.distributed.group import init_group
@@ -73,6 +101,7 @@ def worker(windows: int, out: Path) -> None:
     torch.set_num_threads(max(1, 2 // group.world_size))
     if not group.is_leader:
         NodeCompute.join(group).follow()
+        gc.collect()  # the sharded model (and FSDP's mesh holding the group) before the group
         group.close()
         return
     setup_torch()
@@ -84,43 +113,79 @@ def worker(windows: int, out: Path) -> None:
     tmp = Path(tempfile.mkdtemp())
     rows = []
     for window in range(windows + 1):
-        batch = tiny.pages.batch(tiny.plan.assigned_pages(0, window, hp.data.pages_per_window))
-        laps, comm0 = Laps(), group.comm_seconds
-        lap, t, start = laps.lap, laps.t, laps.start
-
-        compute.train(batch, hp.optimizer.micro_batch_size, hp.optimizer.grad_clip)
-        lap("train")
-        sent = compute.compress(learning_rate(state.global_step, hp.optimizer))
-        lap("compress")
-        probes = compute.probes(window)
-        lap("probes")
-        write_gradient(sent, probes, window=window, global_step=state.global_step, hotkey="h", hp=hp, run=RUN, sign=_nosign)
-        lap("encode")
-        compute.outer_step(_peers(sent, window, state.global_step), state)
-        lap("outer")
-        state.window = window
-        compute.save(tmp / "state.safetensors", state)
-        lap("save")
-        t["window"] = time.perf_counter() - start
-        t["collectives"] = group.comm_seconds - comm0
+        t = _compute_window(compute, tiny, window, state, tmp / "state.safetensors", group)
         if window:  # the first window warms up
             rows.append(t)
     compute.stop()
     result = {"ranks": group.world_size, "fsdp": {k: median([r[k] for r in rows]) for k in rows[0]}}
     if group.world_size == 1:
-        result["baseline"] = _baseline(tiny, windows, tmp)
+        base_rows, node_rows = _one_process(tiny, windows, tmp)
+        result["baseline"], result["node"] = _medians(base_rows), _medians(node_rows)
     out.write_text(json.dumps(result))
     group.close()
 
 
-def _baseline(tiny, windows: int, tmp: Path) -> dict[str, float]:
-    """The pre-#17 1-process code on the same windows (no FSDP, no process group use)."""
+def _medians(rows: list[dict[str, float]]) -> dict[str, float]:
+    return {k: median([r[k] for r in rows]) for k in rows[0]}
+
+
+def _one_process(tiny, windows: int, tmp: Path) -> tuple[list[dict[str, float]], list[dict[str, float]]]:
+    """The pre-#17 1-process code (plain model, the functions called directly) and what
+    `python neurons/miner.py` runs now (`LocalCompute` through `compute_of`), window by window in
+    alternating order, so the machine's drift falls on both alike."""
+    from templar.runtime.compute import LocalCompute
+
+    hp = tiny.hp
+    compute = LocalCompute(build_model(hp), hp)
+    compute.enable_error_feedback()
+    node_state = NodeState(window=-1, global_step=0)
+    base_rows, node_rows = [], []
+    run_base = _baseline(tiny, tmp)
+    for window in range(windows + 1):
+        order = (0, 1) if window % 2 else (1, 0)
+        for which in order:
+            if which == 0:
+                t = next(run_base)
+                if window:
+                    base_rows.append(t)
+            else:
+                t = _compute_window(compute, tiny, window, node_state, tmp / "node.safetensors")
+                if window:
+                    node_rows.append(t)
+    return base_rows, node_rows
+
+
+def one_process_only(windows: int) -> None:
+    """`--one-process`: only the 1-process comparison (pre-#17 code vs the node's `LocalCompute`),
+    in this process, over many windows: medians and the median of the paired per-window ratios."""
+    setup_torch()
+    torch.set_num_threads(2)
+    tiny = load_tiny()
+    with tempfile.TemporaryDirectory() as tmp:
+        base_rows, node_rows = _one_process(tiny, windows, Path(tmp))
+    base, node = _medians(base_rows), _medians(node_rows)
+    paired = {k: median([n[k] / b[k] for b, n in zip(base_rows, node_rows, strict=True) if b[k]])
+              for k in base if base[k]}
+    print(f"{'phase':<12}{'1 process (pre-#17)':>22}{'1 process (node)':>18}{'node / pre':>12}{'paired':>9}")
+    for phase in (*PHASES, "window"):
+        print(f"{phase:<12}{base[phase]:>20.4f} s{node[phase]:>16.4f} s{node[phase] / base[phase]:>12.3f}"
+              f"{paired[phase]:>9.3f}")
+    record = {"benchmark": "distributed_one_process", "windows": windows, "baseline_1_process": base,
+              "node_1_process": node, "window_ratio_node_vs_baseline": node["window"] / base["window"],
+              "window_paired_ratio_median": paired["window"]}
+    emit(record)
+    write_result("distributed_one_process.json", record)
+
+
+def _baseline(tiny, tmp: Path):
+    """The pre-#17 1-process code on successive windows (no FSDP, no process group, no compute
+    interface): yields each window's laps."""
     hp = tiny.hp
     model = build_model(hp)
     demo = DeMo(model, compressor=DCTCompressor(hp.demo.target_chunk, hp.demo.topk), decay=hp.demo.momentum_decay)
     state = NodeState(window=-1, global_step=0)
-    rows = []
-    for window in range(windows + 1):
+    window = 0
+    while True:
         batch = tiny.pages.batch(tiny.plan.assigned_pages(0, window, hp.data.pages_per_window))
         laps = Laps()
         lap, t, start = laps.lap, laps.t, laps.start
@@ -141,20 +206,24 @@ def _baseline(tiny, windows: int, tmp: Path) -> dict[str, float]:
         lap("save")
         t["window"] = time.perf_counter() - start
         t["collectives"] = 0.0
-        if window:
-            rows.append(t)
-    return {k: median([r[k] for r in rows]) for k in rows[0]}
+        yield t
+        window += 1
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--one-process", type=int, default=0, metavar="WINDOWS",
+                        help="only compare the 1-process node with the pre-#17 code, over this many windows")
     parser.add_argument("--worker", type=Path, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--windows", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     windows = args.windows or (3 if args.quick else 6)
     if args.worker:
         worker(windows, args.worker)
+        return
+    if args.one_process:
+        one_process_only(args.one_process)
         return
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO_ROOT / "src"), os.environ.get("PYTHONPATH", "")]))
     runs = {}
@@ -165,16 +234,19 @@ def main() -> None:
                    __file__, "--worker", str(out), "--windows", str(windows)]
             subprocess.run(cmd, env=env, check=True, cwd=REPO_ROOT, stdout=subprocess.DEVNULL)
             runs[ranks] = json.loads(out.read_text())
-    base, one, two = runs[1]["baseline"], runs[1]["fsdp"], runs[2]["fsdp"]
-    print(f"{'phase':<12}{'1 process (pre-#17)':>22}{'1 rank FSDP':>14}{'2 ranks FSDP':>15}"
-          f"{'1 rank / pre':>14}{'2 ranks / 1 rank':>18}")
+    base, node, one, two = runs[1]["baseline"], runs[1]["node"], runs[1]["fsdp"], runs[2]["fsdp"]
+    print(f"{'phase':<12}{'1 process (pre-#17)':>22}{'1 process (node)':>18}{'1 rank FSDP':>14}{'2 ranks FSDP':>15}"
+          f"{'node / pre':>12}{'1 rank / pre':>14}{'2 ranks / 1 rank':>18}")
     for phase in (*PHASES, "window", "collectives"):
+        ratio_n = node[phase] / base[phase] if base[phase] else float("nan")
         ratio_a = one[phase] / base[phase] if base[phase] else float("nan")
         ratio_b = two[phase] / one[phase] if one[phase] else float("nan")
-        print(f"{phase:<12}{base[phase]:>20.4f} s{one[phase]:>12.4f} s{two[phase]:>13.4f} s"
-              f"{ratio_a:>14.2f}{ratio_b:>18.2f}")
-    record = {"benchmark": "distributed", "windows": windows, "baseline_1_process": base, "fsdp_1_rank": one,
-              "fsdp_2_ranks": two, "window_ratio_1rank_vs_baseline": one["window"] / base["window"],
+        print(f"{phase:<12}{base[phase]:>20.4f} s{node[phase]:>16.4f} s{one[phase]:>12.4f} s{two[phase]:>13.4f} s"
+              f"{ratio_n:>12.2f}{ratio_a:>14.2f}{ratio_b:>18.2f}")
+    record = {"benchmark": "distributed", "windows": windows, "baseline_1_process": base, "node_1_process": node,
+              "fsdp_1_rank": one, "fsdp_2_ranks": two,
+              "window_ratio_node_vs_baseline": node["window"] / base["window"],
+              "window_ratio_1rank_vs_baseline": one["window"] / base["window"],
               "window_ratio_2ranks_vs_1rank": two["window"] / one["window"],
               "collective_share_2ranks": two["collectives"] / two["window"]}
     emit(record)

@@ -3,6 +3,7 @@
     python benchmarks/gather.py                  # 15, 64, 256 peers x ~150 KB payloads
     python benchmarks/gather.py --quick          # 15 and 64 peers, one repeat
     python benchmarks/gather.py --payload-kb 2048 --peers 15 64
+    python benchmarks/gather.py --peers 256 1024 2000 --repeats 1   # the scale of a big subnet
 
 Each peer has its own bucket and its own client (read-only key), as a validator sees them.
 Per case, after one warm-up `head` per peer (clients and connections created), it times
@@ -63,7 +64,13 @@ async def run_case(server: SeaweedServer, names: list[str], repeats: int, concur
              for i, n in enumerate(names)}
     key = gradient_key(WINDOW)
     try:
-        sizes = [info.size for info in await asyncio.gather(*(b.head(key) for b in peers.values()))]
+        limit = asyncio.Semaphore(32)  # warm-up: each peer's client and connection, a few at a time
+
+        async def warm(b: S3Bucket):
+            async with limit:
+                return await b.head(key, timeout=120.0)
+
+        sizes = [info.size for info in await asyncio.gather(*(warm(b) for b in peers.values()))]
         total = sum(sizes)
         seq_times, gather_times, ok = [], [], 0
         for _ in range(repeats):
@@ -101,7 +108,10 @@ def main() -> None:
         args.peers, args.repeats = [p for p in args.peers if p <= 64] or [15], 1
 
     with tempfile.TemporaryDirectory(prefix="templar-bench-") as tmp:
-        server = SeaweedServer(Path(tmp) / "weed").start()
+        # Every bucket is a SeaweedFS collection with at least one volume of its own: the cap must
+        # exceed the bucket count (the default 1024 stops near 1,023 buckets).
+        server = SeaweedServer(Path(tmp) / "weed", volume_max=max(1024, 2 * max(args.peers) + 64),
+                               memory_limit="1GiB").start()
         try:
             started = time.perf_counter()
             names = [server.create_bucket(f"peer-{i:04d}") for i in range(max(args.peers))]

@@ -2,6 +2,7 @@
 
     python neurons/miner.py --wallet.name W --wallet.hotkey H --netuid N --subtensor.network finney \
         --bucket.locator r2:... --device cuda
+    torchrun --nproc_per_node 8 neurons/miner.py ...    # the same node over 8 GPUs (FSDP2; docs/mining.md §12)
 
 See docs/mining.md for wallets, buckets (read-only keys on chain, write keys in the environment)
 and what each log line means.
@@ -30,8 +31,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    from templar.distributed.launch import run_node  # one process, or this rank of a torchrun node
     from templar.miner.loop import Miner
-    from templar.runtime.node import run_node
 
     return run_node(args, "miner", lambda node: Miner(node, extra_pages=args.extra_pages).run(args.windows))
 

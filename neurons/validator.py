@@ -2,6 +2,7 @@
 
     python neurons/validator.py --wallet.name W --wallet.hotkey H --netuid N --subtensor.network finney \
         --bucket.locator r2:... --device cuda
+    torchrun --nproc_per_node 8 neurons/validator.py ...    # the same node over 8 GPUs (FSDP2; docs/mining.md §12)
 
 See docs/validating.md for stake, buckets, and how to read the score log.
 """
@@ -28,7 +29,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from templar.runtime.node import run_node
+    from templar.distributed.launch import run_node  # one process, or this rank of a torchrun node
     from templar.validator.loop import Validator
 
     return run_node(args, "validator", lambda node: Validator(node).run(args.windows))

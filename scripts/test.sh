@@ -9,5 +9,10 @@ cd "$root"
 echo "[test] ruff"
 "$venv/bin/ruff" check src neurons scripts tests benchmarks
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1
-echo "[test] pytest"
-exec "$venv/bin/python" -m pytest -q "$@"
+# One pytest worker per core (at most 4): the long tests run first, one per worker (tests/conftest.py),
+# and each worker's torch keeps to one thread so the workers do not fight over the cores.
+workers="${TEMPLAR_TEST_WORKERS:-$(nproc)}"
+[ "$workers" -gt 4 ] && workers=4
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
+echo "[test] pytest ($workers workers)"
+exec "$venv/bin/python" -m pytest -q -n "$workers" --maxschedchunk 1 "$@"

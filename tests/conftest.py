@@ -277,3 +277,25 @@ def hostile_server() -> Iterator[Callable[[bytes], HostileServer]]:
     yield make
     for server in servers:
         server.close()
+
+
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Longest first: the tests marked `slow` (whole localnets, real processes, torchrun ranks) run
+    before the rest, by their rough cost (`@pytest.mark.slow(seconds=N)`, default 10), each
+    followed by one quick test.
+
+    Under `pytest -n N` (scripts/test.sh) xdist hands every worker two tests at a time and then one
+    per finished test, so this order gives each worker one long test at a time and keeps the quick
+    ones for the end: the suite's wall time tends to total work / N instead of the long tests in a
+    row. A serial run is unaffected (same tests, another order)."""
+    slow = sorted((item for item in items if item.get_closest_marker("slow")),
+                  key=lambda item: -item.get_closest_marker("slow").kwargs.get("seconds", 10))
+    if not slow:
+        return
+    quick = [item for item in items if not item.get_closest_marker("slow")]
+    ordered: list[pytest.Item] = []
+    for item in slow:
+        ordered.append(item)
+        if quick:
+            ordered.append(quick.pop(0))
+    items[:] = ordered + quick

@@ -26,3 +26,25 @@ def test_one_process_node_is_sharded_and_stops_cleanly() -> None:
     assert compute._call("ping") is None  # a keepalive racing stop() sends nothing
     with pytest.raises(RuntimeError, match="stopped"):
         compute.train(batch, 2, None)
+
+
+def test_sharded_state_keeps_the_previous_file_and_falls_back_to_it(tmp_path) -> None:
+    """The sharded save goes through `runtime.state.write_state_file` and the load through
+    `load_node_state_or_previous`: `.prev` is kept, and a torn newest file falls back to it."""
+    from templar.runtime.state import NodeState, previous_path
+
+    hp = load_hparams("tiny")
+    compute = NodeCompute.lead(build_model(hp), hp, init_group("cpu"), role="miner")
+    path = tmp_path / "state.safetensors"
+    first = {n: p.full_tensor().clone() for n, p in compute.model.named_parameters()}
+    compute.save_state(path, NodeState(window=3, global_step=2))
+    with torch.no_grad():
+        for p in compute.model.parameters():
+            p.to_local().add_(1.0)
+    compute.save_state(path, NodeState(window=4, global_step=3))
+    assert previous_path(path).exists()
+    path.write_bytes(path.read_bytes()[:100])  # the newest file torn by the disk
+    state, source = compute.load_state(path)
+    assert (state.window, state.global_step) == (3, 2) and source.startswith("previous state"), source
+    assert all(torch.equal(p.full_tensor(), first[n]) for n, p in compute.model.named_parameters())
+    compute.stop()

@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 from safetensors import safe_open
 
+pytestmark = pytest.mark.slow(seconds=20)
+
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("worker.py")
 
@@ -61,6 +63,7 @@ def test_sharded_node_equals_one_process(ranks: int, tmp_path: Path) -> None:
     assert report["bad_checkpoint_refused"] and report["driver_signs_equal"], report
     assert report["driver_theta_bit_identical"] and report["driver_global_step"] == [4, 4], report
     assert report["driver_eval_diff"] < 1e-5, report
+    assert report["driver_fingerprint_equal"] and report["driver_reset_to_theta0"], report
     if ranks > 1:  # a rank that hangs: one clear error on the others, within the collective timeout
         hang = report["hang"]
         assert hang is not None and hang["seconds"] < 7.5 and "barrier failed" in hang["error"], hang

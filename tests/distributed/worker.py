@@ -25,7 +25,7 @@ import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 
 from templar.comms import CheckpointError
-from templar.compress import DCTCompressor, DeMo, aggregate, apply_signed_update
+from templar.compress import DCTCompressor, DeMo, aggregate
 from templar.core.config import HParams, load_hparams
 from templar.core.model import build_model
 from templar.core.schedule import learning_rate
@@ -45,7 +45,8 @@ from templar.distributed.compute import NodeCompute
 from templar.distributed.evaluate import ShardedEvaluator
 from templar.distributed.fsdp import check_layout, local
 from templar.distributed.group import Group
-from templar.runtime.outer import collect_probes, outer_step
+from templar.runtime.fingerprint import model_fingerprint
+from templar.runtime.outer import apply_update, collect_probes, outer_step
 from templar.runtime.state import NodeState, load_node_state, save_node_state
 from templar.runtime.train import accumulate_gradients, evaluate_loss, gradients
 from templar.validator.evaluate import Evaluator
@@ -237,8 +238,8 @@ def driver(out_dir: Path, hp: HParams, group: Group, ref: torch.nn.Module, ref_s
         report["bad_checkpoint_refused"] = True
     shapes = {n: p.shape for n, p in ref.named_parameters()}
     signs = aggregate([ref_sent], [1.0], shapes)
-    compute.apply_signs(signs, 0.01, hp.optimizer.weight_decay)   # catch-up: the lead's aggregate
-    apply_signed_update(ref, signs, 0.01, hp.optimizer.weight_decay)
+    compute.apply_update(signs, 7)   # catch-up: the lead's aggregate, through the one rule on each rank's rows
+    apply_update(ref, signs, 7, hp)
     batch = pages(hp, 20, 6)
     report["driver_eval_diff"] = abs(compute.evaluate_loss(batch) - evaluate_loss(ref, batch, 4))
     peers = [Gradient(window=5, global_step=3, hotkey=str(i), warmup=False, tensors=ref_sent, probes={},
@@ -252,6 +253,13 @@ def driver(out_dir: Path, hp: HParams, group: Group, ref: torch.nn.Module, ref_s
     got, want = load_file(str(published)), ref.state_dict()
     report["driver_theta_bit_identical"] = set(got) == set(want) and all(torch.equal(got[k], want[k]) for k in want)
     report["driver_global_step"] = [state.global_step, ref_state.global_step]
+    # the sync check's fingerprint, read from the ranks' rows (a few windows: positions move)
+    report["driver_fingerprint_equal"] = all(
+        torch.equal(compute.fingerprint(w), model_fingerprint(ref, hp.data.data_seed, w)) for w in (5, 6, 7))
+    compute.reset_model()                                  # a re-sync with no checkpoint yet: θ_0
+    compute.write_model_file(published)
+    got, want = load_file(str(published)), build_model(hp).state_dict()
+    report["driver_reset_to_theta0"] = all(torch.equal(got[k], want[k]) for k in want)
     compute.stop()
 
 

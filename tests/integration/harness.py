@@ -37,9 +37,10 @@ FAST_WINDOWS = {
 }
 
 
-def write_fast_preset(directory: Path, **windows: object) -> Path:
-    """The tiny preset with 5-second windows (and optional window overrides)."""
-    body: dict[str, object] = {"base": str(PRESETS_DIR / "tiny.json"), "name": "tiny-fast",
+def write_fast_preset(directory: Path, sections: dict[str, dict] | None = None, **windows: object) -> Path:
+    """The tiny preset with 5-second windows (and optional window overrides; `sections`: other
+    hparams sections' overrides, e.g. less data per window for tests that only need the mechanics)."""
+    body: dict[str, object] = {"base": str(PRESETS_DIR / "tiny.json"), "name": "tiny-fast", **(sections or {}),
                                "windows": {**FAST_WINDOWS, **windows}}
     path = directory / "fast.json"
     path.write_text(json.dumps(body))
@@ -54,8 +55,9 @@ class Subnet:
     wallets: dict = field(default_factory=dict)
 
     @classmethod
-    def create(cls, root: Path, stakes: dict[str, float], **windows: object) -> Subnet:
-        hparams = write_fast_preset(root, **windows)
+    def create(cls, root: Path, stakes: dict[str, float], sections: dict[str, dict] | None = None,
+               **windows: object) -> Subnet:
+        hparams = write_fast_preset(root, sections, **windows)
         hp = load_hparams(hparams)
         dev = create_dev_chain(root / "chain.sqlite", netuid=NETUID, hotkeys=stakes, wallet_path=root / "wallets",
                                wallet_name="test", block_time=hp.windows.block_time, weights_rate_limit=2)

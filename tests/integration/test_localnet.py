@@ -4,7 +4,8 @@
   without them, on virtual time (deterministic windows, the computation's cost only). Honest work
   is paid, cheating is not, and the model does not notice the cheats.
 - The processes: one real-time `templar localnet` with separate neuron processes through their
-  entry points (`neurons/*.py` and the adversary entry point), a clean stop and a report.
+  entry points (`neurons/*.py` and the adversary entry point), a clean stop and a report; its
+  miner0 is one node over 2 torchrun ranks (`--miner-ranks 2`, issue #17), next to 1-process miners.
 """
 
 from __future__ import annotations
@@ -21,8 +22,10 @@ ADVERSARIES = ["copycat", "scaled", "signflip", "noise", "freerider", "lazy", "l
                "moredata"]
 CHEATS = ["copycat", "signflip", "noise", "freerider", "lazy", "late", "desync"]
 WINDOWS = 10
+BASELINE_WINDOWS = 8
+"""The run without cheats only has to reach the step the loss is compared at."""
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
+pytestmark = [pytest.mark.slow(seconds=80), pytest.mark.timeout(1200)]
 
 
 def _localnet(out: Path, adversaries: list[str], miners: int, *extra: str, windows: int = WINDOWS,
@@ -43,7 +46,7 @@ def _loss_at_step(out: Path) -> dict[int, float]:
 
 def test_localnet_pays_honest_work_and_nothing_else(tmp_path):
     adversarial, baseline = tmp_path / "adversarial", tmp_path / "baseline"
-    procs = [_localnet(adversarial, ADVERSARIES, miners=3), _localnet(baseline, [], miners=3)]
+    procs = [_localnet(adversarial, ADVERSARIES, miners=3), _localnet(baseline, [], miners=3, windows=BASELINE_WINDOWS)]
     codes = [p.wait(timeout=1100) for p in procs]
     for out, code in zip((adversarial, baseline), codes, strict=True):
         assert code == 0, out.with_suffix(".log").read_text()[-3000:]
@@ -116,19 +119,23 @@ def test_partial_and_pooled_work_earn_less_than_honest_work(tmp_path):
 
 
 def test_localnet_runs_every_neuron_as_its_own_process(tmp_path):
-    """Real time, real processes: the entry points start, join, score, stop cleanly on SIGTERM."""
+    """Real time, real processes: the entry points start, join, score, stop cleanly on SIGTERM.
+    miner0 runs under torchrun over 2 ranks (FSDP2, gloo) and is paid like the 1-process miner1."""
     preset = tmp_path / "fast.json"
     from templar.core.config import PRESETS_DIR
 
     preset.write_text(json.dumps({"base": str(PRESETS_DIR / "tiny.json"), "name": "tiny-e2e",
-                                  "windows": {"blocks_per_window": 14}}))
+                                  "windows": {"blocks_per_window": 10}}))
     out = tmp_path / "e2e"
-    proc = _localnet(out, ["copycat", "moredata"], 2, "--hparams", str(preset), windows=4, in_process=False)
+    proc = _localnet(out, ["copycat", "moredata"], 2, "--hparams", str(preset), "--miner-ranks", "2", windows=3,
+                     in_process=False)
     assert proc.wait(timeout=600) == 0, out.with_suffix(".log").read_text()[-3000:]
     report = json.loads((out / "report.json").read_text())
     assert report["outcome"] == "finished"
     assert set(report["exit_codes"].values()) <= {0}, report["exit_codes"]  # every neuron stopped cleanly
     assert all((out / "nodes" / p["name"] / "node.log").stat().st_size > 0 for p in report["peers"])
+    miner0_log = (out / "nodes" / "miner0" / "stdout.log").read_text()
+    assert "rank 1 following rank 0 (miner)" in miner0_log and "rank 1 stopped" in miner0_log, miner0_log[-3000:]
     copycat_log = (out / "nodes" / "copycat0" / "node.log").read_text()
     assert "re-posting" in copycat_log, "the adversary entry point ran the copycat hook"
     weight = {p["name"]: p["final_weight"] for p in report["peers"] if p["role"] == "miner"}

@@ -1,5 +1,6 @@
 """Real miners on a real embedded chain with local buckets and the tiny model, led by a real
-validator: join, warm-up, active; a late joiner catches up bit-identically; kill -9 + restart."""
+validator: join, warm-up, active; a late joiner catches up bit-identically; kill -9 + restart,
+of a 1-process miner and of one rank of a 2-rank miner (torchrun, FSDP2 on gloo)."""
 
 from __future__ import annotations
 
@@ -7,12 +8,14 @@ import asyncio
 import json
 import os
 import signal
+import sys
 
 import pytest
 import torch
 
 from templar.comms.keys import gradient_key
 from templar.core.clock import run_virtual
+from templar.localnet.runner import torchrun_ranks
 from templar.miner.loop import Miner
 from templar.runtime.records import MINER_WINDOWS_FILE, read_records
 from templar.runtime.state import load_node_state
@@ -74,7 +77,12 @@ def test_miners_join_train_and_a_late_joiner_catches_up_bit_identically(tmp_path
     assert m0.node.hotkey in scores
 
 
-def test_killed_miner_resumes_without_double_or_missed_updates(tmp_path):
+@pytest.mark.slow(seconds=40)
+@pytest.mark.parametrize("ranks", [1, pytest.param(2, marks=pytest.mark.slow(seconds=60))], ids=["1-process", "2-ranks"])
+def test_killed_miner_resumes_without_double_or_missed_updates(tmp_path, ranks):
+    """kill -9 inside a window (of the process; of rank 1 under torchrun, which takes the node down
+    with one DistError line), restart: the miner resumes from its state file and ends bit-identical
+    to a miner that never stopped."""
     # A restart (interpreter, torch and SDK imports) takes longer than a 5 s window on a loaded
     # 2-core machine; allow enough staleness that the restarted miner resumes from its own state.
     subnet = Subnet.create(tmp_path, {"lead": 100.0, "m0": 0.0, "victim": 0.0}, max_allowed_stale=12)
@@ -89,6 +97,8 @@ def test_killed_miner_resumes_without_double_or_missed_updates(tmp_path):
         log = open(tmp_path / "victim.log", "ab")  # noqa: SIM115
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         cmd = subnet.neuron_cmd("miner", "victim")
+        if ranks > 1:  # the operator's command for one node over `ranks` processes
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}", *cmd[1:]]
         procs = [await asyncio.create_subprocess_exec(*cmd, stdout=log, stderr=log, env=env)]
         marks: dict[str, int] = {}
 
@@ -96,12 +106,13 @@ def test_killed_miner_resumes_without_double_or_missed_updates(tmp_path):
             return [r["window"] for r in read_records(victim_dir / MINER_WINDOWS_FILE)]
 
         async def killer() -> None:
-            """kill -9 somewhere inside the victim's third window, then start it again."""
-            while len(victim_windows()) < 2:
+            """kill -9 somewhere inside the victim's second window, then start it again."""
+            while len(victim_windows()) < 1:
                 await asyncio.sleep(0.2)
             await asyncio.sleep(1.7)
-            procs[0].send_signal(signal.SIGKILL)
-            await procs[0].wait()
+            # one rank of a multi-rank node (torchrun then stops the rest of it), or the process
+            os.kill(torchrun_ranks(procs[0].pid)[ranks - 1] if ranks > 1 else procs[0].pid, signal.SIGKILL)
+            marks["exit"] = await procs[0].wait()
             marks["killed"] = max(victim_windows())
             procs.append(await asyncio.create_subprocess_exec(*cmd, stdout=log, stderr=log, env=env))
 
@@ -113,8 +124,9 @@ def test_killed_miner_resumes_without_double_or_missed_updates(tmp_path):
             snapshots[w] = (parameters(m0.node), m0.state.global_step)
             w += 1
             after = [d for d in victim_windows() if d > marks.get("killed", 1 << 30)]
-            if len(after) >= 2 and not stop_sent:
-                procs[-1].send_signal(signal.SIGTERM)  # it finishes its window; keep the swarm going till then
+            if after and not stop_sent:
+                # it finishes its window; keep the swarm going till then (torchrun: rank 0 gets it)
+                os.kill(torchrun_ranks(procs[-1].pid).get(0, procs[-1].pid), signal.SIGTERM)
                 stop_sent = True
             if stop_sent and procs[-1].returncode is not None:
                 break
@@ -123,12 +135,15 @@ def test_killed_miner_resumes_without_double_or_missed_updates(tmp_path):
         killed_at, restarted = marks["killed"], marks["killed"]
         for node in (v.node, m0.node):
             await node.aclose()
-        return snapshots, killed_at, restarted, victim_dir
+        return snapshots, killed_at, restarted, victim_dir, marks["exit"]
 
-    snapshots, killed_at, restarted, victim_dir = asyncio.run(scenario())
+    snapshots, killed_at, restarted, victim_dir, killed_exit = asyncio.run(scenario())
     assert killed_at is not None, "the victim never completed two windows"
     log = (tmp_path / "victim.log").read_text()
     assert "Resuming from local state" in log
+    if ranks > 1:  # the dead rank took the node down with one clear error, not a hang
+        assert killed_exit != 0 and "failed (a rank died or timed out)" in log, log[-4000:]
+        assert "rank 1 following rank 0 (miner)" in log
     after = [r["window"] for r in read_records(victim_dir / MINER_WINDOWS_FILE) if r["window"] > restarted]
     assert after, "the restarted miner did no window"
 

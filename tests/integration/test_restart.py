@@ -20,7 +20,7 @@ from templar.validator.loop import Validator
 
 from .harness import Subnet
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 
 def _windows(path) -> list[int]:

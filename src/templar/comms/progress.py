@@ -1,16 +1,28 @@
-"""`v{P}/progress.json`: the last window the lead validator finished, and whether it stepped.
+"""`v{P}/progress.json`: the last window the lead validator finished, whether it stepped, and a
+fingerprint of its model after that window.
 
 Overwritten every window. It lets a joining node tell "no update that window" (the lead is past
 it and published no aggregate) from "not published yet" (wait), instead of waiting out a whole
-window for every window in which nobody was aggregated.
+window for every window in which nobody was aggregated. Its `fingerprint` (θ in float32 at a few
+hundred public positions, `templar.runtime.fingerprint`) lets every node check that it holds the
+run's model (issue #15: no silent forks).
 """
 
 from __future__ import annotations
 
-from templar.comms.exchange import Window, _RunRecord, check_run, dump_record, parse_record
+import base64
+import binascii
+from typing import Annotated
+
+import torch
+from pydantic import StringConstraints
+
+from templar.comms.exchange import RecordError, Window, _RunRecord, check_run, dump_record, parse_record
 from templar.core.config import PROTOCOL_VERSION
 from templar.storage.base import DEFAULT_TIMEOUT, Bucket, ObjectNotFound
 from templar.wire import Run
+
+MAX_PROGRESS_BYTES = 4096
 
 
 def progress_key(version: int = PROTOCOL_VERSION) -> str:
@@ -20,12 +32,35 @@ def progress_key(version: int = PROTOCOL_VERSION) -> str:
 class Progress(_RunRecord):
     window: Window
     global_step: Window
+    fingerprint: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9+/]*={0,2}$", max_length=2732)] | None = None  # ≤ 512 values
+    """θ after `window` at the fingerprint positions: little-endian float32, base64. None from a
+    lead that has not computed one (then no node can compare)."""
+
+
+def encode_fingerprint(values: torch.Tensor) -> str:
+    return base64.b64encode(values.detach().to("cpu", torch.float32).contiguous().numpy().astype("<f4")
+                            .tobytes()).decode()
+
+
+def decode_fingerprint(text: str, count: int) -> torch.Tensor:
+    """The float32 values of a published fingerprint; `RecordError` unless exactly `count` finite ones."""
+    try:
+        raw = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise RecordError(f"progress fingerprint: not base64 ({exc})") from exc
+    if len(raw) != 4 * count:
+        raise RecordError(f"progress fingerprint: {len(raw)} bytes, expected {4 * count}")
+    values = torch.frombuffer(bytearray(raw), dtype=torch.float32).clone()
+    if not bool(torch.isfinite(values).all()):
+        raise RecordError("progress fingerprint: non-finite values")
+    return values
 
 
 async def put_progress(bucket: Bucket, window: int, global_step: int, *, run: Run,
-                       timeout: float = DEFAULT_TIMEOUT) -> None:
+                       fingerprint: torch.Tensor | None = None, timeout: float = DEFAULT_TIMEOUT) -> None:
     record = Progress(protocol=PROTOCOL_VERSION, netuid=run.netuid, run=run.digest, window=window,
-                      global_step=global_step)
+                      global_step=global_step,
+                      fingerprint=None if fingerprint is None else encode_fingerprint(fingerprint))
     await bucket.put(progress_key(), dump_record(record), timeout=timeout)
 
 
@@ -33,7 +68,7 @@ async def get_progress(bucket: Bucket, *, run: Run, timeout: float = DEFAULT_TIM
     """The lead's progress in `run`, None if never published; `RecordError` if malformed or of
     another run."""
     try:
-        data = await bucket.get(progress_key(), max_bytes=4096, timeout=timeout)
+        data = await bucket.get(progress_key(), max_bytes=MAX_PROGRESS_BYTES, timeout=timeout)
     except ObjectNotFound:
         return None
     record: Progress = parse_record(data, Progress, f"{bucket.name} progress")

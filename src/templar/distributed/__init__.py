@@ -1,7 +1,8 @@
-"""One node over N processes: torchrun + FSDP2 (torch.distributed), the same code for N = 1.
+"""One node over N processes: torchrun + FSDP2 (torch.distributed).
 
     torchrun --nproc_per_node 8 neurons/miner.py ...      # one node, 8 ranks (GPUs)
-    python neurons/miner.py ...                           # the same code with world size 1
+    python neurons/miner.py ...                           # one process: the same role loop on
+                                                          # `runtime.compute.LocalCompute`
 
 Modules, one idea each:
   group       process group from torchrun's environment (gloo on CPU, nccl on CUDA), timeouts,
@@ -13,6 +14,8 @@ Modules, one idea each:
               1-process payload
   outer       the signed top-G aggregate applied to the sharded parameters; probes
   checkpoint  the node's own state as the one safetensors file any rank count can load
+  compute     `NodeCompute`: the node's ops (`runtime.compute.Compute`) run by all ranks, rank 0 driving
+  launch      what `neurons/*.py` run: one process, or rank 0 / a follower under torchrun
   sizing      per-GPU memory of a LLaMA shape at N ranks, computed on the meta device
 """
 

@@ -4,7 +4,9 @@ Choice (issue #17 §5): gathered safetensors rather than torch.distributed.check
 gathers θ (FSDP rows) and the error feedback (from each parameter's owner), one tensor in flight
 at a time, and streams them into the same atomic file (temp + fsync + rename) a 1-process node
 writes: the header is written first (every name, dtype and shape is known), then each tensor as
-it arrives, so rank 0 never holds more than one tensor. A `kill -9` of any rank at any instant
+it arrives, so rank 0 never holds more than one tensor. The file is replaced by the 1-process
+node's own rule (`runtime.state.write_state_file`: `.prev` kept, `core.atomic.atomic_write`),
+and loading falls back to `.prev` the same way. A `kill -9` of any rank at any instant
 leaves the old or the new file, a torchrun restart resumes exactly, and the node may even restart
 with a different rank count (or as one process). The cost is time: every byte goes through rank
 0 and its disk (about 16 bytes per parameter: 19 GB at 1.2B, 128 GB at 8B, 1.1 TB at 70B); DCP's
@@ -19,19 +21,20 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from templar.core.atomic import atomic_write
 from templar.distributed.demo import ShardedDeMo
 from templar.distributed.fsdp import local, local_rows
 from templar.distributed.group import Group, scatter_rows
-from templar.runtime.state import EF_PREFIX, MODEL_PREFIX, NodeState
+from templar.runtime.state import EF_PREFIX, MODEL_PREFIX, NodeState, state_metadata, write_state_file
 
-__all__ = ["full_model_state", "gather_model", "load_sharded_state", "save_sharded_state", "stream_safetensors"]
+__all__ = ["full_model_state", "gather_model", "load_sharded_state", "save_sharded_state", "stream_safetensors",
+           "write_stream"]
 
 
 def gather_model(model: nn.Module, group: Group, dst: int) -> Iterator[tuple[str, torch.Tensor | None]]:
@@ -66,12 +69,12 @@ def save_sharded_state(path: Path, model: nn.Module, demo: ShardedDeMo | None, s
         for name in names:
             yield demo.gather_one(name, 0)
 
-    meta = {"window": str(state.window), "global_step": str(state.global_step),
-            "extra": json.dumps(state.extra, sort_keys=True)}
-    if group.is_leader:
-        stream_safetensors(path, entries, meta, tensors())
-    else:
-        for _ in tensors():  # take part in every gather; rank 0 writes
+    stream = tensors()
+    try:
+        if group.is_leader:  # the one state-file rule: `.prev` kept, then an atomic write
+            write_state_file(path, lambda tmp: write_stream(tmp, entries, state_metadata(state), stream))
+    finally:
+        for _ in stream:  # take part in every gather (rank 0 too, if its write failed early)
             pass
     group.barrier()  # nobody runs ahead of a save that a restart would depend on
 
@@ -82,10 +85,17 @@ _DTYPE_NAMES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF1
 
 def stream_safetensors(path: Path, entries: list[tuple[str, torch.dtype, tuple[int, ...]]], metadata: dict[str, str],
                        tensors: Iterator[torch.Tensor | None]) -> None:
-    """Write a safetensors file tensor by tensor (header first: every shape is known up front),
-    atomically: temp file, fsync, rename, fsync of the directory. `tensors` yields the entries'
-    tensors in order. A write error is raised only after `tensors` is exhausted, so the other
-    ranks' collectives inside it still pair up."""
+    """Replace `path` atomically (`templar.core.atomic.atomic_write`) by a safetensors file
+    written tensor by tensor (`write_stream`)."""
+    atomic_write(path, lambda tmp: write_stream(tmp, entries, metadata, tensors))
+
+
+def write_stream(path: Path, entries: list[tuple[str, torch.dtype, tuple[int, ...]]], metadata: dict[str, str],
+                 tensors: Iterator[torch.Tensor | None]) -> None:
+    """Write a safetensors file at `path` tensor by tensor (header first: every shape is known up
+    front); the caller makes it atomic (`atomic_write` fsyncs and renames). `tensors` yields the
+    entries' tensors in order. A write error is raised only after `tensors` is exhausted, so the
+    other ranks' collectives inside it still pair up."""
     header: dict[str, object] = {}
     offset = 0
     for name, dtype, shape in entries:
@@ -96,12 +106,10 @@ def stream_safetensors(path: Path, entries: list[tuple[str, torch.dtype, tuple[i
         header["__metadata__"] = metadata
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
     error: Exception | None = None
     f = None
     try:
-        f = open(tmp, "wb")  # noqa: SIM115 - closed below, after the iterator is drained
+        f = open(path, "wb")  # noqa: SIM115 - closed below, after the iterator is drained
         f.write(len(raw).to_bytes(8, "little"))
         f.write(raw)
     except OSError as exc:
@@ -118,20 +126,11 @@ def stream_safetensors(path: Path, entries: list[tuple[str, torch.dtype, tuple[i
             error = exc
     if f is not None:
         try:
-            f.flush()
-            os.fsync(f.fileno())
+            f.close()
         except OSError as exc:
             error = error or exc
-        f.close()
     if error is not None:
-        tmp.unlink(missing_ok=True)
         raise error
-    tmp.replace(path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
 
 
 def _check_file(path: Path, model: nn.Module, demo: ShardedDeMo | None) -> tuple[str | None, dict | None]:

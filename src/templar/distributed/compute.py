@@ -1,7 +1,8 @@
 """Every computation on a node's θ, run by all its ranks together: rank 0 drives, the others follow.
 
-Rank 0 runs the ordinary miner/validator loop (chain, buckets, clock) and calls these methods
-where the 1-process code called `accumulate_gradients`, `DeMo.step`, `outer_step`, ... Each call
+Rank 0 runs the ordinary miner/validator loop (chain, buckets, clock), which calls the ops of
+`templar.runtime.compute.Compute` on `compute_of(node)`: this class under torchrun (registered
+by `templar.distributed.launch`), `LocalCompute` (the plain 1-process functions) otherwise. Each call
 first broadcasts `(op, small arguments)`; the other ranks sit in `follow()` and run the same
 method with the same arguments, so the collectives inside pair up. Large data that only rank 0
 has (peers' payloads, the lead's signs, files) is passed by rank 0 alone and distributed inside
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import weakref
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,42 +29,32 @@ from torch import nn
 
 from templar.comms import CheckpointError
 from templar.compress import Compressed, DCTCompressor
+from templar.core.atomic import atomic_write
 from templar.core.config import HParams
 from templar.core.model import build_model
-from templar.distributed.checkpoint import (
-    gather_model,
-    load_sharded_state,
-    save_sharded_state,
-    stream_safetensors,
-)
+from templar.core.schedule import learning_rate
+from templar.distributed.checkpoint import gather_model, load_sharded_state, save_sharded_state, write_stream
 from templar.distributed.demo import ShardedDeMo
 from templar.distributed.evaluate import ShardedEvaluator, sequence_losses_sharded
 from templar.distributed.fsdp import local, local_rows, reshard, shard_model
-from templar.distributed.group import Group, init_group, scatter_rows
-from templar.distributed.outer import collect_probes_sharded, outer_step_sharded
+from templar.distributed.group import DistError, Group, scatter_rows
+from templar.distributed.outer import collect_probes_sharded, fingerprint_sharded, outer_step_sharded
 from templar.distributed.train import accumulate_sharded
-from templar.runtime.outer import OuterStep
-from templar.runtime.state import NodeState
+from templar.runtime.compute import register_compute
+from templar.runtime.outer import OuterStep, apply_update
+from templar.runtime.state import NodeState, load_node_state_or_previous
 from templar.runtime.train import TrainStats
 from templar.wire import Gradient
 
-__all__ = ["NodeCompute", "compute_of"]
+__all__ = ["NodeCompute"]
 
 _STOP = "stop"
 _EXPECTED = (ValueError, CheckpointError)  # raised on every rank alike; the leader decides
-_BY_MODEL: weakref.WeakKeyDictionary[nn.Module, NodeCompute] = weakref.WeakKeyDictionary()
-
-
-def compute_of(node: Any, role: str = "miner") -> NodeCompute:
-    """The node's compute (the one `NodeCompute.lead` registered for `node.model`); a node built
-    in-process without `neurons/` (tests, benchmarks) gets its 1-rank compute here on first use."""
-    found = _BY_MODEL.get(node.model)
-    if found is None:
-        found = NodeCompute.lead(node.model, node.hp, init_group(node.device), role=role)
-    return found
 
 
 class NodeCompute:
+    """`templar.runtime.compute.Compute` over the node's ranks (θ sharded with FSDP2)."""
+
     def __init__(self, model: nn.Module, hp: HParams, group: Group, *, role: str) -> None:
         self.model = shard_model(model, group)
         self.hp = hp
@@ -71,10 +62,23 @@ class NodeCompute:
         self.role = role
         self.demo = ShardedDeMo(self.model, group, compressor=DCTCompressor(hp.demo.target_chunk, hp.demo.topk),
                                 decay=hp.demo.momentum_decay) if role == "miner" else None
-        self.evaluator = ShardedEvaluator(self.model, hp.optimizer.micro_batch_size, group)
+        self.sharded_evaluator = ShardedEvaluator(self.model, hp.optimizer.micro_batch_size, group)
         self._lock = threading.Lock()  # one op at a time, in the order the followers see them
         self._stopped = False
-        _BY_MODEL[self.model] = self
+        register_compute(self.model, self)
+
+    @property
+    def world_size(self) -> int:
+        return self.group.world_size
+
+    @property
+    def evaluator(self) -> NodeCompute:
+        """`score_peers` over all ranks (the validator's `Evaluator` on the sharded model)."""
+        return self
+
+    def enable_error_feedback(self) -> None:
+        if self.demo is None:
+            raise ValueError("this node's ranks were started as a validator: no error feedback")
 
     # ------------------------------------------------------------------ start and follow
     @classmethod
@@ -121,11 +125,15 @@ class NodeCompute:
             reshard(self.model)  # between ops, parameters are always the shards
 
     def stop(self) -> None:
-        """Rank 0: release the followers (they exit `follow`)."""
+        """Rank 0: release the followers (they exit `follow`). A follower already gone (the node
+        is failing with a DistError) is not an error here: there is nobody left to release."""
         with self._lock:
             if not self._stopped:
-                self.group.broadcast_object(_STOP)
-            self._stopped = True
+                self._stopped = True
+                try:
+                    self.group.broadcast_object(_STOP)
+                except DistError as exc:
+                    logger.bind(phase="stopped").debug(f"followers not released: {exc}")
 
     async def keepalive(self, every: float | None = None) -> None:
         """Rank 0, as a task: ping the followers while the loop waits (see module doc)."""
@@ -164,7 +172,29 @@ class NodeCompute:
     def _probes(self, window: int) -> dict[str, torch.Tensor]:
         return collect_probes_sharded(self.model, window, self.hp, self.group)
 
-    def outer_step(self, gradients: list[Gradient], state: NodeState, *, keep_signs: bool = False) -> OuterStep | None:
+    def fingerprint(self, window: int) -> torch.Tensor:
+        return self._call("fingerprint", window=window)
+
+    def _fingerprint(self, window: int) -> torch.Tensor:
+        return fingerprint_sharded(self.model, self.hp.data.data_seed, window, self.group)
+
+    def reset_model(self) -> None:
+        """θ ← θ_0: every rank builds it (deterministic from init_seed) and keeps its rows."""
+        self._call("reset_model")
+
+    @torch.no_grad()
+    def _reset_model(self) -> None:
+        fresh = build_model(self.hp).state_dict()
+        for key, value in self.model.state_dict().items():
+            mine = local(value)
+            if value.dim() and mine is not value:
+                start, end = local_rows(value.shape, self.group)
+                mine.copy_(fresh[key][start:end].to(mine.device))
+            else:
+                mine.copy_(fresh[key].to(mine.device))
+
+    def outer_step(self, gradients: Sequence[Gradient], state: NodeState, *,
+                   keep_signs: bool = True) -> OuterStep | None:
         """`templar.runtime.outer.outer_step`; `state` is updated on rank 0 (the followers keep none)."""
         return self._call("outer_step", {"gradients": gradients, "state": state}, keep_signs=keep_signs)
 
@@ -176,12 +206,13 @@ class NodeCompute:
         return outer_step_sharded(self.model, gradients, state, self.hp, self.group,
                                   keep_signs=keep_signs and self.group.is_leader)
 
-    def apply_signs(self, signs: dict[str, torch.Tensor], lr: float, weight_decay: float) -> None:
-        """`templar.compress.apply_signed_update` of rank 0's dense signs (the lead's aggregate)."""
-        self._call("apply_signs", {"signs": signs}, lr=lr, weight_decay=weight_decay)
+    def apply_update(self, signs: dict[str, torch.Tensor], step: int) -> float:
+        """`templar.runtime.outer.apply_update` of rank 0's dense signs (the lead's aggregate, in
+        catch-up): each rank receives its rows of each sign and applies the one rule to them."""
+        return self._call("apply_update", {"signs": signs}, step=step)
 
     @torch.no_grad()
-    def _apply_signs(self, lr: float, weight_decay: float, signs: dict[str, torch.Tensor] | None = None) -> None:
+    def _apply_update(self, step: int, signs: dict[str, torch.Tensor] | None = None) -> float:
         names = None
         if self.group.is_leader:
             assert signs is not None
@@ -194,17 +225,15 @@ class NodeCompute:
         names = self.group.broadcast_object(names)
         if isinstance(names, Exception):
             raise names
-        decay = 1.0 - lr * weight_decay
         params = dict(self.model.named_parameters())
+        lr = learning_rate(step, self.hp.optimizer)
         for name in names:
             p = params[name]
             full = signs[name].to(torch.int8) if signs is not None else None
             rows = scatter_rows(self.group, full, p.shape, torch.int8, src=0)
             start, end = local_rows(p.shape, self.group)
-            mine = local(p)
-            if decay != 1.0:
-                mine.mul_(decay)
-            mine.add_(rows[: end - start].to(mine.device, mine.dtype), alpha=-lr)
+            lr = apply_update({name: local(p)}, {name: rows[: end - start]}, step, self.hp)
+        return lr
 
     # ------------------------------------------------------------------ evaluation (validators)
     def evaluate_loss(self, batch: torch.Tensor) -> float:
@@ -223,24 +252,30 @@ class NodeCompute:
     def _score_peers(self, peers: list[str], assigned: dict[str, torch.Tensor], random_batch: torch.Tensor,
                      beta: float, signs_by_peer: dict[str, dict[str, torch.Tensor]] | None = None) -> dict:
         signs = signs_by_peer if signs_by_peer is not None else {p: {} for p in peers}
-        return self.evaluator.score_peers(signs, assigned, random_batch, beta)
+        return self.sharded_evaluator.score_peers(signs, assigned, random_batch, beta)
 
     # ------------------------------------------------------------------ files
-    def save(self, path: Path, state: NodeState) -> None:
-        """The node's own state file (θ and, for miners, the error feedback), written by rank 0."""
-        self._call("save", {"state": state}, path=str(path))
+    def save_state(self, path: Path, state: NodeState) -> None:
+        """The node's own state file (θ and, for miners, the error feedback), written by rank 0
+        through `runtime.state.write_state_file` (atomic, `.prev` kept)."""
+        self._call("save_state", {"state": state}, path=str(path))
 
-    def _save(self, path: str, state: NodeState | None = None) -> None:
+    def _save_state(self, path: str, state: NodeState | None = None) -> None:
         save_sharded_state(Path(path), self.model, self.demo, state or NodeState(-1, 0), self.group)
 
-    def load_node_state(self, path: Path) -> tuple[NodeState, dict[str, torch.Tensor]] | None:
-        """`templar.runtime.state.load_node_state`, sharded: the error feedback goes straight into the
-        owners' buffers, so the returned dict is empty. ValueError when the file does not match."""
-        state = self._call("load_node_state", path=str(path))
-        return None if state is None else (state, {})
+    def load_state(self, path: Path) -> tuple[NodeState | None, str]:
+        """`templar.runtime.state.load_node_state_or_previous`, sharded: every rank runs the same
+        fallback (the collective loader raises the same ValueError everywhere); the error feedback
+        goes straight into the owners' buffers."""
+        return self._call("load_state", path=str(path))
 
-    def _load_node_state(self, path: str) -> NodeState | None:
-        return load_sharded_state(Path(path), self.model, self.demo, self.group)
+    def _load_state(self, path: str) -> tuple[NodeState | None, str]:
+        def load(file: Path) -> tuple[NodeState, dict[str, torch.Tensor]] | None:
+            state = load_sharded_state(file, self.model, self.demo, self.group)
+            return None if state is None else (state, {})
+
+        loaded, source = load_node_state_or_previous(Path(path), self.model, load=load)
+        return (None if loaded is None else loaded[0]), source
 
     def load_model_file(self, path: Path) -> None:
         """`templar.runtime.sync.load_model_file` (a published checkpoint): CheckpointError on every rank
@@ -274,10 +309,11 @@ class NodeCompute:
     def _write_model_file(self, path: str) -> None:
         entries = [(k, v.dtype, tuple(v.shape)) for k, v in self.model.state_dict().items()]
         tensors = (full for _, full in gather_model(self.model, self.group, 0))
-        if self.group.is_leader:
-            stream_safetensors(Path(path), entries, {}, tensors)
-        else:
-            for _ in tensors:  # take part in every gather; rank 0 writes
+        try:
+            if self.group.is_leader:
+                atomic_write(Path(path), lambda tmp: write_stream(tmp, entries, {}, tensors))
+        finally:
+            for _ in tensors:  # take part in every gather (rank 0 too, if its write failed early)
                 pass
 
 

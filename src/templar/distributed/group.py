@@ -24,14 +24,23 @@ import torch
 import torch.distributed as dist
 from loguru import logger
 
-__all__ = ["DEFAULT_TIMEOUT_S", "DistError", "Group", "init_group"]
+from templar.runtime.node import NodeError
+
+__all__ = ["DEFAULT_TIMEOUT_S", "EXIT_RANK_LOST", "DistError", "Group", "init_group", "world_size"]
 
 DEFAULT_TIMEOUT_S = float(os.environ.get("TEMPLAR_DIST_TIMEOUT", "600"))
 """Longest a collective may wait (rank 0 pings idle followers at a quarter of it)."""
 
 
-class DistError(RuntimeError):
-    """A collective failed or timed out: a rank died or hangs; the node must stop."""
+EXIT_RANK_LOST = 5
+"""A neuron's exit code when one of its ranks died or hung (torchrun restarts the node, or the operator)."""
+
+
+class DistError(NodeError, RuntimeError):
+    """A collective failed or timed out: a rank died or hangs; the node must stop. A `NodeError`,
+    so the entry point logs it in one line and exits with `EXIT_RANK_LOST`."""
+
+    exit_code = EXIT_RANK_LOST
 
 
 @dataclass
@@ -119,6 +128,11 @@ class Group:
     def close(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def world_size() -> int:
+    """How many ranks torchrun started for this node (1 without torchrun)."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
 
 
 def init_group(device: str | torch.device | None = None, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> Group:

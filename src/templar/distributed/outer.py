@@ -3,8 +3,9 @@
 Every rank receives the same peers' coefficients (rank 0 downloaded and validated the payloads;
 it broadcasts them a bucket of parameters at a time) and runs `templar.compress.aggregate` one parameter at a time: the same deterministic
 fixed-point code on the same inputs, so the same sign(Δ) bit for bit. Each rank then applies its
-own rows, θ ← θ·(1 − α·wd) − α·sign, which is element-wise and therefore the same bits as the
-1-process update. Only one parameter's dense sign tensor exists at a time.
+own rows through the one rule, `templar.runtime.outer.apply_update` (θ ← θ·(1 − α·wd) − α·sign,
+element-wise, hence the same bits as the 1-process update), at the step `update_step` gives.
+Only one parameter's dense sign tensor exists at a time.
 
 The aggregation is repeated on every rank (not split): it is a few percent of a window, it needs
 no extra collective, and it keeps the consensus-critical path the one 1-process code.
@@ -22,11 +23,12 @@ from templar.core.config import HParams
 from templar.core.schedule import learning_rate
 from templar.distributed.fsdp import local, local_rows
 from templar.distributed.group import Group
-from templar.runtime.outer import OuterStep, update_step
+from templar.runtime.fingerprint import FINGERPRINT_POSITIONS, fingerprint_positions
+from templar.runtime.outer import OuterStep, apply_update, update_step
 from templar.runtime.state import NodeState
 from templar.wire import Gradient, probe_positions
 
-__all__ = ["collect_probes_sharded", "outer_step_sharded"]
+__all__ = ["collect_probes_sharded", "fingerprint_sharded", "outer_step_sharded"]
 
 
 def _matches(c: Compressed | None, plan: ChunkPlan, k: int) -> bool:
@@ -77,7 +79,6 @@ def outer_step_sharded(model: nn.Module, gradients: Sequence[Gradient] | None, s
     step = update_step(state.global_step)  # the one step rule: peers' claims (`steps`) never move it
     weights = [1.0 / hp.gauntlet.top_g] * len(steps)
     lr = learning_rate(step, hp.optimizer)
-    decay = 1.0 - lr * hp.optimizer.weight_decay
     signs: dict[str, torch.Tensor] = {}
     for bucket in _buckets(params, plans, ks, len(steps)):
         sizes = [plans[n].n_chunks * ks[n] for n, _ in bucket]
@@ -98,12 +99,9 @@ def outer_step_sharded(model: nn.Module, gradients: Sequence[Gradient] | None, s
             sign = aggregate(peers, weights, {name: p.shape})[name]
             if keep_signs:
                 signs[name] = sign.clone()
-            if apply:
+            if apply:  # the one θ-update rule, on this rank's rows
                 start, end = local_rows(p.shape, group)
-                mine = local(p)
-                if decay != 1.0:
-                    mine.mul_(decay)
-                mine.add_(sign[start:end].to(device=mine.device, dtype=mine.dtype), alpha=-lr)
+                apply_update({name: local(p)}, {name: sign[start:end]}, step, hp)
         del idx, val
     if apply:
         state.global_step = step + 1
@@ -133,3 +131,25 @@ def collect_probes_sharded(model: nn.Module, window: int, hp: HParams, group: Gr
     group.all_reduce_(bits)
     values = bits.view(torch.float32).split([v.numel() for v in parts])
     return {n: v.clone() for n, v in zip(names, values, strict=True)}
+
+
+@torch.no_grad()
+def fingerprint_sharded(model: nn.Module, seed: int, window: int, group: Group,
+                        count: int = FINGERPRINT_POSITIONS) -> torch.Tensor:
+    """`templar.runtime.fingerprint.model_fingerprint` of the sharded θ, on every rank: the same
+    positions (`fingerprint_positions`), each read by the rank holding its row, summed as int32
+    bit patterns (exact, as the probes)."""
+    params = dict(model.named_parameters())
+    out = torch.zeros(count, dtype=torch.float32)
+    for name, picked, offsets in fingerprint_positions(model, seed, window, count):
+        p = params[name]
+        start, end = local_rows(p.shape, group)
+        row = p.numel() // p.shape[0] if p.dim() else 1
+        lo, hi = start * row, end * row
+        mask = (offsets >= lo) & (offsets < hi)
+        if bool(mask.any()):
+            flat = local(p).detach().reshape(-1)
+            out[picked[mask]] = flat[(offsets[mask] - lo).to(flat.device)].float().cpu()
+    bits = out.view(torch.int32).clone()
+    group.all_reduce_(bits)
+    return bits.view(torch.float32).clone()

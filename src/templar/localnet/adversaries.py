@@ -108,6 +108,7 @@ class Desync(MinerHooks):
     count still moves with the swarm)."""
 
     name = "desync"
+    checks_sync = False  # it forks on purpose: the honest self-check would re-sync it every other window
 
     def __init__(self) -> None:
         self._frozen: dict[str, torch.Tensor] | None = None

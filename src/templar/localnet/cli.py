@@ -23,6 +23,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help=f"adversarial miner, repeatable (default: {', '.join(DEFAULT_ADVERSARIES)}; 'none' for none)")
     p.add_argument("--storage", choices=["local", "s3"], default="local",
                    help="local directories, or a local S3 server started and stopped by this command")
+    p.add_argument("--miner-ranks", type=int, default=1, metavar="N",
+                   help="run honest miner0 as one node over N torchrun ranks (FSDP2; gloo on CPU); default 1")
+    p.add_argument("--validator-ranks", type=int, default=1, metavar="N",
+                   help="run the lead validator0 as one node over N torchrun ranks; default 1")
     p.add_argument("--out", type=Path, default=Path("localnet"), help="everything the run creates (default ./localnet)")
     p.add_argument("--seed", type=int, default=0, help="run seed: initial weights and data assignment (0: the preset's)")
     p.add_argument("--resume", action="store_true", help="keep --out and resume instead of starting clean")
@@ -47,6 +51,11 @@ def run(args: argparse.Namespace) -> int:
         build_report(args.out)
         print(f"report rebuilt in {args.out}")
         return 0
+    if min(args.miner_ranks, args.validator_ranks) < 1 or (args.miner_ranks > 1 and args.miners < 1) or (
+            max(args.miner_ranks, args.validator_ranks) > 1 and args.in_process):
+        print("error: --miner-ranks/--validator-ranks N need N >= 1, a node to run (--miners >= 1), and real "
+              "processes (not --in-process)")
+        return 2
     if args.adversary is None:
         adversaries = [(name, 1) for name in DEFAULT_ADVERSARIES]
     elif args.adversary == ["none"]:
@@ -60,7 +69,8 @@ def run(args: argparse.Namespace) -> int:
     cfg = LocalnetConfig(out=args.out, miners=args.miners, validators=args.validators, windows=args.windows,
                          hparams=args.hparams, adversaries=adversaries, storage=args.storage, seed=args.seed,
                          resume=args.resume, live=not args.no_live, in_process=args.in_process,
-                         dashboard=None if args.no_dashboard else args.dashboard)
+                         dashboard=None if args.no_dashboard else args.dashboard, miner_ranks=args.miner_ranks,
+                         validator_ranks=args.validator_ranks)
     report = run_localnet(cfg)
     summary = [{k: p.get(k) for k in ("name", "strategy", "final_weight", "final_incentive", "final_mu")}
                for p in report["peers"] if p["role"] == "miner"]

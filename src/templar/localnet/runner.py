@@ -50,6 +50,10 @@ class LocalnetConfig:
     """All neurons in this process on virtual time (`templar.localnet.inprocess`)."""
     dashboard: int | None = None
     """Port of the dashboard on 127.0.0.1 (None: none)."""
+    miner_ranks: int = 1
+    """Honest miner0 runs as one node over this many torchrun ranks (FSDP2, gloo on CPU; issue #17)."""
+    validator_ranks: int = 1
+    """The lead, validator0, runs over this many torchrun ranks."""
 
 
 def parse_adversary(spec: str) -> tuple[str, int]:
@@ -174,10 +178,20 @@ class Localnet:
         group = node.name.rpartition("-")[0]
         return sorted(n.uid for n in self.nodes if n.strategy == "pooled" and n.name.rpartition("-")[0] == group)
 
+    def ranks(self, node: NodeInfo) -> int:
+        """How many torchrun ranks run this node: `miner_ranks` for honest miner0, `validator_ranks`
+        for the lead validator0, else 1."""
+        if node.name == "validator0":
+            return self.cfg.validator_ranks
+        return self.cfg.miner_ranks if node.name == "miner0" and node.strategy == "honest" else 1
+
     def _command(self, node: NodeInfo) -> tuple[list[str], dict[str, str]]:
         """The neuron's command line: the production entry point for validators, honest miners and
-        `moredata` (the miner's own --extra-pages); the adversary entry point for the others."""
+        `moredata` (the miner's own --extra-pages); the adversary entry point for the others. A
+        node of N > 1 ranks is started the way an operator does: `torchrun --nproc_per_node N`."""
         cmd = [sys.executable]
+        if (ranks := self.ranks(node)) > 1:
+            cmd += ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}"]
         if is_adversary(node):
             cmd += ["-m", "templar.localnet.adversary", "--strategy", node.strategy]
             if (target := self.copy_target(node)) is not None:
@@ -256,22 +270,48 @@ class Localnet:
                 live.stop()
 
     def stop(self, grace: float | None = None) -> dict[str, int | None]:
-        """SIGTERM everyone; a miner finishes its window first (up to a window), then SIGKILL."""
+        """SIGTERM everyone; a miner finishes its window first (up to a window), then SIGKILL.
+        A torchrun node gets the signal at its rank 0, which finishes the window, saves and
+        releases the other ranks, so torchrun exits 0 (torchrun itself exits 1 on a signal)."""
         if grace is None:
             grace = self.hp.windows.blocks_per_window * self.hp.windows.block_time + 15.0
         for proc in self.procs.values():
             if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
+                ranks = torchrun_ranks(proc.pid)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(ranks.get(0, proc.pid), signal.SIGTERM)
         until = time.time() + grace
         for proc in self.procs.values():
             try:
                 proc.wait(timeout=max(0.1, until - time.time()))
             except subprocess.TimeoutExpired:
+                for rank_pid in torchrun_ranks(proc.pid).values():  # torchrun's workers have their own sessions
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(rank_pid, signal.SIGKILL)
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
         if self.s3 is not None:
             self.s3.stop()
         return {name: proc.returncode for name, proc in self.procs.items()}
+
+
+def torchrun_ranks(pid: int) -> dict[int, int]:
+    """rank -> pid of the workers of the torchrun process `pid` ({} when it is not one, or off
+    Linux: /proc is read)."""
+    out: dict[int, int] = {}
+    children: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        with contextlib.suppress(OSError, ValueError):
+            children += [int(c) for c in (task / "children").read_text().split()]
+    for child in children:
+        try:
+            env = Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        rank = next((int(e[5:]) for e in env if e.startswith(b"RANK=")), None)
+        if rank is not None:
+            out[rank] = child
+    return out
 
 
 def run_localnet(cfg: LocalnetConfig, *, deadline_seconds: float | None = None) -> dict:

@@ -12,6 +12,7 @@ miner's window:
 | `transform` | after compression, before encoding | rewrite the top-k values |
 | `before_upload` | when the put window opens | wait, or replace the signed payload |
 | `after_step` | after the outer step | change the model the next window trains on |
+| `checks_sync` (attribute) | each window, before encoding | `False`: skip the self-check against the lead's fingerprint |
 
 Each hook receives the `Miner`, so a variant reads what it needs (its node, clock, hparams,
 buckets) without the production loop knowing it exists.
@@ -32,6 +33,10 @@ class MinerHooks:
 
     name = "honest"
     """Recorded in `miner_windows.jsonl`, so a run's records say which behaviour produced them."""
+    checks_sync = True
+    """Whether the miner checks its model against the lead's fingerprint each window and re-syncs on
+    a mismatch (`templar.runtime.sync.SyncCheck`). A variant that forks on purpose turns it off:
+    a real cheat runs no such check, and the validators must still catch it."""
 
     def pages(self, miner: Miner, window: int, pages: list[int]) -> list[int]:
         """The pages to train on in `window`, given the assigned (plus extra) ones."""

@@ -12,21 +12,20 @@ import time
 from templar.comms import RecordError, get_peers, put_gradient
 from templar.comms.commit import put_commit
 from templar.comms.keys import gradient_key
-from templar.compress import DCTCompressor, DeMo
 from templar.core.log import context
 from templar.core.schedule import learning_rate
 from templar.miner.hooks import MinerHooks
+from templar.runtime.compute import compute_of
 from templar.runtime.node import Node, OwnBucketError
-from templar.runtime.outer import collect_probes, gather_gradients, outer_step
+from templar.runtime.outer import gather_gradients
 from templar.runtime.records import (
     MINER_WINDOWS_FILE,
     MinerWindowRecord,
     append_record,
     drop_uncommitted_records,
 )
-from templar.runtime.state import NodeState, save_node_state
-from templar.runtime.sync import STATE_FILE, Phase, catch_up, restore
-from templar.runtime.train import accumulate_gradients, gradients
+from templar.runtime.state import NodeState
+from templar.runtime.sync import STATE_FILE, Phase, ResyncError, SyncCheck, catch_up, restore, resync
 from templar.storage import StorageError
 from templar.wire import gradient_digest, max_gradient_bytes, write_gradient
 
@@ -43,19 +42,21 @@ class Miner:
         self.hp = node.hp
         self.extra_pages = extra_pages
         self.hooks = hooks or MinerHooks()
-        self.demo = DeMo(node.model, compressor=DCTCompressor(self.hp.demo.target_chunk, self.hp.demo.topk),
-                         decay=self.hp.demo.momentum_decay)
+        self.compute = compute_of(node)  # θ and the error feedback: one process, or torchrun's ranks
+        self.compute.enable_error_feedback()
         self.state = NodeState(window=-1, global_step=0)
         self.phase = Phase.STARTUP
         self.warmup_left = 0
         self.start_window = 0
         self.max_bytes = max_gradient_bytes(node.shapes, self.hp)
         self.failed_uploads = 0
+        self.sync = SyncCheck(node)
+        self.resync_pending = False
 
     # ------------------------------------------------------------------ life
     async def start(self) -> None:
         """Phases 2-3 of the join flow: restore or download state, then catch up."""
-        self.state, own = await restore(self.node, self.demo.buffers)
+        self.state, own = await restore(self.node)
         drop_uncommitted_records(self.node.state_dir, [MINER_WINDOWS_FILE], self.state.window)
         self.start_window = self.state.window + 1
         await self.join(own_state=own)
@@ -72,13 +73,14 @@ class Miner:
                 context(window=current, phase=self.phase).warning(
                     f"[SYNC] {behind} windows behind (max {self.hp.windows.max_allowed_stale}): re-syncing from "
                     "the lead's newest checkpoint")
-                self.state, own = await restore(node, self.demo.buffers)
+                self.state, own = await restore(node)
                 await self.join(own_state=own)
                 continue
             if behind > 0:
                 # A window's processing overran: replay what we missed rather than train on stale θ,
                 # then look at the clock again (the replay itself may have taken time).
                 self.state = await catch_up(node, self.state, current - 1)
+                self.sync.record(self.state.window, self.state.global_step)
                 continue
             await self.run_window(current)
             done += 1
@@ -91,6 +93,7 @@ class Miner:
         node = self.node
         self.phase = Phase.CATCHUP
         self.state = await catch_up(node, self.state, node.clock.current_window() - 1)
+        self.sync.record(self.state.window, self.state.global_step)
         self.save()
         self.warmup_left = 0 if own_state else self.hp.windows.warmup_windows
         self.phase = Phase.WARMUP if self.warmup_left else Phase.ACTIVE
@@ -102,7 +105,7 @@ class Miner:
             context(phase=self.phase).info("[SYNC] Active: full participation")
 
     def save(self) -> None:
-        save_node_state(self.node.state_dir / STATE_FILE, self.node.model, self.demo.buffers, self.state)
+        self.compute.save_state(self.node.state_dir / STATE_FILE, self.state)
 
     # ------------------------------------------------------------------ one window
     async def run_window(self, window: int) -> None:
@@ -114,9 +117,11 @@ class Miner:
         pages = self.hooks.pages(self, window, self.pages(window))
         batch, pages = await node.pages.fetch(  # only these pages' bytes; the next window's read ahead
             pages, prefetch=self.hooks.pages(self, window + 1, self.pages(window + 1)))
-        stats = await asyncio.to_thread(accumulate_gradients, node.model, batch,
-                                        hp.optimizer.micro_batch_size, hp.optimizer.grad_clip)
-        payload = await asyncio.to_thread(self._compress_and_encode, window)
+        stats = await asyncio.to_thread(self.compute.train, batch, hp.optimizer.micro_batch_size,
+                                        hp.optimizer.grad_clip)
+        # A node that cannot show it holds the run's model uploads with weight 0 (a warm-up payload).
+        in_sync = not self.hooks.checks_sync or (not self.resync_pending and await self.sync.check(window, self.state))
+        payload = await asyncio.to_thread(self._compress_and_encode, window, not in_sync)
         await self._commit(window, payload)
         busy = time.perf_counter() - busy_started
 
@@ -139,11 +144,20 @@ class Miner:
             self.failed_uploads = 0
         busy += time.perf_counter() - busy_started
 
+        if not in_sync and await self._resync(window):
+            append_record(node.state_dir / MINER_WINDOWS_FILE, MinerWindowRecord(
+                window=window, phase=str(Phase.CATCHUP), strategy=self.hooks.name,
+                global_step=self.state.global_step, loss=stats.loss, tokens_per_second=stats.tokens_per_second,
+                pages=len(pages), uploaded=uploaded, upload_bytes=up_bytes, upload_seconds=up_seconds,
+                peers_aggregated=0, overhead_share=0.0))
+            await asyncio.to_thread(self.save)
+            return
         await node.clock.sleep_until(times.gather_start)
         busy_started = time.perf_counter()
         peers_aggregated = await self._aggregate(window)
         self.hooks.after_step(self, window)
         self.state.window = window
+        self.sync.record(window, self.state.global_step)
         await self._delete_stale_gradient(window)
         busy += time.perf_counter() - busy_started
 
@@ -165,6 +179,20 @@ class Miner:
         # The commit point: the window's record is written first, so a crash before this line
         # redoes the window and `trim_records` drops its uncommitted record at the restart.
         await asyncio.to_thread(self.save)
+
+    async def _resync(self, window: int) -> bool:
+        """Checkpoint + replay up to the last finished window (this one: its aggregate is the lead's).
+        False when it cannot be made now: the window goes on as usual and the next one retries."""
+        try:
+            self.state = await resync(self.node)
+        except ResyncError as exc:
+            self.resync_pending = True
+            context(window=window, phase="sync").warning(f"[SYNC] Re-sync not possible now ({exc}); retrying "
+                                                         "next window, uploading with weight 0 until then")
+            return False
+        self.resync_pending = False
+        self.sync.record(self.state.window, self.state.global_step)
+        return True
 
     async def _commit(self, window: int, payload: bytes) -> None:
         """Commit to the payload's digest before any gradient of the window is readable
@@ -200,17 +228,16 @@ class Miner:
             except StorageError as exc:
                 context(window=window, phase="cleanup").debug(f"could not delete gradient {old}: {exc}")
 
-    def _compress_and_encode(self, window: int) -> bytes:
+    def _compress_and_encode(self, window: int, weight_zero: bool = False) -> bytes:
         hp, node = self.hp, self.node
         lr = learning_rate(self.state.global_step, hp.optimizer)
-        compressed = self.demo.step(gradients(node.model), lr)
-        node.model.zero_grad(set_to_none=True)
+        compressed = self.compute.compress(lr)
         values = self.hooks.transform(self, window, {k: c.values for k, c in compressed.items()})
         compressed = {k: type(c)(indices=c.indices, values=values[k].float(), shape=c.shape, chunk=c.chunk)
                       for k, c in compressed.items()}
-        return write_gradient(compressed, collect_probes(node.model, window, hp), window=window,
+        return write_gradient(compressed, self.compute.probes(window), window=window,
                               global_step=self.state.global_step, hotkey=node.hotkey, hp=hp, run=node.run,
-                              sign=node.chain.sign, warmup=self.phase == Phase.WARMUP)
+                              sign=node.chain.sign, warmup=self.phase == Phase.WARMUP or weight_zero)
 
     async def _aggregate(self, window: int) -> int:
         """Gather the lead's top-G for `window` and apply the outer step, as validators do."""
@@ -230,5 +257,5 @@ class Miner:
         results = await gather_gradients(await node.peer_buckets(peers), window, clock=node.clock, hp=hp,
                                          shapes=node.shapes, run=node.run)
         received = [r.value for r in results.values() if r.ok and r.value is not None]
-        step = await asyncio.to_thread(outer_step, node.model, received, self.state, hp)
+        step = await asyncio.to_thread(self.compute.outer_step, received, self.state, keep_signs=False)
         return step.peers if step else 0

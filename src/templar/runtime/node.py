@@ -14,6 +14,7 @@ import asyncio
 import os
 import signal
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -281,17 +282,21 @@ async def _open_own_bucket(args: argparse.Namespace, chain: Chain, time: TimeSou
     return bucket
 
 
-def run_node(args: argparse.Namespace, role: str, run: Callable[[Node], Awaitable[None]]) -> int:
+def run_node(args: argparse.Namespace, role: str, run: Callable[[Node], Awaitable[None]], *,
+             attach: Callable[[Node], AbstractAsyncContextManager[None]] | None = None) -> int:
     """What a neuron's `main` does: start the node, run the role on it, close it. Returns the
     process exit code: 0, or a `NodeError`'s code after logging its message in one line (no
-    traceback for what the operator must fix). SIGINT/SIGTERM finish the current window, then stop."""
+    traceback for what the operator must fix). SIGINT/SIGTERM finish the current window, then stop.
+    `attach`: entered once the node is started, around the role (torchrun: θ sharded over the
+    node's ranks, see `templar.distributed.launch`)."""
 
     async def main() -> None:
         node = await start_node(args, role)
         node.install_signal_handlers()
         metrics = start_metrics(args, role=role, hotkey=node.hotkey, uid=node.uid)
         try:
-            await run(node)
+            async with attach(node) if attach is not None else nullcontext():
+                await run(node)
         finally:
             if metrics is not None:
                 metrics.close()

@@ -44,9 +44,14 @@ def update_step(own: int, published: int | None = None) -> int:
     return own if published is None else published
 
 
-def apply_update(model: torch.nn.Module, signs: dict[str, torch.Tensor], step: int, hp: HParams) -> float:
+def apply_update(model: torch.nn.Module | Mapping[str, torch.Tensor], signs: Mapping[str, torch.Tensor], step: int,
+                 hp: HParams) -> float:
     """θ ← θ − α(step)·sign(Δ) (with decoupled weight decay): the one way any node applies an
-    outer update, live or replayed. Returns the learning rate used."""
+    outer update, live or replayed. Returns the learning rate used.
+
+    `model` may also be a mapping of parameter tensors with `signs` of the same shapes: a
+    sharded node (`templar.distributed`) passes each rank's rows of θ and of the signs. The
+    update is element-wise, so the rows come out bit-identical to the 1-process update."""
     lr = learning_rate(step, hp.optimizer)
     apply_signed_update(model, signs, lr, hp.optimizer.weight_decay)
     return lr

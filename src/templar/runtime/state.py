@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,7 +22,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from templar.core.atomic import atomic_write
+from templar.core.atomic import Writer, atomic_write
 
 _MODEL = "model."
 _EF = "ef."
@@ -39,11 +40,22 @@ def save_node_state(path: Path, model: torch.nn.Module, error_feedback: dict[str
                     state: NodeState) -> None:
     tensors = {_MODEL + k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
     tensors.update({_EF + k: v.detach().to("cpu").contiguous() for k, v in error_feedback.items()})
-    meta = {"window": str(state.window), "global_step": str(state.global_step),
+    write_state_file(path, lambda tmp: save_file(tensors, str(tmp), metadata=state_metadata(state)))
+
+
+def state_metadata(state: NodeState) -> dict[str, str]:
+    """The state file's metadata strings (window, global_step, extra)."""
+    return {"window": str(state.window), "global_step": str(state.global_step),
             "extra": json.dumps(state.extra, sort_keys=True)}
+
+
+def write_state_file(path: Path, writer: Writer) -> None:
+    """The one way a node's state file is replaced, by one process or by a sharded node's rank 0:
+    the current file is kept as `.prev`, then `writer` fills a temporary file that `atomic_write`
+    fsyncs and renames over `path`."""
     if path.exists():
         _keep_previous(path)
-    atomic_write(path, lambda tmp: save_file(tensors, str(tmp), metadata=meta))
+    atomic_write(path, writer)
 
 
 def previous_path(path: Path) -> Path:
@@ -61,17 +73,24 @@ def _keep_previous(path: Path) -> None:
     os.replace(tmp, prev)
 
 
-def load_node_state_or_previous(path: Path, model: torch.nn.Module,
-                                ) -> tuple[tuple[NodeState, dict[str, torch.Tensor]] | None, str]:
+Loaded = tuple[NodeState, dict[str, torch.Tensor]]
+
+
+def load_node_state_or_previous(path: Path, model: torch.nn.Module, *,
+                                load: Callable[[Path], Loaded | None] | None = None,
+                                ) -> tuple[Loaded | None, str]:
     """The newest readable state and where it came from ("state", "previous state (…)", or
-    "nothing"). Raises ValueError only when neither file is usable."""
+    "nothing"). Raises ValueError only when neither file is usable. `load` reads one file into
+    the model (default `load_node_state`; a sharded node passes its collective loader, which
+    raises the same ValueError on every rank, so every rank takes the same branch here)."""
+    load = load or (lambda p: load_node_state(p, model))
     try:
-        return load_node_state(path, model), "state"
+        return load(path), "state"
     except (ValueError, SafetensorError, OSError, KeyError) as exc:
         problem = f"{path.name} unreadable ({str(exc)[:120]})"
     prev = previous_path(path)
     try:
-        loaded = load_node_state(prev, model)
+        loaded = load(prev)
     except (ValueError, SafetensorError, OSError, KeyError) as exc:
         raise ValueError(f"{problem}; {prev.name} unreadable too ({str(exc)[:120]})") from exc
     if loaded is None:

@@ -6,6 +6,10 @@ Phases, each announced by one `[SYNC]` line:
      (sha256-verified, resumable, progress bar), else θ_0 of the run
   3. catch-up: replay the lead's published aggregates up to the current window, no uploads
   4. warm-up and 5. active are the roles' business.
+
+And, for as long as a node runs, proof that it still holds the run's model (`SyncCheck`): its own
+fingerprint after each window against the one the lead publishes with its progress; on a mismatch,
+one `[SYNC]` line and a re-sync by itself (`resync`: the lead's checkpoint, then replay).
 """
 
 from __future__ import annotations
@@ -26,11 +30,14 @@ from templar.comms import (
     get_aggregate,
     get_start_window,
 )
-from templar.comms.progress import get_progress
+from templar.comms.progress import Progress, decode_fingerprint, get_progress
 from templar.core.log import context
+from templar.core.schedule import learning_rate
+from templar.runtime.compute import compute_of
+from templar.runtime.fingerprint import model_in_sync, off_positions
 from templar.runtime.node import Node
-from templar.runtime.outer import apply_update, update_step
-from templar.runtime.state import NodeState, load_node_state_or_previous
+from templar.runtime.outer import update_step
+from templar.runtime.state import NodeState
 from templar.storage import StorageError
 from templar.wire import PayloadError, max_aggregate_bytes, read_aggregate
 
@@ -39,6 +46,11 @@ MODEL_FILE = "model.safetensors"
 CHECKPOINT_DOWNLOAD_SECONDS = 1800.0
 RETRY_SECONDS = 2.0
 """Pause before catch-up retries a window whose update it could not establish."""
+
+
+class ResyncError(Exception):
+    """A re-sync could not be made now (no lead, or its checkpoint could not be read): the node
+    stays out of sync and tries again later."""
 
 
 class Phase(StrEnum):
@@ -74,22 +86,22 @@ def load_model_file(model: torch.nn.Module, path: Path) -> None:
     model.load_state_dict({k: v.to(device) for k, v in loaded.items()})
 
 
-async def restore(node: Node, error_feedback: dict[str, torch.Tensor] | None = None) -> tuple[NodeState, bool]:
+async def restore(node: Node, *, use_local: bool = True) -> tuple[NodeState, bool]:
     """Phase 2. Returns the state and whether it is this node's own (so its error feedback, if
-    any, was restored into `error_feedback` and warm-up may be skipped)."""
+    the node keeps one, was restored with θ and warm-up may be skipped). `use_local=False` (a
+    re-sync: our own model is known to differ from the run's) takes only the lead's checkpoint,
+    or θ_0 and the run's start window when there is none yet."""
     hp, current = node.hp, node.clock.current_window()
     log = context(window=current, phase=Phase.DOWNLOAD)
+    compute = compute_of(node)
     local = None
     try:
-        loaded, source = load_node_state_or_previous(node.state_dir / STATE_FILE, node.model)
+        local, source = (await asyncio.to_thread(compute.load_state, node.state_dir / STATE_FILE) if use_local
+                         else (None, "nothing"))
     except ValueError as exc:
         log.warning(f"[SYNC] ignoring unreadable local state: {exc}")
-        loaded, source = None, "nothing"
-    if loaded is not None:
-        local, ef = loaded
-        if error_feedback is not None and set(ef) == set(error_feedback):
-            for name, t in ef.items():
-                error_feedback[name].copy_(t)
+        local, source = None, "nothing"
+    if local is not None:
         if current - local.window - 1 <= hp.windows.max_allowed_stale:
             log.info(f"[SYNC] Resuming from local state at window {local.window} (global_step {local.global_step}); "
                      f"restored from the {source}")
@@ -97,6 +109,7 @@ async def restore(node: Node, error_feedback: dict[str, torch.Tensor] | None = N
         log.info(f"[SYNC] Local state is {current - local.window - 1} windows old; looking for a newer checkpoint")
 
     lead = await node.lead()
+    none_published = False  # the lead's bucket answered: it holds no checkpoint yet
     if lead is None:
         log.warning("[SYNC] No lead validator with a readable bucket yet")
     else:
@@ -108,11 +121,12 @@ async def restore(node: Node, error_feedback: dict[str, torch.Tensor] | None = N
                 deadline=node.clock.now() + CHECKPOINT_DOWNLOAD_SECONDS, progress=True,
                 now=node.clock.now,
             )
+            none_published = ckpt is None
         except (CheckpointError, StorageError) as exc:
             log.warning(f"[SYNC] Checkpoint download failed: {exc}")
         if ckpt is not None and (local is None or ckpt.window > local.window):
             try:
-                await asyncio.to_thread(load_model_file, node.model, ckpt.files[MODEL_FILE])
+                await asyncio.to_thread(compute.load_model_file, ckpt.files[MODEL_FILE])
             except (CheckpointError, KeyError) as exc:
                 log.warning(f"[SYNC] Checkpoint unusable: {exc}")
             else:
@@ -120,12 +134,18 @@ async def restore(node: Node, error_feedback: dict[str, torch.Tensor] | None = N
                 return NodeState(window=ckpt.window, global_step=ckpt.global_step), False
     if local is not None:
         return local, True
+    if not use_local and not none_published:
+        raise ResyncError("the lead's checkpoint could not be read")
     start = None
     if lead is not None:
         try:
             start = await get_start_window(lead[1], run=node.run)
         except (StorageError, ValueError) as exc:
             log.warning(f"[SYNC] Could not read the start window: {exc}")
+    if not use_local:  # the model in memory is not θ_0: rebuild it (deterministic from init_seed)
+        if start is None:
+            raise ResyncError("no checkpoint yet and the run's start window could not be read")
+        await asyncio.to_thread(compute.reset_model)
     start = current if start is None else start
     log.info(f"[SYNC] No checkpoint yet: starting from the run's initial weights (start window {start})")
     return NodeState(window=start - 1, global_step=0), False
@@ -135,7 +155,7 @@ def _checkpoint_cap(model: torch.nn.Module) -> int:
     return int(sum(t.numel() * t.element_size() for t in model.state_dict().values()) * 1.05) + (1 << 20)
 
 
-async def catch_up(node: Node, state: NodeState, until: int) -> NodeState:
+async def catch_up(node: Node, state: NodeState, until: int, *, verify: bool = True) -> NodeState:
     """Phase 3: apply the lead's published aggregates for windows (state.window, until].
 
     A window counts as one without an update only when the lead's progress says it finished that
@@ -144,6 +164,12 @@ async def catch_up(node: Node, state: NodeState, until: int) -> NodeState:
     *before* that window, never assuming it was empty (that would fork this node from the run for
     good), and returns: the caller retries, and past `max_allowed_stale` re-syncs from the lead's
     newest checkpoint.
+
+    With `verify`, the replayed model is then compared with the fingerprint the lead published
+    for the window it ends at (when the lead's progress names that window): a fork never heals by
+    itself (the same later updates keep two models apart), so one check at the end proves every
+    replayed window. On a mismatch (our starting state was not the run's) it re-syncs from the
+    lead's checkpoint (`resync`).
     """
     if state.window >= until:
         return state
@@ -189,7 +215,7 @@ async def catch_up(node: Node, state: NodeState, until: int) -> NodeState:
                 log.warning(f"aggregate {window} from the lead is malformed ({exc.reason}); skipping it")
             else:
                 step = update_step(state.global_step, published=agg.global_step)
-                await asyncio.to_thread(apply_update, node.model, agg.signs, step, node.hp)
+                await asyncio.to_thread(compute_of(node).apply_update, agg.signs, step)
                 state.global_step = step + 1
                 applied += 1
         state.window = window
@@ -197,4 +223,101 @@ async def catch_up(node: Node, state: NodeState, until: int) -> NodeState:
     rate = (state.window - first) / seconds if seconds > 0 else 0.0
     log.info(f"[SYNC] Caught up to window {state.window}: {applied} aggregates applied in {seconds:.1f}s "
              f"({rate:.1f} windows/s), global_step {state.global_step}")
+    if verify and state.window > first and not node.stop.is_set():
+        lead = await node.lead()
+        progress = await _read_progress(node, lead[1]) if lead is not None else None
+        if progress is not None and progress.window == state.window and progress.fingerprint is not None:
+            own = await asyncio.to_thread(compute_of(node).fingerprint, state.window)
+            problem = compare_with_lead(node, progress, state.global_step, own)
+            if problem is not None:
+                context(window=state.window, phase=Phase.CATCHUP).warning(
+                    f"[SYNC] The replayed model differs from the lead's at window {state.window} ({problem}): "
+                    "our starting state was not the run's; re-syncing from the lead's checkpoint")
+                try:
+                    return await resync(node)
+                except ResyncError as exc:
+                    context(window=state.window, phase=Phase.CATCHUP).warning(
+                        f"[SYNC] Re-sync not possible now ({exc}); the next check retries")
     return state
+
+
+async def resync(node: Node) -> NodeState:
+    """Checkpoint + replay, never from our own state: the lead's newest checkpoint (or θ_0 and the
+    run's start window), then its aggregates up to the last finished window. Error feedback (a
+    miner's own residual, not part of the run's model) is kept. `ResyncError` when the lead or
+    its checkpoint cannot be read now (the model is then untouched)."""
+    state, _ = await restore(node, use_local=False)
+    return await catch_up(node, state, node.clock.current_window() - 1, verify=False)
+
+
+async def _read_progress(node: Node, bucket) -> Progress | None:
+    try:
+        return await get_progress(bucket, run=node.run, timeout=10.0)
+    except (StorageError, RecordError) as exc:
+        context(phase="sync").debug(f"lead's progress unreadable: {str(exc)[:160]}")
+        return None
+
+
+def compare_with_lead(node: Node, progress: Progress, global_step: int, own: torch.Tensor) -> str | None:
+    """None when our model after `progress.window` (global_step and fingerprint `own`) is the
+    lead's, else what differs (for the `[SYNC]` line). A progress record without a fingerprint,
+    or with a malformed one, proves nothing either way: None."""
+    if progress.fingerprint is None:
+        return None
+    try:
+        published = decode_fingerprint(progress.fingerprint, own.numel())
+    except RecordError as exc:
+        context(window=progress.window, phase="sync").debug(f"lead's fingerprint unusable: {exc}")
+        return None
+    if progress.global_step != global_step:
+        return f"global_step {global_step}, the lead's {progress.global_step}"
+    lr = learning_rate(max(global_step - 1, 0), node.hp.optimizer)
+    if not model_in_sync(own, published, lr):
+        return f"{off_positions(own, published, lr)}/{own.numel()} fingerprint positions off by more than α/2"
+    return None
+
+
+class SyncCheck:
+    """A node's own fingerprints of its last few windows, compared with the one the lead publishes
+    with its progress. A check is made against whatever window the lead's progress names, so a lead
+    publishing late (or a node checking early) still compares like with like."""
+
+    KEEP = 8
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.own: dict[int, tuple[int, torch.Tensor]] = {}
+
+    def record(self, window: int, global_step: int) -> None:
+        """Call after the model holds `window`'s update (live step, catch-up or re-sync)."""
+        if window < 0:  # nothing applied yet (before the run's start window)
+            return
+        self.own[window] = (global_step, compute_of(self.node).fingerprint(window))
+        for old in [w for w in self.own if w <= window - self.KEEP or w > window]:
+            del self.own[old]
+
+    async def check(self, window: int, state: NodeState) -> bool:
+        """False only on evidence of a fork (logged in one `[SYNC]` line): the lead's progress names
+        the window our model holds (`state`: then the model itself is fingerprinted now, so damage
+        since that window's step shows too) or one we hold a fingerprint of, and ours differs.
+        Nothing to compare (no lead, an unreadable or late progress record) is not evidence: True.
+        `window` is the one we are in (for the log)."""
+        node = self.node
+        lead = await node.lead()
+        if lead is None or lead[0].hotkey == node.hotkey:
+            return True
+        progress = await _read_progress(node, lead[1])
+        if progress is None:
+            return True
+        if progress.window == state.window:
+            self.record(state.window, state.global_step)
+        if progress.window not in self.own:
+            return True
+        global_step, own = self.own[progress.window]
+        problem = compare_with_lead(node, progress, global_step, own)
+        if problem is None:
+            return True
+        context(window=window, phase="sync").warning(
+            f"[SYNC] Our model differs from the lead's after window {progress.window} ({problem}): not uploading "
+            "as active; re-syncing from the lead's checkpoint")
+        return False

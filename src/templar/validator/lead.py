@@ -8,14 +8,11 @@ from collections.abc import Awaitable, Callable
 from functools import partial
 from pathlib import Path
 
-import torch
-from safetensors.torch import save_file
-
 from templar.comms import cleanup_checkpoints, put_aggregate, put_peers, put_start_window, save_checkpoint
 from templar.comms.keys import aggregate_key, window_of
 from templar.comms.progress import put_progress
-from templar.core.atomic import atomic_write
 from templar.core.log import context
+from templar.runtime.compute import compute_of
 from templar.runtime.node import Node
 from templar.runtime.outer import OuterStep
 from templar.runtime.sync import MODEL_FILE
@@ -34,7 +31,8 @@ async def publish_start_window(node: Node, window: int) -> None:
 
 
 class WindowPublisher:
-    """The lead's per-window publications (aggregate, peer list, progress), each upload bounded by
+    """The lead's per-window publications (aggregate, peer list, progress with the model's
+    fingerprint, `templar.runtime.fingerprint`), each upload bounded by
     a deadline so a slow or stalled bucket never delays the next window. What misses its deadline
     stays queued, is logged, and goes out first at the next window (oldest first; a newer progress
     record replaces a queued one). Followers wait for a late aggregate until its publish deadline
@@ -58,7 +56,10 @@ class WindowPublisher:
         if next_peers is not None:
             self.queued[f"peers/{window + 1}"] = partial(put_peers, node.bucket, window + 1, next_peers, run=run)
         self.queued.pop("progress", None)  # re-queued last: it promises everything before it
-        self.queued["progress"] = partial(put_progress, node.bucket, window, global_step, run=run)
+        # θ after this window's step, so every node can check that it holds the run's model.
+        fingerprint = compute_of(node).fingerprint(window)
+        self.queued["progress"] = partial(put_progress, node.bucket, window, global_step, run=run,
+                                          fingerprint=fingerprint)
         while len(self.queued) > self.MAX_QUEUED:
             dropped = next(iter(self.queued))
             del self.queued[dropped]
@@ -87,11 +88,6 @@ class WindowPublisher:
         return True
 
 
-def _write_model(model: torch.nn.Module, path: Path) -> None:
-    tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-    atomic_write(path, lambda tmp: save_file(tensors, str(tmp)))
-
-
 class CheckpointPublisher:
     """θ after a window's aggregate, snapshotted to disk between windows (never mid-update) and
     uploaded in the background, so a large model or a slow bucket never delays a window. One
@@ -111,7 +107,7 @@ class CheckpointPublisher:
         for old in folder.glob("*.safetensors") if folder.exists() else ():
             old.unlink(missing_ok=True)
         path = folder / f"{window}-{MODEL_FILE}"
-        await asyncio.to_thread(_write_model, self.node.model, path)
+        await asyncio.to_thread(compute_of(self.node).write_model_file, path)  # θ from all ranks, one file
         hp = self.node.hp
         budget = hp.windows.checkpoint_frequency * hp.windows.blocks_per_window * hp.windows.block_time
         self.task = asyncio.create_task(self._upload(window, global_step, path, budget), name=f"checkpoint-{window}")

@@ -20,8 +20,9 @@ from templar.core.atomic import atomic_write
 from templar.core.log import context, short
 from templar.core.schedule import learning_rate
 from templar.gauntlet import PrimaryResult, ScoreBook, ScoreBookError, select_eval_pages, select_eval_peers
+from templar.runtime.compute import compute_of
 from templar.runtime.node import Node
-from templar.runtime.outer import OuterStep, collect_probes, gather_gradients, outer_step
+from templar.runtime.outer import OuterStep, gather_gradients
 from templar.runtime.records import (
     SCORES_FILE,
     VALIDATOR_WINDOWS_FILE,
@@ -30,9 +31,8 @@ from templar.runtime.records import (
     append_record,
     drop_uncommitted_records,
 )
-from templar.runtime.state import NodeState, save_node_state
-from templar.runtime.sync import STATE_FILE, Phase, catch_up, restore
-from templar.runtime.train import evaluate_loss
+from templar.runtime.state import NodeState
+from templar.runtime.sync import STATE_FILE, Phase, ResyncError, SyncCheck, catch_up, restore, resync
 from templar.storage import StorageError
 from templar.validator.evaluate import Evaluator, LossScores
 from templar.validator.fast_eval import FastVerdict, fast_evaluate
@@ -74,7 +74,8 @@ class Validator:
         self.hp = node.hp
         self.state = NodeState(window=-1, global_step=0)
         self.book = ScoreBook()
-        self.evaluator = Evaluator(node.model, self.hp.optimizer.micro_batch_size)
+        self.compute = compute_of(node)  # θ: one process, or torchrun's ranks
+        self.evaluator = self.compute.evaluator or Evaluator(node.model, self.hp.optimizer.micro_batch_size)
         self.holdout = node.pages.empty  # filled in start(): pages come from the data bucket
         self.is_lead = False
         self.publisher = WindowPublisher(node)
@@ -82,6 +83,7 @@ class Validator:
         self.secret = load_or_create_secret(node.state_dir / SECRET_FILE)
         self.commits: dict[int, dict[str, bytes]] = {}
         """Window → the commitments read in its `commit_read` span (`templar.comms.commit`)."""
+        self.sync = SyncCheck(node)
 
     def eval_seed(self, window: int) -> int:
         digest = hashlib.blake2b(window.to_bytes(8, "little"), key=self.secret, digest_size=8).digest()
@@ -109,6 +111,7 @@ class Validator:
             behind = node.clock.current_window() - window
             if behind > self.hp.windows.max_allowed_stale and not self.is_lead:
                 self.state = await catch_up(node, self.state, node.clock.current_window() - 1)
+                self.sync.record(self.state.window, self.state.global_step)
                 continue
             await self.run_window(window, evaluate=behind <= 1)
             done += 1
@@ -159,6 +162,7 @@ class Validator:
                 await publish_start_window(node, current)
         else:
             self.state = await catch_up(node, self.state, current - 1)
+            self.sync.record(self.state.window, self.state.global_step)
         context(phase=Phase.ACTIVE).info(
             f"[SYNC] Active as {'lead ' if self.is_lead else ''}validator from window {self.state.window + 1}")
 
@@ -218,6 +222,17 @@ class Validator:
         deadline = max(times.gather_deadline, node.clock.now() + min(hp.windows.gather_seconds, 5.0))
 
         await self._check_lead(window)
+        if not self.is_lead and not await self.sync.check(window, self.state):
+            # A forked validator would score every honest miner desync: re-sync instead of this window.
+            try:
+                self.state = await resync(node)
+            except ResyncError as exc:
+                log.warning(f"[SYNC] Re-sync not possible now ({exc}); not evaluating this window")
+                evaluate = False
+            else:
+                self.sync.record(self.state.window, self.state.global_step)
+                await asyncio.to_thread(self._save)
+                return
         neurons = await node.neurons()
         miners = {n.hotkey: n.uid for n in neurons if not (n.validator_permit and n.stake > 0)
                   and n.hotkey != node.hotkey}
@@ -238,7 +253,7 @@ class Validator:
             results.setdefault(hotkey, GatherResult(GatherStatus.UNREACHABLE, reason=fault) if fault
                                else GatherResult(GatherStatus.MISSING, reason="no bucket committed"))
 
-        own_probes = collect_probes(node.model, window, hp)
+        own_probes = await asyncio.to_thread(self.compute.probes, window)
         verdicts = {}
         losses: dict[str, LossScores] = {}
         if evaluate:
@@ -263,15 +278,19 @@ class Validator:
         # The outer step with exactly the peer list miners use (consensus: no validator-only filter
         # here; a bad peer leaves the list through its score, at the next replacement).
         chosen = [results[hk].value for hk in peer_list if hk in results and results[hk].ok]
-        step = await asyncio.to_thread(outer_step, node.model, [g for g in chosen if g is not None],
-                                       self.state, hp)
+        step = await asyncio.to_thread(self.compute.outer_step, [g for g in chosen if g is not None],
+                                       self.state, keep_signs=self.is_lead)
         self.state.window = window
+        self.sync.record(window, self.state.global_step)
         if self.is_lead:
             due = window % hp.windows.peer_replacement_frequency == 0 or not peer_list
+            # Replaying windows it missed, the lead never names peers for a window whose gather has
+            # begun: the miners aggregated it with the list in effect then (another list is a fork).
+            due = due and node.clock.now() < node.clock.times(window + 1).gather_start
             await self.publisher.publish(window, step, top if due else None, self.state.global_step,
                                          deadline=max(node.clock.times(window + 1).gather_start,
                                                       node.clock.now() + PUBLISH_MIN_SECONDS))
-        holdout_loss = await asyncio.to_thread(evaluate_loss, node.model, self.holdout, hp.optimizer.micro_batch_size)
+        holdout_loss = await asyncio.to_thread(self.compute.evaluate_loss, self.holdout)
 
         weights_set = False
         if window % hp.windows.windows_per_weights == 0:
@@ -359,7 +378,7 @@ class Validator:
     def _save(self) -> None:
         """State, model and score book in one atomic file; scorebook.json is a readable copy."""
         self.state.extra = {"scorebook": self.book.to_json()}
-        save_node_state(self.node.state_dir / STATE_FILE, self.node.model, {}, self.state)
+        self.compute.save_state(self.node.state_dir / STATE_FILE, self.state)
         self.book.save(self.node.state_dir / BOOK_FILE)
 
     def _log_window(self, window, verdicts, losses, weights, top, miners, step: OuterStep | None,

@@ -16,10 +16,13 @@ __all__ = ["probe_positions", "take_probes"]
 _PERSON = b"templar-probe"
 
 
-def probe_positions(seed: int, window: int, name: str, numel: int, count: int) -> torch.Tensor:
+def probe_positions(seed: int, window: int, name: str, numel: int, count: int, *,
+                    person: bytes = _PERSON) -> torch.Tensor:
     """`count` flat positions in `[0, numel)`, distinct when `numel >= count` (int64, drawn order).
 
     `seed` is a non-negative integer below 2**512 (e.g. a block hash read as an integer).
+    `person` separates independent uses of the same seed (the sync probes, the model fingerprint
+    of `templar.runtime.fingerprint`): at most 16 bytes.
     """
     if not 0 <= seed < 2**512 or window < 0 or numel <= 0 or count <= 0:
         raise ValueError("seed/window must be non-negative, numel and count positive")
@@ -29,7 +32,7 @@ def probe_positions(seed: int, window: int, name: str, numel: int, count: int) -
     seen: set[int] = set()
     counter = 0
     while len(positions) < count:
-        h = hashlib.blake2b(message + counter.to_bytes(8, "little"), key=key, person=_PERSON, digest_size=8)
+        h = hashlib.blake2b(message + counter.to_bytes(8, "little"), key=key, person=person, digest_size=8)
         counter += 1
         pos = int.from_bytes(h.digest(), "little") % numel
         if pos in seen and len(seen) < numel:

@@ -1,0 +1,178 @@
+"""Everything a node computes on its θ, behind one small interface the role loops and catch-up call.
+
+A node is one process (`python neurons/miner.py`) or N ranks under torchrun. The loops never
+touch θ directly: they call `compute_of(node)`, which is
+
+- `LocalCompute` for one process: exactly the 1-process functions (`accumulate_gradients`,
+  `DeMo.step`, `outer_step`, `apply_update`, `save_node_state`, ...), called on the node's
+  model, nothing around them: no process group, no FSDP, no broadcast, hence no slowdown;
+- `templar.distributed.compute.NodeCompute` under torchrun (registered by
+  `templar.distributed.launch`): the same ops over the node's ranks, θ sharded with FSDP2.
+
+The consensus rules live once, below both: `runtime.outer.update_step` and `apply_update` (the
+sharded node calls `apply_update` on each rank's rows), `compress.aggregate`, and the state file's
+`runtime.state.write_state_file` (atomic write with the `.prev` fallback).
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from safetensors.torch import save_file
+from torch import nn
+
+from templar.compress import Compressed, DCTCompressor, DeMo
+from templar.core.atomic import atomic_write
+from templar.core.config import HParams
+from templar.core.model import build_model
+from templar.runtime.fingerprint import model_fingerprint
+from templar.runtime.outer import OuterStep, apply_update, collect_probes, outer_step
+from templar.runtime.state import NodeState, load_node_state_or_previous, save_node_state
+from templar.runtime.train import TrainStats, accumulate_gradients, evaluate_loss, gradients
+from templar.wire import Gradient
+
+__all__ = ["Compute", "LocalCompute", "compute_of", "register_compute"]
+
+
+class Compute(Protocol):
+    """The node's θ and the ops on it (each op runs on all of the node's ranks together)."""
+
+    world_size: int
+
+    def enable_error_feedback(self) -> None:
+        """A miner's: keep DeMo's error-feedback buffers (saved and restored with θ)."""
+
+    def train(self, batch: torch.Tensor, micro_batch_size: int, grad_clip: float | None) -> TrainStats: ...
+
+    def compress(self, lr: float) -> dict[str, Compressed]:
+        """The DeMo step on the accumulated gradients (which it clears): the node's payload."""
+
+    def probes(self, window: int) -> dict[str, torch.Tensor]: ...
+
+    def fingerprint(self, window: int) -> torch.Tensor:
+        """`runtime.fingerprint.model_fingerprint` of θ for `window` (float32, CPU)."""
+
+    def reset_model(self) -> None:
+        """θ ← θ_0 of the run (a re-sync with no checkpoint published yet)."""
+
+    def outer_step(self, gradients: Sequence[Gradient], state: NodeState, *,
+                   keep_signs: bool = True) -> OuterStep | None:
+        """`runtime.outer.outer_step`; `keep_signs=False` lets a sharded node drop the full signs."""
+
+    def apply_update(self, signs: dict[str, torch.Tensor], step: int) -> float:
+        """`runtime.outer.apply_update` of the lead's signs (catch-up)."""
+
+    def evaluate_loss(self, batch: torch.Tensor) -> float: ...
+
+    @property
+    def evaluator(self) -> Any:
+        """An object with the validator's `score_peers` over all ranks, or None: the caller uses
+        its own 1-process `Evaluator` on the node's model."""
+
+    def save_state(self, path: Path, state: NodeState) -> None: ...
+
+    def load_state(self, path: Path) -> tuple[NodeState | None, str]:
+        """Restore θ (and error feedback) from the state file or its `.prev`; (None, "nothing")
+        without a file. Raises ValueError when neither file is usable."""
+
+    def load_model_file(self, path: Path) -> None:
+        """A published checkpoint (CheckpointError before any change when it does not fit)."""
+
+    def write_model_file(self, path: Path) -> None:
+        """θ as the one plain safetensors file any node of any rank count can load."""
+
+
+_BY_MODEL: weakref.WeakKeyDictionary[nn.Module, Compute] = weakref.WeakKeyDictionary()
+
+
+def register_compute(model: nn.Module, compute: Compute) -> None:
+    """Make `compute` the one `compute_of` returns for nodes of `model` (the torchrun launcher)."""
+    _BY_MODEL[model] = compute
+
+
+def compute_of(node: Any) -> Compute:
+    """The node's compute: the registered one (torchrun), else the node's 1-process `LocalCompute`
+    (created on first use, one per model, so every caller shares its error feedback)."""
+    found = _BY_MODEL.get(node.model)
+    if found is None:
+        found = LocalCompute(node.model, node.hp)
+        _BY_MODEL[node.model] = found
+    return found
+
+
+class LocalCompute:
+    """One process: the plain functions on the plain model (see the module doc)."""
+
+    world_size = 1
+    evaluator = None
+
+    def __init__(self, model: nn.Module, hp: HParams) -> None:
+        self.model = model
+        self.hp = hp
+        self.demo: DeMo | None = None
+
+    def enable_error_feedback(self) -> None:
+        if self.demo is None:
+            hp = self.hp
+            self.demo = DeMo(self.model, compressor=DCTCompressor(hp.demo.target_chunk, hp.demo.topk),
+                             decay=hp.demo.momentum_decay)
+
+    @property
+    def error_feedback(self) -> dict[str, torch.Tensor]:
+        return self.demo.buffers if self.demo is not None else {}
+
+    def train(self, batch: torch.Tensor, micro_batch_size: int, grad_clip: float | None) -> TrainStats:
+        return accumulate_gradients(self.model, batch, micro_batch_size, grad_clip)
+
+    def compress(self, lr: float) -> dict[str, Compressed]:
+        if self.demo is None:
+            raise RuntimeError("compress() needs enable_error_feedback() (a miner's op)")
+        compressed = self.demo.step(gradients(self.model), lr)
+        self.model.zero_grad(set_to_none=True)
+        return compressed
+
+    def probes(self, window: int) -> dict[str, torch.Tensor]:
+        return collect_probes(self.model, window, self.hp)
+
+    def fingerprint(self, window: int) -> torch.Tensor:
+        return model_fingerprint(self.model, self.hp.data.data_seed, window)
+
+    def reset_model(self) -> None:
+        self.model.load_state_dict(build_model(self.hp).state_dict())  # deterministic from init_seed
+
+    def outer_step(self, gradients: Sequence[Gradient], state: NodeState, *,
+                   keep_signs: bool = True) -> OuterStep | None:
+        return outer_step(self.model, gradients, state, self.hp)
+
+    def apply_update(self, signs: dict[str, torch.Tensor], step: int) -> float:
+        return apply_update(self.model, signs, step, self.hp)
+
+    def evaluate_loss(self, batch: torch.Tensor) -> float:
+        return evaluate_loss(self.model, batch, self.hp.optimizer.micro_batch_size)
+
+    def save_state(self, path: Path, state: NodeState) -> None:
+        save_node_state(path, self.model, self.error_feedback, state)
+
+    def load_state(self, path: Path) -> tuple[NodeState | None, str]:
+        loaded, source = load_node_state_or_previous(path, self.model)
+        if loaded is None:
+            return None, source
+        state, ef = loaded
+        buffers = self.error_feedback
+        if buffers and set(ef) == set(buffers):
+            for name, t in ef.items():
+                buffers[name].copy_(t)
+        return state, source
+
+    def load_model_file(self, path: Path) -> None:
+        from templar.runtime.sync import load_model_file  # sync imports this module's users
+
+        load_model_file(self.model, path)
+
+    def write_model_file(self, path: Path) -> None:
+        tensors = {k: v.detach().cpu().contiguous() for k, v in self.model.state_dict().items()}
+        atomic_write(path, lambda tmp: save_file(tensors, str(tmp)))

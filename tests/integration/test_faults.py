@@ -1,0 +1,431 @@
+"""Fault injection (issue #15): every honest node ends with the same model, and no window is lost
+or doubled in any record, whatever fails. On virtual time with in-process nodes: a "kill -9" is a
+node's task cancelled with no cleanup at all, then a new node started from its state dir."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections import defaultdict
+
+import pytest
+import torch
+from loguru import logger
+
+from templar.chain import verify_signature
+from templar.comms.keys import gradient_key
+from templar.comms.progress import progress_key
+from templar.core.clock import run_virtual
+from templar.core.schedule import learning_rate
+from templar.miner.hooks import MinerHooks
+from templar.miner.loop import Miner
+from templar.runtime import node as node_module
+from templar.runtime.node import Node
+from templar.runtime.records import (
+    MINER_WINDOWS_FILE,
+    SCORES_FILE,
+    VALIDATOR_WINDOWS_FILE,
+    add_listener,
+    read_records,
+    remove_listener,
+)
+from templar.runtime.sync import STATE_FILE
+from templar.storage import Bucket, StorageError, StorageTimeout
+from templar.validator.loop import BOOK_FILE, Validator
+from templar.wire import read_gradient
+
+from .harness import Subnet, parameters, same_parameters
+
+# `slow` only orders the suite (long tests first, one per xdist worker; tests/conftest.py): both run always.
+pytestmark = [pytest.mark.slow(seconds=20), pytest.mark.timeout(240)]
+
+LIGHT = {"data": {"pages_per_window": 1, "eval_pages": 1}}
+"""One page to train on and one to evaluate per window: these tests are about the mechanics."""
+
+
+class LogLines(list):
+    """Loguru messages at WARNING and above while the context is open."""
+
+    def __enter__(self) -> LogLines:
+        self.handler = logger.add(lambda m: self.append(m.record["message"]), level="WARNING")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        logger.remove(self.handler)
+
+
+async def _windows(lead: Validator, miners: list[Miner], count: int) -> None:
+    for _ in range(count):
+        w = lead.state.window + 1
+        await asyncio.gather(lead.run_window(w), *(m.run_window(w) for m in miners))
+
+
+# ------------------------------------------------------------------ kill -9 at every phase
+
+class Killed(Exception):
+    """What a kill -9 leaves of a node's task: it stops where it is, nothing is saved or closed."""
+
+
+class KillAt(MinerHooks):
+    """Kills its miner once, in `phase` of `window`: "train" (after training, the error feedback
+    already spent), "upload" (the put window open, nothing uploaded) or "step" (the outer step
+    applied in memory, neither recorded nor saved)."""
+
+    def __init__(self, phase: str, window: int) -> None:
+        self.phase, self.window = phase, window
+
+    def _maybe(self, phase: str, window: int) -> None:
+        if (phase, window) == (self.phase, self.window):
+            raise Killed(f"{phase} of window {window}")
+
+    def transform(self, miner, window, values):
+        self._maybe("train", window)
+        return values
+
+    async def before_upload(self, miner, window, payload):
+        self._maybe("upload", window)
+        return payload
+
+    def after_step(self, miner, window):
+        self._maybe("step", window)
+
+
+class Interposed(Bucket):
+    """A real bucket with a fault injector (`before`) in front of every call."""
+
+    def __init__(self, inner: Bucket) -> None:
+        self.inner, self.name = inner, inner.name
+
+    async def before(self, op: str, key: str, timeout: float | None) -> None:
+        """Wait, raise or pass: what the storage server does to this call."""
+
+    async def put(self, key, data, *, timeout=30.0):
+        await self.before("put", key, timeout)
+        await self.inner.put(key, data, timeout=timeout)
+
+    async def fetch(self, key, *, max_bytes, timeout=30.0):
+        await self.before("fetch", key, timeout)
+        return await self.inner.fetch(key, max_bytes=max_bytes, timeout=timeout)
+
+    async def get_range(self, key, start, length, *, timeout=30.0):
+        await self.before("get_range", key, timeout)
+        return await self.inner.get_range(key, start, length, timeout=timeout)
+
+    async def head(self, key, *, timeout=30.0):
+        await self.before("head", key, timeout)
+        return await self.inner.head(key, timeout=timeout)
+
+    async def list(self, prefix="", *, timeout=30.0, limit=100_000):
+        await self.before("list", prefix, timeout)
+        return await self.inner.list(prefix, timeout=timeout, limit=limit)
+
+    async def delete(self, key, *, timeout=30.0):
+        await self.before("delete", key, timeout)
+        await self.inner.delete(key, timeout=timeout)
+
+    async def put_file(self, key, path, *, timeout=None):
+        await self.before("put_file", key, timeout)
+        await self.inner.put_file(key, path, timeout=timeout)
+
+    def _read_range(self, key, start, expect):
+        return self.inner._read_range(key, start, expect)
+
+    async def aclose(self):
+        await self.inner.aclose()
+
+
+class KillOnPut(Interposed):
+    """The lead's own bucket, which kills the lead as it is about to write `key` for the
+    `count`-th time: mid-publication (the aggregate out, the progress record not)."""
+
+    def __init__(self, inner: Bucket, key: str, count: int) -> None:
+        super().__init__(inner)
+        self.key, self.left = key, count
+
+    async def before(self, op, key, timeout):
+        if op == "put" and key == self.key:
+            self.left -= 1
+            if self.left == 0:
+                raise Killed(f"writing {key}")
+
+
+def model_digest(model: torch.nn.Module) -> str:
+    h = hashlib.sha256()
+    for name, t in sorted(model.state_dict().items()):
+        h.update(name.encode())
+        h.update(t.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+class Swarm:
+    """One subnet's nodes as tasks running their real `run` loops on virtual time. `kill` is a
+    kill -9: every task of the node stops where it is (no save, no close); `start` again builds
+    a new node from the same flags and state dir. Every window record any node appends is
+    paired with the sha256 of that node's model at that instant (the window's committed θ)."""
+
+    def __init__(self, subnet: Subnet) -> None:
+        self.subnet = subnet
+        self.roles: dict[str, Miner | Validator] = {}
+        self.tasks: dict[str, asyncio.Task] = {}
+        self.digests: dict[str, dict[int, list[str]]] = defaultdict(lambda: defaultdict(list))
+        self.dead: list[Node] = []
+
+    def on_record(self, path, record) -> None:
+        if path.name in (MINER_WINDOWS_FILE, VALIDATOR_WINDOWS_FILE):
+            name = path.parent.name
+            self.digests[name][record.window].append(model_digest(self.roles[name].node.model))
+
+    async def start(self, name: str, *, hooks: MinerHooks | None = None) -> Miner | Validator:
+        node = await self.subnet.node(name)
+        role = Validator(node) if self.subnet.stakes[name] > 0 else Miner(node, hooks=hooks)
+        self.roles[name] = role
+        self.tasks[name] = asyncio.create_task(role.run(), name=name)
+        return role
+
+    async def kill(self, name: str) -> None:
+        role, task = self.roles[name], self.tasks.pop(name)
+        tasks = [task] + ([role.checkpoints.task] if isinstance(role, Validator) and role.checkpoints.task else [])
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self.dead.append(role.node)
+
+    async def wait_dead(self, name: str) -> None:
+        """Until a hook or bucket has killed `name`."""
+        result = (await asyncio.gather(self.tasks[name], return_exceptions=True))[0]
+        assert isinstance(result, Killed), result
+        await self.kill(name)
+
+    async def stop(self) -> None:
+        for role in self.roles.values():
+            role.node.stop.set()
+        results = await asyncio.gather(*self.tasks.values(), return_exceptions=True)
+        assert not [r for r in results if isinstance(r, BaseException)], results
+        for node in [*(r.node for r in self.roles.values()), *self.dead]:
+            await node.aclose()
+
+
+def test_kill_9_of_the_lead_and_of_a_miner_at_every_phase_forks_nothing(tmp_path):
+    """kill -9 of a miner after training, in the put window and after its outer step; of the lead
+    before a gather and in the middle of its publications, then restarted two windows later, so it
+    replays behind its miners. Every window any honest node committed holds the same θ on all of
+    them, and no record has a window twice (the lead's: none missing either)."""
+    subnet = Subnet.create(tmp_path, {"lead": 100.0, "m0": 0.0, "m1": 0.0}, LIGHT, max_allowed_stale=6)
+    swarm = Swarm(subnet)
+    add_listener(swarm.on_record)
+
+    async def scenario():
+        await swarm.start("lead")
+        await asyncio.sleep(0.5)
+        await swarm.start("m0")
+        first = (await swarm.start("m1")).node.clock.current_window() + 1
+        clock = swarm.roles["lead"].node.clock
+        swarm.roles["m1"].hooks = KillAt("train", first)
+        await swarm.wait_dead("m1")
+        await swarm.start("m1", hooks=KillAt("upload", first + 1))
+        await swarm.wait_dead("m1")
+        await swarm.start("m1", hooks=KillAt("step", first + 2))
+        # the lead, in the same window: killed while it waits for the gather, restarted at once
+        await clock.sleep_until(clock.times(first + 1).gather_start - 0.5)
+        await swarm.kill("lead")
+        lead = await swarm.start("lead")
+        # ... then in the middle of window first+2's publications (its aggregate out, its progress
+        # not), and back a window later: it replays first+2 behind its miners.
+        lead.node.bucket = KillOnPut(lead.node.bucket, progress_key(), count=2)
+        await asyncio.gather(swarm.wait_dead("m1"), swarm.wait_dead("lead"))
+        await swarm.start("m1")
+        await clock.sleep_until(clock.times(first + 3).start + 1.0)
+        await swarm.start("lead")
+        await clock.sleep_until(clock.times(first + 4).end)
+        await swarm.stop()
+
+
+    try:
+        run_virtual(scenario())
+    finally:
+        remove_listener(swarm.on_record)
+    lead_windows = [r["window"] for r in read_records(subnet.root / "nodes" / "lead" / VALIDATOR_WINDOWS_FILE)]
+    assert lead_windows == list(range(lead_windows[0], lead_windows[-1] + 1)), lead_windows
+    for name in ("m0", "m1"):
+        windows = [r["window"] for r in read_records(subnet.root / "nodes" / name / MINER_WINDOWS_FILE)]
+        assert windows == sorted(set(windows)), (name, windows)
+    honest_windows = set().union(*(swarm.digests[n] for n in swarm.digests))
+    assert len(honest_windows) >= 5
+    for window in sorted(honest_windows):
+        seen = {d for n in swarm.digests for d in swarm.digests[n].get(window, [])}
+        assert len(seen) == 1, f"window {window}: {len(seen)} different models " + str(
+            {n: swarm.digests[n].get(window) for n in swarm.digests})
+
+
+# ------------------------------------------------------------------ storage, torn files, forks, hostile peers
+
+class Server:
+    """The one storage server every bucket of the subnet lives on: `up`, `stopped` (SIGSTOP: every
+    call hangs until its own timeout) or `killed` (every call refused at once)."""
+
+    def __init__(self) -> None:
+        self.state = "up"
+
+    async def outage(self, state: str, start: float, end: float, now) -> None:
+        await asyncio.sleep(max(0.0, start - now()))
+        self.state = state
+        await asyncio.sleep(end - start)
+        self.state = "up"
+
+
+class OnServer(Interposed):
+    def __init__(self, inner: Bucket, server: Server) -> None:
+        super().__init__(inner)
+        self.server = server
+
+    async def before(self, op, key, timeout):
+        if self.server.state == "killed":
+            raise StorageError(f"{self.name}/{key}: connection refused")
+        waited = 0.0
+        while self.server.state == "stopped":
+            if timeout is not None and waited >= timeout:
+                raise StorageTimeout(f"{self.name}/{key}: no answer in {timeout:.0f}s")
+            await asyncio.sleep(0.25)
+            waited += 0.25
+
+
+class Digests:
+    """sha256 of each node's model whenever it appends a window record (its committed θ)."""
+
+    def __init__(self, roles: dict[str, Miner | Validator]) -> None:
+        self.roles = roles
+        self.seen: dict[int, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
+
+    def __call__(self, path, record) -> None:
+        if path.name in (MINER_WINDOWS_FILE, VALIDATOR_WINDOWS_FILE):
+            name = path.parent.name
+            self.seen[record.window][name].append(model_digest(self.roles[name].node.model))
+
+    def check(self) -> None:
+        for window, by_node in sorted(self.seen.items()):
+            assert len({d for ds in by_node.values() for d in ds}) == 1, f"window {window}: models differ {by_node}"
+
+
+def foreign_update(role: Miner | Validator) -> None:
+    """θ moved by one update the run never made: ±α on every coordinate."""
+    lr = learning_rate(role.state.global_step, role.hp.optimizer)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in role.node.model.parameters():
+            p.add_(lr * (torch.randint(0, 2, p.shape, generator=g).float() * 2 - 1))
+
+
+def _committed_windows(path) -> list[int]:
+    return [r["window"] for r in read_records(path)]
+
+
+def test_storage_outages_torn_files_a_foreign_model_and_a_hostile_peer_fork_nothing(tmp_path, monkeypatch):
+    """One subnet through a run of faults, each healing before the next:
+    1. a peer commits `local:/etc/passwd` as its bucket (once crashed every node's gather);
+    2. a miner's θ is changed by one foreign update between two windows: at the next window its
+       check fails, it uploads a warm-up payload (weight 0, never scored as a desynced active
+       one), logs one `[SYNC]` line and re-syncs from the lead's checkpoint; a follower
+       validator's too: it re-syncs instead of scoring that window;
+    3. the storage server is stopped (SIGSTOP) across a window's uploads, gathers and
+       publications, then killed across the next window's gather;
+    4. the miner's state file is truncated, the lead's scorebook.json too, and the other miner's
+       state holds a foreign model (whole and valid: a disk that kept the wrong file); all three
+       restart, the last a window later: its catch-up finds the replayed model is not the lead's
+       and re-syncs from the checkpoint.
+    After each window, every honest node's committed θ is the same, and no record has a
+    window twice or (the lead's) misses one."""
+    subnet = Subnet.create(tmp_path, {"lead": 100.0, "follower": 10.0, "m0": 0.0, "victim": 0.0, "hostile": 0.0},
+                           LIGHT)
+    server = Server()
+    real_open = node_module.open_bucket
+    monkeypatch.setattr(node_module, "open_bucket", lambda *a, **kw: OnServer(real_open(*a, **kw), server))
+    roles: dict[str, Miner | Validator] = {}
+    digests = Digests(roles)
+    add_listener(digests)
+
+    async def windows(count: int) -> None:
+        for _ in range(count):
+            w = roles["lead"].state.window + 1
+            await asyncio.gather(*(r.run_window(w) for r in roles.values()))
+
+    async def scenario():
+        hostile = await subnet.node("hostile")
+        await asyncio.to_thread(hostile.chain.commit_bucket, "local:/etc/passwd")
+        roles["lead"] = Validator(await subnet.node("lead"))
+        roles["m0"], roles["victim"] = Miner(await subnet.node("m0")), Miner(await subnet.node("victim"))
+        for role in roles.values():
+            await role.start()
+        await windows(2)
+        lead, victim = roles["lead"], roles["victim"]
+        roles["follower"] = follower = Validator(await subnet.node("follower"))  # for this one window
+        await follower.start()
+
+        # 2. a foreign update in the victim's θ, and in the follower validator's
+        foreign_update(victim)
+        foreign_update(follower)
+        hit = lead.state.window + 1
+        with LogLines() as lines:
+            await windows(1)
+        assert len([line for line in lines if "[SYNC] Our model differs from the lead's" in line]) == 2, lines
+        assert hit not in _committed_windows(follower.node.state_dir / VALIDATOR_WINDOWS_FILE), \
+            "a forked validator scored a window"
+        assert same_parameters(parameters(follower.node), parameters(lead.node)), "the follower did not re-sync"
+        dead = [roles.pop("follower").node]
+        payload = (subnet.root / "buckets" / "victim" / gradient_key(hit)).read_bytes()
+        gradient = read_gradient(payload, victim.node.shapes, victim.hp, run=victim.node.run,
+                                 verify=verify_signature, expected_hotkey=victim.node.hotkey, expected_window=hit)
+        assert gradient.warmup, "an out-of-sync miner uploaded as active"
+        assert same_parameters(parameters(victim.node), parameters(lead.node)), "not re-synced"
+
+        # 3. the storage server stopped, then killed, mid-window
+        clock, w = lead.node.clock, lead.state.window + 1
+        stopped = asyncio.create_task(server.outage("stopped", clock.times(w).end - 0.1,
+                                                    clock.times(w + 1).start + 0.5, clock.now))
+        await windows(1)
+        await stopped
+        killed = asyncio.create_task(server.outage("killed", clock.times(w + 1).gather_start - 0.1,
+                                                   clock.times(w + 1).gather_deadline + 0.5, clock.now))
+        await windows(1)
+        await killed
+        await windows(1)
+
+        # 4. torn files (and a whole but foreign one), then restarts from them
+        state = victim.node.state_dir / STATE_FILE
+        state.write_bytes(state.read_bytes()[:1000])
+        book = lead.node.state_dir / BOOK_FILE
+        book.write_bytes(book.read_bytes()[:10])
+        foreign_update(roles["m0"])
+        roles["m0"].save()
+        dead += [lead.node, victim.node, roles.pop("m0").node]
+        roles["lead"], roles["victim"] = Validator(await subnet.node("lead")), Miner(await subnet.node("victim"))
+        await roles["lead"].start()
+        await roles["victim"].start()
+        await windows(1)  # m0 is down for this one: at its restart, catch-up replays it
+        roles["m0"] = Miner(await subnet.node("m0"))  # (starting a node resets the log handlers)
+        with LogLines() as lines:
+            await roles["m0"].start()
+        assert [line for line in lines if "[SYNC] The replayed model differs from the lead's" in line], lines
+        await windows(1)
+        models = [parameters(r.node) for r in roles.values()]
+        assert all(same_parameters(models[0], m) for m in models[1:])
+        for node in [*(r.node for r in roles.values()), *dead, hostile]:
+            await node.aclose()
+        return hit, hostile.uid
+
+    try:
+        hit, hostile_uid = run_virtual(scenario())
+    finally:
+        remove_listener(digests)
+    digests.check()
+    nodes = subnet.root / "nodes"
+    lead_windows = _committed_windows(nodes / "lead" / VALIDATOR_WINDOWS_FILE)
+    assert lead_windows == list(range(lead_windows[0], lead_windows[-1] + 1)), lead_windows
+    for name, file in (("m0", MINER_WINDOWS_FILE), ("victim", MINER_WINDOWS_FILE), ("follower", VALIDATOR_WINDOWS_FILE)):
+        recorded = _committed_windows(nodes / name / file)
+        assert recorded == sorted(set(recorded)), (name, recorded)
+    victim_records = {r["window"]: r for r in read_records(nodes / "victim" / MINER_WINDOWS_FILE)}
+    assert victim_records[hit]["phase"] == "catchup" and victim_records[hit + 1]["phase"] == "active"
+    assert victim_records[hit]["uploaded"]
+    assert len(digests.seen) >= 8
+    hostile = {r["status"] for r in read_records(nodes / "lead" / SCORES_FILE) if r["uid"] == hostile_uid}
+    assert hostile and hostile <= {"missing", "unreachable"}, hostile  # never a crash, never another's fault
