@@ -131,10 +131,12 @@ def main() -> int:
         assigned = {hk: tiny.pages.batch(tiny.plan.assigned_pages(uid, window, hp.data.pages_per_window)[:n_eval])
                     for hk, uid in PEERS.items()}
         random_batch = tiny.pages.batch(tiny.plan.random_pages(window, hp.data.eval_pages))
-        scores = evaluator.score_peers(signs, assigned, random_batch, g.eval_lr_factor * lr)
+        scores = evaluator.score_peers(signs, assigned, random_batch, g.eval_lr_factor * lr,
+                                       hp.data.sequences_per_page)
         for hotkey, uid in PEERS.items():
             book.get_or_create(hotkey, uid, window)
-        book.record_primary({hk: PrimaryResult(s.delta_assigned, s.delta_rand) for hk, s in scores.items()},
+        book.record_primary({hk: PrimaryResult(s.delta_assigned, s.delta_rand, s.page_deltas)
+                             for hk, s in scores.items()},
                             gamma=g.mu_gamma, beta=g.openskill_beta, tau=g.openskill_tau, margin=g.proof_margin,
                             window=window)
         book.weights(g.power)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import pytest
 
@@ -132,3 +133,32 @@ def test_records_of_another_run_are_refused(maker):
             assert await get_peers(b, 10, run=OTHER_RUN) == (10, ["alice"])
 
     asyncio.run(scenario())
+
+
+def test_commitments_round_trip_and_refuse_garbage(tmp_path) -> None:
+    """Issue 14: a miner's commitment reads back as its digest; a missing one is None; another
+    run's, another window's or a malformed one is a RecordError; `read_commits` maps garbage and
+    absence to b"" (committed nothing) and leaves an unreadable bucket out (not judged)."""
+    from templar.comms.commit import get_commit, put_commit, read_commits
+    from templar.comms.keys import commit_key
+    from templar.storage import LocalBucket
+
+    async def body() -> None:
+        good, other, junk, empty = (LocalBucket(tmp_path / n) for n in ("good", "other", "junk", "empty"))
+        await put_commit(good, 5, b"\x01" * 32, run=RUN)
+        assert await get_commit(good, 5, run=RUN) == b"\x01" * 32
+        assert await get_commit(good, 6, run=RUN) is None
+        with pytest.raises(RecordError):
+            await get_commit(good, 5, run=OTHER_RUN)
+        await put_commit(other, 4, b"\x02" * 32, run=RUN)
+        await other.put(commit_key(5), await other.get(commit_key(4), max_bytes=4096))  # a replayed record
+        with pytest.raises(RecordError):
+            await get_commit(other, 5, run=RUN)
+        await junk.put(commit_key(5), b'{"digest": "' + b"0" * 64 + b'"}')
+        buckets = {"good": good, "other": other, "junk": junk, "empty": empty}
+        found = await read_commits(buckets, 5, run=RUN, deadline=time.time() + 5.0, now=time.time)
+        assert found == {"good": b"\x01" * 32, "other": b"", "junk": b"", "empty": b""}
+        # past the read span nothing is known: nobody is judged on a read that came too late
+        assert await read_commits(buckets, 5, run=RUN, deadline=time.time() - 1.0, now=time.time) == {}
+
+    asyncio.run(body())

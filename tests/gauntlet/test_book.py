@@ -300,3 +300,32 @@ def test_kill_9_during_saves_never_leaves_a_torn_file(tmp_path: Path) -> None:
     book = ScoreBook.load(path)
     assert len(book) >= 4
     assert all(record.primary_evals >= 1 for record in book.peers.values())
+
+
+def test_a_pool_splits_one_score_and_holds_one_top_g_slot() -> None:
+    """Issue 14: hotkeys found sharing work are paid one member's score between them (each its
+    score / pool size) and only the best of them can enter the top-G; the pool is forgotten
+    `POOL_MEMORY` windows after it was last seen."""
+    from templar.gauntlet.book import POOL_MEMORY
+
+    book = ScoreBook()
+    for uid, hotkey in enumerate(["a", "b", "c", "h"]):
+        book.get_or_create(hotkey, uid, 0)
+    results = {hk: PrimaryResult(0.02, 0.01) for hk in ("a", "b", "c", "h")}
+    book.record_primary(results, gamma=0.5, beta=4.1667, tau=0.0833)
+    alone = book.scores()
+    assert len(set(alone.values())) == 1  # everyone did the same: one score
+    book.record_pool(["a", "b", "c"], window=3)
+    pooled = book.scores()
+    for hotkey in "abc":
+        assert pooled[hotkey] == pytest.approx(alone[hotkey] / 3)
+    assert pooled["h"] == alone["h"]
+    weights = book.weights(2.0)
+    assert sum(weights[h] for h in "abc") < weights["h"]  # 3·(s/3)² < s²
+    assert book.top_g(4) == ["h", "a"]  # one slot for the pool (ties by hotkey)
+    restored = ScoreBook.from_json(book.to_json())
+    assert restored.pools() == book.pools() and restored.top_g(4) == ["h", "a"]
+    book.expire_pools(3 + POOL_MEMORY)
+    assert book.pools()
+    book.expire_pools(4 + POOL_MEMORY)
+    assert not book.pools() and book.scores() == alone

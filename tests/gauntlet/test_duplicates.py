@@ -127,3 +127,31 @@ def test_find_copies_scales_to_a_full_window() -> None:
     uploads = [Upload(f"hk{i:03d}", float(i), i.to_bytes(2, "big"), prints[i]) for i in range(256)]
     uploads.append(Upload("late-copy", 999.0, b"other", prints[17] * 3.0))
     assert find_copies(uploads, THRESHOLD) == {"late-copy": "hk017"}
+
+
+def test_pools_link_shared_positions_transitively_and_agree_with_the_pairwise_figure() -> None:
+    """Issue 14: noise on the values hides a pool from the cosine, not from the positions (a
+    member with other values on the same positions joins too), independent payloads stay out,
+    and `find_pools`' matrix of shared positions is `shared_positions` pair by pair."""
+    from templar.gauntlet import find_pools, shared_positions
+    from templar.gauntlet.duplicates import _shared_matrix
+
+    def sparse(seed: int, keep: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        values = _payload(seed)
+        gen = torch.Generator().manual_seed(seed + 1000)
+        return {n: v * (keep[n] if keep is not None else (torch.rand(v.shape, generator=gen) < 0.1))
+                for n, v in values.items()}
+
+    base = sparse(1)
+    keep = {n: v != 0 for n, v in base.items()}
+    noisy = [{n: v * (1 + 2.0 * torch.randn(v.shape, generator=torch.Generator().manual_seed(i)))
+              for n, v in base.items()} for i in range(2)]
+    uploads = [Upload(f"pool{i}", float(i), _digest(v), fingerprint(v), v) for i, v in enumerate(noisy)]
+    uploads += [Upload(f"h{i}", 10.0 + i, _digest(v), fingerprint(v), v) for i, v in ((0, sparse(7)), (1, sparse(8)))]
+    uploads.append(Upload("pool2", 5.0, b"x", fingerprint(sparse(9, keep)), sparse(9, keep)))
+    assert find_pools(uploads, 0.8) == []  # the cosine alone misses it
+    assert find_pools(uploads, 0.8, 0.75) == [["pool0", "pool1", "pool2"]]
+    matrix = _shared_matrix(uploads)
+    for i, a in enumerate(uploads):
+        for j, b in enumerate(uploads):
+            assert matrix[i][j] == pytest.approx(shared_positions(a.canonical, b.canonical))

@@ -52,3 +52,35 @@ def test_a_step_pumper_in_the_top_g_changes_nothing(tmp_path):
     assert steps_applied >= 3 and v.state.global_step == steps_applied  # started at 0: the count, nothing more
     statuses = {r["status"] for r in read_records(v.node.state_dir / SCORES_FILE) if r["hotkey"] == pump.node.hotkey}
     assert "wrong_step" in statuses, statuses
+
+
+def test_work_borrowed_from_the_window_s_uploads_is_uncommitted(tmp_path):
+    """Issue 14: a `partial` miner mixes the other miners' same-window uploads into its own after
+    the put window opens; the lead read every commitment before any upload could count, so the
+    borrowed payload is `uncommitted` while the honest miner's committed one passes."""
+    from templar.localnet.adversaries import Partial
+
+    subnet = Subnet.create(tmp_path, {"lead": 100.0, "m0": 0.0, "partial": 0.0})
+
+    async def scenario():
+        v = Validator(await subnet.node("lead"))
+        m0 = Miner(await subnet.node("m0"))
+        partial = Miner(await subnet.node("partial"), hooks=Partial())
+        await v.start()
+        await m0.start()
+        await partial.start()
+        watcher = asyncio.create_task(v.watch_commits())
+        first = v.state.window + 1
+        for w in range(first, first + 3):
+            await asyncio.gather(v.run_window(w), m0.run_window(w), partial.run_window(w))
+        watcher.cancel()
+        for node in (v.node, m0.node, partial.node):
+            await node.aclose()
+        return v, m0, partial
+
+    v, m0, partial = run_virtual(scenario())
+    records = list(read_records(v.node.state_dir / SCORES_FILE))
+    statuses = {hk: {r["status"] for r in records if r["hotkey"] == hk} for hk in (m0.node.hotkey,
+                                                                                   partial.node.hotkey)}
+    assert statuses[partial.node.hotkey] == {"uncommitted"}, statuses
+    assert statuses[m0.node.hotkey] <= {"ok", "warmup"}, statuses

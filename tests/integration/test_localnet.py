@@ -82,6 +82,43 @@ def test_localnet_pays_honest_work_and_nothing_else(tmp_path):
     assert abs(with_cheats[step] - without[step]) / without[step] < 0.02, (step, with_cheats[step], without[step])
 
 
+PRODUCTION_LIKE = {"data": {"eval_pages": 1}, "gauntlet": {"proof_margin": 0.0}}
+"""What production evaluates that `tiny` does not: one of the two assigned pages, the paper's bare sign."""
+
+
+def test_partial_and_pooled_work_earn_less_than_honest_work(tmp_path):
+    """Issue 14's cheats on the in-process localnet, 3 seeds × {tiny, production-like}: `partial`
+    (1 of 2 pages trained, the rest borrowed from other miners' same-window uploads) earns less
+    than the weakest honest miner, and a `pooled` group of 3 hotkeys (one update on the union of
+    their slots, posted by each with noise) earns less in total than the weakest honest miner.
+    The fewest nodes and windows that show it: 2 honest miners, 3 scored windows after warm-up (with 2,
+    one unlucky coin flip of an honest miner's μ under the paper's bare sign can zero its weight)."""
+    from templar.core.config import PRESETS_DIR
+
+    prod = tmp_path / "production-like.json"
+    prod.write_text(json.dumps({"base": str(PRESETS_DIR / "tiny.json"), "name": "tiny-production-like",
+                                **PRODUCTION_LIKE}))
+    runs = [(setting, seed) for seed in (1, 2, 3) for setting in ("tiny", str(prod))]
+    outs = {run: tmp_path / f"{Path(run[0]).stem}-{run[1]}" for run in runs}
+    for pair in (runs[i:i + 2] for i in range(0, len(runs), 2)):  # two at a time: one per core
+        procs = {run: _localnet(outs[run], ["partial", "pooled"], 2, "--hparams", run[0], "--seed", str(run[1]),
+                                windows=4) for run in pair}
+        for run, proc in procs.items():
+            assert proc.wait(timeout=600) == 0, outs[run].with_suffix(".log").read_text()[-3000:]
+    for run, out in outs.items():
+        report = json.loads((out / "report.json").read_text())
+        assert report["outcome"] == "finished", run
+        miners = {p["name"]: p for p in report["peers"] if p["role"] == "miner"}
+        weight = {name: p["final_weight"] for name, p in miners.items()}
+        summary = json.dumps({"run": run, **{n: (miners[n]["strategy"], round(w, 4)) for n, w in weight.items()}})
+        print(summary)  # the numbers behind docs/scoring.md §8 (pytest -s)
+        weakest = min(w for name, w in weight.items() if miners[name]["strategy"] == "honest")
+        assert weakest > 0, summary  # honest work is paid
+        assert weight["partial0"] < weakest, summary
+        assert sum(w for name, w in weight.items() if miners[name]["strategy"] == "pooled") < weakest, summary
+        assert miners["partial0"]["statuses"].get("uncommitted", 0) >= 2, summary
+
+
 def test_localnet_runs_every_neuron_as_its_own_process(tmp_path):
     """Real time, real processes: the entry points start, join, score, stop cleanly on SIGTERM.
     miner0 runs under torchrun over 2 ranks (FSDP2, gloo) and is paid like the 1-process miner1."""

@@ -61,3 +61,36 @@ def test_norm_outliers_flag_only_shouting_peers():
     peers = {"a": payload(1.0), "b": payload(2.0), "new": payload(1e-3), "shout": payload(1e4)}
     assert norm_outliers(peers, 1000.0) == ["shout"]   # the quiet newcomer is not flagged
     assert norm_outliers({"a": peers["a"], "shout": peers["shout"]}, 1000.0) == []  # too few to judge
+
+
+def test_an_untrained_page_is_credited_nothing_even_when_the_mean_hides_it(tiny_pages):
+    """Issue 14: a peer that trained on 1 of its 2 assigned pages (hard, so the mean of both still
+    shows a clear gap) drew the full +1 from the mean; page by page its untrained page earns no
+    credit, so its credit is about half an honest peer's."""
+    from templar.gauntlet import page_credit
+    from templar.gauntlet.scores import update_mu
+
+    hp = load_hparams("tiny")
+    model = build_model(hp)
+    per_page = hp.data.sequences_per_page
+    trained, untrained = tiny_pages.batch([10]), tiny_pages.batch([11])
+    accumulate_gradients(model, torch.cat([trained, trained, trained]), 8)
+    partial = {n: torch.sign(g) for n, g in gradients(model).items()}
+    model.zero_grad(set_to_none=True)
+    accumulate_gradients(model, torch.cat([trained, untrained]), 8)
+    honest = {n: torch.sign(g) for n, g in gradients(model).items()}
+    model.zero_grad(set_to_none=True)
+    assigned = torch.cat([trained, untrained])
+    scores = Evaluator(model, micro_batch_size=8).score_peers(
+        {"partial": partial, "honest": honest}, {"partial": assigned, "honest": assigned},
+        tiny_pages.batch([500, 501]), 2e-3, per_page)
+    p, h = scores["partial"], scores["honest"]
+    assert len(p.page_deltas) == 2 and abs(sum(p.page_deltas) / 2 - p.delta_assigned) < 1e-5
+    margin = hp.gauntlet.proof_margin
+    # The mean hides the untrained page: judged as one number, the partial worker earns the full credit.
+    assert update_mu(0.0, p.delta_assigned, p.delta_rand, 0.5, margin) == 0.5
+    # Page by page: the trained page earns +1, the untrained one nothing.
+    assert page_credit(p.page_deltas[:1], p.delta_rand, margin) == 1.0
+    assert page_credit(p.page_deltas[1:], p.delta_rand, margin) <= 0.0
+    assert page_credit(p.page_deltas, p.delta_rand, margin) <= 0.5
+    assert page_credit(h.page_deltas, h.delta_rand, margin) == 1.0

@@ -102,3 +102,39 @@ def test_a_payload_claiming_another_step_is_wrong_step(real_peers, probes):
                              sync_max_steps=3.0, duplicate_threshold=0.98, salt=7, expected_step=2)
     assert verdicts["honest"].passed
     assert verdicts["pump"].status == "wrong_step" and not verdicts["pump"].passed
+
+
+def test_a_payload_other_than_its_commitment_is_uncommitted(real_peers, probes):
+    """Issue 14: a payload whose digest is not what the validator read before the window's
+    gradients were readable (borrowed work, or no commitment) fails; an unread peer is not judged."""
+    _, peers = real_peers
+    results = {hk: _ok(_gradient(peers[i], probes, hotkey=hk), 100.0 + i)
+               for i, hk in enumerate(["kept", "changed", "silent", "unread"])}
+    commitments = {"kept": b"kept", "changed": b"something else", "silent": b""}
+    verdicts = fast_evaluate(results, probes, LR, sync_max_steps=3.0, duplicate_threshold=0.98, salt=7,
+                             commitments=commitments)
+    assert verdicts["kept"].passed and verdicts["unread"].passed
+    assert verdicts["changed"].status == verdicts["silent"].status == "uncommitted"
+    assert not verdicts["changed"].passed
+
+
+def test_hotkeys_posting_one_update_with_noise_are_one_pool(real_peers, probes):
+    """The `pooled` attack: one update, per-coefficient noise on each member's values. The noise
+    pushes the cosine below its threshold, but every top-k position is shared: one pool, the
+    earliest member stands for it, the others are `copy`; independent peers stay out."""
+    _, peers = real_peers
+
+    def noisy(seed: int) -> dict[str, Compressed]:
+        g = torch.Generator().manual_seed(seed)
+        return {k: Compressed(c.indices, c.values * (1 + 1.5 * torch.randn(c.values.shape, generator=g)), c.shape,
+                              c.chunk) for k, c in peers[0].items()}
+
+    results = {f"pool{i}": _ok(_gradient(noisy(i), probes, hotkey=f"pool{i}"), 100.0 + i) for i in range(3)}
+    results |= {f"p{i}": _ok(_gradient(peers[i], probes, hotkey=f"p{i}"), 100.5 + i) for i in (1, 2, 3)}
+    strict_cosine = fast_evaluate(results, probes, LR, sync_max_steps=3.0, duplicate_threshold=0.8, salt=7)
+    assert all(v.passed for v in strict_cosine.values()), {h: v.status for h, v in strict_cosine.items()}
+    verdicts = fast_evaluate(results, probes, LR, sync_max_steps=3.0, duplicate_threshold=0.8, salt=7,
+                             shared_positions_threshold=0.75)
+    assert verdicts["pool0"].passed and verdicts["pool0"].pool == ("pool0", "pool1", "pool2")
+    assert [verdicts[f"pool{i}"].status for i in (1, 2)] == ["copy", "copy"]
+    assert all(verdicts[f"p{i}"].passed and not verdicts[f"p{i}"].pool for i in (1, 2, 3))

@@ -16,6 +16,11 @@ def gradient_key(window: int, version: int = PROTOCOL_VERSION) -> str:
     return f"{_root(version)}/gradient/{_window(window)}.safetensors"
 
 
+def commit_key(window: int, version: int = PROTOCOL_VERSION) -> str:
+    """A miner's commitment to its `window` gradient's content digest (issue 14)."""
+    return f"{_root(version)}/commit/{_window(window)}.json"
+
+
 def peers_prefix(version: int = PROTOCOL_VERSION) -> str:
     return f"{_root(version)}/peers/"
 

@@ -116,7 +116,11 @@ class GauntletConfig(_Strict):
     probe_count: int = Field(gt=0, description="parameter values probed per tensor for the sync score")
     openskill_beta: float = Field(gt=0)
     openskill_tau: float = Field(ge=0)
-    duplicate_threshold: float = Field(gt=0, le=1, description="cosine above which two payloads are copies")
+    duplicate_threshold: float = Field(gt=0, le=1, description="fingerprint cosine at which two same-window "
+                                       "payloads share work (calibrated: docs/scoring.md §8)")
+    shared_positions_threshold: float = Field(gt=0, le=1, description="share of top-k positions in common at "
+                                              "which two same-window payloads share work (calibrated: "
+                                              "docs/scoring.md §8)")
     max_norm_ratio: float = Field(gt=1, description="a payload whose value norm exceeds the window's median "
                                   "by this factor fails fast evaluation as 'scale'")
     selection_sharpness: float = Field(default=0.0, ge=0, le=16, description="F_t and S_t favour peers not "

@@ -6,12 +6,21 @@ No model code and no I/O here except `ScoreBook.save`/`load`; the validator comp
 """
 
 from templar.gauntlet.book import PeerRecord, PrimaryResult, ScoreBook, ScoreBookError
-from templar.gauntlet.duplicates import Upload, find_copies, fingerprint
+from templar.gauntlet.duplicates import (
+    Upload,
+    find_copies,
+    find_pools,
+    fingerprint,
+    one_per_pool,
+    shared_positions,
+    shares_work,
+)
 from templar.gauntlet.rating import DEFAULT_RATING, Rating, competition_ranks, loss_rating, rate_match
 from templar.gauntlet.scores import (
     is_synced,
     loss_score,
     normalise,
+    page_credit,
     peer_score,
     penalise,
     sync_steps,
@@ -30,17 +39,22 @@ __all__ = [
     "Upload",
     "competition_ranks",
     "find_copies",
+    "find_pools",
     "fingerprint",
     "is_synced",
     "loss_rating",
     "loss_score",
     "normalise",
+    "one_per_pool",
+    "page_credit",
     "peer_score",
     "penalise",
     "rate_match",
     "select_eval_pages",
     "select_eval_peers",
     "selection_priority",
+    "shared_positions",
+    "shares_work",
     "sync_steps",
     "top_g",
     "update_mu",

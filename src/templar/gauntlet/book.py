@@ -19,6 +19,7 @@ from typing import Annotated, Literal, NamedTuple, Protocol
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from templar.core.atomic import atomic_write
+from templar.gauntlet.duplicates import one_per_pool
 from templar.gauntlet.rating import (
     DEFAULT_RATING,
     loss_rating,
@@ -32,6 +33,10 @@ from templar.gauntlet.scores import normalise, peer_score, penalise, ramped_mu, 
 from templar.gauntlet.scores import top_g as select_top_g
 
 SCHEMA_VERSION = 1
+MAX_POOL = 256
+POOL_MEMORY = 720
+"""Windows a pool is remembered after it was last seen sharing work (about 17 h at 84 s): at 256
+peers and 64 fast evaluations a window, two members are in one F_t only one window in ~16."""
 
 Hotkey = Annotated[str, Field(min_length=1, max_length=64)]
 Finite = Annotated[float, Field(allow_inf_nan=False)]
@@ -57,6 +62,8 @@ class PrimaryResult(NamedTuple):
 
     delta_assigned: float
     delta_rand: float
+    pages: tuple[float, ...] = ()
+    """δ of each evaluated assigned page on its own (empty: judge the mean only); see `page_credit`."""
 
 
 class PeerRecord(BaseModel):
@@ -93,6 +100,9 @@ class PeerRecord(BaseModel):
     relative_delta: float = Field(default=1.0, ge=-1.0, le=4.0, allow_inf_nan=False,
                                   description="EMA of δ_rand / median δ_rand of S_t (relative LossRating)")
     relative_evals: int = Field(default=0, ge=0, description="evaluations in relative_delta")
+    pool: list[Hotkey] = Field(default_factory=list, max_length=MAX_POOL,
+                               description="hotkeys whose uploads shared work with this one (itself included)")
+    pool_window: int | None = Field(default=None, ge=0, description="window the pool was last seen sharing")
 
     @field_validator("last_delta_assigned", "last_delta_rand", "last_sync_steps")
     @classmethod
@@ -283,7 +293,36 @@ class ScoreBook:
         mu = record.mu
         if self._mu_ramp is not None:
             mu = ramped_mu(mu, record.primary_evals, *self._mu_ramp)
-        record.score = peer_score(mu, self._loss_rating(record))
+        # A pool's members split one member's score (issue 14): n hotkeys sharing one piece of work
+        # earn n·(s/n)^c ≤ s^c of the normalisation, never more than one hotkey doing all of it.
+        record.score = peer_score(mu, self._loss_rating(record)) / max(1, len(record.pool))
+
+    def record_pool(self, members: Iterable[str], window: int) -> None:
+        """Remember that `members` (hotkeys in the book) shared work in `window`: each is paid its
+        score divided by the pool's size and the pool holds one top-G slot, for `POOL_MEMORY`
+        windows after it was last seen (pools seen again merge)."""
+        group = sorted({h for h in members if h in self._peers})
+        if len(group) < 2:
+            return
+        merged = set(group)
+        for hotkey in group:
+            merged |= {h for h in self._peers[hotkey].pool if h in self._peers}
+        pool = sorted(merged)[:MAX_POOL]
+        for hotkey in pool:
+            record = self._peers[hotkey]
+            record.pool, record.pool_window = pool, window
+            self._rescore(record)
+
+    def expire_pools(self, window: int, memory: int = POOL_MEMORY) -> None:
+        """Forget pools not seen sharing work for more than `memory` windows."""
+        for record in self._peers.values():
+            if record.pool and record.pool_window is not None and window - record.pool_window > memory:
+                record.pool, record.pool_window = [], None
+                self._rescore(record)
+
+    def pools(self) -> dict[str, list[str]]:
+        """Each pooled hotkey's pool (itself included)."""
+        return {hotkey: list(record.pool) for hotkey, record in self._peers.items() if record.pool}
 
     def staleness(self, window: int, newcomer_evals: int = 0) -> dict[str, float]:
         """Windows since each peer's last primary evaluation; peers never evaluated are absent.
@@ -331,10 +370,11 @@ class ScoreBook:
 
         One OpenSkill match among all of `results` ranked by δ_rand, then each peer's μ update
         from sign(δ_assigned − δ_rand) (softened by `margin` against the window's median
-        LossScore, see `update_mu`), then its PeerScore. With the relative LossRating set
-        (`set_loss_rating`), each peer's relative LossScore (δ_rand over the window's median) also
-        enters its EMA and the window's spread enters the book's noise estimate. Every hotkey must
-        already be in the book. Validation happens before any state changes, so a bad call leaves the book intact.
+        LossScore, see `update_mu`; page by page when the result carries its pages' δs), then its
+        PeerScore. With the relative LossRating set (`set_loss_rating`), each peer's relative
+        LossScore (δ_rand over the window's median) also enters its EMA and the window's spread
+        enters the book's noise estimate. Every hotkey must already be in the book. Validation
+        happens before any state changes, so a bad call leaves the book intact.
         """
         records = {hotkey: self._require(hotkey) for hotkey in results}
         for hotkey, result in results.items():
@@ -348,7 +388,8 @@ class ScoreBook:
         )
         scale = window_loss_scale(results.values())
         new_mus = {
-            hotkey: update_mu(records[hotkey].mu, result.delta_assigned, result.delta_rand, gamma, margin, scale)
+            hotkey: update_mu(records[hotkey].mu, result.delta_assigned, result.delta_rand, gamma, margin, scale,
+                              pages=result.pages)
             for hotkey, result in results.items()
         }
         relative = relative_loss_scores({hotkey: result.delta_rand for hotkey, result in results.items()})
@@ -395,9 +436,10 @@ class ScoreBook:
         """SelectTopG: the `g` best PeerScores > 0, ties by hotkey.
 
         Equal to ranking by x from `weights(power)`, which is a strictly increasing function
-        of the score (floor 0, power > 0), and independent of the power.
+        of the score (floor 0, power > 0), and independent of the power. A pool of hotkeys that
+        shared work holds one slot: only its best member is eligible (`one_per_pool`).
         """
-        return select_top_g(self.scores(), g)
+        return select_top_g(one_per_pool(self.scores(), self.pools()), g)
 
     # ---- persistence --------------------------------------------------------------------
 

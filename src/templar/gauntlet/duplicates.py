@@ -36,6 +36,8 @@ class Upload:
     """Hash of the payload bytes (e.g. sha256); equal digests are identical payloads."""
     fingerprint: torch.Tensor
     """`fingerprint(...)` of the decoded payload; all uploads in one call share its length."""
+    canonical: Mapping[str, torch.Tensor] | None = None
+    """The position-canonical values the fingerprint was made from (for `shared_positions`)."""
 
 
 def _hash_params(name: str) -> tuple[int, int, int, int]:
@@ -81,44 +83,120 @@ def fingerprint(values: Mapping[str, torch.Tensor], size: int = 1024) -> torch.T
     return sketch / total if total > 0 else sketch
 
 
-def find_copies(uploads: Sequence[Upload], threshold: float) -> dict[str, str]:
-    """Map each copying hotkey to the hotkey it copied, among one window's uploads.
+def shared_positions(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor]) -> float:
+    """Share of kept (non-zero) positions two position-canonical payloads have in common, over
+    the tensors both name: |A ∩ B| / min(|A|, |B|), 0.0 when either keeps nothing.
 
-    Two uploads from different hotkeys match when their digests are equal or the cosine of
-    their fingerprints is ≥ `threshold`. Uploads are ordered by (timestamp, hotkey); an upload
-    that matches any earlier one loses to the earliest it matches. The cosine matrix is one
-    n×n matmul (fine for the few hundred uploads a window holds).
+    Two independent updates keep largely different top-k coefficients (about 6 % in common on
+    the tiny preset); two noisy copies of one update keep exactly the same ones, whatever noise
+    was put on the values. Unlike the cosine, re-weighting values cannot lower it.
     """
-    if not 0.0 < threshold <= 1.0:
-        raise ValueError(f"find_copies: threshold must be in (0, 1], got {threshold!r}")
+    common = kept_a = kept_b = 0
+    for name in sorted(set(a) & set(b)):
+        za, zb = a[name].reshape(-1) != 0, b[name].reshape(-1) != 0
+        if za.numel() != zb.numel():
+            raise ValueError(f"shared_positions: tensor {name} differs in length")
+        common += int((za & zb).sum())
+        kept_a += int(za.sum())
+        kept_b += int(zb.sum())
+    smaller = min(kept_a, kept_b)
+    return common / smaller if smaller else 0.0
+
+
+def shares_work(cosine: float, shared: float, cosine_threshold: float, shared_threshold: float) -> bool:
+    """THE shared-work rule: two same-window payloads share work when their fingerprints' cosine
+    or the share of top-k positions they have in common reaches its threshold.
+
+    Both thresholds are calibrated on the measured honest distribution (`benchmarks/similarity.py`,
+    docs/scoring.md §8): honest pairs of independent miners, each seeing the other's work only
+    through the aggregate, stay far below them (tiny preset: cosine ≤ 0.25, positions ≤ 15 % over
+    the validator's sample), while two hotkeys posting one update with noise on the values keep
+    every position. Either figure alone suffices: noise on the values lowers the cosine but
+    not the positions, and re-choosing positions lowers both but throws the update away.
+    """
+    return cosine >= cosine_threshold or shared >= shared_threshold
+
+
+def find_pools(uploads: Sequence[Upload], cosine_threshold: float,
+               shared_threshold: float = math.inf) -> list[list[str]]:
+    """Groups of hotkeys whose uploads share work (identical digests or `shares_work`), among one
+    window's uploads: the connected components of size ≥ 2, each ordered by (timestamp, hotkey),
+    so its first member is the earliest upload; groups ordered by their first member.
+    """
+    if not 0.0 < cosine_threshold <= 1.0:
+        raise ValueError(f"find_pools: cosine threshold must be in (0, 1], got {cosine_threshold!r}")
+    if not shared_threshold > 0.0:
+        raise ValueError(f"find_pools: shared-positions threshold must be > 0, got {shared_threshold!r}")
     if len(uploads) < 2:
-        return {}
+        return []
     hotkeys = [upload.hotkey for upload in uploads]
     if len(set(hotkeys)) != len(hotkeys):
-        raise ValueError("find_copies: more than one upload for the same hotkey")
+        raise ValueError("find_pools: more than one upload for the same hotkey")
     for upload in uploads:
         if not math.isfinite(upload.timestamp):
-            raise ValueError(f"find_copies: non-finite timestamp for {upload.hotkey}")
+            raise ValueError(f"find_pools: non-finite timestamp for {upload.hotkey}")
     ordered = sorted(uploads, key=lambda upload: (upload.timestamp, upload.hotkey))
     lengths = {upload.fingerprint.numel() for upload in ordered}
     if len(lengths) != 1:
-        raise ValueError(f"find_copies: fingerprints differ in length: {sorted(lengths)}")
-
+        raise ValueError(f"find_pools: fingerprints differ in length: {sorted(lengths)}")
     prints = torch.stack([u.fingerprint.detach().to("cpu", torch.float64).reshape(-1) for u in ordered])
     if not bool(torch.isfinite(prints).all()):
-        raise ValueError("find_copies: non-finite fingerprint")
+        raise ValueError("find_pools: non-finite fingerprint")
     norms = torch.linalg.vector_norm(prints, dim=1, keepdim=True)
     unit = torch.where(norms > 0, prints / norms.clamp_min(1e-300), torch.zeros_like(prints))
-    similar = (unit @ unit.T) >= threshold
+    cosine = (unit @ unit.T).tolist()
 
-    digest_group: dict[bytes, int] = {}
-    groups = torch.tensor([digest_group.setdefault(u.digest, len(digest_group)) for u in ordered])
-    identical = groups.unsqueeze(0) == groups.unsqueeze(1)
+    parent = list(range(len(ordered)))
 
-    earlier_match = torch.tril(similar | identical, diagonal=-1)
-    has_match = earlier_match.any(dim=1)
-    first = earlier_match.to(torch.int8).argmax(dim=1)  # argmax returns the first maximal index
-    return {
-        ordered[i].hotkey: ordered[int(first[i])].hotkey
-        for i in torch.nonzero(has_match).flatten().tolist()
-    }
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    shared = _shared_matrix(ordered) if math.isfinite(shared_threshold) else None
+    for i in range(len(ordered)):
+        for j in range(i):
+            a, b = ordered[i], ordered[j]
+            if a.digest == b.digest or shares_work(cosine[i][j], shared[i][j] if shared else 0.0,
+                                                   cosine_threshold, shared_threshold):
+                parent[root(i)] = root(j)
+    groups: dict[int, list[str]] = {}
+    for i, upload in enumerate(ordered):
+        groups.setdefault(root(i), []).append(upload.hotkey)
+    return [members for members in groups.values() if len(members) > 1]
+
+
+def _shared_matrix(uploads: Sequence[Upload]) -> list[list[float]] | None:
+    """`shared_positions` of every pair at once (one matmul of the kept-position masks); None
+    unless every upload carries canonical values over the same tensors and lengths."""
+    if any(u.canonical is None for u in uploads):
+        return None
+    names = sorted(uploads[0].canonical)  # type: ignore[arg-type]
+    try:
+        masks = torch.stack([torch.cat([u.canonical[n].reshape(-1) != 0 for n in names])  # type: ignore[index]
+                             for u in uploads]).to(torch.float64)
+    except (KeyError, RuntimeError):
+        return None  # tensors or lengths differ: no position figure rather than a wrong one
+    common = masks @ masks.T
+    kept = masks.sum(dim=1)
+    smaller = torch.minimum(kept.unsqueeze(0), kept.unsqueeze(1))
+    return torch.where(smaller > 0, common / smaller.clamp_min(1), torch.zeros_like(common)).tolist()
+
+
+def one_per_pool(scores: Mapping[str, float], pools: Mapping[str, Sequence[str]]) -> dict[str, float]:
+    """`scores` with only the best-scoring member of each pool (ties by hotkey) left in: a group
+    of hotkeys that share work occupies one top-G slot. `pools` maps a hotkey to its group (itself
+    included); a hotkey in no pool is kept."""
+    out = {}
+    for hotkey, score in scores.items():
+        group = {hotkey, *(h for h in pools.get(hotkey, ()) if h in scores)}
+        if min(group, key=lambda h: (-scores[h], h)) == hotkey:
+            out[hotkey] = score
+    return out
+
+
+def find_copies(uploads: Sequence[Upload], threshold: float, shared_threshold: float = math.inf) -> dict[str, str]:
+    """Map each copying hotkey to the hotkey it copied, among one window's uploads: in each group
+    of `find_pools`, every member but the earliest upload maps to that earliest one."""
+    return {member: pool[0] for pool in find_pools(uploads, threshold, shared_threshold) for member in pool[1:]}

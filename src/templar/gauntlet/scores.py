@@ -8,7 +8,7 @@ a model: the validator computes losses and hands the numbers in.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import torch
 
@@ -62,8 +62,38 @@ def _sign(x: float) -> float:
     return 1.0 if x > 0 else -1.0 if x < 0 else 0.0
 
 
+def _direction(delta_assigned: float, delta_rand: float, margin: float, scale: float) -> float:
+    """One comparison of δ_assigned with δ_rand in [−1, 1] (the soft sign of `update_mu`)."""
+    if math.isnan(delta_assigned):
+        raise ValueError("NaN LossScore (loss_score never produces NaN; this is a caller bug)")
+    if not (math.isfinite(delta_assigned) and math.isfinite(delta_rand)):
+        return -1.0
+    gap = delta_assigned - delta_rand
+    zone = margin * max((abs(delta_assigned) + abs(delta_rand)) / 2.0, scale)
+    if zone > 0:
+        excess = (abs(gap) - zone / 2.0) / (zone / 2.0)
+        return math.copysign(min(1.0, excess), gap) if excess > 0 else 0.0
+    return _sign(gap)
+
+
+def page_credit(page_deltas: Sequence[float], delta_rand: float, margin: float = 0.0, scale: float = 0.0) -> float:
+    """Proof-of-computation credit of one evaluation, page by page: the mean of each evaluated
+    assigned page's own comparison with δ_rand (issue 14).
+
+    The mean δ over the assigned pages hid an untrained page: a peer that trained hard on one of
+    its two pages still showed a clear mean gap and drew the full +1. Judged separately, a trained
+    page earns its +1 and an untrained one earns nothing on average (a coin flip with margin 0,
+    about 0 with a margin), so the credit scales with the share of pages trained. With one
+    evaluated page (production) this is exactly the paper's sign.
+    """
+    if not page_deltas:
+        raise ValueError("page_credit: no pages")
+    return math.fsum(_direction(d, delta_rand, margin, scale) for d in page_deltas) / len(page_deltas)
+
+
 def update_mu(
-    mu: float, delta_assigned: float, delta_rand: float, gamma: float, margin: float = 0.0, scale: float = 0.0
+    mu: float, delta_assigned: float, delta_rand: float, gamma: float, margin: float = 0.0, scale: float = 0.0,
+    pages: Sequence[float] | None = None,
 ) -> float:
     """Proof of computation (paper eq. 3): μ ← γμ + (1−γ)·sign(δ_assigned − δ_rand).
 
@@ -87,6 +117,9 @@ def update_mu(
     update barely moves the loss (noise, a zero update) has tiny δs, so its own scale would turn
     pure noise into "large" relative gaps; against the window's scale those gaps earn nothing.
     Taking the larger keeps a window of such peers from shrinking everyone's zone.
+
+    `pages` (beyond the paper): the δ of each evaluated assigned page; when given, the credit is
+    `page_credit` (each page compared with δ_rand on its own) instead of the mean's comparison.
     """
     if not 0.0 <= gamma < 1.0:
         raise ValueError(f"update_mu: gamma must be in [0, 1), got {gamma!r}")
@@ -96,16 +129,10 @@ def update_mu(
         raise ValueError(f"update_mu: scale must be finite and >= 0, got {scale!r}")
     if math.isnan(mu) or math.isnan(delta_assigned) or math.isnan(delta_rand):
         raise ValueError("update_mu: NaN input (loss_score never produces NaN; this is a caller bug)")
-    if math.isfinite(delta_assigned) and math.isfinite(delta_rand):
-        gap = delta_assigned - delta_rand
-        zone = margin * max((abs(delta_assigned) + abs(delta_rand)) / 2.0, scale)
-        if zone > 0:
-            excess = (abs(gap) - zone / 2.0) / (zone / 2.0)
-            direction = math.copysign(min(1.0, excess), gap) if excess > 0 else 0.0
-        else:
-            direction = _sign(gap)
+    if pages:
+        direction = page_credit(pages, delta_rand, margin, scale)
     else:
-        direction = -1.0
+        direction = _direction(delta_assigned, delta_rand, margin, scale)
     return gamma * mu + (1.0 - gamma) * direction
 
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from templar.comms.keys import gradient_key
+from templar.compress import Compressed
 from templar.core.log import context, short
 from templar.miner.hooks import MinerHooks
 from templar.runtime.outer import payload_reader
@@ -172,20 +173,111 @@ class Duplicate(Copycat):
         super().__init__(target, delay=0.0)
 
 
+def _dense(c: Compressed) -> torch.Tensor:
+    """A payload's coefficients at their positions, [n_chunks, chunk_numel], L2-normalised."""
+    dense = torch.zeros(c.indices.shape[0], c.plan.chunk_numel, dtype=torch.float32)
+    dense.scatter_(1, c.indices.cpu(), c.values.float().cpu())
+    return dense / torch.linalg.vector_norm(dense).clamp_min(1e-12)
+
+
+def _top_k(dense: torch.Tensor, like: Compressed) -> Compressed:
+    """The `k` largest |coefficients| of each chunk of `dense`, indices ascending (as the wire wants)."""
+    idx = dense.abs().topk(like.k, dim=1).indices.sort(dim=1).values
+    return Compressed(indices=idx, values=dense.gather(1, idx), shape=like.shape, chunk=like.chunk)
+
+
+class Partial(MinerHooks):
+    """Trains on 1 of its assigned pages and fills the rest of its update with a mix of the other
+    miners' same-window updates (read as they land in the put window), hoping to be paid for
+    work it borrowed. The red team's cheat of issue 14: it out-earned every honest miner while the
+    LossScore averaged the assigned pages and nothing bound a payload to work done before the
+    window's payloads were readable."""
+
+    name = "partial"
+    own_share = 0.5
+    """The own update's share of the mix (its 1 page of 2); the rest is the others' mean."""
+
+    def pages(self, miner, window, pages):
+        return pages[:1]
+
+    async def before_upload(self, miner, window, payload):
+        node, hp = miner.node, miner.hp
+        await asyncio.sleep(min(2.0, hp.windows.put_window_seconds / 3))
+        read = payload_reader(node.shapes, hp, window, node.run)
+        own = read(node.hotkey, payload)
+        validators = {n.hotkey for n in await node.neurons() if n.validator_permit}
+        buckets = await node.peer_buckets()
+        others = []
+        for hotkey in sorted(buckets):
+            if hotkey in (node.hotkey, *validators):
+                continue
+            try:
+                data = await buckets[hotkey].get(gradient_key(window), max_bytes=miner.max_bytes, timeout=2.0)
+                others.append(read(hotkey, data))
+            except (StorageError, PayloadError):
+                continue
+        if not others:
+            return payload
+        mixed = {}
+        for name, c in own.tensors.items():
+            borrowed = sum(_dense(o.tensors[name]) for o in others) / len(others)
+            mix = _top_k(self.own_share * _dense(c) + (1 - self.own_share) * borrowed, c)
+            scale = float(torch.linalg.vector_norm(c.values.float())) / max(
+                float(torch.linalg.vector_norm(mix.values)), 1e-12)  # its own loudness: no `scale` verdict
+            mixed[name] = Compressed(mix.indices, mix.values * scale, mix.shape, mix.chunk)
+        context(window=window, phase="partial").info(f"mixing in {len(others)} peers' updates")
+        return write_gradient(mixed, own.probes, window=window, hotkey=node.hotkey, hp=hp, run=node.run,
+                              sign=node.chain.sign, global_step=own.global_step, warmup=own.warmup)
+
+
+class Pooled(MinerHooks):
+    """One operator, several hotkeys (`uids`): each trains on the union of all members' assigned
+    pages (the same batch from the same model and the same error feedback, so the same update a
+    single GPU would compute once) and posts it with its own per-coefficient noise, hoping each
+    member is paid like a peer with the whole group's data. The operator's sharing of pages happens
+    here, on the localnet's side: the production miner knows nothing of it."""
+
+    name = "pooled"
+    noise = 0.33
+    """Relative per-coefficient noise: pairs of members land at cosine about 1/(1 + 0.33²) = 0.9."""
+
+    def __init__(self, uids: list[int] | None = None) -> None:
+        self.uids = sorted(uids or [])
+
+    def pages(self, miner, window, pages):
+        n = miner.hp.data.pages_per_window
+        members = self.uids or [miner.node.uid]
+        return [p for uid in members for p in miner.node.plan.assigned_pages(uid, window, n)]
+
+    def transform(self, miner, window, values):
+        g = torch.Generator().manual_seed(window * 1_000_003 + miner.node.uid)
+        return {k: v * (1 + self.noise * torch.randn(v.shape, generator=g)) for k, v in values.items()}
+
+
 ADVERSARIES: dict[str, type[MinerHooks]] = {
     "lazy": Lazy, "scaled": Scaled, "signflip": SignFlip, "noise": Noise, "freerider": FreeRider,
     "late": Late, "desync": Desync, "copycat": Copycat, "duplicate": Duplicate, "steppump": StepPump,
+    "partial": Partial, "pooled": Pooled,
 }
 """Every adversary by name. `duplicate` is started by the localnet as an honest twin plus this
-copier; `moredata` (the localnet's extra-work miner) is the production miner with `--extra-pages`."""
+copier, `pooled` as a group of `POOL_SIZE` hotkeys; `moredata` (the localnet's extra-work miner)
+is the production miner with `--extra-pages`."""
+
+POOL_SIZE = 3
+"""Hotkeys in each `pooled` group the localnet starts."""
 
 LOCALNET_BEHAVIOURS = frozenset({*ADVERSARIES, "moredata"})
 """What `templar localnet --adversary NAME` accepts."""
 
 
-def make_adversary(name: str, *, target: str | None = None) -> MinerHooks:
-    """The hooks of adversary `name` (`target`: the hotkey a copier copies)."""
+def make_adversary(name: str, *, target: str | None = None, pool: list[int] | None = None) -> MinerHooks:
+    """The hooks of adversary `name` (`target`: the hotkey a copier copies; `pool`: the uids of a
+    `pooled` group, this miner's included)."""
     if name not in ADVERSARIES:
         raise ValueError(f"unknown adversary {name!r}; choose from {', '.join(sorted(ADVERSARIES))}")
     cls = ADVERSARIES[name]
-    return cls(target) if issubclass(cls, Copycat) else cls()
+    if issubclass(cls, Copycat):
+        return cls(target)
+    if cls is Pooled:
+        return Pooled(pool)
+    return cls()

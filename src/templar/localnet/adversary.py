@@ -24,6 +24,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--strategy", required=True, choices=sorted(ADVERSARIES))
     parser.add_argument("--copy.hotkey", dest="copy_hotkey", default=None,
                         help="copycat/duplicate: the hotkey whose payload to re-post")
+    parser.add_argument("--pool.uids", dest="pool_uids", default=None,
+                        help="pooled: comma-separated uids of the operator's group (this miner's included)")
     return parser.parse_args(argv)
 
 
@@ -32,7 +34,8 @@ def main(argv: list[str] | None = None) -> int:
     from templar.miner.loop import Miner
     from templar.runtime.node import run_node
 
-    hooks = make_adversary(args.strategy, target=args.copy_hotkey)
+    pool = [int(u) for u in args.pool_uids.split(",")] if args.pool_uids else None
+    hooks = make_adversary(args.strategy, target=args.copy_hotkey, pool=pool)
     return run_node(args, "miner", lambda node: Miner(node, hooks=hooks).run(args.windows))
 
 

@@ -53,7 +53,8 @@ async def _run_all(net: Localnet) -> str:
         if info.role == "validator":
             roles[info.name] = Validator(node)
         else:
-            hooks = make_adversary(info.strategy, target=net.copy_target(info)) if is_adversary(info) else None
+            hooks = (make_adversary(info.strategy, target=net.copy_target(info), pool=net.pool_uids(info))
+                     if is_adversary(info) else None)
             roles[info.name] = Miner(node, extra_pages=net.extra_pages(info), hooks=hooks)
     # Validators first: the lead publishes the run's start window before any miner looks for it.
     validators = [info for info in nodes if info.role == "validator"]

@@ -86,6 +86,11 @@ def plan_nodes(cfg: LocalnetConfig) -> list[tuple[str, str, str, float]]:
         for i in range(count):
             if name == "duplicate":
                 nodes.append((f"dup{i}-twin", "miner", "honest", 0.0))
+            if name == "pooled":  # one operator's group of hotkeys
+                from templar.localnet.adversaries import POOL_SIZE
+
+                nodes += [(f"pooled{i}-{j}", "miner", name, 0.0) for j in range(POOL_SIZE)]
+                continue
             nodes.append((f"{name}{i}", "miner", name, 0.0))
     return nodes
 
@@ -166,6 +171,13 @@ class Localnet:
             return None
         return next(n for n in self.nodes if n.name == node.name.replace("duplicate", "dup") + "-twin").hotkey
 
+    def pool_uids(self, node: NodeInfo) -> list[int] | None:
+        """The uids of a `pooled` miner's group (its own included): the pages its operator shares."""
+        if node.strategy != "pooled":
+            return None
+        group = node.name.rpartition("-")[0]
+        return sorted(n.uid for n in self.nodes if n.strategy == "pooled" and n.name.rpartition("-")[0] == group)
+
     def ranks(self, node: NodeInfo) -> int:
         """How many torchrun ranks run this node: `miner_ranks` for honest miner0, `validator_ranks`
         for the lead validator0, else 1."""
@@ -184,6 +196,8 @@ class Localnet:
             cmd += ["-m", "templar.localnet.adversary", "--strategy", node.strategy]
             if (target := self.copy_target(node)) is not None:
                 cmd += ["--copy.hotkey", target]
+            if (pool := self.pool_uids(node)) is not None:
+                cmd += ["--pool.uids", ",".join(map(str, pool))]
         else:
             cmd += [str(REPO_ROOT / "neurons" / f"{node.role}.py")]
             if extra := self.extra_pages(node):

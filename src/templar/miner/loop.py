@@ -10,6 +10,7 @@ import asyncio
 import time
 
 from templar.comms import RecordError, get_peers, put_gradient
+from templar.comms.commit import put_commit
 from templar.comms.keys import gradient_key
 from templar.core.log import context
 from templar.core.schedule import learning_rate
@@ -26,7 +27,7 @@ from templar.runtime.records import (
 from templar.runtime.state import NodeState
 from templar.runtime.sync import STATE_FILE, Phase, ResyncError, SyncCheck, catch_up, restore, resync
 from templar.storage import StorageError
-from templar.wire import max_gradient_bytes, write_gradient
+from templar.wire import gradient_digest, max_gradient_bytes, write_gradient
 
 MAX_FAILED_UPLOADS = 5
 """Consecutive windows whose upload our own bucket refused before the miner stops (`OwnBucketError`)."""
@@ -121,6 +122,7 @@ class Miner:
         # A node that cannot show it holds the run's model uploads with weight 0 (a warm-up payload).
         in_sync = not self.hooks.checks_sync or (not self.resync_pending and await self.sync.check(window, self.state))
         payload = await asyncio.to_thread(self._compress_and_encode, window, not in_sync)
+        await self._commit(window, payload)
         busy = time.perf_counter() - busy_started
 
         # Upload inside the put window: it opens when the next window's first block lands. A stop
@@ -191,6 +193,23 @@ class Miner:
         self.resync_pending = False
         self.sync.record(self.state.window, self.state.global_step)
         return True
+
+    async def _commit(self, window: int, payload: bytes) -> None:
+        """Commit to the payload's digest before any gradient of the window is readable
+        (`templar.comms.commit`): without it validators fail the upload as `uncommitted`."""
+        node = self.node
+        log = context(window=window, phase=self.phase)
+        close = node.clock.times(window).commit_close
+        left = close - node.clock.now()
+        if left <= 0:
+            log.warning(f"commitment deadline passed {-left:.1f}s ago (training overran): this window's "
+                        "upload will fail fast evaluation as 'uncommitted'")
+            return
+        try:
+            await put_commit(node.bucket, window, gradient_digest(payload, node.shapes), run=node.run,
+                             timeout=left)
+        except StorageError as exc:
+            log.warning(f"commitment upload failed: {exc}")
 
     def pages(self, window: int) -> list[int]:
         """This window's assigned pages, plus `extra_pages` unassigned ones."""

@@ -5,6 +5,8 @@ in the put window `[t(first block of w+1), + put_window_seconds]`, widened by `c
 at both ends. Every node starts gathering window `w` only once the last acceptable timestamp has
 passed (plus `SETTLE_SECONDS` for the object to become visible), so all honest readers see the
 same set of uploads and aggregate the same update. A gather never runs past `gather_seconds`.
+A miner commits to its gradient's digest by `commit_close`, before any gradient of the window can
+be readable, and validators read the commitments in `commit_read` (`templar.comms.commit`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,9 @@ from templar.core.config import WindowConfig
 
 SETTLE_SECONDS = 0.25
 """Time for an upload stamped at the last acceptable instant to become visible to readers."""
+COMMIT_READ_SECONDS = 4.0
+"""How long validators have to read the window's commitments before any gradient can count (at
+most half the put window, so runs with short windows, tests and `tiny`, leave miners time to train)."""
 
 
 @dataclass(frozen=True)
@@ -26,14 +31,23 @@ class WindowTimes:
 
     window: int
     start: float            # first block of w
-    end: float              # first block of w+1: training of w stops, put window opens
+    end: float              # first block of w+1: the put window opens (training stopped by commit_close)
     put_close: float        # end + put_window_seconds: later uploads are 'late'
     gather_start: float     # put_close + clock skew + settle: every reader sees the same uploads
     gather_deadline: float  # gather_start + gather_seconds: nobody waits past this
+    commit_close: float     # end − clock skew − read span: a miner's commitment is written by then
+    skew: float             # the clock-skew allowance these landmarks were computed with
 
     @property
     def put_window(self) -> tuple[float, float]:
         return (self.end, self.put_close)
+
+    @property
+    def commit_read(self) -> tuple[float, float]:
+        """When validators read the commitments: from `commit_close` (+ settle) to the earliest
+        instant a gradient of the window can be stamped and still count (end − clock skew), so
+        every commitment read was written before any gradient it could borrow from was readable."""
+        return (self.commit_close + SETTLE_SECONDS, self.end - self.skew)
 
 
 class Clock:
@@ -74,4 +88,7 @@ class Clock:
         end = self._block_timestamp(self.first_block(window + 1))
         put_close = end + self.cfg.put_window_seconds
         gather_start = put_close + self.cfg.clock_skew_seconds + SETTLE_SECONDS
-        return WindowTimes(window, start, end, put_close, gather_start, gather_start + self.cfg.gather_seconds)
+        skew = self.cfg.clock_skew_seconds
+        commit_close = end - skew - min(COMMIT_READ_SECONDS, self.cfg.put_window_seconds / 2)
+        return WindowTimes(window, start, end, put_close, gather_start, gather_start + self.cfg.gather_seconds,
+                           commit_close, skew)

@@ -8,6 +8,7 @@ computed in one batched pass, shared by all peers.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -25,6 +26,8 @@ class LossScores:
     loss_assigned_after: float
     loss_rand_before: float
     loss_rand_after: float
+    page_deltas: tuple[float, ...] = ()
+    """δ of each evaluated assigned page on its own (proof of computation credits pages separately)."""
 
     @property
     def delta_assigned(self) -> float:
@@ -33,6 +36,15 @@ class LossScores:
     @property
     def delta_rand(self) -> float:
         return self.loss_rand_before - self.loss_rand_after
+
+
+def page_deltas(before: torch.Tensor, after: torch.Tensor, page_sequences: int | None) -> tuple[float, ...]:
+    """δ of each page (consecutive runs of `page_sequences` per-sequence losses); a non-finite δ
+    (the update broke the model there) is −inf, as in `gauntlet.loss_score`."""
+    if not page_sequences or before.numel() % page_sequences:
+        return ()
+    deltas = (before.reshape(-1, page_sequences).mean(1) - after.reshape(-1, page_sequences).mean(1)).tolist()
+    return tuple(d if math.isfinite(d) else -math.inf for d in deltas)
 
 
 class Evaluator:
@@ -74,8 +86,13 @@ class Evaluator:
         assigned: dict[str, torch.Tensor],
         random_batch: torch.Tensor,
         beta: float,
+        page_sequences: int | None = None,
     ) -> dict[str, LossScores]:
-        """LossScores of every peer: one shared baseline pass, then one pass per peer."""
+        """LossScores of every peer: one shared baseline pass, then one pass per peer.
+
+        `page_sequences`: sequences per page; when given, each assigned page's δ is also reported
+        on its own (`LossScores.page_deltas`), so an untrained page cannot hide in the mean.
+        """
         # A page the data bucket could not serve leaves an empty batch: no score beats a made-up one.
         peers = sorted(p for p in signs_by_peer if assigned[p].size(0) > 0)
         if not peers or random_batch.size(0) == 0:
@@ -95,5 +112,6 @@ class Evaluator:
                 loss_assigned_after=float(after[n_rand:].mean()),
                 loss_rand_before=rand_before,
                 loss_rand_after=float(after[:n_rand].mean()),
+                page_deltas=page_deltas(assigned_before[peer], after[n_rand:], page_sequences),
             )
         return out

@@ -1,6 +1,7 @@
 """Fast evaluation (paper §3.2) of many peers per window: cheap checks, each failure a named status.
 
-A peer passes when its upload arrived inside the put window, decoded cleanly, claims the
+A peer passes when its upload arrived inside the put window, decoded cleanly, is the gradient it
+committed to before any gradient of the window was readable (`uncommitted` otherwise), claims the
 global_step we hold (`templar.runtime.outer.update_step`: a claim is checked, never adopted), is in sync with our
 model (mean |θ_val − θ_peer| / α over this window's probes ≤ `sync_max_steps`), is not a copy
 of an earlier upload by another hotkey, and is not shouting: the L2 norm of its values is at most
@@ -12,14 +13,15 @@ one while probing for implementations that forget to normalise. Everything else 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from templar.comms import GatherResult, GatherStatus
 from templar.compress import Compressed
-from templar.gauntlet import Upload, find_copies, fingerprint, sync_steps
+from templar.gauntlet import Upload, find_pools, fingerprint, sync_steps
 from templar.wire import Gradient, PayloadError
 
 FINGERPRINT_TENSORS = 4
@@ -32,6 +34,9 @@ class FastVerdict:
     status: str               # "ok", "warmup", or the failure: missing, late, malformed:<...>, desync, copy...
     sync_steps: float | None = None
     copied_from: str | None = None
+    pool: tuple[str, ...] = ()
+    """The group of hotkeys whose uploads share work with this one (itself included, earliest
+    first; `templar.gauntlet.find_pools`); empty when it shares with nobody."""
 
 
 def failure_status(res: GatherResult) -> str:
@@ -79,11 +84,16 @@ def fast_evaluate(
     sync_max_steps: float,
     duplicate_threshold: float,
     salt: int,
+    shared_positions_threshold: float = math.inf,
     max_norm_ratio: float = float("inf"),
     expected_step: int | None = None,
+    commitments: Mapping[str, bytes] | None = None,
 ) -> dict[str, FastVerdict]:
     """A verdict for every gathered peer; pure given the gather results and our probes.
-    `expected_step`: our global_step for the window; a payload claiming another is `wrong_step`."""
+    `expected_step`: our global_step for the window; a payload claiming another is `wrong_step`.
+    `commitments`: the digests read before the window's gradients were readable
+    (`templar.comms.commit`; b"": none); a payload whose digest differs is `uncommitted`. A peer
+    absent from it (its bucket could not be read in time), or None for all, is not judged on it."""
     verdicts: dict[str, FastVerdict] = {}
     uploads: list[Upload] = []
     for hotkey, res in results.items():
@@ -91,6 +101,9 @@ def fast_evaluate(
             verdicts[hotkey] = FastVerdict(False, failure_status(res))
             continue
         g = res.value
+        if commitments is not None and hotkey in commitments and commitments[hotkey] != g.digest:
+            verdicts[hotkey] = FastVerdict(False, "uncommitted")
+            continue
         if expected_step is not None and g.global_step != expected_step:
             verdicts[hotkey] = FastVerdict(False, "wrong_step")
             continue
@@ -99,10 +112,17 @@ def fast_evaluate(
             verdicts[hotkey] = FastVerdict(False, "desync", sync_steps=steps)
             continue
         verdicts[hotkey] = FastVerdict(True, "warmup" if g.warmup else "ok", sync_steps=steps)
+        canonical = canonical_values(g.tensors, salt)
         uploads.append(Upload(hotkey=hotkey, timestamp=float(res.timestamp or 0.0), digest=g.digest,
-                              fingerprint=fingerprint(canonical_values(g.tensors, salt))))
-    for loser, original in find_copies(uploads, duplicate_threshold).items():
-        verdicts[loser] = FastVerdict(False, "copy", sync_steps=verdicts[loser].sync_steps, copied_from=original)
+                              fingerprint=fingerprint(canonical), canonical=canonical))
+    # A group sharing work is paid as one (the book splits its score, one top-G slot): the earliest
+    # upload stands for it and is rated, the others are `copy` (docs/scoring.md §8).
+    for pool in find_pools(uploads, duplicate_threshold, shared_positions_threshold):
+        first, *rest = pool
+        verdicts[first] = replace(verdicts[first], pool=tuple(pool))
+        for member in rest:
+            verdicts[member] = FastVerdict(False, "copy", sync_steps=verdicts[member].sync_steps, copied_from=first,
+                                           pool=tuple(pool))
     for hotkey in norm_outliers({hk: results[hk].value for hk, v in verdicts.items() if v.passed}, max_norm_ratio):
         verdicts[hotkey] = FastVerdict(False, "scale", sync_steps=verdicts[hotkey].sync_steps)
     return verdicts

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from templar.chain import ChainError, RateLimited
 from templar.comms import GatherResult, GatherStatus, RecordError, get_peers, get_start_window
+from templar.comms.commit import read_commits
 from templar.compress import aggregate
 from templar.core.atomic import atomic_write
 from templar.core.log import context, short
@@ -59,6 +60,14 @@ def load_or_create_secret(path: Path) -> bytes:
     return secret
 
 
+def _report_watcher(task: asyncio.Task) -> None:
+    """A commitment reader that died must not go unnoticed: from then on no upload is judged on
+    its commitment (fast evaluation skips the check for windows with nothing read)."""
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        context(phase="commit").opt(exception=exc).error(
+            f"commitment reader stopped: uploads are no longer checked against commitments ({exc!r})")
+
+
 class Validator:
     def __init__(self, node: Node):
         self.node = node
@@ -72,6 +81,8 @@ class Validator:
         self.publisher = WindowPublisher(node)
         self.checkpoints = CheckpointPublisher(node)
         self.secret = load_or_create_secret(node.state_dir / SECRET_FILE)
+        self.commits: dict[int, dict[str, bytes]] = {}
+        """Window → the commitments read in its `commit_read` span (`templar.comms.commit`)."""
         self.sync = SyncCheck(node)
 
     def eval_seed(self, window: int) -> int:
@@ -81,8 +92,19 @@ class Validator:
     # ------------------------------------------------------------------ life
     async def run(self, max_windows: int = 0) -> None:
         """Start, then validate windows until stopped (or `max_windows` windows, if not 0)."""
-        node = self.node
         await self.start()
+        watcher = asyncio.create_task(self.watch_commits(), name="commits")
+        watcher.add_done_callback(_report_watcher)
+        try:
+            await self._validate(max_windows)
+        finally:
+            watcher.cancel()
+            await asyncio.gather(watcher, return_exceptions=True)
+        await self.checkpoints.wait()
+        context(phase="stopped").info("validator stopped cleanly")
+
+    async def _validate(self, max_windows: int) -> None:
+        node = self.node
         done = 0
         while not node.stop.is_set():
             window = self.state.window + 1
@@ -95,8 +117,35 @@ class Validator:
             done += 1
             if max_windows and done >= max_windows:
                 break
-        await self.checkpoints.wait()
-        context(phase="stopped").info("validator stopped cleanly")
+
+    async def watch_commits(self) -> None:
+        """Read every miner's commitment of each window inside its `commit_read` span, before any
+        gradient of the window can count (issue 14): what was not read there was not committed."""
+        node = self.node
+        window = node.clock.current_window()
+        while not node.stop.is_set():
+            times = node.clock.times(window)
+            opens, closes = times.commit_read
+            if node.clock.now() >= closes - 0.5:
+                window += 1  # too late for this window's span: its gradients are not judged on it
+                continue
+            if not await node.clock.sleep_until(opens, node.stop):
+                return
+            log = context(window=window, phase="commit")
+            try:
+                neurons = await node.neurons()
+                miners = [n.hotkey for n in neurons if not (n.validator_permit and n.stake > 0)
+                          and n.hotkey != node.hotkey]
+                buckets = await node.peer_buckets(miners)
+                read = await read_commits(buckets, window, run=node.run, deadline=closes, now=node.clock.now)
+                self.commits[window] = read
+                log.debug(f"read {sum(bool(d) for d in read.values())}/{len(miners)} commitments "
+                          f"({len(miners) - len(read)} buckets unread in time: not judged on them)")
+            except (ChainError, StorageError) as exc:
+                log.warning(f"commitments unavailable: {exc}")
+            for old in [w for w in self.commits if w < window - 2 * self.hp.windows.max_allowed_stale]:
+                del self.commits[old]
+            window += 1
 
     async def start(self) -> None:
         """Load the score book and state; the lead publishes the start window, others catch up."""
@@ -212,11 +261,16 @@ class Validator:
             verdicts = await asyncio.to_thread(
                 fast_evaluate, fast_results, own_probes, lr, sync_max_steps=hp.gauntlet.sync_max_steps,
                 duplicate_threshold=hp.gauntlet.duplicate_threshold, salt=self.eval_seed(window),
-                max_norm_ratio=hp.gauntlet.max_norm_ratio, expected_step=self.state.global_step)
+                shared_positions_threshold=hp.gauntlet.shared_positions_threshold,
+                max_norm_ratio=hp.gauntlet.max_norm_ratio, expected_step=self.state.global_step,
+                commitments=self.commits.pop(window, None))
             for hotkey, verdict in verdicts.items():
                 self.book.get_or_create(hotkey, miners[hotkey], window)
                 self.book.record_fast_eval(hotkey, verdict.passed or verdict.status == "warmup", verdict.status,
                                            hp.gauntlet.fast_eval_penalty, sync_steps=verdict.sync_steps)
+            for pool in {v.pool for v in verdicts.values() if v.pool}:
+                self.book.record_pool(pool, window)
+            self.book.expire_pools(window)
             losses = await self._primary(window, miners, verdicts, results, lr)
         weights = self.book.weights(hp.gauntlet.power)
         top = self.book.top_g(hp.gauntlet.top_g)
@@ -289,8 +343,10 @@ class Validator:
             prefetch=node.plan.random_pages(window + 1, hp.data.eval_pages,
                                             salt=self.eval_seed(window + 1) % node.plan.pool))).batch
         beta = hp.gauntlet.eval_lr_factor * lr
-        scores = await asyncio.to_thread(self.evaluator.score_peers, signs, assigned, random_batch, beta)
-        self.book.record_primary({hk: PrimaryResult(s.delta_assigned, s.delta_rand) for hk, s in scores.items()},
+        scores = await asyncio.to_thread(self.evaluator.score_peers, signs, assigned, random_batch, beta,
+                                         hp.data.sequences_per_page)
+        self.book.record_primary({hk: PrimaryResult(s.delta_assigned, s.delta_rand, s.page_deltas)
+                                  for hk, s in scores.items()},
                                  gamma=hp.gauntlet.mu_gamma, beta=hp.gauntlet.openskill_beta,
                                  tau=hp.gauntlet.openskill_tau, margin=hp.gauntlet.proof_margin, window=window)
         return scores

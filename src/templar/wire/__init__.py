@@ -12,6 +12,7 @@ from templar.wire.errors import REASONS, PayloadError
 from templar.wire.gradient import (
     Gradient,
     coefficient_count,
+    gradient_digest,
     max_gradient_bytes,
     read_gradient,
     write_gradient,
@@ -29,6 +30,7 @@ __all__ = [
     "Signer",
     "Verifier",
     "coefficient_count",
+    "gradient_digest",
     "max_aggregate_bytes",
     "max_gradient_bytes",
     "probe_positions",

@@ -33,7 +33,7 @@ from templar.wire.container import (
 from templar.wire.errors import PayloadError
 from templar.wire.schema import GradientDocument, Run
 
-__all__ = ["Gradient", "max_gradient_bytes", "read_gradient", "write_gradient"]
+__all__ = ["Gradient", "gradient_digest", "max_gradient_bytes", "read_gradient", "write_gradient"]
 
 _DOMAIN = b"templar/gradient"
 _CONTENT_DOMAIN = b"templar/gradient-content"
@@ -204,6 +204,14 @@ def read_gradient(
         digest=tensor_digest(_CONTENT_DOMAIN, container, gradient_keys),
         nbytes=len(data),
     )
+
+
+def gradient_digest(data: bytes, expected: Mapping[str, torch.Size]) -> bytes:
+    """`Gradient.digest` of a payload this node wrote itself (its commitment, `templar.comms.commit`),
+    without decoding it: the same sha256 over the gradient tensors that `read_gradient` computes."""
+    container = parse_container(bytes(data), max_header=header_bound(_keys(expected)))
+    return tensor_digest(_CONTENT_DOMAIN, container, [f"{name}/{part}" for name in expected
+                                                      for part in codec.PART_DTYPES])
 
 
 def coefficient_count(expected: Mapping[str, torch.Size], hp: HParams) -> int:

@@ -1,0 +1,84 @@
+"""`v{P}/commit/{window}.json`: a miner's commitment to its window's gradient, before any
+gradient of the window is readable (issue 14: borrowed same-window work earns nothing).
+
+A miner that mixes other peers' same-window updates into its own can only do so once those
+updates are readable, in the put window. Each miner therefore writes the content digest of its
+gradient (`templar.wire.gradient_digest`: the gradient tensors, not the signature or metadata)
+to its own bucket by `WindowTimes.commit_close`, and every validator reads the commitments
+itself, in real time, between `commit_close` and the earliest instant a gradient of the window
+can count (`WindowTimes.commit_read`). A gradient whose digest differs from what the validator
+read then fails fast evaluation as `uncommitted`. The validator's own read is the guard, not the
+object's storage timestamp: a miner running its own storage server can backdate an object, but
+it cannot make a validator have read, before the window's gradients existed, a digest of work it
+had not yet borrowed. Only the bucket's owner can write its commitment, so it needs no signature
+of its own; the gradient it names is signed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping
+from typing import Annotated
+
+from pydantic import StringConstraints
+
+from templar.comms.exchange import RecordError, Window, _RunRecord, check_run, dump_record, parse_record
+from templar.comms.keys import commit_key
+from templar.core.config import PROTOCOL_VERSION
+from templar.storage.base import DEFAULT_TIMEOUT, Bucket, ObjectNotFound, StorageError
+from templar.wire import Run
+
+MAX_COMMIT_BYTES = 4096
+COMMIT_CONCURRENCY = 16
+
+
+class Commit(_RunRecord):
+    window: Window
+    digest: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
+
+
+async def put_commit(bucket: Bucket, window: int, digest: bytes, *, run: Run,
+                     timeout: float = DEFAULT_TIMEOUT) -> None:
+    record = Commit(protocol=PROTOCOL_VERSION, netuid=run.netuid, run=run.digest, window=window,
+                    digest=digest.hex())
+    await bucket.put(commit_key(window), dump_record(record), timeout=timeout)
+
+
+async def get_commit(bucket: Bucket, window: int, *, run: Run, timeout: float = DEFAULT_TIMEOUT) -> bytes | None:
+    """The digest committed for `window`, None if there is none; `RecordError` if malformed, of
+    another run or of another window (a replayed record)."""
+    try:
+        data = await bucket.get(commit_key(window), max_bytes=MAX_COMMIT_BYTES, timeout=timeout)
+    except ObjectNotFound:
+        return None
+    record: Commit = parse_record(data, Commit, f"{bucket.name} commit")
+    check_run(record, run, f"{bucket.name} commit")
+    if record.window != window:
+        raise RecordError(f"{bucket.name} commit names window {record.window}, not {window}")
+    return bytes.fromhex(record.digest)
+
+
+async def read_commits(buckets: Mapping[str, Bucket], window: int, *, run: Run, deadline: float,
+                       now: Callable[[], float]) -> dict[str, bytes]:
+    """Every named peer's commitment for `window`, each read completed by `deadline` by the clock
+    `now` (a validator passes the end of `WindowTimes.commit_read`). A peer with no (or a
+    malformed) commitment maps to b"" (committed nothing); a peer whose bucket could not be read,
+    or not by the deadline, is absent (unknown: not judged on it)."""
+    limit = asyncio.Semaphore(COMMIT_CONCURRENCY)
+
+    async def one(hotkey: str, bucket: Bucket) -> tuple[str, bytes | None]:
+        async with limit:
+            left = deadline - now()
+            if left <= 0:
+                return hotkey, None
+            try:
+                digest = await asyncio.wait_for(get_commit(bucket, window, run=run, timeout=left), left)
+            except RecordError:  # garbage commits nothing
+                digest = None if now() > deadline else b""
+                return hotkey, digest
+            except (StorageError, TimeoutError):
+                return hotkey, None
+            return hotkey, (digest or b"") if now() <= deadline else None
+
+    found = await asyncio.gather(*(one(hk, b) for hk, b in sorted(buckets.items())))
+    return {hk: digest for hk, digest in found if digest is not None}
