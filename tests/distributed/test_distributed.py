@@ -55,6 +55,7 @@ def test_sharded_node_equals_one_process(ranks: int, tmp_path: Path) -> None:
         assert row["theta_bit_identical"], row                       # the outer step, bit for bit
         assert row["global_step"][0] == row["global_step"][1] and row["peers"] == [3, 3], row
     assert report["loss_score_max_diff"] < 1e-5 and report["loss_score_delta"] != 0.0, report
+    assert report["page_deltas_max_diff"] < 1e-5, report  # page-by-page δs over the ranks, too
     assert report["theta_restored_after_eval"]
     assert report["checkpointed_grads_equal"]
     assert report["reload_equal"] and report["reload_state"] == [2, 3]
@@ -63,6 +64,7 @@ def test_sharded_node_equals_one_process(ranks: int, tmp_path: Path) -> None:
     assert report["bad_checkpoint_refused"] and report["driver_signs_equal"], report
     assert report["driver_theta_bit_identical"] and report["driver_global_step"] == [4, 4], report
     assert report["driver_eval_diff"] < 1e-5, report
+    assert report["driver_score_diff"] < 1e-5 and report["driver_page_deltas"] == 2, report
     assert report["driver_fingerprint_equal"] and report["driver_reset_to_theta0"], report
     if ranks > 1:  # a rank that hangs: one clear error on the others, within the collective timeout
         hang = report["hang"]

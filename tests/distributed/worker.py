@@ -166,12 +166,15 @@ def equality(out_dir: Path) -> None:
     assigned = {"a": pages(hp, 10, 6), "b": pages(hp, 11, 5)}
     random_batch = pages(hp, 12, 7)
     got = ShardedEvaluator(model, 4, group).score_peers(signs if group.is_leader else {"a": {}, "b": {}},
-                                                        assigned, random_batch, 0.05)
-    want = Evaluator(ref, 4).score_peers(signs, assigned, random_batch, 0.05)
+                                                        assigned, random_batch, 0.05, 3)
+    want = Evaluator(ref, 4).score_peers(signs, assigned, random_batch, 0.05, 3)
     after = full_model_state(model, group)
     if group.is_leader:
         report["loss_score_max_diff"] = max(abs(getattr(got[p], f) - getattr(want[p], f)) for p in want
                                             for f in ("delta_assigned", "delta_rand", "loss_rand_after"))
+        report["page_deltas_max_diff"] = max(  # page-by-page credit (issue 14), 2 pages of 3 sequences for "a"
+            (abs(x - y) for p in want for x, y in zip(got[p].page_deltas, want[p].page_deltas, strict=True)),
+            default=float("inf"))
         report["loss_score_delta"] = want["a"].delta_assigned
         sd = ref.state_dict()
         report["theta_restored_after_eval"] = all(torch.equal(after[k], sd[k]) for k in sd)
@@ -242,6 +245,14 @@ def driver(out_dir: Path, hp: HParams, group: Group, ref: torch.nn.Module, ref_s
     apply_update(ref, signs, 7, hp)
     batch = pages(hp, 20, 6)
     report["driver_eval_diff"] = abs(compute.evaluate_loss(batch) - evaluate_loss(ref, batch, 4))
+    # the validator's primary evaluation as the loop calls it (page-by-page δs included)
+    peer_signs, assigned = {"a": signs}, {"a": pages(hp, 21, 6)}
+    got = compute.evaluator.score_peers(peer_signs, assigned, pages(hp, 22, 6), 0.05, 3)
+    want = Evaluator(ref, 4).score_peers(peer_signs, assigned, pages(hp, 22, 6), 0.05, 3)
+    report["driver_score_diff"] = max(
+        [abs(got["a"].delta_assigned - want["a"].delta_assigned), abs(got["a"].delta_rand - want["a"].delta_rand),
+         *(abs(x - y) for x, y in zip(got["a"].page_deltas, want["a"].page_deltas, strict=True))])
+    report["driver_page_deltas"] = len(got["a"].page_deltas)
     peers = [Gradient(window=5, global_step=3, hotkey=str(i), warmup=False, tensors=ref_sent, probes={},
                       digest=b"", nbytes=0) for i in range(2)]
     state, ref_state = NodeState(window=4, global_step=3), NodeState(window=4, global_step=3)

@@ -244,15 +244,17 @@ class NodeCompute:
                                              self.group).mean())
 
     def score_peers(self, signs_by_peer: dict[str, dict[str, torch.Tensor]], assigned: dict[str, torch.Tensor],
-                    random_batch: torch.Tensor, beta: float) -> dict:
-        """`Evaluator.score_peers` over all ranks (signs stay on rank 0; batches are broadcast)."""
+                    random_batch: torch.Tensor, beta: float, page_sequences: int | None = None) -> dict:
+        """`Evaluator.score_peers` over all ranks (signs stay on rank 0; batches are broadcast),
+        with the same page-by-page δs (`page_sequences`) as the 1-process validator's."""
         return self._call("score_peers", {"signs_by_peer": signs_by_peer}, peers=sorted(signs_by_peer),
-                          assigned=assigned, random_batch=random_batch, beta=beta)
+                          assigned=assigned, random_batch=random_batch, beta=beta, page_sequences=page_sequences)
 
     def _score_peers(self, peers: list[str], assigned: dict[str, torch.Tensor], random_batch: torch.Tensor,
-                     beta: float, signs_by_peer: dict[str, dict[str, torch.Tensor]] | None = None) -> dict:
+                     beta: float, page_sequences: int | None = None,
+                     signs_by_peer: dict[str, dict[str, torch.Tensor]] | None = None) -> dict:
         signs = signs_by_peer if signs_by_peer is not None else {p: {} for p in peers}
-        return self.sharded_evaluator.score_peers(signs, assigned, random_batch, beta)
+        return self.sharded_evaluator.score_peers(signs, assigned, random_batch, beta, page_sequences)
 
     # ------------------------------------------------------------------ files
     def save_state(self, path: Path, state: NodeState) -> None:
