@@ -38,6 +38,21 @@ def _localnet(out: Path, adversaries: list[str], miners: int, *extra: str, windo
     return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
 
 
+def _localnet_in_this_process(out: Path, adversaries: list[str], *, miners: int, hparams: str, seed: int,
+                              windows: int) -> dict:
+    """`templar localnet --in-process` run by this test process itself (no interpreter, torch and
+    SDK start-up per run; the localnet's own logging is put back to the suite's afterwards)."""
+    from templar.core.log import setup_logging
+    from templar.localnet.runner import LocalnetConfig, run_localnet
+
+    cfg = LocalnetConfig(out=out, miners=miners, windows=windows, hparams=hparams, seed=seed, live=False,
+                         in_process=True, adversaries=[(name, 1) for name in adversaries])
+    try:
+        return run_localnet(cfg)
+    finally:
+        setup_logging()
+
+
 def _loss_at_step(out: Path) -> dict[int, float]:
     """Held-out loss by global_step (runs start at different windows; steps are comparable)."""
     lead = out / "nodes" / "validator0" / "validator_windows.jsonl"
@@ -46,13 +61,11 @@ def _loss_at_step(out: Path) -> dict[int, float]:
 
 def test_localnet_pays_honest_work_and_nothing_else(tmp_path):
     adversarial, baseline = tmp_path / "adversarial", tmp_path / "baseline"
-    procs = [_localnet(adversarial, ADVERSARIES, miners=3), _localnet(baseline, [], miners=3, windows=BASELINE_WINDOWS)]
-    codes = [p.wait(timeout=1100) for p in procs]
-    for out, code in zip((adversarial, baseline), codes, strict=True):
-        assert code == 0, out.with_suffix(".log").read_text()[-3000:]
-
-    report = json.loads((adversarial / "report.json").read_text())
+    # the baseline through the CLI (`templar localnet --in-process`) in a process of its own, alongside
+    baseline_run = _localnet(baseline, [], miners=3, windows=BASELINE_WINDOWS)
+    report = _localnet_in_this_process(adversarial, ADVERSARIES, miners=3, hparams="tiny", seed=0, windows=WINDOWS)
     assert report["outcome"] == "finished"
+    assert baseline_run.wait(timeout=1100) == 0, baseline.with_suffix(".log").read_text()[-3000:]
     for name in ("report.md", "loss.png", "weights.png", "ratings.png"):
         assert (adversarial / name).stat().st_size > 0
 
@@ -99,14 +112,10 @@ def test_partial_and_pooled_work_earn_less_than_honest_work(tmp_path):
     prod.write_text(json.dumps({"base": str(PRESETS_DIR / "tiny.json"), "name": "tiny-production-like",
                                 **PRODUCTION_LIKE}))
     runs = [(setting, seed) for seed in (1, 2, 3) for setting in ("tiny", str(prod))]
-    outs = {run: tmp_path / f"{Path(run[0]).stem}-{run[1]}" for run in runs}
-    for pair in (runs[i:i + 2] for i in range(0, len(runs), 2)):  # two at a time: one per core
-        procs = {run: _localnet(outs[run], ["partial", "pooled"], 2, "--hparams", run[0], "--seed", str(run[1]),
-                                windows=4) for run in pair}
-        for run, proc in procs.items():
-            assert proc.wait(timeout=600) == 0, outs[run].with_suffix(".log").read_text()[-3000:]
-    for run, out in outs.items():
-        report = json.loads((out / "report.json").read_text())
+    for run in runs:
+        out = tmp_path / f"{Path(run[0]).stem}-{run[1]}"
+        report = _localnet_in_this_process(out, ["partial", "pooled"], miners=2, hparams=run[0], seed=run[1],
+                                           windows=4)
         assert report["outcome"] == "finished", run
         miners = {p["name"]: p for p in report["peers"] if p["role"] == "miner"}
         weight = {name: p["final_weight"] for name, p in miners.items()}
