@@ -19,7 +19,7 @@ from templar.comms import (
 )
 from templar.comms.keys import gradient_key, peers_key, start_window_key, window_of
 from templar.core.config import PROTOCOL_VERSION
-from templar.storage import ObjectTooLarge
+from templar.storage import ObjectTooLarge, StorageError
 from templar.wire import Run
 
 RUN = Run(netuid=7, digest="ab" * 32)
@@ -137,8 +137,10 @@ def test_records_of_another_run_are_refused(maker):
 
 def test_commitments_round_trip_and_refuse_garbage(tmp_path) -> None:
     """Issue 14: a miner's commitment reads back as its digest; a missing one is None; another
-    run's, another window's or a malformed one is a RecordError; `read_commits` maps garbage and
-    absence to b"" (committed nothing) and leaves an unreadable bucket out (not judged)."""
+    run's, another window's or a malformed one is a RecordError; `read_commits` maps garbage,
+    absence and a bucket that fails or stalls in the read span to b"" (committed nothing: a copier
+    cannot hide its commitment behind its own outage), and leaves out only the reads it could not
+    start before the deadline (the reader's own lateness)."""
     from templar.comms.commit import get_commit, put_commit, read_commits
     from templar.comms.keys import commit_key
     from templar.storage import LocalBucket
@@ -155,9 +157,22 @@ def test_commitments_round_trip_and_refuse_garbage(tmp_path) -> None:
         with pytest.raises(RecordError):
             await get_commit(other, 5, run=RUN)
         await junk.put(commit_key(5), b'{"digest": "' + b"0" * 64 + b'"}')
-        buckets = {"good": good, "other": other, "junk": junk, "empty": empty}
-        found = await read_commits(buckets, 5, run=RUN, deadline=time.time() + 5.0, now=time.time)
-        assert found == {"good": b"\x01" * 32, "other": b"", "junk": b"", "empty": b""}
+        class Failing(LocalBucket):
+            async def get(self, key, **kw):
+                raise StorageError("connection refused")
+
+        class Stalling(LocalBucket):
+            async def get(self, key, **kw):
+                await asyncio.sleep(60)
+
+        failing, stalling = Failing(tmp_path / "failing"), Stalling(tmp_path / "stalling")
+        await put_commit(failing, 5, b"\x03" * 32, run=RUN)
+        await put_commit(stalling, 5, b"\x04" * 32, run=RUN)
+        buckets = {"good": good, "other": other, "junk": junk, "empty": empty, "failing": failing,
+                   "stalling": stalling}
+        found = await read_commits(buckets, 5, run=RUN, deadline=time.time() + 1.0, now=time.time)
+        assert found == {"good": b"\x01" * 32, "other": b"", "junk": b"", "empty": b"", "failing": b"",
+                         "stalling": b""}
         # past the read span nothing is known: nobody is judged on a read that came too late
         assert await read_commits(buckets, 5, run=RUN, deadline=time.time() - 1.0, now=time.time) == {}
 

@@ -62,8 +62,11 @@ async def read_commits(buckets: Mapping[str, Bucket], window: int, *, run: Run, 
                        now: Callable[[], float]) -> dict[str, bytes]:
     """Every named peer's commitment for `window`, each read completed by `deadline` by the clock
     `now` (a validator passes the end of `WindowTimes.commit_read`). A peer with no (or a
-    malformed) commitment maps to b"" (committed nothing); a peer whose bucket could not be read,
-    or not by the deadline, is absent (unknown: not judged on it)."""
+    malformed) commitment, or whose bucket failed, stalled or answered after the deadline, maps to
+    b"" (committed nothing): otherwise a copier could hide its commitment by making its own bucket
+    unreadable for the read span and serve the borrowed payload afterwards. Only a read this
+    reader could not even start before the deadline (its own lateness) leaves the peer absent
+    (not judged on it)."""
     limit = asyncio.Semaphore(COMMIT_CONCURRENCY)
 
     async def one(hotkey: str, bucket: Bucket) -> tuple[str, bytes | None]:
@@ -73,12 +76,9 @@ async def read_commits(buckets: Mapping[str, Bucket], window: int, *, run: Run, 
                 return hotkey, None
             try:
                 digest = await asyncio.wait_for(get_commit(bucket, window, run=run, timeout=left), left)
-            except RecordError:  # garbage commits nothing
-                digest = None if now() > deadline else b""
-                return hotkey, digest
-            except (StorageError, TimeoutError):
-                return hotkey, None
-            return hotkey, (digest or b"") if now() <= deadline else None
+            except (RecordError, StorageError, TimeoutError):  # garbage, a failing or a stalling bucket
+                return hotkey, b""
+            return hotkey, (digest or b"") if now() <= deadline else b""
 
     found = await asyncio.gather(*(one(hk, b) for hk, b in sorted(buckets.items())))
     return {hk: digest for hk, digest in found if digest is not None}

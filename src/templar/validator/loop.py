@@ -140,7 +140,7 @@ class Validator:
                 read = await read_commits(buckets, window, run=node.run, deadline=closes, now=node.clock.now)
                 self.commits[window] = read
                 log.debug(f"read {sum(bool(d) for d in read.values())}/{len(miners)} commitments "
-                          f"({len(miners) - len(read)} buckets unread in time: not judged on them)")
+                          f"({len(miners) - len(read)} without a bucket or not read in time: not judged on them)")
             except (ChainError, StorageError) as exc:
                 log.warning(f"commitments unavailable: {exc}")
             for old in [w for w in self.commits if w < window - 2 * self.hp.windows.max_allowed_stale]:
