@@ -305,3 +305,19 @@ def test_validator_trust_is_display_data_never_a_failure() -> None:
     assert _u16_fractions(None, 2) == [0.0, 0.0]
     assert _u16_fractions([70000, 1], 2) == [0.0, 0.0]
     assert _u16_fractions("0x00", 1) == [0.0]
+
+
+def test_dev_keys_from_a_seed_are_reproducible_and_differ_by_seed(tmp_path, clock) -> None:
+    """A localnet's `--seed` fixes its hotkeys (evaluation draws are keyed hashes of hotkeys)."""
+    from templar.chain import create_dev_chain
+
+    def hotkeys(run: str, seed: bytes | None) -> dict[str, str]:
+        dev = create_dev_chain(tmp_path / run / "c.sqlite", netuid=5, hotkeys={"a": 0.0, "b": 1.0},
+                               wallet_path=tmp_path / run / "w", block_time=0.1, now=clock, key_seed=seed)
+        return {name: w.hotkey for name, w in dev.wallets.items()}
+
+    first, again, other = hotkeys("1", b"seed-1"), hotkeys("2", b"seed-1"), hotkeys("3", b"seed-2")
+    assert first == again
+    assert first["a"] != first["b"]
+    assert set(first.values()).isdisjoint(other.values())
+    assert set(first.values()).isdisjoint(hotkeys("4", None).values())  # no seed: the OS's randomness

@@ -1,8 +1,9 @@
 """The whole subnet, as a newcomer runs it.
 
 - The incentive: `templar localnet --in-process` with every adversary, next to the same run
-  without them, on virtual time (deterministic windows, the computation's cost only). Honest work
-  is paid, cheating is not, and the model does not notice the cheats.
+  without them, on virtual time (deterministic windows, the computation's cost only; the seed fixes
+  hotkeys and evaluation secrets, so each run repeats bit for bit). Honest work is paid, cheating is
+  not, and the model does not notice the cheats.
 - The processes: one real-time `templar localnet` with separate neuron processes through their
   entry points (`neurons/*.py` and the adversary entry point), a clean stop and a report; its
   miner0 is one node over 2 torchrun ranks (`--miner-ranks 2`, issue #17), next to 1-process miners.
@@ -134,8 +135,12 @@ def test_localnet_runs_every_neuron_as_its_own_process(tmp_path):
     preset = tmp_path / "fast.json"
     from templar.core.config import PRESETS_DIR
 
+    # 12-second windows: a miner starts training when the previous window's gather is done (put 3 s +
+    # skew 1 s after its end) and must commit 2.5 s before this one ends, which leaves it 5.5 s. With
+    # 10 blocks and tiny's 4 s put window that was 2 s, too little for a 2-rank miner on a loaded
+    # 2-core machine: it missed its commitment deadline (`uncommitted`) and earned nothing.
     preset.write_text(json.dumps({"base": str(PRESETS_DIR / "tiny.json"), "name": "tiny-e2e",
-                                  "windows": {"blocks_per_window": 10}}))
+                                  "windows": {"blocks_per_window": 12, "put_window_seconds": 3.0}}))
     out = tmp_path / "e2e"
     proc = _localnet(out, ["copycat", "moredata"], 2, "--hparams", str(preset), "--miner-ranks", "2", windows=3,
                      in_process=False)

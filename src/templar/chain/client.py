@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import math
 import re
 import threading
@@ -66,20 +67,38 @@ def verify_signature(hotkey_ss58: str, message: bytes, signature: bytes) -> bool
         return False
 
 
+def _dev_key_seed(key_seed: bytes, *parts: str) -> str:
+    return "0x" + hashlib.blake2b("/".join(parts).encode(), key=key_seed[:64], digest_size=32).hexdigest()
+
+
 def load_wallet(
-    name: str, hotkey: str, path: str | Path = DEFAULT_WALLET_PATH, *, create: bool = False
+    name: str, hotkey: str, path: str | Path = DEFAULT_WALLET_PATH, *, create: bool = False,
+    key_seed: bytes | None = None,
 ) -> Wallet:
     """The SDK wallet `path/name/hotkeys/hotkey`; with `create`, missing keys are generated
-    without a password (dev wallets only: never use `create` for keys that hold real TAO)."""
+    without a password (dev wallets only: never use `create` for keys that hold real TAO).
+
+    `key_seed` (with `create`) derives missing keys from it and the wallet and hotkey names
+    instead of the OS's randomness, so a localnet run with the same seed has the same hotkeys,
+    hence the same evaluation draws (they are keyed hashes of hotkeys). Anyone who knows the seed
+    has the keys: for throw-away dev chains only."""
     wallet = Wallet(name=name, hotkey=hotkey, path=str(Path(path).expanduser()))
     if create:
         # Another process may create the same key concurrently; whoever loses keeps the winner's.
         if not wallet.coldkeypub_file.exists_on_device():
             with contextlib.suppress(FileExistsError):
-                wallet.create_new_coldkey(use_password=False, overwrite=False, suppress=True)
+                if key_seed is None:
+                    wallet.create_new_coldkey(use_password=False, overwrite=False, suppress=True)
+                else:
+                    wallet.regenerate_coldkey(seed=_dev_key_seed(key_seed, "coldkey", name), use_password=False,
+                                              overwrite=False, suppress=True)
         if not wallet.hotkey_file.exists_on_device():
             with contextlib.suppress(FileExistsError):
-                wallet.create_new_hotkey(use_password=False, overwrite=False, suppress=True)
+                if key_seed is None:
+                    wallet.create_new_hotkey(use_password=False, overwrite=False, suppress=True)
+                else:
+                    wallet.regenerate_hotkey(seed=_dev_key_seed(key_seed, "hotkey", name, hotkey),
+                                             use_password=False, overwrite=False, suppress=True)
         wallet = Wallet(name=name, hotkey=hotkey, path=str(Path(path).expanduser()))
     for keyfile, what in (
         (wallet.hotkey_file, f"hotkey {hotkey!r}"),

@@ -116,6 +116,7 @@ def ensure_subnet(
     wallet_path: str | Path,
     owner: str = OWNER_WALLET,
     weights_rate_limit: int | None = None,
+    key_seed: bytes | None = None,
     now: Now = time.time,
 ) -> DevWallet:
     """Create the chain file (genesis `spec`) and subnet `netuid` owned by wallet `owner`.
@@ -131,7 +132,7 @@ def ensure_subnet(
                 f"{store.path} already runs with block time {store.spec.block_time}s, not "
                 f"{spec.block_time}s; delete the file to start a new chain"
             )
-        load_wallet(owner, "default", wallet_path, create=True)
+        load_wallet(owner, "default", wallet_path, create=True, key_seed=key_seed)
         with connect(
             network="embedded",
             chain_endpoint=str(store.path),
@@ -198,6 +199,7 @@ def create_dev_chain(
     weights_rate_limit: int = 10,
     wallet_name: str | None = None,
     now: Now = time.time,
+    key_seed: bytes | None = None,
     **spec: int,
 ) -> DevChain:
     """An embedded chain at `path` with subnet `netuid` and one registered hotkey per entry of
@@ -205,7 +207,8 @@ def create_dev_chain(
 
     Each name is its own wallet with hotkey "default", or, with `wallet_name`, a hotkey of that
     single wallet. Keys are created password-less under `wallet_path`. Idempotent: rerunning
-    reuses what exists and only tops stake up. Extra keyword arguments are `ChainSpec` fields
+    reuses what exists and only tops stake up. `key_seed`: keys derived from it (see
+    `load_wallet`), for reproducible dev runs. Extra keyword arguments are `ChainSpec` fields
     (e.g. `max_validators=8`). Takes roughly 10-25 ms per hotkey.
     """
     if OWNER_WALLET in hotkeys or wallet_name == OWNER_WALLET:
@@ -220,6 +223,7 @@ def create_dev_chain(
         wallet_path=wallet_path,
         weights_rate_limit=weights_rate_limit,
         now=now,
+        key_seed=key_seed,
     )
     wallets: dict[str, DevWallet] = {}
     with (
@@ -235,9 +239,9 @@ def create_dev_chain(
     ):
         for name, stake in hotkeys.items():
             wallet = (
-                load_wallet(name, "default", wallet_path, create=True)
+                load_wallet(name, "default", wallet_path, create=True, key_seed=key_seed)
                 if wallet_name is None
-                else load_wallet(wallet_name, name, wallet_path, create=True)
+                else load_wallet(wallet_name, name, wallet_path, create=True, key_seed=key_seed)
             )
             wallets[name] = register_wallet(session_chain.for_wallet(wallet), store, stake=stake)
     return DevChain(

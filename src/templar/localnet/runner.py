@@ -7,6 +7,7 @@ the same flags an operator would type, so the localnet exercises exactly the pro
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -22,6 +23,7 @@ from rich.console import Console
 from rich.live import Live
 
 from templar.chain.embedded import create_dev_chain
+from templar.core.atomic import atomic_write
 from templar.core.config import REPO_ROOT, load_hparams, resolve_hparams_path
 from templar.localnet.live import live_table
 from templar.localnet.report import NodeInfo, build_report, lead_validator, write_nodes
@@ -133,10 +135,23 @@ class Localnet:
             chain_path, netuid=NETUID, block_time=self.hp.windows.block_time, wallet_path=wallets,
             wallet_name=WALLET, hotkeys={name: stake for name, _, _, stake in planned},
             weights_rate_limit=max(1, self.hp.windows.blocks_per_window * self.hp.windows.windows_per_weights // 2),
+            key_seed=self.run_seed(),
         )
         self.nodes = [NodeInfo(name=name, hotkey=dev.wallets[name].hotkey, uid=dev.wallets[name].uid, role=role,
                                strategy=strategy, stake=stake) for name, role, strategy, stake in planned]
+        from templar.validator.loop import SECRET_FILE  # torch and the model code: only when needed
+
+        for node in self.nodes:
+            if node.role == "validator":
+                secret = hashlib.blake2b(node.name.encode(), key=self.run_seed(), digest_size=32).digest()
+                atomic_write(node.directory(self.out) / SECRET_FILE, secret, mode=0o600)
         write_nodes(self.out, self.nodes)
+
+    def run_seed(self) -> bytes:
+        """Everything a localnet would otherwise draw from the OS (hotkeys, each validator's
+        evaluation secret) comes from `--seed`: the same seed, nodes and code give the same run
+        (on virtual time, `--in-process`, bit for bit)."""
+        return f"templar-localnet/{self.cfg.seed}".encode()
 
     def _bucket_args(self, node: NodeInfo) -> tuple[list[str], dict[str, str]]:
         if self.cfg.storage == "local":
