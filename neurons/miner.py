@@ -18,7 +18,7 @@ import sys
 # (benchmarks/compress.py). Must be set before torch is imported; harmless on GPU.
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
-from templar.runtime.node import add_node_args
+from templar.runtime.flags import add_node_args
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

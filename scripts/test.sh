@@ -14,5 +14,10 @@ export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 workers="${TEMPLAR_TEST_WORKERS:-$(nproc)}"
 [ "$workers" -gt 4 ] && workers=4
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
+# glibc hands every tensor over 32 MB back to the kernel on free and maps it anew (zeroed) on the next
+# allocation: 31 M page faults and 97 s of system time per suite. Keeping freed memory in the heap
+# for reuse halves the system time of a localnet test (5.6 -> 2.8 s) and its page faults (2.3 M -> 0.7 M).
+export MALLOC_MMAP_THRESHOLD_="${MALLOC_MMAP_THRESHOLD_:-33554432}" MALLOC_TRIM_THRESHOLD_="${MALLOC_TRIM_THRESHOLD_:-1073741824}"
+export MALLOC_TOP_PAD_="${MALLOC_TOP_PAD_:-268435456}"
 echo "[test] pytest ($workers workers)"
 exec "$venv/bin/python" -m pytest -q -n "$workers" --maxschedchunk 1 "$@"

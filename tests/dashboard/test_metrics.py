@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import urllib.request
 
+from templar.runtime.flags import add_node_args
 from templar.runtime.metrics import NeuronMetrics, start_metrics
-from templar.runtime.node import add_node_args
 from templar.runtime.records import (
     MinerWindowRecord,
     PeerScoreRecord,

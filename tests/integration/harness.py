@@ -20,7 +20,8 @@ import torch
 from templar.chain import create_dev_chain
 from templar.core.clock import loop_time
 from templar.core.config import PRESETS_DIR, load_hparams
-from templar.runtime.node import Node, add_node_args, start_node
+from templar.runtime.flags import add_node_args
+from templar.runtime.node import Node, start_node
 
 NETUID = 7
 FAST_WINDOWS = {

@@ -12,7 +12,8 @@ from types import SimpleNamespace
 import pytest
 
 from templar.core.config import REPO_ROOT
-from templar.runtime.node import EXIT_CONFIG, Node, StartupError, add_node_args, start_node
+from templar.runtime.flags import add_node_args
+from templar.runtime.node import EXIT_CONFIG, Node, StartupError, start_node
 from templar.storage import LocalBucket
 
 
@@ -49,6 +50,14 @@ def test_the_production_miner_has_no_adversary_switches():
         assert hidden not in shown
     adversary = _run("-m", "templar.localnet.adversary", "--help").stdout
     assert "--strategy" in adversary and "copycat" in adversary
+
+
+def test_the_node_flags_load_neither_torch_nor_transformers():
+    """`neurons/*.py --help` and a bad command line answer at once: the flags are parsed before the
+    node's imports (about 5 s of CPU: torch, transformers, the model code) are loaded."""
+    probe = ("import sys, templar.runtime.flags as f, argparse; f.add_node_args(argparse.ArgumentParser()); "
+             "print(sorted(m for m in ('torch', 'transformers', 'templar.runtime.node') if m in sys.modules))")
+    assert _run("-c", probe).stdout.strip() == "[]"
 
 
 class _Chain:

@@ -18,6 +18,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 REPO_ROOT = Path(__file__).resolve().parents[3]
 DEFAULT_HPARAMS = REPO_ROOT / "hparams.json"
 PRESETS_DIR = REPO_ROOT / "hparams"
+DEFAULT_CACHE_GB = 16.0
+"""A node's default cap on its on-disk page cache (`--data.cache_gb`)."""
 
 PROTOCOL_VERSION = 2
 """Bumped whenever the wire format or the consensus maths change; keys live under v{P}/."""

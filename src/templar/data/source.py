@@ -10,13 +10,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from templar.core.config import HParams, resolve_asset
+from templar.core.config import DEFAULT_CACHE_GB, HParams, resolve_asset
 from templar.data.manifest import Manifest, ManifestError
 from templar.data.reader import PageReader, load_manifest
 from templar.storage import Bucket, LocalBucket, StorageError, open_bucket
 from templar.storage.locator import BucketLocator
 
-DEFAULT_CACHE_GB = 16.0
 FETCH_SHARE = 0.25
 """A page fetch gives up after this share of a window (21 s on finney); the reads go on into the cache."""
 

@@ -31,6 +31,7 @@ from loguru import logger
 from templar.core.log import setup_logging
 from templar.distributed.compute import NodeCompute
 from templar.distributed.group import EXIT_RANK_LOST, DistError, Group, init_group, world_size
+from templar.runtime.flags import node_device
 from templar.runtime.node import Node, NodeError
 from templar.runtime.node import run_node as run_one_node
 
@@ -42,7 +43,7 @@ def run_node(args: argparse.Namespace, role: str, run: Callable[[Node], Awaitabl
     the process exit code (see `templar.runtime.node.run_node`)."""
     if world_size() == 1:
         return run_one_node(args, role, run)
-    group = init_group(args.device)
+    group = init_group(node_device(args.device))
     if not group.is_leader:
         return _follow(args, group)
     code = run_one_node(args, role, run, attach=lambda node: _lead(node, group, role))

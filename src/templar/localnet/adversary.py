@@ -15,7 +15,7 @@ import sys
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
 from templar.localnet.adversaries import ADVERSARIES, make_adversary
-from templar.runtime.node import add_node_args
+from templar.runtime.flags import add_node_args
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -29,7 +29,8 @@ from templar.localnet.adversaries import make_adversary
 from templar.localnet.report import NodeInfo, lead_validator
 from templar.localnet.runner import Localnet, is_adversary
 from templar.miner.loop import Miner
-from templar.runtime.node import Node, add_node_args, start_node
+from templar.runtime.flags import add_node_args
+from templar.runtime.node import Node, start_node
 from templar.validator.loop import Validator
 
 

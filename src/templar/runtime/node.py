@@ -22,14 +22,15 @@ import torch
 from loguru import logger
 
 from templar.chain import Chain, ChainError, Neuron, NotRegistered
-from templar.chain.flags import add_chain_args, connect_from_args
+from templar.chain.flags import connect_from_args
 from templar.core.clock import SYSTEM_TIME, TimeSource
 from templar.core.config import HParams, HParamsError, load_hparams
 from templar.core.log import setup_logging, short
 from templar.core.model import build_model, parameter_shapes
 from templar.data import ManifestError, PagePlan, PageReader
-from templar.data.source import DEFAULT_CACHE_GB, open_reader
-from templar.runtime.metrics import add_metrics_args, start_metrics
+from templar.data.source import open_reader
+from templar.runtime.flags import node_device
+from templar.runtime.metrics import start_metrics
 from templar.runtime.windows import Clock
 from templar.storage import Bucket, StorageError, open_bucket
 from templar.storage.locator import BucketLocator, Credentials, LocatorError
@@ -65,35 +66,6 @@ class OwnBucketError(NodeError):
     bucket): uploading nothing, window after window, helps nobody."""
 
     exit_code = EXIT_OWN_BUCKET
-
-
-def add_node_args(parser: argparse.ArgumentParser) -> None:
-    """Flags every neuron takes, in Bittensor's dotted style."""
-    add_chain_args(parser)
-    parser.add_argument("--hparams", default=None, help="preset name (tiny) or path; default hparams.json")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--state.dir", dest="state_dir", type=Path, default=None,
-                        help="where this node keeps its resumable state (default ~/.templar/WALLET/HOTKEY)")
-    parser.add_argument("--bucket.locator", dest="bucket_locator", default=os.getenv("TEMPLAR_BUCKET"),
-                        help="read locator of this node's bucket, committed on chain "
-                             "(local:/dir | s3:... | r2:...); env TEMPLAR_BUCKET")
-    parser.add_argument("--bucket.credentials", dest="bucket_credentials", type=Path,
-                        default=os.getenv("TEMPLAR_BUCKET_CREDENTIALS"),
-                        help="JSON file with the bucket WRITE key (or env TEMPLAR_BUCKET_WRITE_KEY_ID/_SECRET)")
-    parser.add_argument("--data.locator", dest="data_locator", default=os.getenv("TEMPLAR_DATA_BUCKET"),
-                        help="read the run's corpus from this bucket locator or folder instead of hparams "
-                             "data.corpus (a mirror; the pinned manifest digest still applies)")
-    parser.add_argument("--data.prefix", dest="data_prefix", default=None,
-                        help="key prefix of the corpus in --data.locator (default: hparams data.corpus_prefix)")
-    parser.add_argument("--data.cache_gb", dest="data_cache_gb", type=float, default=DEFAULT_CACHE_GB,
-                        help="cap on the on-disk page cache (least recently used pages evicted)")
-    parser.add_argument("--data.cache_dir", dest="data_cache_dir", type=Path, default=None,
-                        help="page cache folder (default STATE_DIR/data)")
-    parser.add_argument("--windows", type=int, default=0, help="stop after this many windows (0: run forever)")
-    parser.add_argument("--logging.debug", dest="logging_debug", action="store_true")
-    parser.add_argument("--logging.json", dest="logging_json", action="store_true", help="JSON lines on stderr")
-    parser.add_argument("--logging.file", dest="logging_file", type=Path, default=None)
-    add_metrics_args(parser)  # --metrics.port / --metrics.host (templar.runtime.metrics; off by default)
 
 
 @dataclass
@@ -228,7 +200,7 @@ async def start_node(args: argparse.Namespace, role: str, *, time: TimeSource = 
         raise NotRegisteredError(f"hotkey {chain.hotkey} has no uid on netuid {args.netuid}")
 
     bucket = await _open_own_bucket(args, chain, time)
-    device = torch.device(args.device)
+    device = node_device(args.device)
     model = build_model(hp, device)
     state_dir = args.state_dir or Path.home() / ".templar" / args.wallet_name / args.wallet_hotkey
     try:

@@ -1,0 +1,58 @@
+"""The flags every neuron takes, without torch, transformers or the model code.
+
+Kept apart from `templar.runtime.node` so that `neurons/miner.py --help` answers in a fraction of
+a second (the node's imports cost about 5 s of CPU) and entry points can parse and reject a
+command line before loading anything heavy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from templar.chain.flags import add_chain_args
+from templar.core.config import DEFAULT_CACHE_GB
+from templar.runtime.metrics import add_metrics_args
+
+AUTO_DEVICE = "auto"
+"""`--device` default: the first CUDA device when there is one, else the CPU (`node_device`)."""
+
+
+def add_node_args(parser: argparse.ArgumentParser) -> None:
+    """Flags every neuron takes, in Bittensor's dotted style."""
+    add_chain_args(parser)
+    parser.add_argument("--hparams", default=None, help="preset name (tiny) or path; default hparams.json")
+    parser.add_argument("--device", default=AUTO_DEVICE,
+                        help="torch device (cuda, cuda:1, cpu); auto: cuda when available, else cpu")
+    parser.add_argument("--state.dir", dest="state_dir", type=Path, default=None,
+                        help="where this node keeps its resumable state (default ~/.templar/WALLET/HOTKEY)")
+    parser.add_argument("--bucket.locator", dest="bucket_locator", default=os.getenv("TEMPLAR_BUCKET"),
+                        help="read locator of this node's bucket, committed on chain "
+                             "(local:/dir | s3:... | r2:...); env TEMPLAR_BUCKET")
+    parser.add_argument("--bucket.credentials", dest="bucket_credentials", type=Path,
+                        default=os.getenv("TEMPLAR_BUCKET_CREDENTIALS"),
+                        help="JSON file with the bucket WRITE key (or env TEMPLAR_BUCKET_WRITE_KEY_ID/_SECRET)")
+    parser.add_argument("--data.locator", dest="data_locator", default=os.getenv("TEMPLAR_DATA_BUCKET"),
+                        help="read the run's corpus from this bucket locator or folder instead of hparams "
+                             "data.corpus (a mirror; the pinned manifest digest still applies)")
+    parser.add_argument("--data.prefix", dest="data_prefix", default=None,
+                        help="key prefix of the corpus in --data.locator (default: hparams data.corpus_prefix)")
+    parser.add_argument("--data.cache_gb", dest="data_cache_gb", type=float, default=DEFAULT_CACHE_GB,
+                        help="cap on the on-disk page cache (least recently used pages evicted)")
+    parser.add_argument("--data.cache_dir", dest="data_cache_dir", type=Path, default=None,
+                        help="page cache folder (default STATE_DIR/data)")
+    parser.add_argument("--windows", type=int, default=0, help="stop after this many windows (0: run forever)")
+    parser.add_argument("--logging.debug", dest="logging_debug", action="store_true")
+    parser.add_argument("--logging.json", dest="logging_json", action="store_true", help="JSON lines on stderr")
+    parser.add_argument("--logging.file", dest="logging_file", type=Path, default=None)
+    add_metrics_args(parser)  # --metrics.port / --metrics.host (templar.runtime.metrics; off by default)
+
+
+def node_device(flag: str):
+    """The torch device `--device` names (`auto`: cuda when available, else cpu)."""
+    import torch
+
+    if flag == AUTO_DEVICE:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(flag)
