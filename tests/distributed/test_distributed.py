@@ -77,6 +77,7 @@ def _tensors(path: Path) -> dict:
         return tensors | {"__meta__": f.metadata()}
 
 
+@pytest.mark.slow(seconds=35)
 def test_kill_one_rank_then_restart_resumes_exactly(tmp_path: Path) -> None:
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     straight.mkdir()
