@@ -48,3 +48,18 @@ def test_sharded_state_keeps_the_previous_file_and_falls_back_to_it(tmp_path) ->
     assert (state.window, state.global_step) == (3, 2) and source.startswith("previous state"), source
     assert all(torch.equal(p.full_tensor(), first[n]) for n, p in compute.model.named_parameters())
     compute.stop()
+
+
+def test_both_node_kinds_score_peers_with_the_same_arguments() -> None:
+    """The sharded validator's `score_peers` mirrors the 1-process `Evaluator`'s (issue 14 added
+    `page_sequences` to one of them; the other raised TypeError at a torchrun validator's first
+    evaluation)."""
+    import inspect
+
+    from templar.runtime.compute import PeerScorer
+    from templar.validator.evaluate import Evaluator
+
+    def arguments(method) -> list[tuple[str, object]]:
+        return [(p.name, p.default) for p in inspect.signature(method).parameters.values()]
+
+    assert arguments(NodeCompute.score_peers) == arguments(Evaluator.score_peers) == arguments(PeerScorer.score_peers)

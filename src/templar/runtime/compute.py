@@ -35,7 +35,18 @@ from templar.runtime.state import NodeState, load_node_state_or_previous, save_n
 from templar.runtime.train import TrainStats, accumulate_gradients, evaluate_loss, gradients
 from templar.wire import Gradient
 
-__all__ = ["Compute", "LocalCompute", "compute_of", "register_compute"]
+__all__ = ["Compute", "LocalCompute", "PeerScorer", "compute_of", "register_compute"]
+
+
+class PeerScorer(Protocol):
+    """The validator's primary evaluation (`templar.validator.evaluate.Evaluator.score_peers`):
+    LossScores of every peer's signed update on its assigned pages and on random pages. Each
+    node kind has one (the 1-process `Evaluator`, the sharded `NodeCompute`), and both must take
+    the same arguments: `tests/distributed/test_compute.py` compares their signatures, because a
+    missing argument on one of them only shows when a multi-rank validator first scores."""
+
+    def score_peers(self, signs_by_peer: dict[str, dict[str, torch.Tensor]], assigned: dict[str, torch.Tensor],
+                    random_batch: torch.Tensor, beta: float, page_sequences: int | None = None) -> dict[str, Any]: ...
 
 
 class Compute(Protocol):
@@ -69,7 +80,7 @@ class Compute(Protocol):
     def evaluate_loss(self, batch: torch.Tensor) -> float: ...
 
     @property
-    def evaluator(self) -> Any:
+    def evaluator(self) -> PeerScorer | None:
         """An object with the validator's `score_peers` over all ranks, or None: the caller uses
         its own 1-process `Evaluator` on the node's model."""
 
