@@ -19,7 +19,7 @@ import torch
 
 from templar.chain import create_dev_chain
 from templar.core.clock import loop_time
-from templar.core.config import PRESETS_DIR, load_hparams
+from templar.core.config import load_hparams
 from templar.runtime.flags import add_node_args
 from templar.runtime.node import Node, start_node
 
@@ -38,10 +38,16 @@ FAST_WINDOWS = {
 }
 
 
+MICRO_PRESET = Path(__file__).resolve().parents[1] / "presets" / "micro.json"
+"""`tiny` with a 4× narrower, 2-layer model (same vocabulary, data and Gauntlet levers): the nodes'
+tests check mechanisms and incentives, not model quality, and training and evaluation are most of
+a localnet's CPU (an in-process adversarial localnet: 120 -> 72 s)."""
+
+
 def write_fast_preset(directory: Path, sections: dict[str, dict] | None = None, **windows: object) -> Path:
-    """The tiny preset with 5-second windows (and optional window overrides; `sections`: other
+    """The micro preset with 5-second windows (and optional window overrides; `sections`: other
     hparams sections' overrides, e.g. less data per window for tests that only need the mechanics)."""
-    body: dict[str, object] = {"base": str(PRESETS_DIR / "tiny.json"), "name": "tiny-fast", **(sections or {}),
+    body: dict[str, object] = {"base": str(MICRO_PRESET), "name": "micro-fast", **(sections or {}),
                                "windows": {**FAST_WINDOWS, **windows}}
     path = directory / "fast.json"
     path.write_text(json.dumps(body))

@@ -37,7 +37,7 @@ from templar.wire import read_gradient
 from .harness import Subnet, parameters, same_parameters
 
 # `slow` only orders the suite (long tests first, one per xdist worker; tests/conftest.py): both run always.
-pytestmark = [pytest.mark.slow(seconds=20), pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.slow(seconds=8), pytest.mark.timeout(240)]
 
 LIGHT = {"data": {"pages_per_window": 1, "eval_pages": 1}}
 """One page to train on and one to evaluate per window: these tests are about the mechanics."""

@@ -1,7 +1,8 @@
 """The whole subnet, as a newcomer runs it.
 
 - The incentive: `templar localnet --in-process` with every adversary, next to the same run
-  without them, on virtual time (deterministic windows, the computation's cost only; the seed fixes
+  without them, on the `micro` test model (tests/presets/micro.json: tiny's data and Gauntlet
+  levers, a 4x narrower model; the incentive does not depend on the width) and virtual time (deterministic windows, the computation's cost only; the seed fixes
   hotkeys and evaluation secrets, so each run repeats bit for bit). Honest work is paid, cheating is
   not, and the model does not notice the cheats.
 - The processes: one real-time `templar localnet` with separate neuron processes through their
@@ -18,6 +19,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from .harness import MICRO_PRESET
 
 ADVERSARIES = ["copycat", "scaled", "signflip", "noise", "freerider", "lazy", "late", "desync", "duplicate",
                "moredata"]
@@ -60,12 +63,13 @@ def _loss_at_step(out: Path) -> dict[int, float]:
     return {r["global_step"]: r["holdout_loss"] for r in map(json.loads, lead.read_text().splitlines())}
 
 
-@pytest.mark.slow(seconds=110)
+@pytest.mark.slow(seconds=60)
 def test_localnet_pays_honest_work_and_nothing_else(tmp_path):
     adversarial, baseline = tmp_path / "adversarial", tmp_path / "baseline"
     # the baseline through the CLI (`templar localnet --in-process`) in a process of its own, alongside
-    baseline_run = _localnet(baseline, [], miners=3, windows=BASELINE_WINDOWS)
-    report = _localnet_in_this_process(adversarial, ADVERSARIES, miners=3, hparams="tiny", seed=0, windows=WINDOWS)
+    baseline_run = _localnet(baseline, [], 3, "--hparams", str(MICRO_PRESET), windows=BASELINE_WINDOWS)
+    report = _localnet_in_this_process(adversarial, ADVERSARIES, miners=3, hparams=str(MICRO_PRESET), seed=0,
+                                       windows=WINDOWS)
     assert report["outcome"] == "finished"
     assert baseline_run.wait(timeout=1100) == 0, baseline.with_suffix(".log").read_text()[-3000:]
     for name in ("report.md", "loss.png", "weights.png", "ratings.png"):
@@ -98,26 +102,24 @@ def test_localnet_pays_honest_work_and_nothing_else(tmp_path):
 
 
 PRODUCTION_LIKE = {"data": {"eval_pages": 1}, "gauntlet": {"proof_margin": 0.0}}
-"""What production evaluates that `tiny` does not: one of the two assigned pages, the paper's bare sign."""
+"""What production evaluates that `tiny` (and `micro`) does not: one of the two assigned pages, the paper's bare sign."""
 
 
-@pytest.mark.slow(seconds=25)
-@pytest.mark.parametrize("setting", ["tiny", "production-like"])
+@pytest.mark.slow(seconds=12)
+@pytest.mark.parametrize("setting", ["micro", "production-like"])
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_partial_and_pooled_work_earn_less_than_honest_work(tmp_path, setting, seed):
-    """Issue 14's cheats on the in-process localnet, 3 seeds × {tiny, production-like}: `partial`
+    """Issue 14's cheats on the in-process localnet, 3 seeds × {micro, production-like}: `partial`
     (1 of 2 pages trained, the rest borrowed from other miners' same-window uploads) earns less
     than the weakest honest miner, and a `pooled` group of 3 hotkeys (one update on the union of
     their slots, posted by each with noise) earns less in total than the weakest honest miner.
     The fewest nodes and windows that show it: 2 honest miners, 3 scored windows after warm-up (with 2,
     one unlucky coin flip of an honest miner's μ under the paper's bare sign can zero its weight).
     One test per run, so the six runs spread over the suite's workers."""
-    from templar.core.config import PRESETS_DIR
-
-    hparams = "tiny"
+    hparams = str(MICRO_PRESET)
     if setting == "production-like":
         hparams = str(tmp_path / "production-like.json")
-        Path(hparams).write_text(json.dumps({"base": str(PRESETS_DIR / "tiny.json"), "name": "tiny-production-like",
+        Path(hparams).write_text(json.dumps({"base": str(MICRO_PRESET), "name": "micro-production-like",
                                              **PRODUCTION_LIKE}))
     report = _localnet_in_this_process(tmp_path / "run", ["partial", "pooled"], miners=2, hparams=hparams, seed=seed,
                                        windows=4)

@@ -20,7 +20,7 @@ from templar.validator.loop import BOOK_FILE, Validator
 
 from .harness import NETUID, Subnet
 
-pytestmark = [pytest.mark.slow(seconds=30), pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.slow(seconds=12), pytest.mark.timeout(240)]
 
 
 def test_validator_scores_weights_publishes_and_resumes(tmp_path):
