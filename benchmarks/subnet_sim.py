@@ -101,6 +101,8 @@ class SimConfig:
     rating_gamma: float = 0.95
     rating_tie_band: float = 3.5
     rating_exponent: float = 10.0
+    rating_cap: float | None = None
+    """relative rating: LossRating ≤ 25 × this (hparams `rating_cap`; None: no cap)"""
     openskill_tie_band: float = 0.084
     """"openskill_ties": the tie width, × the window's median δ_rand (0.084 is one evaluation's spread)"""
     tempo_windows: int = 1
@@ -247,7 +249,7 @@ def simulate(cfg: SimConfig, *, keep_series: bool = False) -> Outcome:
         book = TiedOpenSkillBook(cfg.openskill_tie_band) if cfg.rating == "openskill_ties" else ScoreBook()
         if cfg.rating == "relative":
             book.set_loss_rating("relative", gamma=cfg.rating_gamma, tie_band=cfg.rating_tie_band,
-                                 exponent=cfg.rating_exponent)
+                                 exponent=cfg.rating_exponent, cap=cfg.rating_cap)
         book.set_mu_ramp(cfg.mu_gamma, cfg.mu_prior_evals)
         books.append(book)
     secrets = [rng.getrandbits(64) for _ in range(cfg.validators)]
@@ -567,7 +569,7 @@ def main(argv: list[str] | None = None) -> int:
 LEVERS: dict = {"sharpness": 2.0, "newcomer_evals": 32, "mu_prior_evals": 1.0}
 """The selection and μ levers of the first round of issue 19 (with the paper's OpenSkill rating)."""
 CHOSEN: dict = {"sharpness": 2.0, "newcomer_evals": 32, "mu_prior_evals": 0.0, "rating": "relative",
-                "rating_gamma": 0.95, "rating_tie_band": 3.5, "rating_exponent": 10.0}
+                "rating_gamma": 0.95, "rating_tie_band": 3.5, "rating_exponent": 10.0, "rating_cap": 2.0}
 """The settings this benchmark argues for (docs/scoring.md §11; `hparams.json` gauntlet section)."""
 
 if __name__ == "__main__":

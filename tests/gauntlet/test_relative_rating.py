@@ -19,9 +19,9 @@ from templar.gauntlet.rating import (
 
 
 def test_relative_loss_scores_divide_by_the_median_and_clip() -> None:
-    # finite values 0.02, 0.03, 0.04, 0.06, 1.0 → median 0.04; −inf and 1.0/0.04 = 25 clip to −1 and 4
+    # finite values 0.02, 0.03, 0.04, 0.06, 1.0 → median 0.04; −inf and 1.0/0.04 = 25 clip to −1 and 2
     assert relative_loss_scores({"a": 0.02, "b": 0.04, "c": 0.06, "d": -math.inf, "e": 1.0, "f": 0.03}) == \
-        pytest.approx({"a": 0.5, "b": 1.0, "c": 1.5, "d": -1.0, "e": 4.0, "f": 0.75})
+        pytest.approx({"a": 0.5, "b": 1.0, "c": 1.5, "d": -1.0, "e": 2.0, "f": 0.75})
     # even count: median of 0.01, 0.02, 0.03, 0.05 is 0.025
     assert relative_loss_scores({"a": 0.01, "b": 0.02, "c": 0.03, "d": 0.05}) == pytest.approx(
         {"a": 0.4, "b": 0.8, "c": 1.2, "d": 2.0})
@@ -103,6 +103,38 @@ def _book(tie_band: float, exponent: float) -> ScoreBook:
     return book
 
 
+def test_the_premium_is_capped() -> None:
+    plain = {"gamma": 0.9, "tie_band": 0.0, "noise": 0.1, "exponent": 10.0}
+    assert relative_rating(1.3, 4, **plain) == pytest.approx(25 * 1.3**10)  # 344.6: 13.8x the median peer
+    assert relative_rating(1.3, 4, cap=2.0, **plain) == 50.0
+    assert relative_rating(1.05, 4, cap=2.0, **plain) == pytest.approx(25 * 1.05**10)  # 40.7: below the cap
+    assert relative_rating(0.9, 4, cap=2.0, **plain) == pytest.approx(25 * 0.9**10)  # a cap bounds only the top
+    for bad in (0.5, math.inf, math.nan):
+        with pytest.raises(ValueError):
+            relative_rating(1.0, 1, cap=bad, **plain)
+
+
+def test_one_freak_evaluation_moves_a_capped_rating_by_at_most_the_cap() -> None:
+    """The localnet's step (docs/scoring.md §12): a peer level with the median for 9 evaluations,
+    then one evaluation at 3.66x the window's median. It enters at 2 (the clip), and the capped
+    rating goes from 25 to at most 50, where the uncapped one went to 25 · 1.11^10 ≈ 71 with the
+    clip (and 25 · 1.31^10 ≈ 370 with the old clip of 4)."""
+    book = ScoreBook()
+    book.set_loss_rating("relative", gamma=0.95, tie_band=0.0, exponent=10.0, cap=2.0)
+    for uid, hotkey in enumerate(("p", "m1", "m2", "m3")):
+        book.get_or_create(hotkey, uid, window=0)
+    for window in range(10):
+        freak = 3.66 if window == 9 else 1.0
+        book.record_primary({"p": PrimaryResult(0.05 * freak + 0.01, 0.05 * freak),
+                             **{m: PrimaryResult(0.06, 0.05) for m in ("m1", "m2", "m3")}},
+                            gamma=0.9, beta=25 / 6, tau=25 / 300, window=window)
+    mean = book.peers["p"].relative_delta
+    weight = (1 - 0.95) / (1 - 0.95**10)  # the bias-corrected EMA's weight on the 10th evaluation
+    assert mean == pytest.approx(1.0 + (2.0 - 1.0) * weight)  # the freak enters clipped at 2
+    assert 25.0 < book.loss_rating("p") <= 50.0
+    assert book.loss_rating("m1") == 25.0
+
+
 def test_book_scores_with_the_relative_rating() -> None:
     book = _book(tie_band=0.0, exponent=1.0)
     # δ_rand 0.02 / 0.04 / 0.08 → relative 0.5 / 1 / 2 → ratings 12.5 / 25 / 50;
@@ -166,3 +198,7 @@ def test_configure_applies_the_production_hparams() -> None:
     book.get_or_create("a", 0, window=0)
     expected = 25.0 if g.loss_rating == "relative" else book.peers["a"].rating[0]
     assert book.loss_rating("a") == expected
+    # the production cap reaches the book: a peer far ahead after many evaluations is rated at the cap
+    record = book.peers["a"]
+    record.relative_delta, record.relative_evals = 1.9, 200
+    assert g.rating_cap is not None and book.loss_rating("a") == pytest.approx(25.0 * g.rating_cap)

@@ -144,6 +144,9 @@ class GauntletConfig(_Strict):
                                    "windows' spread) of the median counts as the median")
     rating_exponent: float = Field(default=10.0, gt=0, le=100, description="relative rating: LossRating = "
                                    "25 x (relative LossScore beyond the band)^this")
+    rating_cap: float | None = Field(default=None, ge=1, le=100, description="relative rating: LossRating "
+                                     "<= 25 x this (None: no cap); bounds how far validators that crossed the "
+                                     "band in different windows disagree")
 
 
 class WindowConfig(_Strict):

@@ -161,7 +161,7 @@ class ScoreBook:
         self.relative_noise: tuple[float, int] = relative_noise
         """(one evaluation's spread of relative LossScores as a bias-corrected EMA over windows, windows)"""
         self._mu_ramp: tuple[float, float] | None = None
-        self._relative: tuple[float, float, float] | None = None
+        self._relative: tuple[float, float, float, float | None] | None = None
         holders: dict[int, str] = {}
         for hotkey, record in self._peers.items():
             if record.uid in holders:
@@ -262,9 +262,10 @@ class ScoreBook:
         """
         self.set_mu_ramp(gauntlet.mu_gamma, gauntlet.mu_prior_evals)
         self.set_loss_rating(gauntlet.loss_rating, gamma=gauntlet.rating_gamma, tie_band=gauntlet.rating_tie_band,
-                             exponent=gauntlet.rating_exponent)
+                             exponent=gauntlet.rating_exponent, cap=gauntlet.rating_cap)
 
-    def set_loss_rating(self, kind: str, *, gamma: float = 0.95, tie_band: float = 0.0, exponent: float = 1.0) -> None:
+    def set_loss_rating(self, kind: str, *, gamma: float = 0.95, tie_band: float = 0.0, exponent: float = 1.0,
+                        cap: float | None = None) -> None:
         """Which LossRating PeerScore reads: "openskill" (the paper) or "relative" (`relative_rating`).
 
         A setting, not state, like `set_mu_ramp`. OpenSkill ratings are kept up to date either
@@ -275,8 +276,8 @@ class ScoreBook:
             return
         if kind != "relative":
             raise ValueError(f"set_loss_rating: unknown kind {kind!r} (openskill or relative)")
-        relative_rating(1.0, 1, gamma=gamma, tie_band=tie_band, exponent=exponent, noise=0.0)  # validates
-        self._relative = (float(gamma), float(tie_band), float(exponent))
+        relative_rating(1.0, 1, gamma=gamma, tie_band=tie_band, exponent=exponent, noise=0.0, cap=cap)  # validates
+        self._relative = (float(gamma), float(tie_band), float(exponent), None if cap is None else float(cap))
 
     def loss_rating(self, hotkey: str) -> float:
         """LossRating_p as PeerScore reads it under the current setting."""
@@ -285,9 +286,9 @@ class ScoreBook:
     def _loss_rating(self, record: PeerRecord) -> float:
         if self._relative is None:
             return record.loss_rating
-        gamma, band, exponent = self._relative
+        gamma, band, exponent, cap = self._relative
         return relative_rating(record.relative_delta, record.relative_evals, gamma=gamma, tie_band=band,
-                               exponent=exponent, noise=self.relative_noise[0])
+                               exponent=exponent, noise=self.relative_noise[0], cap=cap)
 
     def _rescore(self, record: PeerRecord) -> None:
         mu = record.mu

@@ -90,10 +90,13 @@ def rate_match(
 
 # ---- relative LossRating (issue 19; beyond the paper, `gauntlet.loss_rating` = "relative") -------------
 
-RELATIVE_CLIP = (-1.0, 4.0)
+RELATIVE_CLIP = (-1.0, 2.0)
 """Bounds of one relative LossScore. A δ_rand of −∞ (the update broke the model) or far below the
-median counts as −1; 4× the window's median is far beyond any honest spread, so the bound only
-stops one freak evaluation from dominating a peer's mean."""
+median counts as −1. Twice the window's median is beyond any honest spread measured (0.8–1.3 early
+in training; `moredata`, twice the pages, 1.05–1.3) but not beyond the noise of late, noisy
+windows (0.06–4.5 in window 19 of a tiny localnet): one freak evaluation of 3.66 there moved a
+peer's mean by 0.3 at the lead alone and cut the other validators' vtrust to 0.41 for two windows
+(docs/scoring.md §12). At 2 the same evaluation moves it by at most 0.1."""
 
 RELATIVE_MIN_PLAYERS = 3
 """A median over fewer than three LossScores is one of the peers' own; such a window updates no one."""
@@ -172,9 +175,10 @@ def _median(ordered: list[float]) -> float:
 
 
 def relative_rating(
-    mean: float, evaluations: int, *, gamma: float, tie_band: float, exponent: float, noise: float
+    mean: float, evaluations: int, *, gamma: float, tie_band: float, exponent: float, noise: float,
+    cap: float | None = None,
 ) -> float:
-    """LossRating from the relative LossScores: 25 · max(0, 1 + shrink(mean − 1))^exponent.
+    """LossRating from the relative LossScores: 25 · min(cap, max(0, 1 + shrink(mean − 1))^exponent).
 
     shrink(d) = sign(d) · max(0, |d| − tie_band · noise/√n_eff): a peer whose mean is within
     `tie_band` standard errors of the window median (1.0) is statistically indistinguishable
@@ -186,7 +190,15 @@ def relative_rating(
     for more useful work: with exponent 12 a peer 5 % clear of the band is rated 1.8× (before
     the normalisation's power c). A peer never rated gets 25, OpenSkill's prior: the score of a
     newcomer is held back by μ, not by its rating.
+
+    `cap` (None: no cap) bounds the premium at `cap` × 25. With the exponent the premium rises
+    steeply just beyond the band, and the band is crossed at a different window by each validator
+    (their books hold different evaluations), so an unbounded premium turns the moment one strong
+    peer crosses into a disagreement between validators as large as the premium. Capped at 2, a
+    peer doing clearly more useful work is paid up to 4× an honest peer (with c = 2), never more.
     """
+    if cap is not None and not (math.isfinite(cap) and cap >= 1.0):
+        raise ValueError(f"relative_rating: cap must be a finite number >= 1 (or None), got {cap!r}")
     if not 0.0 <= gamma < 1.0 or not tie_band >= 0 or not exponent > 0 or not math.isfinite(exponent):
         raise ValueError(f"relative_rating: need 0 <= gamma < 1, tie_band >= 0 and a finite exponent > 0, got "
                          f"{gamma!r}, {tie_band!r}, {exponent!r}")
@@ -198,4 +210,5 @@ def relative_rating(
         return prior
     excess = abs(mean - 1.0) - tie_band * noise / math.sqrt(n_eff)
     relative = 1.0 + math.copysign(excess, mean - 1.0) if excess > 0 else 1.0
-    return prior * max(0.0, relative) ** exponent
+    premium = max(0.0, relative) ** exponent
+    return prior * (premium if cap is None else min(cap, premium))
