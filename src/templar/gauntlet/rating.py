@@ -187,7 +187,7 @@ def relative_rating(
     `noise` is one evaluation's spread (the book's running `relative_spread`); `tie_band` 3 keeps
     the extreme of a few hundred identical peers (about 2.8 standard errors out) inside the band.
     Beyond the band the rating grows as a power `exponent` of the relative LossScore, the premium
-    for more useful work: with exponent 12 a peer 5 % clear of the band is rated 1.8× (before
+    for more useful work: with exponent 10 a peer 5 % clear of the band is rated 1.6× (before
     the normalisation's power c). A peer never rated gets 25, OpenSkill's prior: the score of a
     newcomer is held back by μ, not by its rating.
 
