@@ -80,7 +80,9 @@ def test_encoder_refuses_what_it_cannot_represent() -> None:
 
 
 def test_decoder_rejects_non_canonical_streams() -> None:
-    c = DCTCompressor(64, 32).compress(torch.randn(128, 128))
+    # A fixed input: the forged stream below stays within idx_hi's size cap for this one, while
+    # for about 1 draw in 6 of the global RNG it did not (`bad_shape`, not `index_range`).
+    c = DCTCompressor(64, 32).compress(torch.randn(128, 128, generator=torch.Generator().manual_seed(0)))
     good = codec.encode(c)
 
     def attempt(**changes: torch.Tensor) -> str:
