@@ -46,6 +46,7 @@ import numpy as np
 
 from templar.chain import yuma
 from templar.gauntlet import PrimaryResult, ScoreBook, select_eval_peers
+from templar.gauntlet import rating as rating_module
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 WINDOW_SECONDS = 84.0
@@ -108,6 +109,13 @@ class SimConfig:
     tempo_windows: int = 1
     """windows between Yuma epochs (1: as if every window's weights were read; finney's tempo of
     360 blocks is 51 windows, and incentive holds between epochs)"""
+    freak_rate: float = 0.0
+    """probability that one draw's δ_rand (and δ_assigned) is multiplied by `freak_scale`: the rare freak
+    evaluation of a late, noisy localnet window (docs/scoring.md §12: 3.66× the window median)"""
+    freak_scale: float = 3.66
+    rating_clip_high: float | None = None
+    """relative rating: the upper clip of one relative LossScore (None: `rating.RELATIVE_CLIP`, production);
+    set only to replay the rule before the clip at 2 (4.0)"""
     seed: int = 0
 
 
@@ -194,13 +202,17 @@ def build_peers(cfg: SimConfig, rng: random.Random) -> list[Peer]:
     return peers
 
 
-def draw(strategy: str, rng: random.Random, noise: float = 1.0) -> PrimaryResult:
-    """One LossScore pair resampled from the measured ones of the strategy (scaled to nats)."""
+def draw(strategy: str, rng: random.Random, noise: float = 1.0, freak_rate: float = 0.0,
+         freak_scale: float = 3.66) -> PrimaryResult:
+    """One LossScore pair resampled from the measured ones of the strategy (scaled to nats); with
+    probability `freak_rate` both are multiplied by `freak_scale` (a freak evaluation)."""
     kind = {"newcomer": "honest", "copycat": "lazy", "lazy_new": "lazy"}.get(strategy, strategy)
     rand, gap = rng.choice(fit()["samples"][kind])
     if noise != 1.0:  # fewer sequences per evaluation: the same means, wider spread
         (mr, _), (mg, _) = fit()["summary"][kind]["rand_mean_sd"], fit()["summary"][kind]["gap_mean_sd"]
         rand, gap = mr + (rand - mr) * noise, mg + (gap - mg) * noise
+    if freak_rate > 0 and rng.random() < freak_rate:
+        rand, gap = rand * freak_scale, gap * freak_scale
     return PrimaryResult(LOSS_SCALE * (rand + gap), LOSS_SCALE * rand)
 
 
@@ -240,6 +252,17 @@ def gini(values: list[float]) -> float:
 
 
 def simulate(cfg: SimConfig, *, keep_series: bool = False) -> Outcome:
+    if cfg.rating_clip_high is None:
+        return _simulate(cfg, keep_series)
+    saved = rating_module.RELATIVE_CLIP
+    rating_module.RELATIVE_CLIP = (saved[0], cfg.rating_clip_high)  # replay an older clip; restored below
+    try:
+        return _simulate(cfg, keep_series)
+    finally:
+        rating_module.RELATIVE_CLIP = saved
+
+
+def _simulate(cfg: SimConfig, keep_series: bool) -> Outcome:
     rng = random.Random(cfg.seed)
     peers = build_peers(cfg, rng)
     by_hotkey = {p.hotkey: p for p in peers}
@@ -282,7 +305,8 @@ def simulate(cfg: SimConfig, *, keep_series: bool = False) -> Outcome:
                     passed.append(hotkey)
             chosen = select_eval_peers(seed, window, passed, cfg.uids_per_window, purpose="primary",
                                        staleness=staleness, sharpness=cfg.sharpness)
-            book.record_primary({hk: draw(by_hotkey[hk].strategy, rng, cfg.noise) for hk in chosen}, gamma=cfg.mu_gamma,
+            book.record_primary({hk: draw(by_hotkey[hk].strategy, rng, cfg.noise, cfg.freak_rate, cfg.freak_scale)
+                                 for hk in chosen}, gamma=cfg.mu_gamma,
                                 beta=cfg.openskill_beta, tau=cfg.openskill_tau, margin=cfg.proof_margin,
                                 window=window)
             x = book.weights(cfg.power)
@@ -338,6 +362,8 @@ def metrics(cfg: SimConfig, peers: list[Peer], inc: np.ndarray, agreement: list[
         "honest_gini": gini(honest),
         "agreement_mean": statistics.fmean(agreement[-tail:]),
         "agreement_min": min(agreement[-tail:]),
+        "agreement_worst_window": min(agreement[cfg.windows // 4:]),
+        "vtrust_worst_window": float(vtrust[cfg.windows // 4:].min()),
         "vtrust_mean": float(vtrust[-tail:].mean()),
         "vtrust_min": float(vtrust[-tail:].mean(axis=0).min()),
         "share": {s: float(last[uids[s]].sum()) for s in STRATEGIES},
@@ -457,6 +483,33 @@ def plan(base: SimConfig, quick: bool, sweeps: bool = False) -> list[tuple[str, 
     return jobs
 
 
+JUMP_SEEDS = (0, 1, 2)
+
+
+def jump_plan() -> list[tuple[str, SimConfig, bool]]:
+    """The "jump" scenario: a localnet-sized subnet (3 validators at stake 1000/500/333, 10 miners, each
+    evaluated nearly every window) where 2 % of the evaluations are freaks at 3.66× (docs/scoring.md
+    §12), so one evaluation can push a peer out of one validator's band before the others'. Also
+    the same without freaks (calm) and with the late localnet's noise (σ̂ about twice the fitted one).
+    Before: the clip at 4 and no cap; after: production (clip 2, cap 2)."""
+    small = replace(SimConfig(), uids=13, validators=3, per_class=1, fast_eval_uids=16, uids_per_window=10,
+                    windows=60, join_window=20, freak_rate=0.02, **CHOSEN)
+    jobs = []
+    for name, variant in (("freaks", {}), ("calm", {"freak_rate": 0.0}), ("freaks, noise x2", {"noise": 2.0})):
+        for seed in JUMP_SEEDS:
+            cfg = replace(small, seed=seed, **variant)
+            jobs += [(f"{name}, before, seed={seed}", replace(cfg, rating_cap=None, rating_clip_high=4.0), False),
+                     (f"{name}, after, seed={seed}", cfg, False)]
+    return jobs
+
+
+def jump_line(label: str, m: dict) -> str:
+    return (f"  {label:<40} agreement worst window {m['agreement_worst_window']:.3f} mean "
+            f"{m['agreement_mean']:.3f} | vtrust worst window {m['vtrust_worst_window']:.3f} | honest max/min "
+            f"{m['honest_max_over_min']:.2f} | moredata/honest {m['moredata_over_honest']:.2f} | cheats "
+            f"{sum(m['share'][c] for c in CHEATS):.4f}")
+
+
 def rating_candidates(levers: SimConfig) -> list[tuple[str, SimConfig]]:
     """The LossRating designs of the trade-off curve, all on the selection and μ levers
     (`candidate:` family, then its knobs)."""
@@ -519,7 +572,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fit", type=Path, default=None, help="refit FIT_FILE from a localnet --out directory")
     parser.add_argument("--processes", type=int, default=2, help="simulations run in parallel (default 2)")
     parser.add_argument("--sweeps", action="store_true", help="also rerun the paper's one-knob sweeps")
+    parser.add_argument("--jump", action="store_true",
+                        help="only the jump scenario: freak evaluations in a localnet-sized subnet, before/after")
     args = parser.parse_args(argv)
+    if args.jump:
+        for job in jump_plan():
+            label, outcome = _run(job)
+            print(jump_line(label, outcome.metrics), flush=True)
+        return 0
     if args.fit is not None:
         fitted = fit_from_scores(args.fit)
         FIT_FILE.write_text(json.dumps(fitted, indent=None))

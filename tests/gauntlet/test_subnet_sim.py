@@ -40,3 +40,35 @@ def test_fit_file_holds_every_strategy_the_draws_need(subnet_sim) -> None:
     fit = subnet_sim.fit()
     assert {"honest", "moredata", "lazy", "noise"} <= set(fit["samples"])
     assert all(len(pairs) >= 20 for pairs in fit["samples"].values())
+
+
+def test_freak_draw_scales_both_loss_scores(subnet_sim) -> None:
+    """The jump scenario's freak evaluation is the calm draw times `freak_scale` (same rng state)."""
+    import random
+
+    calm = subnet_sim.draw("honest", random.Random(3))
+    rng = random.Random(3)
+    freak = subnet_sim.draw("honest", rng, freak_rate=1.0, freak_scale=3.0)
+    assert freak.delta_rand == pytest.approx(3.0 * calm.delta_rand)
+    assert freak.delta_assigned == pytest.approx(3.0 * calm.delta_assigned)
+
+
+def test_replayed_clip_reaches_the_rule_and_is_restored(subnet_sim) -> None:
+    """`rating_clip_high` replays an older clip inside one simulation only; production's stays."""
+    from templar.gauntlet import rating
+
+    production = rating.RELATIVE_CLIP
+    seen = []
+    original = rating.relative_loss_scores
+
+    def spy(results):
+        seen.append(rating.RELATIVE_CLIP)
+        return original(results)
+
+    cfg = replace(subnet_sim.SimConfig(), uids=13, validators=2, per_class=1, fast_eval_uids=16, uids_per_window=10,
+                  windows=2, join_window=1, rating_clip_high=4.0, **subnet_sim.CHOSEN)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("templar.gauntlet.book.relative_loss_scores", spy)
+        subnet_sim.simulate(cfg)
+    assert seen and all(clip == (production[0], 4.0) for clip in seen)
+    assert production == rating.RELATIVE_CLIP
