@@ -44,6 +44,7 @@ from pathlib import Path
 
 import numpy as np
 
+from subnet_sim_fit import FIT_FILE, fit, fit_from_scores
 from templar.chain import yuma
 from templar.gauntlet import PrimaryResult, ScoreBook, select_eval_peers
 from templar.gauntlet import rating as rating_module
@@ -53,13 +54,6 @@ WINDOW_SECONDS = 84.0
 LAST = 12
 """Incentive is averaged over the last 12 windows (the issue's fairness horizon)."""
 
-FIT_FILE = RESULTS_DIR / "subnet_sim_fit.json"
-"""The measured LossScores the draws resample (written by `--fit RUN_DIR`): per strategy, pairs of
-(δ_rand, δ_assigned − δ_rand), each relative to the mean δ_rand of the honest peers in the same
-validator's window, plus where they came from."""
-FIT_RUN = ("localnet 2026-11-23 15:47 UTC, tiny preset (eval_pages 2, proof_margin 0.3 there), `templar "
-           "localnet --validators 3 --miners 4 --adversary moredata --adversary lazy --adversary copycat "
-           "--adversary noise --windows 12`")
 LOSS_SCALE = 0.04
 """Mean honest δ_rand of that run (nats); only `proof_margin` > 0 looks at absolute sizes."""
 
@@ -133,56 +127,6 @@ class Outcome:
     config: dict
     metrics: dict
     series: dict = field(default_factory=dict)
-
-
-def fit_from_scores(run_dir: Path) -> dict:
-    """Fit `FIT_FILE` from a localnet's scores.jsonl files (every validator's).
-
-    Each LossScore is divided by the mean δ_rand of the honest peers in the same validator's
-    window: the loss scale falls as the model trains, and only the spread *within* a window
-    matters to the OpenSkill ranking (and to the sign in μ). Returns mean and sd of the relative
-    δ_rand and of the relative gap δ_assigned − δ_rand per strategy.
-    """
-    nodes = {n["hotkey"]: n for n in json.loads((run_dir / "nodes.json").read_text())}
-    validators = [n["name"] for n in nodes.values() if n["role"] == "validator"]
-    records = []
-    for name in validators:
-        for text in (run_dir / "nodes" / name / "scores.jsonl").read_text().splitlines():
-            rec = json.loads(text)
-            if rec.get("evaluated") and rec.get("delta_rand") is not None and rec["hotkey"] in nodes:
-                records.append((name, rec["window"], nodes[rec["hotkey"]]["strategy"],
-                                rec["delta_assigned"], rec["delta_rand"]))
-    honest: dict[tuple[str, int], list[float]] = {}
-    for name, window, strategy, _, rand in records:
-        if strategy == "honest":
-            honest.setdefault((name, window), []).append(rand)
-    scale = {key: statistics.fmean(values) for key, values in honest.items()}
-    relative: dict[str, list[tuple[float, float]]] = {}
-    for name, window, strategy, assigned, rand in records:
-        if scale.get((name, window), 0) > 0:
-            m = scale[(name, window)]
-            relative.setdefault(strategy, []).append((rand / m, (assigned - rand) / m))
-    summary = {}
-    for strategy, pairs in sorted(relative.items()):
-        rand, gap = [r for r, _ in pairs], [g for _, g in pairs]
-        summary[strategy] = {"n": len(pairs),
-                             "rand_mean_sd": [round(statistics.fmean(rand), 3), round(statistics.stdev(rand), 3)],
-                             "gap_mean_sd": [round(statistics.fmean(gap), 3), round(statistics.stdev(gap), 3)],
-                             "gap_negative": round(sum(g < 0 for g in gap) / len(gap), 3)}
-    return {"source": f"{FIT_RUN}: {len(validators)} validators' scores.jsonl, {len(records)} primary evaluations "
-                      "(copycat was caught as `copy` in every window and has none: it is drawn as `lazy`)",
-            "summary": summary,
-            "samples": {k: [[round(r, 4), round(g, 4)] for r, g in v] for k, v in sorted(relative.items())}}
-
-
-_FIT: dict | None = None
-
-
-def fit() -> dict:
-    global _FIT
-    if _FIT is None:
-        _FIT = json.loads(FIT_FILE.read_text())
-    return _FIT
 
 
 def build_peers(cfg: SimConfig, rng: random.Random) -> list[Peer]:
@@ -483,33 +427,6 @@ def plan(base: SimConfig, quick: bool, sweeps: bool = False) -> list[tuple[str, 
     return jobs
 
 
-JUMP_SEEDS = (0, 1, 2)
-
-
-def jump_plan() -> list[tuple[str, SimConfig, bool]]:
-    """The "jump" scenario: a localnet-sized subnet (3 validators at stake 1000/500/333, 10 miners, each
-    evaluated nearly every window) where 2 % of the evaluations are freaks at 3.66× (docs/scoring.md
-    §12), so one evaluation can push a peer out of one validator's band before the others'. Also
-    the same without freaks (calm) and with the late localnet's noise (σ̂ about twice the fitted one).
-    Before: the clip at 4 and no cap; after: production (clip 2, cap 2)."""
-    small = replace(SimConfig(), uids=13, validators=3, per_class=1, fast_eval_uids=16, uids_per_window=10,
-                    windows=60, join_window=20, freak_rate=0.02, **CHOSEN)
-    jobs = []
-    for name, variant in (("freaks", {}), ("calm", {"freak_rate": 0.0}), ("freaks, noise x2", {"noise": 2.0})):
-        for seed in JUMP_SEEDS:
-            cfg = replace(small, seed=seed, **variant)
-            jobs += [(f"{name}, before, seed={seed}", replace(cfg, rating_cap=None, rating_clip_high=4.0), False),
-                     (f"{name}, after, seed={seed}", cfg, False)]
-    return jobs
-
-
-def jump_line(label: str, m: dict) -> str:
-    return (f"  {label:<40} agreement worst window {m['agreement_worst_window']:.3f} mean "
-            f"{m['agreement_mean']:.3f} | vtrust worst window {m['vtrust_worst_window']:.3f} | honest max/min "
-            f"{m['honest_max_over_min']:.2f} | moredata/honest {m['moredata_over_honest']:.2f} | cheats "
-            f"{sum(m['share'][c] for c in CHEATS):.4f}")
-
-
 def rating_candidates(levers: SimConfig) -> list[tuple[str, SimConfig]]:
     """The LossRating designs of the trade-off curve, all on the selection and μ levers
     (`candidate:` family, then its knobs)."""
@@ -572,14 +489,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fit", type=Path, default=None, help="refit FIT_FILE from a localnet --out directory")
     parser.add_argument("--processes", type=int, default=2, help="simulations run in parallel (default 2)")
     parser.add_argument("--sweeps", action="store_true", help="also rerun the paper's one-knob sweeps")
-    parser.add_argument("--jump", action="store_true",
-                        help="only the jump scenario: freak evaluations in a localnet-sized subnet, before/after")
     args = parser.parse_args(argv)
-    if args.jump:
-        for job in jump_plan():
-            label, outcome = _run(job)
-            print(jump_line(label, outcome.metrics), flush=True)
-        return 0
     if args.fit is not None:
         fitted = fit_from_scores(args.fit)
         FIT_FILE.write_text(json.dumps(fitted, indent=None))
