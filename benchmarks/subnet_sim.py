@@ -14,7 +14,8 @@ pair resampled from those measured in a localnet run (`FIT_FILE`, relative to ea
 honest mean), independently per validator and window (validators evaluate different pages).
 
 Peers (256 uids): the validators, 8 each of `moredata`, `lazy`, `copycat` and `noise`, 8
-`newcomer` honest peers that register at `join_window`, and honest peers for the rest (identical
+`newcomer` honest peers that register from `join_window` on (spread over one tempo: a miner does
+not choose where in the epoch cycle it joins), and honest peers for the rest (identical
 by construction: any spread among them is the incentive's own noise). A copycat re-posts an
 honest peer's payload: it fails fast evaluation as `copy` whenever its source is in the same F_t
 (the copy check compares F_t's uploads) and otherwise scores like `lazy` (the update was trained
@@ -53,6 +54,10 @@ RESULTS_DIR = Path(__file__).resolve().parent / "results"
 WINDOW_SECONDS = 84.0
 LAST = 12
 """Incentive is averaged over the last 12 windows (the issue's fairness horizon)."""
+
+SAME_INCENTIVE = 1e-9
+"""Relative tolerance of "at the honest median": identical peers' incentives differ by float rounding
+(about 1e-16 relative), which an exact `>=` read as below the median."""
 
 LOSS_SCALE = 0.04
 """Mean honest δ_rand of that run (nats); only `proof_margin` > 0 looks at absolute sizes."""
@@ -129,12 +134,20 @@ class Outcome:
     series: dict = field(default_factory=dict)
 
 
+def join_window(cfg: SimConfig, index: int) -> int:
+    """When the `index`-th peer of a joining class registers: from `cfg.join_window`, evenly over one
+    tempo, so the time to the first epoch after joining (0 to a tempo) is sampled, not fixed by
+    where `join_window` happens to fall in the epoch cycle (every window's epoch: all at once)."""
+    return cfg.join_window + index * cfg.tempo_windows // cfg.per_class
+
+
 def build_peers(cfg: SimConfig, rng: random.Random) -> list[Peer]:
     peers = [Peer(f"v{i:02d}", i, "validator") for i in range(cfg.validators)]
     uid = cfg.validators
     for strategy in ("moredata", "lazy", "copycat", "noise", "newcomer", "lazy_new"):
         for i in range(cfg.per_class):
-            peers.append(Peer(f"{strategy}{i:02d}", uid, strategy, cfg.join_window if strategy in JOINING else 0))
+            joins = join_window(cfg, i) if strategy in JOINING else 0
+            peers.append(Peer(f"{strategy}{i:02d}", uid, strategy, joins))
             uid += 1
     while uid < cfg.uids:
         peers.append(Peer(f"honest{uid:03d}", uid, "honest"))
@@ -227,6 +240,7 @@ def _simulate(cfg: SimConfig, keep_series: bool) -> Outcome:
     bonds = None
     peer_list: list[str] = []
     incentive_hist = np.zeros((cfg.windows, cfg.uids))
+    lead_weight_hist = np.zeros((cfg.windows, cfg.uids))
     agreement_hist: list[float] = []
     vtrust_hist = np.zeros((cfg.windows, cfg.validators))
     for window in range(cfg.windows):
@@ -259,6 +273,7 @@ def _simulate(cfg: SimConfig, keep_series: bool) -> Outcome:
                 weights[v, by_hotkey[hotkey].uid] = value
             if v == 0 and window % cfg.peer_replacement_frequency == 0:
                 peer_list = book.top_g(cfg.top_g)
+        lead_weight_hist[window] = weights[0]
         pairs = [yuma.agreement(vectors[i], vectors[j]) for i in range(len(vectors)) for j in range(i)]
         agreement_hist.append(statistics.fmean(pairs) if pairs else 1.0)
         if window % cfg.tempo_windows == 0:
@@ -269,36 +284,50 @@ def _simulate(cfg: SimConfig, keep_series: bool) -> Outcome:
             bonds = result.bonds
         incentive_hist[window] = result.incentive
         vtrust_hist[window] = result.validator_trust[: cfg.validators]
-    return Outcome(asdict(cfg), metrics(cfg, peers, incentive_hist, agreement_hist, vtrust_hist),
+    return Outcome(asdict(cfg), metrics(cfg, peers, incentive_hist, agreement_hist, vtrust_hist, lead_weight_hist),
                    series(cfg, peers, incentive_hist, agreement_hist) if keep_series else {})
 
 
-def metrics(cfg: SimConfig, peers: list[Peer], inc: np.ndarray, agreement: list[float], vtrust: np.ndarray) -> dict:
+def metrics(cfg: SimConfig, peers: list[Peer], inc: np.ndarray, agreement: list[float], vtrust: np.ndarray,
+            lead_weights: np.ndarray) -> dict:
+    """`inc`: incentive after Yuma per window (held between epochs); `lead_weights`: the lead
+    validator's own weight vector per window (what the subnet's rules decide, before the chain's tempo)."""
     last = inc[-LAST:].mean(axis=0)
     uids = {s: [p.uid for p in peers if p.strategy == s] for s in STRATEGIES}
     honest = [float(last[u]) for u in uids["honest"]]
     honest_min = min(honest)
-    first_weight, reach_median = [], []
-    for u in uids["newcomer"]:
+    first_weight, reach_median, first_vote = [], [], []
+    for peer in peers:
+        if peer.strategy != "newcomer":
+            continue
         first = reach = None
-        for w in range(cfg.join_window, cfg.windows):
+        for w in range(peer.joins, cfg.windows):
             median = float(np.median(inc[w, uids["honest"]]))
-            if first is None and inc[w, u] > 0:
-                first = w - cfg.join_window
-            if reach is None and median > 0 and inc[w, u] >= median:
-                reach = w - cfg.join_window
+            if first is None and inc[w, peer.uid] > 0:
+                first = w - peer.joins
+            if reach is None and median > 0 and inc[w, peer.uid] >= median * (1.0 - SAME_INCENTIVE):
+                reach = w - peer.joins
         first_weight.append(first)
         reach_median.append(reach)
+        voted = np.flatnonzero(lead_weights[peer.joins:, peer.uid] > 0)
+        first_vote.append(int(voted[0]) if voted.size else None)
 
     def typical(values: list[int | None]) -> float | None:
         """Median over newcomers; one that never got there counts as the rest of the run."""
         horizon = cfg.windows - cfg.join_window
         return float(statistics.median(horizon if v is None else v for v in values))
 
+    def worst(values: list[int | None]) -> float:
+        """The last newcomer to get there (with epochs every tempo: the one that joined just after one)."""
+        horizon = cfg.windows - cfg.join_window
+        return float(max(horizon if v is None else v for v in values))
+
     tail = max(1, len(agreement) // 3)
     return {
         "newcomer_first_weight_windows": typical(first_weight),
+        "newcomer_first_lead_weight_windows": typical(first_vote),
         "newcomer_honest_median_windows": typical(reach_median),
+        "newcomer_honest_median_windows_worst": worst(reach_median),
         "newcomers_never_at_median": sum(v is None for v in reach_median),
         "honest_max_over_min": (max(honest) / honest_min) if honest_min > 0 else math.inf,
         "honest_p90_over_p10": float(np.percentile(honest, 90) / max(np.percentile(honest, 10), 1e-12)),

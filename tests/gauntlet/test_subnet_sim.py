@@ -72,3 +72,31 @@ def test_replayed_clip_reaches_the_rule_and_is_restored(subnet_sim) -> None:
         subnet_sim.simulate(cfg)
     assert seen and all(clip == (production[0], 4.0) for clip in seen)
     assert production == rating.RELATIVE_CLIP
+
+
+def test_newcomers_join_over_one_tempo_and_reach_the_median_within_rounding(subnet_sim) -> None:
+    """With epochs every tempo, newcomers register at evenly spread points of the epoch cycle, and
+    an incentive equal to the honest median up to float rounding counts as at the median (the
+    exact `>=` read identical peers' 1e-16 differences as 'below' for whole epochs)."""
+    import random
+
+    import numpy as np
+
+    cfg = replace(subnet_sim.SimConfig(), uids=16, validators=1, per_class=2, windows=40, join_window=10,
+                  tempo_windows=10)
+    assert [subnet_sim.join_window(cfg, i) for i in range(cfg.per_class)] == [10, 15]
+    assert subnet_sim.join_window(replace(cfg, tempo_windows=1), 1) == 10  # every window an epoch: all at once
+    peers = subnet_sim.build_peers(cfg, random.Random(0))
+    newcomers = [p for p in peers if p.strategy == "newcomer"]
+    honest = [p.uid for p in peers if p.strategy == "honest"]
+    inc = np.zeros((cfg.windows, cfg.uids))
+    lead = np.zeros((cfg.windows, cfg.uids))
+    inc[:, honest] = 0.1
+    for p in newcomers:
+        lead[p.joins + 2:, p.uid] = 0.1  # the lead weights it 2 windows after it joins
+    inc[20:, newcomers[0].uid] = 0.1 * (1 - 1e-15)  # the epoch at 20: the median, up to rounding
+    inc[30:, newcomers[1].uid] = 0.1 * 0.9  # below the median: never counted as there
+    m = subnet_sim.metrics(cfg, peers, inc, [1.0] * cfg.windows, np.ones((cfg.windows, 1)), lead)
+    # 20 - 10 for the first; the second never gets there and counts as the rest of the run (30)
+    assert m["newcomer_honest_median_windows_worst"] == 30 and m["newcomers_never_at_median"] == 1
+    assert m["newcomer_first_lead_weight_windows"] == 2
