@@ -108,6 +108,9 @@ class SimConfig:
     tempo_windows: int = 1
     """windows between Yuma epochs (1: as if every window's weights were read; finney's tempo of
     360 blocks is 51 windows, and incentive holds between epochs)"""
+    weights_windows: int = 1
+    """windows between a validator's weight submissions (hparams `windows_per_weights`, 15 in
+    production): an epoch reads the vectors last submitted, not the validators' current ones"""
     freak_rate: float = 0.0
     """probability that one draw's δ_rand (and δ_assigned) is multiplied by `freak_scale`: the rare freak
     evaluation of a late, noisy localnet window (docs/scoring.md §12: 3.66× the window median)"""
@@ -238,6 +241,7 @@ def _simulate(cfg: SimConfig, keep_series: bool) -> Outcome:
     permit = stake > 0
     registered = np.array([p.joins for p in peers] + [0] * (cfg.uids - len(peers)), dtype=np.int64)
     bonds = None
+    submitted = np.zeros((cfg.uids, cfg.uids))
     peer_list: list[str] = []
     incentive_hist = np.zeros((cfg.windows, cfg.uids))
     lead_weight_hist = np.zeros((cfg.windows, cfg.uids))
@@ -276,9 +280,11 @@ def _simulate(cfg: SimConfig, keep_series: bool) -> Outcome:
         lead_weight_hist[window] = weights[0]
         pairs = [yuma.agreement(vectors[i], vectors[j]) for i in range(len(vectors)) for j in range(i)]
         agreement_hist.append(statistics.fmean(pairs) if pairs else 1.0)
+        if window % cfg.weights_windows == 0:
+            submitted = weights
         if window % cfg.tempo_windows == 0:
             result = yuma.epoch(yuma.EpochInputs(
-                weights=weights, stake=stake, permit=permit,
+                weights=submitted, stake=stake, permit=permit,
                 last_update=np.full(cfg.uids, window + 1, dtype=np.int64), registered_at=registered,
                 block=window + 1, bonds=bonds))
             bonds = result.bonds
@@ -373,8 +379,9 @@ def hours(windows: float | None) -> float:
 
 def line(label: str, m: dict) -> str:
     cheat, share = worst_cheat(m)
-    return (f"  {label:<44} newcomer >0 {hours(m['newcomer_first_weight_windows']):5.2f} h, median "
-            f"{hours(m['newcomer_honest_median_windows']):5.2f} h | honest max/min {m['honest_max_over_min']:6.2f} "
+    return (f"  {label:<44} newcomer: lead's weight {hours(m['newcomer_first_lead_weight_windows']):4.2f} h, >0 "
+            f"{hours(m['newcomer_first_weight_windows']):5.2f} h, median {hours(m['newcomer_honest_median_windows']):5.2f} h "
+            f"(last {hours(m['newcomer_honest_median_windows_worst']):5.2f} h) | honest max/min {m['honest_max_over_min']:6.2f} "
             f"p90/p10 {m['honest_p90_over_p10']:5.2f} gini {m['honest_gini']:.3f} | agree {m['agreement_mean']:.3f} "
             f"vtrust min {m['vtrust_min']:.3f} | worst cheat {cheat} {share:.4f} | moredata/honest "
             f"{m['moredata_over_honest']:.2f}")
@@ -452,6 +459,9 @@ def plan(base: SimConfig, quick: bool, sweeps: bool = False) -> list[tuple[str, 
                          ("tempo_windows", [51]), ("seed", [1, 2]), ("noise", [math.sqrt(2)]),
                          ("rating_exponent", [12.0, 15.0]), ("rating_tie_band", [3.0])):
         jobs += [(f"chosen, {name}={v:.3g}", replace(chosen, **{name: v}), False) for v in values]
+    for seed in (0, 1, 2):  # finney's cadence: an epoch every 360 blocks, the validators' weights every 15 windows
+        jobs += [(f"chosen, tempo_windows=51, weights_windows=15, seed={seed}",
+                  replace(chosen, tempo_windows=51, weights_windows=15, seed=seed), False)]
     jobs += [(label, cfg, False) for label, cfg in rating_candidates(levers)]
     return jobs
 

@@ -100,3 +100,28 @@ def test_newcomers_join_over_one_tempo_and_reach_the_median_within_rounding(subn
     # 20 - 10 for the first; the second never gets there and counts as the rest of the run (30)
     assert m["newcomer_honest_median_windows_worst"] == 30 and m["newcomers_never_at_median"] == 1
     assert m["newcomer_first_lead_weight_windows"] == 2
+
+
+def test_epochs_read_the_weights_last_submitted(subnet_sim, monkeypatch) -> None:
+    """`weights_windows`: the validators submit every N windows (finney: 15) and an epoch in between
+    reads the last submission, so incentive holds still until the next one; every window: it moves."""
+    import numpy as np
+
+    seen = {}
+    original = subnet_sim.metrics
+
+    def spy(cfg, peers, inc, *rest):
+        seen[cfg.weights_windows] = inc.copy()
+        return original(cfg, peers, inc, *rest)
+
+    monkeypatch.setattr(subnet_sim, "metrics", spy)
+    base = replace(subnet_sim.SimConfig(), uids=24, per_class=1, fast_eval_uids=16, windows=12, join_window=4,
+                   **subnet_sim.CHOSEN)
+    for every in (1, 5):
+        subnet_sim.simulate(replace(base, weights_windows=every))
+    held, live = seen[5], seen[1]
+    for start in (0, 5, 10):  # submissions at 0, 5, 10: each holds until the next
+        stop = min(start + 5, base.windows)
+        assert all(np.array_equal(held[w], held[start]) for w in range(start, stop))
+    assert any(not np.array_equal(live[w], live[w - 1]) for w in range(1, 5))
+    assert np.array_equal(held[0], live[0]) and np.array_equal(held[5], live[5])
