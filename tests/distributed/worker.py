@@ -5,9 +5,10 @@
 float tolerance, the compressed update and the wire payload identical for the same gradient, the
 outer step and probes bit-identical, and the state file round trip. Rank 0 writes OUT/result.json.
 
-`windows STATE_DIR N`: a miner's compute loop without chain or bucket (train, compress, write the
-payload, outer step with its own update, save), resuming from STATE_DIR; each finished window is
-appended to STATE_DIR/progress.txt and each rank's pid written to STATE_DIR/pid.RANK.
+`windows STATE_DIR N DELAY [REFERENCE_DIR]`: a miner's compute loop without chain or bucket (train,
+compress, write the payload, outer step with its own update, save), resuming from STATE_DIR; each
+finished window is appended to STATE_DIR/progress.txt and each rank's pid written to
+STATE_DIR/pid.RANK. With REFERENCE_DIR, the same windows once more from θ_0 there, uninterrupted.
 """
 
 from __future__ import annotations
@@ -274,10 +275,20 @@ def driver(out_dir: Path, hp: HParams, group: Group, ref: torch.nn.Module, ref_s
     compute.stop()
 
 
-def windows(state_dir: Path, until: int, delay: float) -> None:
-    hp = load_hparams("tiny")
+def windows(state_dir: Path, until: int, delay: float, reference_dir: Path | None = None) -> None:
+    """Run (or resume) the windows in `state_dir`; then, given `reference_dir`, the same windows from
+    θ_0 in a fresh directory without a stop: the uninterrupted run a resumed one must equal (every
+    object rebuilt, only the process group reused, so a restart and its reference cost one launch)."""
     group = init_group("cpu")
     (state_dir / f"pid.{group.rank}").write_text(str(os.getpid()))
+    _windows(group, state_dir, until, delay)
+    if reference_dir is not None:
+        _windows(group, reference_dir, until, 0.0)
+    group.close()
+
+
+def _windows(group, state_dir: Path, until: int, delay: float) -> None:
+    hp = load_hparams("tiny")
     model = shard_model(build_model(hp), group)
     demo = ShardedDeMo(model, group, compressor=DCTCompressor(hp.demo.target_chunk, hp.demo.topk),
                        decay=hp.demo.momentum_decay)
@@ -302,11 +313,10 @@ def windows(state_dir: Path, until: int, delay: float) -> None:
             with open(state_dir / "progress.txt", "a") as f:
                 f.write(f"{window} {group.world_size}\n")
         time.sleep(delay)
-    group.close()
 
 
 if __name__ == "__main__":
     if sys.argv[1] == "equality":
         equality(Path(sys.argv[2]))
     else:
-        windows(Path(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]))
+        windows(Path(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), Path(sys.argv[5]) if len(sys.argv) > 5 else None)
