@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 
@@ -61,8 +62,16 @@ class Gradient:
 
 def _layout(shape: torch.Size, hp: HParams) -> tuple[ChunkPlan, int]:
     """The chunk plan and coefficients per chunk this run's compression gives `shape`."""
-    plan = plan_chunks(shape, hp.demo.target_chunk)
-    return plan, topk_per_chunk(plan, hp.demo.topk)
+    return _layout_of(tuple(shape), hp.demo.target_chunk, hp.demo.topk)
+
+
+@lru_cache(maxsize=4096)
+def _layout_of(shape: tuple[int, ...], target_chunk: int, topk: int) -> tuple[ChunkPlan, int]:
+    """Cached: a reader looks up every parameter's layout three times per payload (size cap, schema,
+    decode), and a node reads every peer's payload each window; the plan is frozen and its inputs
+    are this node's own shapes and hparams, never a peer's bytes."""
+    plan = plan_chunks(shape, target_chunk)
+    return plan, topk_per_chunk(plan, topk)
 
 
 def _keys(expected: Mapping[str, torch.Size]) -> list[str]:
