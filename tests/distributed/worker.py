@@ -287,7 +287,7 @@ def windows(state_dir: Path, until: int, delay: float, reference_dir: Path | Non
     group.close()
 
 
-def _windows(group, state_dir: Path, until: int, delay: float) -> None:
+def _windows(group: Group, state_dir: Path, until: int, delay: float) -> None:
     hp = load_hparams("tiny")
     model = shard_model(build_model(hp), group)
     demo = ShardedDeMo(model, group, compressor=DCTCompressor(hp.demo.target_chunk, hp.demo.topk),
