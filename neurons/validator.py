@@ -17,7 +17,7 @@ import sys
 # (benchmarks/compress.py). Must be set before torch is imported; harmless on GPU.
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
-from templar.runtime.flags import add_node_args
+from templar.runtime.flags import add_node_args, check_config
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -29,6 +29,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if code := check_config(args):  # before torch: a bad --hparams is answered in a second
+        return code
     from templar.distributed.launch import run_node  # one process, or this rank of a torchrun node
     from templar.validator.loop import Validator
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -57,6 +58,20 @@ def test_the_node_flags_load_neither_torch_nor_transformers():
     probe = ("import sys, templar.runtime.flags as f, argparse; f.add_node_args(argparse.ArgumentParser()); "
              "print(sorted(m for m in ('torch', 'transformers', 'templar.runtime.node') if m in sys.modules))")
     assert _run("-c", probe).stdout.strip() == "[]"
+
+
+def test_a_bad_hparams_file_is_answered_before_torch_loads(tmp_path):
+    """The entry points' pre-flight check (`check_config`) names the bad file and gives the exit
+    code `start_node` would, without importing torch, transformers or the node."""
+    bad = tmp_path / "typo.json"
+    bad.write_text(json.dumps({"base": str(REPO_ROOT / "hparams" / "tiny.json"), "gauntlet": {"top_gg": 4}}))
+    probe = ("import sys, argparse, templar.runtime.flags as f; p = argparse.ArgumentParser(); f.add_node_args(p); "
+             f"code = f.check_config(p.parse_args(['--hparams', {str(bad)!r}])); "
+             "ok = f.check_config(p.parse_args(['--hparams', 'tiny'])); "
+             "print(code, ok, sorted(m for m in ('torch', 'transformers', 'templar.runtime.node') if m in sys.modules))")
+    done = _run("-c", probe)
+    assert done.stdout.strip() == f"{EXIT_CONFIG} 0 []", done.stderr
+    assert "typo.json" in done.stderr and "top_gg" in done.stderr and "Traceback" not in done.stderr
 
 
 class _Chain:

@@ -15,7 +15,7 @@ import sys
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
 from templar.localnet.adversaries import ADVERSARIES, make_adversary
-from templar.runtime.flags import add_node_args
+from templar.runtime.flags import add_node_args, check_config
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -31,6 +31,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if code := check_config(args):  # before torch: a bad --hparams is answered in a second
+        return code
     from templar.miner.loop import Miner
     from templar.runtime.node import run_node
 

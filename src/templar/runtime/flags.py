@@ -11,9 +11,17 @@ import argparse
 import os
 from pathlib import Path
 
+from loguru import logger
+
 from templar.chain.flags import add_chain_args
-from templar.core.config import DEFAULT_CACHE_GB
+from templar.core.config import DEFAULT_CACHE_GB, HParamsError, load_hparams
 from templar.runtime.metrics import add_metrics_args
+
+EXIT_NOT_REGISTERED = 2
+EXIT_CONFIG = 3
+EXIT_OWN_BUCKET = 4
+"""A neuron's exit codes for what its operator must fix (`templar.runtime.node.NodeError`; 5 is
+`templar.distributed.group.EXIT_RANK_LOST`)."""
 
 AUTO_DEVICE = "auto"
 """`--device` default: the first CUDA device when there is one, else the CPU (`node_device`)."""
@@ -47,6 +55,19 @@ def add_node_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--logging.json", dest="logging_json", action="store_true", help="JSON lines on stderr")
     parser.add_argument("--logging.file", dest="logging_file", type=Path, default=None)
     add_metrics_args(parser)  # --metrics.port / --metrics.host (templar.runtime.metrics; off by default)
+
+
+def check_config(args: argparse.Namespace) -> int:
+    """The exit code for what the command line alone shows is wrong (0: nothing), after one log
+    line naming it. Entry points call this before the node's imports: an unreadable or invalid
+    `--hparams` is answered in about a second instead of after torch and the model code load
+    (about 5 s of CPU). `start_node` checks the same again; this only answers sooner."""
+    try:
+        load_hparams(args.hparams)
+    except HParamsError as exc:
+        logger.error(str(exc))
+        return EXIT_CONFIG
+    return 0
 
 
 def node_device(flag: str):

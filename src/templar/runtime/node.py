@@ -29,16 +29,13 @@ from templar.core.log import setup_logging, short
 from templar.core.model import build_model, parameter_shapes
 from templar.data import ManifestError, PagePlan, PageReader
 from templar.data.source import open_reader
-from templar.runtime.flags import node_device
+from templar.runtime.flags import EXIT_CONFIG, EXIT_NOT_REGISTERED, EXIT_OWN_BUCKET, node_device
 from templar.runtime.metrics import start_metrics
 from templar.runtime.windows import Clock
 from templar.storage import Bucket, StorageError, open_bucket
 from templar.storage.locator import BucketLocator, Credentials, LocatorError
 from templar.wire import Run
 
-EXIT_NOT_REGISTERED = 2
-EXIT_CONFIG = 3
-EXIT_OWN_BUCKET = 4
 WRITABLE_PROBE_KEY = "writable-check"
 
 PUBLIC_NETWORKS = frozenset({"finney", "test"})
