@@ -23,7 +23,8 @@ on someone else's pages).
 
 The LossRating is a setting (`SimConfig.rating`): the paper's OpenSkill, the production relative
 rating (`gauntlet.relative_rating`, hparams `loss_rating`), or a simulator-only candidate
-(`TiedOpenSkillBook`); `rating_candidates` sweeps them for the trade-off curve.
+(`subnet_sim_candidates.py`: `TiedOpenSkillBook`, `WeighedWindowsBook`); `rating_candidates` sweeps
+them for the trade-off curve, `subnet_sim_windows.py` compares windows of unequal noise.
 
 Writes `benchmarks/results/subnet_sim.json`, `subnet_sim.png` and `subnet_sim_tradeoff.png` (honest
 max/min and agreement against `moredata`'s premium per LossRating candidate; `--quick`:
@@ -45,6 +46,7 @@ from pathlib import Path
 
 import numpy as np
 
+from subnet_sim_candidates import TiedOpenSkillBook, WeighedWindowsBook
 from subnet_sim_fit import FIT_FILE, fit, fit_from_scores
 from templar.chain import yuma
 from templar.gauntlet import PrimaryResult, ScoreBook, select_eval_peers
@@ -115,6 +117,13 @@ class SimConfig:
     """probability that one draw's δ_rand (and δ_assigned) is multiplied by `freak_scale`: the rare freak
     evaluation of a late, noisy localnet window (docs/scoring.md §12: 3.66× the window median)"""
     freak_scale: float = 3.66
+    window_noise: float = 0.0
+    """σ of log(each validator-window's noise multiplier): the spread of every draw of that window ×
+    exp(N(0, window_noise)), as a localnet's windows range from calm (σ̂ 0.03) to late and noisy
+    (σ̂ 0.9); 0.94 is the log-spread of σ̂ over 341 windows of six localnets (docs/scoring.md §12)"""
+    weighed_windows: bool = False
+    """relative rating: False is production (every window counts alike); True the simulator-only
+    candidate that weighs each window by its own noise (`WeighedWindowsBook`)"""
     rating_clip_high: float | None = None
     """relative rating: the upper clip of one relative LossScore (None: `rating.RELATIVE_CLIP`, production);
     set only to replay the rule before the clip at 2 (4.0)"""
@@ -176,32 +185,6 @@ def draw(strategy: str, rng: random.Random, noise: float = 1.0, freak_rate: floa
     return PrimaryResult(LOSS_SCALE * (rand + gap), LOSS_SCALE * rand)
 
 
-class TiedOpenSkillBook(ScoreBook):
-    """Simulator-only candidate, not production code: OpenSkill with ties for indistinguishable LossScores.
-
-    Before the match, δ_rand is sorted and cut into groups: a peer joins the group of the best
-    peer above it while within `band` × the window's median δ_rand of that group's best, and
-    every peer of a group gets the group's best value (a tie). Identical peers then mostly tie
-    instead of being ranked at random.
-    """
-
-    def __init__(self, band: float) -> None:
-        super().__init__()
-        self.band = band
-
-    def record_primary(self, results, **kwargs) -> None:  # type: ignore[override]
-        finite = sorted(r.delta_rand for r in results.values() if math.isfinite(r.delta_rand))
-        median = statistics.median(finite) if finite else 0.0
-        width = self.band * abs(median)
-        tied, head = {}, None
-        for hotkey in sorted(results, key=lambda h: -results[h].delta_rand):
-            value = results[hotkey].delta_rand
-            if head is None or not math.isfinite(value) or head - value > width:
-                head = value
-            tied[hotkey] = PrimaryResult(results[hotkey].delta_assigned, head)
-        super().record_primary(tied, **kwargs)
-
-
 def gini(values: list[float]) -> float:
     xs = sorted(values)
     n = len(xs)
@@ -229,7 +212,10 @@ def _simulate(cfg: SimConfig, keep_series: bool) -> Outcome:
     miners = [p for p in peers if p.strategy != "validator"]
     books = []
     for _ in range(cfg.validators):
-        book = TiedOpenSkillBook(cfg.openskill_tie_band) if cfg.rating == "openskill_ties" else ScoreBook()
+        if cfg.rating == "openskill_ties":
+            book = TiedOpenSkillBook(cfg.openskill_tie_band)
+        else:
+            book = WeighedWindowsBook() if cfg.weighed_windows else ScoreBook()
         if cfg.rating == "relative":
             book.set_loss_rating("relative", gamma=cfg.rating_gamma, tie_band=cfg.rating_tie_band,
                                  exponent=cfg.rating_exponent, cap=cfg.rating_cap)
@@ -267,7 +253,8 @@ def _simulate(cfg: SimConfig, keep_series: bool) -> Outcome:
                     passed.append(hotkey)
             chosen = select_eval_peers(seed, window, passed, cfg.uids_per_window, purpose="primary",
                                        staleness=staleness, sharpness=cfg.sharpness)
-            book.record_primary({hk: draw(by_hotkey[hk].strategy, rng, cfg.noise, cfg.freak_rate, cfg.freak_scale)
+            noise = cfg.noise * math.exp(rng.gauss(0.0, cfg.window_noise)) if cfg.window_noise else cfg.noise
+            book.record_primary({hk: draw(by_hotkey[hk].strategy, rng, noise, cfg.freak_rate, cfg.freak_scale)
                                  for hk in chosen}, gamma=cfg.mu_gamma,
                                 beta=cfg.openskill_beta, tau=cfg.openskill_tau, margin=cfg.proof_margin,
                                 window=window)

@@ -125,3 +125,36 @@ def test_epochs_read_the_weights_last_submitted(subnet_sim, monkeypatch) -> None
         assert all(np.array_equal(held[w], held[start]) for w in range(start, stop))
     assert any(not np.array_equal(live[w], live[w - 1]) for w in range(1, 5))
     assert np.array_equal(held[0], live[0]) and np.array_equal(held[5], live[5])
+
+
+def test_the_weighed_windows_candidate_counts_a_noisy_window_less(subnet_sim) -> None:
+    """`WeighedWindowsBook` (simulator-only) and the production `ScoreBook` see the same relative
+    LossScores; after a calm window and a noisy one, production's mean moves by the EMA's weight,
+    the candidate's by the noisy window's precision share, and with equal spreads they agree."""
+    from templar.gauntlet import PrimaryResult, ScoreBook
+
+    def run(book, windows):
+        book.set_loss_rating("relative", gamma=0.9, tie_band=3.5, exponent=10.0)
+        for uid, hotkey in enumerate("abcd"):
+            book.get_or_create(hotkey, uid, window=0)
+        for window, values in enumerate(windows):
+            book.record_primary({hk: PrimaryResult(v + 0.01, v) for hk, v in zip("abcd", values, strict=True)},
+                                gamma=0.9, beta=25 / 6, tau=25 / 300, window=window)
+        return book
+
+    calm, noisy = (0.100, 0.102, 0.098, 0.100), (0.010, 0.020, 0.004, 0.010)  # b: 1.02, then 2.0
+    production, weighed = run(ScoreBook(), (calm, noisy)), run(subnet_sim.WeighedWindowsBook(), (calm, noisy))
+    assert production.peers["b"].relative_delta == pytest.approx(1.02 + 0.98 * 0.1 / (1 - 0.81))
+    # calm: spread 1.4826·0.01, precision 1/0.014826²; noisy: spread 0.4448 → mean moves by 0.98·(p2/W)
+    p1, p2 = 1 / 0.014826**2, 1 / 0.44478**2
+    mean, weight, _ = weighed.weighed[1]
+    assert weight == pytest.approx(0.9 * p1 + p2, rel=1e-3)
+    assert mean == pytest.approx(1.02 + 0.98 * p2 / (0.9 * p1 + p2), rel=1e-3)
+    same = run(subnet_sim.WeighedWindowsBook(), (calm, calm))
+    again = run(ScoreBook(), (calm, calm))
+    assert {hk: same.loss_rating(hk) for hk in "abcd"} == pytest.approx({hk: again.loss_rating(hk) for hk in "abcd"})
+    cfg = replace(subnet_sim.SimConfig(), uids=24, per_class=1, fast_eval_uids=16, windows=6, join_window=2,
+                  window_noise=0.94, **subnet_sim.CHOSEN)
+    for weighed_windows in (False, True):  # both run end to end with noisy windows
+        metrics = subnet_sim.simulate(replace(cfg, weighed_windows=weighed_windows)).metrics
+        assert 0.0 <= metrics["agreement_mean"] <= 1.0
