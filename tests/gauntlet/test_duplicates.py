@@ -155,3 +155,42 @@ def test_pools_link_shared_positions_transitively_and_agree_with_the_pairwise_fi
     for i, a in enumerate(uploads):
         for j, b in enumerate(uploads):
             assert matrix[i][j] == pytest.approx(shared_positions(a.canonical, b.canonical))
+
+
+def test_shares_work_needs_the_threshold_and_a_margin_over_the_typical_pair() -> None:
+    from templar.gauntlet.duplicates import shares_work, typical_pair
+
+    # TYPICAL_PAIR_MARGIN is 0.1: a pair must stand 0.1 above the typical pair of its window
+    assert shares_work(0.85, 0.2, 0.8, 0.75)  # no typical pair: the thresholds alone, as before
+    assert not shares_work(0.85, 0.2, 0.8, 0.75, typical_cosine=0.80)  # everyone is this alike
+    assert shares_work(0.95, 0.2, 0.8, 0.75, typical_cosine=0.80)
+    assert shares_work(0.5, 1.0, 0.8, 0.75, typical_cosine=0.80, typical_shared=0.8)  # same positions
+    assert not shares_work(0.5, 0.85, 0.8, 0.75, typical_cosine=0.80, typical_shared=0.8)
+    assert not shares_work(0.7, 0.7, 0.8, 0.75)  # below both thresholds, whatever the window
+    # the median over distinct pairs (i > j) of a symmetric figure; two uploads have no typical pair
+    assert typical_pair([[1.0, 0.2, 0.9], [0.2, 1.0, 0.4], [0.9, 0.4, 1.0]]) == pytest.approx(0.4)
+    assert typical_pair([[1.0, 0.9], [0.9, 1.0]]) == -float("inf")
+
+
+def test_a_window_where_every_honest_update_is_alike_is_no_pool_and_a_pool_still_stands_out() -> None:
+    """The localnet's false pool (docs/scoring.md §12, fourth round): in a window where the
+    validator's sample finds every honest update pointing the same way (pairwise cosine ≈ 0.86,
+    over the 0.8 threshold), the absolute rule alone made all of them one pool. Against the
+    window's typical pair none is, while three hotkeys posting one update with a little noise
+    (cosine ≈ 0.998) are still found."""
+    from templar.gauntlet import find_pools
+
+    gen = torch.Generator().manual_seed(5)
+    common = torch.randn(1024, generator=gen, dtype=torch.float64)
+
+    def alike(noise: float, base: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.normalize(base + noise * torch.randn(1024, generator=gen, dtype=torch.float64),
+                                             dim=0)
+
+    honest = [Upload(f"honest{i}", float(i), bytes([i]), alike(0.4, common)) for i in range(6)]
+    pool_update = common + 0.4 * torch.randn(1024, generator=gen, dtype=torch.float64)
+    pool = [Upload(f"pool{i}", 10.0 + i, bytes([100 + i]), alike(0.05, pool_update)) for i in range(3)]
+    cosines = [float(a.fingerprint @ b.fingerprint) for k, a in enumerate(honest) for b in honest[:k]]
+    assert min(cosines) > 0.8  # the absolute rule alone takes every honest pair for shared work
+    assert find_pools(honest, 0.8) == []
+    assert find_pools(honest + pool, 0.8) == [["pool0", "pool1", "pool2"]]

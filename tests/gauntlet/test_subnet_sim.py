@@ -2,23 +2,14 @@
 
 from __future__ import annotations
 
-import sys
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
-
 
 @pytest.fixture(scope="module")
-def subnet_sim():
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        import subnet_sim
-    finally:
-        sys.path.remove(str(BENCHMARKS))
-    return subnet_sim
+def subnet_sim(benchmark_module):
+    return benchmark_module("subnet_sim")
 
 
 def test_quick_simulation_pays_honest_peers_and_reports_every_metric(subnet_sim) -> None:

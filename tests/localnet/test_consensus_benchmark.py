@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -10,7 +9,6 @@ import pytest
 from templar.localnet.report import NodeInfo, build_report, write_nodes
 from templar.runtime.records import SCORES_FILE, PeerScoreRecord, append_record
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 NODES = [
     NodeInfo("validator0", "hk-v0", 0, "validator", "lead", 60.0),
     NodeInfo("validator1", "hk-v1", 1, "validator", "validator", 40.0),
@@ -24,13 +22,8 @@ DELTA_RAND = {"miner0": 0.04, "miner1": 0.05, "moredata0": 0.06, "lazy0": 0.05}
 
 
 @pytest.fixture(scope="module")
-def benchmark():
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        import localnet_consensus
-    finally:
-        sys.path.remove(str(BENCHMARKS))
-    return localnet_consensus
+def benchmark(benchmark_module):
+    return benchmark_module("localnet_consensus")
 
 
 def test_summary_of_a_run_where_both_validators_agree(tmp_path: Path, benchmark) -> None:

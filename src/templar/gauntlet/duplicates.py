@@ -103,9 +103,19 @@ def shared_positions(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor
     return common / smaller if smaller else 0.0
 
 
-def shares_work(cosine: float, shared: float, cosine_threshold: float, shared_threshold: float) -> bool:
+TYPICAL_PAIR_MARGIN = 0.1
+"""How far above the window's typical pair a pair's similarity must stand to count as shared work."""
+
+MIN_PAIRS_FOR_TYPICAL = 3
+"""Fewer pairs (two uploads) have no typical pair to compare with: the thresholds alone decide."""
+
+
+def shares_work(cosine: float, shared: float, cosine_threshold: float, shared_threshold: float,
+                typical_cosine: float = -math.inf, typical_shared: float = -math.inf) -> bool:
     """THE shared-work rule: two same-window payloads share work when their fingerprints' cosine
-    or the share of top-k positions they have in common reaches its threshold.
+    or the share of top-k positions they have in common reaches its threshold *and* stands
+    `TYPICAL_PAIR_MARGIN` above the same figure for the window's typical pair (`typical_*`: the
+    median over every pair of the uploads compared; -inf when there is none).
 
     Both thresholds are calibrated on the measured honest distribution (`benchmarks/similarity.py`,
     docs/scoring.md §8): honest pairs of independent miners, each seeing the other's work only
@@ -113,15 +123,35 @@ def shares_work(cosine: float, shared: float, cosine_threshold: float, shared_th
     the validator's sample), while two hotkeys posting one update with noise on the values keep
     every position. Either figure alone suffices: noise on the values lowers the cosine but
     not the positions, and re-choosing positions lowers both but throws the update away.
+
+    Why relative too: the figures come from the validator's sample of each payload (a few tensors
+    and chunks), and in some windows the sample lands where every honest update points the same
+    way. With 4,096 training tokens per miner (four times `tiny`'s) one such sample put all 15
+    honest pairs of a localnet window at cosine 0.8–0.9 (whole payloads: 0.56–0.59), and the
+    lead split one score among five honest miners for the rest of the run (docs/scoring.md §12,
+    fourth round). Members of a pool are alike *beyond* their window (same positions, shared
+    ≈ 1.0); honest miners that are alike are alike together, and the typical pair moves with them.
     """
-    return cosine >= cosine_threshold or shared >= shared_threshold
+    return ((cosine >= cosine_threshold and cosine >= typical_cosine + TYPICAL_PAIR_MARGIN)
+            or (shared >= shared_threshold and shared >= typical_shared + TYPICAL_PAIR_MARGIN))
+
+
+def typical_pair(matrix: Sequence[Sequence[float]]) -> float:
+    """The median of a symmetric pairwise figure over its distinct pairs (i > j); -inf with fewer
+    than `MIN_PAIRS_FOR_TYPICAL` pairs."""
+    values = sorted(matrix[i][j] for i in range(len(matrix)) for j in range(i))
+    if len(values) < MIN_PAIRS_FOR_TYPICAL:
+        return -math.inf
+    mid = len(values) // 2
+    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2.0
 
 
 def find_pools(uploads: Sequence[Upload], cosine_threshold: float,
                shared_threshold: float = math.inf) -> list[list[str]]:
-    """Groups of hotkeys whose uploads share work (identical digests or `shares_work`), among one
-    window's uploads: the connected components of size ≥ 2, each ordered by (timestamp, hotkey),
-    so its first member is the earliest upload; groups ordered by their first member.
+    """Groups of hotkeys whose uploads share work (identical digests or `shares_work`, against the
+    typical pair of these uploads), among one window's uploads: the connected components of size
+    ≥ 2, each ordered by (timestamp, hotkey), so its first member is the earliest upload; groups
+    ordered by their first member.
     """
     if not 0.0 < cosine_threshold <= 1.0:
         raise ValueError(f"find_pools: cosine threshold must be in (0, 1], got {cosine_threshold!r}")
@@ -155,11 +185,13 @@ def find_pools(uploads: Sequence[Upload], cosine_threshold: float,
         return i
 
     shared = _shared_matrix(ordered) if math.isfinite(shared_threshold) else None
+    typical_cosine = typical_pair(cosine)
+    typical_shared = typical_pair(shared) if shared else -math.inf
     for i in range(len(ordered)):
         for j in range(i):
             a, b = ordered[i], ordered[j]
             if a.digest == b.digest or shares_work(cosine[i][j], shared[i][j] if shared else 0.0,
-                                                   cosine_threshold, shared_threshold):
+                                                   cosine_threshold, shared_threshold, typical_cosine, typical_shared):
                 parent[root(i)] = root(j)
     groups: dict[int, list[str]] = {}
     for i, upload in enumerate(ordered):
