@@ -138,3 +138,18 @@ def test_hotkeys_posting_one_update_with_noise_are_one_pool(real_peers, probes):
     assert verdicts["pool0"].passed and verdicts["pool0"].pool == ("pool0", "pool1", "pool2")
     assert [verdicts[f"pool{i}"].status for i in (1, 2)] == ["copy", "copy"]
     assert all(verdicts[f"p{i}"].passed and not verdicts[f"p{i}"].pool for i in (1, 2, 3))
+
+
+def test_warmup_payloads_form_no_pool(real_peers, probes):
+    """A warm-up payload earns nothing and is never aggregated, so it is never compared for shared
+    work: two identical warm-ups stay `warmup`, while the same two payloads posted as active work
+    are one pool."""
+    _, peers = real_peers
+    same = peers[0]
+    warm = {hk: _ok(_gradient(same, probes, hotkey=hk, warmup=True), 100.0 + i) for i, hk in enumerate(("a", "b"))}
+    honest = {f"p{i}": _ok(_gradient(t, probes, hotkey=f"p{i}"), 110.0 + i) for i, t in enumerate(peers[1:])}
+    verdicts = _evaluate({**warm, **honest}, probes)
+    assert verdicts["a"].status == verdicts["b"].status == "warmup" and not verdicts["a"].pool
+    active = {hk: _ok(_gradient(same, probes, hotkey=hk), 100.0 + i) for i, hk in enumerate(("a", "b"))}
+    verdicts = _evaluate({**active, **honest}, probes)
+    assert verdicts["a"].pool == ("a", "b") and verdicts["b"].status == "copy"

@@ -112,11 +112,16 @@ def fast_evaluate(
             verdicts[hotkey] = FastVerdict(False, "desync", sync_steps=steps)
             continue
         verdicts[hotkey] = FastVerdict(True, "warmup" if g.warmup else "ok", sync_steps=steps)
+        if g.warmup:  # earns nothing and is never aggregated: no work to share, and no pool to remember
+            continue
         canonical = canonical_values(g.tensors, salt)
         uploads.append(Upload(hotkey=hotkey, timestamp=float(res.timestamp or 0.0), digest=g.digest,
                               fingerprint=fingerprint(canonical), canonical=canonical))
     # A group sharing work is paid as one (the book splits its score, one top-G slot): the earliest
-    # upload stands for it and is rated, the others are `copy` (docs/scoring.md §8).
+    # upload stands for it and is rated, the others are `copy` (docs/scoring.md §8). Warm-up payloads
+    # stay out: every miner's first window starts from fresh error feedback and the same few
+    # gradients, so they are alike (whole-payload cosine 0.60-0.72 in an 8-page localnet), and a
+    # false pool there would split honest miners' pay for the book's whole pool memory.
     for pool in find_pools(uploads, duplicate_threshold, shared_positions_threshold):
         first, *rest = pool
         verdicts[first] = replace(verdicts[first], pool=tuple(pool))
