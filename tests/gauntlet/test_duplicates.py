@@ -194,3 +194,25 @@ def test_a_window_where_every_honest_update_is_alike_is_no_pool_and_a_pool_still
     assert min(cosines) > 0.8  # the absolute rule alone takes every honest pair for shared work
     assert find_pools(honest, 0.8) == []
     assert find_pools(honest + pool, 0.8) == [["pool0", "pool1", "pool2"]]
+
+
+def test_a_confirmation_has_the_last_word_on_alike_pairs_but_not_on_identical_digests() -> None:
+    """`find_pools(confirm=…)`: a pair that crosses on the sample counts only if the second look
+    agrees (fast evaluation's larger sample); identical digests need none, and pairs that do not
+    cross are never asked about."""
+    from templar.gauntlet import find_pools
+
+    values = _payload(11)
+    asked = []
+
+    def never(a: Upload, b: Upload) -> bool:
+        asked.append((a.hotkey, b.hotkey))
+        return False
+
+    alike = [Upload(name, float(i), bytes([i]), fingerprint(values)) for i, name in enumerate(("a", "b"))]
+    others = [_upload(f"o{i}", 10.0 + i, _payload(20 + i)) for i in range(3)]
+    assert find_pools(alike + others, THRESHOLD) == [["a", "b"]]
+    assert find_pools(alike + others, THRESHOLD, confirm=never) == []
+    assert asked == [("b", "a")]  # only the crossing pair was asked about
+    same = [_upload("x", 1.0, values), _upload("y", 2.0, values)]
+    assert find_pools(same + others, THRESHOLD, confirm=never) == [["x", "y"]]

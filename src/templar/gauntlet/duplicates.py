@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -146,12 +146,13 @@ def typical_pair(matrix: Sequence[Sequence[float]]) -> float:
     return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2.0
 
 
-def find_pools(uploads: Sequence[Upload], cosine_threshold: float,
-               shared_threshold: float = math.inf) -> list[list[str]]:
+def find_pools(uploads: Sequence[Upload], cosine_threshold: float, shared_threshold: float = math.inf, *,
+               confirm: Callable[[Upload, Upload], bool] | None = None) -> list[list[str]]:
     """Groups of hotkeys whose uploads share work (identical digests or `shares_work`, against the
     typical pair of these uploads), among one window's uploads: the connected components of size
     ≥ 2, each ordered by (timestamp, hotkey), so its first member is the earliest upload; groups
-    ordered by their first member.
+    ordered by their first member. `confirm`, when given, is asked about every pair that
+    `shares_work` on these figures and has the last word (identical digests need no confirmation).
     """
     if not 0.0 < cosine_threshold <= 1.0:
         raise ValueError(f"find_pools: cosine threshold must be in (0, 1], got {cosine_threshold!r}")
@@ -190,8 +191,9 @@ def find_pools(uploads: Sequence[Upload], cosine_threshold: float,
     for i in range(len(ordered)):
         for j in range(i):
             a, b = ordered[i], ordered[j]
-            if a.digest == b.digest or shares_work(cosine[i][j], shared[i][j] if shared else 0.0,
-                                                   cosine_threshold, shared_threshold, typical_cosine, typical_shared):
+            alike = shares_work(cosine[i][j], shared[i][j] if shared else 0.0, cosine_threshold, shared_threshold,
+                                typical_cosine, typical_shared)
+            if a.digest == b.digest or (alike and (confirm is None or confirm(a, b))):
                 parent[root(i)] = root(j)
     groups: dict[int, list[str]] = {}
     for i, upload in enumerate(ordered):
