@@ -131,7 +131,7 @@ def _medians(rows: list[dict[str, float]]) -> dict[str, float]:
 
 def _one_process(tiny, windows: int, tmp: Path) -> tuple[list[dict[str, float]], list[dict[str, float]]]:
     """The pre-#17 1-process code (plain model, the functions called directly) and what
-    `python neurons/miner.py` runs now (`LocalCompute` through `compute_of`), window by window in
+    `python neurons/miner.py` runs now (the node's `LocalCompute`), window by window in
     alternating order, so the machine's drift falls on both alike."""
     from templar.runtime.compute import LocalCompute
 

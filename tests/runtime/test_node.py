@@ -87,7 +87,7 @@ class _Chain:
 def _node(locators: dict[str, str], **kw) -> Node:
     unused = SimpleNamespace()
     return Node(hp=unused, chain=_Chain(locators), clock=unused, uid=0, model=unused, pages=unused, plan=unused,
-                bucket=unused, state_dir=unused, device=unused, **kw)
+                bucket=unused, state_dir=unused, device=unused, compute=unused, **kw)
 
 
 def test_hostile_commitments_hurt_only_their_owner(tmp_path):

@@ -17,6 +17,7 @@ from templar.comms.progress import put_progress
 from templar.compress import aggregate
 from templar.core.clock import LoopTime, loop_time, run_virtual
 from templar.core.model import build_model, parameter_shapes
+from templar.runtime.compute import LocalCompute
 from templar.runtime.outer import apply_update
 from templar.runtime.state import NodeState
 from templar.runtime.sync import catch_up
@@ -39,6 +40,9 @@ class FollowerNode:
     lead_bucket: Bucket
     stop: asyncio.Event = field(default_factory=asyncio.Event)
     run: Run = RUN
+
+    def __post_init__(self) -> None:
+        self.compute = LocalCompute(self.model, self.hp)
 
     @property
     def shapes(self):

@@ -1,7 +1,7 @@
 """Every computation on a node's θ, run by all its ranks together: rank 0 drives, the others follow.
 
 Rank 0 runs the ordinary miner/validator loop (chain, buckets, clock), which calls the ops of
-`templar.runtime.compute.Compute` on `compute_of(node)`: this class under torchrun (registered
+`templar.runtime.compute.Compute` on the node's `compute`: this class under torchrun (put there
 by `templar.distributed.launch`), `LocalCompute` (the plain 1-process functions) otherwise. Each call
 first broadcasts `(op, small arguments)`; the other ranks sit in `follow()` and run the same
 method with the same arguments, so the collectives inside pair up. Large data that only rank 0
@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 from loguru import logger
-from safetensors import SafetensorError, safe_open
+from safetensors import safe_open
 from torch import nn
 
 from templar.comms import CheckpointError
@@ -40,7 +40,7 @@ from templar.distributed.fsdp import local, local_rows, reshard, shard_model
 from templar.distributed.group import DistError, Group, scatter_rows
 from templar.distributed.outer import collect_probes_sharded, fingerprint_sharded, outer_step_sharded
 from templar.distributed.train import accumulate_sharded
-from templar.runtime.compute import register_compute
+from templar.runtime.model_file import check_model_file
 from templar.runtime.outer import OuterStep, apply_update
 from templar.runtime.state import NodeState, load_node_state_or_previous
 from templar.runtime.train import TrainStats
@@ -65,7 +65,6 @@ class NodeCompute:
         self.sharded_evaluator = ShardedEvaluator(self.model, hp.optimizer.micro_batch_size, group)
         self._lock = threading.Lock()  # one op at a time, in the order the followers see them
         self._stopped = False
-        register_compute(self.model, self)
 
     @property
     def world_size(self) -> int:
@@ -280,7 +279,7 @@ class NodeCompute:
         return (None if loaded is None else loaded[0]), source
 
     def load_model_file(self, path: Path) -> None:
-        """`templar.runtime.sync.load_model_file` (a published checkpoint): CheckpointError on every rank
+        """`templar.runtime.model_file.load_model_file` (a published checkpoint): CheckpointError on every rank
         when rank 0's checks fail, before anything changes."""
         self._call("load_model_file", path=str(path))
 
@@ -289,7 +288,7 @@ class NodeCompute:
         expected = self.model.state_dict()
         verdict = None
         if self.group.is_leader:
-            verdict = _check_model_file(Path(path), expected)
+            verdict = check_model_file(Path(path), expected)
         verdict = self.group.broadcast_object(verdict)
         if verdict:
             raise CheckpointError(verdict)
@@ -317,22 +316,3 @@ class NodeCompute:
         finally:
             for _ in tensors:  # take part in every gather (rank 0 too, if its write failed early)
                 pass
-
-
-def _check_model_file(path: Path, expected: dict[str, torch.Tensor]) -> str | None:
-    """The checks of `templar.runtime.sync.load_model_file` (names, shapes, dtypes, finite values)."""
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            names = set(f.keys())
-            if names != set(expected):
-                return f"{path.name}: tensor names differ from the model ({len(names ^ set(expected))} mismatched)"
-            for name in names:
-                t = f.get_tensor(name)
-                ref = expected[name]
-                if tuple(t.shape) != tuple(ref.shape) or t.dtype != ref.dtype:
-                    return f"{path.name}: {name} is {t.dtype}{tuple(t.shape)}, expected {ref.dtype}{tuple(ref.shape)}"
-                if t.is_floating_point() and not bool(torch.isfinite(t).all()):
-                    return f"{path.name}: {name} holds non-finite values"
-    except (SafetensorError, OSError) as exc:
-        return f"{path.name}: not a valid safetensors file: {exc}"
-    return None

@@ -10,7 +10,7 @@ role runs on `templar.runtime.compute.LocalCompute`, the plain 1-process functio
 
 Under torchrun, rank 0 starts the node as before (registration, bucket, data, the only rank that
 talks to the chain and the buckets) and runs the role's loop; its θ is sharded and its ops run
-on every rank through `NodeCompute`, registered as the node's compute. The other ranks only build
+on every rank through `NodeCompute`, which becomes the node's `compute` before the role starts. The other ranks only build
 θ_0 from rank 0's hparams and follow its ops. A rank that dies fails the others' next collective
 (or their keepalive ping, within a quarter of the collective timeout TEMPLAR_DIST_TIMEOUT,
 default 600 s): each logs one `DistError` line and exits with `EXIT_RANK_LOST` (5), and torchrun
@@ -66,6 +66,7 @@ async def _lead(node: Node, group: Group, role: str) -> AsyncIterator[None]:
     release them at the end. A failed ping (a follower died while we waited on the network)
     interrupts the loop at once with that DistError."""
     compute = NodeCompute.lead(node.model, node.hp, group, role=role)
+    node.compute = compute  # the role, built after this, computes over all ranks
     main = asyncio.current_task()
     failed: list[DistError] = []
 

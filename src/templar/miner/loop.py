@@ -15,7 +15,6 @@ from templar.comms.keys import gradient_key
 from templar.core.log import context
 from templar.core.schedule import learning_rate
 from templar.miner.hooks import MinerHooks
-from templar.runtime.compute import compute_of
 from templar.runtime.node import Node, OwnBucketError
 from templar.runtime.outer import gather_gradients
 from templar.runtime.records import (
@@ -42,7 +41,7 @@ class Miner:
         self.hp = node.hp
         self.extra_pages = extra_pages
         self.hooks = hooks or MinerHooks()
-        self.compute = compute_of(node)  # θ and the error feedback: one process, or torchrun's ranks
+        self.compute = node.compute  # θ and the error feedback: one process, or torchrun's ranks
         self.compute.enable_error_feedback()
         self.state = NodeState(window=-1, global_step=0)
         self.phase = Phase.STARTUP

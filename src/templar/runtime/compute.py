@@ -1,41 +1,41 @@
 """Everything a node computes on its θ, behind one small interface the role loops and catch-up call.
 
 A node is one process (`python neurons/miner.py`) or N ranks under torchrun. The loops never
-touch θ directly: they call `compute_of(node)`, which is
+touch θ directly: they call the node's `compute` (`templar.runtime.node.Node.compute`), built
+with the node and held by it, as torchtitan's `Trainer` holds the components it built:
 
-- `LocalCompute` for one process: exactly the 1-process functions (`accumulate_gradients`,
-  `DeMo.step`, `outer_step`, `apply_update`, `save_node_state`, ...), called on the node's
-  model, nothing around them: no process group, no FSDP, no broadcast, hence no slowdown;
-- `templar.distributed.compute.NodeCompute` under torchrun (registered by
-  `templar.distributed.launch`): the same ops over the node's ranks, θ sharded with FSDP2.
+- `LocalCompute` for one process (what `start_node` builds): exactly the 1-process functions
+  (`accumulate_gradients`, `DeMo.step`, `outer_step`, `apply_update`, `save_node_state`, ...),
+  called on the node's model, nothing around them: no process group, no FSDP, no broadcast;
+- `templar.distributed.compute.NodeCompute` under torchrun: the same ops over the node's ranks,
+  θ sharded with FSDP2 (the launcher puts it in the node's `compute` before the role starts).
 
 The consensus rules live once, below both: `runtime.outer.update_step` and `apply_update` (the
-sharded node calls `apply_update` on each rank's rows), `compress.aggregate`, and the state file's
-`runtime.state.write_state_file` (atomic write with the `.prev` fallback).
+sharded node calls `apply_update` on each rank's rows), `compress.aggregate`, the state file's
+`runtime.state.write_state_file` (atomic write with the `.prev` fallback) and the model file's
+`runtime.model_file.check_model_file`.
 """
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
 import torch
-from safetensors.torch import save_file
 from torch import nn
 
 from templar.compress import Compressed, DCTCompressor, DeMo
-from templar.core.atomic import atomic_write
 from templar.core.config import HParams
 from templar.core.model import build_model
 from templar.runtime.fingerprint import model_fingerprint
+from templar.runtime.model_file import load_model_file, write_model_file
 from templar.runtime.outer import OuterStep, apply_update, collect_probes, outer_step
 from templar.runtime.state import NodeState, load_node_state_or_previous, save_node_state
 from templar.runtime.train import TrainStats, accumulate_gradients, evaluate_loss, gradients
 from templar.wire import Gradient
 
-__all__ = ["Compute", "LocalCompute", "PeerScorer", "compute_of", "register_compute"]
+__all__ = ["Compute", "LocalCompute", "PeerScorer"]
 
 
 class PeerScorer(Protocol):
@@ -95,24 +95,6 @@ class Compute(Protocol):
 
     def write_model_file(self, path: Path) -> None:
         """θ as the one plain safetensors file any node of any rank count can load."""
-
-
-_BY_MODEL: weakref.WeakKeyDictionary[nn.Module, Compute] = weakref.WeakKeyDictionary()
-
-
-def register_compute(model: nn.Module, compute: Compute) -> None:
-    """Make `compute` the one `compute_of` returns for nodes of `model` (the torchrun launcher)."""
-    _BY_MODEL[model] = compute
-
-
-def compute_of(node: Any) -> Compute:
-    """The node's compute: the registered one (torchrun), else the node's 1-process `LocalCompute`
-    (created on first use, one per model, so every caller shares its error feedback)."""
-    found = _BY_MODEL.get(node.model)
-    if found is None:
-        found = LocalCompute(node.model, node.hp)
-        _BY_MODEL[node.model] = found
-    return found
 
 
 class LocalCompute:
@@ -180,10 +162,7 @@ class LocalCompute:
         return state, source
 
     def load_model_file(self, path: Path) -> None:
-        from templar.runtime.sync import load_model_file  # sync imports this module's users
-
         load_model_file(self.model, path)
 
     def write_model_file(self, path: Path) -> None:
-        tensors = {k: v.detach().cpu().contiguous() for k, v in self.model.state_dict().items()}
-        atomic_write(path, lambda tmp: save_file(tensors, str(tmp)))
+        write_model_file(self.model, path)

@@ -29,6 +29,7 @@ from templar.core.log import setup_logging, short
 from templar.core.model import build_model, parameter_shapes
 from templar.data import ManifestError, PagePlan, PageReader
 from templar.data.source import open_reader
+from templar.runtime.compute import Compute, LocalCompute
 from templar.runtime.flags import EXIT_CONFIG, EXIT_NOT_REGISTERED, EXIT_OWN_BUCKET, node_device
 from templar.runtime.metrics import start_metrics
 from templar.runtime.windows import Clock
@@ -79,6 +80,9 @@ class Node:
     bucket: Bucket
     state_dir: Path
     device: torch.device
+    compute: Compute
+    """Everything computed on θ (`templar.runtime.compute`): `LocalCompute` for one process, the
+    torchrun launcher's `NodeCompute` for a node over several ranks (set before the role starts)."""
     allow_private_endpoints: bool = False
     """Whether peers' buckets may be on loopback/private addresses or local directories: never on
     public networks (no SSRF into our LAN), always on the embedded chain."""
@@ -213,7 +217,7 @@ async def start_node(args: argparse.Namespace, role: str, *, time: TimeSource = 
     clock = Clock(hp.windows, chain.block, chain.block_timestamp, time)
     log.info(f"{role} uid {uid} ready: model {hp.name} on {device}, {pages.num_pages} pages, state in {state_dir}")
     return Node(hp=hp, chain=chain, clock=clock, uid=uid, model=model, pages=pages, plan=plan, bucket=bucket,
-                state_dir=state_dir, device=device,
+                state_dir=state_dir, device=device, compute=LocalCompute(model, hp),
                 allow_private_endpoints=args.subtensor_network not in PUBLIC_NETWORKS)
 
 

@@ -17,10 +17,8 @@ from __future__ import annotations
 import asyncio
 import time
 from enum import StrEnum
-from pathlib import Path
 
 import torch
-from safetensors import SafetensorError, safe_open
 
 from templar.chain import verify_signature
 from templar.comms import (
@@ -33,7 +31,6 @@ from templar.comms import (
 from templar.comms.progress import Progress, decode_fingerprint, get_progress
 from templar.core.log import context
 from templar.core.schedule import learning_rate
-from templar.runtime.compute import compute_of
 from templar.runtime.fingerprint import model_in_sync, off_positions
 from templar.runtime.node import Node
 from templar.runtime.outer import update_step
@@ -61,31 +58,6 @@ class Phase(StrEnum):
     ACTIVE = "active"        # full participation
 
 
-def load_model_file(model: torch.nn.Module, path: Path) -> None:
-    """Load weights from a checkpoint file after checking every name, shape, dtype and value."""
-    expected = model.state_dict()
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            names = set(f.keys())
-            if names != set(expected):
-                raise CheckpointError(f"{path.name}: tensor names differ from the model "
-                                      f"({len(names ^ set(expected))} mismatched)")
-            loaded = {}
-            for name in names:
-                t = f.get_tensor(name)
-                ref = expected[name]
-                if t.shape != ref.shape or t.dtype != ref.dtype:
-                    raise CheckpointError(f"{path.name}: {name} is {t.dtype}{tuple(t.shape)}, "
-                                          f"expected {ref.dtype}{tuple(ref.shape)}")
-                if t.is_floating_point() and not bool(torch.isfinite(t).all()):
-                    raise CheckpointError(f"{path.name}: {name} holds non-finite values")
-                loaded[name] = t
-    except SafetensorError as exc:
-        raise CheckpointError(f"{path.name}: not a valid safetensors file: {exc}") from exc
-    device = next(model.parameters()).device
-    model.load_state_dict({k: v.to(device) for k, v in loaded.items()})
-
-
 async def restore(node: Node, *, use_local: bool = True) -> tuple[NodeState, bool]:
     """Phase 2. Returns the state and whether it is this node's own (so its error feedback, if
     the node keeps one, was restored with θ and warm-up may be skipped). `use_local=False` (a
@@ -93,7 +65,7 @@ async def restore(node: Node, *, use_local: bool = True) -> tuple[NodeState, boo
     or θ_0 and the run's start window when there is none yet."""
     hp, current = node.hp, node.clock.current_window()
     log = context(window=current, phase=Phase.DOWNLOAD)
-    compute = compute_of(node)
+    compute = node.compute
     local = None
     try:
         local, source = (await asyncio.to_thread(compute.load_state, node.state_dir / STATE_FILE) if use_local
@@ -215,7 +187,7 @@ async def catch_up(node: Node, state: NodeState, until: int, *, verify: bool = T
                 log.warning(f"aggregate {window} from the lead is malformed ({exc.reason}); skipping it")
             else:
                 step = update_step(state.global_step, published=agg.global_step)
-                await asyncio.to_thread(compute_of(node).apply_update, agg.signs, step)
+                await asyncio.to_thread(node.compute.apply_update, agg.signs, step)
                 state.global_step = step + 1
                 applied += 1
         state.window = window
@@ -227,7 +199,7 @@ async def catch_up(node: Node, state: NodeState, until: int, *, verify: bool = T
         lead = await node.lead()
         progress = await _read_progress(node, lead[1]) if lead is not None else None
         if progress is not None and progress.window == state.window and progress.fingerprint is not None:
-            own = await asyncio.to_thread(compute_of(node).fingerprint, state.window)
+            own = await asyncio.to_thread(node.compute.fingerprint, state.window)
             problem = compare_with_lead(node, progress, state.global_step, own)
             if problem is not None:
                 context(window=state.window, phase=Phase.CATCHUP).warning(
@@ -292,7 +264,7 @@ class SyncCheck:
         """Call after the model holds `window`'s update (live step, catch-up or re-sync)."""
         if window < 0:  # nothing applied yet (before the run's start window)
             return
-        self.own[window] = (global_step, compute_of(self.node).fingerprint(window))
+        self.own[window] = (global_step, self.node.compute.fingerprint(window))
         for old in [w for w in self.own if w <= window - self.KEEP or w > window]:
             del self.own[old]
 

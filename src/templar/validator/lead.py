@@ -12,7 +12,6 @@ from templar.comms import cleanup_checkpoints, put_aggregate, put_peers, put_sta
 from templar.comms.keys import aggregate_key, window_of
 from templar.comms.progress import put_progress
 from templar.core.log import context
-from templar.runtime.compute import compute_of
 from templar.runtime.node import Node
 from templar.runtime.outer import OuterStep
 from templar.runtime.sync import MODEL_FILE
@@ -57,7 +56,7 @@ class WindowPublisher:
             self.queued[f"peers/{window + 1}"] = partial(put_peers, node.bucket, window + 1, next_peers, run=run)
         self.queued.pop("progress", None)  # re-queued last: it promises everything before it
         # θ after this window's step, so every node can check that it holds the run's model.
-        fingerprint = compute_of(node).fingerprint(window)
+        fingerprint = node.compute.fingerprint(window)
         self.queued["progress"] = partial(put_progress, node.bucket, window, global_step, run=run,
                                           fingerprint=fingerprint)
         while len(self.queued) > self.MAX_QUEUED:
@@ -107,7 +106,7 @@ class CheckpointPublisher:
         for old in folder.glob("*.safetensors") if folder.exists() else ():
             old.unlink(missing_ok=True)
         path = folder / f"{window}-{MODEL_FILE}"
-        await asyncio.to_thread(compute_of(self.node).write_model_file, path)  # θ from all ranks, one file
+        await asyncio.to_thread(self.node.compute.write_model_file, path)  # θ from all ranks, one file
         hp = self.node.hp
         budget = hp.windows.checkpoint_frequency * hp.windows.blocks_per_window * hp.windows.block_time
         self.task = asyncio.create_task(self._upload(window, global_step, path, budget), name=f"checkpoint-{window}")

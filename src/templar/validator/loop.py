@@ -20,7 +20,6 @@ from templar.core.atomic import atomic_write
 from templar.core.log import context, short
 from templar.core.schedule import learning_rate
 from templar.gauntlet import PrimaryResult, ScoreBook, ScoreBookError, select_eval_pages, select_eval_peers
-from templar.runtime.compute import compute_of
 from templar.runtime.node import Node
 from templar.runtime.outer import OuterStep, gather_gradients
 from templar.runtime.records import (
@@ -74,7 +73,7 @@ class Validator:
         self.hp = node.hp
         self.state = NodeState(window=-1, global_step=0)
         self.book = ScoreBook()
-        self.compute = compute_of(node)  # θ: one process, or torchrun's ranks
+        self.compute = node.compute  # θ: one process, or torchrun's ranks
         self.evaluator = self.compute.evaluator or Evaluator(node.model, self.hp.optimizer.micro_batch_size)
         self.holdout = node.pages.empty  # filled in start(): pages come from the data bucket
         self.is_lead = False
