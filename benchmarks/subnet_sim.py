@@ -17,9 +17,10 @@ Peers (256 uids): the validators, 8 each of `moredata`, `lazy`, `copycat` and `n
 `newcomer` honest peers that register from `join_window` on (spread over one tempo: a miner does
 not choose where in the epoch cycle it joins), and honest peers for the rest (identical
 by construction: any spread among them is the incentive's own noise). A copycat re-posts an
-honest peer's payload: it fails fast evaluation as `copy` whenever its source is in the same F_t
-(the copy check compares F_t's uploads) and otherwise scores like `lazy` (the update was trained
-on someone else's pages).
+honest peer's payload of the same window: it cannot have committed to that digest in time, so
+production's fast evaluation fails it as `uncommitted` whenever it is in F_t (`fast_verdict`),
+and it is never evaluated or paid. Every window of every validator is scored by production's
+`templar.gauntlet.score_window`, the function the validator's loop calls.
 
 The LossRating is a setting (`SimConfig.rating`): the paper's OpenSkill, the production relative
 rating (`gauntlet.relative_rating`, hparams `loss_rating`), or a simulator-only candidate
@@ -49,7 +50,8 @@ import numpy as np
 from subnet_sim_candidates import TiedOpenSkillBook, WeighedWindowsBook
 from subnet_sim_fit import FIT_FILE, fit, fit_from_scores
 from templar.chain import yuma
-from templar.gauntlet import PrimaryResult, ScoreBook, select_eval_peers
+from templar.core.config import GauntletConfig, load_hparams
+from templar.gauntlet import FastVerdict, PrimaryResult, ScoreBook, Status, score_window, select_eval_peers
 from templar.gauntlet import rating as rating_module
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -129,6 +131,19 @@ class SimConfig:
     set only to replay the rule before the clip at 2 (4.0)"""
     seed: int = 0
 
+    def gauntlet(self) -> GauntletConfig:
+        """The hparams' gauntlet section this subnet scores with: production's, with this config's
+        levers (what `templar.gauntlet.score_window` and `ScoreBook.configure` read)."""
+        return load_hparams().gauntlet.model_copy(update={
+            "top_g": self.top_g, "power": self.power, "uids_per_window": self.uids_per_window,
+            "fast_eval_uids": self.fast_eval_uids, "mu_gamma": self.mu_gamma, "proof_margin": self.proof_margin,
+            "fast_eval_penalty": self.phi, "openskill_beta": self.openskill_beta, "openskill_tau": self.openskill_tau,
+            "selection_sharpness": self.sharpness, "newcomer_evals": self.newcomer_evals,
+            "mu_prior_evals": self.mu_prior_evals,
+            "loss_rating": "relative" if self.rating == "relative" else "openskill",
+            "rating_gamma": self.rating_gamma, "rating_tie_band": self.rating_tie_band,
+            "rating_exponent": self.rating_exponent, "rating_cap": self.rating_cap})
+
 
 @dataclass
 class Peer:
@@ -171,6 +186,14 @@ def build_peers(cfg: SimConfig, rng: random.Random) -> list[Peer]:
     return peers
 
 
+def fast_verdict(peer: Peer) -> FastVerdict:
+    """What production's fast evaluation makes of a peer's upload: a copycat re-posts another
+    miner's same-window payload, whose digest it could not have committed to before the window's
+    uploads were readable, so it fails as `uncommitted` whenever it is sampled; every other
+    simulated peer uploads its own valid work."""
+    return FastVerdict(Status.UNCOMMITTED if peer.strategy == "copycat" else Status.OK)
+
+
 def draw(strategy: str, rng: random.Random, noise: float = 1.0, freak_rate: float = 0.0,
          freak_scale: float = 3.66) -> PrimaryResult:
     """One LossScore pair resampled from the measured ones of the strategy (scaled to nats); with
@@ -210,16 +233,14 @@ def _simulate(cfg: SimConfig, keep_series: bool) -> Outcome:
     peers = build_peers(cfg, rng)
     by_hotkey = {p.hotkey: p for p in peers}
     miners = [p for p in peers if p.strategy != "validator"]
+    rules = cfg.gauntlet()
     books = []
     for _ in range(cfg.validators):
         if cfg.rating == "openskill_ties":
             book = TiedOpenSkillBook(cfg.openskill_tie_band)
         else:
             book = WeighedWindowsBook() if cfg.weighed_windows else ScoreBook()
-        if cfg.rating == "relative":
-            book.set_loss_rating("relative", gamma=cfg.rating_gamma, tie_band=cfg.rating_tie_band,
-                                 exponent=cfg.rating_exponent, cap=cfg.rating_cap)
-        book.set_mu_ramp(cfg.mu_gamma, cfg.mu_prior_evals)
+        book.configure(rules)  # as the validator does at start
         books.append(book)
     secrets = [rng.getrandbits(64) for _ in range(cfg.validators)]
     stake = np.zeros(cfg.uids)
@@ -242,28 +263,19 @@ def _simulate(cfg: SimConfig, keep_series: bool) -> Outcome:
             staleness = book.staleness(window, cfg.newcomer_evals) if cfg.sharpness > 0 else None
             fast = select_eval_peers(seed, window, candidates, cfg.fast_eval_uids, always=peer_list,
                                      purpose="fast", staleness=staleness, sharpness=cfg.sharpness)
-            fast_set = set(fast)
-            passed = []
-            for hotkey in fast:
-                peer = by_hotkey[hotkey]
-                ok = not (peer.strategy == "copycat" and peer.source in fast_set)
-                book.get_or_create(hotkey, peer.uid, window)
-                book.record_fast_eval(hotkey, ok, "ok" if ok else "copy", cfg.phi)
-                if ok:
-                    passed.append(hotkey)
+            verdicts = {hk: fast_verdict(by_hotkey[hk]) for hk in fast}
+            passed = [hk for hk, verdict in verdicts.items() if verdict.status.earns]
             chosen = select_eval_peers(seed, window, passed, cfg.uids_per_window, purpose="primary",
                                        staleness=staleness, sharpness=cfg.sharpness)
             noise = cfg.noise * math.exp(rng.gauss(0.0, cfg.window_noise)) if cfg.window_noise else cfg.noise
-            book.record_primary({hk: draw(by_hotkey[hk].strategy, rng, noise, cfg.freak_rate, cfg.freak_scale)
-                                 for hk in chosen}, gamma=cfg.mu_gamma,
-                                beta=cfg.openskill_beta, tau=cfg.openskill_tau, margin=cfg.proof_margin,
-                                window=window)
-            x = book.weights(cfg.power)
+            losses = {hk: draw(by_hotkey[hk].strategy, rng, noise, cfg.freak_rate, cfg.freak_scale) for hk in chosen}
+            scored = score_window(book, rules, window, {hk: by_hotkey[hk].uid for hk in candidates}, verdicts, losses)
+            x = scored.weights
             vectors.append(x)
             for hotkey, value in x.items():
                 weights[v, by_hotkey[hotkey].uid] = value
             if v == 0 and window % cfg.peer_replacement_frequency == 0:
-                peer_list = book.top_g(cfg.top_g)
+                peer_list = scored.top_g
         lead_weight_hist[window] = weights[0]
         pairs = [yuma.agreement(vectors[i], vectors[j]) for i in range(len(vectors)) for j in range(i)]
         agreement_hist.append(statistics.fmean(pairs) if pairs else 1.0)

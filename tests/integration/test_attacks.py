@@ -69,7 +69,7 @@ def test_work_borrowed_from_the_window_s_uploads_is_uncommitted(tmp_path):
         await v.start()
         await m0.start()
         await partial.start()
-        watcher = asyncio.create_task(v.watch_commits())
+        watcher = asyncio.create_task(v.commits.run())
         first = v.state.window + 1
         for w in range(first, first + 3):
             await asyncio.gather(v.run_window(w), m0.run_window(w), partial.run_window(w))

@@ -31,7 +31,8 @@ from templar.runtime.records import (
 )
 from templar.runtime.sync import STATE_FILE
 from templar.storage import Bucket, StorageError, StorageTimeout
-from templar.validator.loop import BOOK_FILE, Validator
+from templar.validator.loop import Validator
+from templar.validator.state import BOOK_FILE
 from templar.wire import read_gradient
 
 from .harness import Subnet, parameters, same_parameters

@@ -16,7 +16,8 @@ from templar.localnet.adversaries import Late, Lazy, SignFlip
 from templar.miner.hooks import MinerHooks
 from templar.miner.loop import Miner
 from templar.runtime.records import SCORES_FILE, read_records
-from templar.validator.loop import BOOK_FILE, Validator
+from templar.validator.loop import Validator
+from templar.validator.state import BOOK_FILE
 
 from .harness import NETUID, Subnet
 

@@ -8,7 +8,7 @@ import torch
 
 from templar.comms import GatherResult, GatherStatus
 from templar.compress import Compressed
-from templar.validator.fast_eval import failure_status, fast_evaluate
+from templar.validator.fast_eval import failure_verdict, fast_evaluate
 from templar.wire import Gradient, PayloadError
 
 LR = 1e-3
@@ -54,10 +54,10 @@ def test_failures_keep_their_typed_reason(probes):
     verdicts = _evaluate({"gone": GatherResult(GatherStatus.MISSING), "bad": bad,
                           "slow": GatherResult(GatherStatus.LATE, reason="written 9s after")}, probes)
     assert verdicts["gone"].status == "missing" and not verdicts["gone"].passed
-    assert verdicts["bad"].status == "malformed:bad_signature"
+    assert verdicts["bad"].status == "malformed" and verdicts["bad"].label == "malformed:bad_signature"
     assert verdicts["slow"].status == "late"
     # a malformed result without a typed error (a validator's own exception) has no code to report
-    assert failure_status(GatherResult(GatherStatus.MALFORMED, reason="PayloadError: oversize: x")) == "malformed"
+    assert failure_verdict(GatherResult(GatherStatus.MALFORMED, reason="PayloadError: oversize: x")).label == "malformed"
 
 
 def test_a_peer_off_our_model_is_desync(real_peers, probes):

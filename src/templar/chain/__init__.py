@@ -20,6 +20,8 @@ from templar.chain.types import (
     Neuron,
     NotRegistered,
     RateLimited,
+    is_miner,
+    lead_of,
 )
 
 __all__ = [
@@ -36,6 +38,8 @@ __all__ = [
     "RateLimited",
     "connect",
     "create_dev_chain",
+    "is_miner",
+    "lead_of",
     "load_wallet",
     "verify_signature",
 ]

@@ -41,6 +41,7 @@ from templar.chain.types import (
     RateLimited,
     check_commitment,
     clean_commitment,
+    lead_of,
 )
 
 T = TypeVar("T")
@@ -406,9 +407,8 @@ class Chain:
         return self._call("read weights", lambda c: c.weights.weights(netuid=self.netuid))
 
     def lead_validator(self) -> Neuron | None:
-        """The permit holder with the most stake (lowest uid on ties), or None."""
-        validators = [n for n in self.metagraph() if n.validator_permit]
-        return min(validators, key=lambda n: (-n.stake, n.uid)) if validators else None
+        """The permit holder with the most stake (lowest uid on ties), or None (`lead_of`)."""
+        return lead_of(self.metagraph())
 
     # -- writes ------------------------------------------------------------------------------
 

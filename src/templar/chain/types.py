@@ -6,7 +6,9 @@ the backend: a real node or the embedded SQLite chain) never touches neuron code
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Protocol, TypeVar
 
 MAX_COMMITMENT_BYTES = 128
 """Largest raw commitment the Commitments pallet stores in one `Raw` field."""
@@ -38,6 +40,31 @@ class Neuron:
     trust: float = 0.0
     validator_trust: float = 0.0
     emission: float = 0.0
+
+
+class _Staked(Protocol):
+    @property
+    def uid(self) -> int: ...
+    @property
+    def stake(self) -> float: ...
+    @property
+    def validator_permit(self) -> bool: ...
+
+
+N = TypeVar("N", bound=_Staked)
+
+
+def is_miner(neuron: _Staked) -> bool:
+    """THE rule for who is scored and paid for training: every registered hotkey that does not hold
+    a validator permit backed by stake (a permit without stake sets no weights that count)."""
+    return not (neuron.validator_permit and neuron.stake > 0)
+
+
+def lead_of(neurons: Iterable[N]) -> N | None:
+    """THE rule for the lead validator (whose peer lists, aggregates and checkpoints everyone
+    follows): the permit holder with the most stake, the lowest uid on ties; None without one."""
+    validators = [n for n in neurons if n.validator_permit]
+    return min(validators, key=lambda n: (-n.stake, n.uid)) if validators else None
 
 
 class ChainError(Exception):

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from loguru import logger
 
-from templar.chain import Chain, ChainError, Neuron
+from templar.chain import Chain, ChainError, Neuron, lead_of
 from templar.chain.cli import redact_locator
 
 
@@ -35,9 +35,8 @@ class ChainSnapshot:
         return {n.hotkey: n for n in self.neurons}
 
     def lead(self) -> Neuron | None:
-        """The permit holder with the most stake (lowest uid on ties), as `Chain.lead_validator`."""
-        validators = [n for n in self.neurons if n.validator_permit]
-        return min(validators, key=lambda n: (-n.stake, n.uid)) if validators else None
+        """The lead validator of this snapshot (`templar.chain.lead_of`, as `Chain.lead_validator`)."""
+        return lead_of(self.neurons)
 
 
 def bucket_label(neuron: Neuron) -> str:

@@ -34,7 +34,7 @@ from templar.runtime.records import (
     ValidatorWindowRecord,
 )
 
-BOOK_FILE = "scorebook.json"  # the validator's readable copy (templar.validator.loop.BOOK_FILE)
+BOOK_FILE = "scorebook.json"  # the validator's readable copy (templar.validator.state.BOOK_FILE)
 NODES_FILE = "nodes.json"     # a localnet's roster (templar.localnet.report.NODES_FILE)
 LOG_FILE = "node.log"         # the localnet passes --logging.file <state dir>/node.log
 MAX_WINDOWS = 2000

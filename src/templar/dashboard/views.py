@@ -15,33 +15,19 @@ from collections.abc import Iterable
 from html import escape
 from urllib.parse import quote
 
+from templar.core.verdicts import Status, label_meaning
 from templar.dashboard.board import Board
 from templar.dashboard.chainwatch import agreement, bucket_label, pairwise
 from templar.dashboard.sources import MinerSource, ValidatorSource, valid_hotkey
 from templar.dashboard.svg import PALETTE, line_chart, sparkline
 from templar.runtime.records import PeerScoreRecord
 
-PASSING = {"ok", "warmup", "not-sampled"}
-STATUS_MEANING = {
-    "ok": "valid, on time, in sync, not a copy",
-    "warmup": "valid but marked warm-up (a joining miner); never aggregated",
-    "not-sampled": "not drawn for fast evaluation this window",
-    "missing": "no upload for the window, or no usable bucket committed",
-    "early": "uploaded before the put window opened",
-    "late": "uploaded after the put window closed",
-    "oversize": "bigger than the payload cap",
-    "timeout": "its download budget or the round deadline ran out",
-    "unreachable": "bucket unreachable (connection, TLS, auth or server error)",
-    "desync": "sync score above sync_max_steps: its model drifted from the swarm's",
-    "copy": "same update as an earlier upload by another hotkey",
-    "scale": "update norm far above the window's median",
-}
+PASSING = frozenset(s.value for s in Status if s.passes)
+"""Status labels that cost a peer nothing (`templar.gauntlet.Status.passes`)."""
 
 
 def meaning(status: str) -> str:
-    if status.startswith("malformed:"):
-        return f"rejected by wire validation ({status.partition(':')[2]})"
-    return STATUS_MEANING.get(status, "unknown status")
+    return label_meaning(status)
 
 
 # ---- formatting ---------------------------------------------------------------------------------
@@ -82,14 +68,14 @@ def peer_link(hotkey: str, label: str = "") -> str:
 
 
 def badge(status: str) -> str:
-    kind = "good" if status in {"ok"} else "idle" if status in PASSING else "bad"
+    kind = "good" if status == Status.OK else "idle" if status in PASSING else "bad"
     return f'<span class="badge {kind}" title="{escape(meaning(status))}">{escape(status)}</span>'
 
 
 def strip(statuses: Iterable[tuple[int, str]]) -> str:
     cells = []
     for window, status in statuses:
-        kind = "good" if status == "ok" else "idle" if status in PASSING else "bad"
+        kind = "good" if status == Status.OK else "idle" if status in PASSING else "bad"
         cells.append(f'<i class="{kind}" title="window {window}: {escape(status)}"></i>')
     return f'<span class="strip">{"".join(cells)}</span>'
 

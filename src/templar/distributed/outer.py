@@ -24,7 +24,7 @@ from templar.core.schedule import learning_rate
 from templar.distributed.fsdp import local, local_rows
 from templar.distributed.group import Group
 from templar.runtime.fingerprint import FINGERPRINT_POSITIONS, fingerprint_positions
-from templar.runtime.outer import OuterStep, apply_update, update_step
+from templar.runtime.outer import OuterStep, aggregation_weights, apply_update, update_step
 from templar.runtime.state import NodeState
 from templar.wire import Gradient, probe_positions
 
@@ -63,24 +63,23 @@ def outer_step_sharded(model: nn.Module, gradients: Sequence[Gradient] | None, s
     (ignored elsewhere). Rank 0 broadcasts the eligible peers' coefficients in buckets of
     parameters as flat tensors (no pickling of payloads; a rank holds one bucket at a time).
     `keep_signs` returns the full signs on this rank (the lead validator publishes them)."""
-    eligible = [g for g in gradients or [] if not g.warmup] if group.is_leader else []
+    eligible, weights = aggregation_weights(gradients or [], hp) if group.is_leader else ([], [])
     params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     plans = {n: plan_chunks(p.shape, hp.demo.target_chunk) for n, p in params}
     ks = {n: topk_per_chunk(plan, hp.demo.topk) for n, plan in plans.items()}
     header = None
     if group.is_leader:
         bad = [n for n, _ in params for g in eligible if not _matches(g.tensors.get(n), plans[n], ks[n])]
-        header = ([g.global_step for g in eligible], bad[:1])
-    steps, bad = group.broadcast_object(header)
+        header = (weights, bad[:1])
+    weights, bad = group.broadcast_object(header)
     if bad:
         raise ValueError(f"{bad[0]}: a peer's coefficients do not match hp.demo (read payloads with read_gradient)")
-    if not steps:
+    if not weights:
         return None
-    step = update_step(state.global_step)  # the one step rule: peers' claims (`steps`) never move it
-    weights = [1.0 / hp.gauntlet.top_g] * len(steps)
+    step = update_step(state.global_step)  # the one step rule: no peer's claim moves it
     lr = learning_rate(step, hp.optimizer)
     signs: dict[str, torch.Tensor] = {}
-    for bucket in _buckets(params, plans, ks, len(steps)):
+    for bucket in _buckets(params, plans, ks, len(weights)):
         sizes = [plans[n].n_chunks * ks[n] for n, _ in bucket]
         if group.is_leader:  # [peer, coefficient] for every parameter of the bucket, concatenated
             idx = torch.cat([torch.stack([g.tensors[n].indices.reshape(-1).to("cpu", torch.int64) for g in eligible])
@@ -88,14 +87,14 @@ def outer_step_sharded(model: nn.Module, gradients: Sequence[Gradient] | None, s
             val = torch.cat([torch.stack([g.tensors[n].values.reshape(-1).to("cpu", torch.float32) for g in eligible])
                              for n, _ in bucket], dim=1)
         else:
-            idx = torch.empty((len(steps), sum(sizes)), dtype=torch.int64)
-            val = torch.empty((len(steps), sum(sizes)), dtype=torch.float32)
+            idx = torch.empty((len(weights), sum(sizes)), dtype=torch.int64)
+            val = torch.empty((len(weights), sum(sizes)), dtype=torch.float32)
         group.broadcast_(idx, src=0)
         group.broadcast_(val, src=0)
         for (name, p), i, v in zip(bucket, idx.split(sizes, dim=1), val.split(sizes, dim=1), strict=True):
             plan = plans[name]
             peers = [{name: Compressed(i[j].reshape(plan.n_chunks, ks[name]), v[j].reshape(plan.n_chunks, ks[name]),
-                                       torch.Size(p.shape), plan.chunk)} for j in range(len(steps))]
+                                       torch.Size(p.shape), plan.chunk)} for j in range(len(weights))]
             sign = aggregate(peers, weights, {name: p.shape})[name]
             if keep_signs:
                 signs[name] = sign.clone()
@@ -105,7 +104,7 @@ def outer_step_sharded(model: nn.Module, gradients: Sequence[Gradient] | None, s
         del idx, val
     if apply:
         state.global_step = step + 1
-    return OuterStep(signs=signs, global_step=step, learning_rate=lr, peers=len(steps))
+    return OuterStep(signs=signs, global_step=step, learning_rate=lr, peers=len(weights))
 
 
 @torch.no_grad()

@@ -1,10 +1,14 @@
 """The Gauntlet incentive (seed 004): pure scoring formulas and the persistent ScoreBook.
 
 Read in this order: `scores` (the paper's equations), `rating` (OpenSkill LossRating),
-`selection` (who is evaluated each window), `duplicates` (copy detection), `book` (state).
+`selection` (who is evaluated each window), `duplicates` (copy detection), `book` (state),
+`window` (one window's scoring, the step the validator and the simulator share). Fast
+evaluation's typed verdict is `templar.core.verdicts` (re-exported here), so that record readers
+(the dashboard, the metrics) know what a status means without importing torch.
 No model code and no I/O here except `ScoreBook.save`/`load`; the validator computes losses.
 """
 
+from templar.core.verdicts import FastVerdict, Status, label_meaning
 from templar.gauntlet.book import PeerRecord, PrimaryResult, ScoreBook, ScoreBookError
 from templar.gauntlet.duplicates import (
     Upload,
@@ -28,20 +32,26 @@ from templar.gauntlet.scores import (
     update_mu,
 )
 from templar.gauntlet.selection import select_eval_pages, select_eval_peers, selection_priority
+from templar.gauntlet.window import GauntletRules, WindowScores, score_window
 
 __all__ = [
     "DEFAULT_RATING",
+    "FastVerdict",
+    "GauntletRules",
     "PeerRecord",
     "PrimaryResult",
     "Rating",
     "ScoreBook",
     "ScoreBookError",
+    "Status",
     "Upload",
+    "WindowScores",
     "competition_ranks",
     "find_copies",
     "find_pools",
     "fingerprint",
     "is_synced",
+    "label_meaning",
     "loss_rating",
     "loss_score",
     "normalise",
@@ -50,6 +60,7 @@ __all__ = [
     "peer_score",
     "penalise",
     "rate_match",
+    "score_window",
     "select_eval_pages",
     "select_eval_peers",
     "selection_priority",

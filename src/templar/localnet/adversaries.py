@@ -144,9 +144,9 @@ class Copycat(MinerHooks):
     async def _copy(self, miner: Miner, window: int, until: float) -> bytes | None:
         node, hp = miner.node, miner.hp
         log = context(window=window, phase="copy")
-        validators = {n.hotkey for n in await node.neurons() if n.validator_permit}
+        miners = await node.miners()
         buckets = await node.peer_buckets([self.target] if self.target else None)
-        candidates = [hk for hk in sorted(buckets) if hk != node.hotkey and hk not in validators]
+        candidates = [hk for hk in sorted(buckets) if hk in miners]
         read = payload_reader(node.shapes, hp, window, node.run)
         while node.clock.now() < until - 1.0:
             for hotkey in candidates:
@@ -205,11 +205,11 @@ class Partial(MinerHooks):
         await asyncio.sleep(min(2.0, hp.windows.put_window_seconds / 3))
         read = payload_reader(node.shapes, hp, window, node.run)
         own = read(node.hotkey, payload)
-        validators = {n.hotkey for n in await node.neurons() if n.validator_permit}
+        miners = await node.miners()
         buckets = await node.peer_buckets()
         others = []
         for hotkey in sorted(buckets):
-            if hotkey in (node.hotkey, *validators):
+            if hotkey not in miners:
                 continue
             try:
                 data = await buckets[hotkey].get(gradient_key(window), max_bytes=miner.max_bytes, timeout=2.0)

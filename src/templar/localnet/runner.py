@@ -139,7 +139,7 @@ class Localnet:
         )
         self.nodes = [NodeInfo(name=name, hotkey=dev.wallets[name].hotkey, uid=dev.wallets[name].uid, role=role,
                                strategy=strategy, stake=stake) for name, role, strategy, stake in planned]
-        from templar.validator.loop import SECRET_FILE  # torch and the model code: only when needed
+        from templar.validator.state import SECRET_FILE  # torch and the model code: only when needed
 
         for node in self.nodes:
             if node.role == "validator":

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from templar.comms import RecordError, get_peers, put_gradient
+from templar.comms import put_gradient
 from templar.comms.commit import put_commit
 from templar.comms.keys import gradient_key
 from templar.core.log import context
@@ -17,6 +17,7 @@ from templar.core.schedule import learning_rate
 from templar.miner.hooks import MinerHooks
 from templar.runtime.node import Node, OwnBucketError
 from templar.runtime.outer import gather_gradients
+from templar.runtime.peers import aggregate_payloads, peers_in_effect
 from templar.runtime.records import (
     MINER_WINDOWS_FILE,
     MinerWindowRecord,
@@ -240,21 +241,13 @@ class Miner:
 
     async def _aggregate(self, window: int) -> int:
         """Gather the lead's top-G for `window` and apply the outer step, as validators do."""
-        node, hp = self.node, self.hp
-        log = context(window=window, phase="aggregate")
-        lead = await node.lead()
-        peers: list[str] = []
-        if lead is not None:
-            try:
-                found = await get_peers(lead[1], window, run=node.run, timeout=5.0)
-                peers = found[1] if found else []
-            except (StorageError, RecordError) as exc:
-                log.warning(f"peer list unavailable: {exc}")
+        node = self.node
+        peers = await peers_in_effect(node, window)
         if not peers:
-            log.info("no peer list in effect yet: no outer step this window")
+            context(window=window, phase="aggregate").info("no peer list in effect yet: no outer step this window")
             return 0
-        results = await gather_gradients(await node.peer_buckets(peers), window, clock=node.clock, hp=hp,
+        results = await gather_gradients(await node.peer_buckets(peers), window, clock=node.clock, hp=self.hp,
                                          shapes=node.shapes, run=node.run)
-        received = [r.value for r in results.values() if r.ok and r.value is not None]
-        step = await asyncio.to_thread(self.compute.outer_step, received, self.state, keep_signs=False)
+        step = await asyncio.to_thread(self.compute.outer_step, aggregate_payloads(peers, results), self.state,
+                                       keep_signs=False)
         return step.peers if step else 0

@@ -22,6 +22,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_serv
 from prometheus_client.process_collector import ProcessCollector
 
 from templar import __version__
+from templar.core.verdicts import Status
 from templar.runtime.records import (
     MinerWindowRecord,
     PeerScoreRecord,
@@ -119,7 +120,7 @@ class NeuronMetrics:
             self._drop(self.sync, labels)
         status = rec.status[:64]
         self._statuses[status] = self._statuses.get(status, 0) + 1
-        if status != "not-sampled":
+        if status != Status.NOT_SAMPLED:
             self.status_total.labels(status).inc()
 
     def _validator_window(self, rec: ValidatorWindowRecord) -> None:

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from loguru import logger
 
-from templar.chain import Chain, ChainError, Neuron, NotRegistered
+from templar.chain import Chain, ChainError, Neuron, NotRegistered, is_miner
 from templar.chain.flags import connect_from_args
 from templar.core.clock import SYSTEM_TIME, TimeSource
 from templar.core.config import HParams, HParamsError, load_hparams
@@ -106,6 +106,10 @@ class Node:
 
     async def neurons(self) -> list[Neuron]:
         return await asyncio.to_thread(self.chain.metagraph)
+
+    async def miners(self) -> dict[str, int]:
+        """The subnet's miners but ourselves, hotkey → uid (`templar.chain.is_miner`)."""
+        return {n.hotkey: n.uid for n in await self.neurons() if is_miner(n) and n.hotkey != self.hotkey}
 
     async def peer_buckets(self, hotkeys: list[str] | None = None) -> dict[str, Bucket]:
         """Readable buckets of registered hotkeys (all, or those named), from their commitments.

@@ -57,19 +57,26 @@ def apply_update(model: torch.nn.Module | Mapping[str, torch.Tensor], signs: Map
     return lr
 
 
+def aggregation_weights(gradients: Sequence[Gradient], hp: HParams) -> tuple[list[Gradient], list[float]]:
+    """The consensus rule for who enters an aggregate and with what weight (paper §3.3): every
+    payload that is not a warm-up, each with w = 1/G. A warm-up payload (a joining or re-syncing
+    miner, whose error feedback is not yet built or whose model is not the run's) weighs 0."""
+    eligible = [g for g in gradients if not g.warmup]
+    return eligible, [1.0 / hp.gauntlet.top_g] * len(eligible)
+
+
 def outer_step(model: torch.nn.Module, gradients: Sequence[Gradient], state: NodeState, hp: HParams,
                *, apply: bool = True) -> OuterStep | None:
-    """Aggregate the (non-warm-up) payloads with w = 1/G, sign, and apply θ ← θ − α·sign(Δ).
+    """Aggregate the eligible payloads (`aggregation_weights`), sign, and apply θ ← θ − α·sign(Δ).
 
     Returns None when nothing is eligible: the window passes without a step (never stalls).
     """
-    eligible = [g for g in gradients if not g.warmup]
+    eligible, weights = aggregation_weights(gradients, hp)
     if not eligible:
         return None
     shapes = {n: p.shape for n, p in model.named_parameters() if p.requires_grad}
     step = update_step(state.global_step)
-    weight = 1.0 / hp.gauntlet.top_g
-    signs = aggregate([g.tensors for g in eligible], [weight] * len(eligible), shapes)
+    signs = aggregate([g.tensors for g in eligible], weights, shapes)
     if apply:
         lr = apply_update(model, signs, step, hp)
         state.global_step = step + 1

@@ -15,13 +15,23 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import torch
 
 from templar.comms import GatherResult, GatherStatus
 from templar.compress import Compressed
-from templar.gauntlet import Upload, find_pools, fingerprint, shared_positions, shares_work, sync_steps
+from templar.gauntlet import (
+    FastVerdict,
+    Status,
+    Upload,
+    find_pools,
+    fingerprint,
+    is_synced,
+    shared_positions,
+    shares_work,
+    sync_steps,
+)
 from templar.wire import Gradient, PayloadError
 
 FINGERPRINT_TENSORS = 4
@@ -36,23 +46,11 @@ small so that comparing every pair of F_t stays cheap, and its figures scatter: 
 and cross on any sample; the second look costs one larger sample per upload, for flagged pairs only."""
 
 
-@dataclass(frozen=True)
-class FastVerdict:
-    passed: bool
-    status: str               # "ok", "warmup", or the failure: missing, late, malformed:<...>, desync, copy...
-    sync_steps: float | None = None
-    copied_from: str | None = None
-    pool: tuple[str, ...] = ()
-    """The group of hotkeys whose uploads share work with this one (itself included, earliest
-    first; `templar.gauntlet.find_pools`); empty when it shares with nobody."""
-
-
-def failure_status(res: GatherResult) -> str:
-    """The verdict status of a failed gather: its status, plus the payload's stable reason code
-    when the bytes were malformed (`malformed:bad_signature`)."""
-    if res.status == GatherStatus.MALFORMED and isinstance(res.error, PayloadError):
-        return f"{res.status.value}:{res.error.reason}"
-    return res.status.value
+def failure_verdict(res: GatherResult) -> FastVerdict:
+    """The verdict on a failed gather: its status, with the payload's stable reason code when the
+    bytes were malformed (labelled `malformed:bad_signature`)."""
+    reason = res.error.reason if res.status == GatherStatus.MALFORMED and isinstance(res.error, PayloadError) else ""
+    return FastVerdict(Status(res.status.value), reason=reason)
 
 
 def canonical_values(tensors: Mapping[str, Compressed], salt: int, *, tensor_count: int = FINGERPRINT_TENSORS,
@@ -108,20 +106,20 @@ def fast_evaluate(
     uploads: list[Upload] = []
     for hotkey, res in results.items():
         if res.status != GatherStatus.OK or res.value is None:
-            verdicts[hotkey] = FastVerdict(False, failure_status(res))
+            verdicts[hotkey] = failure_verdict(res)
             continue
         g = res.value
         if commitments is not None and hotkey in commitments and commitments[hotkey] != g.digest:
-            verdicts[hotkey] = FastVerdict(False, "uncommitted")
+            verdicts[hotkey] = FastVerdict(Status.UNCOMMITTED)
             continue
         if expected_step is not None and g.global_step != expected_step:
-            verdicts[hotkey] = FastVerdict(False, "wrong_step")
+            verdicts[hotkey] = FastVerdict(Status.WRONG_STEP)
             continue
         steps = probe_sync_steps(own_probes, g.probes, lr)
-        if not steps <= sync_max_steps:
-            verdicts[hotkey] = FastVerdict(False, "desync", sync_steps=steps)
+        if not is_synced(steps, sync_max_steps):
+            verdicts[hotkey] = FastVerdict(Status.DESYNC, sync_steps=steps)
             continue
-        verdicts[hotkey] = FastVerdict(True, "warmup" if g.warmup else "ok", sync_steps=steps)
+        verdicts[hotkey] = FastVerdict(Status.WARMUP if g.warmup else Status.OK, sync_steps=steps)
         if g.warmup:  # earns nothing and is never aggregated: no work to share, and no pool to remember
             continue
         canonical = canonical_values(g.tensors, salt)
@@ -138,10 +136,10 @@ def fast_evaluate(
         first, *rest = pool
         verdicts[first] = replace(verdicts[first], pool=tuple(pool))
         for member in rest:
-            verdicts[member] = FastVerdict(False, "copy", sync_steps=verdicts[member].sync_steps, copied_from=first,
+            verdicts[member] = FastVerdict(Status.COPY, sync_steps=verdicts[member].sync_steps, copied_from=first,
                                            pool=tuple(pool))
     for hotkey in norm_outliers({hk: results[hk].value for hk, v in verdicts.items() if v.passed}, max_norm_ratio):
-        verdicts[hotkey] = FastVerdict(False, "scale", sync_steps=verdicts[hotkey].sync_steps)
+        verdicts[hotkey] = FastVerdict(Status.SCALE, sync_steps=verdicts[hotkey].sync_steps)
     return verdicts
 
 

@@ -1,70 +1,60 @@
 """The validator: every window, gather, fast-evaluate many, primary-evaluate a few, score, step.
 
-`run_window` is Algorithm 1 of the paper as named phases:
-gather → fast eval → primary eval → scores and weights → outer step (+ lead publishing) → save.
+`Validator.run` is the whole life of a validator; `run_window` is one window (Algorithm 1 of the
+paper) as named phases:
+
+    sync check → registry and peer list → gather → fast evaluation → primary evaluation
+    → scoring (`templar.gauntlet.score_window`) → outer step → lead's publications
+    → held-out loss → weights → checkpoint → records → save (the commit point)
+
+The scoring rule is `score_window`, shared with the subnet simulator; the commitment reader runs
+beside the windows (`templar.validator.commits`); the records are `templar.validator.report`'s.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
-import os
 import time
-from pathlib import Path
+from collections.abc import Mapping
+
+import torch
 
 from templar.chain import ChainError, RateLimited
-from templar.comms import GatherResult, GatherStatus, RecordError, get_peers, get_start_window
-from templar.comms.commit import read_commits
+from templar.comms import GatherResult, GatherStatus, RecordError, get_start_window
 from templar.compress import aggregate
-from templar.core.atomic import atomic_write
 from templar.core.log import context, short
 from templar.core.schedule import learning_rate
-from templar.gauntlet import PrimaryResult, ScoreBook, ScoreBookError, select_eval_pages, select_eval_peers
+from templar.gauntlet import (
+    FastVerdict,
+    PrimaryResult,
+    ScoreBook,
+    WindowScores,
+    score_window,
+    select_eval_pages,
+    select_eval_peers,
+)
 from templar.runtime.node import Node
 from templar.runtime.outer import OuterStep, gather_gradients
-from templar.runtime.records import (
-    SCORES_FILE,
-    VALIDATOR_WINDOWS_FILE,
-    PeerScoreRecord,
-    ValidatorWindowRecord,
-    append_record,
-    drop_uncommitted_records,
-)
+from templar.runtime.peers import aggregate_payloads, peers_in_effect
+from templar.runtime.records import SCORES_FILE, VALIDATOR_WINDOWS_FILE, drop_uncommitted_records
 from templar.runtime.state import NodeState
 from templar.runtime.sync import STATE_FILE, Phase, ResyncError, SyncCheck, catch_up, restore, resync
 from templar.storage import StorageError
+from templar.validator.commits import CommitWatcher
 from templar.validator.evaluate import Evaluator, LossScores
-from templar.validator.fast_eval import FastVerdict, fast_evaluate
+from templar.validator.fast_eval import fast_evaluate
 from templar.validator.lead import CheckpointPublisher, WindowPublisher, publish_start_window
+from templar.validator.report import WindowSummary, record_window
+from templar.validator.state import BOOK_FILE, SECRET_FILE, load_book, load_or_create_secret, with_book
+from templar.wire import Gradient
 
-BOOK_FILE = "scorebook.json"
-SECRET_FILE = "eval_secret"
 HOLDOUT_PAGES = 4
 PUBLISH_MIN_SECONDS = 5.0
 """A lead already behind still gets this long to publish a window before it moves on."""
-
-
-def load_or_create_secret(path: Path) -> bytes:
-    """This validator's private randomness for D_rand, S_t and fingerprints, kept across restarts.
-
-    Miners know the public seeds, so anything derived from them alone (say, next window's random
-    pages) could be trained on in advance; a per-validator secret makes those choices unpredictable.
-    """
-    if path.exists():
-        secret = path.read_bytes()
-        if len(secret) == 32:
-            return secret
-    secret = os.urandom(32)
-    atomic_write(path, secret, mode=0o600)
-    return secret
-
-
-def _report_watcher(task: asyncio.Task) -> None:
-    """A commitment reader that died must not go unnoticed: from then on no upload is judged on
-    its commitment (fast evaluation skips the check for windows with nothing read)."""
-    if not task.cancelled() and (exc := task.exception()) is not None:
-        context(phase="commit").opt(exception=exc).error(
-            f"commitment reader stopped: uploads are no longer checked against commitments ({exc!r})")
+LATE_GATHER_SECONDS = 5.0
+"""A validator that reaches a window's gather late still gives it at least this long (at most
+`gather_seconds`), so it scores what arrived instead of finding every peer `timeout`."""
 
 
 class Validator:
@@ -80,8 +70,7 @@ class Validator:
         self.publisher = WindowPublisher(node)
         self.checkpoints = CheckpointPublisher(node)
         self.secret = load_or_create_secret(node.state_dir / SECRET_FILE)
-        self.commits: dict[int, dict[str, bytes]] = {}
-        """Window → the commitments read in its `commit_read` span (`templar.comms.commit`)."""
+        self.commits = CommitWatcher(node)
         self.sync = SyncCheck(node)
 
     def eval_seed(self, window: int) -> int:
@@ -92,8 +81,8 @@ class Validator:
     async def run(self, max_windows: int = 0) -> None:
         """Start, then validate windows until stopped (or `max_windows` windows, if not 0)."""
         await self.start()
-        watcher = asyncio.create_task(self.watch_commits(), name="commits")
-        watcher.add_done_callback(_report_watcher)
+        watcher = asyncio.create_task(self.commits.run(), name="commits")
+        watcher.add_done_callback(self.commits.report_stop)
         try:
             await self._validate(max_windows)
         finally:
@@ -117,40 +106,11 @@ class Validator:
             if max_windows and done >= max_windows:
                 break
 
-    async def watch_commits(self) -> None:
-        """Read every miner's commitment of each window inside its `commit_read` span, before any
-        gradient of the window can count (issue 14): what was not read there was not committed."""
-        node = self.node
-        window = node.clock.current_window()
-        while not node.stop.is_set():
-            times = node.clock.times(window)
-            opens, closes = times.commit_read
-            if node.clock.now() >= closes - 0.5:
-                window += 1  # too late for this window's span: its gradients are not judged on it
-                continue
-            if not await node.clock.sleep_until(opens, node.stop):
-                return
-            log = context(window=window, phase="commit")
-            try:
-                neurons = await node.neurons()
-                miners = [n.hotkey for n in neurons if not (n.validator_permit and n.stake > 0)
-                          and n.hotkey != node.hotkey]
-                buckets = await node.peer_buckets(miners)
-                read = await read_commits(buckets, window, run=node.run, deadline=closes, now=node.clock.now)
-                self.commits[window] = read
-                log.debug(f"read {sum(bool(d) for d in read.values())}/{len(miners)} commitments "
-                          f"({len(miners) - len(read)} without a bucket or not read in time: not judged on them)")
-            except (ChainError, StorageError) as exc:
-                log.warning(f"commitments unavailable: {exc}")
-            for old in [w for w in self.commits if w < window - 2 * self.hp.windows.max_allowed_stale]:
-                del self.commits[old]
-            window += 1
-
     async def start(self) -> None:
         """Load the score book and state; the lead publishes the start window, others catch up."""
         node = self.node
         self.state, own = await restore(node)
-        self.book = self._load_book(self.state, own)
+        self.book = load_book(node.state_dir, self.state, own)
         self.book.configure(self.hp.gauntlet)
         drop_uncommitted_records(node.state_dir, [SCORES_FILE, VALIDATOR_WINDOWS_FILE], self.state.window)
         self.holdout = (await node.pages.fetch(node.plan.holdout_pages()[:HOLDOUT_PAGES])).batch
@@ -182,154 +142,124 @@ class Validator:
         self.is_lead = is_lead
         return is_lead
 
-    def _load_book(self, state: NodeState, own: bool) -> ScoreBook:
-        """The book saved atomically with our state (never a window apart from it).
-
-        `scorebook.json` is only a readable copy: it may be a window ahead of or behind any state
-        we could restore, so it is read only for an own state saved without a book (older versions).
-        A state that is not our own (the lead's checkpoint) starts an empty book rather than one
-        that would count some windows twice."""
-        log = context(phase="startup")
-        saved = state.extra.get("scorebook")
-        if isinstance(saved, str):
-            try:
-                return ScoreBook.from_json(saved)
-            except ScoreBookError as exc:
-                log.error(f"score book in the state file unreadable: {exc}")
-        path = self.node.state_dir / BOOK_FILE
-        if not own:
-            if path.exists():
-                log.warning(f"[SYNC] no own state to take the score book from: starting an empty one "
-                            f"({path.name} is a readable copy that may be windows ahead of or behind this state)")
-            return ScoreBook()
-        try:
-            return ScoreBook.load(path)
-        except ScoreBookError as exc:
-            backup = path.with_suffix(".corrupt")
-            path.replace(backup)
-            context(phase="startup").error(f"score book unreadable ({exc}); moved to {backup.name}, starting empty")
-            return ScoreBook()
-
     # ------------------------------------------------------------------ one window
     async def run_window(self, window: int, *, evaluate: bool = True) -> None:
         node, hp = self.node, self.hp
         times = node.clock.times(window)
-        log = context(window=window, phase="validate")
         if not await node.clock.sleep_until(times.gather_start, node.stop):
             return
         started = time.perf_counter()
-        deadline = max(times.gather_deadline, node.clock.now() + min(hp.windows.gather_seconds, 5.0))
+        deadline = max(times.gather_deadline, node.clock.now() + min(hp.windows.gather_seconds, LATE_GATHER_SECONDS))
 
         await self._check_lead(window)
-        if not self.is_lead and not await self.sync.check(window, self.state):
-            # A forked validator would score every honest miner desync: re-sync instead of this window.
-            try:
-                self.state = await resync(node)
-            except ResyncError as exc:
-                log.warning(f"[SYNC] Re-sync not possible now ({exc}); not evaluating this window")
-                evaluate = False
-            else:
-                self.sync.record(self.state.window, self.state.global_step)
-                await asyncio.to_thread(self._save)
-                return
-        neurons = await node.neurons()
-        miners = {n.hotkey: n.uid for n in neurons if not (n.validator_permit and n.stake > 0)
-                  and n.hotkey != node.hotkey}
+        if not self.is_lead:
+            in_sync = await self._check_sync(window)
+            if in_sync is None:
+                return  # re-synced instead of this window
+            evaluate = evaluate and in_sync
+        miners = await node.miners()
         self.book.sync_registry(miners)
-        peer_list = await self._peer_list(window)
+        peer_list = await peers_in_effect(node, window)
         lr = learning_rate(self.state.global_step, hp.optimizer)
 
-        fast_set = select_eval_peers(self.eval_seed(window), window, sorted(miners), hp.gauntlet.fast_eval_uids,
-                                     always=[p for p in peer_list if p in miners], purpose="fast",
-                                     **self._stale_first(window))
-        wanted = sorted(set(fast_set) | set(peer_list))
+        fast_set = self._fast_set(window, miners, peer_list)
         gather_started = time.perf_counter()
-        results = await gather_gradients(await node.peer_buckets(wanted), window, clock=node.clock, hp=hp,
-                                         shapes=node.shapes, run=node.run, deadline=deadline)
+        results = await self._gather(window, sorted(set(fast_set) | set(peer_list)), deadline)
         gather_seconds = time.perf_counter() - gather_started
-        for hotkey in wanted:  # no usable locator on chain: unreachable if it is broken, else missing
-            fault = node.bucket_faults.get(hotkey)
-            results.setdefault(hotkey, GatherResult(GatherStatus.UNREACHABLE, reason=fault) if fault
-                               else GatherResult(GatherStatus.MISSING, reason="no bucket committed"))
-
-        own_probes = await asyncio.to_thread(self.compute.probes, window)
-        verdicts = {}
+        verdicts: dict[str, FastVerdict] = {}
         losses: dict[str, LossScores] = {}
         if evaluate:
-            fast_results = {hk: results[hk] for hk in fast_set}
-            verdicts = await asyncio.to_thread(
-                fast_evaluate, fast_results, own_probes, lr, sync_max_steps=hp.gauntlet.sync_max_steps,
-                duplicate_threshold=hp.gauntlet.duplicate_threshold, salt=self.eval_seed(window),
-                shared_positions_threshold=hp.gauntlet.shared_positions_threshold,
-                max_norm_ratio=hp.gauntlet.max_norm_ratio, expected_step=self.state.global_step,
-                commitments=self.commits.pop(window, None))
-            for hotkey, verdict in verdicts.items():
-                self.book.get_or_create(hotkey, miners[hotkey], window)
-                self.book.record_fast_eval(hotkey, verdict.passed or verdict.status == "warmup", verdict.status,
-                                           hp.gauntlet.fast_eval_penalty, sync_steps=verdict.sync_steps)
-            for pool in {v.pool for v in verdicts.values() if v.pool}:
-                self.book.record_pool(pool, window)
-            self.book.expire_pools(window)
+            verdicts = await self._fast_evaluate(window, {hk: results[hk] for hk in fast_set}, lr)
             losses = await self._primary(window, miners, verdicts, results, lr)
-        weights = self.book.weights(hp.gauntlet.power)
-        top = self.book.top_g(hp.gauntlet.top_g)
+        scores = score_window(self.book, hp.gauntlet, window, miners, verdicts,
+                              {hk: PrimaryResult(s.delta_assigned, s.delta_rand, s.page_deltas)
+                               for hk, s in losses.items()})
 
         # The outer step with exactly the peer list miners use (consensus: no validator-only filter
         # here; a bad peer leaves the list through its score, at the next replacement).
-        chosen = [results[hk].value for hk in peer_list if hk in results and results[hk].ok]
-        step = await asyncio.to_thread(self.compute.outer_step, [g for g in chosen if g is not None],
-                                       self.state, keep_signs=self.is_lead)
+        step = await asyncio.to_thread(self.compute.outer_step, aggregate_payloads(peer_list, results), self.state,
+                                       keep_signs=self.is_lead)
         self.state.window = window
         self.sync.record(window, self.state.global_step)
         if self.is_lead:
-            due = window % hp.windows.peer_replacement_frequency == 0 or not peer_list
-            # Replaying windows it missed, the lead never names peers for a window whose gather has
-            # begun: the miners aggregated it with the list in effect then (another list is a fork).
-            due = due and node.clock.now() < node.clock.times(window + 1).gather_start
-            await self.publisher.publish(window, step, top if due else None, self.state.global_step,
-                                         deadline=max(node.clock.times(window + 1).gather_start,
-                                                      node.clock.now() + PUBLISH_MIN_SECONDS))
+            await self._publish(window, step, scores.top_g, replace=not peer_list)
         holdout_loss = await asyncio.to_thread(self.compute.evaluate_loss, self.holdout)
 
         weights_set = False
         if window % hp.windows.windows_per_weights == 0:
-            weights_set = await self._set_weights(window, weights, miners)
+            weights_set = await self._set_weights(window, scores.weights, miners)
         if self.is_lead and window % hp.windows.checkpoint_frequency == 0:
             await self.checkpoints.publish(window, self.state.global_step)
         wall = time.perf_counter() - started
-        self._log_window(window, verdicts, losses, weights, top, miners, step, holdout_loss, len(results), wall,
-                         weights_set, gather_seconds)
+        record_window(node.state_dir, window, self.book, verdicts, losses, scores, WindowSummary(
+            global_step=self.state.global_step,
+            learning_rate=step.learning_rate if step else learning_rate(self.state.global_step, hp.optimizer),
+            holdout_loss=holdout_loss, peers_aggregated=step.peers if step else 0, gathered=len(results),
+            wall_seconds=wall, weights_set=weights_set, gather_seconds=gather_seconds))
         # The commit point: model, window and book change together here, after the window's records
         # (a crash before it redoes the window; its uncommitted records are dropped at the restart).
         await asyncio.to_thread(self._save)
-        log.info(f"window done in {wall:.1f}s | held-out loss {holdout_loss:.4f} | gathered "
-                 f"{sum(r.ok for r in results.values())}/{len(results)} | evaluated {len(losses)} | "
-                 f"aggregated {step.peers if step else 0} | step {self.state.global_step} | top-G "
-                 + ",".join(short(h) for h in top))
+        self._log_done(window, wall, holdout_loss, results, losses, step, scores)
 
-    async def _peer_list(self, window: int) -> list[str]:
-        lead = await self.node.lead()
-        if lead is None:
-            return []
+    async def _check_sync(self, window: int) -> bool | None:
+        """A follower's proof that it holds the run's model. True: in sync (or nothing to check
+        against); None: it was not and has re-synced instead of this window (a forked validator
+        would score every honest miner desync); False: it is not and cannot re-sync now, so the
+        window runs without evaluating anyone."""
+        if await self.sync.check(window, self.state):
+            return True
         try:
-            found = await get_peers(lead[1], window, run=self.node.run, timeout=5.0)
-        except (StorageError, RecordError) as exc:
-            context(window=window, phase="validate").warning(f"peer list unavailable: {exc}")
-            return []
-        return found[1] if found else []
+            self.state = await resync(self.node)
+        except ResyncError as exc:
+            context(window=window, phase="validate").warning(
+                f"[SYNC] Re-sync not possible now ({exc}); not evaluating this window")
+            return False
+        self.sync.record(self.state.window, self.state.global_step)
+        await asyncio.to_thread(self._save)
+        return None
 
-    async def _primary(self, window: int, miners: dict[str, int], verdicts: dict[str, FastVerdict],
-                       results: dict[str, GatherResult], lr: float) -> dict[str, LossScores]:
-        """LossScore on assigned vs unassigned data for a random subset S_t (paper §3.1)."""
+    def _fast_set(self, window: int, miners: Mapping[str, int], peer_list: list[str]) -> list[str]:
+        """F_t: `fast_eval_uids` miners drawn with this validator's secret, the top-G always in."""
+        return select_eval_peers(self.eval_seed(window), window, sorted(miners), self.hp.gauntlet.fast_eval_uids,
+                                 always=[p for p in peer_list if p in miners], purpose="fast",
+                                 **self._stale_first(window))
+
+    async def _gather(self, window: int, wanted: list[str], deadline: float) -> dict[str, GatherResult[Gradient]]:
+        """Every wanted peer's payload, with a status for each (no usable locator on chain:
+        `unreachable` if it is broken, else `missing`)."""
+        node = self.node
+        results = await gather_gradients(await node.peer_buckets(wanted), window, clock=node.clock, hp=self.hp,
+                                         shapes=node.shapes, run=node.run, deadline=deadline)
+        for hotkey in wanted:
+            fault = node.bucket_faults.get(hotkey)
+            results.setdefault(hotkey, GatherResult(GatherStatus.UNREACHABLE, reason=fault) if fault
+                               else GatherResult(GatherStatus.MISSING, reason="no bucket committed"))
+        return results
+
+    async def _fast_evaluate(self, window: int, results: dict[str, GatherResult[Gradient]],
+                             lr: float) -> dict[str, FastVerdict]:
+        g = self.hp.gauntlet
+        own_probes = await asyncio.to_thread(self.compute.probes, window)
+        return await asyncio.to_thread(
+            fast_evaluate, results, own_probes, lr, sync_max_steps=g.sync_max_steps,
+            duplicate_threshold=g.duplicate_threshold, salt=self.eval_seed(window),
+            shared_positions_threshold=g.shared_positions_threshold, max_norm_ratio=g.max_norm_ratio,
+            expected_step=self.state.global_step, commitments=self.commits.pop(window))
+
+    async def _primary(self, window: int, miners: Mapping[str, int], verdicts: Mapping[str, FastVerdict],
+                       results: Mapping[str, GatherResult[Gradient]], lr: float) -> dict[str, LossScores]:
+        """LossScore on assigned vs unassigned data for a random subset S_t (paper §3.1) of the
+        uploads that may earn."""
         hp, node = self.hp, self.node
-        eligible = sorted(hk for hk, v in verdicts.items() if v.passed and v.status == "ok")
+        eligible = sorted(hk for hk, v in verdicts.items() if v.status.earns)
         seed = self.eval_seed(window)
         chosen = select_eval_peers(seed, window, eligible, hp.gauntlet.uids_per_window, purpose="primary",
                                    **self._stale_first(window))
         if not chosen:
             return {}
         shapes = node.shapes
-        signs = {hk: await asyncio.to_thread(aggregate, [results[hk].value.tensors], [1.0], shapes) for hk in chosen}
+        signs: dict[str, dict[str, torch.Tensor]] = {
+            hk: await asyncio.to_thread(aggregate, [results[hk].value.tensors], [1.0], shapes) for hk in chosen}
         assigned = {
             hk: (await node.pages.fetch(select_eval_pages(
                 seed, window, miners[hk], node.plan.assigned_pages(miners[hk], window, hp.data.pages_per_window),
@@ -337,27 +267,34 @@ class Validator:
             for hk in chosen
         }
         salt = seed % node.plan.pool
-        random_batch = (await node.pages.fetch(  # data (#16): next window's random pages read ahead
+        random_batch = (await node.pages.fetch(  # the next window's random pages are read ahead
             node.plan.random_pages(window, hp.data.eval_pages, salt=salt),
             prefetch=node.plan.random_pages(window + 1, hp.data.eval_pages,
                                             salt=self.eval_seed(window + 1) % node.plan.pool))).batch
         beta = hp.gauntlet.eval_lr_factor * lr
-        scores = await asyncio.to_thread(self.evaluator.score_peers, signs, assigned, random_batch, beta,
-                                         hp.data.sequences_per_page)
-        self.book.record_primary({hk: PrimaryResult(s.delta_assigned, s.delta_rand, s.page_deltas)
-                                  for hk, s in scores.items()},
-                                 gamma=hp.gauntlet.mu_gamma, beta=hp.gauntlet.openskill_beta,
-                                 tau=hp.gauntlet.openskill_tau, margin=hp.gauntlet.proof_margin, window=window)
-        return scores
+        return await asyncio.to_thread(self.evaluator.score_peers, signs, assigned, random_batch, beta,
+                                       hp.data.sequences_per_page)
 
     def _stale_first(self, window: int) -> dict:
-        """The stale-first tilt of F_t and S_t (issue 19; docs/scoring.md §1); {} keeps the uniform draw."""
+        """The stale-first tilt of F_t and S_t (docs/scoring.md §1); {} keeps the uniform draw."""
         g = self.hp.gauntlet
         if g.selection_sharpness <= 0:
             return {}
         return {"staleness": self.book.staleness(window, g.newcomer_evals), "sharpness": g.selection_sharpness}
 
-    async def _set_weights(self, window: int, weights: dict[str, float], miners: dict[str, int]) -> bool:
+    async def _publish(self, window: int, step: OuterStep | None, top: list[str], *, replace: bool) -> None:
+        """The lead's publications of the window: aggregate, progress and, when due, the peer list
+        in effect from the next window. Replaying windows it missed, the lead never names peers for
+        a window whose gather has begun: the miners aggregated it with the list in effect then
+        (another list is a fork)."""
+        node, hp = self.node, self.hp
+        due = window % hp.windows.peer_replacement_frequency == 0 or replace
+        due = due and node.clock.now() < node.clock.times(window + 1).gather_start
+        await self.publisher.publish(window, step, top if due else None, self.state.global_step,
+                                     deadline=max(node.clock.times(window + 1).gather_start,
+                                                  node.clock.now() + PUBLISH_MIN_SECONDS))
+
+    async def _set_weights(self, window: int, weights: dict[str, float], miners: Mapping[str, int]) -> bool:
         log = context(window=window, phase="weights")
         by_uid = {miners[hk]: w for hk, w in weights.items() if hk in miners and w > 0}
         if not by_uid:
@@ -376,35 +313,13 @@ class Validator:
 
     def _save(self) -> None:
         """State, model and score book in one atomic file; scorebook.json is a readable copy."""
-        self.state.extra = {"scorebook": self.book.to_json()}
-        self.compute.save_state(self.node.state_dir / STATE_FILE, self.state)
+        self.compute.save_state(self.node.state_dir / STATE_FILE, with_book(self.state, self.book))
         self.book.save(self.node.state_dir / BOOK_FILE)
 
-    def _log_window(self, window, verdicts, losses, weights, top, miners, step: OuterStep | None,
-                    holdout_loss: float, gathered: int, wall: float, weights_set: bool,
-                    gather_seconds: float) -> None:
-        state_dir: Path = self.node.state_dir
-        log = context(window=window, phase="score")
-        for hotkey in sorted(self.book):
-            rec = self.book.peers[hotkey]
-            verdict = verdicts.get(hotkey)
-            loss = losses.get(hotkey)
-            status = verdict.status if verdict else "not-sampled"
-            if verdict or loss:
-                log.info(f"peer {short(hotkey)} uid {rec.uid}: {status} | sync "
-                         f"{'-' if rec.last_sync_steps is None else f'{rec.last_sync_steps:.2f}'} | "
-                         f"δa {'-' if not loss else f'{loss.delta_assigned:+.5f}'} δr "
-                         f"{'-' if not loss else f'{loss.delta_rand:+.5f}'} | μ {rec.mu:+.3f} | rating "
-                         f"{self.book.loss_rating(hotkey):.2f} | score {rec.score:.3f} | weight {weights.get(hotkey, 0):.3f}")
-            append_record(state_dir / SCORES_FILE, PeerScoreRecord(
-                window=window, hotkey=hotkey, uid=rec.uid, status=status, evaluated=loss is not None,
-                sync_steps=verdict.sync_steps if verdict else None,
-                delta_assigned=loss.delta_assigned if loss else None,
-                delta_rand=loss.delta_rand if loss else None, mu=rec.mu, rating=self.book.loss_rating(hotkey),
-                score=rec.score, weight=weights.get(hotkey, 0.0), in_top_g=hotkey in top))
-        append_record(state_dir / VALIDATOR_WINDOWS_FILE, ValidatorWindowRecord(
-            window=window, global_step=self.state.global_step,
-            learning_rate=step.learning_rate if step else learning_rate(self.state.global_step, self.hp.optimizer),
-            holdout_loss=holdout_loss, peers_aggregated=step.peers if step else 0, gathered=gathered,
-            evaluated=len(losses), wall_seconds=wall, weights_set=weights_set, gather_seconds=gather_seconds))
-
+    def _log_done(self, window: int, wall: float, holdout_loss: float, results: Mapping[str, GatherResult],
+                  losses: Mapping[str, LossScores], step: OuterStep | None, scores: WindowScores) -> None:
+        context(window=window, phase="validate").info(
+            f"window done in {wall:.1f}s | held-out loss {holdout_loss:.4f} | gathered "
+            f"{sum(r.ok for r in results.values())}/{len(results)} | evaluated {len(losses)} | "
+            f"aggregated {step.peers if step else 0} | step {self.state.global_step} | top-G "
+            + ",".join(short(h) for h in scores.top_g))

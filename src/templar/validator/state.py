@@ -1,0 +1,70 @@
+"""A validator's own state beside the node's: its score book and its private evaluation secret.
+
+The book is saved inside the node's state file (`state.safetensors`, with θ and the window), so
+model, window and scores change together at a window's commit point; `scorebook.json` is a
+readable copy for operators and the dashboard. The secret keys the validator's private draws.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from templar.core.atomic import atomic_write
+from templar.core.log import context
+from templar.gauntlet import ScoreBook, ScoreBookError
+from templar.runtime.state import NodeState
+
+BOOK_FILE = "scorebook.json"
+SECRET_FILE = "eval_secret"
+SECRET_BYTES = 32
+
+
+def load_or_create_secret(path: Path) -> bytes:
+    """This validator's private randomness for D_rand, S_t and fingerprints, kept across restarts.
+
+    Miners know the public seeds, so anything derived from them alone (say, next window's random
+    pages) could be trained on in advance; a per-validator secret makes those choices unpredictable.
+    """
+    if path.exists():
+        secret = path.read_bytes()
+        if len(secret) == SECRET_BYTES:
+            return secret
+    secret = os.urandom(SECRET_BYTES)
+    atomic_write(path, secret, mode=0o600)
+    return secret
+
+
+def load_book(state_dir: Path, state: NodeState, own: bool) -> ScoreBook:
+    """The book saved atomically with our state (never a window apart from it).
+
+    `scorebook.json` is only a readable copy: it may be a window ahead of or behind any state
+    we could restore, so it is read only for an own state saved without a book (older versions).
+    A state that is not our own (the lead's checkpoint) starts an empty book rather than one
+    that would count some windows twice."""
+    log = context(phase="startup")
+    saved = state.extra.get("scorebook")
+    if isinstance(saved, str):
+        try:
+            return ScoreBook.from_json(saved)
+        except ScoreBookError as exc:
+            log.error(f"score book in the state file unreadable: {exc}")
+    path = state_dir / BOOK_FILE
+    if not own:
+        if path.exists():
+            log.warning(f"[SYNC] no own state to take the score book from: starting an empty one "
+                        f"({path.name} is a readable copy that may be windows ahead of or behind this state)")
+        return ScoreBook()
+    try:
+        return ScoreBook.load(path)
+    except ScoreBookError as exc:
+        backup = path.with_suffix(".corrupt")
+        path.replace(backup)
+        log.error(f"score book unreadable ({exc}); moved to {backup.name}, starting empty")
+        return ScoreBook()
+
+
+def with_book(state: NodeState, book: ScoreBook) -> NodeState:
+    """`state` carrying `book`, ready for the node's state file (one atomic write with θ)."""
+    state.extra = {"scorebook": book.to_json()}
+    return state

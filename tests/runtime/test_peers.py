@@ -1,0 +1,49 @@
+"""Which payloads make a window's outer step: one rule for every node kind (`templar.runtime.peers`)."""
+
+from __future__ import annotations
+
+import random
+
+import torch
+
+from templar.comms import GatherResult, GatherStatus
+from templar.core.model import build_model
+from templar.runtime.outer import aggregation_weights, outer_step
+from templar.runtime.state import NodeState
+from templar.wire import Gradient
+
+
+def _gradient(hotkey: str, tensors, *, warmup: bool = False) -> Gradient:
+    return Gradient(window=3, global_step=0, hotkey=hotkey, warmup=warmup, tensors=tensors, probes={},
+                    digest=hotkey.encode(), nbytes=0)
+
+
+def test_miners_and_validators_choose_the_same_aggregate_inputs(hp, real_peers):
+    """The same peer list and gather results, handed to the miner's and the validator's step in any
+    order, give the same inputs, the same weights and a bit-identical model."""
+    import templar.miner.loop as miner_loop
+    import templar.validator.loop as validator_loop
+    from templar.runtime.peers import aggregate_payloads
+
+    assert miner_loop.aggregate_payloads is validator_loop.aggregate_payloads is aggregate_payloads
+    _, tensors = real_peers
+    peer_list = ["a", "b", "c", "d", "e"]
+    results = {
+        "a": GatherResult(GatherStatus.OK, _gradient("a", tensors[0])),
+        "b": GatherResult(GatherStatus.OK, _gradient("b", tensors[1], warmup=True)),  # weighs 0
+        "c": GatherResult(GatherStatus.LATE),
+        "d": GatherResult(GatherStatus.OK, _gradient("d", tensors[2])),
+        "x": GatherResult(GatherStatus.OK, _gradient("x", tensors[3])),  # gathered for scoring, not in the list
+    }
+    chosen = aggregate_payloads(peer_list, results)
+    assert [g.hotkey for g in chosen] == ["a", "b", "d"]
+    eligible, weights = aggregation_weights(chosen, hp)
+    assert [g.hotkey for g in eligible] == ["a", "d"] and weights == [1 / hp.gauntlet.top_g] * 2
+
+    shuffled = dict(random.Random(1).sample(sorted(results.items()), len(results)))
+    models = [build_model(hp), build_model(hp)]
+    for model, (order, res) in zip(models, ((peer_list, results), (peer_list[::-1], shuffled)), strict=True):
+        outer_step(model, aggregate_payloads(order, res), NodeState(window=2, global_step=0), hp)
+    assert all(torch.equal(p, q) for p, q in zip(models[0].parameters(), models[1].parameters(), strict=True))
+    assert not all(torch.equal(p, q) for p, q in zip(models[0].parameters(), build_model(hp).parameters(),
+                                                      strict=True))
