@@ -120,7 +120,7 @@ class Validator:
 
     async def watch_commits(self) -> None:
         """Read every miner's commitment of each window inside its `commit_read` span, before any
-        gradient of the window can count (issue 14): what was not read there was not committed."""
+        gradient of the window can count (docs/scoring.md §8): what was not read there was not committed."""
         node = self.node
         window = node.clock.current_window()
         while not node.stop.is_set():
@@ -338,7 +338,7 @@ class Validator:
             for hk in chosen
         }
         salt = seed % node.plan.pool
-        random_batch = (await node.pages.fetch(  # data (#16): next window's random pages read ahead
+        random_batch = (await node.pages.fetch(  # next window's random pages are read ahead
             node.plan.random_pages(window, hp.data.eval_pages, salt=salt),
             prefetch=node.plan.random_pages(window + 1, hp.data.eval_pages,
                                             salt=self.eval_seed(window + 1) % node.plan.pool))).batch
@@ -352,7 +352,7 @@ class Validator:
         return scores
 
     def _stale_first(self, window: int) -> dict:
-        """The stale-first tilt of F_t and S_t (issue 19; docs/scoring.md §1); {} keeps the uniform draw."""
+        """The stale-first tilt of F_t and S_t (docs/scoring.md §1); {} keeps the uniform draw."""
         g = self.hp.gauntlet
         if g.selection_sharpness <= 0:
             return {}
