@@ -55,7 +55,7 @@ from templar.gauntlet import rating as rating_module
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 WINDOW_SECONDS = 84.0
 LAST = 12
-"""Incentive is averaged over the last 12 windows (the issue's fairness horizon)."""
+"""Incentive is averaged over the last 12 windows (the fairness horizon of docs/scoring.md §11's targets)."""
 
 SAME_INCENTIVE = 1e-9
 """Relative tolerance of "at the honest median": identical peers' incentives differ by float rounding
