@@ -2,17 +2,18 @@
 
     python benchmarks/distributed.py            # 6 timed windows per run, after 1 warm-up window
     python benchmarks/distributed.py --quick    # 3 timed windows
-    python benchmarks/distributed.py --one-process 40   # only: 1-process node vs pre-#17 code, 40 windows
+    python benchmarks/distributed.py --one-process 40   # only: 1-process node vs the plain functions, 40 windows
 
 Launches `torch.distributed.run` twice (1 rank with 2 threads, 2 ranks with 1 thread each: the
 same 2 cores), each running `templar.distributed.compute.NodeCompute` exactly as a miner does:
 rank 0 builds the batch of the window's 2 assigned pages (tiny preset, offline corpus) and drives
 train → compress (DeMo split by parameter) → probes → encode → outer step over G=4 peers' payloads
-→ state save; rank 1 follows. In the 1-rank run the pre-#17 code (plain model, `accumulate_gradients`,
-`DeMo`, `outer_step`, `save_node_state`) runs the same windows in the same process as the baseline
-(no FSDP), alternating window by window with what `python neurons/miner.py` runs since #17's wiring
-(`LocalCompute`, the same functions behind the node's compute interface: the "node" column, which
-must equal the baseline within noise). Reports per-phase medians, the window's wall time, the seconds rank 0 spent inside
+→ state save; rank 1 follows. In the 1-rank run the plain 1-process code, as it ran before the node
+went through the compute interface (plain model, `accumulate_gradients`, `DeMo`, `outer_step`,
+`save_node_state` called directly), runs the same windows in the same process as the baseline (no
+FSDP), alternating window by window with what `python neurons/miner.py` runs now (`LocalCompute`,
+the same functions behind the node's compute interface: the "node" column, which must equal the
+baseline within noise). Reports per-phase medians, the window's wall time, the seconds rank 0 spent inside
 collectives (waiting for the other rank included), and the ratios in one table.
 
 On 2 shared CPU cores a second rank brings no speed (the tiny model is communication-bound and the
@@ -130,7 +131,7 @@ def _medians(rows: list[dict[str, float]]) -> dict[str, float]:
 
 
 def _one_process(tiny, windows: int, tmp: Path) -> tuple[list[dict[str, float]], list[dict[str, float]]]:
-    """The pre-#17 1-process code (plain model, the functions called directly) and what
+    """The plain 1-process code (plain model, the functions called directly) and what
     `python neurons/miner.py` runs now (the node's `LocalCompute`), window by window in
     alternating order, so the machine's drift falls on both alike."""
     from templar.runtime.compute import LocalCompute
@@ -156,7 +157,7 @@ def _one_process(tiny, windows: int, tmp: Path) -> tuple[list[dict[str, float]],
 
 
 def one_process_only(windows: int) -> None:
-    """`--one-process`: only the 1-process comparison (pre-#17 code vs the node's `LocalCompute`),
+    """`--one-process`: only the 1-process comparison (the plain functions vs the node's `LocalCompute`),
     in this process, over many windows: medians and the median of the paired per-window ratios."""
     setup_torch()
     torch.set_num_threads(2)
@@ -166,7 +167,7 @@ def one_process_only(windows: int) -> None:
     base, node = _medians(base_rows), _medians(node_rows)
     paired = {k: median([n[k] / b[k] for b, n in zip(base_rows, node_rows, strict=True) if b[k]])
               for k in base if base[k]}
-    print(f"{'phase':<12}{'1 process (pre-#17)':>22}{'1 process (node)':>18}{'node / pre':>12}{'paired':>9}")
+    print(f"{'phase':<12}{'1 process (plain)':>22}{'1 process (node)':>18}{'node/plain':>12}{'paired':>9}")
     for phase in (*PHASES, "window"):
         print(f"{phase:<12}{base[phase]:>20.4f} s{node[phase]:>16.4f} s{node[phase] / base[phase]:>12.3f}"
               f"{paired[phase]:>9.3f}")
@@ -178,7 +179,7 @@ def one_process_only(windows: int) -> None:
 
 
 def _baseline(tiny, tmp: Path):
-    """The pre-#17 1-process code on successive windows (no FSDP, no process group, no compute
+    """The plain 1-process code on successive windows (no FSDP, no process group, no compute
     interface): yields each window's laps."""
     hp = tiny.hp
     model = build_model(hp)
@@ -214,7 +215,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--one-process", type=int, default=0, metavar="WINDOWS",
-                        help="only compare the 1-process node with the pre-#17 code, over this many windows")
+                        help="only compare the 1-process node with the plain functions, over this many windows")
     parser.add_argument("--worker", type=Path, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--windows", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -235,8 +236,8 @@ def main() -> None:
             subprocess.run(cmd, env=env, check=True, cwd=REPO_ROOT, stdout=subprocess.DEVNULL)
             runs[ranks] = json.loads(out.read_text())
     base, node, one, two = runs[1]["baseline"], runs[1]["node"], runs[1]["fsdp"], runs[2]["fsdp"]
-    print(f"{'phase':<12}{'1 process (pre-#17)':>22}{'1 process (node)':>18}{'1 rank FSDP':>14}{'2 ranks FSDP':>15}"
-          f"{'node / pre':>12}{'1 rank / pre':>14}{'2 ranks / 1 rank':>18}")
+    print(f"{'phase':<12}{'1 process (plain)':>22}{'1 process (node)':>18}{'1 rank FSDP':>14}{'2 ranks FSDP':>15}"
+          f"{'node/plain':>12}{'1 rank/plain':>14}{'2 ranks / 1 rank':>18}")
     for phase in (*PHASES, "window", "collectives"):
         ratio_n = node[phase] / base[phase] if base[phase] else float("nan")
         ratio_a = one[phase] / base[phase] if base[phase] else float("nan")

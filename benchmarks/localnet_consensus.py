@@ -1,4 +1,4 @@
-"""Issue 19's localnet confirmation: several validators, Yuma consensus, `moredata` next to honest miners.
+"""The scoring rules confirmed in a localnet: several validators, Yuma, `moredata` next to honest miners.
 
     nice python benchmarks/localnet_consensus.py                      # seeds 0-2, 3 runs at once
     python benchmarks/localnet_consensus.py --reuse --out-root DIR    # summarise finished runs again
@@ -10,7 +10,7 @@ default preset (`benchmarks/presets/micro_production_gauntlet_8pages.json`) is p
 Gauntlet (the relative LossRating, stale-first selection, μ ramp k = 0, the paper's proof of
 computation) on the `micro` model with 8 pages per window and evaluation, four times `tiny`'s
 tokens: `tiny`'s own evaluations are too noisy to show `moredata`'s premium at every seed
-(`--hparams benchmarks/presets/tiny_production_gauntlet.json`; docs/scoring.md §12, fourth round).
+(`--hparams benchmarks/presets/tiny_production_gauntlet.json`; benchmarks/LOG.md §6).
 Each run is its own process with one torch thread, so `--jobs` runs share the cores; three
 20-window runs take about 5 minutes on 2 cores with `tiny` and about 15 with the default preset.
 Reads back what an operator reads (the report's consensus rows: each validator's weights and the

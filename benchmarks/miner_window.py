@@ -14,7 +14,7 @@ outside the timed region, since a peer signs its own payload.
 
 Reports each phase's median (and min) seconds, and the non-training share of a tiny-preset window
 (blocks_per_window * block_time = 20 s) and of the miner's busy time (all phases).
-Target from the issue: < 10% of the window outside forward/backward.
+Target: < 10% of the window outside forward/backward (the miner's window is there to train).
 """
 
 from __future__ import annotations

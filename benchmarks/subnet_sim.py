@@ -57,7 +57,7 @@ from templar.gauntlet import rating as rating_module
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 WINDOW_SECONDS = 84.0
 LAST = 12
-"""Incentive is averaged over the last 12 windows (the issue's fairness horizon)."""
+"""Incentive is averaged over the last 12 windows (the fairness horizon of docs/scoring.md §11's targets)."""
 
 SAME_INCENTIVE = 1e-9
 """Relative tolerance of "at the honest median": identical peers' incentives differ by float rounding
@@ -117,12 +117,12 @@ class SimConfig:
     production): an epoch reads the vectors last submitted, not the validators' current ones"""
     freak_rate: float = 0.0
     """probability that one draw's δ_rand (and δ_assigned) is multiplied by `freak_scale`: the rare freak
-    evaluation of a late, noisy localnet window (docs/scoring.md §12: 3.66× the window median)"""
+    evaluation of a late, noisy localnet window (benchmarks/LOG.md §3: 3.66× the window median)"""
     freak_scale: float = 3.66
     window_noise: float = 0.0
     """σ of log(each validator-window's noise multiplier): the spread of every draw of that window ×
     exp(N(0, window_noise)), as a localnet's windows range from calm (σ̂ 0.03) to late and noisy
-    (σ̂ 0.9); 0.94 is the log-spread of σ̂ over 341 windows of six localnets (docs/scoring.md §12)"""
+    (σ̂ 0.9); 0.94 is the log-spread of σ̂ over 341 windows of six localnets (benchmarks/LOG.md §6)"""
     weighed_windows: bool = False
     """relative rating: False is production (every window counts alike); True the simulator-only
     candidate that weighs each window by its own noise (`WeighedWindowsBook`)"""
@@ -443,7 +443,7 @@ def plan(base: SimConfig, quick: bool, sweeps: bool = False) -> list[tuple[str, 
         return jobs
     jobs += [("levers, OpenSkill (before)", levers, True), ("levers, OpenSkill, seed=1", replace(levers, seed=1), False)]
     # The paper's one-knob sweeps (validators, uids_per_window, mu_gamma, power, top_g, δ noise) of the
-    # first round are in docs/scoring.md §11 and unchanged by the rating; `--sweeps` reruns them.
+    # first round are in benchmarks/LOG.md §1 and unchanged by the rating; `--sweeps` reruns them.
     if sweeps:
         one_knob = {"validators": [1, 4], "uids_per_window": [32], "mu_gamma": [0.7], "power": [1.0, 1.5],
                     "top_g": [30], "sharpness": [2.0], "mu_prior_evals": [1.0, 0.0], "noise": [1 / math.sqrt(2)]}
@@ -575,7 +575,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 LEVERS: dict = {"sharpness": 2.0, "newcomer_evals": 32, "mu_prior_evals": 1.0}
-"""The selection and μ levers of the first round of issue 19 (with the paper's OpenSkill rating)."""
+"""The selection and μ levers of the first round (benchmarks/LOG.md §1), with the paper's OpenSkill rating."""
 CHOSEN: dict = {"sharpness": 2.0, "newcomer_evals": 32, "mu_prior_evals": 0.0, "rating": "relative",
                 "rating_gamma": 0.95, "rating_tie_band": 3.5, "rating_exponent": 10.0, "rating_cap": 2.0}
 """The settings this benchmark argues for (docs/scoring.md §11; `hparams.json` gauntlet section)."""

@@ -1,7 +1,7 @@
 """Simulator-only LossRating candidates for `subnet_sim.py`: not production code.
 
 Each is a `ScoreBook` that changes one thing about the relative or OpenSkill LossRating, so the
-simulator can compare it with production on the same draws (docs/scoring.md §11 and §12).
+simulator can compare it with production on the same draws (benchmarks/LOG.md §2 and §6).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ class TiedOpenSkillBook(ScoreBook):
 
 class WeighedWindowsBook(ScoreBook):
     """Simulator-only candidate, not production code: the relative LossRating with each window weighed
-    by its own noise (docs/scoring.md §12, fourth round).
+    by its own noise (benchmarks/LOG.md §6).
 
     Production averages a peer's relative LossScores with equal weights and takes the standard
     error as the book's running spread / √n_eff. Here window w counts 1/σ_w² with σ_w = max(the

@@ -3,7 +3,7 @@
     nice -n 19 python benchmarks/subnet_sim_jump.py      # 18 simulations, about 6 s
 
 The 256-uid simulator's calm draws never let one evaluation push a peer across one validator's
-tie band before the others'; a small subnet with rare freak evaluations does (docs/scoring.md §12).
+tie band before the others'; a small subnet with rare freak evaluations does (benchmarks/LOG.md §5).
 Each line compares the relative LossRating before (one relative LossScore clipped at 4, no cap)
 and after (production: clipped at 2, `rating_cap` 2), on the same draws.
 """
@@ -20,8 +20,8 @@ JUMP_SEEDS = (0, 1, 2)
 
 def jump_plan() -> list[tuple[str, SimConfig]]:
     """The "jump" scenario: a localnet-sized subnet (3 validators at stake 1000/500/333, 10 miners, each
-    evaluated nearly every window) where 2 % of the evaluations are freaks at 3.66× (docs/scoring.md
-    §12), so one evaluation can push a peer out of one validator's band before the others'. Also
+    evaluated nearly every window) where 2 % of the evaluations are freaks at 3.66× (benchmarks/LOG.md
+    §3 and §5), so one evaluation can push a peer out of one validator's band before the others'. Also
     the same without freaks (calm) and with the late localnet's noise (σ̂ about twice the fitted one).
     Before: the clip at 4 and no cap; after: production (clip 2, cap 2)."""
     small = replace(SimConfig(), uids=13, validators=3, per_class=1, fast_eval_uids=16, uids_per_window=10,

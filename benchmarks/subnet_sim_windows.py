@@ -3,12 +3,12 @@
     nice -n 19 python benchmarks/subnet_sim_windows.py      # 12 simulations, about a minute on 2 cores
 
 The 256-uid simulator draws every evaluation from one pool, so every window is as noisy as the
-next; a localnet's are not (σ̂ 0.03 early in training, 0.3–0.9 late: docs/scoring.md §12). Each
+next; a localnet's are not (σ̂ 0.03 early in training, 0.3–0.9 late: benchmarks/LOG.md §6). Each
 line runs `CHOSEN` at seeds 0–2 with i.i.d. windows and with windows whose spread is scaled by
 exp(N(0, 0.94)) per validator and window (`window_noise`, the log-spread of σ̂ measured in six
 localnets, 341 windows), with production's rule (every window counts alike, standard error = running
 spread/√n_eff) and with the simulator-only candidate `WeighedWindowsBook` (a window noisier than
-the running spread counts 1/σ̂², standard error √Q/W). Not adopted: docs/scoring.md §12.
+the running spread counts 1/σ̂², standard error √Q/W). Not adopted: benchmarks/LOG.md §6.
 """
 
 from __future__ import annotations

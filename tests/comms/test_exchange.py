@@ -136,11 +136,11 @@ def test_records_of_another_run_are_refused(maker):
 
 
 def test_commitments_round_trip_and_refuse_garbage(tmp_path) -> None:
-    """Issue 14: a miner's commitment reads back as its digest; a missing one is None; another
-    run's, another window's or a malformed one is a RecordError; `read_commits` maps garbage,
-    absence and a bucket that fails or stalls in the read span to b"" (committed nothing: a copier
-    cannot hide its commitment behind its own outage), and leaves out only the reads it could not
-    start before the deadline (the reader's own lateness)."""
+    """Commitments (docs/scoring.md §8): a miner's commitment reads back as its digest; a missing one is None;
+    another run's, another window's or a malformed one is a RecordError; `read_commits` maps garbage, absence
+    and a bucket that fails or stalls in the read span to b"" (committed nothing: a copier cannot hide its
+    commitment behind its own outage), and leaves out only the reads it could not start before the deadline
+    (the reader's own lateness)."""
     from templar.comms.commit import get_commit, put_commit, read_commits
     from templar.comms.keys import commit_key
     from templar.storage import LocalBucket

@@ -36,7 +36,7 @@ def test_clock_windows_and_put_window():
     assert t.put_window == (genesis + 60, genesis + 64)
     assert t.gather_start == genesis + 65.25  # after the last acceptable timestamp (+skew) has settled
     assert t.gather_deadline == genesis + 71.25
-    # commitments (issue 14): written by end − skew − min(4 s, put / 2), read by validators until
+    # commitments (docs/scoring.md §8): written by end − skew − min(4 s, put / 2), read by validators until
     # end − skew, the earliest instant a gradient of the window can be stamped and still count
     assert t.commit_close == genesis + 57
     assert t.commit_read == (genesis + 57.25, genesis + 59)

@@ -51,8 +51,8 @@ def test_sharded_state_keeps_the_previous_file_and_falls_back_to_it(tmp_path) ->
 
 
 def test_both_node_kinds_score_peers_with_the_same_arguments() -> None:
-    """The sharded validator's `score_peers` mirrors the 1-process `Evaluator`'s (issue 14 added
-    `page_sequences` to one of them; the other raised TypeError at a torchrun validator's first
+    """The sharded validator's `score_peers` mirrors the 1-process `Evaluator`'s (page-by-page credit
+    added `page_sequences` to one of them; the other raised TypeError at a torchrun validator's first
     evaluation)."""
     import inspect
 

@@ -173,7 +173,8 @@ def equality(out_dir: Path) -> None:
     if group.is_leader:
         report["loss_score_max_diff"] = max(abs(getattr(got[p], f) - getattr(want[p], f)) for p in want
                                             for f in ("delta_assigned", "delta_rand", "loss_rand_after"))
-        report["page_deltas_max_diff"] = max(  # page-by-page credit (issue 14), 2 pages of 3 sequences for "a"
+        # page-by-page credit (docs/scoring.md §4): 2 pages of 3 sequences for "a"
+        report["page_deltas_max_diff"] = max(
             (abs(x - y) for p in want for x, y in zip(got[p].page_deltas, want[p].page_deltas, strict=True)),
             default=float("inf"))
         report["loss_score_delta"] = want["a"].delta_assigned

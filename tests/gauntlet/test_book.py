@@ -303,9 +303,9 @@ def test_kill_9_during_saves_never_leaves_a_torn_file(tmp_path: Path) -> None:
 
 
 def test_a_pool_splits_one_score_and_holds_one_top_g_slot() -> None:
-    """Issue 14: hotkeys found sharing work are paid one member's score between them (each its
-    score / pool size) and only the best of them can enter the top-G; the pool is forgotten
-    `POOL_MEMORY` windows after it was last seen."""
+    """Pools (docs/scoring.md §8): hotkeys found sharing work are paid one member's score between them (each
+    its score / pool size) and only the best of them can enter the top-G; the pool is forgotten `POOL_MEMORY`
+    windows after it was last seen."""
     from templar.gauntlet.book import POOL_MEMORY
 
     book = ScoreBook()

@@ -130,7 +130,7 @@ def test_find_copies_scales_to_a_full_window() -> None:
 
 
 def test_pools_link_shared_positions_transitively_and_agree_with_the_pairwise_figure() -> None:
-    """Issue 14: noise on the values hides a pool from the cosine, not from the positions (a
+    """Pools (docs/scoring.md §8): noise on the values hides a pool from the cosine, not from the positions (a
     member with other values on the same positions joins too), independent payloads stay out,
     and `find_pools`' matrix of shared positions is `shared_positions` pair by pair."""
     from templar.gauntlet import find_pools, shared_positions
@@ -173,7 +173,7 @@ def test_shares_work_needs_the_threshold_and_a_margin_over_the_typical_pair() ->
 
 
 def test_a_window_where_every_honest_update_is_alike_is_no_pool_and_a_pool_still_stands_out() -> None:
-    """The localnet's false pool (docs/scoring.md §12, fourth round): in a window where the
+    """The localnet's false pool (benchmarks/LOG.md §6): in a window where the
     validator's sample finds every honest update pointing the same way (pairwise cosine ≈ 0.86,
     over the 0.8 threshold), the absolute rule alone made all of them one pool. Against the
     window's typical pair none is, while three hotkeys posting one update with a little noise

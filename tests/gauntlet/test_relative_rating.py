@@ -1,4 +1,5 @@
-"""The relative LossRating (issue 19): δ_rand over the window's median, a tie band, a power premium."""
+"""The relative LossRating (docs/scoring.md §5): δ_rand over the window's median, a tie band, a power
+premium."""
 
 from __future__ import annotations
 
@@ -115,9 +116,9 @@ def test_the_premium_is_capped() -> None:
 
 
 def test_one_freak_evaluation_moves_a_capped_rating_by_at_most_the_cap() -> None:
-    """The localnet's step (docs/scoring.md §12): a peer level with the median for 9 evaluations,
-    then one evaluation at 3.66x the window's median. It enters at 2 (the clip), and the capped
-    rating goes from 25 to at most 50, where the uncapped one went to 25 · 1.11^10 ≈ 71 with the
+    """The localnet's step (docs/scoring.md §12, benchmarks/LOG.md §3): a peer level with the median for 9
+    evaluations, then one evaluation at 3.66x the window's median. It enters at 2 (the clip), and the
+    capped rating goes from 25 to at most 50, where the uncapped one went to 25 · 1.11^10 ≈ 71 with the
     clip (and 25 · 1.31^10 ≈ 370 with the old clip of 4)."""
     book = ScoreBook()
     book.set_loss_rating("relative", gamma=0.95, tie_band=0.0, exponent=10.0, cap=2.0)

@@ -1,4 +1,4 @@
-"""The paper's formulas against hand-computed values (seed 004, eqs. 2-5 and §3.2)."""
+"""The paper's formulas against hand-computed values (the paper's eqs. 2-5 and its §3.2; docs/scoring.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 19 levers: the stale-first draw of F_t / S_t and the μ start-up ramp."""
+"""The levers of docs/scoring.md §1 and §4: the stale-first draw of F_t / S_t and the μ start-up ramp."""
 
 from __future__ import annotations
 

@@ -55,8 +55,8 @@ def test_a_step_pumper_in_the_top_g_changes_nothing(tmp_path):
 
 
 def test_work_borrowed_from_the_window_s_uploads_is_uncommitted(tmp_path):
-    """Issue 14: a `partial` miner mixes the other miners' same-window uploads into its own after
-    the put window opens; the lead read every commitment before any upload could count, so the
+    """Commitments (docs/scoring.md §8): a `partial` miner mixes the other miners' same-window uploads into
+    its own after the put window opens; the lead read every commitment before any upload could count, so the
     borrowed payload is `uncommitted` while the honest miner's committed one passes."""
     from templar.localnet.adversaries import Partial
 

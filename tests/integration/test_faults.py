@@ -1,6 +1,6 @@
-"""Fault injection (issue #15): every honest node ends with the same model, and no window is lost
-or doubled in any record, whatever fails. On virtual time with in-process nodes: a "kill -9" is a
-node's task cancelled with no cleanup at all, then a new node started from its state dir."""
+"""Fault injection (docs/architecture.md §5): every honest node ends with the same model, and no window is
+lost or doubled in any record, whatever fails. On virtual time with in-process nodes: a "kill -9" is a node's
+task cancelled with no cleanup at all, then a new node started from its state dir."""
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@
   not, and the model does not notice the cheats.
 - The processes: one real-time `templar localnet` with separate neuron processes through their
   entry points (`neurons/*.py` and the adversary entry point), a clean stop and a report; its
-  miner0 is one node over 2 torchrun ranks (`--miner-ranks 2`, issue #17), next to 1-process miners.
+  miner0 is one node over 2 torchrun ranks (`--miner-ranks 2`, docs/mining.md §12), next to 1-process miners.
 """
 
 from __future__ import annotations
@@ -109,13 +109,13 @@ PRODUCTION_LIKE = {"data": {"eval_pages": 1}, "gauntlet": {"proof_margin": 0.0}}
 @pytest.mark.parametrize("setting", ["micro", "production-like"])
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_partial_and_pooled_work_earn_less_than_honest_work(tmp_path, setting, seed):
-    """Issue 14's cheats on the in-process localnet, 3 seeds × {micro, production-like}: `partial`
-    (1 of 2 pages trained, the rest borrowed from other miners' same-window uploads) earns less
-    than the weakest honest miner, and a `pooled` group of 3 hotkeys (one update on the union of
-    their slots, posted by each with noise) earns less in total than the weakest honest miner.
-    The fewest nodes and windows that show it: 2 honest miners, 3 scored windows after warm-up (with 2,
-    one unlucky coin flip of an honest miner's μ under the paper's bare sign can zero its weight).
-    One test per run, so the six runs spread over the suite's workers."""
+    """The cheats of docs/scoring.md §8 on the in-process localnet, 3 seeds × {micro, production-like}:
+    `partial` (1 of 2 pages trained, the rest borrowed from other miners' same-window uploads) earns less than
+    the weakest honest miner, and a `pooled` group of 3 hotkeys (one update on the union of their slots,
+    posted by each with noise) earns less in total than the weakest honest miner. The fewest nodes and windows
+    that show it: 2 honest miners, 3 scored windows after warm-up (with 2, one unlucky coin flip of an honest
+    miner's μ under the paper's bare sign can zero its weight). One test per run, so the six runs spread over
+    the suite's workers."""
     hparams = str(MICRO_PRESET)
     if setting == "production-like":
         hparams = str(tmp_path / "production-like.json")
@@ -127,7 +127,7 @@ def test_partial_and_pooled_work_earn_less_than_honest_work(tmp_path, setting, s
     miners = {p["name"]: p for p in report["peers"] if p["role"] == "miner"}
     weight = {name: p["final_weight"] for name, p in miners.items()}
     summary = json.dumps({"run": [setting, seed], **{n: (miners[n]["strategy"], round(w, 4)) for n, w in weight.items()}})
-    print(summary)  # the numbers behind docs/scoring.md §8 (pytest -s)
+    print(summary)  # the numbers behind benchmarks/LOG.md §4 (pytest -s)
     weakest = min(w for name, w in weight.items() if miners[name]["strategy"] == "honest")
     assert weakest > 0, summary  # honest work is paid
     assert weight["partial0"] < weakest, summary

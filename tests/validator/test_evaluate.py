@@ -64,9 +64,9 @@ def test_norm_outliers_flag_only_shouting_peers():
 
 
 def test_an_untrained_page_is_credited_nothing_even_when_the_mean_hides_it(tiny_pages):
-    """Issue 14: a peer that trained on 1 of its 2 assigned pages (hard, so the mean of both still
-    shows a clear gap) drew the full +1 from the mean; page by page its untrained page earns no
-    credit, so its credit is about half an honest peer's."""
+    """Page-by-page credit (docs/scoring.md §4): a peer that trained on 1 of its 2 assigned pages (hard, so
+    the mean of both still shows a clear gap) drew the full +1 from the mean; page by page its untrained page
+    earns no credit, so its credit is about half an honest peer's."""
     from templar.gauntlet import page_credit
     from templar.gauntlet.scores import update_mu
 

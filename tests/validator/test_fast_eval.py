@@ -105,8 +105,8 @@ def test_a_payload_claiming_another_step_is_wrong_step(real_peers, probes):
 
 
 def test_a_payload_other_than_its_commitment_is_uncommitted(real_peers, probes):
-    """Issue 14: a payload whose digest is not what the validator read before the window's
-    gradients were readable (borrowed work, or no commitment) fails; an unread peer is not judged."""
+    """Commitments (docs/scoring.md §8): a payload whose digest is not what the validator read before the
+    window's gradients were readable (borrowed work, or no commitment) fails; an unread peer is not judged."""
     _, peers = real_peers
     results = {hk: _ok(_gradient(peers[i], probes, hotkey=hk), 100.0 + i)
                for i, hk in enumerate(["kept", "changed", "silent", "unread"])}

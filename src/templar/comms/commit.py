@@ -1,5 +1,5 @@
 """`v{P}/commit/{window}.json`: a miner's commitment to its window's gradient, before any
-gradient of the window is readable (issue 14: borrowed same-window work earns nothing).
+gradient of the window is readable (docs/scoring.md §8: borrowed same-window work earns nothing).
 
 A miner that mixes other peers' same-window updates into its own can only do so once those
 updates are readable, in the put window. Each miner therefore writes the content digest of its

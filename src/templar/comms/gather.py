@@ -1,6 +1,6 @@
 """Posting our pseudo-gradient and gathering the peers', with a hard deadline.
 
-`gather` is the fault-tolerant core of a window (seed 002): every peer gets a per-peer budget
+`gather` is the fault-tolerant core of a window (docs/design.md §5): every peer gets a per-peer budget
 inside a whole-round deadline, at most `concurrency` transfers run at once, and each peer ends
 in exactly one `GatherStatus`. A peer can make its own result fail; it can never make `gather`
 raise, wait past the deadline, or spoil another peer's result. There are no retries past the

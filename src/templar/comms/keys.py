@@ -17,7 +17,7 @@ def gradient_key(window: int, version: int = PROTOCOL_VERSION) -> str:
 
 
 def commit_key(window: int, version: int = PROTOCOL_VERSION) -> str:
-    """A miner's commitment to its `window` gradient's content digest (issue 14)."""
+    """A miner's commitment to its `window` gradient's content digest (docs/scoring.md §8)."""
     return f"{_root(version)}/commit/{_window(window)}.json"
 
 

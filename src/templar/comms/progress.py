@@ -5,7 +5,7 @@ Overwritten every window. It lets a joining node tell "no update that window" (t
 it and published no aggregate) from "not published yet" (wait), instead of waiting out a whole
 window for every window in which nobody was aggregated. Its `fingerprint` (θ in float32 at a few
 hundred public positions, `templar.runtime.fingerprint`) lets every node check that it holds the
-run's model (issue #15: no silent forks).
+run's model (no silent forks: docs/architecture.md §4, "Proof of sync").
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """DeMo compression: chunked DCT + top-k, error feedback, and the deterministic signed aggregate.
 
-Pure tensor maths, no I/O (see DESIGN.md section 6 and Algorithm 2 of the paper). The byte format
+Pure tensor maths, no I/O (see docs/design.md §7 and Algorithm 2 of the paper). The byte format
 of a compressed gradient lives in `templar.wire`.
 """
 

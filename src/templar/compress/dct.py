@@ -6,7 +6,7 @@ sample (r*h + i, c*w + j) sat. In that layout both passes of the transform are p
 the whole tensor (no permutes, no per-chunk einsum): `A = X_rows @ C_w^T` on rows of `w`, then
 `C_h @ A` batched over the `R` chunk rows. The inverse is the same with transposed bases.
 
-Chunk sides follow DESIGN.md section 6: the largest divisor of the dimension not above
+Chunk sides follow docs/design.md §7: the largest divisor of the dimension not above
 `target_chunk`. When that divisor is poor (below `target_chunk / 2`, e.g. 29 for the GPT-2 vocab
 50257, or 1 for the prime 32003) the dimension is instead split into `ceil(n / target)` equal chunks
 and zero-padded by fewer than one sample per chunk; decoders crop the padding away.

@@ -136,7 +136,7 @@ class GauntletConfig(_Strict):
     loss_rating: Literal["openskill", "relative"] = Field(
         default="openskill", description="LossRating in PeerScore: the paper's OpenSkill mu, or 25 x the "
         "peer's relative LossScore (delta_rand / median of S_t) with a tie band and a power premium "
-        "(gauntlet.relative_rating; issue 19)")
+        "(gauntlet.relative_rating; docs/scoring.md §5)")
     rating_gamma: float = Field(default=0.95, ge=0, lt=1, description="relative rating: EMA factor of the "
                                 "relative LossScores (memory about 1 / (1 - gamma) evaluations)")
     rating_tie_band: float = Field(default=3.5, ge=0, le=10, description="relative rating: a mean within "

@@ -1,7 +1,8 @@
 """Outer learning rate α_t as a pure function of global_step (warm-up, then cosine decay).
 
-Every node evaluates the same function at the same `global_step`, which is why the step travels in
-every payload and is synchronised to the maximum seen (seed 003: global step synchronisation).
+Every node evaluates the same function at the same `global_step`, so every node that agrees on the step
+agrees on α. The step has one authority (`templar.runtime.outer.update_step`, docs/design.md §3): a peer's
+claim travels in its payload but is checked, never adopted.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """A sharded node's own state: the one safetensors file of `templar.runtime.state`, for any rank count.
 
-Choice (issue #17 §5): gathered safetensors rather than torch.distributed.checkpoint. Rank 0
+Choice: gathered safetensors rather than torch.distributed.checkpoint. Rank 0
 gathers θ (FSDP rows) and the error feedback (from each parameter's owner), one tensor in flight
 at a time, and streams them into the same atomic file (temp + fsync + rename) a 1-process node
 writes: the header is written first (every name, dtype and shape is known), then each tensor as

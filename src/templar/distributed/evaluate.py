@@ -1,4 +1,4 @@
-"""The validator's LossScore evaluation on a sharded model (issue #17 §4): shard the model.
+"""The validator's LossScore evaluation on a sharded model: shard the model.
 
 Choice: the model is FSDP-sharded as for training and every batch's sequences are split across
 ranks (each rank scores its share, losses are summed into one vector). Splitting peers across

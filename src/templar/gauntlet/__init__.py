@@ -1,4 +1,4 @@
-"""The Gauntlet incentive (seed 004): pure scoring formulas and the persistent ScoreBook.
+"""The Gauntlet incentive (docs/scoring.md): pure scoring formulas and the persistent ScoreBook.
 
 Read in this order: `scores` (the paper's equations), `rating` (OpenSkill LossRating),
 `selection` (who is evaluated each window), `duplicates` (copy detection), `book` (state),

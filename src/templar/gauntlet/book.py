@@ -294,7 +294,7 @@ class ScoreBook:
         mu = record.mu
         if self._mu_ramp is not None:
             mu = ramped_mu(mu, record.primary_evals, *self._mu_ramp)
-        # A pool's members split one member's score (issue 14): n hotkeys sharing one piece of work
+        # A pool's members split one member's score (docs/scoring.md §8): n hotkeys sharing one piece of work
         # earn n·(s/n)^c ≤ s^c of the normalisation, never more than one hotkey doing all of it.
         record.score = peer_score(mu, self._loss_rating(record)) / max(1, len(record.pool))
 

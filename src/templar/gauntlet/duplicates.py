@@ -128,8 +128,8 @@ def shares_work(cosine: float, shared: float, cosine_threshold: float, shared_th
     and chunks), and in some windows the sample lands where every honest update points the same
     way. With 4,096 training tokens per miner (four times `tiny`'s) one such sample put all 15
     honest pairs of a localnet window at cosine 0.8–0.9 (whole payloads: 0.56–0.59), and the
-    lead split one score among five honest miners for the rest of the run (docs/scoring.md §12,
-    fourth round). Members of a pool are alike *beyond* their window (same positions, shared
+    lead split one score among five honest miners for the rest of the run (benchmarks/LOG.md
+    §6). Members of a pool are alike *beyond* their window (same positions, shared
     ≈ 1.0); honest miners that are alike are alike together, and the typical pair moves with them.
     """
     return ((cosine >= cosine_threshold and cosine >= typical_cosine + TYPICAL_PAIR_MARGIN)

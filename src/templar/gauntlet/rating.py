@@ -88,7 +88,7 @@ def rate_match(
     return {hotkey: (float(team[0].mu), float(team[0].sigma)) for hotkey, team in zip(players, rated, strict=True)}
 
 
-# ---- relative LossRating (issue 19; beyond the paper, `gauntlet.loss_rating` = "relative") -------------
+# ---- relative LossRating (docs/scoring.md §5; beyond the paper, `gauntlet.loss_rating` = "relative") -------------
 
 RELATIVE_CLIP = (-1.0, 2.0)
 """Bounds of one relative LossScore. A δ_rand of −∞ (the update broke the model) or far below the
@@ -96,7 +96,7 @@ median counts as −1. Twice the window's median is beyond any honest spread mea
 in training; `moredata`, twice the pages, 1.05–1.3) but not beyond the noise of late, noisy
 windows (0.06–4.5 in window 19 of a tiny localnet): one freak evaluation of 3.66 there moved a
 peer's mean by 0.3 at the lead alone and cut the other validators' vtrust to 0.41 for two windows
-(docs/scoring.md §12). At 2 the same evaluation moves it by at most 0.1."""
+(benchmarks/LOG.md §3, §5). At 2 the same evaluation moves it by at most 0.1."""
 
 RELATIVE_MIN_PLAYERS = 3
 """A median over fewer than three LossScores is one of the peers' own; such a window updates no one."""

@@ -1,4 +1,4 @@
-"""The Gauntlet formulas (seed 004, sections 3.1-3.3 and Algorithm 1) as pure functions.
+"""The Gauntlet formulas (the paper's sections 3.1-3.3 and Algorithm 1) as pure functions.
 
 Units: losses are mean cross-entropy in nats; `lr` is the outer learning rate α_t of the window
 being scored; every score is a plain Python float so it serialises exactly. Nothing here touches
@@ -78,7 +78,7 @@ def _direction(delta_assigned: float, delta_rand: float, margin: float, scale: f
 
 def page_credit(page_deltas: Sequence[float], delta_rand: float, margin: float = 0.0, scale: float = 0.0) -> float:
     """Proof-of-computation credit of one evaluation, page by page: the mean of each evaluated
-    assigned page's own comparison with δ_rand (issue 14).
+    assigned page's own comparison with δ_rand (docs/scoring.md §4).
 
     The mean δ over the assigned pages hid an untrained page: a peer that trained hard on one of
     its two pages still showed a clear mean gap and drew the full +1. Judged separately, a trained

@@ -189,9 +189,9 @@ def _top_k(dense: torch.Tensor, like: Compressed) -> Compressed:
 class Partial(MinerHooks):
     """Trains on 1 of its assigned pages and fills the rest of its update with a mix of the other
     miners' same-window updates (read as they land in the put window), hoping to be paid for
-    work it borrowed. The red team's cheat of issue 14: it out-earned every honest miner while the
-    LossScore averaged the assigned pages and nothing bound a payload to work done before the
-    window's payloads were readable."""
+    work it borrowed. Before the rules of docs/scoring.md §4 and §8 it out-earned every honest miner
+    while the LossScore averaged the assigned pages and nothing bound a payload to work done before
+    the window's payloads were readable."""
 
     name = "partial"
     own_share = 0.5

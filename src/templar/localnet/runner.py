@@ -53,7 +53,7 @@ class LocalnetConfig:
     dashboard: int | None = None
     """Port of the dashboard on 127.0.0.1 (None: none)."""
     miner_ranks: int = 1
-    """Honest miner0 runs as one node over this many torchrun ranks (FSDP2, gloo on CPU; issue #17)."""
+    """Honest miner0 runs as one node over this many torchrun ranks (FSDP2, gloo on CPU; docs/mining.md §12)."""
     validator_ranks: int = 1
     """The lead, validator0, runs over this many torchrun ranks."""
 

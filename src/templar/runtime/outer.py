@@ -32,7 +32,7 @@ class OuterStep:
 
 
 def update_step(own: int, published: int | None = None) -> int:
-    """The consensus rule for the global_step an outer update is applied at (DESIGN §2).
+    """The consensus rule for the global_step an outer update is applied at (docs/design.md §3).
 
     global_step is the number of outer steps the run applied before this one. Every honest node
     applies the same updates, so it keeps the count by counting its own (`own`); the lead's signed

@@ -21,7 +21,7 @@ MINER_WINDOWS_FILE = "miner_windows.jsonl"
 
 @dataclass(frozen=True)
 class PeerScoreRecord:
-    """A validator's verdict on one peer in one window (DESIGN §7, issue: explainable scores)."""
+    """A validator's verdict on one peer in one window (docs/design.md §8: every score explained)."""
 
     window: int
     hotkey: str

@@ -1,4 +1,4 @@
-"""Joining a running subnet (DESIGN §8, seeds 000 and 002), shared by miners and validators.
+"""Joining a running subnet (docs/design.md §4), shared by miners and validators.
 
 Phases, each announced by one `[SYNC]` line:
   1. registration check (in `templar.runtime.node.start_node`)

@@ -1,4 +1,4 @@
-"""The time model (DESIGN §2): blocks → windows → put windows and deadlines.
+"""The time model (docs/design.md §2): blocks → windows → put windows and deadlines.
 
 `window = block // blocks_per_window`. An upload for window `w` counts only if its timestamp lies
 in the put window `[t(first block of w+1), + put_window_seconds]`, widened by `clock_skew_seconds`

@@ -17,7 +17,7 @@ from templar.storage import StorageError
 
 
 class CommitWatcher:
-    """Reads every miner's commitment of each window in its span; keeps about two stale spans."""
+    """Reads every miner's commitment of each window in its span (docs/scoring.md §8); keeps a few spans."""
 
     def __init__(self, node: Node) -> None:
         self.node = node
