@@ -189,6 +189,8 @@ class Swarm:
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        if role.node.state_lock is not None:
+            role.node.state_lock.release()  # what the kernel does for a process killed with -9
         self.dead.append(role.node)
 
     async def wait_dead(self, name: str) -> None:
@@ -398,6 +400,8 @@ def test_storage_outages_torn_files_a_foreign_model_and_a_hostile_peer_fork_noth
         foreign_update(roles["m0"])
         roles["m0"].save()
         dead += [lead.node, victim.node, roles.pop("m0").node]
+        for node in dead[-3:]:
+            node.state_lock.release()  # these processes are gone: the kernel drops their locks
         roles["lead"], roles["victim"] = Validator(await subnet.node("lead")), Miner(await subnet.node("victim"))
         await roles["lead"].start()
         await roles["victim"].start()

@@ -18,14 +18,18 @@ def _gradient(hotkey: str, tensors, *, warmup: bool = False) -> Gradient:
                     digest=hotkey.encode(), nbytes=0)
 
 
-def test_miners_and_validators_choose_the_same_aggregate_inputs(hp, real_peers):
-    """The same peer list and gather results, handed to the miner's and the validator's step in any
-    order, give the same inputs, the same weights and a bit-identical model."""
+def test_the_lead_chooses_the_inputs_and_every_node_follows_them(hp, real_peers):
+    """The lead chooses a window's inputs from its gather with the one rule (the peers in effect that
+    arrived valid, warm-ups at weight 0); miners and follower validators take the lead's published
+    inputs through the same `follow_step`. The same list and results in any order give the same
+    inputs, the same weights and a bit-identical model."""
     import templar.miner.loop as miner_loop
     import templar.validator.loop as validator_loop
+    from templar.runtime.follow import follow_step
     from templar.runtime.peers import aggregate_payloads
 
-    assert miner_loop.aggregate_payloads is validator_loop.aggregate_payloads is aggregate_payloads
+    assert validator_loop.aggregate_payloads is aggregate_payloads
+    assert miner_loop.follow_step is validator_loop.follow_step is follow_step
     _, tensors = real_peers
     peer_list = ["a", "b", "c", "d", "e"]
     results = {

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from templar.comms import put_aggregate
-from templar.comms.keys import aggregate_key
+from templar.comms.keys import aggregate_key, inputs_key
 from templar.comms.progress import put_progress
 from templar.compress import aggregate
 from templar.core.clock import LoopTime, loop_time, run_virtual
@@ -23,7 +23,7 @@ from templar.runtime.state import NodeState
 from templar.runtime.sync import catch_up
 from templar.runtime.windows import Clock
 from templar.storage import Bucket, LocalBucket, StorageError
-from templar.wire import Run, write_aggregate
+from templar.wire import Run, StepInputs, write_aggregate, write_inputs
 
 GENESIS = 1_700_000_000.0
 RUN = Run(netuid=7, digest="ab" * 32)
@@ -76,30 +76,66 @@ def test_catch_up_replays_skips_and_waits_like_the_live_step(hp, keypair, tmp_pa
         node = FollowerNode(hp, build_model(hp), _clock(hp, time), lead, bucket)
         await put_aggregate(bucket, 11, signed(11, 2))
         await put_aggregate(bucket, 12, signed(12, 3))
-        # window 13: the lead stepped nothing (it finished the window without an aggregate)
-        await put_aggregate(bucket, 14, b"\x00garbage")  # a torn or hostile object: skipped, not applied
-        await put_progress(bucket, 14, 4, run=RUN)
+        # window 13: the lead stepped nothing (its signed inputs name no payload)
+        await bucket.put(inputs_key(13), write_inputs(StepInputs(13, 4, ()), hotkey=lead, run=RUN,
+                                                      sign=keypair.sign))
+        await bucket.put(aggregate_key(14), b"\x00garbage")  # a torn or hostile object: never skipped
 
-        async def publish_15_late():
+        async def repair_14_then_publish_15_late():
             await asyncio.sleep(3)  # after catch-up reached it, before its publish deadline
-            await put_aggregate(bucket, 15, signed(14, 4))
-            await put_progress(bucket, 15, 5, run=RUN)
+            await bucket.delete(aggregate_key(14))
+            await put_aggregate(bucket, 14, signed(14, 4))
+            await put_aggregate(bucket, 15, write_aggregate(published_signs[14], window=15, global_step=5,
+                                                            learning_rate=1e-3, hotkey=lead, run=RUN,
+                                                            sign=keypair.sign))
+            await put_progress(bucket, 15, 6, run=RUN)
 
         started = time.now()
-        late = asyncio.create_task(publish_15_late())
+        late = asyncio.create_task(repair_14_then_publish_15_late())
         state = await catch_up(node, NodeState(window=10, global_step=2), until=15)
         await late
         return node.model, state, time.now() - started
 
     model, state, waited = run_virtual(scenario(), start=GENESIS + 150)
-    assert (state.window, state.global_step) == (15, 5)
-    assert waited >= 3, "catch-up must wait for an aggregate still due"
+    assert (state.window, state.global_step) == (15, 6)
+    assert waited >= 3, "catch-up must wait for an aggregate still due (a malformed one included)"
 
     reference = build_model(hp)
-    for signs, step in ((published_signs[11], 2), (published_signs[12], 3), (published_signs[14], 4)):
+    for signs, step in ((published_signs[11], 2), (published_signs[12], 3), (published_signs[14], 4),
+                        (published_signs[14], 5)):
         apply_update(reference, signs, step, hp)
     for (n, p), (_, q) in zip(model.named_parameters(), reference.named_parameters(), strict=True):
         assert torch.equal(p, q), n
+
+
+def test_a_malformed_aggregate_stops_catch_up_before_its_window(hp, keypair, tmp_path, published_signs):
+    """A malformed aggregate that stays bad past its publish deadline is never skipped: catch-up
+    stops before it, and its [SYNC] line names the object."""
+    from loguru import logger
+
+    lead = keypair.ss58_address
+    lines: list[str] = []
+
+    async def scenario():
+        time = loop_time()
+        bucket = LocalBucket(tmp_path / "lead", now=time.now)
+        node = FollowerNode(hp, build_model(hp), _clock(hp, time), lead, bucket)
+        await put_aggregate(bucket, 11, write_aggregate(published_signs[11], window=11, global_step=2,
+                                                        learning_rate=1e-3, hotkey=lead, run=RUN, sign=keypair.sign))
+        flipped = bytearray(write_aggregate(published_signs[12], window=12, global_step=3, learning_rate=1e-3,
+                                            hotkey=lead, run=RUN, sign=keypair.sign))
+        flipped[-64:] = bytes(b ^ 0xFF for b in flipped[-64:])
+        await bucket.put(aggregate_key(12), bytes(flipped))
+        await put_progress(bucket, 13, 5, run=RUN)
+        return await catch_up(node, NodeState(window=10, global_step=2), until=13)
+
+    sink = logger.add(lambda m: lines.append(str(m)), level="WARNING")
+    try:
+        state = run_virtual(scenario(), start=GENESIS + 150)
+    finally:
+        logger.remove(sink)
+    assert (state.window, state.global_step) == (11, 3), "the malformed window was skipped"
+    assert any("aggregate/12.safetensors is malformed (bad_signature)" in line for line in lines), lines
 
 
 def test_catch_up_takes_the_step_the_lead_signed(hp, keypair, tmp_path, published_signs):

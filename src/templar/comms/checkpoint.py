@@ -119,6 +119,10 @@ async def save_checkpoint(bucket: Bucket, window: int, files: dict[str, Path], m
         raise CheckpointError(f"refusing to save an invalid checkpoint manifest: {exc}") from exc
     log = context(window=window, phase="checkpoint")
     started = time.perf_counter()
+    latest = await _latest_window(bucket, timeout or 60.0)
+    if latest is not None and latest >= window:
+        raise CheckpointError(f"{bucket.name}: refusing to publish checkpoint {window}: checkpoint {latest} is "
+                              "already published (published history is append-only; latest.json never moves back)")
     for name, path in files.items():
         await bucket.put_file(checkpoint_file_key(window, name), Path(path), timeout=timeout)
     await bucket.put(checkpoint_manifest_key(window), dump_record(manifest), timeout=timeout or 60.0)
@@ -130,29 +134,50 @@ async def save_checkpoint(bucket: Bucket, window: int, files: dict[str, Path], m
     return manifest
 
 
-async def _read_manifest(bucket: Bucket, remaining) -> Manifest | None:
+async def _latest_window(bucket: Bucket, timeout: float) -> int | None:
+    """The window `latest.json` names, None without one (an unreadable one names none either: a
+    checkpoint published over it repairs the pointer)."""
     try:
-        data = await bucket.get(latest_checkpoint_key(), max_bytes=4096, timeout=remaining())
-    except ObjectNotFound:
+        data = await bucket.get(latest_checkpoint_key(), max_bytes=4096, timeout=timeout)
+        return parse_record(data, Latest, f"{bucket.name} latest.json").window
+    except (ObjectNotFound, RecordError):
         return None
+
+
+async def _read_manifest(bucket: Bucket, remaining, window: int | None = None) -> Manifest | None:
+    if window is None:
+        try:
+            data = await bucket.get(latest_checkpoint_key(), max_bytes=4096, timeout=remaining())
+        except ObjectNotFound:
+            return None
+        try:
+            window = parse_record(data, Latest, f"{bucket.name} latest.json").window
+        except RecordError as exc:
+            raise CheckpointError(str(exc)) from exc
     try:
-        latest: Latest = parse_record(data, Latest, f"{bucket.name} latest.json")
-        raw = await bucket.get(checkpoint_manifest_key(latest.window), max_bytes=MAX_MANIFEST_BYTES,
-                               timeout=remaining())
-        manifest: Manifest = parse_record(raw, Manifest, f"{bucket.name} manifest {latest.window}")
+        raw = await bucket.get(checkpoint_manifest_key(window), max_bytes=MAX_MANIFEST_BYTES, timeout=remaining())
+        manifest: Manifest = parse_record(raw, Manifest, f"{bucket.name} manifest {window}")
     except RecordError as exc:
         raise CheckpointError(str(exc)) from exc
-    if manifest.window != latest.window:
-        raise CheckpointError(f"manifest of window {latest.window} claims window {manifest.window}")
+    if manifest.window != window:
+        raise CheckpointError(f"manifest of window {window} claims window {manifest.window}")
     return manifest
+
+
+async def checkpoint_windows(bucket: Bucket, *, timeout: float = 60.0) -> list[int]:
+    """The windows that have a checkpoint manifest in `bucket`, newest first (one LIST)."""
+    prefix = checkpoint_prefix()
+    found = {int(m.group(1)) for obj in await bucket.list(prefix, timeout=timeout)
+             if (m := re.fullmatch(re.escape(prefix) + r"(0|[1-9][0-9]{0,17})/manifest\.json", obj.key))}
+    return sorted(found, reverse=True)
 
 
 async def download_latest_checkpoint(bucket: Bucket, dest_dir: Path, *, run: Run, max_bytes: int,
                                      deadline: float, progress: bool = True,
-                                     now: Now = time.time) -> Checkpoint | None:
-    """Fetch the newest complete checkpoint of `run` into `dest_dir/<window>/`; None if there is
-    none. A checkpoint of another run (netuid or hparams digest) is a `CheckpointError`, found
-    from its manifest before any file is fetched.
+                                     now: Now = time.time, window: int | None = None) -> Checkpoint | None:
+    """Fetch the newest complete checkpoint of `run` (or the one of `window`) into
+    `dest_dir/<window>/`; None if there is none. A checkpoint of another run (netuid or hparams
+    digest) is a `CheckpointError`, found from its manifest before any file is fetched.
 
     `max_bytes` caps the checkpoint's total size (checked from the manifest before any file is
     fetched); `deadline` is unix seconds by `now` for the whole download. Files already present and
@@ -167,8 +192,10 @@ async def download_latest_checkpoint(bucket: Bucket, dest_dir: Path, *, run: Run
         return left
 
     try:
-        manifest = await _read_manifest(bucket, remaining)
+        manifest = await _read_manifest(bucket, remaining, window)
     except ObjectNotFound:
+        if window is not None:
+            return None
         # latest.json moved on and its old window was cleaned up between our two reads: once more.
         try:
             manifest = await _read_manifest(bucket, remaining)

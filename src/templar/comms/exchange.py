@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator
 
-from templar.comms.keys import aggregate_key, peers_key, peers_prefix, start_window_key, window_of
+from templar.comms.keys import aggregate_key, inputs_key, peers_key, peers_prefix, start_window_key, window_of
 from templar.core.config import PROTOCOL_VERSION
 from templar.storage.base import DEFAULT_TIMEOUT, Bucket, ObjectNotFound
 from templar.wire import Run
@@ -83,11 +83,12 @@ def dump_record(record: _Record) -> bytes:
 # -- peer lists -------------------------------------------------------------------------------
 
 async def put_peers(bucket: Bucket, window: int, hotkeys: list[str], *, run: Run,
-                    timeout: float = DEFAULT_TIMEOUT) -> None:
-    """Publish the peer list in effect from `window` (validated before upload)."""
+                    timeout: float = DEFAULT_TIMEOUT) -> bool:
+    """Publish the peer list in effect from `window` (validated before upload), unless a list for
+    that window is already published (`put_new`: history is append-only). True when written."""
     record = PeerList(protocol=PROTOCOL_VERSION, netuid=run.netuid, run=run.digest, window=window,
                       peers=list(hotkeys))
-    await bucket.put(peers_key(window), dump_record(record), timeout=timeout)
+    return await put_new(bucket, peers_key(window), dump_record(record), timeout=timeout)
 
 
 async def get_peers(bucket: Bucket, window: int, *, run: Run, timeout: float = DEFAULT_TIMEOUT,
@@ -115,9 +116,10 @@ async def get_peers(bucket: Bucket, window: int, *, run: Run, timeout: float = D
 
 # -- aggregates -------------------------------------------------------------------------------
 
-async def put_aggregate(bucket: Bucket, window: int, data: bytes, *, timeout: float = DEFAULT_TIMEOUT) -> None:
-    """Publish the update applied at `window` (opaque bytes; see `templar.wire`)."""
-    await bucket.put(aggregate_key(window), data, timeout=timeout)
+async def put_aggregate(bucket: Bucket, window: int, data: bytes, *, timeout: float = DEFAULT_TIMEOUT) -> bool:
+    """Publish the update applied at `window` (opaque bytes; see `templar.wire`), unless one is
+    already published (`put_new`). True when written."""
+    return await put_new(bucket, aggregate_key(window), data, timeout=timeout)
 
 
 async def get_aggregate(bucket: Bucket, window: int, *, max_bytes: int,
@@ -127,6 +129,33 @@ async def get_aggregate(bucket: Bucket, window: int, *, max_bytes: int,
         return await bucket.get(aggregate_key(window), max_bytes=max_bytes, timeout=timeout)
     except ObjectNotFound:
         return None
+
+
+# -- the lead's inputs of each window's step ----------------------------------------------------
+
+async def get_inputs(bucket: Bucket, window: int, *, max_bytes: int, timeout: float = DEFAULT_TIMEOUT) -> bytes | None:
+    """The lead's signed record of the payloads it aggregated at `window` (`templar.wire.inputs`),
+    or None if it was never published."""
+    try:
+        return await bucket.get(inputs_key(window), max_bytes=max_bytes, timeout=timeout)
+    except ObjectNotFound:
+        return None
+
+
+# -- published history is append-only ---------------------------------------------------------
+
+async def put_new(bucket: Bucket, key: str, data: bytes, *, timeout: float = DEFAULT_TIMEOUT) -> bool:
+    """Write `key` unless it already exists; True when written. The run's published history
+    (aggregates, inputs, peer lists, checkpoints of past windows) is append-only: a lead that
+    finds an object of a past window already published keeps it (followers may have applied it)
+    and never writes another over it. Only the lead writes its bucket, so the check and the write
+    do not race with another writer."""
+    try:
+        await bucket.head(key, timeout=timeout)
+    except ObjectNotFound:
+        await bucket.put(key, data, timeout=timeout)
+        return True
+    return False
 
 
 # -- start window -----------------------------------------------------------------------------

@@ -35,6 +35,11 @@ def aggregate_key(window: int, version: int = PROTOCOL_VERSION) -> str:
     return f"{_root(version)}/aggregate/{_window(window)}.safetensors"
 
 
+def inputs_key(window: int, version: int = PROTOCOL_VERSION) -> str:
+    """The lead's signed record of the payloads it aggregated at `window` (`templar.wire.inputs`)."""
+    return f"{_root(version)}/inputs/{_window(window)}.safetensors"
+
+
 def start_window_key(version: int = PROTOCOL_VERSION) -> str:
     """The run's first window (global_step 0)."""
     return f"{_root(version)}/start_window.json"

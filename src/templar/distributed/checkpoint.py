@@ -76,7 +76,7 @@ def save_sharded_state(path: Path, model: nn.Module, demo: ShardedDeMo | None, s
     finally:
         for _ in stream:  # take part in every gather (rank 0 too, if its write failed early)
             pass
-    group.barrier()  # nobody runs ahead of a save that a restart would depend on
+        group.barrier()  # nobody runs ahead of a save that a restart would depend on (nor hangs if it failed)
 
 
 _DTYPE_NAMES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.float64: "F64",

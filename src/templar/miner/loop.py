@@ -15,9 +15,10 @@ from templar.comms.keys import gradient_key
 from templar.core.log import context
 from templar.core.schedule import learning_rate
 from templar.miner.hooks import MinerHooks
+from templar.runtime.follow import FollowError, follow_step
 from templar.runtime.node import Node, OwnBucketError
 from templar.runtime.outer import gather_gradients
-from templar.runtime.peers import aggregate_payloads, peers_in_effect
+from templar.runtime.peers import peers_in_effect
 from templar.runtime.records import (
     MINER_WINDOWS_FILE,
     MinerWindowRecord,
@@ -25,7 +26,7 @@ from templar.runtime.records import (
     drop_uncommitted_records,
 )
 from templar.runtime.state import NodeState
-from templar.runtime.sync import STATE_FILE, Phase, ResyncError, SyncCheck, catch_up, restore, resync
+from templar.runtime.sync import Phase, ResyncError, SyncCheck, catch_up, restore_when_possible, resync
 from templar.storage import StorageError
 from templar.wire import gradient_digest, max_gradient_bytes, write_gradient
 
@@ -56,7 +57,7 @@ class Miner:
     # ------------------------------------------------------------------ life
     async def start(self) -> None:
         """Phases 2-3 of the join flow: restore or download state, then catch up."""
-        self.state, own = await restore(self.node)
+        self.state, own = await restore_when_possible(self.node)
         drop_uncommitted_records(self.node.state_dir, [MINER_WINDOWS_FILE], self.state.window)
         self.start_window = self.state.window + 1
         await self.join(own_state=own)
@@ -73,7 +74,7 @@ class Miner:
                 context(window=current, phase=self.phase).warning(
                     f"[SYNC] {behind} windows behind (max {self.hp.windows.max_allowed_stale}): re-syncing from "
                     "the lead's newest checkpoint")
-                self.state, own = await restore(node)
+                self.state, own = await restore_when_possible(node)
                 await self.join(own_state=own)
                 continue
             if behind > 0:
@@ -105,13 +106,22 @@ class Miner:
             context(phase=self.phase).info("[SYNC] Active: full participation")
 
     def save(self) -> None:
-        self.compute.save_state(self.node.state_dir / STATE_FILE, self.state)
+        self.node.save_state(self.state)
 
     # ------------------------------------------------------------------ one window
     async def run_window(self, window: int) -> None:
         node, hp = self.node, self.hp
         times = node.clock.times(window)
         log = context(window=window, phase=self.phase)
+        await asyncio.to_thread(node.clock.check_skew)
+        if self.state.window < window - 1:
+            # The last window stopped before its step (the lead's was not to be had): never train on
+            # a model that does not hold the previous window's update.
+            self.state = await catch_up(node, self.state, window - 1)
+            self.sync.record(self.state.window, self.state.global_step)
+            if self.state.window < window - 1:
+                log.warning(f"[SYNC] still before window {window - 1}: not training window {window}")
+                return
         busy_started = time.perf_counter()
 
         pages = self.hooks.pages(self, window, self.pages(window))
@@ -154,7 +164,19 @@ class Miner:
             return
         await node.clock.sleep_until(times.gather_start)
         busy_started = time.perf_counter()
-        peers_aggregated = await self._aggregate(window)
+        try:
+            peers_aggregated = await self._aggregate(window)
+        except FollowError as exc:
+            # No guess: the model stays before this window, and the run loop catches up on the
+            # lead's published update of it (waiting for it, re-syncing once too far behind).
+            log.warning(f"[SYNC] {exc}: stopping before window {window} and catching up")
+            append_record(node.state_dir / MINER_WINDOWS_FILE, MinerWindowRecord(
+                window=window, phase=str(Phase.CATCHUP), strategy=self.hooks.name,
+                global_step=self.state.global_step, loss=stats.loss, tokens_per_second=stats.tokens_per_second,
+                pages=len(pages), uploaded=uploaded, upload_bytes=up_bytes, upload_seconds=up_seconds,
+                peers_aggregated=0, overhead_share=0.0))
+            await asyncio.to_thread(self.save)
+            return
         self.hooks.after_step(self, window)
         self.state.window = window
         self.sync.record(window, self.state.global_step)
@@ -240,14 +262,12 @@ class Miner:
                               sign=node.chain.sign, warmup=self.phase == Phase.WARMUP or weight_zero)
 
     async def _aggregate(self, window: int) -> int:
-        """Gather the lead's top-G for `window` and apply the outer step, as validators do."""
+        """Take the window's outer step: the lead's inputs (`templar.runtime.follow`), from the
+        payloads of the peer list in effect gathered here and, for any they lack, fetched directly.
+        `FollowError` when the lead's step cannot be had by the window's apply deadline."""
         node = self.node
         peers = await peers_in_effect(node, window)
-        if not peers:
-            context(window=window, phase="aggregate").info("no peer list in effect yet: no outer step this window")
-            return 0
-        results = await gather_gradients(await node.peer_buckets(peers), window, clock=node.clock, hp=self.hp,
-                                         shapes=node.shapes, run=node.run)
-        step = await asyncio.to_thread(self.compute.outer_step, aggregate_payloads(peers, results), self.state,
-                                       keep_signs=False)
+        gathered = await gather_gradients(await node.peer_buckets(peers), window, clock=node.clock, hp=self.hp,
+                                          shapes=node.shapes, run=node.run) if peers else {}
+        step = await follow_step(node, window, self.state, gathered)
         return step.peers if step else 0

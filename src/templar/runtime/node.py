@@ -30,8 +30,17 @@ from templar.core.model import build_model, parameter_shapes
 from templar.data import ManifestError, PagePlan, PageReader
 from templar.data.source import open_reader
 from templar.runtime.compute import Compute, LocalCompute
-from templar.runtime.flags import EXIT_CONFIG, EXIT_NOT_REGISTERED, EXIT_OWN_BUCKET, node_device
+from templar.runtime.flags import (
+    EXIT_CONFIG,
+    EXIT_NOT_REGISTERED,
+    EXIT_OWN_BUCKET,
+    EXIT_STATE_DISK,
+    EXIT_STATE_LOCKED,
+    node_device,
+)
+from templar.runtime.lock import StateDirLocked, StateLock
 from templar.runtime.metrics import start_metrics
+from templar.runtime.state import STATE_FILE, NodeState, StateWriteError
 from templar.runtime.windows import Clock
 from templar.storage import Bucket, StorageError, open_bucket
 from templar.storage.locator import BucketLocator, Credentials, LocatorError
@@ -57,6 +66,22 @@ class StartupError(NodeError):
 
 class NotRegisteredError(StartupError):
     exit_code = EXIT_NOT_REGISTERED
+
+
+class StateLockedError(StartupError):
+    """Another process runs a node on this state directory."""
+
+    exit_code = EXIT_STATE_LOCKED
+
+
+class StateDiskError(NodeError):
+    """The node's state could not be written `MAX_FAILED_SAVES` times in a row."""
+
+    exit_code = EXIT_STATE_DISK
+
+
+MAX_FAILED_SAVES = 3
+"""Windows in a row whose state could not be written before the node stops (`StateDiskError`)."""
 
 
 class OwnBucketError(NodeError):
@@ -90,6 +115,27 @@ class Node:
     _peer_buckets: dict[str, tuple[str, Bucket]] = field(default_factory=dict)
     bucket_faults: dict[str, str] = field(default_factory=dict)
     """Why a peer's committed locator could not be opened, by hotkey (its gathers: `unreachable`)."""
+    state_lock: StateLock | None = None
+    """This process's hold on `state_dir` (`templar.runtime.lock`), released by `aclose`."""
+    failed_saves: int = 0
+
+    def save_state(self, state: NodeState) -> bool:
+        """A window's commit point: θ (and what the role keeps with it) in the state file. A local
+        disk failure is one logged line and the node goes on (its state is rebuilt from the lead's
+        checkpoint and aggregates after a restart); `MAX_FAILED_SAVES` in a row stop it
+        (`StateDiskError`). True when the state was written."""
+        try:
+            self.compute.save_state(self.state_dir / STATE_FILE, state)
+        except StateWriteError as exc:
+            self.failed_saves += 1
+            if self.failed_saves >= MAX_FAILED_SAVES:
+                raise StateDiskError(f"{exc} ({self.failed_saves} windows in a row): free space or fix the "
+                                     "directory, then start the node again") from exc
+            logger.bind(window=state.window, phase="save").error(
+                f"{exc} ({self.failed_saves}/{MAX_FAILED_SAVES} in a row); going on without it")
+            return False
+        self.failed_saves = 0
+        return True
 
     @property
     def hotkey(self) -> str:
@@ -171,6 +217,8 @@ class Node:
             await bucket.aclose()
         await self.bucket.aclose()
         await self.pages.aclose()
+        if self.state_lock is not None:
+            self.state_lock.release()
 
 
 async def start_node(args: argparse.Namespace, role: str, *, time: TimeSource = SYSTEM_TIME,
@@ -204,24 +252,32 @@ async def start_node(args: argparse.Namespace, role: str, *, time: TimeSource = 
     if uid is None:
         raise NotRegisteredError(f"hotkey {chain.hotkey} has no uid on netuid {args.netuid}")
 
-    bucket = await _open_own_bucket(args, chain, time)
-    device = node_device(args.device)
-    model = build_model(hp, device)
     state_dir = args.state_dir or Path.home() / ".templar" / args.wallet_name / args.wallet_hotkey
     try:
         state_dir.mkdir(parents=True, exist_ok=True)
+        lock = StateLock(state_dir)  # before anything in the directory is read or written
+    except StateDirLocked as exc:
+        raise StateLockedError(str(exc)) from exc
     except OSError as exc:
         raise StartupError(f"state directory {state_dir}: {exc.strerror or exc}") from exc
     try:
-        pages = await open_reader(hp, args.data_cache_dir or state_dir / "data", locator=args.data_locator,
-                                  prefix=args.data_prefix, cache_gb=args.data_cache_gb)
-    except (ManifestError, LocatorError, StorageError) as exc:
-        raise StartupError(f"data: {exc}") from exc
+        bucket = await _open_own_bucket(args, chain, time)
+        try:
+            pages = await open_reader(hp, args.data_cache_dir or state_dir / "data", locator=args.data_locator,
+                                      prefix=args.data_prefix, cache_gb=args.data_cache_gb)
+        except (ManifestError, LocatorError, StorageError) as exc:
+            await bucket.aclose()
+            raise StartupError(f"data: {exc}") from exc
+    except NodeError:
+        lock.release()
+        raise
+    device = node_device(args.device)
+    model = build_model(hp, device)
     plan = PagePlan.build(pages.num_pages, hp.data.holdout_fraction, hp.data.data_seed, hp.data.pages_per_window)
     clock = Clock(hp.windows, chain.block, chain.block_timestamp, time)
     log.info(f"{role} uid {uid} ready: model {hp.name} on {device}, {pages.num_pages} pages, state in {state_dir}")
     return Node(hp=hp, chain=chain, clock=clock, uid=uid, model=model, pages=pages, plan=plan, bucket=bucket,
-                state_dir=state_dir, device=device, compute=LocalCompute(model, hp),
+                state_dir=state_dir, device=device, compute=LocalCompute(model, hp), state_lock=lock,
                 allow_private_endpoints=args.subtensor_network not in PUBLIC_NETWORKS)
 
 

@@ -88,13 +88,23 @@ def remove_listener(listener: RecordListener) -> None:
         _listeners.remove(listener)
 
 
-def append_record(path: Path, record: object) -> None:
+def append_record(path: Path, record: object) -> bool:
+    """Append one record (flushed and fsynced) and tell the listeners; False, with one logged line,
+    when the disk refuses it (full, a file-size limit, read-only): a record is the operator's view
+    of a window, and losing one never stops the node."""
     line = json.dumps(asdict(record) if hasattr(record, "__dataclass_fields__") else record, sort_keys=True)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(line + "\n")
-        f.flush()
-        os.fsync(f.fileno())
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(line + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as exc:
+        from loguru import logger
+
+        logger.bind(phase="records").error(f"cannot append to {path}: errno {exc.errno} ({exc.strerror or exc}); "
+                                           "this record is lost, the node goes on")
+        return False
     for listener in list(_listeners):
         try:
             listener(path, record)
@@ -102,6 +112,7 @@ def append_record(path: Path, record: object) -> None:
             from loguru import logger
 
             logger.warning(f"record listener {getattr(listener, '__name__', listener)!r} failed: {exc!r}")
+    return True
 
 
 def read_records(path: Path) -> Iterator[dict]:

@@ -11,6 +11,7 @@ The state file is a window's commit point: records of a window are appended befo
 
 from __future__ import annotations
 
+import errno as errno_module
 import json
 import os
 import shutil
@@ -23,6 +24,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from templar.core.atomic import Writer, atomic_write
+
+STATE_FILE = "state.safetensors"
 
 _MODEL = "model."
 _EF = "ef."
@@ -49,13 +52,31 @@ def state_metadata(state: NodeState) -> dict[str, str]:
             "extra": json.dumps(state.extra, sort_keys=True)}
 
 
+class StateWriteError(Exception):
+    """The node's state file could not be written: a full disk, a file-size limit, a read-only or
+    forbidden directory. The message is one line naming the path and the error (errno and its name
+    where the system gave one); the previous state file is untouched."""
+
+    def __init__(self, path: Path, exc: BaseException) -> None:
+        code = getattr(exc, "errno", None)
+        name = errno_module.errorcode.get(code, "") if isinstance(code, int) else ""
+        why = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+        super().__init__(f"cannot write the node's state {path}: {f'errno {code} ({name}) ' if name else ''}"
+                         f"{str(why)[:160]}")
+        self.path = path
+        self.errno = code
+
+
 def write_state_file(path: Path, writer: Writer) -> None:
     """The one way a node's state file is replaced, by one process or by a sharded node's rank 0:
     the current file is kept as `.prev`, then `writer` fills a temporary file that `atomic_write`
-    fsyncs and renames over `path`."""
-    if path.exists():
-        _keep_previous(path)
-    atomic_write(path, writer)
+    fsyncs and renames over `path`. `StateWriteError` for any local disk failure."""
+    try:
+        if path.exists():
+            _keep_previous(path)
+        atomic_write(path, writer)
+    except (OSError, SafetensorError) as exc:
+        raise StateWriteError(path, exc) from exc
 
 
 def previous_path(path: Path) -> Path:

@@ -2,8 +2,8 @@
 
 Phases, each announced by one `[SYNC]` line:
   1. registration check (in `templar.runtime.node.start_node`)
-  2. state download: own local state if recent, else the lead validator's latest checkpoint
-     (sha256-verified, resumable, progress bar), else θ_0 of the run
+  2. state download: own local state if recent, else the lead validator's newest intact
+     checkpoint (sha256-verified, resumable, progress bar), else θ_0 of the run if it has none
   3. catch-up: replay the lead's published aggregates up to the current window, no uploads
   4. warm-up and 5. active are the roles' business.
 
@@ -24,21 +24,30 @@ from templar.chain import verify_signature
 from templar.comms import (
     CheckpointError,
     RecordError,
+    checkpoint_windows,
     download_latest_checkpoint,
     get_aggregate,
+    get_inputs,
     get_start_window,
 )
+from templar.comms.keys import aggregate_key, inputs_key
 from templar.comms.progress import Progress, decode_fingerprint, get_progress
 from templar.core.log import context
 from templar.core.schedule import learning_rate
 from templar.runtime.fingerprint import model_in_sync, off_positions
 from templar.runtime.node import Node
 from templar.runtime.outer import update_step
-from templar.runtime.state import NodeState
+from templar.runtime.state import STATE_FILE, NodeState
 from templar.storage import StorageError
-from templar.wire import PayloadError, max_aggregate_bytes, read_aggregate
+from templar.wire import (
+    Aggregate,
+    PayloadError,
+    max_aggregate_bytes,
+    max_inputs_bytes,
+    read_aggregate,
+    read_inputs,
+)
 
-STATE_FILE = "state.safetensors"
 MODEL_FILE = "model.safetensors"
 CHECKPOINT_DOWNLOAD_SECONDS = 1800.0
 RETRY_SECONDS = 2.0
@@ -61,8 +70,14 @@ class Phase(StrEnum):
 async def restore(node: Node, *, use_local: bool = True) -> tuple[NodeState, bool]:
     """Phase 2. Returns the state and whether it is this node's own (so its error feedback, if
     the node keeps one, was restored with θ and warm-up may be skipped). `use_local=False` (a
-    re-sync: our own model is known to differ from the run's) takes only the lead's checkpoint,
-    or θ_0 and the run's start window when there is none yet."""
+    re-sync: our own model is known to differ from the run's) takes only the lead's checkpoints.
+
+    The lead's newest intact checkpoint is taken (an unusable newest one is said to be unusable,
+    and older ones are tried). θ_0 and the run's start window are taken only when the lead has
+    published no checkpoint at all: a run whose checkpoints exist but cannot be used is never
+    restarted from θ_0, because the aggregates before the oldest kept checkpoint are gone and a
+    replay from θ_0 would not be the run's history. `ResyncError` when nothing usable can be read
+    now (the model is then untouched): the caller retries later."""
     hp, current = node.hp, node.clock.current_window()
     log = context(window=current, phase=Phase.DOWNLOAD)
     compute = node.compute
@@ -81,61 +96,137 @@ async def restore(node: Node, *, use_local: bool = True) -> tuple[NodeState, boo
         log.info(f"[SYNC] Local state is {current - local.window - 1} windows old; looking for a newer checkpoint")
 
     lead = await node.lead()
-    none_published = False  # the lead's bucket answered: it holds no checkpoint yet
     if lead is None:
         log.warning("[SYNC] No lead validator with a readable bucket yet")
-    else:
-        log.info(f"[SYNC] Downloading the latest checkpoint from lead validator uid {lead[0].uid}")
-        ckpt = None
-        try:
-            ckpt = await download_latest_checkpoint(
-                lead[1], node.state_dir / "download", run=node.run, max_bytes=_checkpoint_cap(node.model),
-                deadline=node.clock.now() + CHECKPOINT_DOWNLOAD_SECONDS, progress=True,
-                now=node.clock.now,
-            )
-            none_published = ckpt is None
-        except (CheckpointError, StorageError) as exc:
-            log.warning(f"[SYNC] Checkpoint download failed: {exc}")
-        if ckpt is not None and (local is None or ckpt.window > local.window):
-            try:
-                await asyncio.to_thread(compute.load_model_file, ckpt.files[MODEL_FILE])
-            except (CheckpointError, KeyError) as exc:
-                log.warning(f"[SYNC] Checkpoint unusable: {exc}")
-            else:
-                log.info(f"[SYNC] Loaded checkpoint of window {ckpt.window} (global_step {ckpt.global_step})")
-                return NodeState(window=ckpt.window, global_step=ckpt.global_step), False
+        if local is not None:
+            return local, True
+        if not use_local:
+            raise ResyncError("no lead validator with a readable bucket")
+        log.info(f"[SYNC] No checkpoint yet: starting from the run's initial weights (start window {current})")
+        return NodeState(window=current - 1, global_step=0), False
+    loaded = await _newest_intact_checkpoint(node, lead, newer_than=local.window if local is not None else -1)
+    if isinstance(loaded, NodeState):
+        return loaded, False
     if local is not None:
         return local, True
-    if not use_local and not none_published:
-        raise ResyncError("the lead's checkpoint could not be read")
-    start = None
-    if lead is not None:
-        try:
-            start = await get_start_window(lead[1], run=node.run)
-        except (StorageError, ValueError) as exc:
-            log.warning(f"[SYNC] Could not read the start window: {exc}")
+    if loaded is not None:  # checkpoints exist, and none could be used
+        raise ResyncError(loaded)
+    try:
+        start = await get_start_window(lead[1], run=node.run)
+    except (StorageError, RecordError) as exc:
+        raise ResyncError(f"no checkpoint yet and the run's start window is unreadable ({exc})") from exc
+    if start is None and not use_local:
+        raise ResyncError("no checkpoint yet and no start window published")
     if not use_local:  # the model in memory is not θ_0: rebuild it (deterministic from init_seed)
-        if start is None:
-            raise ResyncError("no checkpoint yet and the run's start window could not be read")
         await asyncio.to_thread(compute.reset_model)
     start = current if start is None else start
-    log.info(f"[SYNC] No checkpoint yet: starting from the run's initial weights (start window {start})")
+    log.info(f"[SYNC] No checkpoint published yet: starting from the run's initial weights (start window {start})")
     return NodeState(window=start - 1, global_step=0), False
+
+
+async def _newest_intact_checkpoint(node: Node, lead, *, newer_than: int) -> NodeState | str | None:
+    """Load the lead's newest usable checkpoint newer than `newer_than` into the model. Returns its
+    state; else why none could be used (a `[SYNC]` line for each unusable one); None when the lead
+    has published no checkpoint (or none newer than `newer_than`)."""
+    log = context(window=node.clock.current_window(), phase=Phase.DOWNLOAD)
+    bucket = lead[1]
+    log.info(f"[SYNC] Downloading the latest checkpoint from lead validator uid {lead[0].uid}")
+    problems: list[str] = []
+    candidates: list[int | None] = [None]  # latest.json first, then older manifests newest first
+    tried: set[int] = set()
+    while candidates:
+        window = candidates.pop(0)
+        if window is not None and (window in tried or window <= newer_than):
+            continue
+        try:
+            ckpt = await download_latest_checkpoint(
+                bucket, node.state_dir / "download", run=node.run, max_bytes=_checkpoint_cap(node.model),
+                deadline=node.clock.now() + CHECKPOINT_DOWNLOAD_SECONDS, progress=True, now=node.clock.now,
+                window=window)
+            if ckpt is None:
+                if window is None:  # no latest.json: nothing was ever published
+                    return None
+                continue
+            tried.add(ckpt.window)
+            if ckpt.window <= newer_than:
+                return None
+            await asyncio.to_thread(node.compute.load_model_file, ckpt.files[MODEL_FILE])
+        except (CheckpointError, StorageError, KeyError) as exc:
+            name = "the latest checkpoint" if window is None else f"checkpoint {window}"
+            problems.append(f"{name}: {str(exc)[:200]}")
+            log.warning(f"[SYNC] {name} of the lead is unusable: {str(exc)[:200]}")
+            if window is not None:
+                tried.add(window)
+            if window is None:
+                try:
+                    candidates += await checkpoint_windows(bucket)
+                except StorageError as list_exc:
+                    problems.append(f"listing its checkpoints: {list_exc}")
+            continue
+        log.info(f"[SYNC] Loaded checkpoint of window {ckpt.window} (global_step {ckpt.global_step})")
+        return NodeState(window=ckpt.window, global_step=ckpt.global_step)
+    return "the lead's checkpoints are unusable (" + "; ".join(problems)[:600] + ")" if problems else None
+
+
+async def restore_when_possible(node: Node) -> tuple[NodeState, bool]:
+    """`restore`, waiting while the run's state cannot be read (the lead's checkpoints unusable or
+    its bucket down), with one `[SYNC]` line per attempt: a follower never starts from a guess.
+    Raises `ResyncError` only if the node is stopped while it waits."""
+    while True:
+        try:
+            return await restore(node)
+        except ResyncError as exc:
+            if node.stop.is_set():
+                raise
+            times = node.clock.times(node.clock.current_window())
+            context(phase=Phase.DOWNLOAD).warning(f"[SYNC] Cannot restore the run's state yet ({exc}); retrying "
+                                                  "in a window")
+            await node.clock.sleep_until(node.clock.now() + times.end - times.start, node.stop)
 
 
 def _checkpoint_cap(model: torch.nn.Module) -> int:
     return int(sum(t.numel() * t.element_size() for t in model.state_dict().values()) * 1.05) + (1 << 20)
 
 
+async def _window_update(node: Node, lead, window: int, cap: int) -> tuple[bool, Aggregate | None, str]:
+    """One look at the lead's record of `window`: (resolved, aggregate or None, what is wrong).
+    Resolved means the update is known: its signed aggregate, or its inputs naming no payload
+    (the window had no outer step). Anything else (absent, unreadable, malformed, not signed by
+    the lead) is unresolved: never an empty window."""
+    shapes = node.shapes
+    try:
+        data = await get_aggregate(lead[1], window, max_bytes=cap, timeout=10.0)
+        if data is not None:
+            try:
+                return True, read_aggregate(data, shapes, run=node.run, verify=verify_signature,
+                                            expected_hotkey=lead[0].hotkey, expected_window=window), ""
+            except PayloadError as exc:
+                return False, None, f"{aggregate_key(window)} is malformed ({exc.reason})"
+        data = await get_inputs(lead[1], window, max_bytes=max_inputs_bytes(), timeout=10.0)
+        if data is not None:
+            try:
+                inputs = read_inputs(data, run=node.run, verify=verify_signature, expected_hotkey=lead[0].hotkey,
+                                     expected_window=window)
+            except PayloadError as exc:
+                return False, None, f"{inputs_key(window)} is malformed ({exc.reason})"
+            if not inputs.peers:
+                return True, None, ""
+            return False, None, f"{aggregate_key(window)} is not published yet"
+        return False, None, f"{inputs_key(window)} is not published yet"
+    except (StorageError, RecordError) as exc:
+        return False, None, f"the lead's records of window {window} are unreadable ({str(exc)[:160]})"
+
+
 async def catch_up(node: Node, state: NodeState, until: int, *, verify: bool = True) -> NodeState:
     """Phase 3: apply the lead's published aggregates for windows (state.window, until].
 
-    A window counts as one without an update only when the lead's progress says it finished that
-    window and no aggregate exists. An aggregate that cannot be read (a stalled bucket, a lead
-    still replaying behind us) is waited for until one window after its own; then catch-up stops
-    *before* that window, never assuming it was empty (that would fork this node from the run for
-    good), and returns: the caller retries, and past `max_allowed_stale` re-syncs from the lead's
-    newest checkpoint.
+    A window counts as one without an update only when the lead's signed inputs of it name no
+    payload. An aggregate that cannot be had (not published yet, a stalled bucket, a malformed or
+    unsigned object) is waited for until one window after its own; then catch-up stops *before*
+    that window, never assuming it was empty (that would fork this node from the run for good),
+    names the object in its `[SYNC]` line and returns: the caller retries, and past
+    `max_allowed_stale` re-syncs from the lead's newest checkpoint (one at or after the bad window
+    ends the wait).
 
     With `verify`, the replayed model is then compared with the fingerprint the lead published
     for the window it ends at (when the lead's progress names that window): a fork never heals by
@@ -149,77 +240,77 @@ async def catch_up(node: Node, state: NodeState, until: int, *, verify: bool = T
     log.info(f"[SYNC] Synchronising weights with the lead validator. No uploads in this phase. "
              f"Replaying windows {state.window + 1}..{until}")
     started, applied, first = time.perf_counter(), 0, state.window
-    shapes = node.shapes
-    cap = max_aggregate_bytes(shapes)
+    cap = max_aggregate_bytes(node.shapes)
     for window in range(state.window + 1, until + 1):
         if node.stop.is_set():
             break
-        lead = await node.lead()
-        data, resolved, problem = None, False, "no lead validator with a readable bucket"
         publish_by = node.clock.times(window + 1).end
-        while lead is not None:
-            try:
-                data = await get_aggregate(lead[1], window, max_bytes=cap, timeout=10.0)
-                if data is not None:
-                    resolved = True
+        resolved, agg, problem = False, None, "not readable: no lead validator with a readable bucket"
+        while True:
+            lead = await node.lead()
+            if lead is not None:
+                resolved, agg, problem = await _window_update(node, lead, window, cap)
+                if resolved:
                     break
-                progress = await get_progress(lead[1], run=node.run, timeout=10.0)
-                if progress is not None and progress.window >= window:
-                    resolved = True  # the lead finished this window without an update
-                    break
-                problem = "not published yet"
-            except (StorageError, RecordError) as exc:
-                problem = f"unreadable: {str(exc)[:160]}"
             if node.clock.now() > publish_by or node.stop.is_set():
                 break
             await asyncio.sleep(0.5)
         if not resolved:
             if not node.stop.is_set():
-                log.warning(f"[SYNC] The lead's update of window {window} is {problem}: not assuming there was "
-                            f"none; caught up to window {state.window}, retrying")
+                log.warning(f"[SYNC] The lead's update of window {window} cannot be established: {problem}; not "
+                            f"assuming there was none: caught up to window {state.window}, retrying")
                 await node.clock.sleep_until(node.clock.now() + RETRY_SECONDS, node.stop)
             break
-        if data is not None:
-            try:
-                agg = read_aggregate(data, shapes, run=node.run, verify=verify_signature,
-                                     expected_hotkey=lead[0].hotkey)
-            except PayloadError as exc:
-                log.warning(f"aggregate {window} from the lead is malformed ({exc.reason}); skipping it")
-            else:
-                step = update_step(state.global_step, published=agg.global_step)
-                await asyncio.to_thread(node.compute.apply_update, agg.signs, step)
-                state.global_step = step + 1
-                applied += 1
+        if agg is not None:
+            step = update_step(state.global_step, published=agg.global_step)
+            await asyncio.to_thread(node.compute.apply_update, agg.signs, step)
+            state.global_step = step + 1
+            applied += 1
         state.window = window
     seconds = time.perf_counter() - started
     rate = (state.window - first) / seconds if seconds > 0 else 0.0
     log.info(f"[SYNC] Caught up to window {state.window}: {applied} aggregates applied in {seconds:.1f}s "
              f"({rate:.1f} windows/s), global_step {state.global_step}")
     if verify and state.window > first and not node.stop.is_set():
-        lead = await node.lead()
-        progress = await _read_progress(node, lead[1]) if lead is not None else None
-        if progress is not None and progress.window == state.window and progress.fingerprint is not None:
-            own = await asyncio.to_thread(node.compute.fingerprint, state.window)
-            problem = compare_with_lead(node, progress, state.global_step, own)
-            if problem is not None:
+        problem = await fingerprint_problem(node, state)
+        if problem is not None:
+            context(window=state.window, phase=Phase.CATCHUP).warning(
+                f"[SYNC] The replayed model differs from the lead's at window {state.window} ({problem}): "
+                "our starting state was not the run's; re-syncing from the lead's checkpoint")
+            try:
+                return await resync(node)
+            except ResyncError as exc:
                 context(window=state.window, phase=Phase.CATCHUP).warning(
-                    f"[SYNC] The replayed model differs from the lead's at window {state.window} ({problem}): "
-                    "our starting state was not the run's; re-syncing from the lead's checkpoint")
-                try:
-                    return await resync(node)
-                except ResyncError as exc:
-                    context(window=state.window, phase=Phase.CATCHUP).warning(
-                        f"[SYNC] Re-sync not possible now ({exc}); the next check retries")
+                    f"[SYNC] Re-sync not possible now ({exc}); the next check retries")
     return state
 
 
+async def fingerprint_problem(node: Node, state: NodeState) -> str | None:
+    """What differs between our model (holding `state.window`) and the lead's published
+    fingerprint of that window; None when they agree or there is nothing to compare with (no
+    lead, no progress, or the progress names another window)."""
+    lead = await node.lead()
+    progress = await _read_progress(node, lead[1]) if lead is not None else None
+    if progress is None or progress.window != state.window or progress.fingerprint is None:
+        return None
+    own = await asyncio.to_thread(node.compute.fingerprint, state.window)
+    return compare_with_lead(node, progress, state.global_step, own)
+
+
 async def resync(node: Node) -> NodeState:
-    """Checkpoint + replay, never from our own state: the lead's newest checkpoint (or θ_0 and the
-    run's start window), then its aggregates up to the last finished window. Error feedback (a
-    miner's own residual, not part of the run's model) is kept. `ResyncError` when the lead or
-    its checkpoint cannot be read now (the model is then untouched)."""
+    """Checkpoint + replay, never from our own state: the lead's newest intact checkpoint (or θ_0
+    and the run's start window when it has published none), then its aggregates up to the last
+    finished window, then the fingerprint check. Error feedback (a miner's own residual, not part
+    of the run's model) is kept. `ResyncError` when the lead or its checkpoint cannot be read now,
+    or when the re-synced model still differs from the lead's fingerprint (the object at fault is
+    named): the node stays out of sync and retries."""
     state, _ = await restore(node, use_local=False)
-    return await catch_up(node, state, node.clock.current_window() - 1, verify=False)
+    state = await catch_up(node, state, node.clock.current_window() - 1, verify=False)
+    problem = await fingerprint_problem(node, state)
+    if problem is not None:
+        raise ResyncError(f"the lead's checkpoint replayed to window {state.window} still differs from the lead's "
+                          f"fingerprint ({problem})")
+    return state
 
 
 async def _read_progress(node: Node, bucket) -> Progress | None:

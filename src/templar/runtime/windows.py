@@ -15,11 +15,17 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from loguru import logger
+
 from templar.core.clock import SYSTEM_TIME, TimeSource, sleep_until
 from templar.core.config import WindowConfig
 
 SETTLE_SECONDS = 0.25
 """Time for an upload stamped at the last acceptable instant to become visible to readers."""
+APPLY_SECONDS = 5.0
+"""How long past the gather deadline a node waits for the lead's inputs of a window (and fetches
+the payloads of it that its own gather lacks) before it falls back to the lead's aggregate, at
+most `gather_seconds`: the lead publishes its inputs the moment its gather ends."""
 COMMIT_READ_SECONDS = 4.0
 """How long validators have to read the window's commitments before any gradient can count (at
 most half the put window, so runs with short windows, tests and `tiny`, leave miners time to train)."""
@@ -37,6 +43,7 @@ class WindowTimes:
     gather_deadline: float  # gather_start + gather_seconds: nobody waits past this
     commit_close: float     # end − clock skew − read span: a miner's commitment is written by then
     skew: float             # the clock-skew allowance these landmarks were computed with
+    apply_deadline: float   # gather_deadline + apply span: followers hold the lead's inputs by then
 
     @property
     def put_window(self) -> tuple[float, float]:
@@ -65,10 +72,37 @@ class Clock:
         self._block = block
         self._block_timestamp = block_timestamp
         self.time = time
+        self._skew_reported = False
 
     def now(self) -> float:
         """Unix seconds by this node's time source."""
         return self.time.now()
+
+    def skew(self) -> float:
+        """How far this node's clock is from the chain's block timestamps, in seconds (negative:
+        behind). The head block was stamped at most one block time ago, so a clock within
+        [its timestamp, + block_time] counts as 0; outside it, the distance to that interval."""
+        stamped = self._block_timestamp(self._block())
+        ahead = self.now() - stamped
+        return ahead if ahead < 0 else max(0.0, ahead - self.cfg.block_time)
+
+    def check_skew(self) -> float:
+        """`skew`, logged once (a WARNING) when it first exceeds `clock_skew_seconds`, and once
+        more when it is back within it: uploads are judged by the storage server's clock and every
+        deadline by the chain's, so a node whose clock is off uploads late and gathers at the wrong
+        time (it still applies the lead's step: `templar.runtime.follow`)."""
+        off = self.skew()
+        if abs(off) > self.cfg.clock_skew_seconds:
+            if not self._skew_reported:
+                logger.bind(phase="clock").warning(
+                    f"[CLOCK] this machine's clock is {abs(off):.1f}s {'behind' if off < 0 else 'ahead of'} the "
+                    f"chain's block timestamps (more than clock_skew_seconds {self.cfg.clock_skew_seconds:g}): "
+                    "its uploads will be judged late or early; synchronise it (NTP, chrony)")
+                self._skew_reported = True
+        elif self._skew_reported:
+            logger.bind(phase="clock").info(f"[CLOCK] clock back within {self.cfg.clock_skew_seconds:g}s of the chain's")
+            self._skew_reported = False
+        return off
 
     async def sleep_until(self, ts: float, stop: asyncio.Event | None = None) -> bool:
         """Wait until unix time `ts`; False if `stop` is set first."""
@@ -90,5 +124,7 @@ class Clock:
         gather_start = put_close + self.cfg.clock_skew_seconds + SETTLE_SECONDS
         skew = self.cfg.clock_skew_seconds
         commit_close = end - skew - min(COMMIT_READ_SECONDS, self.cfg.put_window_seconds / 2)
-        return WindowTimes(window, start, end, put_close, gather_start, gather_start + self.cfg.gather_seconds,
-                           commit_close, skew)
+        gather_deadline = gather_start + self.cfg.gather_seconds
+        apply_deadline = gather_deadline + min(APPLY_SECONDS, self.cfg.gather_seconds)
+        return WindowTimes(window, start, end, put_close, gather_start, gather_deadline, commit_close, skew,
+                           apply_deadline)

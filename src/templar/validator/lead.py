@@ -8,17 +8,40 @@ from collections.abc import Awaitable, Callable
 from functools import partial
 from pathlib import Path
 
-from templar.comms import cleanup_checkpoints, put_aggregate, put_peers, put_start_window, save_checkpoint
-from templar.comms.keys import aggregate_key, window_of
+from templar.chain import verify_signature
+from templar.comms import (
+    cleanup_checkpoints,
+    get_inputs,
+    put_aggregate,
+    put_new,
+    put_peers,
+    put_start_window,
+    save_checkpoint,
+)
+from templar.comms.keys import aggregate_key, inputs_key, window_of
 from templar.comms.progress import put_progress
 from templar.core.log import context
-from templar.runtime.node import Node
+from templar.runtime.flags import EXIT_HISTORY
+from templar.runtime.node import Node, NodeError
 from templar.runtime.outer import OuterStep
 from templar.runtime.sync import MODEL_FILE
 from templar.storage import StorageError
-from templar.wire import write_aggregate
+from templar.wire import (
+    PayloadError,
+    StepInputs,
+    max_inputs_bytes,
+    read_inputs,
+    write_aggregate,
+    write_inputs,
+)
 
 KEEP_CHECKPOINTS = 3
+
+
+class LeadError(NodeError):
+    """The lead's own published history is in a state it must not write over: it stops."""
+
+    exit_code = EXIT_HISTORY
 
 
 async def publish_start_window(node: Node, window: int) -> None:
@@ -41,12 +64,46 @@ class WindowPublisher:
 
     def __init__(self, node: Node) -> None:
         self.node = node
-        self.queued: dict[str, Callable[[], Awaitable[None]]] = {}
+        self.queued: dict[str, Callable[[], Awaitable[object]]] = {}
+        self.published_progress = -1
+        """The newest window our progress record names: it never moves back (a replaying lead)."""
+
+    async def publish_inputs(self, inputs: StepInputs, *, deadline: float) -> StepInputs:
+        """The inputs of this window's step, published ahead of everything else (followers wait for
+        them to take the step). A restarted lead that already published inputs for the window takes
+        those, never another set (published history is append-only): returns the inputs in force.
+        If the bucket cannot be read or written by `deadline`, the inputs stay queued (followers fall
+        back to catch-up, which waits for them) and the lead takes its own."""
+        node, window = self.node, inputs.window
+        log = context(window=window, phase="lead")
+        data = write_inputs(inputs, hotkey=node.hotkey, run=node.run, sign=node.chain.sign)
+        try:
+            async with asyncio.timeout(max(0.5, deadline - node.clock.now())):
+                published = await get_inputs(node.bucket, window, max_bytes=max_inputs_bytes())
+                if published is None:
+                    await put_new(node.bucket, inputs_key(window), data)
+                    return inputs
+        except (TimeoutError, StorageError) as exc:
+            log.warning(f"publishing the inputs of window {window} failed ({type(exc).__name__}: {exc}); "
+                        "retrying with the window's other objects")
+            self.queued[f"inputs/{window}"] = partial(put_new, node.bucket, inputs_key(window), data)
+            return inputs
+        try:
+            kept = read_inputs(published, run=node.run, verify=verify_signature, expected_hotkey=node.hotkey,
+                               expected_window=window)
+        except PayloadError as exc:
+            raise LeadError(f"our published {inputs_key(window)} is malformed ({exc.reason}); published history is "
+                            "append-only: not overwriting it") from exc
+        if kept != inputs:
+            log.warning(f"inputs of window {window} were already published ({len(kept.peers)} payloads): applying "
+                        "those (published history is append-only)")
+        return kept
 
     async def publish(self, window: int, step: OuterStep | None, next_peers: list[str] | None,
                       global_step: int, *, deadline: float) -> bool:
         """Queue this window's objects and upload the queue until `deadline` (unix seconds by the
-        node's clock). True when nothing is left queued."""
+        node's clock). True when nothing is left queued. Objects of a window already published stay
+        as they are (`put_new`: history is append-only)."""
         node, run = self.node, self.node.run
         if step is not None:
             data = write_aggregate(step.signs, window=window, global_step=step.global_step,
@@ -55,17 +112,22 @@ class WindowPublisher:
         if next_peers is not None:
             self.queued[f"peers/{window + 1}"] = partial(put_peers, node.bucket, window + 1, next_peers, run=run)
         self.queued.pop("progress", None)  # re-queued last: it promises everything before it
-        # θ after this window's step, so every node can check that it holds the run's model.
-        fingerprint = node.compute.fingerprint(window)
-        self.queued["progress"] = partial(put_progress, node.bucket, window, global_step, run=run,
-                                          fingerprint=fingerprint)
+        if window > self.published_progress:
+            # θ after this window's step, so every node can check that it holds the run's model.
+            fingerprint = node.compute.fingerprint(window)
+            self.queued["progress"] = partial(self._put_progress, window, global_step, fingerprint)
         while len(self.queued) > self.MAX_QUEUED:
             dropped = next(iter(self.queued))
             del self.queued[dropped]
             context(window=window, phase="lead").warning(f"dropping {dropped}: never published in time")
-        return await self._flush(window, deadline)
+        return await self.flush(window, deadline)
 
-    async def _flush(self, window: int, deadline: float) -> bool:
+    async def _put_progress(self, window: int, global_step: int, fingerprint) -> None:
+        await put_progress(self.node.bucket, window, global_step, run=self.node.run, fingerprint=fingerprint)
+        self.published_progress = max(self.published_progress, window)
+
+    async def flush(self, window: int, deadline: float) -> bool:
+        """Upload what is queued, oldest first, until `deadline`; True when nothing is left."""
         log = context(window=window, phase="lead")
         for name in list(self.queued):
             left = deadline - self.node.clock.now()
@@ -135,12 +197,14 @@ class CheckpointPublisher:
 
 
 async def _delete_aggregates_before(node: Node, oldest_needed: int) -> None:
-    """Aggregates older than the oldest kept checkpoint can no longer be replayed by anyone."""
-    prefix = aggregate_key(0).rsplit("/", 1)[0] + "/"
-    try:
-        for obj in await node.bucket.list(prefix):
-            window = window_of(obj.key, prefix, ".safetensors")
-            if window is not None and window < oldest_needed:
-                await node.bucket.delete(obj.key)
-    except StorageError as exc:
-        context(phase="cleanup").debug(f"aggregate cleanup incomplete: {exc}")
+    """Aggregates (and the inputs records beside them) older than the oldest kept checkpoint can no
+    longer be replayed by anyone: every node replays from a kept checkpoint on."""
+    for key_of in (aggregate_key, inputs_key):
+        prefix = key_of(0).rsplit("/", 1)[0] + "/"
+        try:
+            for obj in await node.bucket.list(prefix):
+                window = window_of(obj.key, prefix, ".safetensors")
+                if window is not None and window < oldest_needed:
+                    await node.bucket.delete(obj.key)
+        except StorageError as exc:
+            context(phase="cleanup").debug(f"cleanup of {prefix} incomplete: {exc}")

@@ -22,6 +22,7 @@ import torch
 
 from templar.chain import ChainError, RateLimited
 from templar.comms import GatherResult, GatherStatus, RecordError, get_start_window
+from templar.comms.progress import get_progress
 from templar.compress import aggregate
 from templar.core.log import context, short
 from templar.core.schedule import learning_rate
@@ -34,20 +35,31 @@ from templar.gauntlet import (
     select_eval_pages,
     select_eval_peers,
 )
+from templar.runtime.follow import FollowError, apply_inputs, follow_step, inputs_of
 from templar.runtime.node import Node
-from templar.runtime.outer import OuterStep, gather_gradients
+from templar.runtime.outer import OuterStep, aggregation_weights, gather_gradients
 from templar.runtime.peers import aggregate_payloads, peers_in_effect
 from templar.runtime.records import SCORES_FILE, VALIDATOR_WINDOWS_FILE, drop_uncommitted_records
 from templar.runtime.state import NodeState
-from templar.runtime.sync import STATE_FILE, Phase, ResyncError, SyncCheck, catch_up, restore, resync
+from templar.runtime.sync import (
+    RETRY_SECONDS,
+    Phase,
+    ResyncError,
+    SyncCheck,
+    catch_up,
+    fingerprint_problem,
+    restore,
+    restore_when_possible,
+    resync,
+)
 from templar.storage import StorageError
 from templar.validator.commits import CommitWatcher
 from templar.validator.evaluate import Evaluator, LossScores
 from templar.validator.fast_eval import fast_evaluate
-from templar.validator.lead import CheckpointPublisher, WindowPublisher, publish_start_window
+from templar.validator.lead import CheckpointPublisher, LeadError, WindowPublisher, publish_start_window
 from templar.validator.report import WindowSummary, record_window
 from templar.validator.state import BOOK_FILE, SECRET_FILE, load_book, load_or_create_secret, with_book
-from templar.wire import Gradient
+from templar.wire import Gradient, StepInputs
 
 HOLDOUT_PAGES = 4
 PUBLISH_MIN_SECONDS = 5.0
@@ -107,23 +119,56 @@ class Validator:
                 break
 
     async def start(self) -> None:
-        """Load the score book and state; the lead publishes the start window, others catch up."""
+        """Load the score book and state; the lead publishes the start window or replays its own
+        published history, others catch up."""
         node = self.node
-        self.state, own = await restore(node)
-        self.book = load_book(node.state_dir, self.state, own)
+        is_lead = await self._check_lead(node.clock.current_window())
+        try:
+            self.state, own = await restore(node)
+        except ResyncError as exc:
+            if is_lead:
+                raise LeadError(f"cannot restore the run's state: {exc}; refusing to rebuild published history "
+                                "(restore a checkpoint into the bucket or the state directory)") from exc
+            context(phase=Phase.DOWNLOAD).warning(f"[SYNC] Cannot restore the run's state yet ({exc})")
+            self.state, own = await restore_when_possible(node)
+        self.book = load_book(node.state_dir, self.state, own, lead=is_lead)
         self.book.configure(self.hp.gauntlet)
         drop_uncommitted_records(node.state_dir, [SCORES_FILE, VALIDATOR_WINDOWS_FILE], self.state.window)
         self.holdout = (await node.pages.fetch(node.plan.holdout_pages()[:HOLDOUT_PAGES])).batch
         current = node.clock.current_window()
         if await self._check_lead(current):
-            if await self._published_start() is None:
-                self.state.window = current - 1
-                await publish_start_window(node, current)
+            await self._replay_own_history(current)
         else:
             self.state = await catch_up(node, self.state, current - 1)
-            self.sync.record(self.state.window, self.state.global_step)
+        self.sync.record(self.state.window, self.state.global_step)
         context(phase=Phase.ACTIVE).info(
             f"[SYNC] Active as {'lead ' if self.is_lead else ''}validator from window {self.state.window + 1}")
+
+    async def _replay_own_history(self, current: int) -> None:
+        """The lead's start: a new run publishes its start window; a run with published history is
+        replayed from it (its own inputs and aggregates up to its last published progress), never
+        rebuilt by gathering again, and must land on its own published fingerprint."""
+        node = self.node
+        start = await self._published_start()
+        if start is None:
+            self.state.window = current - 1
+            await publish_start_window(node, current)
+            return
+        try:
+            progress = await get_progress(node.bucket, run=node.run)
+        except (StorageError, RecordError) as exc:
+            raise LeadError(f"cannot read our own published progress ({exc}): not resuming the run blind") from exc
+        self.publisher.published_progress = progress.window if progress is not None else -1
+        if progress is None or progress.window <= self.state.window:
+            return
+        self.state = await catch_up(node, self.state, progress.window, verify=False)
+        if self.state.window < progress.window:
+            raise LeadError(f"cannot replay our own published history to window {progress.window} (stopped at "
+                            f"{self.state.window}; see the [SYNC] line above)")
+        problem = await fingerprint_problem(node, self.state)
+        if problem is not None:
+            raise LeadError(f"our replayed history differs from our own published fingerprint at window "
+                            f"{self.state.window} ({problem})")
 
     async def _published_start(self) -> int | None:
         try:
@@ -146,11 +191,16 @@ class Validator:
     async def run_window(self, window: int, *, evaluate: bool = True) -> None:
         node, hp = self.node, self.hp
         times = node.clock.times(window)
+        await asyncio.to_thread(node.clock.check_skew)
+        if self.is_lead and self.publisher.queued:  # what a stalled bucket held back goes out first
+            await self.publisher.flush(window, deadline=max(times.gather_start, node.clock.now() + PUBLISH_MIN_SECONDS))
         if not await node.clock.sleep_until(times.gather_start, node.stop):
             return
         started = time.perf_counter()
         deadline = max(times.gather_deadline, node.clock.now() + min(hp.windows.gather_seconds, LATE_GATHER_SECONDS))
 
+        # A window reached after its gather deadline is a replay: it is stepped, never scored.
+        evaluate = evaluate and node.clock.now() < times.gather_deadline
         await self._check_lead(window)
         if not self.is_lead:
             in_sync = await self._check_sync(window)
@@ -166,6 +216,7 @@ class Validator:
         gather_started = time.perf_counter()
         results = await self._gather(window, sorted(set(fast_set) | set(peer_list)), deadline)
         gather_seconds = time.perf_counter() - gather_started
+        inputs = await self._lead_inputs(window, peer_list, results) if self.is_lead else None
         verdicts: dict[str, FastVerdict] = {}
         losses: dict[str, LossScores] = {}
         if evaluate:
@@ -175,18 +226,20 @@ class Validator:
                               {hk: PrimaryResult(s.delta_assigned, s.delta_rand, s.page_deltas)
                                for hk, s in losses.items()})
 
-        # The outer step with exactly the peer list miners use (consensus: no validator-only filter
-        # here; a bad peer leaves the list through its score, at the next replacement).
-        step = await asyncio.to_thread(self.compute.outer_step, aggregate_payloads(peer_list, results), self.state,
-                                       keep_signs=self.is_lead)
-        self.state.window = window
-        self.sync.record(window, self.state.global_step)
+        # The outer step: every node, the lead included, takes exactly the inputs the lead published.
+        if inputs is not None:
+            step = await apply_inputs(node, window, inputs, self.state, results, keep_signs=True,
+                                      deadline=max(times.apply_deadline, node.clock.now() + PUBLISH_MIN_SECONDS))
+        else:
+            step = await self._follow(window, results)
+        self.state.window = max(self.state.window, window)
+        self.sync.record(self.state.window, self.state.global_step)
         if self.is_lead:
             await self._publish(window, step, scores.top_g, replace=not peer_list)
         holdout_loss = await asyncio.to_thread(self.compute.evaluate_loss, self.holdout)
 
         weights_set = False
-        if window % hp.windows.windows_per_weights == 0:
+        if evaluate and window % hp.windows.windows_per_weights == 0:
             weights_set = await self._set_weights(window, scores.weights, miners)
         if self.is_lead and window % hp.windows.checkpoint_frequency == 0:
             await self.checkpoints.publish(window, self.state.global_step)
@@ -216,6 +269,37 @@ class Validator:
             return False
         self.sync.record(self.state.window, self.state.global_step)
         await asyncio.to_thread(self._save)
+        return None
+
+    async def _lead_inputs(self, window: int, peer_list: list[str], results: Mapping[str, GatherResult[Gradient]],
+                           ) -> StepInputs:
+        """The lead decides the window's step from its own gather: the peers in effect whose payloads
+        arrived valid and may be aggregated. It publishes that set at once, ahead of scoring, so
+        followers can take the step; a set it already published for this window (a restart) stands."""
+        eligible, _ = aggregation_weights(aggregate_payloads(peer_list, results), self.hp)
+        chosen = inputs_of(window, self.state.global_step, eligible)
+        return await self.publisher.publish_inputs(chosen, deadline=self.node.clock.times(window).apply_deadline)
+
+    async def _follow(self, window: int, results: Mapping[str, GatherResult[Gradient]]) -> OuterStep | None:
+        """A follower's step: the lead's inputs (`follow_step`). When they cannot be had in time the
+        follower does not guess: it waits for the lead's published update of this window (catch-up),
+        re-syncing from the lead's newest checkpoint once it is `max_allowed_stale` windows behind,
+        so the model it saves always holds this window's update."""
+        node = self.node
+        try:
+            return await follow_step(node, window, self.state, results)
+        except FollowError as exc:
+            context(window=window, phase="sync").warning(
+                f"[SYNC] {exc}: not guessing the window's step; catching up on the lead's published update")
+        while self.state.window < window and not node.stop.is_set():
+            if node.clock.current_window() - window > self.hp.windows.max_allowed_stale:
+                try:
+                    self.state = await resync(node)
+                except ResyncError as exc:
+                    context(window=window, phase="sync").warning(f"[SYNC] Re-sync not possible now ({exc}); retrying")
+                    await node.clock.sleep_until(node.clock.now() + RETRY_SECONDS, node.stop)
+                continue
+            self.state = await catch_up(node, self.state, window)
         return None
 
     def _fast_set(self, window: int, miners: Mapping[str, int], peer_list: list[str]) -> list[str]:
@@ -313,8 +397,12 @@ class Validator:
 
     def _save(self) -> None:
         """State, model and score book in one atomic file; scorebook.json is a readable copy."""
-        self.compute.save_state(self.node.state_dir / STATE_FILE, with_book(self.state, self.book))
-        self.book.save(self.node.state_dir / BOOK_FILE)
+        if self.node.save_state(with_book(self.state, self.book)):
+            try:
+                self.book.save(self.node.state_dir / BOOK_FILE)
+            except OSError as exc:
+                context(window=self.state.window, phase="save").warning(
+                    f"readable copy {BOOK_FILE} not written ({exc}); the book is safe in the state file")
 
     def _log_done(self, window: int, wall: float, holdout_loss: float, results: Mapping[str, GatherResult],
                   losses: Mapping[str, LossScores], step: OuterStep | None, scores: WindowScores) -> None:

@@ -25,17 +25,26 @@ def load_or_create_secret(path: Path) -> bytes:
 
     Miners know the public seeds, so anything derived from them alone (say, next window's random
     pages) could be trained on in advance; a per-validator secret makes those choices unpredictable.
+    A new secret is said out loud when the directory already holds other state (a lost or damaged
+    secret changes every private draw from here on; nothing else is lost).
     """
+    problem = None
     if path.exists():
         secret = path.read_bytes()
         if len(secret) == SECRET_BYTES:
             return secret
+        problem = f"is malformed ({len(secret)} bytes, expected {SECRET_BYTES})"
+    elif any((path.parent / name).exists() for name in ("state.safetensors", BOOK_FILE)):
+        problem = "is missing while the directory holds other state"
     secret = os.urandom(SECRET_BYTES)
     atomic_write(path, secret, mode=0o600)
+    if problem is not None:
+        context(phase="startup").warning(f"{path} {problem}: made a new evaluation secret (this validator's "
+                                         "private draws of pages and peers change from here on)")
     return secret
 
 
-def load_book(state_dir: Path, state: NodeState, own: bool) -> ScoreBook:
+def load_book(state_dir: Path, state: NodeState, own: bool, *, lead: bool = False) -> ScoreBook:
     """The book saved atomically with our state (never a window apart from it).
 
     `scorebook.json` is only a readable copy: it may be a window ahead of or behind any state
@@ -54,6 +63,9 @@ def load_book(state_dir: Path, state: NodeState, own: bool) -> ScoreBook:
         if path.exists():
             log.warning(f"[SYNC] no own state to take the score book from: starting an empty one "
                         f"({path.name} is a readable copy that may be windows ahead of or behind this state)")
+        elif lead:
+            log.warning("[SYNC] the lead starts without its score book: every peer's reputation restarts from "
+                        "zero (windows replayed now are stepped, never scored)")
         return ScoreBook()
     try:
         return ScoreBook.load(path)

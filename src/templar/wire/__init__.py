@@ -17,6 +17,7 @@ from templar.wire.gradient import (
     read_gradient,
     write_gradient,
 )
+from templar.wire.inputs import StepInputs, max_inputs_bytes, read_inputs, write_inputs
 from templar.wire.probes import probe_positions, take_probes
 from templar.wire.schema import Run
 
@@ -28,15 +29,19 @@ __all__ = [
     "PayloadError",
     "Run",
     "Signer",
+    "StepInputs",
     "Verifier",
     "coefficient_count",
     "gradient_digest",
     "max_aggregate_bytes",
     "max_gradient_bytes",
+    "max_inputs_bytes",
     "probe_positions",
     "read_aggregate",
     "read_gradient",
+    "read_inputs",
     "take_probes",
     "write_aggregate",
     "write_gradient",
+    "write_inputs",
 ]

@@ -123,8 +123,9 @@ def _entry(key: str, raw: Any, base: int) -> TensorEntry:
     return TensorEntry(dtype=dtype, shape=tuple(shape), start=base + start, end=base + end)
 
 
-def parse_container(data: bytes, *, max_header: int) -> Container:
-    """Parse the header and metadata of `data` (tensors stay unread). Raises PayloadError."""
+def parse_container(data: bytes, *, max_header: int, max_document: int = _MAX_DOC_BYTES) -> Container:
+    """Parse the header and metadata of `data` (tensors stay unread). Raises PayloadError.
+    `max_document`: the cap on the `templar` document (a kind whose document lists peers needs more)."""
     if len(data) < 8:
         raise PayloadError("not_safetensors", "shorter than the 8-byte header length")
     n = int.from_bytes(data[:8], "little")
@@ -142,7 +143,7 @@ def parse_container(data: bytes, *, max_header: int) -> Container:
     if not isinstance(meta, dict) or set(meta) != _META_KEYS or not all(isinstance(v, str) for v in meta.values()):
         raise PayloadError("bad_metadata", f"metadata must hold exactly {sorted(_META_KEYS)} as strings")
     document, signature_hex = meta["templar"], meta["signature"]
-    if len(document.encode()) > _MAX_DOC_BYTES:
+    if len(document.encode()) > max_document:
         raise PayloadError("bad_metadata", "metadata document too large")
     if len(signature_hex) > _MAX_SIGNATURE_HEX or len(signature_hex) % 2:
         raise PayloadError("bad_signature", "signature is not short, even-length hex")
@@ -235,14 +236,15 @@ def tensor_digest(domain: bytes, source: Container | Mapping[str, torch.Tensor],
 
 
 def serialize(
-    tensors: Mapping[str, torch.Tensor], document: Mapping[str, Any], *, domain: bytes, sign: Signer
+    tensors: Mapping[str, torch.Tensor], document: Mapping[str, Any], *, domain: bytes, sign: Signer,
+    max_document: int = _MAX_DOC_BYTES,
 ) -> bytes:
     """safetensors bytes of `tensors` with the canonical document and its signature."""
     for key, t in tensors.items():
         if t.dtype not in DTYPE_NAMES:
             raise ValueError(f"{key}: dtype {t.dtype} is not part of the wire format")
     doc = json.dumps(dict(document), sort_keys=True, separators=(",", ":"), allow_nan=False)
-    if len(doc.encode()) > _MAX_DOC_BYTES:
+    if len(doc.encode()) > max_document:
         raise ValueError("metadata document too large")
     signature = sign(signed_digest(domain, doc.encode(), tensors))
     if not isinstance(signature, bytes | bytearray) or 2 * len(signature) > _MAX_SIGNATURE_HEX:

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
-__all__ = ["AggregateDocument", "GradientDocument", "Run"]
+__all__ = ["MAX_INPUTS", "AggregateDocument", "GradientDocument", "InputsDocument", "Run"]
 
 _HOTKEY_PATTERN = r"^[A-Za-z0-9_.\-]{1,64}$"
 _MAX_COUNTER = 2**53  # exactly representable in every JSON implementation
+MAX_INPUTS = 256
+"""Most payloads one outer step can aggregate (top_g is far below; a bound on what a reader accepts)."""
 
 
 @dataclass(frozen=True)
@@ -58,3 +60,17 @@ class AggregateDocument(_Document):
 
     kind: Literal["aggregate"]
     learning_rate: float = Field(gt=0, allow_inf_nan=False)
+
+
+class InputsDocument(_Document):
+    """The lead's record of the payloads it aggregated at `window` (`templar.wire.inputs`)."""
+
+    kind: Literal["inputs"]
+    peers: list[Annotated[str, StringConstraints(pattern=_HOTKEY_PATTERN)]] = Field(max_length=MAX_INPUTS)
+
+    @field_validator("peers")
+    @classmethod
+    def _unique(cls, peers: list[str]) -> list[str]:
+        if len(set(peers)) != len(peers):
+            raise ValueError("duplicate hotkeys")
+        return peers
