@@ -42,3 +42,37 @@ def test_clock_windows_and_put_window():
     assert t.commit_read == (genesis + 57.25, genesis + 59)
     block["now"] = 60
     assert clock.current_window() == 3
+    assert t.apply_deadline == genesis + 71.25 + 5.0  # followers hold the lead's inputs by then
+
+
+class _Now:
+    def __init__(self, value: float) -> None:
+        self.value = value
+
+    def now(self) -> float:
+        return self.value
+
+
+def test_clock_skew_against_the_chain_is_measured_and_said_once():
+    from loguru import logger
+
+    cfg = load_hparams("tiny").windows  # 1 s blocks, clock_skew_seconds 1
+    genesis = 1_000_000.0
+    machine = _Now(genesis + 45.5)
+    clock = Clock(cfg, lambda: 45, lambda b: genesis + b * 1.0, machine)
+    assert clock.skew() == 0.0  # within the head block's second
+    machine.value = genesis + 42.0  # 3 s behind the head block's timestamp
+    assert clock.skew() == pytest.approx(-3.0)
+    machine.value = genesis + 49.0  # 3 s after the block's time span
+    assert clock.skew() == pytest.approx(3.0)
+    lines: list[str] = []
+    handler = logger.add(lambda m: lines.append(m.record["message"]), level="INFO")
+    try:
+        for _ in range(3):
+            clock.check_skew()
+        machine.value = genesis + 45.2
+        clock.check_skew()
+    finally:
+        logger.remove(handler)
+    assert len([line for line in lines if "ahead of the chain" in line]) == 1
+    assert len([line for line in lines if "back within" in line]) == 1

@@ -14,6 +14,7 @@ from __future__ import annotations
 import errno as errno_module
 import json
 import os
+import re
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -59,6 +60,8 @@ class StateWriteError(Exception):
 
     def __init__(self, path: Path, exc: BaseException) -> None:
         code = getattr(exc, "errno", None)
+        if code is None and (found := re.search(r"os error (\d+)", str(exc))):  # safetensors' Rust I/O errors
+            code = int(found.group(1))
         name = errno_module.errorcode.get(code, "") if isinstance(code, int) else ""
         why = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
         super().__init__(f"cannot write the node's state {path}: {f'errno {code} ({name}) ' if name else ''}"

@@ -8,6 +8,8 @@ from collections.abc import Awaitable, Callable
 from functools import partial
 from pathlib import Path
 
+from safetensors import SafetensorError
+
 from templar.chain import verify_signature
 from templar.comms import (
     cleanup_checkpoints,
@@ -168,7 +170,12 @@ class CheckpointPublisher:
         for old in folder.glob("*.safetensors") if folder.exists() else ():
             old.unlink(missing_ok=True)
         path = folder / f"{window}-{MODEL_FILE}"
-        await asyncio.to_thread(self.node.compute.write_model_file, path)  # θ from all ranks, one file
+        try:
+            await asyncio.to_thread(self.node.compute.write_model_file, path)  # θ from all ranks, one file
+        except (OSError, SafetensorError) as exc:
+            log.warning(f"checkpoint {window} not written locally ({str(exc)[:160]}); the next one will be tried")
+            path.unlink(missing_ok=True)
+            return
         hp = self.node.hp
         budget = hp.windows.checkpoint_frequency * hp.windows.blocks_per_window * hp.windows.block_time
         self.task = asyncio.create_task(self._upload(window, global_step, path, budget), name=f"checkpoint-{window}")

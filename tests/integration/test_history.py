@@ -1,0 +1,294 @@
+"""One model and one history, whatever the clock or the disk: real nodes on virtual time.
+
+- every node takes exactly the lead's step, also one whose clock lags and one whose gather saw
+  another set than the lead's (the rule of `templar.runtime.follow`);
+- a lead restarted on an empty directory whose newest checkpoint is corrupt replays the run's own
+  published history from an older intact checkpoint and rewrites nothing; with no usable
+  checkpoint at all it stops with one line;
+- one node per state directory; a state directory on a full disk or over a file-size limit costs
+  one line per window, and three in a row stop the node with its own exit code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import resource
+import subprocess
+from pathlib import Path
+
+import pytest
+from loguru import logger
+
+from templar.comms import get_inputs
+from templar.comms.keys import checkpoint_file_key, checkpoint_prefix
+from templar.core.clock import loop_time, run_virtual
+from templar.miner.loop import Miner
+from templar.runtime.flags import EXIT_HISTORY, EXIT_STATE_DISK, EXIT_STATE_LOCKED
+from templar.runtime.node import StateDiskError, StateLockedError
+from templar.runtime.windows import Clock
+from templar.storage import StorageError
+from templar.validator.lead import LeadError
+from templar.validator.loop import Validator
+from templar.wire import max_inputs_bytes, read_inputs
+
+from .harness import Subnet, parameters, same_parameters
+
+pytestmark = pytest.mark.timeout(300)
+
+
+class LogLines(list):
+    """Loguru messages at WARNING and above while the context is open."""
+
+    def __enter__(self) -> LogLines:
+        self.handler = logger.add(lambda m: self.append(m.record["message"]), level="WARNING")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        logger.remove(self.handler)
+
+
+class Lagging:
+    """A machine clock `behind` seconds behind the true time."""
+
+    def __init__(self, behind: float) -> None:
+        self.true, self.behind = loop_time(), behind
+
+    def now(self) -> float:
+        return self.true.now() - self.behind
+
+
+def theta(node) -> str:
+    h = hashlib.sha256()
+    for name, p in sorted(parameters(node).items()):
+        h.update(name.encode())
+        h.update(p.numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+async def _windows(lead: Validator, miners: list[Miner], count: int) -> list[dict[str, str]]:
+    """Run `count` windows; after each, θ of every node (they must all hold the same)."""
+    seen = []
+    for _ in range(count):
+        w = lead.state.window + 1
+        await asyncio.gather(lead.run_window(w), *(m.run_window(w) for m in miners))
+        seen.append({role.node.hotkey[:6]: theta(role.node) for role in (lead, *miners)})
+    return seen
+
+
+class Unreadable:
+    """A peer's bucket as one node sees it: reads of `key` fail while `on` (a stalled route)."""
+
+    def __init__(self, inner, key: str) -> None:
+        self.inner, self.key, self.on = inner, key, False
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    async def head(self, key, *a, **kw):
+        if self.on and key == self.key:
+            raise StorageError(f"{self.inner.name}/{key}: connection reset")
+        return await self.inner.head(key, *a, **kw)
+
+
+def test_every_node_takes_the_leads_step_whatever_its_clock_or_its_gather_saw(tmp_path):
+    """A miner whose clock is 1 s behind the chain (more than clock_skew_seconds) and a window in
+    which the lead cannot read one top-G miner's payload that everyone else reads: every node
+    holds the same θ after every window, and the lagging node says once that its clock is off."""
+    from templar.comms.keys import gradient_key
+
+    subnet = Subnet.create(tmp_path, {"lead": 100.0, "m0": 0.0, "m1": 0.0, "lag": 0.0})
+
+    async def scenario():
+        v = Validator(await subnet.node("lead"))
+        miners = [Miner(await subnet.node(name)) for name in ("m0", "m1", "lag")]
+        lag = miners[2]
+        lag.node.clock = Clock(lag.node.hp.windows, lag.node.chain.block, lag.node.chain.block_timestamp,
+                               Lagging(1.0))
+        for role in (v, *miners):
+            await role.start()
+        with LogLines() as lines:
+            seen = await _windows(v, miners, 4)  # m0 and m1 earn their places in the top-G
+            m0 = miners[0].node.hotkey
+            assert {m0, miners[1].node.hotkey} <= set(v.book.top_g(4)), v.book.scores()
+            # the lead's route to m0's bucket fails for one window: its inputs leave m0 out
+            bucket = (await v.node.peer_buckets([m0]))[m0]
+            route = Unreadable(bucket, gradient_key(v.state.window + 1))
+            v.node._peer_buckets[m0] = (v.node._peer_buckets[m0][0], route)
+            route.on = True
+            seen += await _windows(v, miners, 1)
+            route.on = False
+            data = await get_inputs(v.node.bucket, v.state.window, max_bytes=max_inputs_bytes())
+            inputs = read_inputs(data, run=v.node.run, verify=None)
+            names = {role.node.hotkey: name for name, role in (("m0", miners[0]), ("m1", miners[1]), ("lag", lag))}
+            aggregated = [names[hk] for hk in inputs.hotkeys]
+            assert "m1" in aggregated and "m0" not in aggregated, aggregated
+            seen += await _windows(v, miners, 2)
+        for role in (v, *miners):
+            await role.node.aclose()
+        return seen, lines
+
+    seen, lines = run_virtual(scenario())
+    for window, thetas in enumerate(seen):
+        assert len(set(thetas.values())) == 1, f"window {window}: {thetas}"
+    clock_lines = [line for line in lines if line.startswith("[CLOCK]")]
+    assert len(clock_lines) == 1 and "behind" in clock_lines[0], lines
+
+
+def _published(bucket_dir: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(bucket_dir)): p.read_bytes() for p in bucket_dir.rglob("*") if p.is_file()
+            and "/checkpoint/" not in f"/{p.relative_to(bucket_dir)}" and p.name != "progress.json"}
+
+
+def test_a_lead_restarted_on_an_empty_directory_replays_its_history_and_rewrites_nothing(tmp_path):
+    subnet = Subnet.create(tmp_path, {"lead": 100.0, "m0": 0.0, "m1": 0.0}, checkpoint_frequency=2)
+    lead_bucket = tmp_path / "buckets" / "lead"
+
+    async def scenario():
+        v = Validator(await subnet.node("lead"))
+        miners = [Miner(await subnet.node(name)) for name in ("m0", "m1")]
+        for role in (v, *miners):
+            await role.start()
+        await _windows(v, miners, 7)
+        await v.checkpoints.wait()
+        before = _published(lead_bucket)
+        windows = sorted(int(p.parent.name) for p in (lead_bucket / checkpoint_prefix()).glob("*/manifest.json"))
+        assert len(windows) >= 2, windows
+        # the lead's machine is lost, and the newest checkpoint's model file was torn in the bucket
+        v.node.state_lock.release()
+        await v.node.aclose()
+        for path in Path(v.node.state_dir).glob("*"):
+            if path.is_file():
+                path.unlink()
+        newest = lead_bucket / checkpoint_file_key(windows[-1], "model.safetensors")
+        newest.write_bytes(newest.read_bytes()[:4096])
+        v = Validator(await subnet.node("lead"))  # (starting a node resets the log handlers)
+        with LogLines() as lines:
+            await v.start()
+        assert v.state.window == miners[0].state.window, (v.state.window, miners[0].state.window)
+        assert same_parameters(parameters(v.node), parameters(miners[0].node)), "the lead rebuilt another θ"
+        seen = await _windows(v, miners, 2)
+        after = _published(lead_bucket)
+        changed = [key for key, data in before.items() if key in after and after[key] != data]
+        for role in (v, *miners):
+            await role.node.aclose()
+        return lines, seen, changed
+
+    lines, seen, changed = run_virtual(scenario())
+    assert not changed, f"published history was rewritten: {changed}"
+    assert any("unusable" in line and "checkpoint" in line for line in lines), lines
+    assert any("starts without its score book" in line for line in lines), lines
+    assert all(len(set(t.values())) == 1 for t in seen), seen
+
+
+def test_a_lead_that_cannot_restore_the_run_stops_with_one_line(tmp_path):
+    subnet = Subnet.create(tmp_path, {"lead": 100.0, "m0": 0.0}, checkpoint_frequency=2)
+    lead_bucket = tmp_path / "buckets" / "lead"
+
+    async def scenario():
+        v = Validator(await subnet.node("lead"))
+        m = Miner(await subnet.node("m0"))
+        for role in (v, m):
+            await role.start()
+        await _windows(v, [m], 5)
+        await v.checkpoints.wait()
+        v.node.state_lock.release()
+        await v.node.aclose()
+        for path in Path(v.node.state_dir).glob("*"):
+            if path.is_file():
+                path.unlink()
+        for model in (lead_bucket / checkpoint_prefix()).glob("*/model.safetensors"):
+            model.write_bytes(b"torn")
+        v = Validator(await subnet.node("lead"))
+        with pytest.raises(LeadError, match="refusing to rebuild published history") as info:
+            await v.start()
+        for node in (v.node, m.node):
+            await node.aclose()
+        return info.value
+
+    error = run_virtual(scenario())
+    assert error.exit_code == EXIT_HISTORY and "\n" not in str(error)
+
+
+def test_one_node_per_state_directory(tmp_path):
+    """In one process the second start is refused with its exit code; a second *process* on the
+    directory exits with that code and one line."""
+    subnet = Subnet.create(tmp_path, {"lead": 100.0, "m0": 0.0})
+
+    async def scenario():
+        first = await subnet.node("m0")
+        with pytest.raises(StateLockedError, match="in use by another node") as info:
+            await subnet.node("m0")
+        cmd = subnet.neuron_cmd("miner", "m0")
+        proc = await asyncio.to_thread(subprocess.run, cmd, capture_output=True, text=True, timeout=120)
+        await first.aclose()
+        again = await subnet.node("m0")  # released: the directory is free again
+        await again.aclose()
+        return info.value, proc
+
+    error, proc = asyncio.run(scenario())
+    assert error.exit_code == EXIT_STATE_LOCKED
+    assert proc.returncode == EXIT_STATE_LOCKED, proc.stderr[-2000:]
+    errors = [line for line in proc.stderr.splitlines() if "ERROR" in line]
+    assert len(errors) == 1 and "in use by another node" in errors[0] and "Traceback" not in proc.stderr
+
+
+def _disk_failures(subnet: Subnet) -> tuple[list[str], BaseException | None]:
+    async def scenario():
+        v = Validator(await subnet.node("lead"))
+        m = Miner(await subnet.node("m0"))
+        stopped = None
+        with LogLines() as lines:  # (after the nodes started: starting a node resets the log handlers)
+            try:
+                for role in (v, m):
+                    await role.start()
+                await _windows(v, [m], 5)
+            except StateDiskError as exc:
+                stopped = exc
+        for node in (v.node, m.node):
+            await node.aclose()
+        return list(lines), stopped
+
+    return run_virtual(scenario())
+
+
+def test_a_file_size_limit_is_one_line_per_window_then_its_own_exit(tmp_path):
+    subnet = Subnet.create(tmp_path, {"lead": 100.0, "m0": 0.0})
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    try:
+        # the state files (θ and error feedback: about 10 MB for micro) cannot be written; the
+        # records, logs and pages (a few kB) can. Python ignores SIGXFSZ, so writes fail with EFBIG.
+        resource.setrlimit(resource.RLIMIT_FSIZE, (3 << 20, hard))
+        lines, stopped = _disk_failures(subnet)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    saves = [line for line in lines if line.startswith("cannot write the node's state")]
+    assert saves and all("\n" not in line and "state.safetensors" in line for line in saves), lines
+    assert any("errno 27 (EFBIG)" in line for line in saves), saves
+    assert isinstance(stopped, StateDiskError) and stopped.exit_code == EXIT_STATE_DISK, stopped
+
+
+def test_a_full_filesystem_is_one_line_per_window_then_its_own_exit(tmp_path):
+    """The miner's state directory on a filesystem that fills up (a real tmpfs of 2 MiB)."""
+    mount = tmp_path / "small"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"mounting a tmpfs needs privileges this machine does not give: {done.stderr.decode()[:120]}")
+    try:
+        subnet = Subnet.create(tmp_path, {"lead": 100.0, "m0": 0.0})
+        real = subnet.args
+
+        def args(name, *extra):
+            parsed = real(name, *extra)
+            if name == "m0":
+                parsed.state_dir = mount / "m0"
+            return parsed
+
+        subnet.args = args
+        lines, stopped = _disk_failures(subnet)
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+    saves = [line for line in lines if line.startswith("cannot write the node's state")]
+    assert saves and any("errno 28 (ENOSPC)" in line for line in saves), lines
+    assert isinstance(stopped, StateDiskError), stopped
