@@ -76,9 +76,10 @@ def _compute_window(compute, tiny, window: int, state: NodeState, path: Path, gr
     batch = tiny.pages.batch(tiny.plan.assigned_pages(0, window, hp.data.pages_per_window))
     laps, comm0 = Laps(), group.comm_seconds if group is not None else 0.0
     lap, t, start = laps.lap, laps.t, laps.start
-    compute.train(batch, hp.optimizer.micro_batch_size, hp.optimizer.grad_clip)
+    stats = compute.train(batch, hp.optimizer.micro_batch_size, hp.optimizer.grad_clip,
+                          learning_rate(state.global_step, hp.optimizer))
     lap("train")
-    sent = compute.compress(learning_rate(state.global_step, hp.optimizer))
+    sent = compute.compress(stats.scale)
     lap("compress")
     probes = compute.probes(window)
     lap("probes")

@@ -17,15 +17,15 @@ def test_one_process_node_is_sharded_and_stops_cleanly() -> None:
     compute = NodeCompute.lead(build_model(hp), hp, init_group("cpu"), role="miner")
     assert all(isinstance(p, DTensor) for p in compute.model.parameters())  # FSDP2 with one rank
     batch = torch.randint(0, hp.model.vocab_size, (4, hp.data.sequence_length), generator=torch.Generator().manual_seed(1))
-    stats = compute.train(batch, 2, hp.optimizer.grad_clip)
-    sent = compute.compress(0.01)
+    stats = compute.train(batch, 2, hp.optimizer.grad_clip, 0.01)
+    sent = compute.compress(stats.scale)
     assert stats.loss > 0 and set(sent) == {n for n, _ in compute.model.named_parameters()}
     assert all(p.grad is None for p in compute.model.parameters())  # compress clears the gradients
     compute.stop()
     compute.stop()  # idempotent
     assert compute._call("ping") is None  # a keepalive racing stop() sends nothing
     with pytest.raises(RuntimeError, match="stopped"):
-        compute.train(batch, 2, None)
+        compute.train(batch, 2, None, 0.01)
 
 
 def test_sharded_state_keeps_the_previous_file_and_falls_back_to_it(tmp_path) -> None:
@@ -63,3 +63,40 @@ def test_both_node_kinds_score_peers_with_the_same_arguments() -> None:
         return [(p.name, p.default) for p in inspect.signature(method).parameters.values()]
 
     assert arguments(NodeCompute.score_peers) == arguments(Evaluator.score_peers) == arguments(PeerScorer.score_peers)
+
+
+def test_inner_adamw_over_the_ranks_matches_one_process_and_survives_a_restart(tmp_path) -> None:
+    """H inner AdamW steps on the sharded model: the same pseudo-gradient as the 1-process node (up
+    to float summation order), θ_t put back, and the optimizer's moments saved in the state file
+    (gathered like θ's rows) so a restarted node sends bit for bit what the running one sends."""
+    from templar.core.config import InnerConfig
+    from templar.runtime.compute import LocalCompute
+    from templar.runtime.state import NodeState
+
+    hp = load_hparams("tiny")
+    hp = hp.model_copy(update={"inner": InnerConfig(steps=2, optimizer="adamw", learning_rate=1e-3)})
+    batch = torch.randint(0, hp.model.vocab_size, (4, hp.data.sequence_length), generator=torch.Generator().manual_seed(3))
+    group = init_group("cpu")
+    sharded = NodeCompute.lead(build_model(hp), hp, group, role="miner")
+    plain = LocalCompute(build_model(hp), hp)
+    plain.enable_error_feedback()
+    before = {n: p.full_tensor().clone() for n, p in sharded.model.named_parameters()}
+    stats = sharded.train(batch, 2, hp.optimizer.grad_clip, 1e-3)
+    delta = {n: p.grad.full_tensor().clone() for n, p in sharded.model.named_parameters()}
+    plain.train(batch, 2, hp.optimizer.grad_clip, 1e-3)
+    assert stats.scale == 1.0
+    for name, p in plain.model.named_parameters():
+        assert torch.allclose(delta[name], p.grad, rtol=1e-4, atol=1e-7), name
+    assert all(torch.equal(p.full_tensor(), before[n]) for n, p in sharded.model.named_parameters())
+    sharded.compress(stats.scale)
+
+    path = tmp_path / "state.safetensors"
+    sharded.save_state(path, NodeState(window=1, global_step=0))
+    restarted = NodeCompute.lead(build_model(hp), hp, group, role="miner")
+    state, _ = restarted.load_state(path)
+    assert state.window == 1 and len(restarted.inner_optimizer.state) == len(list(restarted.model.parameters()))
+    a = sharded.compress(sharded.train(batch, 2, None, 1e-3).scale)
+    b = restarted.compress(restarted.train(batch, 2, None, 1e-3).scale)
+    assert all(torch.equal(a[n].values, b[n].values) and torch.equal(a[n].indices, b[n].indices) for n in a)
+    sharded.stop()
+    restarted.stop()

@@ -88,6 +88,24 @@ class OptimizerConfig(_Strict):
     grad_clip: float = Field(gt=0)
 
 
+class InnerConfig(_Strict):
+    """A miner's inner steps inside one window: H optimizer steps from the run's θ_t on its pages
+    (split into H equal parts), whose pseudo-gradient Δ = θ_t − θ_H goes through the compressor's
+    error feedback. The defaults are the paper's: one plain gradient of all the window's pages,
+    scaled by the outer learning rate (bit for bit what miners sent before inner steps existed)."""
+
+    steps: int = Field(default=1, gt=0, le=4096, description="H: inner optimizer steps per window")
+    optimizer: Literal["sgd", "adamw"] = Field(
+        default="sgd", description="sgd: θ ← θ − α_t·g per step, α_t the run's outer learning rate (H = 1: the "
+        "paper's single gradient); adamw: torch's AdamW with the settings below")
+    learning_rate: float = Field(default=4e-4, gt=0, description="adamw: peak inner learning rate, following the "
+                                 "run's schedule shape (warm-up, cosine to min_lr_factor) over global_step")
+    beta1: float = Field(default=0.9, ge=0, lt=1)
+    beta2: float = Field(default=0.95, ge=0, lt=1)
+    eps: float = Field(default=1e-8, gt=0)
+    weight_decay: float = Field(default=0.0, ge=0, description="adamw: decoupled weight decay of the inner steps")
+
+
 class DemoConfig(_Strict):
     """DeMo compression (DCT + top-k + error feedback), Algorithm 2 of the paper."""
 
@@ -172,10 +190,19 @@ class HParams(_Strict):
     model: ModelConfig
     data: DataConfig
     optimizer: OptimizerConfig
+    inner: InnerConfig = InnerConfig()
     demo: DemoConfig
     gauntlet: GauntletConfig
     windows: WindowConfig
-    protocol: Literal[1] = PROTOCOL_VERSION
+    protocol: Literal[PROTOCOL_VERSION] = PROTOCOL_VERSION  # type: ignore[valid-type]
+
+    @model_validator(mode="after")
+    def _inner_steps_fit(self) -> HParams:
+        sequences = self.data.pages_per_window * self.data.sequences_per_page
+        if self.inner.steps > sequences:
+            raise ValueError(f"inner.steps ({self.inner.steps}) exceeds the window's sequences ({sequences}: "
+                             "pages_per_window × sequences_per_page)")
+        return self
 
     def digest(self) -> str:
         """Stable sha256 of the settings that consensus depends on: not the name, and not where a

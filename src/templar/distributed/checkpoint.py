@@ -31,7 +31,14 @@ from templar.core.atomic import atomic_write
 from templar.distributed.demo import ShardedDeMo
 from templar.distributed.fsdp import local, local_rows
 from templar.distributed.group import Group, scatter_rows
-from templar.runtime.state import EF_PREFIX, MODEL_PREFIX, NodeState, state_metadata, write_state_file
+from templar.runtime.state import (
+    EF_PREFIX,
+    INNER_PREFIX,
+    MODEL_PREFIX,
+    NodeState,
+    state_metadata,
+    write_state_file,
+)
 
 __all__ = ["full_model_state", "gather_model", "load_sharded_state", "save_sharded_state", "stream_safetensors",
            "write_stream"]
@@ -54,20 +61,50 @@ def full_model_state(model: nn.Module, group: Group, dst: int = 0) -> dict[str, 
     return out if group.rank == dst else None
 
 
+def _inner_params(model: nn.Module, inner: torch.optim.Optimizer | None) -> list[tuple[str, nn.Parameter]]:
+    """The parameters whose inner-optimizer state is saved: all of them once the optimizer has
+    stepped (every rank steps together, so every rank answers alike), none before."""
+    if inner is None:
+        return []
+    params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    return params if all(p in inner.state and "exp_avg" in inner.state[p] for _, p in params) else []
+
+
+def _gather_sharded(t: torch.Tensor, shape: torch.Size, group: Group, dst: int) -> torch.Tensor | None:
+    part = local(t).detach()
+    if len(shape) and part is not t:
+        full = group.gather_rows(part, shape[0], dst=dst)
+    else:
+        full = part if group.rank == dst else None
+    return None if full is None else full.view(shape).cpu()
+
+
 def save_sharded_state(path: Path, model: nn.Module, demo: ShardedDeMo | None, state: NodeState,
-                       group: Group) -> None:
+                       group: Group, inner: torch.optim.Optimizer | None = None) -> None:
     """Collective: rank 0 writes the node's state file (see module doc); `demo` None: no error
-    feedback (a validator's state). Rank 0 streams each tensor to disk as it arrives, so it never
-    holds more than one of them."""
+    feedback (a validator's state); `inner`: the miner's inner optimizer, whose moments are
+    gathered like θ's rows. Rank 0 streams each tensor to disk as it arrives, so it never holds
+    more than one of them."""
     entries = [(MODEL_PREFIX + k, v.dtype, tuple(v.shape)) for k, v in model.state_dict().items()]
     names = list(demo.shapes) if demo is not None else []
     entries += [(EF_PREFIX + n, torch.float32, tuple(demo.shapes[n])) for n in names]
+    moments = _inner_params(model, inner)
+    for name, p in moments:
+        entries += [(f"{INNER_PREFIX}{name}.step", torch.float32, (1,)),
+                    (f"{INNER_PREFIX}{name}.exp_avg", torch.float32, tuple(p.shape)),
+                    (f"{INNER_PREFIX}{name}.exp_avg_sq", torch.float32, tuple(p.shape))]
 
     def tensors() -> Iterator[torch.Tensor | None]:
         for _, full in gather_model(model, group, 0):
             yield full
         for name in names:
             yield demo.gather_one(name, 0)
+        for _, p in moments:
+            st = inner.state[p]
+            step = st["step"] if isinstance(st["step"], torch.Tensor) else torch.tensor(float(st["step"]))
+            yield step.detach().to("cpu", torch.float32).reshape(1)
+            yield _gather_sharded(st["exp_avg"], p.shape, group, 0)
+            yield _gather_sharded(st["exp_avg_sq"], p.shape, group, 0)
 
     stream = tensors()
     try:
@@ -121,7 +158,7 @@ def write_stream(path: Path, entries: list[tuple[str, torch.dtype, tuple[int, ..
             if t is None or t.dtype != dtype or tuple(t.shape) != shape:
                 raise ValueError(f"{name}: got {None if t is None else (t.dtype, tuple(t.shape))}, "
                                  f"expected {(dtype, shape)}")
-            f.write(memoryview(t.detach().cpu().contiguous().view(torch.uint8).numpy()))
+            f.write(memoryview(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()))
         except (OSError, ValueError) as exc:
             error = exc
     if f is not None:
@@ -133,14 +170,22 @@ def write_stream(path: Path, entries: list[tuple[str, torch.dtype, tuple[int, ..
         raise error
 
 
-def _check_file(path: Path, model: nn.Module, demo: ShardedDeMo | None) -> tuple[str | None, dict | None]:
-    """(error, metadata) on rank 0: None error when the file matches this model exactly."""
+def _check_file(path: Path, model: nn.Module, demo: ShardedDeMo | None,
+                inner: torch.optim.Optimizer | None = None) -> tuple[str | None, dict | None]:
+    """(error, metadata) on rank 0: None error when the file matches this model exactly. The inner
+    optimizer's state is optional (a file saved before the first step, or by a validator) but, when
+    present and wanted, must be whole; metadata["inner"] says whether it is loaded."""
     from safetensors import safe_open
 
     try:
         with safe_open(str(path), framework="pt") as f:
             meta = f.metadata() or {}
             keys = set(f.keys())
+            saved_inner = {k for k in keys if k.startswith(INNER_PREFIX)}
+            keys -= saved_inner
+            wanted_inner = {f"{INNER_PREFIX}{n}.{field}" for n, p in model.named_parameters() if p.requires_grad
+                            for field in ("step", "exp_avg", "exp_avg_sq")} if inner is not None else set()
+            use_inner = bool(saved_inner) and saved_inner == wanted_inner
             expected = {MODEL_PREFIX + k: v.shape for k, v in model.state_dict().items()}
             if demo is not None:
                 expected.update({EF_PREFIX + n: s for n, s in demo.shapes.items()})
@@ -152,14 +197,16 @@ def _check_file(path: Path, model: nn.Module, demo: ShardedDeMo | None) -> tuple
                 if tuple(f.get_slice(key).get_shape()) != tuple(shape):
                     return f"{path}: {key} has another shape than this model's", None
         return None, {"window": int(meta["window"]), "global_step": int(meta["global_step"]),
-                      "extra": json.loads(meta.get("extra", "{}"))}
+                      "extra": json.loads(meta.get("extra", "{}")), "inner": use_inner}
     except Exception as exc:  # safetensors' SafetensorError derives from Exception only
         return f"{path}: unreadable state file: {exc}", None
 
 
 @torch.no_grad()
-def load_sharded_state(path: Path, model: nn.Module, demo: ShardedDeMo | None, group: Group) -> NodeState | None:
-    """Collective: restore θ and the error feedback from rank 0's `path`; None when it has no file.
+def load_sharded_state(path: Path, model: nn.Module, demo: ShardedDeMo | None, group: Group,
+                       inner: torch.optim.Optimizer | None = None) -> NodeState | None:
+    """Collective: restore θ, the error feedback and (when saved) the inner optimizer's state from
+    rank 0's `path`; None when it has no file.
 
     Raises ValueError on every rank, before modifying anything, when the file does not match.
     """
@@ -170,7 +217,7 @@ def load_sharded_state(path: Path, model: nn.Module, demo: ShardedDeMo | None, g
         if not path.exists():
             header = ("missing", None)
         else:
-            error, meta = _check_file(path, model, demo)
+            error, meta = _check_file(path, model, demo, inner)
             header = ("error", error) if error else ("ok", meta)
     kind, info = group.broadcast_object(header)
     if kind == "missing":
@@ -198,6 +245,24 @@ def load_sharded_state(path: Path, model: nn.Module, demo: ShardedDeMo | None, g
                 mine.copy_(full.to(mine.device))
         for name in ef_names:
             demo.load_from(name, handle.get_tensor(EF_PREFIX + name) if handle is not None else None)
+        if info["inner"] and inner is not None:
+            for name, p in model.named_parameters():
+                if not p.requires_grad:
+                    continue
+                saved = {key: handle.get_tensor(f"{INNER_PREFIX}{name}.{key}") if handle is not None else None
+                         for key in ("step", "exp_avg", "exp_avg_sq")}
+                moments = {}
+                for key in ("exp_avg", "exp_avg_sq"):
+                    moments[key] = torch.zeros_like(p)
+                    mine = local(moments[key])
+                    if p.dim() and mine is not moments[key]:
+                        rows = scatter_rows(group, saved[key], p.shape, torch.float32, src=0)
+                        start, end = local_rows(p.shape, group)
+                        mine.copy_(rows.to(mine.device)[: end - start])
+                    else:
+                        mine.copy_(group.broadcast_object(saved[key]).to(mine.device))
+                step = group.broadcast_object(saved["step"])
+                inner.state[p] = {"step": step.reshape(()).clone(), **moments}
     finally:
         del handle
     return NodeState(window=info["window"], global_step=info["global_step"], extra=info["extra"])

@@ -43,7 +43,7 @@ from templar.distributed.train import accumulate_sharded
 from templar.runtime.model_file import check_model_file
 from templar.runtime.outer import OuterStep, apply_update
 from templar.runtime.state import NodeState, load_node_state_or_previous
-from templar.runtime.train import TrainStats
+from templar.runtime.train import TrainStats, inner_steps, make_inner_optimizer
 from templar.wire import Gradient
 
 __all__ = ["NodeCompute"]
@@ -62,6 +62,7 @@ class NodeCompute:
         self.role = role
         self.demo = ShardedDeMo(self.model, group, compressor=DCTCompressor(hp.demo.target_chunk, hp.demo.topk),
                                 decay=hp.demo.momentum_decay) if role == "miner" else None
+        self.inner_optimizer = make_inner_optimizer(self.model, hp.inner) if role == "miner" else None
         self.sharded_evaluator = ShardedEvaluator(self.model, hp.optimizer.micro_batch_size, group)
         self._lock = threading.Lock()  # one op at a time, in the order the followers see them
         self._stopped = False
@@ -147,20 +148,26 @@ class NodeCompute:
         return None
 
     # ------------------------------------------------------------------ training (miners)
-    def train(self, batch: torch.Tensor, micro_batch_size: int, grad_clip: float | None) -> TrainStats:
-        return self._call("train", batch=batch, micro_batch_size=micro_batch_size, grad_clip=grad_clip)
+    def train(self, batch: torch.Tensor, micro_batch_size: int, grad_clip: float | None, lr: float) -> TrainStats:
+        return self._call("train", batch=batch, micro_batch_size=micro_batch_size, grad_clip=grad_clip, lr=lr)
 
-    def _train(self, batch: torch.Tensor, micro_batch_size: int, grad_clip: float | None) -> TrainStats:
-        return accumulate_sharded(self.model, batch, micro_batch_size, self.group, grad_clip)
+    def _train(self, batch: torch.Tensor, micro_batch_size: int, grad_clip: float | None, lr: float) -> TrainStats:
+        """The window's inner steps (`runtime.train.inner_steps`), each over all ranks' shares of
+        its part of the pages; the inner optimizer steps each rank's shards (AdamW is element-wise)."""
+        return inner_steps(self.model, batch, micro_batch_size, grad_clip, inner=self.hp.inner,
+                           optimizer=self.inner_optimizer, lr=lr,
+                           accumulate=lambda part: accumulate_sharded(self.model, part, micro_batch_size, self.group,
+                                                                      grad_clip))
 
-    def compress(self, lr: float) -> dict[str, Compressed]:
-        """The node's DeMo step (error feedback split across ranks); clears the gradients."""
-        return self._call("compress", lr=lr)
+    def compress(self, scale: float) -> dict[str, Compressed]:
+        """The node's DeMo step on the pending pseudo-gradient times `scale` (error feedback split
+        across ranks); clears the gradients."""
+        return self._call("compress", scale=scale)
 
-    def _compress(self, lr: float) -> dict[str, Compressed]:
+    def _compress(self, scale: float) -> dict[str, Compressed]:
         assert self.demo is not None, "compress() is a miner's op"
         try:
-            return self.demo.step(self.model, lr)
+            return self.demo.step(self.model, scale)
         finally:
             self.model.zero_grad(set_to_none=True)
 
@@ -262,7 +269,8 @@ class NodeCompute:
         self._call("save_state", {"state": state}, path=str(path))
 
     def _save_state(self, path: str, state: NodeState | None = None) -> None:
-        save_sharded_state(Path(path), self.model, self.demo, state or NodeState(-1, 0), self.group)
+        save_sharded_state(Path(path), self.model, self.demo, state or NodeState(-1, 0), self.group,
+                           inner=self.inner_optimizer)
 
     def load_state(self, path: Path) -> tuple[NodeState | None, str]:
         """`templar.runtime.state.load_node_state_or_previous`, sharded: every rank runs the same
@@ -272,7 +280,7 @@ class NodeCompute:
 
     def _load_state(self, path: str) -> tuple[NodeState | None, str]:
         def load(file: Path) -> tuple[NodeState, dict[str, torch.Tensor]] | None:
-            state = load_sharded_state(file, self.model, self.demo, self.group)
+            state = load_sharded_state(file, self.model, self.demo, self.group, inner=self.inner_optimizer)
             return None if state is None else (state, {})
 
         loaded, source = load_node_state_or_previous(Path(path), self.model, load=load)

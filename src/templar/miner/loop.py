@@ -27,6 +27,7 @@ from templar.runtime.records import (
 )
 from templar.runtime.state import NodeState
 from templar.runtime.sync import Phase, ResyncError, SyncCheck, catch_up, restore_when_possible, resync
+from templar.runtime.train import inner_lr
 from templar.storage import StorageError
 from templar.wire import gradient_digest, max_gradient_bytes, write_gradient
 
@@ -127,11 +128,12 @@ class Miner:
         pages = self.hooks.pages(self, window, self.pages(window))
         batch, pages = await node.pages.fetch(  # only these pages' bytes; the next window's read ahead
             pages, prefetch=self.hooks.pages(self, window + 1, self.pages(window + 1)))
+        lr = inner_lr(hp.inner, learning_rate(self.state.global_step, hp.optimizer), hp.optimizer)
         stats = await asyncio.to_thread(self.compute.train, batch, hp.optimizer.micro_batch_size,
-                                        hp.optimizer.grad_clip)
+                                        hp.optimizer.grad_clip, lr)
         # A node that cannot show it holds the run's model uploads with weight 0 (a warm-up payload).
         in_sync = not self.hooks.checks_sync or (not self.resync_pending and await self.sync.check(window, self.state))
-        payload = await asyncio.to_thread(self._compress_and_encode, window, not in_sync)
+        payload = await asyncio.to_thread(self._compress_and_encode, window, stats.scale, not in_sync)
         await self._commit(window, payload)
         busy = time.perf_counter() - busy_started
 
@@ -250,10 +252,9 @@ class Miner:
             except StorageError as exc:
                 context(window=window, phase="cleanup").debug(f"could not delete gradient {old}: {exc}")
 
-    def _compress_and_encode(self, window: int, weight_zero: bool = False) -> bytes:
+    def _compress_and_encode(self, window: int, scale: float, weight_zero: bool = False) -> bytes:
         hp, node = self.hp, self.node
-        lr = learning_rate(self.state.global_step, hp.optimizer)
-        compressed = self.compute.compress(lr)
+        compressed = self.compute.compress(scale)
         values = self.hooks.transform(self, window, {k: c.values for k, c in compressed.items()})
         compressed = {k: type(c)(indices=c.indices, values=values[k].float(), shape=c.shape, chunk=c.chunk)
                       for k, c in compressed.items()}

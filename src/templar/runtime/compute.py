@@ -31,8 +31,15 @@ from templar.core.model import build_model
 from templar.runtime.fingerprint import model_fingerprint
 from templar.runtime.model_file import load_model_file, write_model_file
 from templar.runtime.outer import OuterStep, apply_update, collect_probes, outer_step
-from templar.runtime.state import NodeState, load_node_state_or_previous, save_node_state
-from templar.runtime.train import TrainStats, accumulate_gradients, evaluate_loss, gradients
+from templar.runtime.state import (
+    INNER_PREFIX,
+    NodeState,
+    inner_tensors,
+    load_inner_tensors,
+    load_node_state_or_previous,
+    save_node_state,
+)
+from templar.runtime.train import TrainStats, evaluate_loss, gradients, inner_steps, make_inner_optimizer
 from templar.wire import Gradient
 
 __all__ = ["Compute", "LocalCompute", "PeerScorer"]
@@ -57,10 +64,13 @@ class Compute(Protocol):
     def enable_error_feedback(self) -> None:
         """A miner's: keep DeMo's error-feedback buffers (saved and restored with θ)."""
 
-    def train(self, batch: torch.Tensor, micro_batch_size: int, grad_clip: float | None) -> TrainStats: ...
+    def train(self, batch: torch.Tensor, micro_batch_size: int, grad_clip: float | None, lr: float) -> TrainStats:
+        """The window's inner steps (`runtime.train.inner_steps` at inner rate `lr`): the
+        pseudo-gradient is left for `compress`, θ_t stays the model."""
 
-    def compress(self, lr: float) -> dict[str, Compressed]:
-        """The DeMo step on the accumulated gradients (which it clears): the node's payload."""
+    def compress(self, scale: float) -> dict[str, Compressed]:
+        """The DeMo step on the pending pseudo-gradient times `scale` (`TrainStats.scale`), which
+        it clears: the node's payload."""
 
     def probes(self, window: int) -> dict[str, torch.Tensor]: ...
 
@@ -107,24 +117,27 @@ class LocalCompute:
         self.model = model
         self.hp = hp
         self.demo: DeMo | None = None
+        self.inner_optimizer: torch.optim.Optimizer | None = None
 
     def enable_error_feedback(self) -> None:
         if self.demo is None:
             hp = self.hp
             self.demo = DeMo(self.model, compressor=DCTCompressor(hp.demo.target_chunk, hp.demo.topk),
                              decay=hp.demo.momentum_decay)
+            self.inner_optimizer = make_inner_optimizer(self.model, hp.inner)
 
     @property
     def error_feedback(self) -> dict[str, torch.Tensor]:
         return self.demo.buffers if self.demo is not None else {}
 
-    def train(self, batch: torch.Tensor, micro_batch_size: int, grad_clip: float | None) -> TrainStats:
-        return accumulate_gradients(self.model, batch, micro_batch_size, grad_clip)
+    def train(self, batch: torch.Tensor, micro_batch_size: int, grad_clip: float | None, lr: float) -> TrainStats:
+        return inner_steps(self.model, batch, micro_batch_size, grad_clip, inner=self.hp.inner,
+                           optimizer=self.inner_optimizer, lr=lr)
 
-    def compress(self, lr: float) -> dict[str, Compressed]:
+    def compress(self, scale: float) -> dict[str, Compressed]:
         if self.demo is None:
             raise RuntimeError("compress() needs enable_error_feedback() (a miner's op)")
-        compressed = self.demo.step(gradients(self.model), lr)
+        compressed = self.demo.step(gradients(self.model), scale)
         self.model.zero_grad(set_to_none=True)
         return compressed
 
@@ -148,17 +161,20 @@ class LocalCompute:
         return evaluate_loss(self.model, batch, self.hp.optimizer.micro_batch_size)
 
     def save_state(self, path: Path, state: NodeState) -> None:
-        save_node_state(path, self.model, self.error_feedback, state)
+        save_node_state(path, self.model, self.error_feedback, state, inner_tensors(self.inner_optimizer, self.model))
 
     def load_state(self, path: Path) -> tuple[NodeState | None, str]:
         loaded, source = load_node_state_or_previous(path, self.model)
         if loaded is None:
             return None, source
-        state, ef = loaded
+        state, saved = loaded
+        inner = {k: v for k, v in saved.items() if k.startswith(INNER_PREFIX)}
+        ef = {k: v for k, v in saved.items() if not k.startswith(INNER_PREFIX)}
         buffers = self.error_feedback
         if buffers and set(ef) == set(buffers):
             for name, t in ef.items():
                 buffers[name].copy_(t)
+        load_inner_tensors(self.inner_optimizer, self.model, inner)
         return state, source
 
     def load_model_file(self, path: Path) -> None:

@@ -31,6 +31,52 @@ STATE_FILE = "state.safetensors"
 _MODEL = "model."
 _EF = "ef."
 MODEL_PREFIX, EF_PREFIX = _MODEL, _EF  # the state file's tensor-name prefixes (templar.distributed reads them)
+INNER_PREFIX = "inner."
+"""The inner optimizer's state (a miner's AdamW moments and step count) in the state file."""
+_INNER_FIELDS = ("step", "exp_avg", "exp_avg_sq")
+
+
+def inner_tensors(optimizer: torch.optim.Optimizer | None, model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The inner optimizer's state as named tensors (`inner.<param>.<field>`), {} when it keeps
+    none yet (no step taken) or there is no inner optimizer."""
+    if optimizer is None:
+        return {}
+    out = {}
+    by_param = {id(p): name for name, p in model.named_parameters()}
+    for p, state in optimizer.state.items():
+        name = by_param.get(id(p))
+        if name is None or set(state) != set(_INNER_FIELDS):
+            continue
+        for key in _INNER_FIELDS:
+            value = state[key]
+            value = value if isinstance(value, torch.Tensor) else torch.tensor(float(value))
+            value = value.detach().to("cpu", torch.float32)
+            out[f"{INNER_PREFIX}{name}.{key}"] = (value.reshape(1) if key == "step" else value).contiguous()
+    return out
+
+
+def load_inner_tensors(optimizer: torch.optim.Optimizer | None, model: torch.nn.Module,
+                       tensors: dict[str, torch.Tensor]) -> bool:
+    """Restore the inner optimizer from `inner_tensors`' names; False (optimizer untouched) when
+    the file holds none, or not exactly one state of the right shapes for every parameter."""
+    if optimizer is None or not tensors:
+        return False
+    params = {name: p for name, p in model.named_parameters() if p.requires_grad}
+    wanted = {f"{INNER_PREFIX}{name}.{key}" for name in params for key in _INNER_FIELDS}
+    if set(tensors) != wanted:
+        return False
+    for name, p in params.items():
+        for key in ("exp_avg", "exp_avg_sq"):
+            t = tensors[f"{INNER_PREFIX}{name}.{key}"]
+            if t.shape != p.shape or not bool(torch.isfinite(t).all()):
+                return False
+    for name, p in params.items():
+        optimizer.state[p] = {
+            "step": tensors[f"{INNER_PREFIX}{name}.step"].reshape(()).clone(),
+            "exp_avg": tensors[f"{INNER_PREFIX}{name}.exp_avg"].to(p.device, p.dtype).clone(),
+            "exp_avg_sq": tensors[f"{INNER_PREFIX}{name}.exp_avg_sq"].to(p.device, p.dtype).clone(),
+        }
+    return True
 
 
 @dataclass
@@ -41,9 +87,11 @@ class NodeState:
 
 
 def save_node_state(path: Path, model: torch.nn.Module, error_feedback: dict[str, torch.Tensor],
-                    state: NodeState) -> None:
+                    state: NodeState, inner: dict[str, torch.Tensor] | None = None) -> None:
+    """θ, the error feedback and the inner optimizer's state (`inner_tensors`) in one atomic file."""
     tensors = {_MODEL + k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
     tensors.update({_EF + k: v.detach().to("cpu").contiguous() for k, v in error_feedback.items()})
+    tensors.update(inner or {})
     write_state_file(path, lambda tmp: save_file(tensors, str(tmp), metadata=state_metadata(state)))
 
 
@@ -142,6 +190,7 @@ def load_node_state(path: Path, model: torch.nn.Module) -> tuple[NodeState, dict
     device = next(model.parameters()).device
     model.load_state_dict({k: v.to(device) for k, v in model_sd.items()})
     ef = {k[len(_EF):]: v.to(device) for k, v in tensors.items() if k.startswith(_EF)}
+    ef.update({k: v for k, v in tensors.items() if k.startswith(INNER_PREFIX)})  # the caller splits them off
     state = NodeState(window=int(meta["window"]), global_step=int(meta["global_step"]),
                       extra=json.loads(meta.get("extra", "{}")))
     return state, ef

@@ -1,4 +1,4 @@
-"""Local training inside a window: gradient accumulation over a miner's pages.
+"""Local training inside a window: a miner's inner steps over its pages, and gradient accumulation.
 
 Kept apart from the miner so the convergence benchmark and tests train exactly the same way.
 """
@@ -6,11 +6,13 @@ Kept apart from the miner so the convergence benchmark and tests train exactly t
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
 
+from templar.core.config import InnerConfig, OptimizerConfig
 from templar.core.model import causal_lm_loss
 
 
@@ -18,7 +20,11 @@ from templar.core.model import causal_lm_loss
 class TrainStats:
     loss: float          # mean loss over the window's sequences
     tokens: int
-    seconds: float       # forward + backward time only
+    seconds: float       # forward + backward time only (and the inner optimizer's steps)
+    scale: float = 1.0
+    """What the compressor multiplies the pseudo-gradient left in `p.grad` by: the outer learning
+    rate for the paper's plain gradient (and inner SGD, whose steps are that rate), 1 for AdamW's
+    θ_t − θ_H, which carries its own."""
 
     @property
     def tokens_per_second(self) -> float:
@@ -52,6 +58,73 @@ def accumulate_gradients(model: torch.nn.Module, batch: torch.Tensor, micro_batc
     if grad_clip:
         torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
     return TrainStats(loss=total / n, tokens=int(batch.numel()), seconds=time.perf_counter() - started)
+
+
+def make_inner_optimizer(model: torch.nn.Module, inner: InnerConfig) -> torch.optim.Optimizer | None:
+    """The miner's inner optimizer over `model`'s parameters (None for SGD, which keeps no state)."""
+    if inner.optimizer != "adamw":
+        return None
+    return torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=inner.learning_rate,
+                             betas=(inner.beta1, inner.beta2), eps=inner.eps, weight_decay=inner.weight_decay,
+                             foreach=False)
+
+
+def inner_lr(inner: InnerConfig, outer_lr: float, outer: OptimizerConfig) -> float:
+    """The inner learning rate of a window: AdamW's peak scaled by the run's schedule at this
+    window's global_step (the same warm-up and cosine); SGD steps at the outer rate itself."""
+    return outer_lr if inner.optimizer == "sgd" else inner.learning_rate * outer_lr / outer.learning_rate
+
+
+def inner_steps(model: torch.nn.Module, batch: torch.Tensor, micro_batch_size: int, grad_clip: float | None, *,
+                inner: InnerConfig, optimizer: torch.optim.Optimizer | None, lr: float,
+                step: Callable[[], None] | None = None,
+                accumulate: Callable[[torch.Tensor], TrainStats] | None = None) -> TrainStats:
+    """A miner's window: H inner steps from θ_t on `batch` (its sequences split into H contiguous
+    parts), leaving the pseudo-gradient in `p.grad` and θ_t in the model. `lr`: the inner rate of
+    this window (`inner_lr`). The returned `scale` is what the compressor multiplies `p.grad` by.
+
+    H = 1 with SGD is the paper's window, computed as it always was: the mean gradient of all the
+    pages in `p.grad` and the rate as the scale (so the error feedback folds in exactly lr·g, bit for
+    bit). Otherwise θ_t is kept aside, the steps run, `p.grad` becomes Δ (SGD: Σ g_i with scale lr;
+    AdamW: θ_t − θ_H with scale 1) and θ_t is put back. `step` and `accumulate` let a sharded node run
+    the same loop over its ranks."""
+    accumulate = accumulate or (lambda part: accumulate_gradients(model, part, micro_batch_size, grad_clip))
+    if inner.steps == 1 and inner.optimizer == "sgd":
+        stats = accumulate(batch)
+        return TrainStats(loss=stats.loss, tokens=stats.tokens, seconds=stats.seconds, scale=lr)
+    params = [p for p in model.parameters() if p.requires_grad]
+    started = time.perf_counter()
+    with torch.no_grad():
+        theta = [p.detach().clone() for p in params]
+        summed = [torch.zeros_like(p, dtype=torch.float32) for p in params] if inner.optimizer == "sgd" else None
+    if optimizer is not None:
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+    losses, tokens = [], 0
+    parts = [part for part in torch.tensor_split(batch, inner.steps) if part.size(0)]
+    for part in parts:
+        stats = accumulate(part)
+        losses.append((stats.loss, part.size(0)))
+        tokens += stats.tokens
+        with torch.no_grad():
+            if summed is not None:
+                for p, total in zip(params, summed, strict=True):
+                    if p.grad is not None:
+                        total.add_(p.grad)
+                        p.add_(p.grad, alpha=-lr)
+            elif step is not None:
+                step()
+            else:
+                optimizer.step()
+    with torch.no_grad():
+        for i, (p, start) in enumerate(zip(params, theta, strict=True)):
+            delta = summed[i] if summed is not None else (start - p.detach()).float()
+            p.copy_(start)
+            p.grad = delta.to(p.dtype)
+    n = sum(size for _, size in losses)
+    loss = sum(value * size for value, size in losses) / n if n else float("nan")
+    return TrainStats(loss=loss, tokens=tokens, seconds=time.perf_counter() - started,
+                      scale=lr if summed is not None else 1.0)
 
 
 def gradients(model: torch.nn.Module) -> dict[str, torch.Tensor]:

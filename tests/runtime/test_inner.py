@@ -1,0 +1,110 @@
+"""A miner's inner steps (`runtime.train.inner_steps`): the paper's window bit for bit at H = 1 with
+SGD, AdamW's pseudo-gradient θ_t − θ_H with θ_t put back, and the inner optimizer's state kept
+with the node's state across a restart."""
+
+from __future__ import annotations
+
+import torch
+
+from templar.compress import DCTCompressor, DeMo
+from templar.core.config import HParams, InnerConfig, load_hparams
+from templar.core.model import build_model
+from templar.runtime.compute import LocalCompute
+from templar.runtime.state import NodeState
+from templar.runtime.train import accumulate_gradients, gradients, inner_lr
+
+
+def _batch(hp: HParams, n: int, seed: int = 1) -> torch.Tensor:
+    return torch.randint(0, hp.model.vocab_size, (n, hp.data.sequence_length), generator=torch.Generator().manual_seed(seed))
+
+
+def _with_inner(hp: HParams, **inner) -> HParams:
+    return hp.model_copy(update={"inner": InnerConfig(**inner)})
+
+
+def test_one_sgd_step_is_the_papers_window_bit_for_bit(hp):
+    """The default (H = 1, SGD) sends exactly what a miner sent before inner steps existed: the
+    window's mean gradient folded into the error feedback at the outer learning rate."""
+    assert hp.inner == InnerConfig()
+    batch, lr = _batch(hp, 8), 3e-3
+    compute = LocalCompute(build_model(hp), hp)
+    compute.enable_error_feedback()
+    reference = build_model(hp)
+    demo = DeMo(reference, compressor=DCTCompressor(hp.demo.target_chunk, hp.demo.topk), decay=hp.demo.momentum_decay)
+    for _ in range(2):  # twice: the error feedback carries over
+        stats = compute.train(batch, hp.optimizer.micro_batch_size, hp.optimizer.grad_clip,
+                              inner_lr(hp.inner, lr, hp.optimizer))
+        sent = compute.compress(stats.scale)
+        accumulate_gradients(reference, batch, hp.optimizer.micro_batch_size, hp.optimizer.grad_clip)
+        expected = demo.step(gradients(reference), lr)
+        reference.zero_grad(set_to_none=True)
+        assert stats.scale == lr
+        for name, c in expected.items():
+            assert torch.equal(sent[name].indices, c.indices) and torch.equal(sent[name].values, c.values), name
+    for p, q in zip(compute.model.parameters(), reference.parameters(), strict=True):
+        assert torch.equal(p, q)  # θ untouched by training: only the outer step moves it
+
+
+def test_adamw_sends_theta_t_minus_theta_h_and_puts_theta_t_back(hp):
+    hp = _with_inner(hp, steps=4, optimizer="adamw", learning_rate=1e-3)
+    batch = _batch(hp, 8)
+    compute = LocalCompute(build_model(hp), hp)
+    compute.enable_error_feedback()
+    before = {n: p.detach().clone() for n, p in compute.model.named_parameters()}
+    stats = compute.train(batch, 2, hp.optimizer.grad_clip, 1e-3)
+    delta = {n: p.grad.detach().clone() for n, p in compute.model.named_parameters()}
+
+    reference = build_model(hp)
+    opt = torch.optim.AdamW(reference.parameters(), lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0,
+                            foreach=False)
+    for part in torch.tensor_split(batch, 4):
+        accumulate_gradients(reference, part, 2, hp.optimizer.grad_clip)
+        opt.step()
+    assert stats.scale == 1.0 and stats.tokens == batch.numel()
+    for name, p in reference.named_parameters():
+        assert torch.equal(delta[name], (before[name] - p.detach()).float()), name
+    assert all(torch.equal(p, before[n]) for n, p in compute.model.named_parameters())
+    assert sum(float(d.abs().sum()) for d in delta.values()) > 0
+
+
+def test_the_inner_optimizer_survives_a_restart_exactly(hp, tmp_path):
+    """The AdamW moments and step count are saved with θ and the error feedback in the one state
+    file, and a node restarted from it sends bit for bit what the uninterrupted node sends."""
+    hp = _with_inner(hp, steps=2, optimizer="adamw", learning_rate=1e-3)
+    path = tmp_path / "state.safetensors"
+
+    def node() -> LocalCompute:
+        c = LocalCompute(build_model(hp), hp)
+        c.enable_error_feedback()
+        return c
+
+    def window(c: LocalCompute, seed: int) -> dict:
+        stats = c.train(_batch(hp, 4, seed), 2, hp.optimizer.grad_clip, 1e-3)
+        return c.compress(stats.scale)
+
+    running = node()
+    window(running, 1)
+    running.save_state(path, NodeState(window=1, global_step=0))
+    restarted = node()
+    state, _ = restarted.load_state(path)
+    assert state.window == 1
+    assert running.inner_optimizer.state_dict()["state"].keys() == restarted.inner_optimizer.state_dict()["state"].keys()
+    a, b = window(running, 2), window(restarted, 2)
+    for name in a:
+        assert torch.equal(a[name].values, b[name].values) and torch.equal(a[name].indices, b[name].indices), name
+
+
+def test_inner_steps_cannot_outnumber_the_windows_sequences(tmp_path):
+    import json
+
+    import pytest
+
+    from templar.core.config import HParamsError
+
+    hp = load_hparams("tiny")
+    sequences = hp.data.pages_per_window * hp.data.sequences_per_page
+    preset = tmp_path / "too-many.json"
+    preset.write_text(json.dumps({"base": str(load_hparams.__globals__["PRESETS_DIR"] / "tiny.json"),
+                                  "inner": {"steps": sequences + 1}}))
+    with pytest.raises(HParamsError, match=r"inner\.steps \(9\) exceeds the window's sequences \(8"):
+        load_hparams(preset)
