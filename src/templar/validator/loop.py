@@ -12,7 +12,7 @@ import os
 import time
 from pathlib import Path
 
-from templar.chain import ChainError, RateLimited
+from templar.chain import ChainError
 from templar.comms import GatherResult, GatherStatus, RecordError, get_peers, get_start_window
 from templar.comms.commit import read_commits
 from templar.compress import aggregate
@@ -37,6 +37,7 @@ from templar.storage import StorageError
 from templar.validator.evaluate import Evaluator, LossScores
 from templar.validator.fast_eval import FastVerdict, fast_evaluate
 from templar.validator.lead import CheckpointPublisher, WindowPublisher, publish_start_window
+from templar.validator.weights import WeightSetter
 
 BOOK_FILE = "scorebook.json"
 SECRET_FILE = "eval_secret"
@@ -84,6 +85,7 @@ class Validator:
         self.commits: dict[int, dict[str, bytes]] = {}
         """Window → the commitments read in its `commit_read` span (`templar.comms.commit`)."""
         self.sync = SyncCheck(node)
+        self.weights = WeightSetter(node)
 
     def eval_seed(self, window: int) -> int:
         digest = hashlib.blake2b(window.to_bytes(8, "little"), key=self.secret, digest_size=8).digest()
@@ -100,6 +102,7 @@ class Validator:
         finally:
             watcher.cancel()
             await asyncio.gather(watcher, return_exceptions=True)
+            await self.weights.close()
         await self.checkpoints.wait()
         context(phase="stopped").info("validator stopped cleanly")
 
@@ -359,21 +362,8 @@ class Validator:
         return {"staleness": self.book.staleness(window, g.newcomer_evals), "sharpness": g.selection_sharpness}
 
     async def _set_weights(self, window: int, weights: dict[str, float], miners: dict[str, int]) -> bool:
-        log = context(window=window, phase="weights")
-        by_uid = {miners[hk]: w for hk, w in weights.items() if hk in miners and w > 0}
-        if not by_uid:
-            log.info("no positive weights yet; not setting weights")
-            return False
-        try:
-            await asyncio.to_thread(self.node.chain.set_weights, by_uid)
-        except RateLimited as exc:
-            log.warning(f"weights rate-limited, retrying next time: {exc}")
-            return False
-        except ChainError as exc:
-            log.warning(f"setting weights failed, retrying next time: {exc}")
-            return False
-        log.info(f"set weights on chain for {len(by_uid)} uids")
-        return True
+        """First attempt now; refusals are told and retried in the background (`validator.weights`)."""
+        return await self.weights.submit(window, weights, miners)
 
     def _save(self) -> None:
         """State, model and score book in one atomic file; scorebook.json is a readable copy."""
