@@ -5,7 +5,8 @@ GET/HEAD tiers), so how many requests a window makes is a cost, and a LIST in a 
 classic surprise on the bill. `CountingBucket` wraps any `Bucket` and records each request it makes
 at the S3 level (a `get_file` is its HEAD plus its ranged GETs; an upload of a file is one PUT here,
 whatever its multipart parts); `counting_buckets()` makes every bucket `open_bucket` opens counted,
-attributed to whoever opened it (the `ACTOR` context variable: a node's name, set on its task).
+attributed to whoever opened it (the `ACTOR` context variable: a node's name, set on its task), and
+labelled with the bucket's name, prefixed `own:` when opened as the opener's own (write) bucket.
 
     with counting_buckets(now=clock.now) as log:
         ...                                       # run nodes
@@ -36,11 +37,13 @@ ACTOR: ContextVar[str] = ContextVar("templar_bucket_actor", default="")
 
 @dataclass(frozen=True)
 class Request:
-    """One request: who made it, to which bucket, which operation, bytes moved, and when."""
+    """One request: who made it, to which bucket, which operation on which key (a LIST: its prefix),
+    bytes moved, and when."""
 
     actor: str
     bucket: str
     op: str
+    key: str
     nbytes: int
     at: float
 
@@ -52,9 +55,9 @@ class OperationLog:
     now: Callable[[], float] = time.time
     requests: list[Request] = field(default_factory=list)
 
-    def record(self, actor: str, bucket: str, op: str, nbytes: int = 0, count: int = 1) -> None:
+    def record(self, actor: str, bucket: str, op: str, key: str, nbytes: int = 0, count: int = 1) -> None:
         stamp = self.now()
-        self.requests.extend(Request(actor, bucket, op, nbytes if i == 0 else 0, stamp) for i in range(count))
+        self.requests.extend(Request(actor, bucket, op, key, nbytes if i == 0 else 0, stamp) for i in range(count))
 
     def select(self, *, actor: str | None = None, bucket: str | None = None, since: float = float("-inf"),
                until: float = float("inf")) -> list[Request]:
@@ -77,45 +80,45 @@ class CountingBucket(Bucket):
         self.inner, self.log, self.actor, self.label = inner, log, actor, label
         self.name = inner.name
 
-    def _count(self, op: str, nbytes: int = 0, count: int = 1) -> None:
-        self.log.record(self.actor, self.label, op, nbytes, count)
+    def _count(self, op: str, key: str, nbytes: int = 0, count: int = 1) -> None:
+        self.log.record(self.actor, self.label, op, key, nbytes, count)
 
     async def put(self, key: str, data: bytes, *, timeout: float = DEFAULT_TIMEOUT) -> None:
-        self._count("put", len(data))
+        self._count("put", key, len(data))
         await self.inner.put(key, data, timeout=timeout)
 
     async def fetch(self, key: str, *, max_bytes: int, timeout: float = DEFAULT_TIMEOUT) -> Blob:
         try:
             blob = await self.inner.fetch(key, max_bytes=max_bytes, timeout=timeout)
         except BaseException:
-            self._count("get")
+            self._count("get", key)
             raise
-        self._count("get", len(blob.data))
+        self._count("get", key, len(blob.data))
         return blob
 
     async def get_range(self, key: str, start: int, length: int, *, timeout: float = DEFAULT_TIMEOUT) -> bytes:
-        self._count("get", length)
+        self._count("get", key, length)
         return await self.inner.get_range(key, start, length, timeout=timeout)
 
     async def head(self, key: str, *, timeout: float = DEFAULT_TIMEOUT) -> ObjectInfo:
-        self._count("head")
+        self._count("head", key)
         return await self.inner.head(key, timeout=timeout)
 
     async def list(self, prefix: str = "", *, timeout: float = DEFAULT_TIMEOUT, limit: int = 100_000) -> list[ObjectInfo]:
         found = await self.inner.list(prefix, timeout=timeout, limit=limit)
-        self._count("list", count=max(1, -(-len(found) // LIST_PAGE)))
+        self._count("list", prefix, count=max(1, -(-len(found) // LIST_PAGE)))
         return found
 
     async def delete(self, key: str, *, timeout: float = DEFAULT_TIMEOUT) -> None:
-        self._count("delete")
+        self._count("delete", key)
         await self.inner.delete(key, timeout=timeout)
 
     async def put_file(self, key: str, path: Path, *, timeout: float | None = None) -> None:
-        self._count("put", Path(path).stat().st_size)
+        self._count("put", key, Path(path).stat().st_size)
         await self.inner.put_file(key, path, timeout=timeout)
 
     def _read_range(self, key: str, start: int, expect: ObjectInfo) -> AsyncIterator[bytes]:
-        self._count("get", max(0, expect.size - start))
+        self._count("get", key, max(0, expect.size - start))
         return self.inner._read_range(key, start, expect)
 
     async def aclose(self) -> None:
@@ -140,7 +143,7 @@ def counting_buckets(now: Callable[[], float] = time.time) -> Iterator[Operation
     log = OperationLog(now=now)
 
     def wrap(bucket: Bucket, own: bool) -> Bucket:
-        return CountingBucket(bucket, log, actor=ACTOR.get(), label=bucket.name)
+        return CountingBucket(bucket, log, actor=ACTOR.get(), label=("own:" if own else "") + bucket.name)
 
     _observers.append(wrap)
     try:

@@ -290,7 +290,9 @@ class Validator:
             # Replaying windows it missed, the lead never names peers for a window whose gather has
             # begun: the miners aggregated it with the list in effect then (another list is a fork).
             due = due and node.clock.now() < node.clock.times(window + 1).gather_start
-            await self.publisher.publish(window, step, top if due else None, self.state.global_step,
+            # Between replacements the list in effect is named again for the next window, so every
+            # reader finds its window's list with one GET (`comms.exchange.get_peers`), never a LIST.
+            await self.publisher.publish(window, step, top if due else peer_list, self.state.global_step,
                                          deadline=max(node.clock.times(window + 1).gather_start,
                                                       node.clock.now() + PUBLISH_MIN_SECONDS))
         holdout_loss = await asyncio.to_thread(self.compute.evaluate_loss, self.holdout)
