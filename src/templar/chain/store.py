@@ -131,6 +131,8 @@ class ChainSpec:
         ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")
+        if self.tempo < 1:
+            raise ValueError(f"tempo must be at least 1 block, got {self.tempo}")
         if not 0 < self.max_weights_limit <= 65535 or self.max_uids < 1 or self.max_validators < 1:
             raise ValueError("max_weights_limit, max_uids and max_validators must be positive")
 
