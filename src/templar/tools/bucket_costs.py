@@ -168,6 +168,10 @@ def served(hp: HParams, sizes: Sizes, role: str, *, miners: int, validators: int
     if role == "top-miner":  # every miner aggregates you, every validator gathers you
         readers = miners - 1 + validators
         return commits + Requests(head=readers, get=readers, bytes_down=readers * sizes.gradient)
+    if role == "corpus":  # the subnet owner's data bucket: every node's page reads (each page once per node)
+        data = hp.data
+        pages = miners * data.pages_per_window + validators * (min(gauntlet.uids_per_window, miners) + 1) * data.eval_pages
+        return Requests(get=pages, bytes_down=pages * sizes.page)
     if role == "lead":
         readers = miners + validators - 1
         per_window = Requests(get=2 * readers, bytes_down=readers * (PROGRESS_RECORD + SMALL_RECORD))
@@ -176,8 +180,14 @@ def served(hp: HParams, sizes: Sizes, role: str, *, miners: int, validators: int
     return Requests()
 
 
+CORPUS_TOKENS = 100e9
+"""Tokens of the production corpus the bill assumes (the paper's run; 2 bytes a token)."""
+
+
 def stored_bytes(hp: HParams, sizes: Sizes, role: str) -> float:
     """What the bucket holds in the steady state (the deletions in docs/buckets.md)."""
+    if role == "corpus":
+        return CORPUS_TOKENS * (2 if hp.model.vocab_size <= 1 << 16 else 4)
     if role in ("miner", "top-miner"):
         return (hp.windows.max_allowed_stale + 2) * sizes.gradient
     if role == "lead":
@@ -207,7 +217,8 @@ def monthly_cost(per_window: Requests, stored: float, prices: Prices, hp: HParam
     return parts
 
 
-ROLES = {"miner": "miner", "top-miner": "miner in the top-G", "validator": "validator", "lead": "lead validator"}
+ROLES = {"miner": "miner", "top-miner": "miner in the top-G", "validator": "validator", "lead": "lead validator",
+         "corpus": "corpus (subnet owner)"}
 
 
 def cost_table(hp: HParams, sizing: dict[str, Any], *, miners: int, validators: int, joins_per_day: float) -> dict:
@@ -250,5 +261,26 @@ def format_costs(table: dict) -> str:
     for role, info in table["billed"].items():
         cells = "   ".join(f"{name} ${c['total']:>10,.2f} (egress ${c['egress']:,.2f})"
                            for name, c in info["monthly"].items())
-        lines.append(f"  {ROLES[role]:<20} {cells}")
+        lines.append(f"  {ROLES[role]:<22} {cells}")
+    return "\n".join(lines)
+
+
+def markdown_costs(table: dict) -> str:
+    """The tables of docs/buckets.md: requests each node makes, and each bucket's monthly bill."""
+    per_day = table["windows_per_day"]
+    lines = ["| node | PUT | GET | HEAD | LIST | DELETE | MB up | MB down | a day: PUT / GET+HEAD / LIST |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for role, made_ in table["made"].items():
+        total = Requests(**{k: sum(r[k] for r in made_["per_window"].values()) for k in vars(Requests())})
+        lines.append(f"| {role} | {total.put:g} | {total.get:g} | {total.head:g} | {total.list:.2f} | "
+                     f"{total.delete:.2f} | {total.bytes_up / 1e6:,.1f} | {total.bytes_down / 1e6:,.1f} | "
+                     f"{total.put * per_day:,.0f} / {total.reads * per_day:,.0f} / {total.list * per_day:,.0f} |")
+    lines += ["", "| bucket of | billed requests a window (writes / reads) | stored | "
+              + " | ".join(f"{p.name} a month (egress)" for p in PROVIDERS) + " |",
+              "|---|---|---|" + "---|" * len(PROVIDERS)]
+    for role, info in table["billed"].items():
+        r = Requests(**info["per_window"])
+        cells = " | ".join(f"${c['total']:,.2f} (${c['egress']:,.2f})" for c in info["monthly"].values())
+        lines.append(f"| {ROLES[role]} | {r.writes:.2f} / {r.reads:.2f} | {info['stored_bytes'] / 1e9:,.2f} GB | "
+                     f"{cells} |")
     return "\n".join(lines)
