@@ -224,6 +224,17 @@ def test_a_read_key_that_can_write_fails(subnet, seaweed, new_bucket, monkeypatc
     assert result.status == Status.FAILED and "can WRITE" in result.summary and "read-only key" in result.fix
 
 
+def test_a_read_key_peers_cannot_use_fails_the_peer_read(subnet, seaweed, new_bucket, monkeypatch):
+    name = new_bucket()
+    monkeypatch.setenv(WRITE_KEY_ID_ENV, seaweed.admin.access_key_id)
+    monkeypatch.setenv(WRITE_SECRET_ENV, seaweed.admin.secret_access_key)
+    revoked = BucketLocator.s3(seaweed.endpoint_url, name, "revokedreadkey", "revokedsecret1").encode()
+    d = Doctor(bucket_flags(subnet, revoked), "miner", timeout=10)
+    result = run(d, bucket_checks.check_bucket_locator, bucket_checks.check_bucket_write, bucket_checks.check_bucket_read)
+    assert result.status == Status.FAILED and "read key was refused" in result.summary, result
+    assert asyncio.run(_keys(S3Bucket(seaweed.endpoint_url, name, seaweed.admin))) == [], "the probe is deleted"
+
+
 def test_bucket_configuration_failures(subnet, seaweed, new_bucket, monkeypatch):
     name = new_bucket()
     locator = seaweed.locator(name).encode()
