@@ -74,7 +74,8 @@ async def check_chain(d: Doctor) -> CheckResult:
 
 async def _clock_skew(d: Doctor, block_time: float) -> tuple[float, float, int]:
     """(our clock minus the chain's, uncertainty, block): the moment a new block appears is compared
-    with its timestamp; polling every few hundred ms bounds the uncertainty (at most 2 block times)."""
+    with its timestamp; polling every few hundred ms bounds the uncertainty (at most 2 block times).
+    On a real network the block's way to our endpoint (a few hundred ms) reads as our clock ahead."""
     chain = d.chain
     poll = max(0.01, min(0.25, block_time / 8))
     first, _ = await asyncio.to_thread(chain.head)

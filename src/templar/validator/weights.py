@@ -65,6 +65,7 @@ class _Round:
     deadline: float
     uids: dict[str, int]
     attempts: int = 0
+    landed: bool = False
     told: set[str] = field(default_factory=set)
     delays: dict[str, int] = field(default_factory=dict)
 
@@ -97,7 +98,7 @@ class WeightSetter:
         current = _Round(window=window, weights=positive, deadline=deadline, uids=dict(uids))
         delay = await self._attempt(current)
         if delay is None:
-            return current.attempts > 0 and self.last_set_window == window
+            return current.landed
         self.task = asyncio.create_task(self._retry(current, delay), name=f"weights-{window}")
         return False
 
@@ -130,24 +131,25 @@ class WeightSetter:
                     return
                 if not await node.clock.sleep_until(wake, node.stop):
                     return
-                neurons = await node.neurons()  # a retry resolves hotkeys against the chain as it is now
-                current.uids = {n.hotkey: n.uid for n in neurons}
-                delay = await self._attempt(current)
+                delay = await self._attempt(current, refresh=True)
         except asyncio.CancelledError:
             self._record(current, "superseded", "", -1, self._ended_by, "none for these weights")
             raise
 
-    async def _attempt(self, current: _Round) -> float | None:
-        """One try. None when the round is over (set, or hopeless); else seconds until the next."""
+    async def _attempt(self, current: _Round, *, refresh: bool = False) -> float | None:
+        """One try (`refresh`: resolve hotkeys to uids against the chain as it is now, as every retry
+        does). None when the round is over (set, or hopeless); else seconds until the next try."""
         node = self.node
         log = context(window=current.window, phase="weights")
-        by_uid = {current.uids[hk]: w for hk, w in current.weights.items() if hk in current.uids}
-        if not by_uid:
-            self._give_up(current, "none of the weighted hotkeys is registered any more")
-            return None
         current.attempts += 1
         block = await self._block()
         try:
+            if refresh:
+                current.uids = {n.hotkey: n.uid for n in await node.neurons()}
+            by_uid = {current.uids[hk]: w for hk, w in current.weights.items() if hk in current.uids}
+            if not by_uid:
+                self._give_up(current, "none of the weighted hotkeys is registered any more")
+                return None
             await asyncio.to_thread(node.chain.set_weights, by_uid)
         except NotRegistered as exc:
             self._record(current, "gave_up", "not_registered", block, str(exc), "none: register the hotkey again")
@@ -167,15 +169,18 @@ class WeightSetter:
             self._record(current, "refused", reason, block, str(exc), step)
             self._tell(current, reason, exc, step)
             return delay
-        self.last_set_window = current.window
-        self._record(current, "set", "", block, "", "")
+        self.last_set_window, current.landed = current.window, True
+        self._record(current, "set", "", block, "", "", uids=len(by_uid))
         tried = f" after {current.attempts} attempts" if current.attempts > 1 else ""
         log.info(f"set weights on chain for {len(by_uid)} uids{tried}")
         return None
 
     async def _delay(self, current: _Round, reason: str, exc: ChainError) -> float:
         """Seconds until the next attempt: the rate limit's own count, else doubling backoff."""
-        block_time = await asyncio.to_thread(lambda: self.node.chain.block_time)
+        try:
+            block_time = await asyncio.to_thread(lambda: self.node.chain.block_time)
+        except ChainError:
+            block_time = self.node.hp.windows.block_time
         if reason == "rate_limited":
             blocks = exc.blocks_to_wait if isinstance(exc, RateLimited) else 0
             if blocks <= 0:
@@ -223,7 +228,9 @@ class WeightSetter:
             f"weights not set for window {current.window} after {current.attempts} attempts; {why}")
         self._record(current, "gave_up", "", -1, why, "waiting for the next weights window")
 
-    def _record(self, current: _Round, outcome: str, reason: str, block: int, detail: str, step: str) -> None:
+    def _record(self, current: _Round, outcome: str, reason: str, block: int, detail: str, step: str, *,
+                uids: int | None = None) -> None:
         append_record(self.node.state_dir / WEIGHTS_FILE, WeightsRecord(
             window=current.window, attempt=current.attempts, outcome=outcome, reason=reason,
-            uids=len(current.weights), block=block, detail=" ".join(detail.split())[:200], next=step))
+            uids=len(current.weights) if uids is None else uids, block=block,
+            detail=" ".join(detail.split())[:200], next=step))
