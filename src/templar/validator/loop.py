@@ -289,10 +289,12 @@ class Validator:
             due = window % hp.windows.peer_replacement_frequency == 0 or not peer_list
             # Replaying windows it missed, the lead never names peers for a window whose gather has
             # begun: the miners aggregated it with the list in effect then (another list is a fork).
-            due = due and node.clock.now() < node.clock.times(window + 1).gather_start
-            # Between replacements the list in effect is named again for the next window, so every
-            # reader finds its window's list with one GET (`comms.exchange.get_peers`), never a LIST.
-            await self.publisher.publish(window, step, top if due else peer_list, self.state.global_step,
+            in_time = node.clock.now() < node.clock.times(window + 1).gather_start
+            due = due and in_time
+            # Between replacements the list in effect is named again for the next window (in time
+            # only, like any list), so a reader finds its window's list with one GET, never a LIST.
+            again = peer_list if in_time and peer_list else None
+            await self.publisher.publish(window, step, top if due else again, self.state.global_step,
                                          deadline=max(node.clock.times(window + 1).gather_start,
                                                       node.clock.now() + PUBLISH_MIN_SECONDS))
         holdout_loss = await asyncio.to_thread(self.compute.evaluate_loss, self.holdout)
