@@ -34,7 +34,9 @@ def _in(name: str) -> contextvars.Context:
 
 
 def test_a_window_makes_the_requests_hparams_says_and_lists_nothing(tmp_path):
-    subnet = Subnet.create(tmp_path, {"lead": 100.0, "m1": 0.0, "m2": 0.0})
+    # peer lists replaced every 3 windows, as in production (5): in between the lead names the list in
+    # effect again, so every reader's peer-list read stays one GET
+    subnet = Subnet.create(tmp_path, {"lead": 100.0, "m1": 0.0, "m2": 0.0}, peer_replacement_frequency=3)
     data = f"local:{REPO_ROOT / 'assets' / 'shards'}"  # the corpus through a locator, so its reads count too
 
     async def scenario():
