@@ -59,20 +59,24 @@ async def check_bucket_locator(d: Doctor) -> CheckResult:
 
 
 async def check_bucket_write(d: Doctor) -> CheckResult:
-    """The write key can put, read back and delete an object: our uploads will land."""
+    """The write key can put, read back and delete an object: our uploads will land, and the old
+    ones can go. A second probe object stays for the peer checks (deleted when the checks end)."""
     if d.locator is None:
         return skipped("bucket-write", "needs a valid bucket configuration")
     try:
         d.bucket = open_bucket(d.locator, d.credentials, own=True)
     except (LocatorError, StorageError, OSError) as exc:
         return failed("bucket-write", f"cannot open the bucket: {exc}", "check the locator")
-    key, data = probe_key("doctor"), os.urandom(1024)
-    result = await write_round_trip(d.bucket, key, data, timeout=d.timeout, keep=True)
+    result = await write_round_trip(d.bucket, probe_key("doctor-delete"), os.urandom(1024), timeout=d.timeout)
     if not result.ok:
         return failed("bucket-write", result.summary, result.fix)
+    key, data = probe_key("doctor"), os.urandom(1024)
+    kept = await write_round_trip(d.bucket, key, data, timeout=d.timeout, keep=True)
+    if not kept.ok:
+        return failed("bucket-write", kept.summary, kept.fix)
     d.probe = (key, data)
-    return ok("bucket-write", f"the write key can put and read back a probe object ({result.seconds:.2f}s up; "
-                              "it is deleted after the peer checks)")
+    return ok("bucket-write", f"the write key can write, read back and delete a probe object ({result.seconds:.2f}s "
+                              "up)")
 
 
 async def check_bucket_read(d: Doctor) -> CheckResult:
