@@ -28,6 +28,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--json", action="store_true", help="one JSON object (for scripts)")
     parser.add_argument("--timeout", type=float, default=20.0, help="seconds per request a check makes")
     add_node_args(parser)
+    parser.add_argument("--extra-pages", type=int, default=0, help="the miner's own flag, accepted so that its "
+                        "command line works here unchanged")
     parser.set_defaults(func=run)
 
 
