@@ -18,6 +18,8 @@ SUBCOMMANDS: tuple[str, ...] = (
     "templar.localnet.cli",
     "templar.dashboard.cli",
     "templar.data.cli",
+    "templar.storage.cli",
+    "templar.doctor.cli",
 )
 
 

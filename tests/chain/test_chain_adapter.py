@@ -16,6 +16,7 @@ from templar.chain import (
     verify_signature,
 )
 from templar.chain.embedded import ChainStore
+from templar.chain.types import CommitRevealPending, InsufficientStake, PoolRejected, StaleMetagraph
 
 
 def test_metagraph_lists_every_neuron_with_stake_and_permits(dev_chain: DevChain, open_chains: dict) -> None:
@@ -131,6 +132,60 @@ def test_miner_without_permit_cannot_weight_others(
         open_chains["miner1"].set_weights({dev_chain.wallets["miner2"].uid: 1.0})
     assert "NeuronNoValidatorPermit" in str(info.value)
     assert not isinstance(info.value, RateLimited | NotRegistered)
+
+
+@pytest.mark.parametrize(("error", "stage", "expected", "reason"), [
+    ("PriorityTooLow", "pool", PoolRejected, "priority_too_low"),
+    ("Stale", "pool", PoolRejected, "priority_too_low"),
+    ("RateLimitExceeded", "pool", RateLimited, "rate_limited"),
+    ("StakeAmountTooLow", "pool", InsufficientStake, "stake"),
+    ("SettingWeightsTooFast", "dispatch", RateLimited, "rate_limited"),
+    ("NotEnoughStakeToSetWeights", "dispatch", InsufficientStake, "stake"),
+    ("CommittingWeightsTooFast", "dispatch", CommitRevealPending, "commit_reveal"),
+    ("TooManyUnrevealedCommits", "dispatch", CommitRevealPending, "commit_reveal"),
+    ("CommitRevealEnabled", "dispatch", CommitRevealPending, "commit_reveal"),
+    ("UidVecContainInvalidOne", "dispatch", StaleMetagraph, "stale_metagraph"),
+])
+def test_each_weights_refusal_arrives_typed(dev_chain: DevChain, open_chains: dict, go_to_block, error, stage,
+                                            expected, reason) -> None:
+    """A refusal injected into the chain file reaches us as a node would send it (the SDK resolves
+    the node's text or the dispatch error's name) and leaves the adapter as one typed exception.
+    "Priority is too low" is a pool rejection, not the rate limit the SDK's code calls it."""
+    go_to_block(30)
+    with ChainStore(dev_chain.path) as store:
+        store.inject_fault("set_mechanism_weights", error, stage=stage, times=3)  # the SDK resubmits pool errors twice
+    with pytest.raises(expected) as info:
+        open_chains["val1"].set_weights({dev_chain.wallets["miner1"].uid: 1.0})
+    assert info.value.reason == reason
+    assert type(info.value) is expected  # not the rate limit by accident
+    assert open_chains["val1"].metagraph()[dev_chain.wallets["val1"].uid].last_update == 0, "nothing landed"
+
+
+def test_injected_faults_are_used_up_and_name_their_call(dev_chain: DevChain, open_chains: dict, go_to_block) -> None:
+    go_to_block(30)
+    with ChainStore(dev_chain.path) as store:
+        store.inject_fault("set_mechanism_weights", "NotEnoughStakeToSetWeights", signer=dev_chain.wallets["val2"].hotkey)
+        with pytest.raises(ValueError):
+            store.inject_fault("set_mechanism_weights", "X", stage="mempool")
+    miner = dev_chain.wallets["miner1"].uid
+    open_chains["val1"].set_weights({miner: 1.0})  # another signer: untouched
+    with pytest.raises(InsufficientStake):
+        open_chains["val2"].set_weights({miner: 1.0})
+    go_to_block(30 + 1)
+    open_chains["val2"].set_weights({miner: 1.0})  # used up
+
+
+def test_weights_settings_and_head(dev_chain: DevChain, open_chains: dict, go_to_block, rate_limit: int) -> None:
+    go_to_block(42)
+    settings = open_chains["val1"].weights_settings()
+    assert settings.rate_limit == rate_limit and settings.commit_reveal is False
+    assert settings.min_allowed_weights == 1 and settings.max_weight_fraction == 1.0
+    block, stamp = open_chains["val1"].head()
+    assert block == 42 and stamp == open_chains["val1"].block_timestamp(42)
+    with ChainStore(dev_chain.path) as store:
+        store.set_subnet_params(dev_chain.netuid, commit_reveal=1, weights_rate_limit=100)
+    settings = open_chains["val1"].weights_settings()
+    assert settings.commit_reveal is True and settings.rate_limit == 100
 
 
 @pytest.mark.parametrize("weights", [{}, {1: 0.0}, {1: float("nan")}, {1: -1.0}, {-1: 1.0}])

@@ -17,7 +17,8 @@ from templar.comms import (
     put_peers,
     put_start_window,
 )
-from templar.comms.keys import gradient_key, peers_key, start_window_key, window_of
+from templar.comms.exchange import PEER_INDEX_WINDOWS, PeerIndex, parse_record
+from templar.comms.keys import gradient_key, peers_index_key, peers_key, start_window_key, window_of
 from templar.core.config import PROTOCOL_VERSION
 from templar.storage import ObjectTooLarge, StorageError
 from templar.wire import Run
@@ -52,6 +53,57 @@ def test_peer_lists_pick_newest_not_after_window(maker) -> None:
     asyncio.run(body())
 
 
+def test_peer_lists_are_found_without_listing_the_bucket(maker) -> None:
+    """Every node asks for the list in effect every window: one GET when the lead named a list for
+    that window, the index and the list otherwise; a LIST only past the index's 64 publications."""
+    from templar.storage.counting import CountingBucket, OperationLog
+
+    async def body() -> None:
+        log = OperationLog()
+        async with maker.open() as inner:
+            b = CountingBucket(inner, log, actor="reader", label="lead")
+            assert await get_peers(b, 5, run=RUN) is None
+            assert log.totals()["list"] == 0
+            for w in range(10, 30, 2):
+                await put_peers(b, w, [f"h{w}"], run=RUN)
+            assert log.totals()["list"] == 0, "publishing reads and rewrites the index, never lists"
+            mark = len(log.requests)
+            assert await get_peers(b, 20, run=RUN) == (20, ["h20"])
+            assert [r.op for r in log.requests[mark:]] == ["get"]
+            mark = len(log.requests)
+            assert await get_peers(b, 21, run=RUN) == (20, ["h20"])
+            assert [r.op for r in log.requests[mark:]] == ["get", "get", "get"]  # miss, index, list
+            assert await get_peers(b, 9, run=RUN) is None
+            assert log.totals()["list"] == 0
+            for w in range(30, 30 + PEER_INDEX_WINDOWS):
+                await put_peers(b, w, [f"h{w}"], run=RUN)
+            index = parse_record(await b.get(peers_index_key(), max_bytes=1 << 16), PeerIndex, "index")
+            assert index.windows == list(range(30, 30 + PEER_INDEX_WINDOWS))
+            assert await get_peers(b, 29, run=RUN) == (28, ["h28"])  # older than the index: one LIST
+            assert log.totals()["list"] == 1
+
+    asyncio.run(body())
+
+
+def test_a_broken_peer_index_is_an_error_to_readers_and_rewritten_by_the_lead(tmp_path) -> None:
+    from templar.storage import LocalBucket
+
+    async def body() -> None:
+        b = LocalBucket(tmp_path)
+        await put_peers(b, 4, ["a"], run=RUN)
+        await b.put(peers_index_key(), b'{"protocol": 2, "windows": [3, 3]}')
+        with pytest.raises(RecordError):
+            await get_peers(b, 5, run=RUN)
+        assert await get_peers(b, 4, run=RUN) == (4, ["a"])  # the list of the window itself needs no index
+        await put_peers(b, 6, ["b"], run=RUN)
+        assert await get_peers(b, 7, run=RUN) == (6, ["b"])
+        other = Run(RUN.netuid, "f" * 64)
+        with pytest.raises(RecordError, match="another run"):
+            await get_peers(b, 7, run=other)
+
+    asyncio.run(body())
+
+
 @pytest.mark.parametrize("raw", [
     b"not json",
     b"[" * 100_000 + b"]" * 100_000,  # deep nesting: RecursionError, not a crash (cap raised below)
@@ -70,7 +122,7 @@ def test_malformed_peer_list_raises_record_error(tmp_path, raw: bytes) -> None:
         b = LocalBucket(tmp_path)
         await b.put(peers_key(3), raw)
         with pytest.raises(RecordError):
-            await get_peers(b, 5, max_bytes=1 << 20, run=RUN)
+            await get_peers(b, 3, max_bytes=1 << 20, run=RUN)
 
     asyncio.run(body())
 
@@ -82,7 +134,7 @@ def test_peer_list_byte_cap(tmp_path) -> None:
         b = LocalBucket(tmp_path)
         await b.put(peers_key(3), b" " * 70_000)
         with pytest.raises(ObjectTooLarge):
-            await get_peers(b, 5, run=RUN)
+            await get_peers(b, 3, run=RUN)
 
     asyncio.run(body())
 

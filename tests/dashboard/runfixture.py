@@ -24,9 +24,11 @@ from templar.runtime.records import (
     MINER_WINDOWS_FILE,
     SCORES_FILE,
     VALIDATOR_WINDOWS_FILE,
+    WEIGHTS_FILE,
     MinerWindowRecord,
     PeerScoreRecord,
     ValidatorWindowRecord,
+    WeightsRecord,
     append_record,
 )
 
@@ -164,6 +166,13 @@ def build_run(out: Path, *, windows: int = WINDOWS) -> Run:
             chain.set_weights({by_name[hk].uid: w for hk, w in weights[name].items() if w > 0})
         finally:
             chain.close()
+    # what `templar.validator.weights` records: one refusal told, then the retry that landed
+    last_weights = first + windows - 1 - (first + windows - 1) % hp.windows.windows_per_weights
+    for attempt, outcome, reason in ((1, "refused", "priority_too_low"), (2, "set", "")):
+        append_record(out / "nodes" / "validator0" / WEIGHTS_FILE, WeightsRecord(
+            window=last_weights, attempt=attempt, outcome=outcome, reason=reason, uids=len(MINERS), block=block,
+            detail="The extrinsic's priority is too low [PriorityTooLow]" if reason else "",
+            next="backing off; retrying in 1s (attempt 2)" if reason else ""))
     for n in nodes:
         chain = dev.connect(n.name)
         try:

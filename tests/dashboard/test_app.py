@@ -41,7 +41,8 @@ def test_pages_render_the_run_and_the_api_matches_the_score_book(run: Run, dashb
     assert summary["chain"]["lead"]["uid"] == run.node("validator0").uid and summary["problems"] == []
     assert summary["current_window"] >= run.last_window
     lazy = run.node("lazy0").hotkey
-    for path, must in (("", ["Held-out loss", "Validator agreement", "Top-G now"]),
+    for path, must in (("", ["Held-out loss", "Validator agreement", "Top-G now", "Weight setting", "priority_too_low",
+                             "retrying in 1s", f"set w{run.last_window - run.last_window % 2}"]),
                        ("peers", ["miner0", "copycat0", "late0", "δ assigned"]),
                        (f"peers/{lazy}", ["no proof of its assigned work", "miner / lazy"]),
                        ("miners", ["miner3", "tok/s"]), ("miners/miner0", ["[SYNC] Active", "Upload size"])):

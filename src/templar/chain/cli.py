@@ -1,6 +1,6 @@
 """`templar chain`: create a dev chain, register wallets, and inspect a subnet.
 
-    templar chain init --subtensor.chain_endpoint run/chain.sqlite --netuid 3 --block-time 1
+    templar chain init --subtensor.chain_endpoint run/chain.sqlite --netuid 3 --block-time 1 [--tempo 360]
     templar chain register --wallet.name validator --stake 100 \\
         --subtensor.network embedded --subtensor.chain_endpoint run/chain.sqlite --netuid 3
     templar chain show --subtensor.network embedded --subtensor.chain_endpoint run/chain.sqlite [--json]
@@ -55,6 +55,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help=f"blocks between two set_weights of one validator (new subnets: "
         f"{ChainSpec.weights_rate_limit}; omitted: unchanged)",
     )
+    init.add_argument(
+        "--tempo",
+        type=int,
+        default=None,
+        help=f"blocks between two Yuma epochs of a new subnet (default {ChainSpec.tempo}, finney's; a "
+        "rehearsal on fast blocks pays sooner with fewer)",
+    )
     init.set_defaults(func=run_init, subtensor_network=EMBEDDED)
 
     reg = commands.add_parser(
@@ -108,7 +115,8 @@ def run_init(args: argparse.Namespace) -> int:
     if block_time is None and Path(path).expanduser().is_file():
         with ChainStore(path) as existing:
             block_time = existing.spec.block_time
-    spec = ChainSpec(block_time=block_time or 1.0, first_netuid=args.netuid)
+    spec = ChainSpec(block_time=block_time or 1.0, first_netuid=args.netuid,
+                     **({"tempo": args.tempo} if args.tempo else {}))
     owner = ensure_subnet(
         path,
         netuid=args.netuid,

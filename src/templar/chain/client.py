@@ -36,9 +36,14 @@ from templar.chain.substrate import EmbeddedSubstrate
 from templar.chain.types import (
     ChainError,
     ChainUnavailable,
+    CommitRevealPending,
+    InsufficientStake,
     Neuron,
     NotRegistered,
+    PoolRejected,
     RateLimited,
+    StaleMetagraph,
+    WeightsSettings,
     check_commitment,
     clean_commitment,
     lead_of,
@@ -189,13 +194,35 @@ def translate(what: str, exc: BaseException, endpoint: str) -> BaseException:
     return exc
 
 
+_POOL_REJECTIONS = frozenset({"PriorityTooLow", "Stale", "Future", "AlreadyImported", "Dropped", "Usurped"})
+"""Refusals of the node's transaction pool: nothing landed, and the same call usually passes a
+block or two later. The SDK classifies "Priority is too low" as RATE_LIMITED; it is not one."""
+_COMMIT_REVEAL = frozenset({
+    "CommittingWeightsTooFast", "TooManyUnrevealedCommits", "CommitQueueFull", "CommitRevealEnabled",
+    "CommitRevealDisabled", "RevealTooEarly", "ExpiredWeightCommit", "InvalidRevealRound",
+    "NoWeightsCommitFound", "IncorrectCommitRevealVersion",
+})
+_STAKE = frozenset({"NotEnoughStakeToSetWeights", "StakeAmountTooLow", "NeuronNoValidatorPermit"})
+_STALE_UIDS = frozenset({"UidVecContainInvalidOne", "UidsLengthExceedUidsInSubNet"})
+
+
 def _from_sdk_error(what: str, exc: bt.ChainError) -> ChainError:
+    """The project's exception for an SDK `ChainError`, by the chain's error *name* first (the
+    semantic codes lump refusals that need different handling together), then by code."""
     detail = f"{what}: {exc.message}" + (f" [{exc.name}]" if exc.name else "")
     if exc.code == bt.ErrorCode.NOT_REGISTERED or exc.name in (
         "HotKeyNotRegisteredInSubNet",
         "AccountNotAllowedCommit",
     ):
         return NotRegistered(detail)
+    if exc.name in _POOL_REJECTIONS or (not exc.name and "priority is too low" in exc.message.lower()):
+        return PoolRejected(detail)
+    if exc.name in _COMMIT_REVEAL:
+        return CommitRevealPending(detail)
+    if exc.name in _STAKE:
+        return InsufficientStake(f"{detail} (hint: {exc.remediation})")
+    if exc.name in _STALE_UIDS:
+        return StaleMetagraph(detail)
     if exc.code == bt.ErrorCode.RATE_LIMITED:
         match = _WAIT_RE.search(exc.message)
         return RateLimited(detail, int(match.group(1)) if match else 0)
@@ -323,7 +350,34 @@ class Chain:
         self._timestamps[block] = stamp
         return stamp
 
+    def head(self) -> tuple[int, float]:
+        """(the current block, its timestamp), read now (never cached): what a clock check needs."""
+        if self._clock is not None:
+            block = self._clock.block()
+            return block, self._clock.timestamp(block)
+
+        async def read(c: bt.Client) -> tuple[int, float]:
+            block = int(await c.block())
+            return block, (await c.timestamp(block)).timestamp()
+
+        return self._call("read the chain head", read)
+
     # -- reads -------------------------------------------------------------------------------
+
+    def weights_settings(self) -> WeightsSettings:
+        """Our subnet's weight-setting hyperparameters (rate limit, commit-reveal, limits)."""
+        names = ("WeightsSetRateLimit", "CommitRevealWeightsEnabled", "MinAllowedWeights", "MaxWeightsLimit", "Tempo")
+
+        async def read(c: bt.Client) -> list[Any]:
+            return list(await asyncio.gather(*(c.query(("SubtensorModule", n), [self.netuid]) for n in names)))
+
+        rate, reveal, least, most, tempo = self._call("read the subnet's weight settings", read)
+        if rate is None and tempo is None:
+            raise ChainError(f"subnet {self.netuid} does not exist on {self.network}")
+        return WeightsSettings(rate_limit=int(rate or 0), commit_reveal=bool(reveal),
+                               min_allowed_weights=int(least or 0),
+                               max_weight_fraction=(int(most) if most is not None else 65535) / 65535,
+                               tempo=int(tempo or 0))
 
     def metagraph(self, *, validator_trust: bool = False) -> list[Neuron]:
         """Every neuron on our subnet, ordered by uid.

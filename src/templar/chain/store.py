@@ -70,9 +70,29 @@ CREATE TABLE IF NOT EXISTS bonds (netuid INTEGER PRIMARY KEY, entries TEXT NOT N
 """The subnet epoch's state (`templar.chain.epochs`): last epoch block, results per uid, bonds."""
 
 
+_FAULT_SCHEMA = """
+CREATE TABLE IF NOT EXISTS faults (
+    id INTEGER PRIMARY KEY, module TEXT NOT NULL, function TEXT NOT NULL, signer TEXT,
+    error_name TEXT NOT NULL, message TEXT NOT NULL, stage TEXT NOT NULL, remaining INTEGER NOT NULL);
+"""
+"""Refusals injected by tests and rehearsals (`ChainStore.inject_fault`); empty on a normal chain."""
+
+FAULT_STAGES = ("pool", "dispatch")
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One injected refusal: `stage` "pool" is the node's transaction pool turning the extrinsic
+    away (nothing lands, no nonce is used), "dispatch" a call that lands and fails with `error_name`."""
+
+    error_name: str
+    message: str
+    stage: str
+
+
 def ensure_epoch_schema(conn: sqlite3.Connection) -> None:
     """Create the epoch tables (idempotent), also in chain files made before they existed."""
-    for statement in filter(str.strip, _EPOCH_SCHEMA.split(";")):
+    for statement in filter(str.strip, (_EPOCH_SCHEMA + _FAULT_SCHEMA).split(";")):
         conn.execute(statement)
 
 
@@ -111,6 +131,8 @@ class ChainSpec:
         ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")
+        if self.tempo < 1:
+            raise ValueError(f"tempo must be at least 1 block, got {self.tempo}")
         if not 0 < self.max_weights_limit <= 65535 or self.max_uids < 1 or self.max_validators < 1:
             raise ValueError("max_weights_limit, max_uids and max_validators must be positive")
 
@@ -233,9 +255,9 @@ class ChainStore:
                 f"(found {meta.get('schema')!r}); delete it and run `templar chain init` again"
             )
         try:
-            if not self._conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'epoch_results'").fetchone():
+            if not self._conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'faults'").fetchone():
                 with self.write() as conn:
-                    ensure_epoch_schema(conn)  # a file made before the epoch tables existed
+                    ensure_epoch_schema(conn)  # a file made before the epoch (or fault) tables existed
         except (ChainUnavailable, sqlite3.Error) as exc:
             self._conn.close()
             raise ChainUnavailable(f"{self.path}: cannot add the epoch tables: {exc}") from exc
@@ -326,6 +348,26 @@ class ChainStore:
                 (address, rao),
             )
 
+    def inject_fault(self, function: str, error_name: str, *, times: int = 1, stage: str = "dispatch",
+                     message: str | None = None, module: str = "SubtensorModule", signer: str | None = None) -> None:
+        """Make the next `times` extrinsics calling `module.function` (signed by `signer`, or anyone)
+        fail with the chain error `error_name`, as a real node would refuse them (see `Fault`).
+
+        The seam through which tests and rehearsals produce refusals the embedded chain never
+        reaches on its own ("Priority is too low", a stake floor, a pending commit); the SDK and our
+        adapter see exactly what a node would send. Kept in the chain file, so it reaches every
+        process using the chain."""
+        if stage not in FAULT_STAGES:
+            raise ValueError(f"stage must be one of {FAULT_STAGES}, got {stage!r}")
+        if times < 1 or not error_name:
+            raise ValueError("a fault needs an error name and times >= 1")
+        with self.write() as conn:
+            conn.execute(
+                "INSERT INTO faults (module, function, signer, error_name, message, stage, remaining) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (module, function, signer, error_name, message or "", stage, times),
+            )
+
     def set_subnet_params(self, netuid: int, **params: int) -> None:
         """Root-style override of subnet hyperparameters (see `SUBNET_PARAMS`)."""
         unknown = set(params) - set(SUBNET_PARAMS)
@@ -414,6 +456,19 @@ def account(conn: sqlite3.Connection, address: str) -> tuple[int, int]:
 def owner_of(conn: sqlite3.Connection, hotkey: str) -> str | None:
     row = conn.execute("SELECT coldkey FROM owners WHERE hotkey = ?", (hotkey,)).fetchone()
     return str(row[0]) if row else None
+
+
+def take_fault(conn: sqlite3.Connection, module: str, function: str, signer: str) -> Fault | None:
+    """The oldest injected fault matching this call, used up by one (call inside a write)."""
+    row = conn.execute(
+        "SELECT id, error_name, message, stage FROM faults WHERE module = ? AND function = ? "
+        "AND (signer IS NULL OR signer = ?) AND remaining > 0 ORDER BY id LIMIT 1",
+        (module, function, signer),
+    ).fetchone()
+    if row is None:
+        return None
+    conn.execute("UPDATE faults SET remaining = remaining - 1 WHERE id = ?", (row[0],))
+    return Fault(error_name=row[1], message=row[2], stage=row[3])
 
 
 def extrinsic_row(conn: sqlite3.Connection, extrinsic_hash: str) -> tuple | None:

@@ -29,7 +29,7 @@ from typing import Any
 
 from bittensor.balance import Balance
 from bittensor.result import ChainError as SdkChainError
-from bittensor.result import ExtrinsicResult
+from bittensor.result import ExtrinsicResult, chain_error_from_substrate_request
 from bittensor.sp_core import verify as sr25519_verify
 
 from templar.chain import epochs, runtime, store
@@ -43,6 +43,29 @@ EXISTENTIAL_DEPOSIT = 500
 def create_chain(path: str | Path, spec: ChainSpec | None = None, *, now: Now = time.time) -> ChainStore:
     """Create the chain file with genesis `spec` (or open it unchanged when it already exists)."""
     return ChainStore.create(path, spec or ChainSpec(), now=now)
+
+
+POOL_MESSAGES = {
+    "PriorityTooLow": "1014: Priority is too low: (1 vs 1)",
+    "Stale": "1010: Invalid Transaction: Transaction is outdated",
+    "Future": "1010: Invalid Transaction: Transaction will be valid in the future",
+    "RateLimitExceeded": "1010: Invalid Transaction: Custom error: 6",
+    "StakeAmountTooLow": "1010: Invalid Transaction: Custom error: 1",
+}
+"""What a subtensor node's RPC answers when its transaction pool refuses an extrinsic, by the name
+the SDK resolves it to (`bittensor.result.chain_error_from_substrate_request`)."""
+
+
+class PoolRefusal(Exception):
+    """The RPC error a node raises for a pool rejection (what the SDK's transport would catch)."""
+
+
+def _pool_rejection(fault: store.Fault) -> ExtrinsicResult:
+    """A pool rejection as the SDK's RPC backend reports one: nothing landed, no nonce used, and
+    the SDK's own parser names the error from the node's text."""
+    error = chain_error_from_substrate_request(
+        PoolRefusal(fault.message or POOL_MESSAGES.get(fault.error_name, fault.error_name)))
+    return ExtrinsicResult(success=False, message=error.message, error=error)
 
 
 class ComposedCall:
@@ -301,7 +324,12 @@ class EmbeddedSubstrate:
             block = self.clock.block()
             epochs.advance(conn, block)  # an epoch due now reads the weights from before this call
             if (composed.module, composed.function) != ("MevShield", "submit_encrypted"):
-                return self._execute(conn, block, signer, nonce, composed, extrinsic_hash)
+                fault = store.take_fault(conn, composed.module, composed.function, signer)
+                if fault is not None and fault.stage == "pool":
+                    return _pool_rejection(fault)
+                failure = runtime.DispatchError(fault.error_name, fault.message or f"{fault.error_name} "
+                                                "(injected)") if fault else None
+                return self._execute(conn, block, signer, nonce, composed, extrinsic_hash, failure)
             inner = self._shielded.pop((signer, nonce + 1), None)
             if inner is None:
                 failure = runtime.DispatchError(

@@ -42,6 +42,22 @@ class Neuron:
     emission: float = 0.0
 
 
+@dataclass(frozen=True)
+class WeightsSettings:
+    """The subnet hyperparameters that decide whether and how a validator's weights land.
+
+    `rate_limit`: blocks between two weight writes of one hotkey (0: none). `commit_reveal`: weights
+    are committed timelock-encrypted and revealed by the chain later, so they show on chain only
+    after the reveal. `max_weight_fraction`: the largest share one uid may get (the SDK clips).
+    """
+
+    rate_limit: int
+    commit_reveal: bool
+    min_allowed_weights: int
+    max_weight_fraction: float
+    tempo: int
+
+
 class _Staked(Protocol):
     @property
     def uid(self) -> int: ...
@@ -75,12 +91,55 @@ class NotRegistered(ChainError):
     """Our hotkey has no uid on the subnet."""
 
 
-class RateLimited(ChainError):
-    """The chain refused a write because it came too soon after the previous one."""
+class Refused(ChainError):
+    """The chain (or its transaction pool) refused a write for a reason that can pass: waiting,
+    staking or re-reading the subnet may make the same write succeed later.
+
+    `reason` is a stable code for logs, records and metrics; each subclass names one refusal a
+    node must handle differently (see `templar.validator.weights`)."""
+
+    reason = "refused"
+
+
+class RateLimited(Refused):
+    """The chain refused a write because it came too soon after the previous one.
+
+    `blocks_to_wait` is what the chain said, or 0 when it did not say (then read the subnet's
+    rate limit and our last update to know)."""
+
+    reason = "rate_limited"
 
     def __init__(self, message: str, blocks_to_wait: int) -> None:
         super().__init__(message)
         self.blocks_to_wait = blocks_to_wait
+
+
+class PoolRejected(Refused):
+    """The node's transaction pool refused the extrinsic before any block saw it: "Priority is
+    too low" (another extrinsic of ours with the same nonce is still pending), an outdated or
+    future nonce. Nothing landed; the same call usually goes through a block or two later."""
+
+    reason = "priority_too_low"
+
+
+class CommitRevealPending(Refused):
+    """The subnet runs commit-reveal and a commit of ours is still waiting for its reveal (commits
+    too fast, too many unrevealed), or the path chosen no longer matches the subnet's setting."""
+
+    reason = "commit_reveal"
+
+
+class InsufficientStake(Refused):
+    """Our hotkey lacks the stake (or the validator permit that stake earns) to set weights."""
+
+    reason = "stake"
+
+
+class StaleMetagraph(Refused):
+    """The write named uids the subnet no longer has as we saw them (a neuron was replaced or the
+    subnet shrank since our metagraph read): re-read it and resolve hotkeys to uids again."""
+
+    reason = "stale_metagraph"
 
 
 class ChainUnavailable(ChainError):

@@ -7,12 +7,22 @@ caller can tell "the lead published garbage" from "nothing published yet" (None)
 
 from __future__ import annotations
 
+import itertools
 import json
 from typing import Annotated, Any, Literal
 
+from loguru import logger
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator
 
-from templar.comms.keys import aggregate_key, inputs_key, peers_key, peers_prefix, start_window_key, window_of
+from templar.comms.keys import (
+    aggregate_key,
+    inputs_key,
+    peers_index_key,
+    peers_key,
+    peers_prefix,
+    start_window_key,
+    window_of,
+)
 from templar.core.config import PROTOCOL_VERSION
 from templar.storage.base import DEFAULT_TIMEOUT, Bucket, ObjectNotFound
 from templar.wire import Run
@@ -61,6 +71,24 @@ class PeerList(_RunRecord):
         return peers
 
 
+PEER_INDEX_WINDOWS = 64
+"""Peer-list windows the index names: the newest ones, so a reader finds the list in effect at any
+window of the last 64 publications without listing the bucket."""
+
+
+class PeerIndex(_RunRecord):
+    """`v{P}/peers/index.json`: the windows of the lead's newest peer lists, ascending."""
+
+    windows: list[Window] = Field(max_length=PEER_INDEX_WINDOWS)
+
+    @field_validator("windows")
+    @classmethod
+    def _ascending(cls, windows: list[int]) -> list[int]:
+        if any(b <= a for a, b in itertools.pairwise(windows)):
+            raise ValueError("windows must be strictly ascending")
+        return windows
+
+
 class StartWindow(_RunRecord):
     """`v{P}/start_window.json`: the window at which global_step was 0."""
 
@@ -85,33 +113,70 @@ def dump_record(record: _Record) -> bytes:
 async def put_peers(bucket: Bucket, window: int, hotkeys: list[str], *, run: Run,
                     timeout: float = DEFAULT_TIMEOUT) -> bool:
     """Publish the peer list in effect from `window` (validated before upload), unless a list for
-    that window is already published (`put_new`: history is append-only). True when written."""
+    that window is already published (`put_new`: history is append-only), then name it in the index
+    (list first, index second: the index never names a list that is not there yet). True when the
+    list was written."""
     record = PeerList(protocol=PROTOCOL_VERSION, netuid=run.netuid, run=run.digest, window=window,
                       peers=list(hotkeys))
-    return await put_new(bucket, peers_key(window), dump_record(record), timeout=timeout)
+    written = await put_new(bucket, peers_key(window), dump_record(record), timeout=timeout)
+    try:
+        known = await _peer_index(bucket, run=run, timeout=timeout)
+    except RecordError as exc:  # our own bucket: an unreadable index is rewritten, not trusted
+        logger.warning(f"peer index unreadable ({exc}); writing a new one")
+        known = []
+    windows = sorted({*(known or []), window})[-PEER_INDEX_WINDOWS:]
+    index = PeerIndex(protocol=PROTOCOL_VERSION, netuid=run.netuid, run=run.digest, windows=windows)
+    await bucket.put(peers_index_key(), dump_record(index), timeout=timeout)
+    return written
+
+
+async def _peer_index(bucket: Bucket, *, run: Run, timeout: float) -> list[int] | None:
+    """The windows of the index, or None if there is no index."""
+    try:
+        data = await bucket.get(peers_index_key(), max_bytes=MAX_RECORD_BYTES, timeout=timeout)
+    except ObjectNotFound:
+        return None
+    index: PeerIndex = parse_record(data, PeerIndex, f"{bucket.name} peers/index")
+    check_run(index, run, f"{bucket.name} peers/index")
+    return list(index.windows)
+
+
+async def _read_peers(bucket: Bucket, effective: int, run: Run, timeout: float,
+                      max_bytes: int) -> tuple[int, list[str]] | None:
+    try:
+        data = await bucket.get(peers_key(effective), max_bytes=max_bytes, timeout=timeout)
+    except ObjectNotFound:
+        return None
+    record: PeerList = parse_record(data, PeerList, f"{bucket.name} peers/{effective}")
+    check_run(record, run, f"{bucket.name} peers/{effective}")
+    if record.window != effective:
+        raise RecordError(f"peer list at window {effective} claims window {record.window}")
+    return effective, list(record.peers)
 
 
 async def get_peers(bucket: Bucket, window: int, *, run: Run, timeout: float = DEFAULT_TIMEOUT,
                     max_bytes: int = MAX_RECORD_BYTES) -> tuple[int, list[str]] | None:
     """The newest peer list of `run` whose window is <= `window`, as (effective_window, hotkeys).
 
-    None if none has been published; `RecordError` if the newest one is malformed or of another run.
+    None if none has been published; `RecordError` if the one in effect is malformed or of another
+    run. Every node asks every window, so this never lists the bucket in the steady state: one GET
+    when the lead published a list for `window` (it names one each window), else the index and
+    the list it points to. Only a window older than the index's 64 publications costs a LIST.
     """
-    prefix = peers_prefix()
-    windows = [w for obj in await bucket.list(prefix, timeout=timeout)
-               if (w := window_of(obj.key, prefix, ".json")) is not None and w <= window]
-    if not windows:
+    found = await _read_peers(bucket, window, run, timeout, max_bytes)
+    if found is not None:
+        return found
+    windows = await _peer_index(bucket, run=run, timeout=timeout)
+    if windows is None:
         return None
-    effective = max(windows)
-    try:
-        data = await bucket.get(peers_key(effective), max_bytes=max_bytes, timeout=timeout)
-    except ObjectNotFound:
-        return None  # deleted between list and get
-    record: PeerList = parse_record(data, PeerList, f"{bucket.name} peers/{effective}")
-    check_run(record, run, f"{bucket.name} peers/{effective}")
-    if record.window != effective:
-        raise RecordError(f"peer list at window {effective} claims window {record.window}")
-    return effective, list(record.peers)
+    earlier = [w for w in windows if w <= window]
+    if not earlier and len(windows) == PEER_INDEX_WINDOWS:
+        prefix = peers_prefix()
+        earlier = [w for obj in await bucket.list(prefix, timeout=timeout)
+                   if (w := window_of(obj.key, prefix, ".json")) is not None and w <= window]
+    if not earlier:
+        return None
+    return await _read_peers(bucket, max(earlier), run, timeout, max_bytes)
 
 
 # -- aggregates -------------------------------------------------------------------------------

@@ -30,6 +30,11 @@ def peers_key(window: int, version: int = PROTOCOL_VERSION) -> str:
     return f"{peers_prefix(version)}{_window(window)}.json"
 
 
+def peers_index_key(version: int = PROTOCOL_VERSION) -> str:
+    """The lead's index of its newest peer-list windows (so readers never LIST the prefix)."""
+    return f"{peers_prefix(version)}index.json"
+
+
 def aggregate_key(window: int, version: int = PROTOCOL_VERSION) -> str:
     """The signed update applied at `window` (for catch-up)."""
     return f"{_root(version)}/aggregate/{_window(window)}.safetensors"

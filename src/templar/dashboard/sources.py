@@ -1,7 +1,7 @@
 """What the dashboard reads from disk: validator and miner state dirs, and a localnet directory.
 
-Only these files are ever opened: `scores.jsonl`, `validator_windows.jsonl`, `scorebook.json`
-(validators), `miner_windows.jsonl` and the tail of `node.log` for its `[SYNC]` lines (miners),
+Only these files are ever opened: `scores.jsonl`, `validator_windows.jsonl`, `weights.jsonl`,
+`scorebook.json` (validators), `miner_windows.jsonl` and the tail of `node.log` for its `[SYNC]` lines (miners),
 and `nodes.json` (a localnet). `eval_secret`, wallets, bucket credentials and model state are
 never read, so the dashboard cannot show them. Every record is checked against the field types
 of its `templar.runtime.records` class before use; a line that fails is counted and skipped, and each
@@ -29,9 +29,11 @@ from templar.runtime.records import (
     MINER_WINDOWS_FILE,
     SCORES_FILE,
     VALIDATOR_WINDOWS_FILE,
+    WEIGHTS_FILE,
     MinerWindowRecord,
     PeerScoreRecord,
     ValidatorWindowRecord,
+    WeightsRecord,
 )
 
 BOOK_FILE = "scorebook.json"  # the validator's readable copy (templar.validator.state.BOOK_FILE)
@@ -40,6 +42,7 @@ LOG_FILE = "node.log"         # the localnet passes --logging.file <state dir>/n
 MAX_WINDOWS = 2000
 MAX_PEER_RECORDS = 400
 MAX_PEERS = 4096
+MAX_WEIGHTS_RECORDS = 200
 MAX_BOOK_BYTES = 16 * 1024 * 1024
 LOG_TAIL_BYTES = 64 * 1024
 LOG_INTERVAL = 5.0                       # seconds between two looks at a node.log
@@ -167,6 +170,9 @@ class ValidatorSource:
         self.windows_file = RecordFile(self.directory / VALIDATOR_WINDOWS_FILE, ValidatorWindowRecord,
                                        WINDOWS_START_BYTES)
         self.windows: deque[ValidatorWindowRecord] = deque(maxlen=MAX_WINDOWS)
+        self.weights_file = RecordFile(self.directory / WEIGHTS_FILE, WeightsRecord, WINDOWS_START_BYTES)
+        self.weights: deque[WeightsRecord] = deque(maxlen=MAX_WEIGHTS_RECORDS)
+        """Weight-setting attempts and outcomes (`templar.validator.weights`), newest last."""
         self.history: dict[str, deque[PeerScoreRecord]] = {}
         self.book: dict[str, BookEntry] = {}
         self.book_error = ""
@@ -196,6 +202,11 @@ class ValidatorSource:
             changed = True
         self.windows.extend(wrecs)
         changed |= bool(wrecs)
+        weights, reset = self.weights_file.poll()
+        if reset:
+            self.weights.clear()
+        self.weights.extend(weights)
+        changed |= bool(weights) or reset
         return self._refresh_book() or changed
 
     def _refresh_book(self) -> bool:
@@ -256,6 +267,8 @@ class ValidatorSource:
 
     def problems(self) -> list[str]:
         out = [f"{self.name}: {p}" for p in (*self.windows_file.problems(), *self.scores.problems())]
+        # weights.jsonl appears with the first weights window: its absence is not a problem, bad lines are
+        out += [f"{self.name}: {p}" for p in self.weights_file.problems() if not p.endswith("not written yet")]
         if not self.directory.is_dir():
             out.insert(0, f"{self.name}: state dir {self.directory} does not exist")
         if self.book_error:

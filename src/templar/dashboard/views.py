@@ -24,10 +24,15 @@ from templar.runtime.records import PeerScoreRecord
 
 PASSING = frozenset(s.value for s in Status if s.passes)
 """Status labels that cost a peer nothing (`templar.gauntlet.Status.passes`)."""
+WEIGHT_OUTCOMES = {
+    "refused": "weights: the chain refused this attempt; the node retries (see next)",
+    "gave_up": "weights: no more attempts for this window's weights (see next)",
+    "superseded": "weights: replaced by the next weights window's weights before they landed",
+}
 
 
 def meaning(status: str) -> str:
-    return label_meaning(status)
+    return WEIGHT_OUTCOMES.get(status) or label_meaning(status)
 
 
 # ---- formatting ---------------------------------------------------------------------------------
@@ -177,6 +182,7 @@ def overview(board: Board, vname: str | None) -> str:
         card("peers aggregated", num(last.peers_aggregated if last else None, "d"),
              f"gathered {last.gathered} · evaluated {last.evaluated}" if last else ""),
         card("lead validator", lead_text, lead_sub),
+        _weights_card(v),
         card("block", num(snap.block if snap else None, "d"), escape(ago(snap.taken_at)) if snap else ""),
     ]
     parts.append(f'<section class="cards">{"".join(cards)}</section>')
@@ -195,7 +201,31 @@ def overview(board: Board, vname: str | None) -> str:
     parts.append(f'<section class="grid2"><div class="panel"><h2>Recent windows</h2>{_windows_table(windows)}</div>'
                  f'<div class="panel"><h2>Top-G now</h2>{_top_g(board, v)}</div></section>')
     parts.append(f'<section class="panel"><h2>Validator agreement</h2>{_agreement(board)}</section>')
+    parts.append(f'<section class="panel"><h2>Weight setting</h2>{_weights_table(v)}</section>')
     return "".join(parts)
+
+
+def _weights_card(v: ValidatorSource | None) -> str:
+    """The last word on this validator's weights: set (which window), or refused and what next."""
+    last = v.weights[-1] if v and v.weights else None
+    if last is None:
+        return card("weights", "–", "none attempted yet", cid="c-weights")
+    if last.outcome == "set":
+        return card("weights", f"set w{last.window}", f"attempt {last.attempt}", cid="c-weights")
+    label = {"refused": "retrying", "gave_up": "not set", "superseded": "replaced"}.get(last.outcome, last.outcome)
+    return card("weights", escape(label), escape(f"{last.reason or last.outcome}: {last.next}"[:120]),
+                cid="c-weights")
+
+
+def _weights_table(v: ValidatorSource | None) -> str:
+    """The recent attempts: every refusal the chain gave, as the chain said it, and what came next."""
+    records = list(v.weights)[-12:] if v else []
+    rows = [f"<tr>{td(str(r.window), r.window, 'num')}{td(str(r.attempt), r.attempt, 'num')}"
+            f"{td(badge(r.outcome if r.outcome != 'set' else 'ok'))}{td(escape(r.reason or '–'))}"
+            f"{td(escape(r.detail or '–'))}{td(escape(r.next or '–'))}</tr>" for r in reversed(records)]
+    cols = [("window", "num"), ("attempt", "num"), ("outcome", "text"), ("reason", "text"), ("chain said", "text"),
+            ("next", "text")]
+    return table(cols, rows, tid="weights", sortable=False, empty="no weights attempted yet")
 
 
 def _median_put(miners: list[MinerSource], windows: set[int] | None) -> list[tuple[float, float]]:

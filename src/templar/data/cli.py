@@ -4,6 +4,7 @@
     templar data prepare hub:HuggingFaceFW/fineweb-edu:sample-100BT --tokenizer hub:<repo> \\
         --out 'r2:<read locator>' --credentials write-key.json --work /scratch/fineweb
     templar data verify /tmp/shards --hparams tiny
+    templar data pin 's3:<read locator>' --hparams run.json --base tiny   # the run's hparams name the corpus
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     pr.add_argument("--shuffle-seed", type=int, default=0, help="keyed shuffle of sequences within each shard")
     pr.add_argument("--name", default=None, help="corpus label in the manifest (default: the source's name)")
     pr.add_argument("--text-field", default="text", help="column or JSON key holding the document text")
-    pr.add_argument("--workers", type=int, default=None, help="tokenizer processes (default: cores - 1)")
+    pr.add_argument("--workers", type=int, default=None, help="tokenizer processes (default: cores - 1; 0, in this process, below 3 cores)")
     pr.add_argument("--work", type=Path, default=None,
                     help="local folder for shards before upload (resumable; default: --out if it is a folder)")
     pr.add_argument("--prefix", default="", help="key prefix inside the bucket, e.g. fineweb-edu/")
@@ -55,6 +56,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     ve.add_argument("--digest", default=None, help="the manifest's expected sha256")
     ve.add_argument("--hparams", default=None, help="expect the digest pinned in this preset's data.manifest")
     ve.set_defaults(func=run_verify)
+
+    pin = sub.add_parser("pin", help="pin a published corpus in the run's hparams (data.corpus, corpus_prefix, "
+                         "manifest digest)")
+    pin.add_argument("corpus", help="the corpus' READ locator (what every node will read), or a folder")
+    pin.add_argument("--hparams", required=True, type=Path,
+                     help="the run's hparams file: updated in place if it exists, else created from --base")
+    pin.add_argument("--base", default=None, help="preset the new file builds on (e.g. tiny, or hparams.json)")
+    pin.add_argument("--prefix", default="", help="key prefix of manifest.json inside the bucket")
+    pin.add_argument("--name", default=None, help="the run's name in a new file (default: the file's stem)")
+    pin.set_defaults(func=run_pin)
 
 
 def _is_locator(text: str) -> bool:
@@ -131,3 +142,19 @@ def run_verify(args: argparse.Namespace) -> int:
     print(f"{m.name}: {report.shards_ok}/{len(m.shards)} shards ok, {m.num_pages:,} pages, digest {m.digest()}"
           + ("" if digest else " (no expected digest given)"))
     return 0 if report.ok else 1
+
+
+def run_pin(args: argparse.Namespace) -> int:
+    """Read the published manifest as a node will (the read locator), check it against the run's
+    geometry, and write its location and sha256 into the run's hparams file."""
+    from templar.data.pin import PinError, pin_corpus
+
+    try:
+        digest, run_digest = asyncio.run(pin_corpus(args.corpus, args.hparams, base=args.base, prefix=args.prefix,
+                                                    name=args.name))
+    except PinError as exc:
+        print(f"error: {exc}")
+        return 1
+    print(f"pinned data.manifest {digest} in {args.hparams}")
+    print(f"run digest (every node's hparams must give this): {run_digest}")
+    return 0

@@ -27,6 +27,7 @@ from templar.runtime.records import (
     MinerWindowRecord,
     PeerScoreRecord,
     ValidatorWindowRecord,
+    WeightsRecord,
     add_listener,
     remove_listener,
 )
@@ -77,6 +78,13 @@ class NeuronMetrics:
         self.gathered = Gauge("templar_gathered", "Validator: payloads requested in the last gather", registry=v)
         self.evaluated = Gauge("templar_evaluated", "Validator: peers primary-evaluated last window", registry=v)
         self.weights_set = Counter("templar_weights_set", "Validator: windows in which weights were set", registry=v)
+        self.weights_refusals = Counter("templar_weights_refusals", "Validator: weight writes the chain refused, by "
+                                        "reason (rate_limited, priority_too_low, commit_reveal, stake, "
+                                        "stale_metagraph, error)", ["reason"], registry=v)
+        self.weights_pending = Gauge("templar_weights_pending", "Validator: 1 while refused weights are being retried",
+                                     registry=v)
+        self.weights_last_set = Gauge("templar_weights_last_set_window", "Validator: weights window of the last "
+                                      "weights the chain accepted", registry=v)
         self.gather_status = Gauge("templar_gather_status", "Validator: peers per gather/fast-eval status, last window",
                                    ["status"], registry=v)
         self.status_total = Counter("templar_peer_status", "Validator: peer verdicts by status since start",
@@ -105,6 +113,17 @@ class NeuronMetrics:
             self._validator_window(record)
         elif isinstance(record, MinerWindowRecord):
             self._miner_window(record)
+        elif isinstance(record, WeightsRecord):
+            self._weights(record)
+
+    def _weights(self, rec: WeightsRecord) -> None:
+        if rec.outcome == "refused":
+            self.weights_refusals.labels(rec.reason[:32] or "error").inc()
+            self.weights_pending.set(1)
+            return
+        self.weights_pending.set(0)
+        if rec.outcome == "set":
+            self.weights_last_set.set(rec.window)
 
     def _peer(self, rec: PeerScoreRecord) -> None:
         labels = (str(rec.uid), rec.hotkey)

@@ -17,6 +17,7 @@ from templar.core.atomic import atomic_write
 SCORES_FILE = "scores.jsonl"
 VALIDATOR_WINDOWS_FILE = "validator_windows.jsonl"
 MINER_WINDOWS_FILE = "miner_windows.jsonl"
+WEIGHTS_FILE = "weights.jsonl"
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,21 @@ class ValidatorWindowRecord:
     wall_seconds: float
     weights_set: bool
     gather_seconds: float | None = None  # the gather alone (absent in records of older versions)
+
+
+@dataclass(frozen=True)
+class WeightsRecord:
+    """One attempt of a validator to set weights, or how a round of attempts ended
+    (`templar.validator.weights`): what the chain said and what the node does next."""
+
+    window: int               # the weights window whose scores these weights carry
+    attempt: int              # 1 for the first try of the round
+    outcome: str              # set | refused | gave_up | superseded
+    reason: str               # "" when set; else a refusal code (templar.chain.types.Refused.reason) or "error"
+    uids: int                 # uids weighted in this attempt
+    block: int                # chain block at the attempt (-1 when unknown)
+    detail: str               # the chain's words, clipped
+    next: str                 # what the node will do next, for the operator
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ import re
 from templar.core.clock import Now
 from templar.storage.base import (
     DEFAULT_TIMEOUT,
+    AccessDenied,
     Blob,
     Bucket,
     BucketUnreachable,
@@ -26,12 +27,14 @@ from templar.storage.base import (
     StorageTimeout,
     validate_key,
 )
+from templar.storage.counting import observed
 from templar.storage.local import LocalBucket
 from templar.storage.locator import BucketLocator, Credentials, LocatorError
 from templar.storage.s3 import S3Bucket
 
 __all__ = [
     "DEFAULT_TIMEOUT",
+    "AccessDenied",
     "Blob",
     "Bucket",
     "BucketUnreachable",
@@ -65,13 +68,13 @@ def open_bucket(locator: BucketLocator, credentials: Credentials | None = None, 
     if locator.kind == "local":
         if not allow_private:
             raise LocatorError("local buckets are refused when allow_private=False")
-        return LocalBucket(locator.path, create=own, now=now)
+        return observed(LocalBucket(locator.path, create=own, now=now), own)
     if not allow_private and locator.is_private_endpoint:
         raise LocatorError(f"refusing private/loopback endpoint {locator.endpoint}")
     creds = credentials or locator.read_credentials
     assert creds is not None  # r2/s3 locators always carry a read key
-    return S3Bucket(locator.endpoint_url, locator.bucket, creds, _region(locator),
-                    **s3_options)  # type: ignore[arg-type]
+    return observed(S3Bucket(locator.endpoint_url, locator.bucket, creds, _region(locator),
+                             **s3_options), own)  # type: ignore[arg-type]
 
 
 def _region(locator: BucketLocator) -> str:

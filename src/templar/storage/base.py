@@ -43,6 +43,11 @@ class BucketUnreachable(StorageError):
     """The bucket cannot be used: connection refused/reset, DNS, TLS, auth or no such bucket."""
 
 
+class AccessDenied(BucketUnreachable):
+    """The bucket answered and refused our key for this operation (HTTP 403, a wrong or revoked key,
+    a key without this permission). A read-only key refused a write is the expected case."""
+
+
 class ObjectChanged(StorageError):
     """The object was replaced while a ranged/resumed read was in progress."""
 

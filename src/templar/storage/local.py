@@ -19,6 +19,7 @@ from typing import TypeVar
 from templar.core.atomic import atomic_write
 from templar.storage.base import (
     DEFAULT_TIMEOUT,
+    AccessDenied,
     Blob,
     Bucket,
     ObjectChanged,
@@ -73,6 +74,8 @@ class LocalBucket(Bucket):
             raise StorageTimeout(f"{self.name}/{key}: no answer within {timeout}s") from exc
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError) as exc:
             raise ObjectNotFound(f"{self.name}/{key}") from exc
+        except PermissionError as exc:
+            raise AccessDenied(f"{self.name}/{key}: {exc.strerror}") from exc
         except OSError as exc:
             raise StorageError(f"{self.name}/{key}: {type(exc).__name__}: {exc.strerror}") from exc
 

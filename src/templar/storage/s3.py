@@ -23,6 +23,7 @@ from botocore.exceptions import BotoCoreError, ClientError, ReadTimeoutError
 
 from templar.storage.base import (
     DEFAULT_TIMEOUT,
+    AccessDenied,
     Blob,
     Bucket,
     BucketUnreachable,
@@ -46,8 +47,8 @@ _CHUNK = 1 << 16
 
 _NOT_FOUND = {"NoSuchKey", "NotFound", "404"}
 _CHANGED = {"PreconditionFailed", "412"}
-_UNUSABLE = {"NoSuchBucket", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403",
-             "PermanentRedirect", "301", "AuthorizationHeaderMalformed", "InvalidBucketName"}
+_DENIED = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403"}
+_UNUSABLE = {"NoSuchBucket", "PermanentRedirect", "301", "AuthorizationHeaderMalformed", "InvalidBucketName"}
 
 _session: AioSession | None = None
 
@@ -76,6 +77,8 @@ def _translate(exc: BaseException, where: str) -> StorageError:
             return ShortRead(detail)
         if code in _CHANGED or status in _CHANGED:
             return ObjectChanged(detail)
+        if code in _DENIED or status in _DENIED:
+            return AccessDenied(detail)
         if code in _UNUSABLE or status in _UNUSABLE:
             return BucketUnreachable(detail)
         if code in _NOT_FOUND or status in _NOT_FOUND:

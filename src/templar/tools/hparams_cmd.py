@@ -1,4 +1,5 @@
-"""`templar hparams [PRESET]`: validate a hyperparameter file, print it and what a window costs."""
+"""`templar hparams [PRESET]`: validate a hyperparameter file, print it and what a window costs
+(compute, memory, network, and the object-store requests and their monthly bill)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import argparse
 import json
 
 from templar.core.config import HParamsError, load_hparams
+from templar.tools.bucket_costs import cost_table, format_costs
 from templar.tools.sizing import DEFAULT_MFU, format_sizing, window_sizing
 
 
@@ -17,6 +19,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="one JSON object (settings and sizing) only")
     p.add_argument("--ranks", type=int, nargs="+", default=None, metavar="N",
                    help="print per-GPU memory of this model, 8B and 70B LLaMA at N ranks (meta device)")
+    p.add_argument("--miners", type=int, default=240, help="miners on the subnet, for the object-store figures")
+    p.add_argument("--validators", type=int, default=16, help="validators on the subnet, for the object-store figures")
+    p.add_argument("--joins-per-day", type=float, default=10.0,
+                   help="nodes a day that download the lead's checkpoint to join (the lead's egress)")
     p.set_defaults(func=run)
 
 
@@ -34,10 +40,16 @@ def run(args: argparse.Namespace) -> int:
             return 2
         print(report(hp, args.ranks, ["hparams", *SHAPES], args.hparams))
         return 0
+    if args.miners < 1 or args.validators < 1 or args.joins_per_day < 0:
+        print("error: --miners and --validators must be positive, --joins-per-day >= 0")
+        return 2
     sizing = window_sizing(hp, mfu=args.mfu)
+    costs = cost_table(hp, sizing, miners=args.miners, validators=args.validators, joins_per_day=args.joins_per_day)
     if args.json:
-        print(json.dumps({"digest": hp.digest(), **hp.model_dump(), "sizing": sizing}, indent=2))
+        print(json.dumps({"digest": hp.digest(), **hp.model_dump(), "sizing": sizing, "object_store": costs},
+                         indent=2))
         return 0
     print(json.dumps({"digest": hp.digest(), **hp.model_dump()}, indent=2))
     print(f"\nper window ({hp.name}):\n{format_sizing(sizing)}")
+    print(f"\n{format_costs(costs)}")
     return 0

@@ -20,7 +20,6 @@ from collections.abc import Mapping
 
 import torch
 
-from templar.chain import ChainError, RateLimited
 from templar.comms import GatherResult, GatherStatus, RecordError, get_start_window
 from templar.comms.progress import get_progress
 from templar.compress import aggregate
@@ -59,6 +58,7 @@ from templar.validator.fast_eval import fast_evaluate
 from templar.validator.lead import CheckpointPublisher, LeadError, WindowPublisher, publish_start_window
 from templar.validator.report import WindowSummary, record_window
 from templar.validator.state import BOOK_FILE, SECRET_FILE, load_book, load_or_create_secret, with_book
+from templar.validator.weights import WeightSetter
 from templar.wire import Gradient, StepInputs
 
 HOLDOUT_PAGES = 4
@@ -84,6 +84,7 @@ class Validator:
         self.secret = load_or_create_secret(node.state_dir / SECRET_FILE)
         self.commits = CommitWatcher(node)
         self.sync = SyncCheck(node)
+        self.weights = WeightSetter(node)
 
     def eval_seed(self, window: int) -> int:
         digest = hashlib.blake2b(window.to_bytes(8, "little"), key=self.secret, digest_size=8).digest()
@@ -100,6 +101,7 @@ class Validator:
         finally:
             watcher.cancel()
             await asyncio.gather(watcher, return_exceptions=True)
+            await self.weights.close()
         await self.checkpoints.wait()
         context(phase="stopped").info("validator stopped cleanly")
 
@@ -235,7 +237,7 @@ class Validator:
         self.state.window = max(self.state.window, window)
         self.sync.record(self.state.window, self.state.global_step)
         if self.is_lead:
-            await self._publish(window, step, scores.top_g, replace=not peer_list)
+            await self._publish(window, step, scores.top_g, peer_list)
         holdout_loss = await asyncio.to_thread(self.compute.evaluate_loss, self.holdout)
 
         weights_set = False
@@ -366,34 +368,23 @@ class Validator:
             return {}
         return {"staleness": self.book.staleness(window, g.newcomer_evals), "sharpness": g.selection_sharpness}
 
-    async def _publish(self, window: int, step: OuterStep | None, top: list[str], *, replace: bool) -> None:
-        """The lead's publications of the window: aggregate, progress and, when due, the peer list
-        in effect from the next window. Replaying windows it missed, the lead never names peers for
-        a window whose gather has begun: the miners aggregated it with the list in effect then
-        (another list is a fork)."""
+    async def _publish(self, window: int, step: OuterStep | None, top: list[str], peer_list: list[str]) -> None:
+        """The lead's publications of the window: aggregate, progress and the peer list in effect
+        from the next window: the top-G when a replacement is due (or none is in effect), else the
+        list in effect named again, so every reader finds its window's list with one GET, never a
+        LIST. Replaying windows it missed, the lead never names peers for a window whose gather has
+        begun: the miners gathered it with the list in effect then."""
         node, hp = self.node, self.hp
-        due = window % hp.windows.peer_replacement_frequency == 0 or replace
-        due = due and node.clock.now() < node.clock.times(window + 1).gather_start
-        await self.publisher.publish(window, step, top if due else None, self.state.global_step,
+        in_time = node.clock.now() < node.clock.times(window + 1).gather_start
+        due = in_time and (window % hp.windows.peer_replacement_frequency == 0 or not peer_list)
+        again = peer_list if in_time and peer_list else None
+        await self.publisher.publish(window, step, top if due else again, self.state.global_step,
                                      deadline=max(node.clock.times(window + 1).gather_start,
                                                   node.clock.now() + PUBLISH_MIN_SECONDS))
 
     async def _set_weights(self, window: int, weights: dict[str, float], miners: Mapping[str, int]) -> bool:
-        log = context(window=window, phase="weights")
-        by_uid = {miners[hk]: w for hk, w in weights.items() if hk in miners and w > 0}
-        if not by_uid:
-            log.info("no positive weights yet; not setting weights")
-            return False
-        try:
-            await asyncio.to_thread(self.node.chain.set_weights, by_uid)
-        except RateLimited as exc:
-            log.warning(f"weights rate-limited, retrying next time: {exc}")
-            return False
-        except ChainError as exc:
-            log.warning(f"setting weights failed, retrying next time: {exc}")
-            return False
-        log.info(f"set weights on chain for {len(by_uid)} uids")
-        return True
+        """First attempt now; refusals are told and retried in the background (`validator.weights`)."""
+        return await self.weights.submit(window, weights, dict(miners))
 
     def _save(self) -> None:
         """State, model and score book in one atomic file; scorebook.json is a readable copy."""

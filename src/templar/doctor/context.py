@@ -1,0 +1,87 @@
+"""What the checks share: the node's flags, and what earlier checks found (hparams, wallet, chain,
+registration, bucket), so each check is a small function and a later one can say "skipped: no
+chain" instead of failing for an earlier check's reason."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from templar.chain import Chain, Neuron
+from templar.chain.store import Now
+from templar.core.config import HParams
+from templar.storage import Bucket
+from templar.storage.locator import BucketLocator, Credentials
+
+PUBLIC_NETWORKS = frozenset({"finney", "test"})
+"""Networks whose peers refuse local, loopback and private buckets (`templar.runtime.node`)."""
+
+
+@dataclass
+class Doctor:
+    """One run of the checks for one node (`role`: miner or validator) with its usual flags.
+
+    `now` is this machine's clock (the one the node's deadlines use); `chain_now` is the embedded
+    chain's time source (None: the wall clock; tests give it an offset to fake a skewed clock).
+    `timeout` bounds every request a check makes."""
+
+    args: argparse.Namespace
+    role: str
+    timeout: float = 20.0
+    now: Now = time.time
+    chain_now: Now | None = None
+    # found by the checks, in order
+    hp: HParams | None = None
+    sizing: dict[str, Any] | None = None
+    wallet: Any = None
+    chain: Chain | None = None
+    uid: int | None = None
+    neurons: list[Neuron] = field(default_factory=list)
+    locator: BucketLocator | None = None
+    credentials: Credentials | None = None
+    committed: str | None = None
+    bucket: Bucket | None = None
+    probe: tuple[str, bytes] | None = None
+    """(key, bytes) of the probe object in our bucket, deleted when the checks end."""
+
+    @property
+    def network(self) -> str:
+        return self.args.subtensor_network
+
+    @property
+    def public(self) -> bool:
+        """Peers on this network refuse private endpoints (and so must we, reading them)."""
+        return self.network in PUBLIC_NETWORKS
+
+    @property
+    def embedded(self) -> bool:
+        return self.network == "embedded"
+
+    @property
+    def state_dir(self) -> Path:
+        return self.args.state_dir or Path.home() / ".templar" / self.args.wallet_name / self.args.wallet_hotkey
+
+    @property
+    def hotkey(self) -> str | None:
+        return self.chain.hotkey if self.chain is not None and self.wallet is not None else None
+
+    def register_hint(self) -> str:
+        """How to register this wallet's hotkey on this network."""
+        a = self.args
+        if self.embedded:
+            return (f"templar chain register --wallet.name {a.wallet_name} --wallet.hotkey {a.wallet_hotkey} "
+                    f"--subtensor.network embedded --subtensor.chain_endpoint {a.subtensor_chain_endpoint} "
+                    f"--netuid {a.netuid}" + (" --stake 100" if self.role == "validator" else ""))
+        return (f"btcli subnets register --netuid {a.netuid} --wallet.name {a.wallet_name} "
+                f"--wallet.hotkey {a.wallet_hotkey} --network {self.network}")
+
+    async def close(self) -> None:
+        if self.bucket is not None:
+            await self.bucket.aclose()
+            self.bucket = None
+        if self.chain is not None:
+            self.chain.close()
+            self.chain = None

@@ -1,0 +1,336 @@
+"""Every `templar doctor` check, passing and failing, against a real embedded chain and a real
+SeaweedFS server: an unregistered hotkey, a skewed clock, a read key that can write, a stalled
+bucket, a wrong manifest, another run's hparams, and the rest."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from templar.chain import create_dev_chain
+from templar.chain.store import ChainStore
+from templar.comms import put_start_window
+from templar.core.config import PRESETS_DIR, load_hparams
+from templar.doctor import Doctor, Status, run_checks
+from templar.doctor import bucket as bucket_checks
+from templar.doctor import chain as chain_checks
+from templar.doctor import machine as machine_checks
+from templar.runtime.flags import add_node_args
+from templar.storage import LocalBucket, S3Bucket
+from templar.storage.locator import WRITE_KEY_ID_ENV, WRITE_SECRET_ENV, BucketLocator
+from templar.wire import Run
+
+NETUID = 7
+
+
+@pytest.fixture(autouse=True)
+def _sdk_caches(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BTCLI_TOKEN_SYMBOLS_CACHE", str(tmp_path_factory.getbasetemp() / "symbols.json"))
+    for name in (WRITE_KEY_ID_ENV, WRITE_SECRET_ENV, "TEMPLAR_BUCKET", "TEMPLAR_BUCKET_CREDENTIALS"):
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture(scope="module")
+def subnet(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A lead validator (100 τ), a miner and a staked "miner"; "stranger" has keys but no uid."""
+    root = tmp_path_factory.mktemp("doctor")
+    create_dev_chain(root / "chain.sqlite", netuid=NETUID, block_time=1.0, weights_rate_limit=10,
+                     hotkeys={"lead": 100.0, "miner": 0.0, "staked": 5.0}, wallet_path=root / "wallets")
+    from templar.chain import load_wallet
+
+    load_wallet("stranger", "default", root / "wallets", create=True)
+    return root
+
+
+def flags(root: Path, wallet: str, *extra: str, hparams: str = "tiny") -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_node_args(parser)
+    return parser.parse_args(["--wallet.name", wallet, "--wallet.path", str(root / "wallets"), "--netuid", str(NETUID),
+                              "--subtensor.network", "embedded", "--subtensor.chain_endpoint",
+                              str(root / "chain.sqlite"), "--hparams", hparams, "--state.dir",
+                              str(root / "state" / wallet), *extra])
+
+
+def run(d: Doctor, *checks):
+    """Run `checks` in order on `d` (each later one sees what the earlier ones found); returns the last."""
+    async def body():
+        try:
+            return [await c(d) for c in checks]
+        finally:
+            await bucket_checks.cleanup_probe(d)
+            await d.close()
+
+    return asyncio.run(body())[-1]
+
+
+def identity(d: Doctor):
+    """hparams, wallet and a chain connection: what check_chain leaves behind, without its clock
+    measurement (up to two block times; `test_chain_and_this_machines_clock` covers it)."""
+    return (chain_checks.check_hparams, chain_checks.check_wallet, _connect)
+
+
+async def _connect(d: Doctor) -> None:
+    from templar.chain import connect
+
+    a = d.args
+    chain = connect(network=a.subtensor_network, chain_endpoint=a.subtensor_chain_endpoint, netuid=a.netuid,
+                    wallet_name=None)
+    d.chain = chain.for_wallet(d.wallet) if d.wallet is not None else chain
+
+
+# -- who the node is ----------------------------------------------------------------------------
+
+
+def test_hparams_and_wallet(subnet, tmp_path):
+    d = Doctor(flags(subnet, "miner"), "miner")
+    assert run(d, chain_checks.check_hparams).status == Status.OK and d.hp.name == "tiny"
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"base": str(PRESETS_DIR / "tiny.json"), "windows": {"block_time": -1}}))
+    result = run(Doctor(flags(subnet, "miner", hparams=str(bad)), "miner"), chain_checks.check_hparams)
+    assert result.status == Status.FAILED and "block_time" in result.summary
+    assert run(Doctor(flags(subnet, "miner"), "miner"), chain_checks.check_wallet).status == Status.OK
+    missing = run(Doctor(flags(subnet, "nobody"), "miner"), chain_checks.check_wallet)
+    assert missing.status == Status.FAILED and "nobody" in missing.summary
+    assert not (subnet / "wallets" / "nobody").exists(), "the doctor creates nothing"
+
+
+def test_chain_and_this_machines_clock(subnet, tmp_path):
+    clock = (chain_checks.check_hparams, chain_checks.check_wallet, chain_checks.check_chain)
+    d = Doctor(flags(subnet, "miner"), "miner")
+    result = run(d, *clock)
+    assert result.status == Status.OK and abs(result.data["skew_seconds"]) < 0.2, result
+    ahead = Doctor(flags(subnet, "miner"), "miner", chain_now=lambda: time.time() + 30)
+    result = run(ahead, *clock)
+    assert result.status == Status.FAILED and -31 < result.data["skew_seconds"] < -29, result
+    assert "clock_skew_seconds" in result.summary and "NTP" in result.fix
+    nowhere = flags(subnet, "miner")
+    nowhere.subtensor_chain_endpoint = str(tmp_path / "none.sqlite")
+    assert run(Doctor(nowhere, "miner"), chain_checks.check_chain).status == Status.FAILED
+
+
+def test_registration_stake_and_permit(subnet):
+    def check(wallet: str, role: str):
+        d = Doctor(flags(subnet, wallet), role)
+        return run(d, *identity(d), chain_checks.check_registration)
+
+    assert check("miner", "miner").status == Status.OK
+    assert check("lead", "validator").status == Status.OK and check("lead", "validator").data["lead"]
+    stranger = check("stranger", "miner")
+    assert stranger.status == Status.FAILED and "not registered on netuid 7" in stranger.summary
+    assert "templar chain register" in stranger.fix
+    unstaked = check("miner", "validator")
+    assert unstaked.status == Status.FAILED and "stake" in unstaked.fix
+    assert check("staked", "miner").status == Status.WARNING  # a permit with stake: never scored as a miner
+
+
+def test_weights_settings_of_the_subnet(subnet, tmp_path):
+    def check():
+        d = Doctor(flags(subnet, "lead"), "validator")
+        return run(d, *identity(d), chain_checks.check_registration, chain_checks.check_weights_settings)
+
+    assert check().status == Status.OK
+    with ChainStore(subnet / "chain.sqlite") as store:
+        store.set_subnet_params(NETUID, weights_rate_limit=500)
+        try:
+            slow = check()
+            store.set_subnet_params(NETUID, weights_rate_limit=10, commit_reveal=1)
+            reveal = check()
+        finally:
+            store.set_subnet_params(NETUID, weights_rate_limit=10, commit_reveal=0)
+    assert slow.status == Status.WARNING and slow.data["rate_limit"] == 500 and slow.data["cadence_blocks"] == 40
+    assert reveal.status == Status.FAILED and "embedded chain cannot reveal" in reveal.summary
+    d = Doctor(flags(subnet, "miner"), "miner")
+    assert run(d, chain_checks.check_weights_settings).status == Status.SKIPPED
+
+
+def test_our_run_against_the_leads(subnet, tmp_path):
+    lead_bucket = subnet / "buckets" / "lead"
+    with create_dev_chain(subnet / "chain.sqlite", netuid=NETUID, block_time=1.0, weights_rate_limit=10,
+                          hotkeys={"lead": 100.0}, wallet_path=subnet / "wallets").connect("lead") as chain:
+        chain.commit_bucket(f"local:{lead_bucket}")
+
+    def check():
+        d = Doctor(flags(subnet, "miner"), "miner")
+        return run(d, *identity(d), chain_checks.check_lead_run)
+
+    assert check().status == Status.WARNING  # nothing published yet
+    hp = load_hparams("tiny")
+    asyncio.run(put_start_window(LocalBucket(lead_bucket), 5, run=Run(NETUID, hp.digest())))
+    assert check().status == Status.OK
+    asyncio.run(put_start_window(LocalBucket(lead_bucket), 5, run=Run(NETUID, "ab" * 32)))
+    other = check()
+    assert other.status == Status.FAILED and "wrong_run" in other.summary and other.data["lead_run"] == "ab" * 32
+    d = Doctor(flags(subnet, "lead"), "validator")
+    assert run(d, *identity(d), chain_checks.check_lead_run).summary.startswith("this validator is the lead")
+
+
+# -- the bucket ---------------------------------------------------------------------------------
+
+
+def bucket_flags(subnet: Path, locator: str, *extra: str) -> argparse.Namespace:
+    return flags(subnet, "miner", "--bucket.locator", locator, *extra)
+
+
+def bucket_checks_of(d: Doctor):
+    return (chain_checks.check_hparams, bucket_checks.check_bucket_locator, bucket_checks.check_bucket_write,
+            bucket_checks.check_bucket_read, bucket_checks.check_bucket_read_only,
+            bucket_checks.check_bucket_throughput)
+
+
+def test_bucket_with_a_read_only_key_passes_every_check(subnet, seaweed, new_bucket, monkeypatch):
+    name = new_bucket()
+    monkeypatch.setenv(WRITE_KEY_ID_ENV, seaweed.admin.access_key_id)
+    monkeypatch.setenv(WRITE_SECRET_ENV, seaweed.admin.secret_access_key)
+    d = Doctor(bucket_flags(subnet, seaweed.locator(name).encode()), "miner", timeout=10)
+
+    async def body():
+        try:
+            return [await c(d) for c in bucket_checks_of(d)]
+        finally:
+            await bucket_checks.cleanup_probe(d)
+            await d.close()
+
+    results = asyncio.run(body())
+    assert [r.status for r in results] == [Status.OK] * 6, results
+    assert results[-1].data["payload_bytes"] > 100_000
+    left = asyncio.run(_keys(S3Bucket(seaweed.endpoint_url, name, seaweed.admin)))
+    assert left == [], "probe objects are deleted"
+
+
+async def _keys(bucket) -> list[str]:
+    async with bucket:
+        return [o.key for o in await bucket.list("")]
+
+
+def test_a_read_key_that_can_write_fails(subnet, seaweed, new_bucket, monkeypatch):
+    name = new_bucket()
+    monkeypatch.setenv(WRITE_KEY_ID_ENV, seaweed.admin.access_key_id)
+    monkeypatch.setenv(WRITE_SECRET_ENV, seaweed.admin.secret_access_key)
+    writer = seaweed.admin  # committed as if it were the read key
+    locator = BucketLocator.s3(seaweed.endpoint_url, name, writer.access_key_id, writer.secret_access_key).encode()
+    d = Doctor(bucket_flags(subnet, locator), "miner", timeout=10)
+    result = run(d, bucket_checks.check_bucket_locator)
+    assert result.status == Status.FAILED and "WRITE key" in result.summary  # the same pair: caught at once
+    monkeypatch.delenv(WRITE_KEY_ID_ENV)
+    monkeypatch.delenv(WRITE_SECRET_ENV)
+    d = Doctor(bucket_flags(subnet, locator), "miner", timeout=10)
+    d.locator = BucketLocator.parse(locator)  # what a node would commit, whatever its write key
+    result = run(d, bucket_checks.check_bucket_read_only)
+    assert result.status == Status.FAILED and "can WRITE" in result.summary and "read-only key" in result.fix
+
+
+def test_a_read_key_peers_cannot_use_fails_the_peer_read(subnet, seaweed, new_bucket, monkeypatch):
+    name = new_bucket()
+    monkeypatch.setenv(WRITE_KEY_ID_ENV, seaweed.admin.access_key_id)
+    monkeypatch.setenv(WRITE_SECRET_ENV, seaweed.admin.secret_access_key)
+    revoked = BucketLocator.s3(seaweed.endpoint_url, name, "revokedreadkey", "revokedsecret1").encode()
+    d = Doctor(bucket_flags(subnet, revoked), "miner", timeout=10)
+    result = run(d, bucket_checks.check_bucket_locator, bucket_checks.check_bucket_write, bucket_checks.check_bucket_read)
+    assert result.status == Status.FAILED and "read key was refused" in result.summary, result
+    assert asyncio.run(_keys(S3Bucket(seaweed.endpoint_url, name, seaweed.admin))) == [], "the probe is deleted"
+
+
+def test_bucket_configuration_failures(subnet, seaweed, new_bucket, monkeypatch):
+    name = new_bucket()
+    locator = seaweed.locator(name).encode()
+    assert run(Doctor(flags(subnet, "miner"), "miner"), bucket_checks.check_bucket_locator).status == Status.FAILED
+    no_key = run(Doctor(bucket_flags(subnet, locator), "miner"), bucket_checks.check_bucket_locator)
+    assert no_key.status == Status.FAILED and "no write key" in no_key.summary
+    monkeypatch.setenv(WRITE_KEY_ID_ENV, "wrongkeyid")
+    monkeypatch.setenv(WRITE_SECRET_ENV, "wrongsecret123")
+    d = Doctor(bucket_flags(subnet, locator), "miner", timeout=10)
+    wrong = run(d, bucket_checks.check_bucket_locator, bucket_checks.check_bucket_write)
+    assert wrong.status == Status.FAILED and "refused" in wrong.summary
+    public = bucket_flags(subnet, locator)
+    public.subtensor_network = "finney"
+    private = run(Doctor(public, "miner"), bucket_checks.check_bucket_locator)
+    assert private.status == Status.FAILED and "refuse" in private.summary
+
+
+def test_a_stalled_bucket_fails_the_write_and_the_throughput(subnet, hanging, monkeypatch, tmp_path):
+    monkeypatch.setenv(WRITE_KEY_ID_ENV, "stalledkey")
+    monkeypatch.setenv(WRITE_SECRET_ENV, "stalledsecret")
+    locator = BucketLocator.s3(hanging.url, "stalled", "readkey", "readsecret123").encode()
+    d = Doctor(bucket_flags(subnet, locator), "miner", timeout=1.0)
+    started = time.monotonic()
+    write = run(d, bucket_checks.check_bucket_locator, bucket_checks.check_bucket_write)
+    assert write.status == Status.FAILED and "no answer within" in write.summary
+    fast = tmp_path / "fast.json"
+    fast.write_text(json.dumps({"base": str(PRESETS_DIR / "tiny.json"), "windows": {"put_window_seconds": 1.0}}))
+    d = Doctor(bucket_flags(subnet, locator, "--hparams", str(fast)), "miner", timeout=1.0)
+    d.probe = ("templar-probe/x", b"x")  # as if the write check had passed before the bucket stalled
+    throughput = run(d, chain_checks.check_hparams, bucket_checks.check_bucket_locator,
+                     _open_bucket, bucket_checks.check_bucket_throughput)
+    assert throughput.status == Status.FAILED and "did not go through" in throughput.summary
+    assert time.monotonic() - started < 20
+
+
+async def _open_bucket(d: Doctor):
+    from templar.storage import open_bucket
+
+    d.bucket = open_bucket(d.locator, d.credentials, own=True)
+    return None
+
+
+# -- data and the machine -----------------------------------------------------------------------
+
+
+def test_manifest_pinned_wrong_and_unpublished(subnet, tmp_path):
+    assert run(Doctor(flags(subnet, "miner"), "miner"), chain_checks.check_hparams,
+               machine_checks.check_manifest).status == Status.OK
+    wrong = tmp_path / "wrong.json"
+    wrong.write_text(json.dumps({"base": str(PRESETS_DIR / "tiny.json"), "data": {"manifest": "3" * 64}}))
+    result = run(Doctor(flags(subnet, "miner", hparams=str(wrong)), "miner"), chain_checks.check_hparams,
+                 machine_checks.check_manifest)
+    assert result.status == Status.FAILED and "does not match the pinned" in result.summary
+    unpublished = run(Doctor(flags(subnet, "miner", hparams=str(PRESETS_DIR.parent / "hparams.json")), "miner"),
+                      chain_checks.check_hparams, machine_checks.check_manifest)
+    assert unpublished.status == Status.FAILED and "not published yet" in unpublished.summary
+    assert "docs/launch.md" in unpublished.fix
+
+
+def test_gpu_memory_and_disks(subnet, monkeypatch):
+    tiny = run(Doctor(flags(subnet, "miner", "--device", "cpu"), "miner"), chain_checks.check_hparams,
+               machine_checks.check_gpu)
+    assert tiny.status == Status.OK and "CPU" in tiny.summary
+    big = run(Doctor(flags(subnet, "miner", "--device", "cpu", hparams=str(PRESETS_DIR.parent / "hparams.json")),
+                     "miner"), chain_checks.check_hparams, machine_checks.check_gpu)
+    assert big.status == Status.FAILED and "GPU with at least" in big.fix
+    for check in (machine_checks.check_cache_space, machine_checks.check_state_disk, machine_checks.check_host_memory):
+        assert run(Doctor(flags(subnet, "miner"), "miner"), chain_checks.check_hparams, check).status == Status.OK
+    huge = run(Doctor(flags(subnet, "miner", "--data.cache_gb", "1000000"), "miner"), chain_checks.check_hparams,
+               machine_checks.check_cache_space)
+    assert huge.status == Status.WARNING and "--data.cache_gb" in huge.fix
+    # a full disk and a busy host are edge cases no test machine has: the two readings are replaced
+    monkeypatch.setattr(machine_checks.shutil, "disk_usage", lambda path: type("U", (), {"free": 10_000})())
+    assert run(Doctor(flags(subnet, "miner"), "miner"), chain_checks.check_hparams,
+               machine_checks.check_state_disk).status == Status.FAILED
+    monkeypatch.setattr(machine_checks, "_meminfo", lambda: {"MemAvailable": 1e8, "MemTotal": 2e9})
+    assert run(Doctor(flags(subnet, "miner"), "miner"), chain_checks.check_hparams,
+               machine_checks.check_host_memory).status == Status.WARNING
+
+
+def test_the_whole_doctor_and_its_exit_code(subnet, capsys):
+    from templar.cli import main
+
+    lead_bucket = subnet / "buckets" / "lead-cli"
+    argv = ["doctor", "--role", "validator", "--wallet.name", "lead", "--wallet.path", str(subnet / "wallets"),
+            "--netuid", str(NETUID), "--subtensor.network", "embedded", "--subtensor.chain_endpoint",
+            str(subnet / "chain.sqlite"), "--hparams", "tiny", "--state.dir", str(subnet / "state" / "cli"),
+            "--bucket.locator", f"local:{lead_bucket}", "--device", "cpu", "--json"]
+    code = main(argv)
+    report = json.loads(capsys.readouterr().out)
+    statuses = {c["name"]: c["status"] for c in report["checks"]}
+    assert code == 0 and report["ok"], statuses
+    assert set(statuses) == {"hparams", "wallet", "chain", "registration", "weights-settings", "lead-run",
+                             "bucket-locator", "bucket-write", "bucket-read", "bucket-read-only",
+                             "bucket-throughput", "manifest", "cache-space", "gpu", "host-memory", "state-disk"}
+    assert main([*argv[:4], "stranger", *argv[5:-1]]) == 1
+    text = capsys.readouterr().out
+    assert "failed   registration" in text and "fix: templar chain register" in text
+    assert asyncio.run(run_checks(Doctor(flags(subnet, "miner"), "miner"), ())) == []

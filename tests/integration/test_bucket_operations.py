@@ -1,0 +1,117 @@
+"""What a window costs in object-store requests, counted on a real subnet (a lead and two miners,
+their real loops, virtual time) at the `Bucket` interface, against the figures `templar hparams`
+prints (`templar.tools.bucket_costs`): the same requests, and no LIST in any window but the
+lead's checkpoint cleanup."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+from collections import Counter
+
+import pytest
+
+from templar.core.clock import run_virtual
+from templar.core.config import REPO_ROOT
+from templar.miner.loop import Miner
+from templar.storage.counting import ACTOR, OPERATIONS, counting_buckets
+from templar.tools.bucket_costs import Sizes, made
+from templar.tools.sizing import window_sizing
+from templar.validator.loop import Validator
+
+from .harness import Subnet
+
+pytestmark = [pytest.mark.slow(seconds=15), pytest.mark.timeout(300)]
+
+WINDOWS = 6
+STEADY_FROM = 2  # the miners' warm-up window and the first peer list are behind us
+
+
+def _in(name: str) -> contextvars.Context:
+    ctx = contextvars.copy_context()
+    ctx.run(ACTOR.set, name)
+    return ctx
+
+
+def test_a_window_makes_the_requests_hparams_says_and_lists_nothing(tmp_path):
+    # peer lists replaced every 3 windows, as in production (5): in between the lead names the list in
+    # effect again, so every reader's peer-list read stays one GET
+    subnet = Subnet.create(tmp_path, {"lead": 100.0, "m1": 0.0, "m2": 0.0}, peer_replacement_frequency=3)
+    data = f"local:{REPO_ROOT / 'assets' / 'shards'}"  # the corpus through a locator, so its reads count too
+
+    async def scenario():
+        with counting_buckets() as log:
+            log.now = asyncio.get_running_loop().time
+            loop = asyncio.get_running_loop()
+            nodes = {name: await loop.create_task(subnet.node(name, "--data.locator", data), context=_in(name))
+                     for name in ("lead", "m1", "m2")}
+            v = Validator(nodes["lead"])
+            miners = {name: Miner(nodes[name]) for name in ("m1", "m2")}
+            await loop.create_task(v.start(), context=_in("lead"))
+            for name, m in miners.items():
+                await loop.create_task(m.start(), context=_in(name))
+            watcher = loop.create_task(v.watch_commits(), context=_in("lead"))
+            first = v.state.window + 1
+            marks = []
+            for w in range(first, first + WINDOWS):
+                marks.append(len(log.requests))
+                await asyncio.gather(loop.create_task(v.run_window(w), context=_in("lead")),
+                                     *(loop.create_task(m.run_window(w), context=_in(name))
+                                       for name, m in miners.items()))
+            marks.append(len(log.requests))
+            watcher.cancel()
+            for node in nodes.values():
+                node.stop.set()
+                await node.aclose()
+                node.chain.close()
+            buckets = {name: node.bucket.label for name, node in nodes.items()}
+            return log.requests, marks, first, buckets, v.hp
+
+    requests, marks, first, buckets, hp = run_virtual(scenario())
+
+    def where(bucket: str, actor: str) -> str:
+        if bucket.startswith("own:"):
+            return "own"
+        if bucket == buckets["lead"].removeprefix("own:"):
+            return "lead"
+        return "data" if bucket.endswith("/shards") else "peers"
+
+    sizes = Sizes.of(window_sizing(hp))
+    expected = {role: {k: Counter({op: getattr(r, op) for op in OPERATIONS}) for k, r in
+                       made(hp, sizes, role, miners=2).items()} for role in ("miner", "lead")}
+    upkeep = ("v2/checkpoint/", "v2/aggregate/")  # the lead's checkpoint uploads and cleanup run in the background
+    lead_lists = 0
+    pages: Counter[str] = Counter()  # ranged GETs of the corpus over the steady windows, by node
+    for i in range(WINDOWS):
+        window = first + i
+        counted: dict[str, dict[str, Counter]] = {}
+        for r in requests[marks[i]:marks[i + 1]]:
+            if r.actor == "lead" and (r.key.startswith("v2/checkpoint/") or (r.op != "put" and r.key.startswith(upkeep))):
+                lead_lists += r.op == "list"
+                continue
+            counted.setdefault(r.actor, {}).setdefault(where(r.bucket, r.actor), Counter())[r.op] += 1
+        assert all(c["list"] == 0 for by in counted.values() for c in by.values()), (window, counted)
+        if i < STEADY_FROM:
+            continue
+        stale = window - hp.windows.max_allowed_stale - 2  # the gradient a miner deletes (none before window 0)
+        for actor in ("m1", "m2", "lead"):
+            pages[actor] += counted[actor].get("data", Counter())["get"]
+        for miner in ("m1", "m2"):
+            for bucket, ops in expected["miner"].items():
+                if bucket == "data":
+                    continue  # next window's pages are read ahead in the background: counted over all windows
+                got = Counter({op: counted[miner].get(bucket, Counter())[op] for op in OPERATIONS})
+                if bucket == "own" and stale < 0:
+                    got["delete"] += 1
+                assert got == ops, (window, miner, bucket, got, ops)
+        got = Counter({op: counted["lead"].get("peers", Counter())[op] for op in OPERATIONS})
+        assert got == expected["lead"]["peers"], (window, got)
+        own = [r.op for r in requests[marks[i]:marks[i + 1]] if r.actor == "lead" and r.bucket.startswith("own:")
+               and not r.key.startswith("v2/checkpoint/") and not (r.op != "put" and r.key.startswith(upkeep))]
+        assert Counter(own) == Counter(put=4, get=2), (window, own)  # aggregate, peers + index, progress
+    steady = WINDOWS - STEADY_FROM
+    for actor, role in (("m1", "miner"), ("m2", "miner"), ("lead", "lead")):
+        per_window = expected[role]["data"]["get"]  # a read-ahead may fall on either side of a window's end
+        assert abs(pages[actor] - steady * per_window) <= per_window, (actor, pages[actor], steady, per_window)
+    checkpoints = sum(r.key == "v2/checkpoint/latest.json" and r.op == "put" for r in requests)
+    assert checkpoints >= 2 and lead_lists == 2 * checkpoints, (checkpoints, lead_lists)

@@ -1,0 +1,114 @@
+"""Weight setting that tells the truth: each refusal the chain can give, produced by the embedded
+chain (the rate limit and a stale uid by its own rules, the rest injected into the chain file the
+way a node reports them), is logged once with what comes next, retried with backoff inside the
+weights window, and recorded for the dashboard and /metrics."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from loguru import logger
+
+from templar.chain.store import ChainStore
+from templar.core.clock import run_virtual
+from templar.runtime.metrics import NeuronMetrics
+from templar.runtime.records import WEIGHTS_FILE, WeightsRecord, read_records
+from templar.validator.weights import WeightSetter
+
+from .harness import Subnet
+
+pytestmark = [pytest.mark.timeout(240)]
+
+WEIGHTS = "set_mechanism_weights"
+
+
+def test_every_refusal_is_told_once_retried_and_recorded(tmp_path):
+    subnet = Subnet.create(tmp_path, {"lead": 100.0, "m1": 0.0, "m2": 0.0})
+    hotkeys = {name: w.hotkey for name, w in subnet.wallets.items()}
+    uids = {w.hotkey: w.uid for w in subnet.wallets.values()}
+    weights = {hotkeys["m1"]: 0.7, hotkeys["m2"]: 0.3}
+    warnings: list[str] = []
+    sinks: list[int] = []
+
+    async def scenario():
+        node = await subnet.node("lead")  # sets up logging: our sink comes after
+        sinks.append(logger.add(lambda m: warnings.append(m.record["message"]), level="WARNING"))
+        setter = WeightSetter(node)
+        store = ChainStore(subnet.root / "chain.sqlite", now=node.clock.now)
+        blocks = node.hp.windows.block_time
+
+        async def round_of(window: int, faults: list[tuple[str, str, int]], *, uid_map=None) -> bool:
+            for error, stage, times in faults:
+                store.inject_fault(WEIGHTS, error, stage=stage, times=times)
+            first = await setter.submit(window, weights, uid_map or uids)
+            if setter.task is not None:
+                await setter.task
+            await asyncio.sleep(4 * blocks)  # past the subnet's 2-block rate limit before the next round
+            return first
+
+        w = node.clock.current_window() + 1
+        outcomes = {
+            # the SDK resubmits a pool rejection twice itself: 4 injected = our first attempt refused
+            "priority": await round_of(w, [("PriorityTooLow", "pool", 4)]),
+            "commit_reveal": await round_of(w + 2, [("CommittingWeightsTooFast", "dispatch", 1)]),
+            "stake": await round_of(w + 4, [("NotEnoughStakeToSetWeights", "dispatch", 2)]),
+            # a uid the subnet does not have (our metagraph read was stale): refused by the chain itself
+            "stale": await round_of(w + 6, [], uid_map={**uids, hotkeys["m1"]: 99}),
+        }
+        # the rate limit, by the chain's own rule: a second round right after a successful one
+        outcomes["clean"] = await setter.submit(w + 8, weights, uids)
+        outcomes["rate"] = await setter.submit(w + 10, weights, uids)
+        await setter.task
+        await asyncio.sleep(4 * blocks)
+        # a refusal that does not pass within the weights window: given up before the next one
+        store.inject_fault(WEIGHTS, "StakeAmountTooLow", stage="pool", times=1000)
+        outcomes["hopeless"] = await setter.submit(w + 12, weights, uids)
+        await setter.task
+        gave_up_at = node.clock.now()
+        deadline = node.clock.times(w + 14).gather_start
+        store.close()
+        await node.aclose()
+        node.chain.close()
+        return outcomes, gave_up_at, deadline, node.state_dir
+
+    try:
+        outcomes, gave_up_at, deadline, state_dir = run_virtual(scenario())
+    finally:
+        for sink in sinks:
+            logger.remove(sink)
+    assert outcomes == {"priority": False, "commit_reveal": False, "stake": False, "stale": False, "clean": True,
+                        "rate": False, "hopeless": False}
+    records = [WeightsRecord(**r) for r in read_records(state_dir / WEIGHTS_FILE)]
+    by_window: dict[int, list[WeightsRecord]] = {}
+    for r in records:
+        by_window.setdefault(r.window, []).append(r)
+    first = min(by_window)
+    expected = {first: ["priority_too_low"], first + 2: ["commit_reveal"], first + 4: ["stake", "stake"],
+                first + 6: ["stale_metagraph"], first + 10: ["rate_limited"]}
+    for window, reasons in expected.items():
+        rounds = by_window[window]
+        assert [r.reason for r in rounds if r.outcome == "refused"] == reasons, rounds
+        assert rounds[-1].outcome == "set" and rounds[-1].attempt == len(reasons) + 1, rounds
+        assert all(r.next for r in rounds if r.outcome == "refused"), rounds
+    assert [r.outcome for r in by_window[first + 8]] == ["set"]
+    hopeless = by_window[first + 12]
+    assert hopeless[-1].outcome == "gave_up" and {r.reason for r in hopeless[:-1]} == {"stake"}, hopeless
+    assert len(hopeless) >= 3, "backed off, then tried again, within the window"
+    assert gave_up_at < deadline, "the round ends before the next weights window"
+
+    # told once per round and reason: the stake round refused twice, one warning
+    told = [m for m in warnings if m.startswith("weights refused")]
+    assert sum("(stake)" in m for m in told) == 2, told  # one in the stake round, one in the hopeless round
+    for reason in ("priority_too_low", "commit_reveal", "stale_metagraph", "rate_limited"):
+        assert sum(f"({reason})" in m for m in told) == 1, (reason, told)
+    assert any("stake more on this hotkey" in m for m in told)
+
+    # /metrics counts the same records
+    metrics = NeuronMetrics("validator", "hk", 0)
+    for r in records:
+        metrics.on_record(state_dir / WEIGHTS_FILE, r)
+    assert metrics.weights_refusals.labels("stake")._value.get() == sum(r.reason == "stake" for r in records)
+    assert metrics.weights_refusals.labels("priority_too_low")._value.get() == 1
+    assert metrics.weights_last_set.collect()[0].samples[0].value == first + 10
+    assert metrics.weights_pending.collect()[0].samples[0].value == 0
