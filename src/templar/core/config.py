@@ -77,8 +77,12 @@ class DataConfig(_Strict):
 
 
 class OptimizerConfig(_Strict):
-    """Outer step θ ← θ − α_t·sign(Δ) with warm-up and cosine decay of α_t over global_step."""
+    """The outer step θ ← θ·(1 − α_t·wd) − α_t·update, with warm-up and cosine decay of α_t over
+    global_step; `method` says what the update is (`templar.compress.methods`)."""
 
+    method: Literal["signed"] = Field(
+        default="signed", description="the outer step: signed = the Gauntlet paper's sign of the normalised "
+        "top-G sum of DeMo-compressed pseudo-gradients")
     learning_rate: float = Field(gt=0)
     warmup_steps: int = Field(ge=0)
     total_steps: int = Field(gt=0, description="cosine decay horizon in outer steps")

@@ -28,7 +28,8 @@ from safetensors import safe_open
 from torch import nn
 
 from templar.comms import CheckpointError
-from templar.compress import Compressed, DCTCompressor
+from templar.compress import Compressed
+from templar.compress.methods import rule_of
 from templar.core.atomic import atomic_write
 from templar.core.config import HParams
 from templar.core.model import build_model
@@ -60,7 +61,8 @@ class NodeCompute:
         self.hp = hp
         self.group = group
         self.role = role
-        self.demo = ShardedDeMo(self.model, group, compressor=DCTCompressor(hp.demo.target_chunk, hp.demo.topk),
+        compressor = rule_of(hp.optimizer.method).compressor(hp.demo.target_chunk, hp.demo.topk)
+        self.demo = ShardedDeMo(self.model, group, compressor=compressor,
                                 decay=hp.demo.momentum_decay) if role == "miner" else None
         self.inner_optimizer = make_inner_optimizer(self.model, hp.inner) if role == "miner" else None
         self.sharded_evaluator = ShardedEvaluator(self.model, hp.optimizer.micro_batch_size, group)

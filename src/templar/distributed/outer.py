@@ -18,7 +18,8 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from templar.compress import ChunkPlan, Compressed, aggregate, plan_chunks, topk_per_chunk
+from templar.compress import ChunkPlan, Compressed, plan_chunks, topk_per_chunk
+from templar.compress.methods import rule_of
 from templar.core.config import HParams
 from templar.core.schedule import learning_rate
 from templar.distributed.fsdp import local, local_rows
@@ -78,6 +79,7 @@ def outer_step_sharded(model: nn.Module, gradients: Sequence[Gradient] | None, s
         return None
     step = update_step(state.global_step)  # the one step rule: no peer's claim moves it
     lr = learning_rate(step, hp.optimizer)
+    rule = rule_of(hp.optimizer.method)
     signs: dict[str, torch.Tensor] = {}
     for bucket in _buckets(params, plans, ks, len(weights)):
         sizes = [plans[n].n_chunks * ks[n] for n, _ in bucket]
@@ -95,7 +97,7 @@ def outer_step_sharded(model: nn.Module, gradients: Sequence[Gradient] | None, s
             plan = plans[name]
             peers = [{name: Compressed(i[j].reshape(plan.n_chunks, ks[name]), v[j].reshape(plan.n_chunks, ks[name]),
                                        torch.Size(p.shape), plan.chunk)} for j in range(len(weights))]
-            sign = aggregate(peers, weights, {name: p.shape})[name]
+            sign = rule.aggregate(peers, weights, {name: p.shape})[name]
             if keep_signs:
                 signs[name] = sign.clone()
             if apply:  # the one θ-update rule, on this rank's rows

@@ -25,7 +25,8 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from templar.compress import Compressed, DCTCompressor, DeMo
+from templar.compress import Compressed, DeMo
+from templar.compress.methods import rule_of
 from templar.core.config import HParams
 from templar.core.model import build_model
 from templar.runtime.fingerprint import model_fingerprint
@@ -122,8 +123,8 @@ class LocalCompute:
     def enable_error_feedback(self) -> None:
         if self.demo is None:
             hp = self.hp
-            self.demo = DeMo(self.model, compressor=DCTCompressor(hp.demo.target_chunk, hp.demo.topk),
-                             decay=hp.demo.momentum_decay)
+            compressor = rule_of(hp.optimizer.method).compressor(hp.demo.target_chunk, hp.demo.topk)
+            self.demo = DeMo(self.model, compressor=compressor, decay=hp.demo.momentum_decay)
             self.inner_optimizer = make_inner_optimizer(self.model, hp.inner)
 
     @property

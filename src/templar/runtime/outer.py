@@ -14,7 +14,8 @@ import torch
 
 from templar.chain import verify_signature
 from templar.comms import GatherResult, gather
-from templar.compress import aggregate, apply_signed_update
+from templar.compress import apply_signed_update
+from templar.compress.methods import rule_of
 from templar.core.config import HParams
 from templar.core.schedule import learning_rate
 from templar.runtime.state import NodeState
@@ -76,7 +77,7 @@ def outer_step(model: torch.nn.Module, gradients: Sequence[Gradient], state: Nod
         return None
     shapes = {n: p.shape for n, p in model.named_parameters() if p.requires_grad}
     step = update_step(state.global_step)
-    signs = aggregate([g.tensors for g in eligible], weights, shapes)
+    signs = rule_of(hp.optimizer.method).aggregate([g.tensors for g in eligible], weights, shapes)
     if apply:
         lr = apply_update(model, signs, step, hp)
         state.global_step = step + 1

@@ -22,7 +22,7 @@ import torch
 
 from templar.comms import GatherResult, GatherStatus, RecordError, get_start_window
 from templar.comms.progress import get_progress
-from templar.compress import aggregate
+from templar.compress.methods import rule_of
 from templar.core.log import context, short
 from templar.core.schedule import learning_rate
 from templar.gauntlet import (
@@ -344,8 +344,9 @@ class Validator:
         if not chosen:
             return {}
         shapes = node.shapes
+        rule = rule_of(hp.optimizer.method)  # each peer's update as the outer step would apply it alone
         signs: dict[str, dict[str, torch.Tensor]] = {
-            hk: await asyncio.to_thread(aggregate, [results[hk].value.tensors], [1.0], shapes) for hk in chosen}
+            hk: await asyncio.to_thread(rule.trial, results[hk].value.tensors, shapes) for hk in chosen}
         assigned = {
             hk: (await node.pages.fetch(select_eval_pages(
                 seed, window, miners[hk], node.plan.assigned_pages(miners[hk], window, hp.data.pages_per_window),
