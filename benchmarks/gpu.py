@@ -23,7 +23,7 @@ where the torch CPU paths at 1.2B took 104 s to compress, 42 s to decode one pee
 |---|---|---|---|
 | start-up | imports, CUDA context | 15 s | |
 | setup | versions, device, the sizing table's estimates | 1 s | |
-| corpus | a 32,000-entry byte-level BPE trained on the offline sample corpus the way `scripts/build_assets.py` trains tiny's (8 s on 2 cores here), then `templar.data.prepare` at 2,048 × 64 (2.4 M tokens, 18 pages; 33 s on 2 cores here); cached in `assets/gpu_sample_32000` | 30 s | 90 s |
+| corpus | a 32,000-entry byte-level BPE trained on the offline sample corpus the way `scripts/build_assets.py` trains tiny's (8 s on 2 cores here), then `templar.data.prepare` at 2,048 × 64 (2.4 M tokens, 18 pages; 17–33 s on 2 cores here); cached in `assets/gpu_sample_32000`. With tokenizers 0.23.3 the tokenizer's sha256 is 823b1725… and the manifest digest 49cc596a…, both in the JSON | 30 s | 90 s |
 | window | 1.2B built on the CPU from `init_seed` (12 s here), one untimed and 6 timed forward+backward passes of a micro-batch, the paper's window (3 pages, 48 micro-batches accumulated, one gradient), the DeMo step, encoding the payload, decoding it 15 times (full reads), aggregating 15 peers on the CPU (what a node does today: decoded payloads stay in host memory) and on the GPU, the outer step; the 15 peers' updates are real DeMo steps on one micro-batch each | 60 s | 120 s |
 | validator | one peer's sign decode on the CPU and the GPU, `Evaluator.score_peers` with 3 peers on one production page each (signs held on the host, as the validator holds them), the random page and 4 held-out pages alone: seconds per peer, peers per 84 s window | 25 s | 60 s |
 | consensus | one gradient compressed on the GPU and the CPU (kept sets of decoder layer 0, embeddings, head and final norm: the CPU side is torch's path), the 15 peers aggregated on both (fixed-point accumulators bit for bit, signs), the window applied to θ on both, `model_in_sync` | 35 s | 90 s |
@@ -206,7 +206,7 @@ class Bench:
         self._model: torch.nn.Module | None = None
         self._corpus: Any = None
         self._demo: DeMo | None = None
-        self._peers: list[Compressed | dict[str, Compressed]] | None = None
+        self._peers: list[dict[str, Compressed]] | None = None
 
     # -- shared state ---------------------------------------------------------------------------
     def model(self) -> torch.nn.Module:
@@ -413,7 +413,8 @@ def phase_corpus(b: Bench) -> dict[str, Any]:
         raise RuntimeError(f"tokenizer has {manifest.tokenizer.vocab_size} entries, the model {b.hp.model.vocab_size}")
     b._corpus = None
     out.update(pages=manifest.num_pages, tokens=manifest.num_tokens, page_tokens=d.sequence_length * d.sequences_per_page,
-               vocab=manifest.tokenizer.vocab_size, digest=manifest.digest(), work=str(b.work))
+               vocab=manifest.tokenizer.vocab_size, tokenizer_sha256=manifest.tokenizer.sha256,
+               digest=manifest.digest(), work=str(b.work))
     return out
 
 
@@ -730,8 +731,12 @@ def phase_noise(b: Bench) -> dict[str, Any]:
     signs: dict[str, dict[str, torch.Tensor]] = {}
     started = time.monotonic()
     for peer, pages in assigned.items():
-        if len(signs) >= 2 and b.left() < 3 * (time.monotonic() - started) / len(signs):
-            break  # keep time for evaluating the peers already trained
+        if len(signs) >= 2:  # train another only if it and the evaluation of all still fit the cap
+            train = (time.monotonic() - started) / len(signs)
+            page_forward = train / (3 * per_peer)  # forward+backward ≈ 3 forwards
+            evaluation = page_forward * (random_n + (len(signs) + 1) * (2 * per_peer + random_n))
+            if b.left() < train + evaluation:
+                break
         accumulate_gradients(model, b.pages(pages), hp.optimizer.micro_batch_size, hp.optimizer.grad_clip)
         compressed = b.demo().step(gradients(model), lr)
         model.zero_grad(set_to_none=True)
@@ -992,6 +997,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--phases", default=",".join(PHASES), help=f"comma-separated, of {','.join(PHASES)}")
     parser.add_argument("--device", default=None, help="torch device (default: cuda if present; cpu with --smoke)")
     parser.add_argument("--budget", type=float, default=None, help="seconds for the whole run")
+    parser.add_argument("--hparams", default=None, help="another preset at the mode's scale (default: the mode's)")
     parser.add_argument("--out", type=Path, default=None, help="JSON path (default results/gpu_<device>.json)")
     parser.add_argument("--work", type=Path, default=None, help="prepared corpus (default assets/gpu_<mode>)")
     args = parser.parse_args(argv)
@@ -1000,6 +1006,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     scale = SMOKE if args.smoke else PRODUCTION
     if args.budget is not None:
         scale = Scale(**{**scale.__dict__, "budget": args.budget})
+    if args.hparams is not None:
+        scale = Scale(**{**scale.__dict__, "hparams": args.hparams})
     device = torch.device(args.device or ("cpu" if args.smoke or not torch.cuda.is_available() else "cuda"))
     slug = device_slug(device)
     out = args.out or RESULTS_DIR / (f"gpu_smoke_{slug}.json" if args.smoke else f"gpu_{slug}.json")
