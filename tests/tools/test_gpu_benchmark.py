@@ -1,0 +1,135 @@
+"""`benchmarks/gpu.py` cannot rot between the rare runs on a GPU: its `--smoke` mode runs every phase
+on the tiny preset and the CPU, the consensus check compares two real implementations (the C
+kernels and torch's paths), a failing phase costs only itself, and nothing it imports needs
+bittensor (the GPU machine has none)."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from templar.compress import native
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def gpu(benchmark_module):
+    return benchmark_module("gpu")
+
+
+@pytest.mark.slow(seconds=15)
+def test_smoke_runs_every_phase_and_prints_the_table(gpu, tmp_path: Path, assets_dir: Path, capsys) -> None:
+    out = tmp_path / "gpu.json"
+    rc = gpu.main(["--smoke", "--out", str(out), "--work", str(tmp_path / "work")])
+    result = json.loads(out.read_text())
+    phases = result["phases"]
+    want = dict.fromkeys(gpu.PHASES, "ok")
+    if not native.available():  # built without a compiler: a CPU has no second implementation to compare
+        want["consensus"] = "error"
+        assert "nothing to compare" in phases["consensus"]["error"]
+    assert {n: p["status"] for n, p in phases.items()} == want, {n: p.get("error") for n, p in phases.items()}
+    assert rc == (0 if native.available() else 1)
+
+    hp = gpu.load_hparams("tiny")
+    corpus = phases["corpus"]
+    assert corpus["page_tokens"] == hp.data.sequence_length * hp.data.sequences_per_page
+    assert corpus["vocab"] <= hp.model.vocab_size and corpus["pages"] > 20
+
+    window = phases["window"]
+    paper = window["paper"]
+    assert paper["tokens"] == hp.data.pages_per_window * corpus["page_tokens"]
+    assert paper["train_seconds"] > 0 and paper["forward_backward_per_micro_batch"]["median_seconds"] > 0
+    assert paper["aggregate_peers"] == hp.gauntlet.top_g and paper["payload_bytes"] > 0
+    assert paper["peak_memory_gb"] is None and paper["mfu"] is None  # a CPU has neither
+    assert window["inner_steps_2"]["steps_per_window"] == 2 and window["inner_steps_2"]["train_seconds"] > 0
+    assert isinstance(window["production"], str)  # hparams have no inner steps yet
+
+    validator = phases["validator"]
+    assert validator["seconds_per_peer"] > 0 and validator["peers_per_window"] >= 0
+    assert validator["eval_seconds_per_window"] > validator["fixed_seconds"]
+
+    consensus = phases["consensus"]
+    if not native.available():
+        return
+    assert (consensus["reference"], consensus["candidate"]) == ("cpu/native", "cpu/torch")
+    assert consensus["kept_sets"]["only_near_ties"] and consensus["kept_sets"]["chunks"] > 0
+    assert consensus["accumulators"]["all"] and consensus["accumulators"]["tensors"] == len(gpu.Bench(
+        gpu.SMOKE, torch.device("cpu"), out, tmp_path).shapes)
+    assert consensus["signs"]["differing"] == 0  # both invert with torch's CPU transform
+    assert consensus["fingerprint"]["model_in_sync"] and consensus["consistent"]
+
+    noise = phases["noise"]
+    assert len(noise["peers"]) == gpu.SMOKE.noise_peers
+    for row in noise["peers"].values():
+        assert len(row["delta_rand_pages"]) == gpu.SMOKE.noise_random_pages
+        assert len(row["delta_assigned_pages"]) == hp.data.pages_per_window
+        assert all(math.isfinite(d) for d in row["delta_rand_pages"] + row["delta_assigned_pages"])
+    assert len(noise["relative_sd_across_peers"]) == gpu.SMOKE.noise_random_pages
+    assert noise["subnet_sim_noise"] > 0 and noise["fit_honest_relative_sd"] > 0
+
+    printed = capsys.readouterr().out
+    assert "consensus: model_in_sync" in printed and "noise: subnet_sim `noise` factor" in printed
+    assert [row[0] for row in result["table"]] == [row[0] for row in gpu.table(result)]
+
+
+def test_a_failing_phase_is_recorded_and_the_next_one_still_runs(gpu, tmp_path: Path, monkeypatch) -> None:
+    """An OOM in one phase must not cost the device call's other measurements."""
+    ran = []
+
+    def out_of_memory(b):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 4.00 GiB")
+
+    def next_phase(b):
+        ran.append(b.scale.name)
+        return {"figure": 1.0}
+
+    monkeypatch.setitem(gpu.PHASE_FUNCTIONS, "window", out_of_memory)
+    monkeypatch.setitem(gpu.PHASE_FUNCTIONS, "validator", next_phase)
+    out = tmp_path / "gpu.json"
+    assert gpu.main(["--smoke", "--phases", "window,validator", "--out", str(out)]) == 1
+    phases = json.loads(out.read_text())["phases"]
+    assert phases["setup"]["status"] == "ok"
+    assert phases["window"]["status"] == "error" and "OutOfMemoryError" in phases["window"]["error"]
+    assert phases["validator"] == {"status": "ok", "figure": 1.0, "seconds": phases["validator"]["seconds"]}
+    assert ran == ["smoke"] and "corpus" not in phases
+
+
+def test_a_phase_without_time_left_is_skipped(gpu, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setitem(gpu.PHASE_FUNCTIONS, "corpus", lambda b: pytest.fail("ran past the budget"))
+    monkeypatch.setattr(gpu, "SMOKE", gpu.Scale(**{**gpu.SMOKE.__dict__, "minimum": {"corpus": 60.0}}))
+    out = tmp_path / "gpu.json"
+    assert gpu.main(["--smoke", "--phases", "corpus", "--budget", "30", "--out", str(out)]) == 0
+    corpus = json.loads(out.read_text())["phases"]["corpus"]
+    assert corpus["status"] == "skipped" and "left of the run's budget" in corpus["reason"]
+
+
+def test_nothing_it_imports_needs_bittensor(tmp_path: Path) -> None:
+    """The GPU machine has torch, transformers, safetensors and numpy (plus the carried wheels), not
+    the chain layer: importing `templar.runtime.outer` there would end the run before it starts."""
+    out = tmp_path / "setup.json"
+    code = textwrap.dedent(f"""
+        import sys
+        class NoBittensor:
+            def find_spec(self, name, path=None, target=None):
+                if name.split(".")[0] == "bittensor":
+                    raise ImportError("no bittensor on the GPU machine")
+        sys.meta_path.insert(0, NoBittensor())
+        sys.path.insert(0, {str(ROOT / "benchmarks")!r})
+        import gpu
+        from templar.data import LocalCorpus  # the phases' own imports too
+        from templar.data.prepare import prepare
+        gpu._build_assets()
+        sys.exit(gpu.main(["--smoke", "--phases", "setup", "--out", {str(out)!r}]))
+    """)
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    setup = json.loads(out.read_text())["phases"]["setup"]
+    assert setup["status"] == "ok" and setup["bittensor_imported"] is False
