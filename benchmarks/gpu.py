@@ -33,7 +33,7 @@ About 4.5 minutes expected; `--budget` (420 s) is the whole run's deadline: a ph
 when less than its minimum is left, and `noise` trains fewer peers when its cap is near. The
 sample corpus gives 18 production pages (2.4 M tokens), and `noise` uses all of them: 2 to train
 away from θ_0, 4 × 3 assigned, 4 random; more peers or pages need a larger corpus. Until hparams
-have inner optimizer steps (`optimizer.inner_steps`), production's window is the paper's;
+have inner optimizer steps (`inner.steps` > 1), production's window is the paper's;
 `measure_window(b, hp, steps)` times H > 1 steps (a timing model: H AdamW steps over the same
 tokens, `--smoke` runs H = 2) once they exist.
 
@@ -96,7 +96,14 @@ from templar.core.config import HParams, load_hparams
 from templar.core.model import build_model, parameter_shapes
 from templar.core.schedule import learning_rate
 from templar.runtime.fingerprint import FINGERPRINT_POSITIONS, model_fingerprint, model_in_sync, off_positions
-from templar.runtime.train import accumulate_gradients, evaluate_loss, gradients
+from templar.runtime.train import (
+    accumulate_gradients,
+    evaluate_loss,
+    gradients,
+    inner_lr,
+    inner_steps,
+    make_inner_optimizer,
+)
 from templar.tools.sizing import H100_BF16_FLOPS, HOLDOUT_PAGES, window_sizing
 from templar.validator.evaluate import Evaluator, page_deltas
 from templar.wire import Run, read_gradient, take_probes, write_gradient
@@ -313,9 +320,9 @@ def peak_lr(hp: HParams) -> float:
 
 
 def production_inner_steps(hp: HParams) -> int:
-    """Inner optimizer steps per window under the hparams (1: the paper's one gradient per window).
-    Reads `optimizer.inner_steps` once hparams have it; until then every run is the paper's."""
-    return int(getattr(hp.optimizer, "inner_steps", 1) or 1)
+    """Inner optimizer steps per window under the hparams (`inner.steps`; 1: the paper's one
+    gradient per window)."""
+    return hp.inner.steps
 
 
 def peak_flops(device: torch.device) -> tuple[float | None, str]:
@@ -418,27 +425,6 @@ def phase_corpus(b: Bench) -> dict[str, Any]:
     return out
 
 
-def inner_step_window(model: torch.nn.Module, batch: torch.Tensor, steps: int, hp: HParams,
-                      lr: float) -> dict[str, torch.Tensor]:
-    """A timing model of H inner AdamW steps per window: the window's sequences split in H parts,
-    one optimizer step per part, then the pseudo-gradient θ_start − θ_H and θ restored. The rules
-    of the real inner loop live in the miner once it exists; this only costs what it costs."""
-    params = {n: p for n, p in model.named_parameters() if p.requires_grad}
-    start = {n: p.detach().clone() for n, p in params.items()}
-    fused = {"fused": True} if next(iter(params.values())).device.type == "cuda" else {}
-    optimizer = torch.optim.AdamW(params.values(), lr=lr, weight_decay=hp.optimizer.weight_decay, **fused)
-    for part in batch.chunk(steps):
-        accumulate_gradients(model, part, hp.optimizer.micro_batch_size, hp.optimizer.grad_clip)
-        optimizer.step()
-    model.zero_grad(set_to_none=True)
-    with torch.no_grad():
-        pseudo = {n: start[n] - p for n, p in params.items()}
-        for n, p in params.items():
-            p.copy_(start[n])
-    del optimizer, start
-    return pseudo
-
-
 def measure_window(b: Bench, hp: HParams, steps_per_window: int, *, timed_micro_batches: int | None = None,
                    ) -> dict[str, Any]:
     """One miner window under `hp` with `steps_per_window` optimizer steps (1: the paper's single
@@ -468,16 +454,22 @@ def measure_window(b: Bench, hp: HParams, steps_per_window: int, *, timed_micro_
                                                    "tokens_per_second": mb * batch.size(1) / fb,
                                                    "mfu": mfu(mb * batch.size(1), fb)}
     demo = b.demo()
+    # the miner's own inner steps (`runtime.train.inner_steps`): the hparams' when they ask for this
+    # many steps, else AdamW at that many (the paper's window is one SGD step)
+    inner = hp.inner if steps_per_window == hp.inner.steps else hp.inner.model_copy(
+        update={"steps": steps_per_window, "optimizer": "sgd" if steps_per_window == 1 else "adamw"})
+    inner_opt = make_inner_optimizer(model, inner)
     b.reset_peak()
-    if steps_per_window == 1:
-        stats, out["train_seconds"] = b.timed(lambda: accumulate_gradients(model, batch, mb, hp.optimizer.grad_clip))
-        out["train_loss"] = stats.loss
-        grads = gradients(model)
-    else:
-        grads, out["train_seconds"] = b.timed(lambda: inner_step_window(model, batch, steps_per_window, hp, lr))
+    stats, out["train_seconds"] = b.timed(lambda: inner_steps(model, batch, mb, hp.optimizer.grad_clip, inner=inner,
+                                                              optimizer=inner_opt,
+                                                              lr=inner_lr(inner, lr, hp.optimizer)))
+    out["train_loss"] = stats.loss
+    out["inner_optimizer"] = inner.optimizer
+    grads = gradients(model)
     out["tokens_per_second"] = tokens / out["train_seconds"]
     out["mfu"] = mfu(tokens, out["train_seconds"])
-    compressed, out["compress_seconds"] = b.timed(demo.step, grads, lr)
+    compressed, out["compress_seconds"] = b.timed(demo.step, grads, stats.scale)
+    inner_opt = None  # its moments: not part of the rest of the window
     del grads
     model.zero_grad(set_to_none=True)
     out["peak_memory_gb"] = b.peak_gb()  # θ, gradients, error feedback, activations, compression scratch

@@ -64,9 +64,11 @@ def make_inner_optimizer(model: torch.nn.Module, inner: InnerConfig) -> torch.op
     """The miner's inner optimizer over `model`'s parameters (None for SGD, which keeps no state)."""
     if inner.optimizer != "adamw":
         return None
-    return torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=inner.learning_rate,
-                             betas=(inner.beta1, inner.beta2), eps=inner.eps, weight_decay=inner.weight_decay,
-                             foreach=False)
+    params = [p for p in model.parameters() if p.requires_grad]
+    on_gpu = all(p.device.type == "cuda" for p in params)  # the fused kernel: one launch per step on a GPU
+    return torch.optim.AdamW(params, lr=inner.learning_rate, betas=(inner.beta1, inner.beta2), eps=inner.eps,
+                             weight_decay=inner.weight_decay, fused=True if on_gpu else None,
+                             foreach=None if on_gpu else False)
 
 
 def inner_lr(inner: InnerConfig, outer_lr: float, outer: OptimizerConfig) -> float:
