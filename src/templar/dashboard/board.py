@@ -16,7 +16,8 @@ from pathlib import Path
 
 from templar.chain import Chain
 from templar.dashboard.chainwatch import ChainSnapshot, ChainWatch
-from templar.dashboard.sources import LocalnetDir, MinerSource, NodeLabel, ValidatorSource
+from templar.dashboard.sources import LocalnetDir, MinerSource, ValidatorSource
+from templar.runtime.roster import NodeInfo
 
 
 @dataclass
@@ -49,7 +50,7 @@ class Board:
         self.version = 0
         self.updated_at = 0.0
         self.localnet = LocalnetDir(config.localnet) if config.localnet else None
-        self.labels: dict[str, NodeLabel] = {}
+        self.labels: dict[str, NodeInfo] = {}
         taken: set[str] = set()
         self.validators = [ValidatorSource(_unique_name(d, taken), d) for d in config.validator_dirs]
         self.miners = [MinerSource(_unique_name(d, taken), d) for d in config.miner_dirs]
@@ -90,7 +91,7 @@ class Board:
             self.labels[node.hotkey] = node
             if node.name in have:
                 continue
-            directory = self.localnet.node_dir(node)
+            directory = node.directory(self.localnet.out)
             if node.role == "validator":
                 self.validators.append(ValidatorSource(node.name, directory))
             else:
