@@ -17,7 +17,11 @@ from pathlib import Path
 from templar.chain import Chain
 from templar.dashboard.chainwatch import ChainSnapshot, ChainWatch
 from templar.dashboard.sources import LocalnetDir, MinerSource, ValidatorSource
+from templar.runtime.records import PeerScoreRecord
 from templar.runtime.roster import NodeInfo
+
+NEVER_PRESENT = frozenset({"missing", "not-sampled"})
+"""Statuses that say nothing was ever received from a hotkey."""
 
 
 @dataclass
@@ -119,6 +123,24 @@ class Board:
             if named:
                 return named
         return self.validators[0] if self.validators else None
+
+    def peers(self, v: ValidatorSource) -> dict[str, PeerScoreRecord]:
+        """`v.current()` without the hotkeys that take no part as miners.
+
+        A registered hotkey that never committed a bucket and was only ever scored `missing` (or
+        not sampled) is no miner that went missing: it is the subnet owner's uid 0, or a hotkey
+        registered and never started. Who committed is known from a localnet's roster (each node
+        commits at its start) and from the chain; with neither, every hotkey is shown."""
+        committed = self._committed()
+        return {hk: rec for hk, rec in v.current().items()
+                if committed is None or hk in committed
+                or any(r.status not in NEVER_PRESENT or r.weight > 0 for r in v.history.get(hk, ()))}
+
+    def _committed(self) -> set[str] | None:
+        snap = self.snapshot
+        if snap is None and not self.labels:
+            return None
+        return set(self.labels) | ({n.hotkey for n in snap.neurons if n.commitment} if snap else set())
 
     def miner(self, name: str) -> MinerSource | None:
         return next((m for m in self.miners if m.name == name), None)
