@@ -41,9 +41,9 @@ FAST_WINDOWS = {
 
 
 MICRO_PRESET = Path(__file__).resolve().parents[1] / "presets" / "micro.json"
-"""`tiny` with a 4× narrower, 2-layer model (same vocabulary, data and Gauntlet levers): the nodes'
-tests check mechanisms and incentives, not model quality, and training and evaluation are most of
-a localnet's CPU (an in-process adversarial localnet: 120 -> 72 s)."""
+"""`tiny-paper` (tiny with the paper's rules) with a 4× narrower, 2-layer model (same vocabulary, data
+and Gauntlet levers): the nodes' tests check mechanisms and incentives, not model quality, and
+training and evaluation are most of a localnet's CPU (an in-process adversarial localnet: 120 -> 72 s)."""
 
 
 def write_fast_preset(directory: Path, sections: dict[str, dict] | None = None, **windows: object) -> Path:

@@ -1,7 +1,7 @@
 """The whole subnet, as a newcomer runs it.
 
 - The incentive: `templar localnet --in-process` with every adversary, next to the same run
-  without them, on the `micro` test model (tests/presets/micro.json: tiny's data and Gauntlet
+  without them, on the `micro` test model (tests/presets/micro.json: tiny-paper's data and Gauntlet
   levers, a 4x narrower model; the incentive does not depend on the width) and virtual time (deterministic windows, the computation's cost only; the seed fixes
   hotkeys and evaluation secrets, so each run repeats bit for bit). Honest work is paid, cheating is
   not, and the model does not notice the cheats.
