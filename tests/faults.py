@@ -20,8 +20,8 @@ that matches a call decides what happens to it:
 
 A test gets a fresh plan from the `faults` fixture (tests/conftest.py) and either wraps one
 bucket (`faults.wrap(node.bucket)`) or gives a node the plan's factory
-(`start_node(..., open_bucket=faults.open_bucket)`, or `Subnet(..., open_bucket=...)`), so every
-bucket the node opens, its own and its peers', is on the faulty server.
+(`start_node(..., open_bucket=faults.open_bucket)`; in tests/integration, `subnet.open_bucket =
+faults.open_bucket`), so every bucket the node opens, its own and its peers', is on the faulty server.
 """
 
 from __future__ import annotations
