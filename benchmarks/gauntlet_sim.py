@@ -3,7 +3,8 @@
     python benchmarks/gauntlet_sim.py            # 30 rounds
     python benchmarks/gauntlet_sim.py --quick    # 10 rounds
 
-One shared model (tiny preset) and five peers, each with its own DeMo error feedback:
+One shared model (the tiny-paper preset: tiny with the paper's rules) and five peers, each with its own
+DeMo error feedback:
 - `baseline`: honest, trains on its assigned pages;
 - `double`: honest with 2x data: its assigned pages plus as many extra (unassigned) pages,
   as the production miner's `--extra-pages` does (the localnet's `moredata`);
@@ -93,8 +94,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="10 rounds instead of 30")
     parser.add_argument("--rounds", type=int, default=None)
-    parser.add_argument("--hparams", default="tiny", help="preset name or path (default tiny); a layered file "
-                        "with 'base': 'tiny.json' tries gauntlet settings on the same model and data")
+    parser.add_argument("--hparams", default="tiny-paper",
+                        help="preset name or path (default tiny-paper: the paper's rules, for its Figure 2); a "
+                        "layered file with 'base': 'tiny.json' tries gauntlet settings on the same model and data")
     parser.add_argument("--stem", default=None, help="results file name (default gauntlet_sim[_quick])")
     args = parser.parse_args()
     setup_torch()

@@ -729,8 +729,11 @@ def phase_noise(b: Bench) -> dict[str, Any]:
             evaluation = page_forward * (random_n + (len(signs) + 1) * (2 * per_peer + random_n))
             if b.left() < train + evaluation:
                 break
-        accumulate_gradients(model, b.pages(pages), hp.optimizer.micro_batch_size, hp.optimizer.grad_clip)
-        compressed = b.demo().step(gradients(model), lr)
+        # the run's own window: its inner steps (fresh moments, as a newly joined miner), then DeMo
+        stats = inner_steps(model, b.pages(pages), hp.optimizer.micro_batch_size, hp.optimizer.grad_clip,
+                            inner=hp.inner, optimizer=make_inner_optimizer(model, hp.inner),
+                            lr=inner_lr(hp.inner, lr, hp.optimizer))
+        compressed = b.demo().step(gradients(model), stats.scale)
         model.zero_grad(set_to_none=True)
         signs[peer] = {n: t.to(torch.int8) for n, t in aggregate([compressed], [1.0], b.shapes).items()}
     out["train_seconds"] = time.monotonic() - started

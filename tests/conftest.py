@@ -18,6 +18,7 @@ from types import ModuleType
 
 import pytest
 import torch
+from tests.faults import FaultPlan
 
 from templar.compress import Compressed, DCTCompressor, DeMo
 from templar.core.config import HParams, load_hparams
@@ -64,6 +65,13 @@ def tiny_pages(assets_dir: Path):
 
     hp = load_hparams("tiny")
     return LocalCorpus(resolve_asset(hp.data.corpus), digest=hp.data.manifest)
+
+
+@pytest.fixture
+def faults() -> FaultPlan:
+    """A storage server's misbehaviour, rule by rule (tests/faults.py): `faults.wrap(bucket)` puts
+    one bucket on it, `open_bucket=faults.open_bucket` every bucket a node opens."""
+    return FaultPlan()
 
 
 @pytest.fixture(scope="session")

@@ -7,6 +7,7 @@ import json
 import time
 
 import pytest
+from tests.faults import Fault, FaultPlan
 
 from templar.comms import (
     RecordError,
@@ -20,7 +21,7 @@ from templar.comms import (
 from templar.comms.exchange import PEER_INDEX_WINDOWS, PeerIndex, parse_record
 from templar.comms.keys import gradient_key, peers_index_key, peers_key, start_window_key, window_of
 from templar.core.config import PROTOCOL_VERSION
-from templar.storage import ObjectTooLarge, StorageError
+from templar.storage import ObjectTooLarge
 from templar.wire import Run
 
 RUN = Run(netuid=7, digest="ab" * 32)
@@ -209,17 +210,12 @@ def test_commitments_round_trip_and_refuse_garbage(tmp_path) -> None:
         with pytest.raises(RecordError):
             await get_commit(other, 5, run=RUN)
         await junk.put(commit_key(5), b'{"digest": "' + b"0" * 64 + b'"}')
-        class Failing(LocalBucket):
-            async def get(self, key, **kw):
-                raise StorageError("connection refused")
-
-        class Stalling(LocalBucket):
-            async def get(self, key, **kw):
-                await asyncio.sleep(60)
-
-        failing, stalling = Failing(tmp_path / "failing"), Stalling(tmp_path / "stalling")
+        failing = FaultPlan().wrap(LocalBucket(tmp_path / "failing"))
+        stalling = FaultPlan().wrap(LocalBucket(tmp_path / "stalling"))
         await put_commit(failing, 5, b"\x03" * 32, run=RUN)
         await put_commit(stalling, 5, b"\x04" * 32, run=RUN)
+        failing.plan.add(Fault.REFUSE, ops={"get"})  # its server killed
+        stalling.plan.add(Fault.HANG, ops={"get"})   # its server SIGSTOPped
         buckets = {"good": good, "other": other, "junk": junk, "empty": empty, "failing": failing,
                    "stalling": stalling}
         found = await read_commits(buckets, 5, run=RUN, deadline=time.time() + 1.0, now=time.time)

@@ -4,6 +4,7 @@ payloads arrive intact, and the round returns by its deadline whatever the peers
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import threading
 import time
@@ -14,9 +15,11 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
+from tests.faults import Fault, FaultPlan
 
 from templar.comms import GatherStatus, gather, put_gradient
 from templar.comms.keys import gradient_key
+from templar.core.clock import loop_time, run_virtual
 from templar.storage import Bucket, LocalBucket, S3Bucket
 from templar.storage.locator import Credentials
 from templar.storage.seaweed import SeaweedServer
@@ -222,3 +225,38 @@ def test_server_dies_mid_gather_and_comes_back(tmp_path: Path) -> None:
         if restarter is not None:
             restarter.join()
         server.stop(kill=True)
+
+
+PAIR_STATUS = {None: GatherStatus.OK, Fault.HANG: GatherStatus.TIMEOUT, Fault.REFUSE: GatherStatus.UNREACHABLE,
+               Fault.ERROR: GatherStatus.UNREACHABLE, Fault.TRUNCATE: GatherStatus.MALFORMED,
+               Fault.CORRUPT: GatherStatus.MALFORMED, Fault.DELAY: GatherStatus.OK}
+
+
+@pytest.mark.parametrize(("fault0", "fault1"), list(itertools.combinations_with_replacement([None, *Fault], 2)),
+                         ids=lambda f: f.value if f else "none")
+def test_gather_under_a_pair_of_faulty_servers(tmp_path: Path, fault0: Fault | None, fault1: Fault | None) -> None:
+    """Two peers whose servers misbehave in every combination (tests/faults.py), on virtual time:
+    each ends in its fault's status, neither changes the other's, a good payload arrives intact
+    and the round returns by its deadline."""
+
+    async def body() -> None:
+        clock = loop_time()
+        now = clock.now()
+        peers = {}
+        for i, fault in enumerate((fault0, fault1)):
+            plan = FaultPlan()
+            peers[f"p{i}"] = plan.wrap(LocalBucket(tmp_path / f"p{i}", now=clock.now))
+            await put_gradient(peers[f"p{i}"], WINDOW, payload(i))
+            if fault is not None:
+                plan.add(fault, seconds=0.5)
+        deadline = now + 6.0
+        results = await gather(peers, WINDOW, put_window=(now - 10, now + 10), deadline=deadline,
+                               max_bytes=100_000, validate=validate, per_peer_timeout=2.5, now=clock.now)
+        assert clock.now() <= deadline + SLACK
+        for i, fault in enumerate((fault0, fault1)):
+            result = results[f"p{i}"]
+            assert result.status == PAIR_STATUS[fault], (fault, result)
+            if result.ok:
+                assert torch.equal(result.value["w.val"], st_load(payload(i))["w.val"])
+
+    run_virtual(body())

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from templar.core.config import HParamsError, load_hparams, resolve_hparams_path
+from templar.core.config import REPO_ROOT, HParamsError, load_hparams, resolve_hparams_path
 
 
 def test_production_and_tiny_validate():
@@ -69,3 +69,19 @@ def test_preset_chain_and_loop(tmp_path):
     _write(tmp_path, {"base": "a.json"}, "b.json")
     with pytest.raises(HParamsError, match="loops"):
         load_hparams(tmp_path / "a.json")
+
+
+def test_tiny_scores_with_productions_rules_and_tiny_paper_with_the_papers():
+    """The README's localnet (`tiny`) pays as production does: its gauntlet section is production's
+    except what scales with the subnet. `tiny-paper` is the same model, data and windows with the
+    paper's rules, and the tests' `micro` model is built on it."""
+    prod, tiny, paper = load_hparams(), load_hparams("tiny"), load_hparams("tiny-paper")
+    scale = {"top_g", "uids_per_window", "fast_eval_uids", "sync_max_steps"}
+    rules = {k: v for k, v in prod.gauntlet.model_dump().items() if k not in scale}
+    assert {k: v for k, v in tiny.gauntlet.model_dump().items() if k not in scale} == rules
+    g = paper.gauntlet
+    assert (g.loss_rating, g.mu_gamma, g.proof_margin, g.selection_sharpness, g.newcomer_evals, g.mu_prior_evals) \
+        == ("openskill", 0.7, 0.3, 0.0, 0, None)
+    assert (paper.model, paper.data, paper.windows, paper.optimizer) == (tiny.model, tiny.data, tiny.windows,
+                                                                          tiny.optimizer)
+    assert load_hparams(REPO_ROOT / "tests" / "presets" / "micro.json").gauntlet == g

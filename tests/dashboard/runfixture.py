@@ -19,7 +19,6 @@ from pathlib import Path
 from templar.chain import DevChain, create_dev_chain
 from templar.core.config import load_hparams
 from templar.gauntlet import PrimaryResult, ScoreBook
-from templar.localnet.report import NodeInfo, write_nodes
 from templar.runtime.records import (
     MINER_WINDOWS_FILE,
     SCORES_FILE,
@@ -31,6 +30,7 @@ from templar.runtime.records import (
     WeightsRecord,
     append_record,
 )
+from templar.runtime.roster import NodeInfo, write_nodes
 
 NETUID = 1  # the localnet's
 WINDOWS = 14
@@ -73,12 +73,14 @@ def _deltas(strategy: str, rng: random.Random) -> PrimaryResult:
 
 
 def score_window(book: ScoreBook, window: int, idx: int, nodes: list[NodeInfo], state_dir: Path,
-                 rng: random.Random, loss: float) -> dict[str, float]:
-    """One validator window, as `Validator.run_window` records it; returns the weights."""
+                 rng: random.Random, loss: float, absent: dict[str, int] | None = None) -> dict[str, float]:
+    """One validator window, as `Validator.run_window` records it; returns the weights. `absent`:
+    registered hotkeys (hotkey -> uid) that never committed a bucket, drawn for fast evaluation
+    every other window and found `missing` (the subnet owner's uid 0 is one)."""
     hp = load_hparams("tiny")
     g = hp.gauntlet
     miners = {n.hotkey: n.uid for n in nodes if n.role == "miner"}
-    book.sync_registry(miners)
+    book.sync_registry(miners | (absent or {}))  # the validator's registry: every hotkey without a permit
     verdicts = {}
     for n in nodes:
         if n.role != "miner":
@@ -87,6 +89,11 @@ def score_window(book: ScoreBook, window: int, idx: int, nodes: list[NodeInfo], 
         verdicts[n.hotkey] = (status, sync)
         book.get_or_create(n.hotkey, n.uid, window)
         book.record_fast_eval(n.hotkey, status in {"ok", "warmup"}, status, g.fast_eval_penalty, sync_steps=sync)
+    for hotkey, uid in (absent or {}).items():
+        if idx % 2 == 0:
+            verdicts[hotkey] = ("missing", None)
+            book.get_or_create(hotkey, uid, window)
+            book.record_fast_eval(hotkey, False, "missing", g.fast_eval_penalty)
     strategy = {n.hotkey: n.strategy for n in nodes}
     results = {hk: _deltas(strategy[hk], rng) for hk, (status, _) in verdicts.items() if status == "ok"}
     if results:
@@ -156,7 +163,8 @@ def build_run(out: Path, *, windows: int = WINDOWS) -> Run:
         window = first + idx
         loss = 9.05 - 2.6 * (1 - 0.83 ** idx) + rng.uniform(-0.02, 0.02)
         for name in VALIDATORS:
-            weights[name] = score_window(books[name], window, idx, nodes, out / "nodes" / name, rng, loss)
+            weights[name] = score_window(books[name], window, idx, nodes, out / "nodes" / name, rng, loss,
+                                         absent={dev.owner.hotkey: dev.owner.uid})
         for name, strategy in MINERS.items():
             miner_window(out / "nodes" / name, window, idx, strategy, rng)
     by_name = {n.hotkey: n for n in nodes}

@@ -32,7 +32,9 @@ def test_pages_render_the_run_and_the_api_matches_the_score_book(run: Run, dashb
     assert status == 200
     api = json.loads(body)
     assert api["validator"] == "validator0" and api["window"] == run.last_window
-    assert {p["hotkey"] for p in api["peers"]} == set(book)
+    owner = run.dev.owner.hotkey  # uid 0: registered, no bucket, found `missing`: in the book, not a peer
+    assert owner in book and book[owner]["uid"] == 0
+    assert {p["hotkey"] for p in api["peers"]} == set(book) - {owner}
     for p in api["peers"]:
         assert p["uid"] == book[p["hotkey"]]["uid"]
         assert p["weight"] == pytest.approx(book[p["hotkey"]]["weight"])
@@ -43,7 +45,7 @@ def test_pages_render_the_run_and_the_api_matches_the_score_book(run: Run, dashb
     lazy = run.node("lazy0").hotkey
     for path, must in (("", ["Held-out loss", "Validator agreement", "Top-G now", "Weight setting", "priority_too_low",
                              "retrying in 1s", f"set w{run.last_window - run.last_window % 2}"]),
-                       ("peers", ["miner0", "copycat0", "late0", "δ assigned"]),
+                       ("peers", ["miner0", "copycat0", "late0", "δ assigned", "1 hotkey without a bucket not shown"]),
                        (f"peers/{lazy}", ["no proof of its assigned work", "miner / lazy"]),
                        ("miners", ["miner3", "tok/s"]), ("miners/miner0", ["[SYNC] Active", "Upload size"])):
         status, headers, html = get(dashboard.url + path)
@@ -180,3 +182,26 @@ def test_with_the_chain_alone_the_peers_page_is_the_metagraph(run: Run):
         assert status == 200 and "local:" in page and "weight on chain by validator" in page
     finally:
         dash.stop()
+
+
+def test_who_is_a_peer_is_known_from_the_roster_or_the_chain(run: Run):
+    """uid 0 (registered, no bucket, only ever `missing`) is left out wherever the dashboard can
+    tell it never committed a bucket: from a localnet's roster or from the chain's commitments.
+    Knowing neither, it cannot tell, and shows every hotkey of the score log."""
+    from templar.chain import connect
+
+    owner = run.dev.owner.hotkey
+    chain = {"connect": lambda: connect(network="embedded", chain_endpoint=str(run.out / "chain.sqlite"),
+                                        netuid=1, wallet_name=None), "chain_label": "embedded netuid 1"}
+    for config, shown in ((BoardConfig(localnet=run.out), False),
+                          (BoardConfig(validator_dirs=[run.state_dir("validator0")], **chain), False),
+                          (BoardConfig(validator_dirs=[run.state_dir("validator0")]), True)):
+        board = Board(config)
+        board.refresh_files()
+        board.refresh_chain(force=True)
+        v = board.validator("validator0")
+        assert owner in v.current()
+        assert (owner in board.peers(v)) is shown, config
+        assert set(board.peers(v)) >= {n.hotkey for n in run.nodes if n.role == "miner"}
+        if board.chain:
+            board.chain.close()

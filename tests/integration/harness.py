@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from templar.core.clock import loop_time
 from templar.core.config import load_hparams
 from templar.runtime.flags import add_node_args
 from templar.runtime.node import Node, start_node
+from templar.storage import Bucket, open_bucket
 
 NETUID = 7
 FAST_WINDOWS = {
@@ -39,9 +41,9 @@ FAST_WINDOWS = {
 
 
 MICRO_PRESET = Path(__file__).resolve().parents[1] / "presets" / "micro.json"
-"""`tiny` with a 4× narrower, 2-layer model (same vocabulary, data and Gauntlet levers): the nodes'
-tests check mechanisms and incentives, not model quality, and training and evaluation are most of
-a localnet's CPU (an in-process adversarial localnet: 120 -> 72 s)."""
+"""`tiny-paper` (tiny with the paper's rules) with a 4× narrower, 2-layer model (same vocabulary, data
+and Gauntlet levers): the nodes' tests check mechanisms and incentives, not model quality, and
+training and evaluation are most of a localnet's CPU (an in-process adversarial localnet: 120 -> 72 s)."""
 
 
 def write_fast_preset(directory: Path, sections: dict[str, dict] | None = None, **windows: object) -> Path:
@@ -60,6 +62,8 @@ class Subnet:
     hparams: Path
     stakes: dict[str, float]
     wallets: dict = field(default_factory=dict)
+    open_bucket: Callable[..., Bucket] = open_bucket
+    """How its nodes open buckets (`start_node`'s `open_bucket`; a `FaultPlan`'s to put them on a faulty server)."""
 
     @classmethod
     def create(cls, root: Path, stakes: dict[str, float], sections: dict[str, dict] | None = None,
@@ -98,7 +102,7 @@ class Subnet:
 
     async def node(self, name: str, *extra: str) -> Node:
         """A started node on the running loop's time (virtual under `run_virtual`)."""
-        return await start_node(self.args(name, *extra), "test", time=loop_time())
+        return await start_node(self.args(name, *extra), "test", time=loop_time(), open_bucket=self.open_bucket)
 
 
 def parameters(node_or_model) -> dict[str, torch.Tensor]:

@@ -24,6 +24,7 @@ from .harness import Subnet
 pytestmark = [pytest.mark.slow(seconds=15), pytest.mark.timeout(300)]
 
 WINDOWS = 6
+MAX_INPUT_POLLS = 6  # extra reads of the lead's inputs while its gather still runs (0.5 s apart)
 STEADY_FROM = 2  # the miners' warm-up window and the first peer list are behind us
 
 
@@ -50,7 +51,7 @@ def test_a_window_makes_the_requests_hparams_says_and_lists_nothing(tmp_path):
             await loop.create_task(v.start(), context=_in("lead"))
             for name, m in miners.items():
                 await loop.create_task(m.start(), context=_in(name))
-            watcher = loop.create_task(v.watch_commits(), context=_in("lead"))
+            watcher = loop.create_task(v.commits.run(), context=_in("lead"))
             first = v.state.window + 1
             marks = []
             for w in range(first, first + WINDOWS):
@@ -79,17 +80,24 @@ def test_a_window_makes_the_requests_hparams_says_and_lists_nothing(tmp_path):
     sizes = Sizes.of(window_sizing(hp))
     expected = {role: {k: Counter({op: getattr(r, op) for op in OPERATIONS}) for k, r in
                        made(hp, sizes, role, miners=2).items()} for role in ("miner", "lead")}
-    upkeep = ("v2/checkpoint/", "v2/aggregate/")  # the lead's checkpoint uploads and cleanup run in the background
+    upkeep = ("v2/checkpoint/", "v2/aggregate/", "v2/inputs/")  # the lead's checkpoint uploads and cleanup run in the background
     lead_lists = 0
     pages: Counter[str] = Counter()  # ranged GETs of the corpus over the steady windows, by node
     for i in range(WINDOWS):
         window = first + i
         counted: dict[str, dict[str, Counter]] = {}
+        polls: Counter[str] = Counter()  # a follower reads the lead's inputs until they are published
         for r in requests[marks[i]:marks[i + 1]]:
-            if r.actor == "lead" and (r.key.startswith("v2/checkpoint/") or (r.op != "put" and r.key.startswith(upkeep))):
+            if r.actor == "lead" and (r.key.startswith("v2/checkpoint/") or (r.op in ("list", "delete") and r.key.startswith(upkeep))):
                 lead_lists += r.op == "list"
                 continue
+            if r.actor != "lead" and r.op == "get" and r.key.startswith("v2/inputs/"):
+                polls[r.actor] += 1
+                if polls[r.actor] > 1:
+                    continue
             counted.setdefault(r.actor, {}).setdefault(where(r.bucket, r.actor), Counter())[r.op] += 1
+        # the lead publishes its inputs the moment its gather ends: a follower there first polls a few times
+        assert all(1 <= n <= 1 + MAX_INPUT_POLLS for n in polls.values()), (window, polls)
         assert all(c["list"] == 0 for by in counted.values() for c in by.values()), (window, counted)
         if i < STEADY_FROM:
             continue
@@ -107,11 +115,12 @@ def test_a_window_makes_the_requests_hparams_says_and_lists_nothing(tmp_path):
         got = Counter({op: counted["lead"].get("peers", Counter())[op] for op in OPERATIONS})
         assert got == expected["lead"]["peers"], (window, got)
         own = [r.op for r in requests[marks[i]:marks[i + 1]] if r.actor == "lead" and r.bucket.startswith("own:")
-               and not r.key.startswith("v2/checkpoint/") and not (r.op != "put" and r.key.startswith(upkeep))]
-        assert Counter(own) == Counter(put=4, get=2), (window, own)  # aggregate, peers + index, progress
+               and not r.key.startswith("v2/checkpoint/") and not (r.op in ("list", "delete") and r.key.startswith(upkeep))]
+        # inputs, aggregate, peers + index, progress; a HEAD before each append-only object
+        assert Counter(own) == Counter(put=5, head=3, get=2), (window, own)
     steady = WINDOWS - STEADY_FROM
     for actor, role in (("m1", "miner"), ("m2", "miner"), ("lead", "lead")):
         per_window = expected[role]["data"]["get"]  # a read-ahead may fall on either side of a window's end
         assert abs(pages[actor] - steady * per_window) <= per_window, (actor, pages[actor], steady, per_window)
     checkpoints = sum(r.key == "v2/checkpoint/latest.json" and r.op == "put" for r in requests)
-    assert checkpoints >= 2 and lead_lists == 2 * checkpoints, (checkpoints, lead_lists)
+    assert checkpoints >= 2 and lead_lists == 3 * checkpoints, (checkpoints, lead_lists)

@@ -11,6 +11,7 @@ from collections import defaultdict
 import pytest
 import torch
 from loguru import logger
+from tests.faults import Fault, FaultPlan, between
 
 from templar.chain import verify_signature
 from templar.comms.keys import gradient_key
@@ -19,7 +20,6 @@ from templar.core.clock import run_virtual
 from templar.core.schedule import learning_rate
 from templar.miner.hooks import MinerHooks
 from templar.miner.loop import Miner
-from templar.runtime import node as node_module
 from templar.runtime.node import Node
 from templar.runtime.records import (
     MINER_WINDOWS_FILE,
@@ -30,7 +30,6 @@ from templar.runtime.records import (
     remove_listener,
 )
 from templar.runtime.sync import STATE_FILE
-from templar.storage import Bucket, StorageError, StorageTimeout
 from templar.validator.loop import Validator
 from templar.validator.state import BOOK_FILE
 from templar.wire import read_gradient
@@ -91,65 +90,6 @@ class KillAt(MinerHooks):
         self._maybe("step", window)
 
 
-class Interposed(Bucket):
-    """A real bucket with a fault injector (`before`) in front of every call."""
-
-    def __init__(self, inner: Bucket) -> None:
-        self.inner, self.name = inner, inner.name
-
-    async def before(self, op: str, key: str, timeout: float | None) -> None:
-        """Wait, raise or pass: what the storage server does to this call."""
-
-    async def put(self, key, data, *, timeout=30.0):
-        await self.before("put", key, timeout)
-        await self.inner.put(key, data, timeout=timeout)
-
-    async def fetch(self, key, *, max_bytes, timeout=30.0):
-        await self.before("fetch", key, timeout)
-        return await self.inner.fetch(key, max_bytes=max_bytes, timeout=timeout)
-
-    async def get_range(self, key, start, length, *, timeout=30.0):
-        await self.before("get_range", key, timeout)
-        return await self.inner.get_range(key, start, length, timeout=timeout)
-
-    async def head(self, key, *, timeout=30.0):
-        await self.before("head", key, timeout)
-        return await self.inner.head(key, timeout=timeout)
-
-    async def list(self, prefix="", *, timeout=30.0, limit=100_000):
-        await self.before("list", prefix, timeout)
-        return await self.inner.list(prefix, timeout=timeout, limit=limit)
-
-    async def delete(self, key, *, timeout=30.0):
-        await self.before("delete", key, timeout)
-        await self.inner.delete(key, timeout=timeout)
-
-    async def put_file(self, key, path, *, timeout=None):
-        await self.before("put_file", key, timeout)
-        await self.inner.put_file(key, path, timeout=timeout)
-
-    def _read_range(self, key, start, expect):
-        return self.inner._read_range(key, start, expect)
-
-    async def aclose(self):
-        await self.inner.aclose()
-
-
-class KillOnPut(Interposed):
-    """The lead's own bucket, which kills the lead as it is about to write `key` for the
-    `count`-th time: mid-publication (the aggregate out, the progress record not)."""
-
-    def __init__(self, inner: Bucket, key: str, count: int) -> None:
-        super().__init__(inner)
-        self.key, self.left = key, count
-
-    async def before(self, op, key, timeout):
-        if op == "put" and key == self.key:
-            self.left -= 1
-            if self.left == 0:
-                raise Killed(f"writing {key}")
-
-
 def model_digest(model: torch.nn.Module) -> str:
     h = hashlib.sha256()
     for name, t in sorted(model.state_dict().items()):
@@ -208,7 +148,7 @@ class Swarm:
             await node.aclose()
 
 
-def test_kill_9_of_the_lead_and_of_a_miner_at_every_phase_forks_nothing(tmp_path):
+def test_kill_9_of_the_lead_and_of_a_miner_at_every_phase_forks_nothing(tmp_path, faults: FaultPlan):
     """kill -9 of a miner after training, in the put window and after its outer step; of the lead
     before a gather and in the middle of its publications, then restarted two windows later, so it
     replays behind its miners. Every window any honest node committed holds the same θ on all of
@@ -234,7 +174,9 @@ def test_kill_9_of_the_lead_and_of_a_miner_at_every_phase_forks_nothing(tmp_path
         lead = await swarm.start("lead")
         # ... then in the middle of window first+2's publications (its aggregate out, its progress
         # not), and back a window later: it replays first+2 behind its miners.
-        lead.node.bucket = KillOnPut(lead.node.bucket, progress_key(), count=2)
+        lead.node.bucket = faults.wrap(lead.node.bucket)
+        faults.add(Fault.ERROR, ops={"put"}, keys=lambda key: key == progress_key(), skip=1, times=1,
+                   error=Killed, message="killed while writing it")
         await asyncio.gather(swarm.wait_dead("m1"), swarm.wait_dead("lead"))
         await swarm.start("m1")
         await clock.sleep_until(clock.times(first + 3).start + 1.0)
@@ -261,36 +203,6 @@ def test_kill_9_of_the_lead_and_of_a_miner_at_every_phase_forks_nothing(tmp_path
 
 
 # ------------------------------------------------------------------ storage, torn files, forks, hostile peers
-
-class Server:
-    """The one storage server every bucket of the subnet lives on: `up`, `stopped` (SIGSTOP: every
-    call hangs until its own timeout) or `killed` (every call refused at once)."""
-
-    def __init__(self) -> None:
-        self.state = "up"
-
-    async def outage(self, state: str, start: float, end: float, now) -> None:
-        await asyncio.sleep(max(0.0, start - now()))
-        self.state = state
-        await asyncio.sleep(end - start)
-        self.state = "up"
-
-
-class OnServer(Interposed):
-    def __init__(self, inner: Bucket, server: Server) -> None:
-        super().__init__(inner)
-        self.server = server
-
-    async def before(self, op, key, timeout):
-        if self.server.state == "killed":
-            raise StorageError(f"{self.name}/{key}: connection refused")
-        waited = 0.0
-        while self.server.state == "stopped":
-            if timeout is not None and waited >= timeout:
-                raise StorageTimeout(f"{self.name}/{key}: no answer in {timeout:.0f}s")
-            await asyncio.sleep(0.25)
-            waited += 0.25
-
 
 class Digests:
     """sha256 of each node's model whenever it appends a window record (its committed θ)."""
@@ -322,7 +234,7 @@ def _committed_windows(path) -> list[int]:
     return [r["window"] for r in read_records(path)]
 
 
-def test_storage_outages_torn_files_a_foreign_model_and_a_hostile_peer_fork_nothing(tmp_path, monkeypatch):
+def test_storage_outages_torn_files_a_foreign_model_and_a_hostile_peer_fork_nothing(tmp_path, faults: FaultPlan):
     """One subnet through a run of faults, each healing before the next:
     1. a peer commits `local:/etc/passwd` as its bucket (once crashed every node's gather);
     2. a miner's θ is changed by one foreign update between two windows: at the next window its
@@ -339,9 +251,7 @@ def test_storage_outages_torn_files_a_foreign_model_and_a_hostile_peer_fork_noth
     window twice or (the lead's) misses one."""
     subnet = Subnet.create(tmp_path, {"lead": 100.0, "follower": 10.0, "m0": 0.0, "victim": 0.0, "hostile": 0.0},
                            LIGHT)
-    server = Server()
-    real_open = node_module.open_bucket
-    monkeypatch.setattr(node_module, "open_bucket", lambda *a, **kw: OnServer(real_open(*a, **kw), server))
+    subnet.open_bucket = faults.open_bucket  # one storage server under every bucket of the subnet
     roles: dict[str, Miner | Validator] = {}
     digests = Digests(roles)
     add_listener(digests)
@@ -382,14 +292,15 @@ def test_storage_outages_torn_files_a_foreign_model_and_a_hostile_peer_fork_noth
 
         # 3. the storage server stopped, then killed, mid-window
         clock, w = lead.node.clock, lead.state.window + 1
-        stopped = asyncio.create_task(server.outage("stopped", clock.times(w).end - 0.1,
-                                                    clock.times(w + 1).start + 0.5, clock.now))
+        stopped = faults.add(Fault.HANG, when=between(clock.now, clock.times(w).end - 0.1,
+                                                      clock.times(w + 1).start + 0.5))
         await windows(1)
-        await stopped
-        killed = asyncio.create_task(server.outage("killed", clock.times(w + 1).gather_start - 0.1,
-                                                   clock.times(w + 1).gather_deadline + 0.5, clock.now))
+        await clock.sleep_until(clock.times(w + 1).start + 0.5)
+        killed = faults.add(Fault.REFUSE, when=between(clock.now, clock.times(w + 1).gather_start - 0.1,
+                                                       clock.times(w + 1).gather_deadline + 0.5))
         await windows(1)
-        await killed
+        await clock.sleep_until(clock.times(w + 1).gather_deadline + 0.5)
+        assert stopped.fired and killed.fired, "the outages were not felt"
         await windows(1)
 
         # 4. torn files (and a whole but foreign one), then restarts from them

@@ -1,7 +1,7 @@
 """The whole subnet, as a newcomer runs it.
 
 - The incentive: `templar localnet --in-process` with every adversary, next to the same run
-  without them, on the `micro` test model (tests/presets/micro.json: tiny's data and Gauntlet
+  without them, on the `micro` test model (tests/presets/micro.json: tiny-paper's data and Gauntlet
   levers, a 4x narrower model; the incentive does not depend on the width) and virtual time (deterministic windows, the computation's cost only; the seed fixes
   hotkeys and evaluation secrets, so each run repeats bit for bit). Honest work is paid, cheating is
   not, and the model does not notice the cheats.
@@ -179,7 +179,8 @@ def _dashboard_shows_the_run(out: Path) -> None:
         with urllib.request.urlopen(dash.url + "api/peers", timeout=30) as resp:
             api = json.loads(resp.read())
         book = json.loads((out / "nodes" / "validator0" / "scorebook.json").read_text())["peers"]
-        assert {p["hotkey"] for p in api["peers"]} == set(book)
+        roster = {n["hotkey"] for n in json.loads((out / "nodes.json").read_text())}
+        assert {p["hotkey"] for p in api["peers"]} == set(book) & roster  # not the owner's uid 0: no bucket
         for peer in api["peers"]:
             assert peer["weight"] == pytest.approx(book[peer["hotkey"]]["weight"])
         for path in ("", "peers", "miners"):

@@ -7,13 +7,13 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from tests.faults import Fault, FaultPlan
 
 from templar.comms.keys import aggregate_key
 from templar.comms.progress import get_progress
 from templar.core.clock import run_virtual
 from templar.miner.loop import MAX_FAILED_UPLOADS, Miner
 from templar.runtime.node import OwnBucketError
-from templar.storage import Bucket, StorageError
 from templar.validator.loop import PUBLISH_MIN_SECONDS, Validator
 
 from .harness import Subnet, parameters, same_parameters
@@ -21,46 +21,7 @@ from .harness import Subnet, parameters, same_parameters
 pytestmark = pytest.mark.timeout(240)
 
 
-class FaultyBucket(Bucket):
-    """A real bucket whose writes can stall (a SIGSTOPped server) or fail (a revoked key)."""
-
-    def __init__(self, inner: Bucket) -> None:
-        self.inner, self.name = inner, inner.name
-        self.stalled, self.refusing = False, False
-
-    async def put(self, key, data, *, timeout=30.0):
-        if self.refusing:
-            raise StorageError(f"{self.name}/{key}: AccessDenied")
-        while self.stalled:
-            await asyncio.sleep(1.0)
-        await self.inner.put(key, data, timeout=timeout)
-
-    async def put_file(self, *a, **kw):
-        return await self.inner.put_file(*a, **kw)
-
-    async def head(self, *a, **kw):
-        return await self.inner.head(*a, **kw)
-
-    async def fetch(self, *a, **kw):
-        return await self.inner.fetch(*a, **kw)
-
-    async def delete(self, *a, **kw):
-        return await self.inner.delete(*a, **kw)
-
-    async def list(self, *a, **kw):
-        return await self.inner.list(*a, **kw)
-
-    async def get_range(self, *a, **kw):
-        return await self.inner.get_range(*a, **kw)
-
-    def _read_range(self, *a, **kw):
-        return self.inner._read_range(*a, **kw)
-
-    async def aclose(self):
-        await self.inner.aclose()
-
-
-def test_a_stalled_lead_bucket_delays_no_window(tmp_path):
+def test_a_stalled_lead_bucket_delays_no_window(tmp_path, faults: FaultPlan):
     subnet = Subnet.create(tmp_path, {"lead": 100.0, "m0": 0.0, "m1": 0.0})
 
     async def scenario():
@@ -69,12 +30,12 @@ def test_a_stalled_lead_bucket_delays_no_window(tmp_path):
         await v.start()
         for m in miners:
             await m.start()
-        faulty = v.node.bucket = FaultyBucket(v.node.bucket)
+        faulty = v.node.bucket = faults.wrap(v.node.bucket)
         first = v.state.window + 1
         for w in range(first, first + 2):
             await asyncio.gather(v.run_window(w), *(m.run_window(w) for m in miners))
         stalled = first + 2
-        faulty.stalled = True
+        stall = faults.add(Fault.HANG, ops={"put"})  # its server SIGSTOPped: every write waits
         await asyncio.gather(v.run_window(stalled), *(m.run_window(stalled) for m in miners))
         clock = v.node.clock
         bound = clock.times(stalled + 1).gather_start + PUBLISH_MIN_SECONDS
@@ -82,7 +43,7 @@ def test_a_stalled_lead_bucket_delays_no_window(tmp_path):
         assert v.publisher.queued, "the stalled publications stay queued"
         progress = await get_progress(faulty.inner, run=v.node.run)
         assert progress is not None and progress.window == stalled - 1
-        faulty.stalled = False
+        faults.remove(stall)
         await asyncio.gather(v.run_window(stalled + 1), *(m.run_window(stalled + 1) for m in miners))
         assert not v.publisher.queued
         progress = await get_progress(faulty.inner, run=v.node.run)
@@ -96,7 +57,7 @@ def test_a_stalled_lead_bucket_delays_no_window(tmp_path):
     run_virtual(scenario())
 
 
-def test_a_miner_whose_bucket_refuses_writes_stops_with_one_clear_error(tmp_path):
+def test_a_miner_whose_bucket_refuses_writes_stops_with_one_clear_error(tmp_path, faults: FaultPlan):
     subnet = Subnet.create(tmp_path, {"lead": 100.0, "m0": 0.0})
 
     async def scenario():
@@ -104,8 +65,8 @@ def test_a_miner_whose_bucket_refuses_writes_stops_with_one_clear_error(tmp_path
         m = Miner(await subnet.node("m0"))
         await v.start()
         await m.start()
-        m.node.bucket = faulty = FaultyBucket(m.node.bucket)
-        faulty.refusing = True
+        m.node.bucket = faults.wrap(m.node.bucket)
+        faults.add(Fault.ERROR, ops={"put"}, message="AccessDenied")  # a revoked write key
         w = v.state.window + 1
         for _ in range(MAX_FAILED_UPLOADS - 1):
             await asyncio.gather(v.run_window(w), m.run_window(w))

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from templar.localnet.consensus import consensus_by_window, render_consensus
-from templar.localnet.report import NodeInfo, build_report, write_nodes
+from templar.localnet.report import build_report
 from templar.runtime.records import (
     SCORES_FILE,
     VALIDATOR_WINDOWS_FILE,
@@ -15,6 +15,7 @@ from templar.runtime.records import (
     ValidatorWindowRecord,
     append_record,
 )
+from templar.runtime.roster import NodeInfo, write_nodes
 
 NODES = [
     NodeInfo("validator0", "hk-v0", 0, "validator", "lead", 60.0),
@@ -63,11 +64,21 @@ def test_yuma_incentive_agreement_and_vtrust_per_window(tmp_path: Path) -> None:
 
 
 def test_build_report_carries_the_consensus(tmp_path: Path) -> None:
+    """... and lists the roster's nodes only: the subnet owner's uid 0, registered without a bucket
+    and found `missing` in the validator's score log, is no peer of the report."""
     _write_run(tmp_path, range(1, 3))
+    owner = NodeInfo("owner", "hk-owner", 4, "miner", "-")
+    for window in (1, 2):
+        append_record(NODES[0].directory(tmp_path) / SCORES_FILE, PeerScoreRecord(
+            window=window, hotkey=owner.hotkey, uid=owner.uid, status="missing", evaluated=False, sync_steps=None,
+            delta_assigned=None, delta_rand=None, mu=0.0, rating=25.0, score=0.0, weight=0.0, in_top_g=False))
     report = build_report(tmp_path)
     incentive = {p["name"]: p["final_incentive"] for p in report["peers"]}
     assert incentive["miner0"] == pytest.approx(0.6875)
-    assert "incentive after Yuma" in (tmp_path / "report.md").read_text()
+    assert [p["name"] for p in report["peers"]] == [n.name for n in NODES]
+    assert set(report["consensus"][-1]["incentive"]) == {"miner0", "moredata0"}
+    markdown = (tmp_path / "report.md").read_text()
+    assert "incentive after Yuma" in markdown and "missing" not in markdown
 
 
 def test_no_validators_no_consensus(tmp_path: Path) -> None:

@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from templar.localnet.report import NodeInfo, build_report, write_nodes
+from templar.localnet.report import build_report
 from templar.runtime.records import SCORES_FILE, PeerScoreRecord, append_record
+from templar.runtime.roster import NodeInfo, write_nodes
 
 NODES = [
     NodeInfo("validator0", "hk-v0", 0, "validator", "lead", 60.0),

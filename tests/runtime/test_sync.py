@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from tests.faults import Fault, FaultPlan
 
 from templar.comms import put_aggregate
 from templar.comms.keys import aggregate_key, inputs_key
@@ -22,7 +23,7 @@ from templar.runtime.outer import apply_update
 from templar.runtime.state import NodeState
 from templar.runtime.sync import catch_up
 from templar.runtime.windows import Clock
-from templar.storage import Bucket, LocalBucket, StorageError
+from templar.storage import Bucket, LocalBucket
 from templar.wire import Run, StepInputs, write_aggregate, write_inputs
 
 GENESIS = 1_700_000_000.0
@@ -155,20 +156,8 @@ def test_catch_up_takes_the_step_the_lead_signed(hp, keypair, tmp_path, publishe
     assert state.global_step == 8  # the lead's record of the run re-anchors a replaying node's count
 
 
-class _UnreadableAggregates(LocalBucket):
-    """The lead's bucket, where some aggregates cannot be read for a while (a stalled server)."""
-
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.unreadable: set[str] = set()
-
-    async def fetch(self, key, *, max_bytes, timeout=30.0):
-        if key in self.unreadable:
-            raise StorageError(f"{self.name}/{key}: connection reset")
-        return await super().fetch(key, max_bytes=max_bytes, timeout=timeout)
-
-
-def test_an_unreadable_aggregate_is_never_taken_for_no_update(hp, keypair, tmp_path, published_signs):
+def test_an_unreadable_aggregate_is_never_taken_for_no_update(hp, keypair, tmp_path, published_signs,
+                                                              faults: FaultPlan):
     """The silent fork: a follower that could not read window 12's aggregate used to move on as
     if the lead had stepped nothing. It must stop before that window and finish once it can read."""
     lead = keypair.ss58_address
@@ -179,15 +168,15 @@ def test_an_unreadable_aggregate_is_never_taken_for_no_update(hp, keypair, tmp_p
 
     async def scenario():
         time = loop_time()
-        bucket = _UnreadableAggregates(tmp_path / "lead", now=time.now)
+        bucket = faults.wrap(LocalBucket(tmp_path / "lead", now=time.now))
         node = FollowerNode(hp, build_model(hp), _clock(hp, time), lead, bucket)
         for window, signs_of, step in ((11, 11, 2), (12, 12, 3), (13, 14, 4)):
             await put_aggregate(bucket, window, signed(window, signs_of, step))
         await put_progress(bucket, 13, 5, run=RUN)
-        bucket.unreadable = {aggregate_key(12)}
+        reset = faults.add(Fault.ERROR, ops={"get"}, keys=aggregate_key(12), message="connection reset")
         stuck = await catch_up(node, NodeState(window=10, global_step=2), until=13)
         assert (stuck.window, stuck.global_step) == (11, 3), "window 12 was assumed empty"
-        bucket.unreadable = set()
+        faults.remove(reset)
         return node.model, await catch_up(node, stuck, until=13)
 
     model, state = run_virtual(scenario(), start=GENESIS + 150)

@@ -67,7 +67,7 @@ def test_smoke_runs_every_phase_and_prints_the_table(gpu, tmp_path: Path, assets
     assert consensus["fingerprint"]["model_in_sync"] and consensus["consistent"]
 
     noise = phases["noise"]
-    assert len(noise["peers"]) == gpu.SMOKE.noise_peers
+    assert 2 <= len(noise["peers"]) <= gpu.SMOKE.noise_peers  # a third peer only if the time cap allows
     for row in noise["peers"].values():
         assert len(row["delta_rand_pages"]) == gpu.SMOKE.noise_random_pages
         assert len(row["delta_assigned_pages"]) == hp.data.pages_per_window

@@ -27,6 +27,7 @@ from templar.chain.devchain import OWNER_WALLET, ensure_subnet, register_wallet
 from templar.chain.flags import add_chain_args, add_network_args, add_wallet_path_arg, connect_from_args
 from templar.chain.store import ChainSpec, ChainStore, subnet_row
 from templar.chain.types import ChainError, Neuron
+from templar.storage.locator import redact_locator
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -155,22 +156,6 @@ def run_register(args: argparse.Namespace) -> int:
             f"on netuid {args.netuid} with stake {stake:g} TAO"
         )
     return 0
-
-
-def redact_locator(value: str | None) -> str:
-    """What `show` may print of a committed locator: its kind and bucket, never its keys."""
-    if not value:
-        return "-"
-    kind, sep, body = value.partition(":")
-    if sep and kind == "s3":
-        parts = body.split("|")
-        return f"s3:{parts[1]}" if len(parts) == 4 else "s3:?"
-    if sep and kind == "r2":
-        bucket = body.partition(":")[2]
-        return f"r2:{bucket or '(account bucket)'}"
-    if sep and kind == "local":
-        return f"local:{body[:48]}"
-    return value[:16] + ("…" if len(value) > 16 else "")
 
 
 def _snapshot(args: argparse.Namespace) -> dict[str, Any]:

@@ -204,7 +204,7 @@ def create_app(board: Board, *, allowed_hosts: list[str] | None = None) -> Starl
         await refresher.on_request()
         with board.lock:
             v = board.validator(vname(request))
-            rows = [rec.__dict__ | {"name": board.label(hk)} for hk, rec in sorted(v.current().items())] if v else []
+            rows = [rec.__dict__ | {"name": board.label(hk)} for hk, rec in sorted(board.peers(v).items())] if v else []
             data = {"validator": v.name if v else None, "window": v.table_window() if v else None, "peers": rows}
         return JSONResponse(_clean(data))
 

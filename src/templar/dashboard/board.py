@@ -16,7 +16,12 @@ from pathlib import Path
 
 from templar.chain import Chain
 from templar.dashboard.chainwatch import ChainSnapshot, ChainWatch
-from templar.dashboard.sources import LocalnetDir, MinerSource, NodeLabel, ValidatorSource
+from templar.dashboard.sources import LocalnetDir, MinerSource, ValidatorSource
+from templar.runtime.records import PeerScoreRecord
+from templar.runtime.roster import NodeInfo
+
+NEVER_PRESENT = frozenset({"missing", "not-sampled"})
+"""Statuses that say nothing was ever received from a hotkey."""
 
 
 @dataclass
@@ -49,7 +54,7 @@ class Board:
         self.version = 0
         self.updated_at = 0.0
         self.localnet = LocalnetDir(config.localnet) if config.localnet else None
-        self.labels: dict[str, NodeLabel] = {}
+        self.labels: dict[str, NodeInfo] = {}
         taken: set[str] = set()
         self.validators = [ValidatorSource(_unique_name(d, taken), d) for d in config.validator_dirs]
         self.miners = [MinerSource(_unique_name(d, taken), d) for d in config.miner_dirs]
@@ -90,7 +95,7 @@ class Board:
             self.labels[node.hotkey] = node
             if node.name in have:
                 continue
-            directory = self.localnet.node_dir(node)
+            directory = node.directory(self.localnet.out)
             if node.role == "validator":
                 self.validators.append(ValidatorSource(node.name, directory))
             else:
@@ -118,6 +123,24 @@ class Board:
             if named:
                 return named
         return self.validators[0] if self.validators else None
+
+    def peers(self, v: ValidatorSource) -> dict[str, PeerScoreRecord]:
+        """`v.current()` without the hotkeys that take no part as miners.
+
+        A registered hotkey that never committed a bucket and was only ever scored `missing` (or
+        not sampled) is no miner that went missing: it is the subnet owner's uid 0, or a hotkey
+        registered and never started. Who committed is known from a localnet's roster (each node
+        commits at its start) and from the chain; with neither, every hotkey is shown."""
+        committed = self._committed()
+        return {hk: rec for hk, rec in v.current().items()
+                if committed is None or hk in committed
+                or any(r.status not in NEVER_PRESENT or r.weight > 0 for r in v.history.get(hk, ()))}
+
+    def _committed(self) -> set[str] | None:
+        snap = self.snapshot
+        if snap is None and not self.labels:
+            return None
+        return set(self.labels) | ({n.hotkey for n in snap.neurons if n.commitment} if snap else set())
 
     def miner(self, name: str) -> MinerSource | None:
         return next((m for m in self.miners if m.name == name), None)

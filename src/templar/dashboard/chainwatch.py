@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from loguru import logger
 
 from templar.chain import Chain, ChainError, Neuron, lead_of
-from templar.chain.cli import redact_locator
+from templar.storage.locator import redact_locator
 
 
 @dataclass(frozen=True)

@@ -61,9 +61,9 @@ def board_config(args: argparse.Namespace):
     endpoint = args.subtensor_chain_endpoint
     netuid = args.netuid
     if args.localnet and network is None and endpoint is None:
-        from templar.localnet.runner import NETUID
+        from templar.runtime.roster import CHAIN_FILE, NETUID
 
-        network, endpoint = "embedded", str(args.localnet / "chain.sqlite")
+        network, endpoint = "embedded", str(args.localnet / CHAIN_FILE)
         netuid = NETUID if netuid is None else netuid
     network = network or os.getenv("BT_NETWORK", DEFAULT_NETWORK)
     netuid = int(os.getenv("BT_NETUID", DEFAULT_NETUID)) if netuid is None else netuid

@@ -120,10 +120,11 @@ def start_localnet_dashboard(out: Path, hparams: str, port: int, netuid: int) ->
     from templar.chain import connect
     from templar.core.config import load_hparams
     from templar.dashboard.board import BoardConfig
+    from templar.runtime.roster import CHAIN_FILE
 
     hp = load_hparams(hparams)
     config = BoardConfig(
-        localnet=out, connect=partial(connect, network="embedded", chain_endpoint=str(out / "chain.sqlite"),
+        localnet=out, connect=partial(connect, network="embedded", chain_endpoint=str(out / CHAIN_FILE),
                                       netuid=netuid, wallet_name=None, read_timeout=10.0),
         chain_label=f"embedded netuid {netuid}", chain_interval=max(2.0, hp.windows.block_time),
         blocks_per_window=hp.windows.blocks_per_window, hparams_name=hp.name)

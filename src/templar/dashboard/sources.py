@@ -15,7 +15,6 @@ has grown for weeks is read from its last few MiB (`*_START_BYTES`), so the firs
 from __future__ import annotations
 
 import functools
-import json
 import math
 import os
 import re
@@ -35,9 +34,9 @@ from templar.runtime.records import (
     ValidatorWindowRecord,
     WeightsRecord,
 )
+from templar.runtime.roster import CHAIN_FILE, NodeInfo, RosterError, lead_validator, read_nodes
 
 BOOK_FILE = "scorebook.json"  # the validator's readable copy (templar.validator.state.BOOK_FILE)
-NODES_FILE = "nodes.json"     # a localnet's roster (templar.localnet.report.NODES_FILE)
 LOG_FILE = "node.log"         # the localnet passes --logging.file <state dir>/node.log
 MAX_WINDOWS = 2000
 MAX_PEER_RECORDS = 400
@@ -350,58 +349,27 @@ class MinerSource:
         return out
 
 
-@dataclass(frozen=True)
-class NodeLabel:
-    """A localnet's name and role for a hotkey (from nodes.json)."""
-
-    name: str
-    hotkey: str
-    uid: int
-    role: str
-    strategy: str
-    stake: float
-
-
 @dataclass
 class LocalnetDir:
-    """A localnet `--out` directory: its roster, chain file and each node's state dir."""
+    """A localnet `--out` directory: its roster (`templar.runtime.roster`), chain file and each
+    node's state dir."""
 
     out: Path
-    nodes: list[NodeLabel] = field(default_factory=list)
+    nodes: list[NodeInfo] = field(default_factory=list)
     error: str = ""
 
     def load(self) -> None:
-        path = self.out / NODES_FILE
         try:
-            raw = json.loads(path.read_text())
-        except FileNotFoundError:
-            self.error = f"{NODES_FILE}: not written yet (the localnet is starting?)"
-            return
-        except (OSError, ValueError) as exc:
-            self.error = f"{NODES_FILE}: unreadable ({exc})"
-            return
-        nodes = []
-        for item in raw if isinstance(raw, list) else []:
-            try:
-                node = NodeLabel(name=str(item["name"]), hotkey=str(item["hotkey"]), uid=int(item["uid"]),
-                                 role=str(item["role"]), strategy=str(item["strategy"]),
-                                 stake=float(item.get("stake", 0.0)))
-            except (KeyError, TypeError, ValueError):
-                continue
-            if re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", node.name) and node.role in {"miner", "validator"}:
-                nodes.append(node)
-        self.nodes, self.error = nodes, "" if nodes else f"{NODES_FILE}: no valid node entries"
-
-    def node_dir(self, node: NodeLabel) -> Path:
-        return self.out / "nodes" / node.name
+            self.nodes, self.error = read_nodes(self.out), ""
+        except RosterError as exc:
+            self.error = str(exc)
 
     @property
     def chain_file(self) -> Path:
-        return self.out / "chain.sqlite"
+        return self.out / CHAIN_FILE
 
-    def lead(self) -> NodeLabel | None:
-        validators = [n for n in self.nodes if n.role == "validator"]
-        return max(validators, key=lambda n: (n.stake, -n.uid)) if validators else None
+    def lead(self) -> NodeInfo | None:
+        return lead_validator(self.nodes)
 
 
 def finite(value: float | None) -> bool:

@@ -251,7 +251,7 @@ def _windows_table(windows) -> str:
 def _top_g(board: Board, v: ValidatorSource | None) -> str:
     if v is None:
         return '<p class="muted">no validator state dir</p>'
-    top = sorted((r for r in v.current().values() if r.in_top_g), key=lambda r: -r.weight)
+    top = sorted((r for r in board.peers(v).values() if r.in_top_g), key=lambda r: -r.weight)
     if not top:
         return '<p class="muted">no peer in the top-G yet</p>'
     best = max(r.weight for r in top) or 1.0
@@ -308,7 +308,8 @@ def peers(board: Board, vname: str | None) -> str:
     parts = [problems_box(board), validator_picker(board, v, "/peers")]
     if v is None:
         return "".join(parts) + subnet_table(board)
-    current = v.current()
+    current = board.peers(v)
+    hidden = len(v.current()) - len(current)
     snap = board.snapshot
     chain_hk = snap.by_hotkey if snap else {}
     rows = []
@@ -336,10 +337,17 @@ def peers(board: Board, vname: str | None) -> str:
             ("top-G", "num"), ("weight history", "none"), ("stake τ", "num")]
     window = v.table_window()
     parts.append(f'<section class="panel"><h2>Peers <small>{escape(v.name)}\'s view, window '
-                 f'{num(window, "d")} · {len(rows)} peers · click a header to sort</small></h2>'
+                 f'{num(window, "d")} · {len(rows)} peers{_hidden_note(hidden)} · click a header to sort</small></h2>'
                  f'{table(cols, rows, tid="peers", empty="no peer scored yet", optional=frozenset({3, 4, 5, 6, 7, 11, 12}))}'
                  "</section>")
     return "".join(parts)
+
+
+def _hidden_note(hidden: int) -> str:
+    if not hidden:
+        return ""
+    return (f' · <span title="registered, no bucket committed, never scored but missing (the subnet owner\'s uid 0, '
+            f'or a hotkey never started)">{hidden} hotkey{"s" if hidden > 1 else ""} without a bucket not shown</span>')
 
 
 def proof_failed(rec: PeerScoreRecord) -> bool:

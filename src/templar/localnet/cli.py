@@ -45,10 +45,15 @@ def run(args: argparse.Namespace) -> int:
     from templar.core.log import setup_logging
     from templar.localnet.report import build_report
     from templar.localnet.runner import run_localnet
+    from templar.runtime.roster import RosterError
 
     setup_logging()
     if args.report_only:
-        build_report(args.out)
+        try:
+            build_report(args.out)
+        except RosterError as exc:
+            print(f"error: {args.out}: {exc}")
+            return 2
         print(f"report rebuilt in {args.out}")
         return 0
     if min(args.miner_ranks, args.validator_ranks) < 1 or (args.miner_ranks > 1 and args.miners < 1) or (
@@ -71,7 +76,12 @@ def run(args: argparse.Namespace) -> int:
                          resume=args.resume, live=not args.no_live, in_process=args.in_process,
                          dashboard=None if args.no_dashboard else args.dashboard, miner_ranks=args.miner_ranks,
                          validator_ranks=args.validator_ranks)
-    report = run_localnet(cfg)
+    starter = None
+    if cfg.dashboard is not None:  # the command line joins the two tools; neither imports the other
+        from templar.dashboard.server import start_localnet_dashboard
+
+        starter = start_localnet_dashboard
+    report = run_localnet(cfg, start_dashboard=starter)
     summary = [{k: p.get(k) for k in ("name", "strategy", "final_weight", "final_incentive", "final_mu")}
                for p in report["peers"] if p["role"] == "miner"]
     print(json.dumps({"outcome": report["outcome"], "miners": summary}, indent=2))

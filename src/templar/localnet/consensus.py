@@ -13,26 +13,15 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from pathlib import Path
-from typing import Protocol
 
 import numpy as np
 
 from templar.chain import yuma
 from templar.runtime.records import SCORES_FILE, read_records
+from templar.runtime.roster import NodeInfo
 
 
-class _Node(Protocol):
-    name: str
-    hotkey: str
-    uid: int
-    role: str
-    strategy: str
-    stake: float
-
-    def directory(self, out: Path) -> Path: ...
-
-
-def consensus_by_window(out: Path, nodes: list[_Node]) -> list[dict]:
+def consensus_by_window(out: Path, nodes: list[NodeInfo]) -> list[dict]:
     """Per window seen by every validator: agreement, vtrust and incentive per node name."""
     validators = [n for n in nodes if n.role == "validator"]
     if not validators:
@@ -77,7 +66,7 @@ def consensus_by_window(out: Path, nodes: list[_Node]) -> list[dict]:
     return rows
 
 
-def render_consensus(rows: list[dict], nodes: list[_Node]) -> list[str]:
+def render_consensus(rows: list[dict], nodes: list[NodeInfo]) -> list[str]:
     """Markdown: the last window's weights per validator next to the incentive after Yuma, then agreement."""
     if not rows:
         return []

@@ -26,11 +26,11 @@ from loguru import logger
 from templar.core.clock import loop_time, run_virtual
 from templar.core.log import setup_logging
 from templar.localnet.adversaries import make_adversary
-from templar.localnet.report import NodeInfo, lead_validator
 from templar.localnet.runner import Localnet, is_adversary
 from templar.miner.loop import Miner
 from templar.runtime.flags import add_node_args
 from templar.runtime.node import Node, start_node
+from templar.runtime.roster import NodeInfo, lead_validator
 from templar.validator.loop import Validator
 
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 from rich.table import Table
 
-from templar.localnet.report import NodeInfo, lead_validator
 from templar.runtime.records import MINER_WINDOWS_FILE, SCORES_FILE, VALIDATOR_WINDOWS_FILE, read_records
+from templar.runtime.roster import NodeInfo, lead_validator
 
 
 def _last(path: Path) -> dict | None:

@@ -8,39 +8,11 @@ from __future__ import annotations
 
 import json
 from collections import Counter, defaultdict
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from templar.localnet.consensus import consensus_by_window, render_consensus
 from templar.runtime.records import MINER_WINDOWS_FILE, SCORES_FILE, VALIDATOR_WINDOWS_FILE, read_records
-
-NODES_FILE = "nodes.json"
-
-
-@dataclass(frozen=True)
-class NodeInfo:
-    name: str
-    hotkey: str
-    uid: int
-    role: str        # miner | validator
-    strategy: str    # honest or an adversary's name; validators: "lead" or "validator"
-    stake: float = 0.0
-
-    def directory(self, out: Path) -> Path:
-        return out / "nodes" / self.name
-
-
-def write_nodes(out: Path, nodes: list[NodeInfo]) -> None:
-    (out / NODES_FILE).write_text(json.dumps([asdict(n) for n in nodes], indent=2))
-
-
-def read_nodes(out: Path) -> list[NodeInfo]:
-    return [NodeInfo(**n) for n in json.loads((out / NODES_FILE).read_text())]
-
-
-def lead_validator(nodes: list[NodeInfo]) -> NodeInfo | None:
-    validators = [n for n in nodes if n.role == "validator"]
-    return max(validators, key=lambda n: (n.stake, -n.uid)) if validators else None
+from templar.runtime.roster import NodeInfo, lead_validator, read_nodes
 
 
 def build_report(out: Path) -> dict:

@@ -15,8 +15,10 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from loguru import logger
 from rich.console import Console
@@ -26,10 +28,18 @@ from templar.chain.embedded import create_dev_chain
 from templar.core.atomic import atomic_write
 from templar.core.config import REPO_ROOT, load_hparams, resolve_hparams_path
 from templar.localnet.live import live_table
-from templar.localnet.report import NodeInfo, build_report, lead_validator, write_nodes
+from templar.localnet.report import build_report
 from templar.runtime.records import VALIDATOR_WINDOWS_FILE, read_records
+from templar.runtime.roster import (
+    CHAIN_FILE,
+    NETUID,
+    NODES_FILE,
+    NodeInfo,
+    lead_validator,
+    read_nodes,
+    write_nodes,
+)
 
-NETUID = 1
 WALLET = "localnet"
 LEAD_STAKE = 10_000.0
 VALIDATOR_STAKE = 1_000.0
@@ -51,7 +61,7 @@ class LocalnetConfig:
     in_process: bool = False
     """All neurons in this process on virtual time (`templar.localnet.inprocess`)."""
     dashboard: int | None = None
-    """Port of the dashboard on 127.0.0.1 (None: none)."""
+    """Port of the dashboard on 127.0.0.1 (None: none; served by `run_localnet`'s `start_dashboard`)."""
     miner_ranks: int = 1
     """Honest miner0 runs as one node over this many torchrun ranks (FSDP2, gloo on CPU; docs/mining.md §12)."""
     validator_ranks: int = 1
@@ -122,11 +132,9 @@ class Localnet:
             self.hparams = str(preset)
             self.hp = load_hparams(preset)
         planned = plan_nodes(self.cfg)
-        chain_path = self.out / "chain.sqlite"
+        chain_path = self.out / CHAIN_FILE
         wallets = self.out / "wallets"
-        if self.cfg.resume and (self.out / "nodes.json").exists():
-            from templar.localnet.report import read_nodes
-
+        if self.cfg.resume and (self.out / NODES_FILE).exists():
             self.nodes = read_nodes(self.out)
             self.resumed_after = max(self._lead_windows(), default=-1)
             return
@@ -169,7 +177,7 @@ class Localnet:
         node_dir.mkdir(parents=True, exist_ok=True)
         flags = ["--wallet.name", WALLET, "--wallet.hotkey", node.name,
                  "--wallet.path", str(self.out / "wallets"), "--netuid", str(NETUID),
-                 "--subtensor.network", "embedded", "--subtensor.chain_endpoint", str(self.out / "chain.sqlite"),
+                 "--subtensor.network", "embedded", "--subtensor.chain_endpoint", str(self.out / CHAIN_FILE),
                  "--hparams", self.hparams, "--device", "cpu", "--state.dir", str(node_dir),
                  "--logging.file", str(node_dir / "node.log"), *bucket_args]
         if node.role == "validator":
@@ -329,16 +337,29 @@ def torchrun_ranks(pid: int) -> dict[int, int]:
     return out
 
 
-def run_localnet(cfg: LocalnetConfig, *, deadline_seconds: float | None = None) -> dict:
-    """Run a localnet to completion (or Ctrl-C) and return the report."""
+class Dashboard(Protocol):
+    url: str
+
+    def stop(self) -> None: ...
+
+
+DashboardStarter = Callable[[Path, str, int, int], Dashboard | None]
+"""(out, hparams, port, netuid) -> a running dashboard, or None if it could not start."""
+
+
+def run_localnet(cfg: LocalnetConfig, *, deadline_seconds: float | None = None,
+                 start_dashboard: DashboardStarter | None = None) -> dict:
+    """Run a localnet to completion (or Ctrl-C) and return the report.
+
+    `start_dashboard` serves the dashboard next to the net when `cfg.dashboard` names a port: the
+    command line passes `templar.dashboard.server.start_localnet_dashboard`, so the localnet and
+    the dashboard, side by side on the tools floor, never import each other."""
     net = Localnet(cfg)
     net.prepare()
     codes: dict[str, int | None] = {}
     dashboard = None
-    if cfg.dashboard is not None:
-        from templar.dashboard.server import start_localnet_dashboard
-
-        dashboard = start_localnet_dashboard(net.out, net.hparams, cfg.dashboard, NETUID)
+    if cfg.dashboard is not None and start_dashboard is not None:
+        dashboard = start_dashboard(net.out, net.hparams, cfg.dashboard, NETUID)
         if dashboard is not None:
             print(f"dashboard: {dashboard.url}", flush=True)
     try:

@@ -115,6 +115,9 @@ class Node:
     _peer_buckets: dict[str, tuple[str, Bucket]] = field(default_factory=dict)
     bucket_faults: dict[str, str] = field(default_factory=dict)
     """Why a peer's committed locator could not be opened, by hotkey (its gathers: `unreachable`)."""
+    open_bucket: Callable[..., Bucket] = field(default=open_bucket, repr=False)
+    """How this node opens a bucket, its own and its peers': `templar.storage.open_bucket` (a test
+    puts a fault-injecting bucket around every bucket a node opens through this)."""
     state_lock: StateLock | None = None
     """This process's hold on `state_dir` (`templar.runtime.lock`), released by `aclose`."""
     failed_saves: int = 0
@@ -175,7 +178,7 @@ class Node:
                 continue
             try:
                 locator = BucketLocator.parse(raw)
-                bucket = open_bucket(locator, allow_private=self.allow_private_endpoints)
+                bucket = self.open_bucket(locator, allow_private=self.allow_private_endpoints)
             except Exception as exc:  # whatever a hostile commitment triggers is its owner's problem alone
                 reason = f"bucket commitment unusable: {type(exc).__name__}: {str(exc)[:160]}"
                 if self.bucket_faults.get(hotkey) != reason:
@@ -222,12 +225,13 @@ class Node:
 
 
 async def start_node(args: argparse.Namespace, role: str, *, time: TimeSource = SYSTEM_TIME,
-                     configure_logging: bool = True) -> Node:
+                     configure_logging: bool = True, open_bucket: Callable[..., Bucket] = open_bucket) -> Node:
     """Registration check, bucket commitment, model and data, from the parsed node flags.
 
     Raises `StartupError` (configuration, code 3) or `NotRegisteredError` (code 2) with a message
     for the operator. `time` is where the node's "now" comes from (virtual in tests).
     `configure_logging=False` leaves the process's logging as it is (many nodes in one process).
+    `open_bucket` opens every bucket the node uses (`Node.open_bucket`).
     """
     try:
         hp = load_hparams(args.hparams)
@@ -261,7 +265,7 @@ async def start_node(args: argparse.Namespace, role: str, *, time: TimeSource = 
     except OSError as exc:
         raise StartupError(f"state directory {state_dir}: {exc.strerror or exc}") from exc
     try:
-        bucket = await _open_own_bucket(args, chain, time)
+        bucket = await _open_own_bucket(args, chain, time, open_bucket)
         try:
             pages = await open_reader(hp, args.data_cache_dir or state_dir / "data", locator=args.data_locator,
                                       prefix=args.data_prefix, cache_gb=args.data_cache_gb)
@@ -278,10 +282,11 @@ async def start_node(args: argparse.Namespace, role: str, *, time: TimeSource = 
     log.info(f"{role} uid {uid} ready: model {hp.name} on {device}, {pages.num_pages} pages, state in {state_dir}")
     return Node(hp=hp, chain=chain, clock=clock, uid=uid, model=model, pages=pages, plan=plan, bucket=bucket,
                 state_dir=state_dir, device=device, compute=LocalCompute(model, hp), state_lock=lock,
-                allow_private_endpoints=args.subtensor_network not in PUBLIC_NETWORKS)
+                allow_private_endpoints=args.subtensor_network not in PUBLIC_NETWORKS, open_bucket=open_bucket)
 
 
-async def _open_own_bucket(args: argparse.Namespace, chain: Chain, time: TimeSource) -> Bucket:
+async def _open_own_bucket(args: argparse.Namespace, chain: Chain, time: TimeSource,
+                           open_bucket: Callable[..., Bucket]) -> Bucket:
     """Our bucket, with its read locator committed on chain (write keys never leave this node)."""
     log = logger.bind(phase="startup")
     if not args.bucket_locator:

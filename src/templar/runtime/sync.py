@@ -38,6 +38,7 @@ from templar.runtime.fingerprint import model_in_sync, off_positions
 from templar.runtime.node import Node
 from templar.runtime.outer import update_step
 from templar.runtime.state import STATE_FILE, NodeState
+from templar.runtime.windows import APPLY_SECONDS
 from templar.storage import StorageError
 from templar.wire import (
     Aggregate,
@@ -244,7 +245,10 @@ async def catch_up(node: Node, state: NodeState, until: int, *, verify: bool = T
     for window in range(state.window + 1, until + 1):
         if node.stop.is_set():
             break
-        publish_by = node.clock.times(window + 1).end
+        # Due by the end of the next window; a node that reaches it later still looks for a while
+        # (a lead whose bucket was stalled publishes what it held back as soon as it can).
+        publish_by = max(node.clock.times(window + 1).end,
+                         node.clock.now() + min(APPLY_SECONDS, node.hp.windows.gather_seconds))
         resolved, agg, problem = False, None, "not readable: no lead validator with a readable bucket"
         while True:
             lead = await node.lead()

@@ -335,6 +335,22 @@ class BucketLocator:
     __str__ = __repr__
 
 
+def redact_locator(value: str | None) -> str:
+    """What `show` may print of a committed locator: its kind and bucket, never its keys."""
+    if not value:
+        return "-"
+    kind, sep, body = value.partition(":")
+    if sep and kind == "s3":
+        parts = body.split("|")
+        return f"s3:{parts[1]}" if len(parts) == 4 else "s3:?"
+    if sep and kind == "r2":
+        bucket = body.partition(":")[2]
+        return f"r2:{bucket or '(account bucket)'}"
+    if sep and kind == "local":
+        return f"local:{body[:48]}"
+    return value[:16] + ("…" if len(value) > 16 else "")
+
+
 def is_loopback(host: str) -> bool:
     """Whether a listening address is this machine only ("localhost", 127.0.0.0/8, ::1): what the
     dashboard and the metrics exporter bind to unless told otherwise."""

@@ -114,6 +114,12 @@ def windows_per_day(hp: HParams) -> float:
     return SECONDS_PER_DAY / (hp.windows.blocks_per_window * hp.windows.block_time)
 
 
+def inputs_record(hp: HParams) -> int:
+    """Bytes of the lead's inputs record of a window (`templar.wire.inputs`): a 32-byte digest and a
+    quoted hotkey per aggregated payload, plus the signed document's fields and the header."""
+    return 1024 + hp.gauntlet.top_g * (32 + 52)
+
+
 def _put_requests(nbytes: float) -> int:
     """PUT-class requests of one upload: one, or create + parts + complete for a multipart upload."""
     return 1 if nbytes <= MULTIPART_THRESHOLD else -(-int(nbytes) // PART_SIZE) + 2
@@ -123,7 +129,8 @@ def made(hp: HParams, sizes: Sizes, role: str, *, miners: int) -> dict[str, Requ
     """The requests a node makes in one window, by whose bucket they go to ("own", "lead", "peers",
     "data"). `role`: miner, validator or lead."""
     g, gauntlet, data = min(hp.gauntlet.top_g, miners), hp.gauntlet, hp.data
-    lead = Requests(get=2, bytes_down=PROGRESS_RECORD + SMALL_RECORD)
+    # the lead's progress, its peer list and its inputs of the window (the step every node takes)
+    lead = Requests(get=3, bytes_down=PROGRESS_RECORD + SMALL_RECORD + inputs_record(hp))
     if role == "miner":
         return {
             "own": Requests(put=2, delete=1, bytes_up=sizes.gradient + SMALL_RECORD),
@@ -141,7 +148,10 @@ def made(hp: HParams, sizes: Sizes, role: str, *, miners: int) -> dict[str, Requ
     }
     if role == "lead":  # publishes, and reads its own peer list (no sync check: it is the reference)
         del out["lead"]
-        out["own"] = Requests(put=4, get=2, bytes_up=sizes.aggregate + PROGRESS_RECORD + 2 * SMALL_RECORD,
+        # inputs, aggregate, peer list, its index, progress; a HEAD before each object of the window's
+        # history (inputs, aggregate, peer list: written only if absent); the peer list and its index read
+        out["own"] = Requests(put=5, head=3, get=2,
+                              bytes_up=inputs_record(hp) + sizes.aggregate + PROGRESS_RECORD + 2 * SMALL_RECORD,
                               bytes_down=2 * SMALL_RECORD) + checkpoint(hp, sizes).scaled(1 / hp.windows.checkpoint_frequency)
     return out
 
@@ -150,8 +160,9 @@ def checkpoint(hp: HParams, sizes: Sizes) -> Requests:
     """One checkpoint and its cleanup (`comms.checkpoint`, `validator.lead`): uploads, then the old
     checkpoint's two files and the aggregates no joiner can replay any more are deleted."""
     aggregates_kept = 3 * hp.windows.checkpoint_frequency
-    return Requests(put=_put_requests(sizes.checkpoint) + 2, get=1, list=1 + max(1, -(-aggregates_kept // 1000)),
-                    delete=2 + hp.windows.checkpoint_frequency, bytes_up=sizes.checkpoint + 2 * SMALL_RECORD,
+    listings = max(1, -(-aggregates_kept // 1000))  # 1,000 keys per LIST page, aggregates and inputs alike
+    return Requests(put=_put_requests(sizes.checkpoint) + 2, get=1, list=1 + 2 * listings,
+                    delete=2 + 2 * hp.windows.checkpoint_frequency, bytes_up=sizes.checkpoint + 2 * SMALL_RECORD,
                     bytes_down=SMALL_RECORD)
 
 
@@ -174,7 +185,7 @@ def served(hp: HParams, sizes: Sizes, role: str, *, miners: int, validators: int
         return Requests(get=pages, bytes_down=pages * sizes.page)
     if role == "lead":
         readers = miners + validators - 1
-        per_window = Requests(get=2 * readers, bytes_down=readers * (PROGRESS_RECORD + SMALL_RECORD))
+        per_window = Requests(get=3 * readers, bytes_down=readers * (PROGRESS_RECORD + SMALL_RECORD + inputs_record(hp)))
         joins = Requests(head=1, get=1, bytes_down=sizes.checkpoint).scaled(joins_per_day / windows_per_day(hp))
         return per_window + joins
     return Requests()

@@ -81,16 +81,17 @@ class WindowPublisher:
         data = write_inputs(inputs, hotkey=node.hotkey, run=node.run, sign=node.chain.sign)
         try:
             async with asyncio.timeout(max(0.5, deadline - node.clock.now())):
-                published = await get_inputs(node.bucket, window, max_bytes=max_inputs_bytes())
-                if published is None:
-                    await put_new(node.bucket, inputs_key(window), data)
+                if await put_new(node.bucket, inputs_key(window), data):
                     return inputs
+                published = await get_inputs(node.bucket, window, max_bytes=max_inputs_bytes())
         except (TimeoutError, StorageError) as exc:
             log.warning(f"publishing the inputs of window {window} failed ({type(exc).__name__}: {exc}); "
                         "retrying with the window's other objects")
             self.queued[f"inputs/{window}"] = partial(put_new, node.bucket, inputs_key(window), data)
             return inputs
         try:
+            if published is None:
+                raise PayloadError("not_safetensors", "deleted between our check and our read")
             kept = read_inputs(published, run=node.run, verify=verify_signature, expected_hotkey=node.hotkey,
                                expected_window=window)
         except PayloadError as exc:
