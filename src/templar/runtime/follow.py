@@ -61,7 +61,7 @@ async def read_lead_inputs(node: Node, window: int, *, deadline: float) -> StepI
                 problem = f"malformed ({exc.reason}: {str(exc.detail)[:120]})"
             except (StorageError, RecordError) as exc:
                 problem = f"unreadable ({str(exc)[:160]})"
-        if node.clock.now() >= deadline or node.stop.is_set():
+        if node.clock.now() >= deadline:  # a stop request finishes the window: no early exit here
             raise FollowError(f"the lead's {inputs_key(window)} is {problem}")
         await asyncio.sleep(POLL_SECONDS)
 
