@@ -12,11 +12,10 @@ one peer, or all norms equal, nothing is clipped. A peer that scales its update 
 back to the median norm: it moves the mean no more than a median peer does.
 
 Determinism (every honest node must compute the same Δ, bit for bit, for any peer order):
-- Norms are exact. Every value on the 2-bit grid has at most 8 significant bits (level × an 8-bit
-  mantissa × 2^e); any float32 with at most 12 is split into an integer mantissa m < 2^12 and an
-  exponent, so v² = m² · 2^(2e) with m² < 2^24; per tensor, the m² of equal exponents are summed
-  in float64, exactly (below 2^53 for up to 2^29 values, whatever the order), and the exponent
-  groups are combined as Python integers. The median compares exact rationals, and the clip factor
+- Norms are exact. On the 2-bit grid the non-zero values of a chunk share one magnitude
+  s = m · 2^e (an 8-bit mantissa; up to 12 bits are accepted), so a chunk's Σ v² is its count of
+  non-zero values times m² · 2^(2e): per tensor, these integers are summed per exponent in int64
+  (exact whatever the order) and the exponent groups combined as Python integers. The median compares exact rationals, and the clip factor
   is `sqrt(m² / n_p²)` rounded once to float64 (correctly rounded division and square root).
 - The sum is fixed point, as in the signed aggregate: `round(v · w_p · c_p · 2^F)` in float64
   (ties to even), added in int64 (associative), converted to float32 once and scaled by 2^-F
@@ -44,25 +43,34 @@ __all__ = ["aggregate_clipped_mean", "apply_mean_update", "clip_factors", "paylo
 _MANTISSA_BITS = 12  # values with more significant bits are refused (the grid has 8)
 _EXP_OFFSET = 160  # frexp exponents of float32 lie in [-148, 128]
 _FIXED_MAX_BITS = 62  # the accumulated sum stays below 2^62
-_MAX_TERMS = 1 << 29  # per tensor: 2^29 · (2^12)^2 < 2^53, so the float64 group sums are exact
 
 
 def _norm_terms(values: torch.Tensor) -> tuple[Fraction, int | None]:
-    """Exact Σ v² of one tensor's values, and the smallest E with every |v| < 2^E (None if all 0)."""
-    flat = values.reshape(-1)
-    if flat.numel() > _MAX_TERMS:
-        raise ValueError(f"{flat.numel()} values in one tensor: more than the exact norm allows")
-    fraction, exponent = torch.frexp(flat)  # v = fraction · 2^exponent, |fraction| in [0.5, 1)
+    """Exact Σ v² of one tensor's values `[n_chunks, k]`, and the smallest E with every |v| < 2^E
+    (None if all are 0). ValueError unless every chunk's non-zero values share one magnitude s
+    (the grid) and every s has at most 12 significant bits."""
+    if values.numel() > 1 << 38:
+        raise ValueError(f"{values.numel()} values in one tensor: more than the exact norm allows")
+    magnitude = values.abs()
+    scale = magnitude.amax(dim=1)
+    count = torch.count_nonzero(values, dim=1)
+    if not torch.equal(torch.where(scale > 0, (magnitude == scale[:, None]).sum(dim=1), 0), count):
+        raise ValueError("values are not on the 2-bit grid: a chunk holds more than one magnitude")
+    fraction, exponent = torch.frexp(scale)  # s = fraction · 2^exponent, fraction in [0.5, 1)
     mantissa = fraction * (1 << _MANTISSA_BITS)  # exact: a power-of-two scale
-    if not bool((mantissa == torch.round(mantissa)).all()):
-        raise ValueError(f"values with more than {_MANTISSA_BITS} significant bits (not on the 2-bit grid)")
-    square = mantissa.to(torch.float64).square_()
-    sums = torch.bincount(exponent.to(torch.int64) + _EXP_OFFSET, weights=square).cpu()
+    if not torch.equal(mantissa, torch.round(mantissa)):
+        raise ValueError(f"scales with more than {_MANTISSA_BITS} significant bits (not on the 2-bit grid)")
+    # Σ v² = Σ_chunks count · m² · 2^(2(e - 12)) with m² < 2^24 and Σ count <= 2^38 values: every
+    # int64 sum per exponent stays below 2^62, exact whatever order the additions run in.
+    terms = count * mantissa.to(torch.int64).square()
+    sums = torch.zeros(_EXP_OFFSET + 130, dtype=torch.int64, device=values.device)
+    sums.index_add_(0, exponent.to(torch.int64) + _EXP_OFFSET, terms)
     total, top = Fraction(0), None
-    for index in torch.nonzero(sums).view(-1).tolist():  # at most ~280 exponent groups
-        e = index - _EXP_OFFSET
-        total += Fraction(int(sums[index].item())) * Fraction(2) ** (2 * (e - _MANTISSA_BITS))
-        top = e if top is None else max(top, e)
+    for index, value in enumerate(sums.tolist()):  # exponents grow with the index
+        if value:
+            e = index - _EXP_OFFSET
+            total += value * Fraction(2) ** (2 * (e - _MANTISSA_BITS))
+            top = e
     return total, top
 
 

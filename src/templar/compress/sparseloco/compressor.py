@@ -94,8 +94,7 @@ class SparseLoCoCompressor:
         values = c.values.reshape(-1).to(device=target.device, dtype=target.dtype)
         if real is not None:
             positions, values = positions[real], values[real]
-        flat = target.view(-1)
-        flat[positions] = flat[positions] - values  # positions are unique: one rounding each
+        target.view(-1).index_add_(0, positions, values, alpha=-1)  # unique positions: one rounding each
         return target
 
     def compress_residual_(self, e: torch.Tensor) -> Compressed:
