@@ -100,7 +100,7 @@ def _brute_topk(x: torch.Tensor, plan, k: int) -> torch.Tensor:
     return order[:, :k].sort(dim=1).values
 
 
-@pytest.mark.parametrize("shape", [(256, 192), (131, 64), (128,), (5, 3), (4100,)])
+@pytest.mark.parametrize("shape", [(256, 192), (131, 64), (64, 131), (200, 131), (128,), (5, 3), (4100,), (4099,)])
 def test_top_k_is_exact_and_ties_go_to_the_lower_index(shape, kernel_path) -> None:
     gen = torch.Generator().manual_seed(2)
     x = torch.randn(shape, generator=gen)
@@ -287,6 +287,10 @@ def test_bad_input_is_refused() -> None:
     with pytest.raises(ValueError):
         aggregate_clipped_mean([peers[0], {k: v for k, v in peers[1].items() if k != "b"}], [0.5, 0.5], SHAPES)
     c = peers[1]["w"]
+    nan = c.values.clone()
+    nan[3, 5] = float("nan")
+    with pytest.raises(ValueError, match="non-finite"):
+        aggregate_clipped_mean([peers[0], {**peers[1], "w": Compressed(c.indices, nan, c.shape, c.chunk)}], [0.5, 0.5], SHAPES)
     bad = Compressed(c.indices.clone(), c.values, c.shape, c.chunk)
     bad.indices[0, 0] = 4096
     with pytest.raises(ValueError):

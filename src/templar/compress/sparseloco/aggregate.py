@@ -45,21 +45,23 @@ _EXP_OFFSET = 160  # frexp exponents of float32 lie in [-148, 128]
 _FIXED_MAX_BITS = 62  # the accumulated sum stays below 2^62
 
 
-def _norm_terms(values: torch.Tensor) -> tuple[Fraction, int | None]:
+def _norm_terms(values: torch.Tensor, name: str = "") -> tuple[Fraction, int | None]:
     """Exact Σ v² of one tensor's values `[n_chunks, k]`, and the smallest E with every |v| < 2^E
     (None if all are 0). ValueError unless every chunk's non-zero values share one magnitude s
     (the grid) and every s has at most 12 significant bits."""
     if values.numel() > 1 << 38:
-        raise ValueError(f"{values.numel()} values in one tensor: more than the exact norm allows")
+        raise ValueError(f"{name}: {values.numel()} values in one tensor, more than the exact norm allows")
     magnitude = values.abs()
     scale = magnitude.amax(dim=1)
+    if not bool(torch.isfinite(scale).all()):  # NaN propagates through amax
+        raise ValueError(f"{name}: non-finite values")
     count = torch.count_nonzero(values, dim=1)
     if not torch.equal(torch.where(scale > 0, (magnitude == scale[:, None]).sum(dim=1), 0), count):
-        raise ValueError("values are not on the 2-bit grid: a chunk holds more than one magnitude")
+        raise ValueError(f"{name}: values are not on the 2-bit grid (a chunk holds more than one magnitude)")
     fraction, exponent = torch.frexp(scale)  # s = fraction · 2^exponent, fraction in [0.5, 1)
     mantissa = fraction * (1 << _MANTISSA_BITS)  # exact: a power-of-two scale
     if not torch.equal(mantissa, torch.round(mantissa)):
-        raise ValueError(f"scales with more than {_MANTISSA_BITS} significant bits (not on the 2-bit grid)")
+        raise ValueError(f"{name}: scales with more than {_MANTISSA_BITS} significant bits (not on the 2-bit grid)")
     # Σ v² = Σ_chunks count · m² · 2^(2(e - 12)) with m² < 2^24 and Σ count <= 2^38 values: every
     # int64 sum per exponent stays below 2^62, exact whatever order the additions run in.
     terms = count * mantissa.to(torch.int64).square()
@@ -76,7 +78,7 @@ def _norm_terms(values: torch.Tensor) -> tuple[Fraction, int | None]:
 
 def payload_norm_squared(peer: Mapping[str, Compressed], names: Sequence[str]) -> Fraction:
     """||q||² of a payload over the parameters `names`, exactly (see the module docstring)."""
-    return sum((_norm_terms(peer[name].values)[0] for name in names), Fraction(0))
+    return sum((_norm_terms(peer[name].values, name)[0] for name in names), Fraction(0))
 
 
 def _lower_median(squares: Sequence[Fraction]) -> Fraction:
@@ -112,9 +114,6 @@ def _check(name: str, items: Sequence[Compressed], shape: torch.Size) -> ChunkPl
             raise ValueError(f"{name}: peers disagree on chunking or k")
         if c.values.dtype != torch.float32 or c.indices.dtype != torch.int64:
             raise ValueError(f"{name}: values must be float32 and indices int64")
-    values = torch.cat([c.values.reshape(-1) for c in items])
-    if not bool(torch.isfinite(values).all()):
-        raise ValueError(f"{name}: non-finite values")
     low, high = torch.aminmax(torch.cat([c.indices.reshape(-1) for c in items]))
     if int(low) < 0 or int(high) >= plan.chunk_numel:
         raise ValueError(f"{name}: index outside its chunk")
@@ -174,7 +173,7 @@ def aggregate_clipped_mean(
             raise ValueError(f"{name}: missing from peers {missing}")
         plans[name] = _check(name, [p[name] for p in peers], torch.Size(shapes[name]))
 
-    terms = [[_norm_terms(p[name].values) for name in names] for p in peers]  # [peer][name]
+    terms = [[_norm_terms(p[name].values, name) for name in names] for p in peers]  # [peer][name]
     norms_squared = [sum((t for t, _ in row), Fraction(0)) for row in terms]
     factors = clip_factors(norms_squared, w)
     included = [i for i, c in enumerate(factors) if c > 0]

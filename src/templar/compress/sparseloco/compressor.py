@@ -52,24 +52,34 @@ class SparseLoCoCompressor:
     def k_for(self, plan: ChunkPlan) -> int:
         return topk_per_chunk(plan, self.topk)
 
-    def _matrix(self, x: torch.Tensor, plan: ChunkPlan) -> torch.Tensor:
-        """`x` as the flat float32 padded matrix the selection reads (a view when possible)."""
-        x = x.detach()
-        if x.dtype != torch.float32:
-            x = x.float()
+    def _select(self, x: torch.Tensor, plan: ChunkPlan) -> tuple[torch.Tensor, torch.Tensor]:
+        """Exact top-k of every chunk of `x` (float32, `plan.shape`), read in place where possible.
+
+        The selection reads the padded matrix. Without padding that is `x` itself; with padding of
+        the rows only (a prime vocabulary), only the last chunk row is copied and padded: chunk rows
+        are selected independently and numbered in order, so the two parts concatenate.
+        """
+        k = self.k_for(plan)
+        matrix = x.reshape(plan.rows, plan.cols)
         if not plan.is_padded:
-            return x.contiguous().view(-1)
+            return select_topk(matrix.reshape(-1), plan, k)
         p_rows, p_cols = plan.padded
-        padded = torch.zeros(p_rows, p_cols, dtype=torch.float32, device=x.device)
-        padded[: plan.rows, : plan.cols] = x.reshape(plan.rows, plan.cols)
-        return padded.view(-1)
+        full = 0 if p_cols != plan.cols else (plan.grid[0] - 1) * plan.h  # rows selected in place
+        padded = torch.zeros(p_rows - full, p_cols, dtype=torch.float32, device=x.device)
+        padded[: plan.rows - full, : plan.cols] = matrix[full:]
+        tail = select_topk(padded.view(-1), ChunkPlan(torch.Size(padded.shape), plan.h, plan.w), k)
+        if full == 0:
+            return tail
+        head = select_topk(matrix[:full].reshape(-1), ChunkPlan(torch.Size((full, plan.cols)), plan.h, plan.w), k)
+        return torch.cat([head[0], tail[0]]), torch.cat([head[1], tail[1]])
 
     def compress(self, x: torch.Tensor) -> Compressed:
         """The `topk` largest-|value| entries of every chunk of `x`, quantised to the 2-bit grid.
         ValueError when a kept value is not finite (NaN and ±inf rank above every finite value,
         so any non-finite entry of `x` is kept and refused)."""
         plan = self.plan(x.shape)
-        indices, values = select_topk(self._matrix(x, plan), plan, self.k_for(plan))
+        x = x.detach().to(torch.float32).contiguous()
+        indices, values = self._select(x, plan)
         return Compressed(indices=indices, values=quantise(values), shape=torch.Size(x.shape), chunk=plan.chunk)
 
     def decompress(self, c: Compressed) -> torch.Tensor:
