@@ -1,6 +1,6 @@
 """DeMo compression benchmark: templar.compress against the reference implementation's approach.
 
-    python benchmarks/compress.py               # 1.2B shapes, < 2 minutes on 2 CPU threads
+    python benchmarks/compress.py               # 1.2B shapes, 2-4 minutes on 2 CPU threads
     python benchmarks/compress.py --quick       # small shapes, a few seconds
     python benchmarks/compress.py --torch-only  # without the C kernels (templar.compress.native)
 
@@ -21,6 +21,12 @@ Bytes are the `rice-mxint8` wire codec against the reference's 6 bytes per coeff
 `sign_agreement` compares the aggregate of decoded payloads with full-precision values.
 `kernels` says which path ran: `native` (the C forward DCT fused with top-k, sparse decode and
 accumulation) or `torch`.
+
+The `q2_*` fields measure SparseLoCo's path (`templar.compress.sparseloco`) on the same data, at
+its own geometry (64 of every 64x64 chunk, no transform, 2-bit values): its error-feedback step
+(with a new Δ folded in each time, `e <- 0.95 e + Δ`, on both paths), its `rice-q2` bytes, and the median-clipped mean of G=15 peers, each as a ratio against the DeMo
+path above (`q2_*_vs_demo`: SparseLoCo's time over DeMo's, measured interleaved). Bytes per
+parameter compare the two methods' payloads (DeMo: 32 of every chunk in `rice-mxint8`).
 The full run also writes `benchmarks/results/compress.json` (`compress_torch.json` with --torch-only).
 """
 
@@ -29,6 +35,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import statistics
 import time
@@ -38,7 +45,10 @@ from pathlib import Path
 import torch
 
 from templar.compress import Compressed, DCTCompressor, aggregate, dct_basis, native, plan_chunks
-from templar.wire import codec
+from templar.compress.sparseloco import SparseLoCoCompressor, aggregate_clipped_mean
+from templar.wire import Q2_CODEC, codec, codec_for
+
+Q2_TOPK = 64  # SparseLoCo keeps 64 of every 64x64 chunk
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
@@ -220,7 +230,61 @@ def run_case(name: str, shape: tuple[int, ...], peers: int, reps: int) -> dict[s
         sign_agreement=round(float((exact == compact).float().mean()), 5),
         baseline_sign_agreement=round(float((exact == reference_sign).float().mean()), 5),
     )
+    out.update(bytes_per_param=round(nbytes / x.numel(), 4))
+    out.update(run_sparseloco(name, shape, x, gen, shared, peer_list, weights, compressor, reps))
     return out
+
+
+def run_sparseloco(
+    name: str,
+    shape: tuple[int, ...],
+    x: torch.Tensor,
+    gen: torch.Generator,
+    shared: torch.Tensor,
+    demo_peers: list[Compressed],
+    weights: list[float],
+    demo: DCTCompressor,
+    reps: int,
+) -> dict[str, object]:
+    """SparseLoCo's error-feedback step, codec and aggregate, each paired with DeMo's."""
+    q2 = SparseLoCoCompressor(64, Q2_TOPK)
+    wire = codec_for(Q2_CODEC)
+    plan = q2.plan(shape)
+    # A miner's step, e <- 0.95·e + Δ then compress_residual_(e), on both paths: without new input
+    # the value-domain buffer degenerates to quantisation residuals after a few repetitions.
+    delta = structured((plan.rows, plan.cols), gen, shared).reshape(shape)
+    e_q2, e_demo = x.clone(), x.clone()
+
+    def step(e: torch.Tensor, compressor: SparseLoCoCompressor | DCTCompressor) -> None:
+        e.mul_(0.95).add_(delta)
+        compressor.compress_residual_(e)
+
+    q2_ef, demo_ef = paired_ms(lambda: step(e_q2, q2), lambda: step(e_demo, demo), reps)
+    c = q2.compress(x)
+    parts = wire.encode(c)
+    nbytes = sum(t.numel() * t.element_size() for t in parts.values())
+    peers = [q2.compress(structured((plan.rows, plan.cols), gen, shared).reshape(shape)) for _ in demo_peers]
+    decoded = [{name: wire.decode(wire.encode(p), plan, p.k, name)} for p in peers]
+    shapes = {name: torch.Size(shape)}
+    q2_agg, demo_agg = paired_ms(
+        lambda: aggregate_clipped_mean(decoded, weights, shapes),
+        lambda: aggregate([{name: c} for c in demo_peers], weights, shapes),
+        reps,
+    )
+    return {
+        "q2_ef_step_ms": round(q2_ef, 2),
+        "q2_ef_step_vs_demo": round(q2_ef / demo_ef, 2),
+        "q2_coefficients": c.n_coefficients,
+        "q2_payload_bytes": nbytes,
+        "q2_bytes_per_coef": round(nbytes / c.n_coefficients, 3),
+        "q2_bytes_per_param": round(nbytes / x.numel(), 4),
+        "q2_encode_ms": round(median_ms(lambda: wire.encode(c), reps), 2),
+        "q2_decode_ms": round(median_ms(lambda: wire.decode(parts, plan, c.k, name), reps), 2),
+        "q2_aggregate_ms": round(q2_agg, 2),
+        "q2_aggregate_vs_demo": round(q2_agg / demo_agg, 2),
+        "demo_ef_step_ms_paired": round(demo_ef, 2),
+        "demo_aggregate_ms_paired": round(demo_agg, 2),
+    }
 
 
 def main() -> None:
@@ -262,9 +326,25 @@ def main() -> None:
             sum(r["baseline_aggregate_ms"] for r in rows) / sum(r["aggregate_ms"] for r in rows), 2
         ),
         "bytes_per_coef": round(sum(int(r["payload_bytes"]) for r in rows) / coefficients, 3),
+        "bytes_per_param": round(
+            sum(int(r["payload_bytes"]) for r in rows) / sum(math.prod(r["shape"]) for r in rows), 4
+        ),
+        "q2_bytes_per_param": round(
+            sum(int(r["q2_payload_bytes"]) for r in rows) / sum(math.prod(r["shape"]) for r in rows), 4
+        ),
+        "q2_bytes_per_coef": round(
+            sum(int(r["q2_payload_bytes"]) for r in rows) / sum(int(r["q2_coefficients"]) for r in rows), 3
+        ),
+        "q2_ef_step_vs_demo": round(
+            sum(r["q2_ef_step_ms"] for r in rows) / sum(r["demo_ef_step_ms_paired"] for r in rows), 2
+        ),
+        "q2_aggregate_vs_demo": round(
+            sum(r["q2_aggregate_ms"] for r in rows) / sum(r["demo_aggregate_ms_paired"] for r in rows), 2
+        ),
         "min_sign_agreement": min(r["sign_agreement"] for r in rows),
         "kernels": rows[0]["kernels"],
         "threads": torch.get_num_threads(),
+        "reps": args.reps,
         "load_avg_1m_at_end": round(os.getloadavg()[0], 2),  # other processes share the cores
         "seconds": round(time.perf_counter() - started, 1),
     }

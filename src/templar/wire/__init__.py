@@ -6,7 +6,7 @@ verification are injected callables (only `templar.chain` imports bittensor).
 """
 
 from templar.wire.aggregate import Aggregate, max_aggregate_bytes, read_aggregate, write_aggregate
-from templar.wire.codec import CODEC
+from templar.wire.codec import CODEC, CODECS, Q2_CODEC, Codec, codec_for
 from templar.wire.container import Signer, Verifier
 from templar.wire.errors import REASONS, PayloadError
 from templar.wire.gradient import (
@@ -23,14 +23,18 @@ from templar.wire.schema import Run
 
 __all__ = [
     "CODEC",
+    "CODECS",
+    "Q2_CODEC",
     "REASONS",
     "Aggregate",
+    "Codec",
     "Gradient",
     "PayloadError",
     "Run",
     "Signer",
     "StepInputs",
     "Verifier",
+    "codec_for",
     "coefficient_count",
     "gradient_digest",
     "max_aggregate_bytes",

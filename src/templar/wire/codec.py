@@ -1,4 +1,7 @@
-"""`rice-mxint8`: the compact byte encoding of one `Compressed` parameter (about 2 bytes/coefficient).
+"""The byte encodings of one `Compressed` parameter, one per outer-step method, chosen by name.
+
+`rice-mxint8` (DeMo's DCT coefficients, about 2 bytes per coefficient) is described first;
+`rice-q2` (SparseLoCo's 2-bit values, about 1.2) at the end. Both code the indices alike.
 
 Indices: within every chunk the k kept indices are ascending, so they are sent as gaps
 `g = idx[j] - idx[j-1] - 1` (the first gap is `idx[0]`), Rice-coded with one parameter `b` per
@@ -17,22 +20,47 @@ model the aggregated sign agrees with full precision on 99.8% of parameters (e4m
 
 All bit streams are little-endian within a byte (stream bit i is `byte[i // 8] >> (i % 8) & 1`);
 padding bits are zero, and `idx_hi` has no trailing all-zero byte, so an encoding is canonical.
+
+`rice-q2` (SparseLoCo's values, `templar.compress.sparseloco.grid`): the same three index parts,
+then `q`, uint8 `[ceil(n / 4)]`, one 2-bit code per value, four per byte, value i in bits
+`2*(i % 4)` and up of byte `i // 4` (0: 0, 1: +1, 3: -1; 2, a negative zero, is invalid), and the
+chunk's scale `m * 2**e` as `mant` (uint8 `[n_chunks]`, 128..255) and `exp` (int8 `[n_chunks]`,
+-128..120). A chunk whose codes are all 0 has `mant = exp = 0`, and only such a chunk; padding
+codes are 0. So every decodable encoding is canonical and every decoded value a finite float32.
+At 64 of 4096 per chunk that is about 7.4 bits per index, 2 per value and 16 per chunk: about
+1.2 bytes per kept value.
+
+`codec_for(name)` gives a codec by name; the module-level functions are `rice-mxint8`'s.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from templar.compress import ChunkPlan, Compressed
+from templar.compress.sparseloco import grid
 from templar.wire.errors import PayloadError
 
-__all__ = ["CODEC", "PART_DTYPES", "decode", "encode", "max_encoded_bytes"]
+__all__ = [
+    "CODEC",
+    "CODECS",
+    "PART_DTYPES",
+    "Q2_CODEC",
+    "Codec",
+    "codec_for",
+    "decode",
+    "encode",
+    "fixed_part_shapes",
+    "max_encoded_bytes",
+]
 
 CODEC = "rice-mxint8"
+Q2_CODEC = "rice-q2"
 _QMAX = 127
 _EXP_MIN, _EXP_MAX = -127, 127
 
@@ -55,22 +83,27 @@ def fixed_part_shapes(plan: ChunkPlan, k: int) -> dict[str, tuple[int, ...]]:
     return {"rice": (1,), "val": (plan.n_chunks * k,), "exp": (plan.n_chunks,)}
 
 
-def max_encoded_bytes(plan: ChunkPlan, k: int) -> int:
-    """Upper bound of the encoded size: what the writer's optimal `b` can never exceed.
+def _max_index_bytes(plan: ChunkPlan, k: int) -> int:
+    """Upper bound of the three index parts: what the writer's optimal `b` can never exceed.
 
     At `b = index bits` every high part is 0, so that encoding costs `n * (b + 1)` bits; the
-    writer picks the cheapest `b`, hence never more (plus one padding byte per stream).
+    writer picks the cheapest `b`, hence never more (plus one padding byte per stream, and `rice`).
     """
-    n = plan.n_chunks * k
-    return math.ceil(n * (_index_bits(plan) + 1) / 8) + 2 + 1 + n + plan.n_chunks
+    return math.ceil(plan.n_chunks * k * (_index_bits(plan) + 1) / 8) + 2 + 1
+
+
+def max_encoded_bytes(plan: ChunkPlan, k: int) -> int:
+    """Upper bound of the encoded size (indices, then one int8 per value and per chunk)."""
+    return _max_index_bytes(plan, k) + plan.n_chunks * k + plan.n_chunks
 
 
 def _pack(bits: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.packbits(bits.astype(np.uint8, copy=False), bitorder="little"))
 
 
-def encode(c: Compressed) -> dict[str, torch.Tensor]:
-    """Pack `c` into the five parts (CPU uint8/int8 tensors). ValueError on invalid input."""
+def _checked(c: Compressed) -> tuple[torch.Tensor, torch.Tensor]:
+    """`c`'s indices (int64) and values (float32) on the CPU; ValueError unless they fit its chunk
+    grid and are finite."""
     plan = c.plan
     idx = c.indices.detach().to("cpu", torch.int64)
     values = c.values.detach().to("cpu", torch.float32)
@@ -79,6 +112,11 @@ def encode(c: Compressed) -> dict[str, torch.Tensor]:
         raise ValueError(f"indices {tuple(idx.shape)} / values {tuple(values.shape)} do not match the chunk grid")
     if not bool(torch.isfinite(values).all()):
         raise ValueError("refusing to encode non-finite values")
+    return idx, values
+
+
+def _encode_indices(idx: torch.Tensor, plan: ChunkPlan) -> dict[str, torch.Tensor]:
+    """The Rice-coded gaps: `idx_lo`, `idx_hi`, `rice`. ValueError unless ascending and in range."""
     first = torch.full((plan.n_chunks, 1), -1, dtype=torch.int64)
     gaps = torch.diff(idx, dim=1, prepend=first) - 1
     if bool((gaps < 0).any()) or bool((idx[:, -1] >= plan.chunk_numel).any()):
@@ -91,6 +129,13 @@ def encode(c: Compressed) -> dict[str, torch.Tensor]:
     high = g >> b
     hi_bits = np.zeros(int(high.sum()) + n, dtype=np.uint8)
     hi_bits[np.cumsum(high + 1) - 1] = 1
+    return {"idx_lo": _pack(lo_bits), "idx_hi": _pack(hi_bits), "rice": torch.tensor([b], dtype=torch.uint8)}
+
+
+def encode(c: Compressed) -> dict[str, torch.Tensor]:
+    """Pack `c` into the five parts (CPU uint8/int8 tensors). ValueError on invalid input."""
+    idx, values = _checked(c)
+    parts = _encode_indices(idx, c.plan)
 
     absmax = values.abs().amax(dim=1)
     mantissa, exponent = torch.frexp(absmax / _QMAX)
@@ -98,9 +143,7 @@ def encode(c: Compressed) -> dict[str, torch.Tensor]:
     exp = exp.clamp(_EXP_MIN, _EXP_MAX)
     scaled = torch.ldexp(values, (-exp).to(torch.float32)[:, None])
     return {
-        "idx_lo": _pack(lo_bits),
-        "idx_hi": _pack(hi_bits),
-        "rice": torch.tensor([b], dtype=torch.uint8),
+        **parts,
         "val": torch.round(scaled).clamp(-_QMAX, _QMAX).to(torch.int8).reshape(-1),
         "exp": exp.to(torch.int8),
     }
@@ -124,11 +167,8 @@ def _fixed_width(stream: np.ndarray, n: int, b: int) -> np.ndarray:
     return ((window >> (start & np.uint64(7))) & np.uint64((1 << b) - 1)).astype(np.int64)
 
 
-def decode(parts: Mapping[str, torch.Tensor], plan: ChunkPlan, k: int, name: str) -> Compressed:
-    """Validate and unpack one parameter; raises `PayloadError` for anything malformed.
-
-    Part dtypes and the fixed shapes are the caller's check; this checks the streams' content.
-    """
+def _decode_indices(parts: Mapping[str, torch.Tensor], plan: ChunkPlan, k: int, name: str) -> np.ndarray:
+    """The `[n_chunks, k]` indices of `idx_lo`, `idx_hi`, `rice`; `PayloadError` unless canonical."""
     n = plan.n_chunks * k
     b = int(parts["rice"][0])
     if b > _index_bits(plan):
@@ -154,9 +194,111 @@ def decode(parts: Mapping[str, torch.Tensor], plan: ChunkPlan, k: int, name: str
     if indices[:, -1].max() >= plan.chunk_numel:
         bad = int(np.argmax(indices[:, -1] >= plan.chunk_numel))
         raise PayloadError("index_range", f"{name}: chunk {bad} has index {int(indices[bad, -1])} >= {plan.chunk_numel}")
+    return indices
 
+
+def decode(parts: Mapping[str, torch.Tensor], plan: ChunkPlan, k: int, name: str) -> Compressed:
+    """Validate and unpack one parameter; raises `PayloadError` for anything malformed.
+
+    Part dtypes and the fixed shapes are the caller's check; this checks the streams' content.
+    """
+    indices = _decode_indices(parts, plan, k, name)
     quantised = parts["val"].to(torch.float32).view(plan.n_chunks, k)
     values = torch.ldexp(quantised, parts["exp"].to(torch.float32)[:, None])
     if not bool(torch.isfinite(values).all()):
         raise PayloadError("non_finite", f"{name}: NaN or Inf value")
     return Compressed(indices=torch.from_numpy(indices), values=values, shape=plan.shape, chunk=plan.chunk)
+
+
+# -- rice-q2 ------------------------------------------------------------------------------------
+
+Q2_PART_DTYPES: dict[str, torch.dtype] = {
+    "idx_lo": torch.uint8,
+    "idx_hi": torch.uint8,
+    "rice": torch.uint8,
+    "q": torch.uint8,
+    "mant": torch.uint8,
+    "exp": torch.int8,
+}
+_LEVEL_OF_CODE = np.array([0, 1, 0, -1], dtype=np.int8)  # code 2 (negative zero) is refused first
+_CODE_SHIFTS = np.array([0, 2, 4, 6], dtype=np.uint8)
+
+
+def q2_fixed_part_shapes(plan: ChunkPlan, k: int) -> dict[str, tuple[int, ...]]:
+    """Shapes of the `rice-q2` parts whose size does not depend on the data."""
+    return {"rice": (1,), "q": (math.ceil(plan.n_chunks * k / 4),), "mant": (plan.n_chunks,), "exp": (plan.n_chunks,)}
+
+
+def q2_max_encoded_bytes(plan: ChunkPlan, k: int) -> int:
+    """Upper bound of the `rice-q2` size: the indices' bound, 2 bits per value, 2 bytes per chunk."""
+    return _max_index_bytes(plan, k) + math.ceil(plan.n_chunks * k / 4) + 2 * plan.n_chunks
+
+
+def q2_encode(c: Compressed) -> dict[str, torch.Tensor]:
+    """Pack `c` into the six `rice-q2` parts (CPU uint8/int8 tensors). ValueError on invalid input,
+    values off the 2-bit grid included."""
+    idx, values = _checked(c)
+    parts = _encode_indices(idx, c.plan)
+    levels, mantissa, exponent = grid.split(values)
+    codes = ((levels != 0).to(torch.uint8) | ((levels < 0).to(torch.uint8) << 1)).reshape(-1).numpy()
+    codes = np.concatenate([codes, np.zeros(-codes.size % 4, dtype=np.uint8)]).reshape(-1, 4)
+    packed = np.bitwise_or.reduce(codes << _CODE_SHIFTS, axis=1).astype(np.uint8)
+    return {**parts, "q": torch.from_numpy(packed), "mant": mantissa, "exp": exponent}
+
+
+def q2_decode(parts: Mapping[str, torch.Tensor], plan: ChunkPlan, k: int, name: str) -> Compressed:
+    """Validate and unpack one `rice-q2` parameter; raises `PayloadError` for anything malformed.
+
+    Part dtypes and the fixed shapes are the caller's check; this checks the content.
+    """
+    indices = _decode_indices(parts, plan, k, name)
+    n = plan.n_chunks * k
+    codes = ((parts["q"].numpy()[:, None] >> _CODE_SHIFTS) & 3).reshape(-1)
+    if codes[n:].any():
+        raise PayloadError("bad_encoding", f"{name}/q: non-zero padding codes")
+    codes = codes[:n]
+    if (codes == 2).any():
+        raise PayloadError("bad_encoding", f"{name}/q: code 2 (negative zero)")
+    levels = _LEVEL_OF_CODE[codes].reshape(plan.n_chunks, k)
+    mantissa = parts["mant"].numpy().astype(np.int64)
+    exponent = parts["exp"].numpy().astype(np.int64)
+    signal = (levels != 0).any(axis=1)
+    scaled = (mantissa >= 128) & (exponent <= grid.EXP_MAX)
+    empty = (mantissa == 0) & (exponent == 0)
+    bad = np.flatnonzero(np.where(signal, ~scaled, ~empty))
+    if bad.size:
+        chunk = int(bad[0])
+        raise PayloadError(
+            "bad_encoding",
+            f"{name}: chunk {chunk} scale {int(mantissa[chunk])}*2^{int(exponent[chunk])} "
+            f"with {'non-zero' if signal[chunk] else 'only zero'} codes",
+        )
+    values = grid.join(torch.from_numpy(levels), parts["mant"], parts["exp"])
+    return Compressed(indices=torch.from_numpy(indices), values=values, shape=plan.shape, chunk=plan.chunk)
+
+
+@dataclass(frozen=True)
+class Codec:
+    """One wire encoding of `Compressed` parameters: its parts (name -> dtype), the shapes of those
+    fixed by the layout, a size bound for honest payloads, and the two directions."""
+
+    name: str
+    part_dtypes: Mapping[str, torch.dtype]
+    fixed_part_shapes: Callable[[ChunkPlan, int], dict[str, tuple[int, ...]]]
+    max_encoded_bytes: Callable[[ChunkPlan, int], int]
+    encode: Callable[[Compressed], dict[str, torch.Tensor]]
+    decode: Callable[[Mapping[str, torch.Tensor], ChunkPlan, int, str], Compressed]
+
+
+CODECS: dict[str, Codec] = {
+    CODEC: Codec(CODEC, PART_DTYPES, fixed_part_shapes, max_encoded_bytes, encode, decode),
+    Q2_CODEC: Codec(Q2_CODEC, Q2_PART_DTYPES, q2_fixed_part_shapes, q2_max_encoded_bytes, q2_encode, q2_decode),
+}
+
+
+def codec_for(name: str) -> Codec:
+    """The codec called `name`; ValueError for a name no codec has."""
+    try:
+        return CODECS[name]
+    except KeyError:
+        raise ValueError(f"unknown codec {name!r}; known: {sorted(CODECS)}") from None

@@ -1,9 +1,11 @@
 """A miner's pseudo-gradient payload: `v{P}/gradient/{window}.safetensors`.
 
-Tensors, for every parameter `name`: `name/idx_lo`, `name/idx_hi`, `name/rice`, `name/val`,
-`name/exp` (the `rice-mxint8` codec, see `templar.wire.codec`) and `name/probe` (float32
-`[probe_count]`, the miner's own θ at `probe_positions(...)`). Metadata: a `GradientDocument` and
-the signature. `read_gradient` is the single entry point for peer gradients: every failure is a
+Tensors, for every parameter `name`: the parts of the run's codec (`rice-mxint8`: `name/idx_lo`,
+`name/idx_hi`, `name/rice`, `name/val`, `name/exp`; `rice-q2`: `name/idx_lo`, `name/idx_hi`,
+`name/rice`, `name/q`, `name/mant`, `name/exp`; see `templar.wire.codec`) and `name/probe` (float32
+`[probe_count]`, the miner's own θ at `probe_positions(...)`). Metadata: a `GradientDocument`
+(which names the codec) and the signature. Every function takes the run's codec by name
+(`codec_name`, `rice-mxint8` unless told); a reader refuses a payload of any other codec. `read_gradient` is the single entry point for peer gradients: every failure is a
 `PayloadError` with a stable reason, checked cheapest first (size, header, metadata, schema,
 signature, then the vectorised decode).
 """
@@ -74,16 +76,17 @@ def _layout_of(shape: tuple[int, ...], target_chunk: int, topk: int) -> tuple[Ch
     return plan, topk_per_chunk(plan, topk)
 
 
-def _keys(expected: Mapping[str, torch.Size]) -> list[str]:
-    return [f"{name}/{part}" for name in expected for part in (*codec.PART_DTYPES, _PROBE)]
+def _keys(expected: Mapping[str, torch.Size], wire: codec.Codec) -> list[str]:
+    return [f"{name}/{part}" for name in expected for part in (*wire.part_dtypes, _PROBE)]
 
 
-def max_gradient_bytes(expected: Mapping[str, torch.Size], hp: HParams) -> int:
+def max_gradient_bytes(expected: Mapping[str, torch.Size], hp: HParams, *, codec_name: str = codec.CODEC) -> int:
     """Byte cap of an honest gradient payload for this schema (for transport limits too)."""
-    total = 8 + header_bound(_keys(expected))
+    wire = codec.codec_for(codec_name)
+    total = 8 + header_bound(_keys(expected, wire))
     for shape in expected.values():
         plan, k = _layout(shape, hp)
-        total += codec.max_encoded_bytes(plan, k) + 4 * hp.gauntlet.probe_count
+        total += wire.max_encoded_bytes(plan, k) + 4 * hp.gauntlet.probe_count
     return total
 
 
@@ -98,8 +101,10 @@ def write_gradient(
     run: Run,
     sign: Signer,
     warmup: bool = False,
+    codec_name: str = codec.CODEC,
 ) -> bytes:
     """Encode, sign and serialise for `run`; ValueError when the caller's own data is inconsistent."""
+    wire = codec.codec_for(codec_name)
     if set(compressed) != set(probes):
         raise ValueError("compressed and probes must name the same parameters")
     tensors: dict[str, torch.Tensor] = {}
@@ -107,7 +112,7 @@ def write_gradient(
         plan, k = _layout(c.shape, hp)
         if c.plan != plan or c.k != k:
             raise ValueError(f"{name}: compressed with settings other than hp.demo")
-        for part, tensor in codec.encode(c).items():
+        for part, tensor in wire.encode(c).items():
             tensors[f"{name}/{part}"] = tensor
         probe = probes[name].detach().to("cpu", torch.float32).reshape(-1)
         if probe.numel() != hp.gauntlet.probe_count or not bool(torch.isfinite(probe).all()):
@@ -124,13 +129,15 @@ def write_gradient(
         warmup=warmup,
         target_chunk=hp.demo.target_chunk,
         topk=hp.demo.topk,
-        codec=codec.CODEC,
+        codec=wire.name,
     )
     return serialize(tensors, document.model_dump(), domain=_DOMAIN, sign=sign)
 
 
-def _check_schema(container: Container, expected: Mapping[str, torch.Size], hp: HParams) -> None:
-    wanted = set(_keys(expected))
+def _check_schema(
+    container: Container, expected: Mapping[str, torch.Size], hp: HParams, wire: codec.Codec
+) -> None:
+    wanted = set(_keys(expected, wire))
     present = set(container.entries)
     if wanted - present:
         raise PayloadError("missing_tensor", f"{sorted(wanted - present)[:3]}")
@@ -138,8 +145,8 @@ def _check_schema(container: Container, expected: Mapping[str, torch.Size], hp: 
         raise PayloadError("unexpected_tensor", f"{sorted(present - wanted)[:3]}")
     for name, shape in expected.items():
         plan, k = _layout(shape, hp)
-        fixed = {**codec.fixed_part_shapes(plan, k), _PROBE: (hp.gauntlet.probe_count,)}
-        dtypes = {**codec.PART_DTYPES, _PROBE: torch.float32}
+        fixed = {**wire.fixed_part_shapes(plan, k), _PROBE: (hp.gauntlet.probe_count,)}
+        dtypes = {**wire.part_dtypes, _PROBE: torch.float32}
         for part, dtype in dtypes.items():
             entry = container.entries[f"{name}/{part}"]
             if entry.dtype != DTYPE_NAMES[dtype]:
@@ -167,27 +174,30 @@ def read_gradient(
     verify: Verifier | None,
     expected_hotkey: str | None = None,
     expected_window: int | None = None,
+    codec_name: str = codec.CODEC,
 ) -> Gradient:
-    """Validate and decode a peer's gradient payload of `run`; raises `PayloadError` for anything
-    malformed, unauthenticated or bound to another run.
+    """Validate and decode a peer's gradient payload of `run`, encoded with the run's codec
+    `codec_name`; raises `PayloadError` for anything malformed, unauthenticated, bound to another
+    run or encoded with another codec.
 
     `verify=None` skips the signature check (local tools only; every peer path must pass one).
     """
+    wire = codec.codec_for(codec_name)
     data = bytes(data)
-    cap = max_gradient_bytes(expected, hp)
+    cap = max_gradient_bytes(expected, hp, codec_name=codec_name)
     if len(data) > cap:
         raise PayloadError("oversize", f"{len(data)} > {cap} bytes")
-    container = parse_container(data, max_header=header_bound(_keys(expected)))
+    container = parse_container(data, max_header=header_bound(_keys(expected, wire)))
     doc = parse_document(container, GradientDocument)
     if (other := run.check(doc.netuid, doc.run)) is not None:
         raise PayloadError("wrong_run", other)
-    if (doc.target_chunk, doc.topk, doc.codec) != (hp.demo.target_chunk, hp.demo.topk, codec.CODEC):
+    if (doc.target_chunk, doc.topk, doc.codec) != (hp.demo.target_chunk, hp.demo.topk, wire.name):
         raise PayloadError("bad_metadata", f"compression settings {doc.target_chunk}/{doc.topk}/{doc.codec}")
     if expected_hotkey is not None and doc.hotkey != expected_hotkey:
         raise PayloadError("wrong_hotkey", f"{doc.hotkey[:16]} != {expected_hotkey[:16]}")
     if expected_window is not None and doc.window != expected_window:
         raise PayloadError("wrong_window", f"{doc.window} != {expected_window}")
-    _check_schema(container, expected, hp)
+    _check_schema(container, expected, hp, wire)
     if verify is not None:
         _verify(verify, doc.hotkey, signed_digest(_DOMAIN, container.document, container), container.signature)
 
@@ -196,13 +206,13 @@ def read_gradient(
     probes: dict[str, torch.Tensor] = {}
     for name, shape in expected.items():
         plan, k = _layout(shape, hp)
-        parts = {part: raw[f"{name}/{part}"] for part in codec.PART_DTYPES}
-        tensors[name] = codec.decode(parts, plan, k, name)
+        parts = {part: raw[f"{name}/{part}"] for part in wire.part_dtypes}
+        tensors[name] = wire.decode(parts, plan, k, name)
         probe = raw[f"{name}/{_PROBE}"]
         if not bool(torch.isfinite(probe).all()):
             raise PayloadError("non_finite", f"{name}/{_PROBE}")
         probes[name] = probe
-    gradient_keys = [f"{name}/{part}" for name in expected for part in codec.PART_DTYPES]
+    gradient_keys = [f"{name}/{part}" for name in expected for part in wire.part_dtypes]
     return Gradient(
         window=doc.window,
         global_step=doc.global_step,
@@ -215,12 +225,13 @@ def read_gradient(
     )
 
 
-def gradient_digest(data: bytes, expected: Mapping[str, torch.Size]) -> bytes:
+def gradient_digest(data: bytes, expected: Mapping[str, torch.Size], *, codec_name: str = codec.CODEC) -> bytes:
     """`Gradient.digest` of a payload this node wrote itself (its commitment, `templar.comms.commit`),
     without decoding it: the same sha256 over the gradient tensors that `read_gradient` computes."""
-    container = parse_container(bytes(data), max_header=header_bound(_keys(expected)))
+    wire = codec.codec_for(codec_name)
+    container = parse_container(bytes(data), max_header=header_bound(_keys(expected, wire)))
     return tensor_digest(_CONTENT_DOMAIN, container, [f"{name}/{part}" for name in expected
-                                                      for part in codec.PART_DTYPES])
+                                                      for part in wire.part_dtypes])
 
 
 def coefficient_count(expected: Mapping[str, torch.Size], hp: HParams) -> int:

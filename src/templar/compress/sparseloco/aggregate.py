@@ -1,0 +1,222 @@
+"""SparseLoCo's aggregation: the mean of the peers' updates, each clipped to the median norm, and
+the outer SGD step.
+
+    n_p = ||q_p||                         # L2 norm of peer p's whole payload (every parameter)
+    m   = lower median of n_p over the contributing peers
+    Δ   = Σ_p w_p · min(1, m / n_p) · q_p # dense, per parameter
+    θ  <- θ - lr · Δ
+
+A peer contributes when its weight and its norm are non-zero (an all-zero payload has no
+direction, and counting it would drag the median, and so every honest peer, towards zero). With
+one peer, or all norms equal, nothing is clipped. A peer that scales its update ×1000 is clipped
+back to the median norm: it moves the mean no more than a median peer does.
+
+Determinism (every honest node must compute the same Δ, bit for bit, for any peer order):
+- Norms are exact. On the 2-bit grid the non-zero values of a chunk share one magnitude
+  s = m · 2^e (an 8-bit mantissa; up to 12 bits are accepted), so a chunk's Σ v² is its count of
+  non-zero values times m² · 2^(2e): per tensor, these integers are summed per exponent in int64
+  (exact whatever the order) and the exponent groups combined as Python integers. The median compares exact rationals, and the clip factor
+  is `sqrt(m² / n_p²)` rounded once to float64 (correctly rounded division and square root).
+- The sum is fixed point, as in the signed aggregate: `round(v · w_p · c_p · 2^F)` in float64
+  (ties to even), added in int64 (associative), converted to float32 once and scaled by 2^-F
+  (a power of two: exact unless the result is subnormal, then one IEEE rounding). F is chosen
+  per tensor from the largest term (an order-free maximum), so the int64 sum stays below 2^62.
+On CPU the accumulation runs in the C kernel of the signed aggregate, bit-identical to the torch
+path (which a GPU runs); tests hold both to it and to a float64 reference.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from fractions import Fraction
+
+import torch
+from torch import nn
+
+from templar.compress import native
+from templar.compress.compressor import Compressed
+from templar.compress.dct import ChunkPlan
+
+__all__ = ["aggregate_clipped_mean", "apply_mean_update", "clip_factors", "payload_norm_squared"]
+
+_MANTISSA_BITS = 12  # values with more significant bits are refused (the grid has 8)
+_EXP_OFFSET = 160  # frexp exponents of float32 lie in [-148, 128]
+_FIXED_MAX_BITS = 62  # the accumulated sum stays below 2^62
+
+
+def _norm_terms(values: torch.Tensor, name: str = "") -> tuple[Fraction, int | None]:
+    """Exact Σ v² of one tensor's values `[n_chunks, k]`, and the smallest E with every |v| < 2^E
+    (None if all are 0). ValueError unless every chunk's non-zero values share one magnitude s
+    (the grid) and every s has at most 12 significant bits."""
+    if values.numel() > 1 << 38:
+        raise ValueError(f"{name}: {values.numel()} values in one tensor, more than the exact norm allows")
+    magnitude = values.abs()
+    scale = magnitude.amax(dim=1)
+    if not bool(torch.isfinite(scale).all()):  # NaN propagates through amax
+        raise ValueError(f"{name}: non-finite values")
+    count = torch.count_nonzero(values, dim=1)
+    if not torch.equal(torch.where(scale > 0, (magnitude == scale[:, None]).sum(dim=1), 0), count):
+        raise ValueError(f"{name}: values are not on the 2-bit grid (a chunk holds more than one magnitude)")
+    fraction, exponent = torch.frexp(scale)  # s = fraction · 2^exponent, fraction in [0.5, 1)
+    mantissa = fraction * (1 << _MANTISSA_BITS)  # exact: a power-of-two scale
+    if not torch.equal(mantissa, torch.round(mantissa)):
+        raise ValueError(f"{name}: scales with more than {_MANTISSA_BITS} significant bits (not on the 2-bit grid)")
+    # Σ v² = Σ_chunks count · m² · 2^(2(e - 12)) with m² < 2^24 and Σ count <= 2^38 values: every
+    # int64 sum per exponent stays below 2^62, exact whatever order the additions run in.
+    terms = count * mantissa.to(torch.int64).square()
+    sums = torch.zeros(_EXP_OFFSET + 130, dtype=torch.int64, device=values.device)
+    sums.index_add_(0, exponent.to(torch.int64) + _EXP_OFFSET, terms)
+    total, top = Fraction(0), None
+    for index, value in enumerate(sums.tolist()):  # exponents grow with the index
+        if value:
+            e = index - _EXP_OFFSET
+            total += value * Fraction(2) ** (2 * (e - _MANTISSA_BITS))
+            top = e
+    return total, top
+
+
+def payload_norm_squared(peer: Mapping[str, Compressed], names: Sequence[str]) -> Fraction:
+    """||q||² of a payload over the parameters `names`, exactly (see the module docstring)."""
+    return sum((_norm_terms(peer[name].values, name)[0] for name in names), Fraction(0))
+
+
+def _lower_median(squares: Sequence[Fraction]) -> Fraction:
+    ordered = sorted(squares)
+    return ordered[(len(ordered) - 1) // 2]
+
+
+def clip_factors(norms_squared: Sequence[Fraction], weights: Sequence[float]) -> list[float]:
+    """Per peer `min(1, median / norm)` (float64, correctly rounded), 0 for a non-contributing peer
+    (zero weight or zero norm); the median is the lower median of the contributing peers' norms."""
+    contributing = [n for n, w in zip(norms_squared, weights, strict=True) if n > 0 and w > 0]
+    if not contributing:
+        return [0.0] * len(norms_squared)
+    median = _lower_median(contributing)
+    factors = []
+    for n, w in zip(norms_squared, weights, strict=True):
+        if n == 0 or w == 0:
+            factors.append(0.0)
+        elif n <= median:
+            factors.append(1.0)
+        else:
+            factors.append(math.sqrt(float(median / n)))
+    return factors
+
+
+def _check(name: str, items: Sequence[Compressed], shape: torch.Size) -> ChunkPlan:
+    plan = items[0].plan
+    if plan.shape != shape:
+        raise ValueError(f"{name}: compressed shape {tuple(plan.shape)} != expected {tuple(shape)}")
+    k = items[0].k
+    for c in items:
+        if c.plan != plan or c.indices.shape != (plan.n_chunks, k) or c.values.shape != c.indices.shape:
+            raise ValueError(f"{name}: peers disagree on chunking or k")
+        if c.values.dtype != torch.float32 or c.indices.dtype != torch.int64:
+            raise ValueError(f"{name}: values must be float32 and indices int64")
+    low, high = torch.aminmax(torch.cat([c.indices.reshape(-1) for c in items]))
+    if int(low) < 0 or int(high) >= plan.chunk_numel:
+        raise ValueError(f"{name}: index outside its chunk")
+    return plan
+
+
+def _times_power_of_two_(t: torch.Tensor, exponent: int) -> torch.Tensor:
+    """`t *= 2^exponent` in float32 with one rounding (none unless a result is subnormal).
+    `t` holds float32 images of int64 sums, so a non-zero |t| >= 1."""
+    if exponent >= -149:
+        return t.mul_(2.0**exponent)  # 2^exponent is a float32 (exponent <= 127 by construction)
+    if exponent >= -149 - 126:  # 2^-126 keeps every non-zero value normal, then one rounding
+        return t.mul_(2.0**-126).mul_(2.0 ** (exponent + 126))
+    return t.zero_()  # every result is below 2^(62-275): zero in float32
+
+
+def _accumulate(
+    items: Sequence[Compressed], scales: Sequence[float], plan: ChunkPlan, out: torch.Tensor
+) -> None:
+    """`out` (flat padded matrix layout) = float32(Σ_p round_half_even(v_p · scale_p)), int64 sum."""
+    indices = [c.indices.contiguous() for c in items]
+    values = [c.values.contiguous() for c in items]
+    if native.accumulate(indices, values, scales, plan, out):
+        return
+    acc = torch.zeros(out.numel(), dtype=torch.int64, device=out.device)
+    for i, v, scale in zip(indices, values, scales, strict=True):
+        fixed = torch.round(v.to(torch.float64) * scale).to(torch.int64)
+        acc.index_add_(0, plan.positions(i).view(-1), fixed.view(-1))
+    out.copy_(acc)
+
+
+@torch.no_grad()
+def aggregate_clipped_mean(
+    peers: Sequence[Mapping[str, Compressed]],
+    weights: Sequence[float],
+    shapes: Mapping[str, torch.Size],
+) -> dict[str, torch.Tensor]:
+    """Δ per parameter of `shapes` (dense float32, on the peers' device), bit-identical for any
+    order of `peers` (with their `weights`, each in [0, 1], e.g. 1/G) and any implementation.
+
+    Values must be on the 2-bit grid (any float32 with at most 12 significant bits is accepted)
+    and indices unique within a chunk, as `templar.wire` guarantees; ValueError otherwise. A single
+    peer with weight 1 gives that peer's own update (what a validator evaluates).
+    """
+    if len(peers) != len(weights):
+        raise ValueError(f"{len(peers)} peers but {len(weights)} weights")
+    if not peers:
+        raise ValueError("aggregate needs at least one peer")
+    w = [float(x) for x in weights]
+    if not all(math.isfinite(x) and 0.0 <= x <= 1.0 for x in w):
+        raise ValueError("weights must be finite and in [0, 1]")
+    names = list(shapes)
+    plans: dict[str, ChunkPlan] = {}
+    for name in names:
+        missing = [i for i, p in enumerate(peers) if name not in p]
+        if missing:
+            raise ValueError(f"{name}: missing from peers {missing}")
+        plans[name] = _check(name, [p[name] for p in peers], torch.Size(shapes[name]))
+
+    terms = [[_norm_terms(p[name].values, name) for name in names] for p in peers]  # [peer][name]
+    norms_squared = [sum((t for t, _ in row), Fraction(0)) for row in terms]
+    factors = clip_factors(norms_squared, w)
+    included = [i for i, c in enumerate(factors) if c > 0]
+
+    out: dict[str, torch.Tensor] = {}
+    for j, name in enumerate(names):
+        plan = plans[name]
+        device = peers[0][name].values.device
+        p_rows, p_cols = plan.padded
+        coef = torch.zeros(p_rows * p_cols, dtype=torch.float32, device=device)
+        active = [i for i in included if terms[i][j][1] is not None]  # non-zero here
+        if active:
+            # |v| < 2^E, so every term is at most w·c·2^(E+F) (+1/2 of rounding): the sum stays below
+            # 2^62 when the count of terms times the largest bound is below 2^(62-F).
+            bound = len(active) * max(math.ldexp(w[i] * factors[i], terms[i][j][1]) for i in active)
+            fixed_bits = _FIXED_MAX_BITS - math.frexp(bound)[1]
+            scales = [math.ldexp(w[i] * factors[i], fixed_bits) for i in active]
+            _accumulate([peers[i][name] for i in active], scales, plan, coef)
+            _times_power_of_two_(coef, -fixed_bits)
+        dense = coef.view(p_rows, p_cols)[: plan.rows, : plan.cols]
+        out[name] = dense.reshape(plan.shape) if plan.is_padded else dense.view(plan.shape)
+    return out
+
+
+@torch.no_grad()
+def apply_mean_update(
+    params: Mapping[str, torch.Tensor] | nn.Module, update: Mapping[str, torch.Tensor], lr: float
+) -> None:
+    """θ ← θ − lr·Δ in place (outer SGD), for every parameter named in `update`.
+
+    `lr·Δ` is rounded to float32 first and subtracted in a second operation, so no device can
+    fuse the two into one FMA and round differently. Parameters without an update are left
+    untouched; ValueError on unknown names, wrong shapes or a non-finite lr before modifying anything.
+    """
+    if not math.isfinite(lr):
+        raise ValueError(f"lr must be finite, got {lr}")
+    named = dict(params.named_parameters()) if isinstance(params, nn.Module) else dict(params)
+    for name, u in update.items():
+        if name not in named:
+            raise ValueError(f"update for unknown parameter {name}")
+        if u.shape != named[name].shape:
+            raise ValueError(f"{name}: update shape {tuple(u.shape)} != parameter {tuple(named[name].shape)}")
+    for name, u in update.items():
+        p = named[name]
+        step = u.to(device=p.device, dtype=torch.float32) * lr
+        p.sub_(step.to(p.dtype))
