@@ -4,16 +4,17 @@ Each rule says, once, for every node kind (1 process, torchrun ranks, catch-up, 
 trial step):
 - `compressor`: what a miner's error feedback sends (the wire codec named by `codec`);
 - `aggregate`: the update direction of the top-G peers' payloads, bit-identical on every machine
-  and for any peer order;
-- `trial`: one peer's update as the outer step would apply it alone (the validator's LossScore).
-
-The update is applied by the one rule θ ← θ·(1 − α·wd) − α·update (`apply_update`), α the run's
-outer learning rate at the window's global_step.
+  and for any peer order (`peer_factors` + `aggregate_param` are the same rule split for a node
+  whose ranks each hold some parameters: the factors come from the whole payloads, once);
+- `trial`: one peer's update as the outer step would apply it alone (the validator's LossScore);
+- `apply`: θ ← θ − α·update at the run's outer learning rate α.
 
 - `signed`, the Gauntlet paper's: DeMo (chunked DCT, top-k, int8 values with a per-chunk exponent),
-  every peer L2-normalised, the weighted sum's sign (`templar.compress.aggregate`).
-- `sparseloco` (when available): chunked top-k without DCT, 2-bit values, the mean of the peers with
-  each one's norm clipped to the median (`templar.compress.sparseloco`).
+  every peer L2-normalised per tensor, the weighted sum's sign (`templar.compress.aggregate`);
+  applied with decoupled weight decay, θ·(1 − α·wd) − α·sign.
+- `sparseloco`: chunked top-k without DCT, ternary values on a 2-bit code with a per-chunk scale,
+  the mean of the peers with each one's whole-payload norm clipped to the median
+  (`templar.compress.sparseloco`), applied with outer SGD (the inner AdamW owns weight decay).
 """
 
 from __future__ import annotations
@@ -22,11 +23,22 @@ from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 import torch
+from torch import nn
 
 from templar.compress.aggregate import aggregate as signed_aggregate
+from templar.compress.aggregate import apply_signed_update
 from templar.compress.compressor import Compressed, DCTCompressor
+from templar.compress.sparseloco import (
+    SparseLoCoCompressor,
+    aggregate_clipped_mean,
+    apply_mean_update,
+    clip_factors,
+    payload_norm_squared,
+)
 
-__all__ = ["METHODS", "OuterRule", "SignedRule", "rule_of"]
+__all__ = ["METHODS", "OuterRule", "SignedRule", "SparseLoCoRule", "rule_of"]
+
+Params = Mapping[str, torch.Tensor] | nn.Module
 
 
 class OuterRule(Protocol):
@@ -41,6 +53,13 @@ class OuterRule(Protocol):
                   shapes: Mapping[str, torch.Size]) -> dict[str, torch.Tensor]: ...
 
     def trial(self, peer: Mapping[str, Compressed], shapes: Mapping[str, torch.Size]) -> dict[str, torch.Tensor]: ...
+
+    def peer_factors(self, peers: Sequence[Mapping[str, Compressed]], weights: Sequence[float]) -> list[float]: ...
+
+    def aggregate_param(self, name: str, items: Sequence[Compressed], factors: Sequence[float],
+                        shape: torch.Size) -> torch.Tensor: ...
+
+    def apply(self, params: Params, update: Mapping[str, torch.Tensor], lr: float, weight_decay: float) -> None: ...
 
 
 class SignedRule:
@@ -59,8 +78,49 @@ class SignedRule:
     def trial(self, peer: Mapping[str, Compressed], shapes: Mapping[str, torch.Size]) -> dict[str, torch.Tensor]:
         return signed_aggregate([peer], [1.0], shapes)
 
+    def peer_factors(self, peers: Sequence[Mapping[str, Compressed]], weights: Sequence[float]) -> list[float]:
+        """Each peer's weight as is: the sign rule normalises every tensor of every peer itself."""
+        return [float(w) for w in weights]
 
-METHODS: dict[str, OuterRule] = {"signed": SignedRule()}
+    def aggregate_param(self, name: str, items: Sequence[Compressed], factors: Sequence[float],
+                        shape: torch.Size) -> torch.Tensor:
+        return signed_aggregate([{name: c} for c in items], factors, {name: shape})[name]
+
+    def apply(self, params: Params, update: Mapping[str, torch.Tensor], lr: float, weight_decay: float) -> None:
+        apply_signed_update(params, update, lr, weight_decay)
+
+
+class SparseLoCoRule:
+    """SparseLoCo's: Δ = Σ_p w_p·min(1, m/‖q_p‖)·q_p, m the median payload norm, exact and in fixed point."""
+
+    name = "sparseloco"
+    codec = "rice-q2"
+
+    def compressor(self, target_chunk: int, topk: int) -> SparseLoCoCompressor:
+        return SparseLoCoCompressor(target_chunk, topk)
+
+    def aggregate(self, peers: Sequence[Mapping[str, Compressed]], weights: Sequence[float],
+                  shapes: Mapping[str, torch.Size]) -> dict[str, torch.Tensor]:
+        return aggregate_clipped_mean(peers, weights, shapes)
+
+    def trial(self, peer: Mapping[str, Compressed], shapes: Mapping[str, torch.Size]) -> dict[str, torch.Tensor]:
+        return aggregate_clipped_mean([peer], [1.0], shapes)
+
+    def peer_factors(self, peers: Sequence[Mapping[str, Compressed]], weights: Sequence[float]) -> list[float]:
+        """w_p·min(1, m/‖q_p‖) from the whole payloads (exact norms; 0 for a peer that adds nothing)."""
+        names = sorted(peers[0]) if peers else []
+        factors = clip_factors([payload_norm_squared(p, names) for p in peers], [float(w) for w in weights])
+        return [float(w) * c for w, c in zip(weights, factors, strict=True)]
+
+    def aggregate_param(self, name: str, items: Sequence[Compressed], factors: Sequence[float],
+                        shape: torch.Size) -> torch.Tensor:
+        return aggregate_clipped_mean([{name: c} for c in items], factors, {name: shape}, clip=False)[name]
+
+    def apply(self, params: Params, update: Mapping[str, torch.Tensor], lr: float, weight_decay: float) -> None:
+        apply_mean_update(params, update, lr)
+
+
+METHODS: dict[str, OuterRule] = {"signed": SignedRule(), "sparseloco": SparseLoCoRule()}
 
 
 def rule_of(method: str) -> OuterRule:

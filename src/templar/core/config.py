@@ -80,9 +80,11 @@ class OptimizerConfig(_Strict):
     """The outer step θ ← θ·(1 − α_t·wd) − α_t·update, with warm-up and cosine decay of α_t over
     global_step; `method` says what the update is (`templar.compress.methods`)."""
 
-    method: Literal["signed"] = Field(
-        default="signed", description="the outer step: signed = the Gauntlet paper's sign of the normalised "
-        "top-G sum of DeMo-compressed pseudo-gradients")
+    method: Literal["signed", "sparseloco"] = Field(
+        default="signed", description="the outer step (templar.compress.methods): signed = the Gauntlet paper's "
+        "sign of the normalised top-G sum of DeMo-compressed pseudo-gradients, learning_rate its step size; "
+        "sparseloco = the median-clipped mean of chunked top-k 2-bit pseudo-gradients, learning_rate the outer "
+        "SGD rate (about 1), weight decay left to the inner AdamW")
     learning_rate: float = Field(gt=0)
     warmup_steps: int = Field(ge=0)
     total_steps: int = Field(gt=0, description="cosine decay horizon in outer steps")
@@ -199,6 +201,13 @@ class HParams(_Strict):
     gauntlet: GauntletConfig
     windows: WindowConfig
     protocol: Literal[PROTOCOL_VERSION] = PROTOCOL_VERSION  # type: ignore[valid-type]
+
+    @model_validator(mode="after")
+    def _sparseloco_needs_pseudo_gradients(self) -> HParams:
+        if self.optimizer.method == "sparseloco" and self.inner.optimizer != "adamw":
+            raise ValueError("optimizer.method sparseloco applies the mean pseudo-gradient at an outer rate of about "
+                             "1: it needs inner.optimizer adamw (an SGD window's gradient is scaled by that rate)")
+        return self
 
     @model_validator(mode="after")
     def _inner_steps_fit(self) -> HParams:

@@ -235,10 +235,12 @@ class NodeCompute:
             raise names
         params = dict(self.model.named_parameters())
         lr = learning_rate(step, self.hp.optimizer)
+        # a sign fits in int8 (a quarter of the bytes to scatter); another method's update is float32
+        dtype = torch.int8 if self.hp.optimizer.method == "signed" else torch.float32
         for name in names:
             p = params[name]
-            full = signs[name].to(torch.int8) if signs is not None else None
-            rows = scatter_rows(self.group, full, p.shape, torch.int8, src=0)
+            full = signs[name].to(dtype) if signs is not None else None
+            rows = scatter_rows(self.group, full, p.shape, dtype, src=0)
             start, end = local_rows(p.shape, self.group)
             lr = apply_update({name: local(p)}, {name: rows[: end - start]}, step, self.hp)
         return lr

@@ -68,20 +68,22 @@ def outer_step_sharded(model: nn.Module, gradients: Sequence[Gradient] | None, s
     params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     plans = {n: plan_chunks(p.shape, hp.demo.target_chunk) for n, p in params}
     ks = {n: topk_per_chunk(plan, hp.demo.topk) for n, plan in plans.items()}
+    rule = rule_of(hp.optimizer.method)
     header = None
     if group.is_leader:
         bad = [n for n, _ in params for g in eligible if not _matches(g.tensors.get(n), plans[n], ks[n])]
-        header = (weights, bad[:1])
-    weights, bad = group.broadcast_object(header)
+        # each peer's factor from its whole payload (SparseLoCo clips by the whole norm), once, on rank 0
+        factors = rule.peer_factors([g.tensors for g in eligible], weights) if eligible and not bad else weights
+        header = (factors, bad[:1])
+    factors, bad = group.broadcast_object(header)
     if bad:
         raise ValueError(f"{bad[0]}: a peer's coefficients do not match hp.demo (read payloads with read_gradient)")
-    if not weights:
+    if not factors:
         return None
     step = update_step(state.global_step)  # the one step rule: no peer's claim moves it
     lr = learning_rate(step, hp.optimizer)
-    rule = rule_of(hp.optimizer.method)
     signs: dict[str, torch.Tensor] = {}
-    for bucket in _buckets(params, plans, ks, len(weights)):
+    for bucket in _buckets(params, plans, ks, len(factors)):
         sizes = [plans[n].n_chunks * ks[n] for n, _ in bucket]
         if group.is_leader:  # [peer, coefficient] for every parameter of the bucket, concatenated
             idx = torch.cat([torch.stack([g.tensors[n].indices.reshape(-1).to("cpu", torch.int64) for g in eligible])
@@ -89,15 +91,15 @@ def outer_step_sharded(model: nn.Module, gradients: Sequence[Gradient] | None, s
             val = torch.cat([torch.stack([g.tensors[n].values.reshape(-1).to("cpu", torch.float32) for g in eligible])
                              for n, _ in bucket], dim=1)
         else:
-            idx = torch.empty((len(weights), sum(sizes)), dtype=torch.int64)
-            val = torch.empty((len(weights), sum(sizes)), dtype=torch.float32)
+            idx = torch.empty((len(factors), sum(sizes)), dtype=torch.int64)
+            val = torch.empty((len(factors), sum(sizes)), dtype=torch.float32)
         group.broadcast_(idx, src=0)
         group.broadcast_(val, src=0)
         for (name, p), i, v in zip(bucket, idx.split(sizes, dim=1), val.split(sizes, dim=1), strict=True):
             plan = plans[name]
-            peers = [{name: Compressed(i[j].reshape(plan.n_chunks, ks[name]), v[j].reshape(plan.n_chunks, ks[name]),
-                                       torch.Size(p.shape), plan.chunk)} for j in range(len(weights))]
-            sign = rule.aggregate(peers, weights, {name: p.shape})[name]
+            items = [Compressed(i[j].reshape(plan.n_chunks, ks[name]), v[j].reshape(plan.n_chunks, ks[name]),
+                                torch.Size(p.shape), plan.chunk) for j in range(len(factors))]
+            sign = rule.aggregate_param(name, items, factors, torch.Size(p.shape))
             if keep_signs:
                 signs[name] = sign.clone()
             if apply:  # the one θ-update rule, on this rank's rows
@@ -106,7 +108,7 @@ def outer_step_sharded(model: nn.Module, gradients: Sequence[Gradient] | None, s
         del idx, val
     if apply:
         state.global_step = step + 1
-    return OuterStep(signs=signs, global_step=step, learning_rate=lr, peers=len(weights))
+    return OuterStep(signs=signs, global_step=step, learning_rate=lr, peers=len(factors))
 
 
 @torch.no_grad()

@@ -230,7 +230,7 @@ class Miner:
                         "upload will fail fast evaluation as 'uncommitted'")
             return
         try:
-            await put_commit(node.bucket, window, gradient_digest(payload, node.shapes), run=node.run,
+            await put_commit(node.bucket, window, gradient_digest(payload, node.shapes, self.hp), run=node.run,
                              timeout=left)
         except StorageError as exc:
             log.warning(f"commitment upload failed: {exc}")

@@ -106,12 +106,14 @@ async def collect_payloads(node: Node, window: int, inputs: StepInputs,
 
 async def apply_inputs(node: Node, window: int, inputs: StepInputs, state: NodeState,
                        gathered: Mapping[str, GatherResult[Gradient]], *, deadline: float,
-                       keep_signs: bool = False) -> OuterStep | None:
+                       keep_signs: bool = False) -> tuple[OuterStep | None, list[Gradient]]:
     """Take the step of `inputs`: collect its payloads, re-anchor global_step on the lead's
-    (`update_step`), then the one outer step. None for an empty step."""
+    (`update_step`), then the one outer step. Returns the step (None for an empty one) and the
+    payloads it aggregated (what the lead publishes for a SparseLoCo run's catch-up)."""
     payloads = await collect_payloads(node, window, inputs, gathered, deadline=deadline)
     state.global_step = update_step(state.global_step, published=inputs.global_step)
-    return await asyncio.to_thread(node.compute.outer_step, payloads, state, keep_signs=keep_signs)
+    step = await asyncio.to_thread(node.compute.outer_step, payloads, state, keep_signs=keep_signs)
+    return step, payloads
 
 
 async def follow_step(node: Node, window: int, state: NodeState,
@@ -120,4 +122,5 @@ async def follow_step(node: Node, window: int, state: NodeState,
     cannot be had by the window's `apply_deadline`)."""
     deadline = node.clock.times(window).apply_deadline
     inputs = await read_lead_inputs(node, window, deadline=deadline)
-    return await apply_inputs(node, window, inputs, state, gathered, deadline=deadline)
+    step, _ = await apply_inputs(node, window, inputs, state, gathered, deadline=deadline)
+    return step

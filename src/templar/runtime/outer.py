@@ -14,7 +14,6 @@ import torch
 
 from templar.chain import verify_signature
 from templar.comms import GatherResult, gather
-from templar.compress import apply_signed_update
 from templar.compress.methods import rule_of
 from templar.core.config import HParams
 from templar.core.schedule import learning_rate
@@ -47,14 +46,15 @@ def update_step(own: int, published: int | None = None) -> int:
 
 def apply_update(model: torch.nn.Module | Mapping[str, torch.Tensor], signs: Mapping[str, torch.Tensor], step: int,
                  hp: HParams) -> float:
-    """θ ← θ − α(step)·sign(Δ) (with decoupled weight decay): the one way any node applies an
-    outer update, live or replayed. Returns the learning rate used.
+    """θ ← θ − α(step)·update, the run's method's own rule (`OuterRule.apply`: the signed one with
+    decoupled weight decay): the one way any node applies an outer update, live or replayed.
+    Returns the learning rate used.
 
     `model` may also be a mapping of parameter tensors with `signs` of the same shapes: a
     sharded node (`templar.distributed`) passes each rank's rows of θ and of the signs. The
     update is element-wise, so the rows come out bit-identical to the 1-process update."""
     lr = learning_rate(step, hp.optimizer)
-    apply_signed_update(model, signs, lr, hp.optimizer.weight_decay)
+    rule_of(hp.optimizer.method).apply(model, signs, lr, hp.optimizer.weight_decay)
     return lr
 
 

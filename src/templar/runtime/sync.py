@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import dataclass
 from enum import StrEnum
 
 import torch
@@ -32,6 +33,7 @@ from templar.comms import (
 )
 from templar.comms.keys import aggregate_key, inputs_key
 from templar.comms.progress import Progress, decode_fingerprint, get_progress
+from templar.compress.methods import rule_of
 from templar.core.log import context
 from templar.core.schedule import learning_rate
 from templar.runtime.fingerprint import model_in_sync, off_positions
@@ -41,11 +43,12 @@ from templar.runtime.state import STATE_FILE, NodeState
 from templar.runtime.windows import APPLY_SECONDS
 from templar.storage import StorageError
 from templar.wire import (
-    Aggregate,
     PayloadError,
     max_aggregate_bytes,
+    max_bundle_bytes,
     max_inputs_bytes,
     read_aggregate,
+    read_bundle,
     read_inputs,
 )
 
@@ -189,18 +192,49 @@ def _checkpoint_cap(model: torch.nn.Module) -> int:
     return int(sum(t.numel() * t.element_size() for t in model.state_dict().values()) * 1.05) + (1 << 20)
 
 
-async def _window_update(node: Node, lead, window: int, cap: int) -> tuple[bool, Aggregate | None, str]:
-    """One look at the lead's record of `window`: (resolved, aggregate or None, what is wrong).
+@dataclass(frozen=True)
+class Published:
+    """The lead's update of one window, as published: what to apply and the step it was applied at."""
+
+    update: dict[str, torch.Tensor]
+    global_step: int
+
+
+def read_published(node: Node, data: bytes, lead_hotkey: str, window: int) -> Published:
+    """The lead's published update of `window` in the run's own form (`PayloadError` if it is not):
+    a signed run's bit-packed signs, a SparseLoCo run's bundle of the aggregated payloads put through
+    the method's own aggregate (a pure function of them: the live step's update, bit for bit)."""
+    hp, shapes = node.hp, node.shapes
+    if hp.optimizer.method == "signed":
+        agg = read_aggregate(data, shapes, run=node.run, verify=verify_signature, expected_hotkey=lead_hotkey,
+                             expected_window=window)
+        return Published(agg.signs, agg.global_step)
+    bundle = read_bundle(data, shapes, hp, run=node.run, verify=verify_signature, expected_hotkey=lead_hotkey,
+                         expected_window=window)
+    weights = [1.0 / hp.gauntlet.top_g] * len(bundle.peers)  # `aggregation_weights`: every payload 1/G
+    try:
+        update = rule_of(hp.optimizer.method).aggregate(bundle.peers, weights, shapes)
+    except ValueError as exc:  # off the method's grid: a lead's bundle that no honest step produced
+        raise PayloadError("bad_encoding", str(exc)[:120]) from exc
+    return Published(update, bundle.global_step)
+
+
+def published_cap(node: Node) -> int:
+    """Byte cap of the lead's published update of a window in this run's form."""
+    return max_aggregate_bytes(node.shapes) if node.hp.optimizer.method == "signed" \
+        else max_bundle_bytes(node.shapes, node.hp)
+
+
+async def _window_update(node: Node, lead, window: int, cap: int) -> tuple[bool, Published | None, str]:
+    """One look at the lead's record of `window`: (resolved, published update or None, what is wrong).
     Resolved means the update is known: its signed aggregate, or its inputs naming no payload
     (the window had no outer step). Anything else (absent, unreadable, malformed, not signed by
     the lead) is unresolved: never an empty window."""
-    shapes = node.shapes
     try:
         data = await get_aggregate(lead[1], window, max_bytes=cap, timeout=10.0)
         if data is not None:
             try:
-                return True, read_aggregate(data, shapes, run=node.run, verify=verify_signature,
-                                            expected_hotkey=lead[0].hotkey, expected_window=window), ""
+                return True, await asyncio.to_thread(read_published, node, data, lead[0].hotkey, window), ""
             except PayloadError as exc:
                 return False, None, f"{aggregate_key(window)} is malformed ({exc.reason})"
         data = await get_inputs(lead[1], window, max_bytes=max_inputs_bytes(), timeout=10.0)
@@ -241,7 +275,7 @@ async def catch_up(node: Node, state: NodeState, until: int, *, verify: bool = T
     log.info(f"[SYNC] Synchronising weights with the lead validator. No uploads in this phase. "
              f"Replaying windows {state.window + 1}..{until}")
     started, applied, first = time.perf_counter(), 0, state.window
-    cap = max_aggregate_bytes(node.shapes)
+    cap = published_cap(node)
     for window in range(state.window + 1, until + 1):
         if node.stop.is_set():
             break
@@ -267,7 +301,7 @@ async def catch_up(node: Node, state: NodeState, until: int, *, verify: bool = T
             break
         if agg is not None:
             step = update_step(state.global_step, published=agg.global_step)
-            await asyncio.to_thread(node.compute.apply_update, agg.signs, step)
+            await asyncio.to_thread(node.compute.apply_update, agg.update, step)
             state.global_step = step + 1
             applied += 1
         state.window = window

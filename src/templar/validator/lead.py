@@ -4,7 +4,7 @@ the start window, the top-G peer list, each window's aggregate (for catch-up) an
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 from pathlib import Path
 
@@ -25,15 +25,17 @@ from templar.comms.progress import put_progress
 from templar.core.log import context
 from templar.runtime.flags import EXIT_HISTORY
 from templar.runtime.node import Node, NodeError
-from templar.runtime.outer import OuterStep
+from templar.runtime.outer import OuterStep, aggregation_weights
 from templar.runtime.sync import MODEL_FILE
 from templar.storage import StorageError
 from templar.wire import (
+    Gradient,
     PayloadError,
     StepInputs,
     max_inputs_bytes,
     read_inputs,
     write_aggregate,
+    write_bundle,
     write_inputs,
 )
 
@@ -103,14 +105,20 @@ class WindowPublisher:
         return kept
 
     async def publish(self, window: int, step: OuterStep | None, next_peers: list[str] | None,
-                      global_step: int, *, deadline: float) -> bool:
+                      global_step: int, *, deadline: float, applied: Sequence[Gradient] = ()) -> bool:
         """Queue this window's objects and upload the queue until `deadline` (unix seconds by the
         node's clock). True when nothing is left queued. Objects of a window already published stay
         as they are (`put_new`: history is append-only)."""
         node, run = self.node, self.node.run
         if step is not None:
-            data = write_aggregate(step.signs, window=window, global_step=step.global_step,
-                                   learning_rate=step.learning_rate, hotkey=node.hotkey, run=run, sign=node.chain.sign)
+            if node.hp.optimizer.method == "signed":
+                data = write_aggregate(step.signs, window=window, global_step=step.global_step,
+                                       learning_rate=step.learning_rate, hotkey=node.hotkey, run=run,
+                                       sign=node.chain.sign)
+            else:  # the method's update has no compact exact form: the payloads that make it
+                data = write_bundle([(g.hotkey, g.tensors) for g in aggregation_weights(applied, node.hp)[0]],
+                                    window=window, global_step=step.global_step, learning_rate=step.learning_rate,
+                                    hotkey=node.hotkey, hp=node.hp, run=run, sign=node.chain.sign)
             self.queued[f"aggregate/{window}"] = partial(put_aggregate, node.bucket, window, data)
         if next_peers is not None:
             self.queued[f"peers/{window + 1}"] = partial(put_peers, node.bucket, window + 1, next_peers, run=run)

@@ -229,15 +229,16 @@ class Validator:
                                for hk, s in losses.items()})
 
         # The outer step: every node, the lead included, takes exactly the inputs the lead published.
+        applied: list[Gradient] = []
         if inputs is not None:
-            step = await apply_inputs(node, window, inputs, self.state, results, keep_signs=True,
-                                      deadline=max(times.apply_deadline, node.clock.now() + PUBLISH_MIN_SECONDS))
+            step, applied = await apply_inputs(node, window, inputs, self.state, results, keep_signs=True,
+                                               deadline=max(times.apply_deadline, node.clock.now() + PUBLISH_MIN_SECONDS))
         else:
             step = await self._follow(window, results)
         self.state.window = max(self.state.window, window)
         self.sync.record(self.state.window, self.state.global_step)
         if self.is_lead:
-            await self._publish(window, step, scores.top_g, peer_list)
+            await self._publish(window, step, applied, scores.top_g, peer_list)
         holdout_loss = await asyncio.to_thread(self.compute.evaluate_loss, self.holdout)
 
         weights_set = False
@@ -369,7 +370,8 @@ class Validator:
             return {}
         return {"staleness": self.book.staleness(window, g.newcomer_evals), "sharpness": g.selection_sharpness}
 
-    async def _publish(self, window: int, step: OuterStep | None, top: list[str], peer_list: list[str]) -> None:
+    async def _publish(self, window: int, step: OuterStep | None, applied: list[Gradient], top: list[str],
+                       peer_list: list[str]) -> None:
         """The lead's publications of the window: aggregate, progress and the peer list in effect
         from the next window: the top-G when a replacement is due (or none is in effect), else the
         list in effect named again, so every reader finds its window's list with one GET, never a
@@ -379,7 +381,7 @@ class Validator:
         in_time = node.clock.now() < node.clock.times(window + 1).gather_start
         due = in_time and (window % hp.windows.peer_replacement_frequency == 0 or not peer_list)
         again = peer_list if in_time and peer_list else None
-        await self.publisher.publish(window, step, top if due else again, self.state.global_step,
+        await self.publisher.publish(window, step, top if due else again, self.state.global_step, applied=applied,
                                      deadline=max(node.clock.times(window + 1).gather_start,
                                                   node.clock.now() + PUBLISH_MIN_SECONDS))
 

@@ -6,6 +6,7 @@ verification are injected callables (only `templar.chain` imports bittensor).
 """
 
 from templar.wire.aggregate import Aggregate, max_aggregate_bytes, read_aggregate, write_aggregate
+from templar.wire.bundle import Bundle, max_bundle_bytes, read_bundle, write_bundle
 from templar.wire.codec import CODEC, CODECS, Q2_CODEC, Codec, codec_for
 from templar.wire.container import Signer, Verifier
 from templar.wire.errors import REASONS, PayloadError
@@ -27,6 +28,7 @@ __all__ = [
     "Q2_CODEC",
     "REASONS",
     "Aggregate",
+    "Bundle",
     "Codec",
     "Gradient",
     "PayloadError",
@@ -38,14 +40,17 @@ __all__ = [
     "coefficient_count",
     "gradient_digest",
     "max_aggregate_bytes",
+    "max_bundle_bytes",
     "max_gradient_bytes",
     "max_inputs_bytes",
     "probe_positions",
     "read_aggregate",
+    "read_bundle",
     "read_gradient",
     "read_inputs",
     "take_probes",
     "write_aggregate",
+    "write_bundle",
     "write_gradient",
     "write_inputs",
 ]

@@ -4,8 +4,9 @@ Tensors, for every parameter `name`: the parts of the run's codec (`rice-mxint8`
 `name/idx_hi`, `name/rice`, `name/val`, `name/exp`; `rice-q2`: `name/idx_lo`, `name/idx_hi`,
 `name/rice`, `name/q`, `name/mant`, `name/exp`; see `templar.wire.codec`) and `name/probe` (float32
 `[probe_count]`, the miner's own θ at `probe_positions(...)`). Metadata: a `GradientDocument`
-(which names the codec) and the signature. Every function takes the run's codec by name
-(`codec_name`, `rice-mxint8` unless told); a reader refuses a payload of any other codec. `read_gradient` is the single entry point for peer gradients: every failure is a
+(which names the codec) and the signature. The codec is the run's (`run_codec`: the one its outer-step
+method sends, `templar.compress.methods`; `codec_name` overrides it for tools); a reader refuses a
+payload of any other codec. `read_gradient` is the single entry point for peer gradients: every failure is a
 `PayloadError` with a stable reason, checked cheapest first (size, header, metadata, schema,
 signature, then the vectorised decode).
 """
@@ -19,6 +20,7 @@ from functools import lru_cache
 import torch
 
 from templar.compress import ChunkPlan, Compressed, plan_chunks, topk_per_chunk
+from templar.compress.methods import rule_of
 from templar.core.config import PROTOCOL_VERSION, HParams
 from templar.wire import codec
 from templar.wire.container import (
@@ -62,6 +64,11 @@ class Gradient:
     nbytes: int
 
 
+def run_codec(hp: HParams) -> str:
+    """The wire codec of the run's outer-step method (`optimizer.method`)."""
+    return rule_of(hp.optimizer.method).codec
+
+
 def _layout(shape: torch.Size, hp: HParams) -> tuple[ChunkPlan, int]:
     """The chunk plan and coefficients per chunk this run's compression gives `shape`."""
     return _layout_of(tuple(shape), hp.demo.target_chunk, hp.demo.topk)
@@ -80,9 +87,9 @@ def _keys(expected: Mapping[str, torch.Size], wire: codec.Codec) -> list[str]:
     return [f"{name}/{part}" for name in expected for part in (*wire.part_dtypes, _PROBE)]
 
 
-def max_gradient_bytes(expected: Mapping[str, torch.Size], hp: HParams, *, codec_name: str = codec.CODEC) -> int:
+def max_gradient_bytes(expected: Mapping[str, torch.Size], hp: HParams, *, codec_name: str | None = None) -> int:
     """Byte cap of an honest gradient payload for this schema (for transport limits too)."""
-    wire = codec.codec_for(codec_name)
+    wire = codec.codec_for(codec_name or run_codec(hp))
     total = 8 + header_bound(_keys(expected, wire))
     for shape in expected.values():
         plan, k = _layout(shape, hp)
@@ -101,10 +108,10 @@ def write_gradient(
     run: Run,
     sign: Signer,
     warmup: bool = False,
-    codec_name: str = codec.CODEC,
+    codec_name: str | None = None,
 ) -> bytes:
     """Encode, sign and serialise for `run`; ValueError when the caller's own data is inconsistent."""
-    wire = codec.codec_for(codec_name)
+    wire = codec.codec_for(codec_name or run_codec(hp))
     if set(compressed) != set(probes):
         raise ValueError("compressed and probes must name the same parameters")
     tensors: dict[str, torch.Tensor] = {}
@@ -174,7 +181,7 @@ def read_gradient(
     verify: Verifier | None,
     expected_hotkey: str | None = None,
     expected_window: int | None = None,
-    codec_name: str = codec.CODEC,
+    codec_name: str | None = None,
 ) -> Gradient:
     """Validate and decode a peer's gradient payload of `run`, encoded with the run's codec
     `codec_name`; raises `PayloadError` for anything malformed, unauthenticated, bound to another
@@ -182,9 +189,9 @@ def read_gradient(
 
     `verify=None` skips the signature check (local tools only; every peer path must pass one).
     """
-    wire = codec.codec_for(codec_name)
+    wire = codec.codec_for(codec_name or run_codec(hp))
     data = bytes(data)
-    cap = max_gradient_bytes(expected, hp, codec_name=codec_name)
+    cap = max_gradient_bytes(expected, hp, codec_name=codec_name or run_codec(hp))
     if len(data) > cap:
         raise PayloadError("oversize", f"{len(data)} > {cap} bytes")
     container = parse_container(data, max_header=header_bound(_keys(expected, wire)))
@@ -225,10 +232,10 @@ def read_gradient(
     )
 
 
-def gradient_digest(data: bytes, expected: Mapping[str, torch.Size], *, codec_name: str = codec.CODEC) -> bytes:
+def gradient_digest(data: bytes, expected: Mapping[str, torch.Size], hp: HParams) -> bytes:
     """`Gradient.digest` of a payload this node wrote itself (its commitment, `templar.comms.commit`),
     without decoding it: the same sha256 over the gradient tensors that `read_gradient` computes."""
-    wire = codec.codec_for(codec_name)
+    wire = codec.codec_for(run_codec(hp))
     container = parse_container(bytes(data), max_header=header_bound(_keys(expected, wire)))
     return tensor_digest(_CONTENT_DOMAIN, container, [f"{name}/{part}" for name in expected
                                                       for part in wire.part_dtypes])

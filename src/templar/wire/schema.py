@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
-__all__ = ["MAX_INPUTS", "AggregateDocument", "GradientDocument", "InputsDocument", "Run"]
+__all__ = ["MAX_INPUTS", "AggregateDocument", "BundleDocument", "GradientDocument", "InputsDocument", "Run"]
 
 _HOTKEY_PATTERN = r"^[A-Za-z0-9_.\-]{1,64}$"
 _MAX_COUNTER = 2**53  # exactly representable in every JSON implementation
@@ -66,6 +66,22 @@ class InputsDocument(_Document):
     """The lead's record of the payloads it aggregated at `window` (`templar.wire.inputs`)."""
 
     kind: Literal["inputs"]
+    peers: list[Annotated[str, StringConstraints(pattern=_HOTKEY_PATTERN)]] = Field(max_length=MAX_INPUTS)
+
+    @field_validator("peers")
+    @classmethod
+    def _unique(cls, peers: list[str]) -> list[str]:
+        if len(set(peers)) != len(peers):
+            raise ValueError("duplicate hotkeys")
+        return peers
+
+
+class BundleDocument(_Document):
+    """The lead's SparseLoCo update of `window`: the payloads it aggregated (`templar.wire.bundle`)."""
+
+    kind: Literal["bundle"]
+    learning_rate: float = Field(gt=0, allow_inf_nan=False)
+    codec: str = Field(max_length=32)
     peers: list[Annotated[str, StringConstraints(pattern=_HOTKEY_PATTERN)]] = Field(max_length=MAX_INPUTS)
 
     @field_validator("peers")

@@ -150,9 +150,15 @@ def aggregate_clipped_mean(
     peers: Sequence[Mapping[str, Compressed]],
     weights: Sequence[float],
     shapes: Mapping[str, torch.Size],
+    *,
+    clip: bool = True,
 ) -> dict[str, torch.Tensor]:
     """Δ per parameter of `shapes` (dense float32, on the peers' device), bit-identical for any
     order of `peers` (with their `weights`, each in [0, 1], e.g. 1/G) and any implementation.
+
+    `clip=False` takes `weights` as the final per-peer factors w_p·min(1, m/‖q_p‖), computed once
+    from the whole payloads (`clip_factors`): a node whose ranks each aggregate some parameters
+    (`templar.distributed.outer`) must clip by the whole payload's norm, not by one tensor's.
 
     Values must be on the 2-bit grid (any float32 with at most 12 significant bits is accepted)
     and indices unique within a chunk, as `templar.wire` guarantees; ValueError otherwise. A single
@@ -175,7 +181,7 @@ def aggregate_clipped_mean(
 
     terms = [[_norm_terms(p[name].values, name) for name in names] for p in peers]  # [peer][name]
     norms_squared = [sum((t for t, _ in row), Fraction(0)) for row in terms]
-    factors = clip_factors(norms_squared, w)
+    factors = clip_factors(norms_squared, w) if clip else [1.0 if x > 0 else 0.0 for x in w]
     included = [i for i, c in enumerate(factors) if c > 0]
 
     out: dict[str, torch.Tensor] = {}
