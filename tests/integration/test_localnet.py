@@ -103,13 +103,18 @@ def test_localnet_pays_honest_work_and_nothing_else(tmp_path):
 
 PRODUCTION_LIKE = {"data": {"eval_pages": 1}, "gauntlet": {"proof_margin": 0.0}}
 """What production evaluates that `tiny` (and `micro`) does not: one of the two assigned pages, the paper's bare sign."""
+SPARSELOCO = {"optimizer": {"method": "sparseloco", "learning_rate": 1.0, "weight_decay": 0.0},
+              "demo": {"topk": 64, "momentum_decay": 0.95}}
+"""The other outer step a run may choose (`hparams/tiny-sparseloco.json`), on micro's inner AdamW steps."""
+SETTINGS = {"micro": {}, "production-like": PRODUCTION_LIKE, "sparseloco": SPARSELOCO}
 
 
 @pytest.mark.slow(seconds=12)
-@pytest.mark.parametrize("setting", ["micro", "production-like"])
+@pytest.mark.parametrize("setting", list(SETTINGS))
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_partial_and_pooled_work_earn_less_than_honest_work(tmp_path, setting, seed):
-    """The cheats of docs/scoring.md §8 on the in-process localnet, 3 seeds × {micro, production-like}:
+    """The cheats of docs/scoring.md §8 on the in-process localnet, 3 seeds × {micro, production-like,
+    sparseloco} (every one with micro's H = 2 inner AdamW steps):
     `partial` (1 of 2 pages trained, the rest borrowed from other miners' same-window uploads) earns less than
     the weakest honest miner, and a `pooled` group of 3 hotkeys (one update on the union of their slots,
     posted by each with noise) earns less in total than the weakest honest miner. The fewest nodes and windows
@@ -117,10 +122,9 @@ def test_partial_and_pooled_work_earn_less_than_honest_work(tmp_path, setting, s
     miner's μ under the paper's bare sign can zero its weight). One test per run, so the six runs spread over
     the suite's workers."""
     hparams = str(MICRO_PRESET)
-    if setting == "production-like":
-        hparams = str(tmp_path / "production-like.json")
-        Path(hparams).write_text(json.dumps({"base": str(MICRO_PRESET), "name": "micro-production-like",
-                                             **PRODUCTION_LIKE}))
+    if SETTINGS[setting]:
+        hparams = str(tmp_path / f"{setting}.json")
+        Path(hparams).write_text(json.dumps({"base": str(MICRO_PRESET), "name": f"micro-{setting}", **SETTINGS[setting]}))
     report = _localnet_in_this_process(tmp_path / "run", ["partial", "pooled"], miners=2, hparams=hparams, seed=seed,
                                        windows=4)
     assert report["outcome"] == "finished"

@@ -34,6 +34,7 @@ from templar.compress.sparseloco import (
     apply_mean_update,
     clip_factors,
     payload_norm_squared,
+    quantise,
 )
 
 __all__ = ["METHODS", "OuterRule", "SignedRule", "SparseLoCoRule", "rule_of"]
@@ -60,6 +61,10 @@ class OuterRule(Protocol):
                         shape: torch.Size) -> torch.Tensor: ...
 
     def apply(self, params: Params, update: Mapping[str, torch.Tensor], lr: float, weight_decay: float) -> None: ...
+
+    def wire_values(self, values: torch.Tensor) -> torch.Tensor:
+        """Kept values `[n_chunks, k]` as the wire can carry them (identity for the compressor's own)."""
+        ...
 
 
 class SignedRule:
@@ -88,6 +93,9 @@ class SignedRule:
 
     def apply(self, params: Params, update: Mapping[str, torch.Tensor], lr: float, weight_decay: float) -> None:
         apply_signed_update(params, update, lr, weight_decay)
+
+    def wire_values(self, values: torch.Tensor) -> torch.Tensor:
+        return values  # the codec rounds any float32 to its int8 and exponent
 
 
 class SparseLoCoRule:
@@ -118,6 +126,9 @@ class SparseLoCoRule:
 
     def apply(self, params: Params, update: Mapping[str, torch.Tensor], lr: float, weight_decay: float) -> None:
         apply_mean_update(params, update, lr)
+
+    def wire_values(self, values: torch.Tensor) -> torch.Tensor:
+        return quantise(values)  # the ternary grid (idempotent on the compressor's own values)
 
 
 METHODS: dict[str, OuterRule] = {"signed": SignedRule(), "sparseloco": SparseLoCoRule()}

@@ -16,6 +16,7 @@ import torch
 
 from templar.comms.keys import gradient_key
 from templar.compress import Compressed
+from templar.compress.methods import rule_of
 from templar.core.log import context, short
 from templar.miner.hooks import MinerHooks
 from templar.runtime.outer import payload_reader
@@ -224,7 +225,8 @@ class Partial(MinerHooks):
             mix = _top_k(self.own_share * _dense(c) + (1 - self.own_share) * borrowed, c)
             scale = float(torch.linalg.vector_norm(c.values.float())) / max(
                 float(torch.linalg.vector_norm(mix.values)), 1e-12)  # its own loudness: no `scale` verdict
-            mixed[name] = Compressed(mix.indices, mix.values * scale, mix.shape, mix.chunk)
+            wire = rule_of(hp.optimizer.method).wire_values  # what the run's codec can carry
+            mixed[name] = Compressed(mix.indices, wire(mix.values * scale), mix.shape, mix.chunk)
         context(window=window, phase="partial").info(f"mixing in {len(others)} peers' updates")
         return write_gradient(mixed, own.probes, window=window, hotkey=node.hotkey, hp=hp, run=node.run,
                               sign=node.chain.sign, global_step=own.global_step, warmup=own.warmup)

@@ -12,6 +12,7 @@ import time
 from templar.comms import put_gradient
 from templar.comms.commit import put_commit
 from templar.comms.keys import gradient_key
+from templar.compress.methods import rule_of
 from templar.core.log import context
 from templar.core.schedule import learning_rate
 from templar.miner.hooks import MinerHooks
@@ -256,7 +257,9 @@ class Miner:
         hp, node = self.hp, self.node
         compressed = self.compute.compress(scale)
         values = self.hooks.transform(self, window, {k: c.values for k, c in compressed.items()})
-        compressed = {k: type(c)(indices=c.indices, values=values[k].float(), shape=c.shape, chunk=c.chunk)
+        rule = rule_of(hp.optimizer.method)  # what a hook changed goes back onto the method's value grid
+        compressed = {k: type(c)(indices=c.indices, values=rule.wire_values(values[k].float()), shape=c.shape,
+                                 chunk=c.chunk)
                       for k, c in compressed.items()}
         return write_gradient(compressed, self.compute.probes(window), window=window,
                               global_step=self.state.global_step, hotkey=node.hotkey, hp=hp, run=node.run,
