@@ -203,6 +203,13 @@ def lead_records(rehearsal: Path, name: str) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
 
 
+def _summary(url: str) -> dict:
+    """The dashboard's /api/summary (it loads the chain in the background: the first answers may
+    carry no snapshot yet)."""
+    with urllib.request.urlopen(url, timeout=20) as resp:
+        return json.loads(resp.read())
+
+
 def _trained(rehearsal: Path) -> bool:
     """The lead has applied two outer steps and the chain took weights on both miners (set twice)."""
     windows = lead_records(rehearsal, "validator_windows.jsonl")
@@ -246,8 +253,10 @@ def test_the_launch_runbook_runs_and_the_subnet_trains_and_pays(tmp_path, seawee
                 wait_for("outer steps and weights on chain", lambda: _trained(rehearsal), deadline, run.background)
                 wait_for("an epoch paying both miners", lambda: _paid(ours), deadline, run.background)
             run.run_block(block)
-        with urllib.request.urlopen(f"http://127.0.0.1:{ours['DASHBOARD_PORT']}/api/summary", timeout=20) as resp:
-            summary = json.loads(resp.read())
+        summary_url = f"http://127.0.0.1:{ours['DASHBOARD_PORT']}/api/summary"
+        wait_for("the dashboard's first chain snapshot", lambda: _summary(summary_url)["chain"]["block"] is not None,
+                 time.time() + 60, run.background)
+        summary = _summary(summary_url)
     finally:
         codes = run.stop()
     elapsed = time.time() - started
@@ -272,4 +281,4 @@ def test_the_launch_runbook_runs_and_the_subnet_trains_and_pays(tmp_path, seawee
     losses = [r["holdout_loss"] for r in lead_records(rehearsal, "validator_windows.jsonl")]
     steps = [r["global_step"] for r in lead_records(rehearsal, "validator_windows.jsonl")]
     assert steps[-1] >= 1 and losses[-1] < losses[0], list(zip(steps, losses, strict=True))
-    assert summary["chain"]["lead"]["uid"] == lead
+    assert summary["chain"]["lead"] and summary["chain"]["lead"]["uid"] == lead, summary

@@ -11,7 +11,7 @@ from templar.core.config import HParams, InnerConfig, load_hparams
 from templar.core.model import build_model
 from templar.runtime.compute import LocalCompute
 from templar.runtime.state import NodeState
-from templar.runtime.train import accumulate_gradients, gradients, inner_lr
+from templar.runtime.train import accumulate_gradients, gradients, inner_lr, inner_parts
 
 
 def _batch(hp: HParams, n: int, seed: int = 1) -> torch.Tensor:
@@ -45,6 +45,17 @@ def test_one_sgd_step_is_the_papers_window_bit_for_bit(hp):
         assert torch.equal(p, q)  # θ untouched by training: only the outer step moves it
 
 
+def test_every_inner_step_sees_every_page():
+    """Pages lie one after another in a window's batch; each of the H steps gets sequences of each
+    page (contiguous parts left a miner's extra pages, laid last, to its last steps alone)."""
+    pages, per_page, steps = 4, 6, 3
+    batch = torch.arange(pages * per_page).reshape(-1, 1)  # row r belongs to page r // per_page
+    parts = inner_parts(batch, steps)
+    assert sorted(int(r) for part in parts for r in part) == list(range(pages * per_page))
+    for part in parts:
+        assert {int(r) // per_page for r in part} == set(range(pages))
+
+
 def test_adamw_sends_theta_t_minus_theta_h_and_puts_theta_t_back(hp):
     hp = _with_inner(hp, steps=4, optimizer="adamw", learning_rate=1e-3)
     batch = _batch(hp, 8)
@@ -57,7 +68,7 @@ def test_adamw_sends_theta_t_minus_theta_h_and_puts_theta_t_back(hp):
     reference = build_model(hp)
     opt = torch.optim.AdamW(reference.parameters(), lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0,
                             foreach=False)
-    for part in torch.tensor_split(batch, 4):
+    for part in inner_parts(batch, 4):
         accumulate_gradients(reference, part, 2, hp.optimizer.grad_clip)
         opt.step()
     assert stats.scale == 1.0 and stats.tokens == batch.numel()

@@ -160,7 +160,8 @@ def test_payloads_name_their_codec_and_readers_refuse_another(hp, small_shapes, 
     g = read_gradient(data, small_shapes, hp, run=RUN, verify=verify, codec_name=Q2_CODEC)
     for name, c in compressed.items():
         assert torch.equal(g.tensors[name].indices, c.indices) and torch.equal(g.tensors[name].values, c.values)
-    assert g.digest == gradient_digest(data, small_shapes, codec_name=Q2_CODEC)
+    sparseloco_hp = hp.model_copy(update={"optimizer": hp.optimizer.model_copy(update={"method": "sparseloco"})})
+    assert g.digest == gradient_digest(data, small_shapes, sparseloco_hp)
 
     with pytest.raises(PayloadError) as info:  # a q2 payload where the run uses rice-mxint8
         read_gradient(data, small_shapes, hp, run=RUN, verify=verify)

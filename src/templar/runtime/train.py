@@ -77,12 +77,24 @@ def inner_lr(inner: InnerConfig, outer_lr: float, outer: OptimizerConfig) -> flo
     return outer_lr if inner.optimizer == "sgd" else inner.learning_rate * outer_lr / outer.learning_rate
 
 
+def inner_parts(batch: torch.Tensor, steps: int) -> list[torch.Tensor]:
+    """`batch`'s sequences dealt round-robin into `steps` parts: sequence i goes to step i mod H.
+
+    A window's batch holds its pages one after another. Contiguous parts would give the first steps
+    the first pages only, and the later steps would partly undo their fit: the validator, which
+    checks page by page that a peer trained on each assigned page, would see the early pages' gaps
+    shrink, and a miner that adds `--extra-pages` (laid after its assigned ones) would spend its last
+    steps on them alone and look as if it skipped its assignment. Dealt round-robin, every step sees
+    every page, as a shuffled data loader would give it."""
+    return [batch[i::steps] for i in range(steps)]
+
+
 def inner_steps(model: torch.nn.Module, batch: torch.Tensor, micro_batch_size: int, grad_clip: float | None, *,
                 inner: InnerConfig, optimizer: torch.optim.Optimizer | None, lr: float,
                 step: Callable[[], None] | None = None,
                 accumulate: Callable[[torch.Tensor], TrainStats] | None = None) -> TrainStats:
-    """A miner's window: H inner steps from θ_t on `batch` (its sequences split into H contiguous
-    parts), leaving the pseudo-gradient in `p.grad` and θ_t in the model. `lr`: the inner rate of
+    """A miner's window: H inner steps from θ_t on `batch` (its sequences dealt into H parts,
+    `inner_parts`), leaving the pseudo-gradient in `p.grad` and θ_t in the model. `lr`: the inner rate of
     this window (`inner_lr`). The returned `scale` is what the compressor multiplies `p.grad` by.
 
     H = 1 with SGD is the paper's window, computed as it always was: the mean gradient of all the
@@ -103,7 +115,7 @@ def inner_steps(model: torch.nn.Module, batch: torch.Tensor, micro_batch_size: i
         for group in optimizer.param_groups:
             group["lr"] = lr
     losses, tokens = [], 0
-    parts = [part for part in torch.tensor_split(batch, inner.steps) if part.size(0)]
+    parts = [part for part in inner_parts(batch, inner.steps) if part.size(0)]
     for part in parts:
         stats = accumulate(part)
         losses.append((stats.loss, part.size(0)))
