@@ -86,6 +86,9 @@ class SimConfig:
     power: float = 2.0
     top_g: int = 15
     proof_margin: float = 0.0
+    proof_credit: str = "sign"
+    """"sign": the paper's proof of computation; "size": the gap relative to the window's (hparams `proof_credit`)"""
+    proof_full_gap: float = 1.0
     phi: float = 0.75
     openskill_beta: float = 4.1667
     openskill_tau: float = 0.0833
@@ -137,6 +140,7 @@ class SimConfig:
         return load_hparams().gauntlet.model_copy(update={
             "top_g": self.top_g, "power": self.power, "uids_per_window": self.uids_per_window,
             "fast_eval_uids": self.fast_eval_uids, "mu_gamma": self.mu_gamma, "proof_margin": self.proof_margin,
+            "proof_credit": self.proof_credit, "proof_full_gap": self.proof_full_gap,
             "fast_eval_penalty": self.phi, "openskill_beta": self.openskill_beta, "openskill_tau": self.openskill_tau,
             "selection_sharpness": self.sharpness, "newcomer_evals": self.newcomer_evals,
             "mu_prior_evals": self.mu_prior_evals,
@@ -576,7 +580,7 @@ def main(argv: list[str] | None = None) -> int:
 
 LEVERS: dict = {"sharpness": 2.0, "newcomer_evals": 32, "mu_prior_evals": 1.0}
 """The selection and μ levers of the first round (benchmarks/LOG.md §1), with the paper's OpenSkill rating."""
-CHOSEN: dict = {"sharpness": 2.0, "newcomer_evals": 32, "mu_prior_evals": 0.0, "rating": "relative",
+CHOSEN: dict = {"proof_credit": "size", "proof_full_gap": 0.4, "sharpness": 2.0, "newcomer_evals": 32, "mu_prior_evals": 0.0, "rating": "relative",
                 "rating_gamma": 0.95, "rating_tie_band": 3.5, "rating_exponent": 10.0, "rating_cap": 2.0}
 """The settings this benchmark argues for (docs/scoring.md §11; `hparams.json` gauntlet section)."""
 

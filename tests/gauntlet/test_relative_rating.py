@@ -67,16 +67,20 @@ def test_relative_rating_hand_computed() -> None:
     # squared: 1.383901 × 25 = 34.597524
     assert relative_rating(1.4, 2, gamma=0.5, tie_band=3.0, exponent=2.0, noise=0.1) == pytest.approx(
         34.597524, abs=1e-6)
-    # one evaluation (n_eff 1), band 2.5 × 0.1: 1.3 → 1.05^10 × 25 = 40.722366; 0.5 → 0.75^2 × 25 = 14.0625
+    # one evaluation (n_eff 1), band 2.5 × 0.1: 1.3 → 1.05^10 × 25 = 40.722366; 0.5 → 0.5 × 25 = 12.5 (below
+    # the median the mean itself, no band, no exponent)
     assert relative_rating(1.3, 1, gamma=0.9, tie_band=2.5, exponent=10.0, noise=0.1) == pytest.approx(
         40.722366, abs=1e-6)
-    assert relative_rating(0.5, 1, gamma=0.9, tie_band=2.5, exponent=2.0, noise=0.1) == pytest.approx(14.0625)
+    assert relative_rating(0.5, 1, gamma=0.9, tie_band=2.5, exponent=2.0, noise=0.1) == pytest.approx(12.5)
 
 
 def test_relative_rating_ties_inside_the_band_and_floors_at_zero() -> None:
-    # inside the band every peer is rated exactly as the median: 25, whatever the exponent
-    for mean in (0.8, 0.99, 1.0, 1.2):
+    # inside the band above the median every peer is rated exactly as the median: 25, whatever the exponent
+    for mean in (1.0, 1.1, 1.2):
         assert relative_rating(mean, 1, gamma=0.9, tie_band=2.5, exponent=10.0, noise=0.1) == 25.0
+    # below the median the band forgives nothing: less measured work, proportionally less rating
+    for mean in (0.25, 0.8, 0.99):
+        assert relative_rating(mean, 1, gamma=0.9, tie_band=2.5, exponent=10.0, noise=0.1) == pytest.approx(25 * mean)
     plain = {"gamma": 0.9, "tie_band": 0.0, "noise": 0.1}
     assert relative_rating(1.0, 0, exponent=10.0, **plain) == 25.0  # never rated: the prior
     assert relative_rating(3.0, 0, exponent=10.0, **plain) == 25.0
@@ -109,7 +113,7 @@ def test_the_premium_is_capped() -> None:
     assert relative_rating(1.3, 4, **plain) == pytest.approx(25 * 1.3**10)  # 344.6: 13.8x the median peer
     assert relative_rating(1.3, 4, cap=2.0, **plain) == 50.0
     assert relative_rating(1.05, 4, cap=2.0, **plain) == pytest.approx(25 * 1.05**10)  # 40.7: below the cap
-    assert relative_rating(0.9, 4, cap=2.0, **plain) == pytest.approx(25 * 0.9**10)  # a cap bounds only the top
+    assert relative_rating(0.9, 4, cap=2.0, **plain) == pytest.approx(25 * 0.9)  # a cap bounds only the top
     for bad in (0.5, math.inf, math.nan):
         with pytest.raises(ValueError):
             relative_rating(1.0, 1, cap=bad, **plain)
@@ -151,13 +155,20 @@ def test_book_scores_with_the_relative_rating() -> None:
     assert book.weights(2.0) == pytest.approx({"a": 1.5625 / 32.8125, "b": 6.25 / 32.8125, "c": 25 / 32.8125})
 
 
-def test_identical_peers_inside_the_band_are_paid_exactly_alike() -> None:
+def test_identical_peers_are_paid_alike_up_to_their_measured_difference() -> None:
+    """Above the median the band pays identical peers exactly alike; below it a peer is paid its
+    measured share, which for identical peers is within a few per cent of the median's."""
     book = _book(tie_band=3.0, exponent=10.0)
     for window, values in enumerate(((0.040, 0.044, 0.037), (0.041, 0.038, 0.043))):
         book.record_primary({hk: PrimaryResult(v + 0.01, v) for hk, v in zip("abc", values, strict=True)},
                             gamma=0.9, beta=25 / 6, tau=25 / 300, window=window)
     weights = book.weights(2.0)
-    assert weights["a"] == weights["b"] == weights["c"] == pytest.approx(1 / 3)
+    assert max(weights.values()) / min(weights.values()) < 1.05
+    means = {hk: book.peers[hk].relative_delta for hk in "abc"}
+    above = [hk for hk in "abc" if means[hk] >= 1.0]
+    assert above and len({weights[hk] for hk in above}) == 1  # the band holds the premium back alike
+    for hk in set("abc") - set(above):
+        assert book.loss_rating(hk) == pytest.approx(25 * means[hk])
     # under OpenSkill the same evaluations rank them apart
     book.set_loss_rating("openskill")
     assert len(set(book.weights(2.0).values())) == 3

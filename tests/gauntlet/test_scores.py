@@ -15,10 +15,13 @@ from templar.gauntlet import (
     normalise,
     peer_score,
     penalise,
+    size_credit,
     sync_steps,
     top_g,
+    typical_gap,
     update_mu,
 )
+from templar.gauntlet.scores import PROOF_GAP_FLOOR, proof_gap
 
 # ---- SyncScore ------------------------------------------------------------------------------
 
@@ -278,3 +281,38 @@ def test_update_mu_measures_gaps_against_the_window_scale_when_that_is_larger():
     for bad in (-1.0, math.inf, math.nan):
         with pytest.raises(ValueError):
             update_mu(0.0, 0.1, 0.0, 0.7, margin=0.3, scale=bad)
+
+
+def test_size_credit_follows_the_gap_relative_to_the_window():
+    """Credit by size (`gauntlet.proof_credit` "size"): a page helped a quarter as much as the
+    window's typical page earns a quarter; the typical gap earns 1, more is capped at 1, a gap
+    below δ_rand is negative down to −1, a broken page −1."""
+    typical = 0.02
+    assert size_credit([0.05 + 0.02], 0.05, typical) == pytest.approx(1.0)
+    assert size_credit([0.05 + 0.005], 0.05, typical) == pytest.approx(0.25)
+    assert size_credit([0.05 + 0.08], 0.05, typical) == 1.0
+    assert size_credit([0.05 - 0.01], 0.05, typical) == pytest.approx(-0.5)
+    assert size_credit([0.05 + 0.02, 0.05], 0.05, typical) == pytest.approx(0.5)  # page by page: one untrained
+    assert size_credit([-math.inf], 0.05, typical) == -1.0
+    assert size_credit([0.06], 0.05, 0.0) == 1.0  # no scale in the window: the sign
+    with pytest.raises(ValueError):
+        size_credit([], 0.05, typical)
+    with pytest.raises(ValueError):
+        size_credit([math.nan], 0.05, typical)
+
+
+def test_the_typical_gap_is_the_window_median_with_a_floor():
+    # a window of page-skippers: their gaps are noise, the floor (a share of the LossScore scale) holds
+    assert typical_gap([0.001, -0.0005, 0.0002], scale=0.05) == pytest.approx(PROOF_GAP_FLOOR * 0.05)
+    assert typical_gap([0.01, 0.02, 0.03, math.inf], scale=0.05) == pytest.approx(0.02)  # non-finite left out
+    assert typical_gap([0.01, 0.02, 0.03, 0.05], scale=0.05) == pytest.approx(0.025)
+    assert typical_gap([], scale=0.0) == 0.0
+    assert proof_gap(0.07, 0.05, (0.08, 0.06)) == pytest.approx(0.02)
+    assert proof_gap(0.07, 0.05, None) == pytest.approx(0.02)
+
+
+def test_update_mu_by_size_ignores_the_margin():
+    """With the window's typical gap given, μ moves by the size credit, whatever the margin."""
+    mu = update_mu(0.0, 0.055, 0.05, 0.9, margin=0.3, scale=0.05, typical=0.02)
+    assert mu == pytest.approx(0.1 * 0.25)
+    assert update_mu(0.0, 0.055, 0.05, 0.9, pages=(0.07, 0.05), typical=0.02) == pytest.approx(0.1 * 0.5)

@@ -137,6 +137,12 @@ class GauntletConfig(_Strict):
     mu_gamma: float = Field(ge=0, lt=1, description="gamma of the mu EMA")
     proof_margin: float = Field(ge=0, lt=2, description="relative width of the soft threshold that replaces "
                                 "sign(δa − δr) in the mu update; 0 is the paper's formula (see gauntlet.update_mu)")
+    proof_credit: Literal["sign", "size"] = Field(
+        default="size", description="how a page's gap over δ_rand counts towards mu: its sign (the paper) or its "
+        "size relative to the window's typical gap (gauntlet.size_credit)")
+    proof_full_gap: float = Field(
+        default=1.0, gt=0, le=1, description="proof_credit size: the share of the window's typical gap that "
+        "earns the full credit (smaller gaps earn in proportion)")
     sync_max_steps: float = Field(gt=0, description="sync threshold in steps of alpha")
     fast_eval_penalty: float = Field(gt=0, lt=1, description="phi: mu multiplier on a failed fast eval")
     probe_count: int = Field(gt=0, description="parameter values probed per tensor for the sync score")

@@ -27,8 +27,10 @@ from templar.gauntlet.scores import (
     page_credit,
     peer_score,
     penalise,
+    size_credit,
     sync_steps,
     top_g,
+    typical_gap,
     update_mu,
 )
 from templar.gauntlet.selection import select_eval_pages, select_eval_peers, selection_priority
@@ -66,7 +68,9 @@ __all__ = [
     "selection_priority",
     "shared_positions",
     "shares_work",
+    "size_credit",
     "sync_steps",
     "top_g",
+    "typical_gap",
     "update_mu",
 ]

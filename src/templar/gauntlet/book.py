@@ -29,7 +29,15 @@ from templar.gauntlet.rating import (
     relative_spread,
     update_relative,
 )
-from templar.gauntlet.scores import normalise, peer_score, penalise, ramped_mu, update_mu
+from templar.gauntlet.scores import (
+    normalise,
+    peer_score,
+    penalise,
+    proof_gap,
+    ramped_mu,
+    typical_gap,
+    update_mu,
+)
 from templar.gauntlet.scores import top_g as select_top_g
 
 SCHEMA_VERSION = 1
@@ -64,6 +72,8 @@ class PrimaryResult(NamedTuple):
     delta_rand: float
     pages: tuple[float, ...] = ()
     """δ of each evaluated assigned page on its own (empty: judge the mean only); see `page_credit`."""
+    sequences: tuple[float, ...] = ()
+    """δ of each evaluated assigned sequence (empty: judge the pages); see `size_credit`."""
 
 
 class PeerRecord(BaseModel):
@@ -365,7 +375,7 @@ class ScoreBook:
 
     def record_primary(
         self, results: Mapping[str, PrimaryResult], *, gamma: float, beta: float, tau: float,
-        margin: float = 0.0, window: int | None = None,
+        margin: float = 0.0, window: int | None = None, credit: str = "sign", full_gap: float = 1.0,
     ) -> None:
         """Apply one window's primary evaluation of S_t (Algorithm 1, lines after Fast Evaluation).
 
@@ -374,7 +384,9 @@ class ScoreBook:
         LossScore, see `update_mu`; page by page when the result carries its pages' δs), then its
         PeerScore. With the relative LossRating set (`set_loss_rating`), each peer's relative
         LossScore (δ_rand over the window's median) also enters its EMA and the window's spread
-        enters the book's noise estimate. Every hotkey must already be in the book. Validation
+        enters the book's noise estimate. `credit` "size" scores the proof of computation by the
+        size of each gap relative to the window's `typical_gap` (`size_credit`), "sign" by its
+        sign; a gap of `full_gap` × the typical one earns the full credit. Every hotkey must already be in the book. Validation
         happens before any state changes, so a bad call leaves the book intact.
         """
         records = {hotkey: self._require(hotkey) for hotkey in results}
@@ -387,10 +399,16 @@ class ScoreBook:
             beta=beta,
             tau=tau,
         )
+        if credit not in ("sign", "size"):
+            raise ValueError(f"record_primary: credit must be 'sign' or 'size', got {credit!r}")
+        if not 0.0 < full_gap <= 1.0:
+            raise ValueError(f"record_primary: full_gap must be in (0, 1], got {full_gap!r}")
         scale = window_loss_scale(results.values())
+        typical = full_gap * typical_gap([proof_gap(r.delta_assigned, r.delta_rand, r.pages)
+                                          for r in results.values()], scale) if credit == "size" else None
         new_mus = {
             hotkey: update_mu(records[hotkey].mu, result.delta_assigned, result.delta_rand, gamma, margin, scale,
-                              pages=result.pages)
+                              pages=result.pages, typical=typical, sequences=result.sequences)
             for hotkey, result in results.items()
         }
         relative = relative_loss_scores({hotkey: result.delta_rand for hotkey, result in results.items()})

@@ -178,12 +178,20 @@ def relative_rating(
     mean: float, evaluations: int, *, gamma: float, tie_band: float, exponent: float, noise: float,
     cap: float | None = None,
 ) -> float:
-    """LossRating from the relative LossScores: 25 · min(cap, max(0, 1 + shrink(mean − 1))^exponent).
+    """LossRating from the relative LossScores: 25 · max(0, mean) at or below the median (mean ≤ 1),
+    25 · min(cap, (1 + shrink(mean − 1))^exponent) above it.
 
-    shrink(d) = sign(d) · max(0, |d| − tie_band · noise/√n_eff): a peer whose mean is within
-    `tie_band` standard errors of the window median (1.0) is statistically indistinguishable
-    from a typical peer and is rated exactly 25, like every other such peer, so identical peers
-    are paid alike and two validators, whose books hold different evaluations, rate them alike.
+    Below the median the rating is the mean itself, with no band: work that is measurably less than
+    a typical peer's is paid measurably less, in proportion (a peer at 0.9 of the median is rated
+    0.9 × 25), so an update that helps the model a quarter as much earns a quarter, and identical
+    peers, whose means scatter by a few per cent around 1, are still rated within a few per cent of
+    each other. (A band below the median forgave up to three standard errors of missing work: a
+    miner training on a quarter of each page's sequences was rated 25 like everyone else.)
+
+    Above it, shrink(d) = max(0, d − tie_band · noise/√n_eff): a peer whose mean is within
+    `tie_band` standard errors above the median (1.0) is not yet shown to do more than a typical
+    peer and is rated exactly 25, so identical peers are paid alike and two validators, whose
+    books hold different evaluations, rate them alike.
     `noise` is one evaluation's spread (the book's running `relative_spread`); `tie_band` 3 keeps
     the extreme of a few hundred identical peers (about 2.8 standard errors out) inside the band.
     Beyond the band the rating grows as a power `exponent` of the relative LossScore, the premium
@@ -208,7 +216,8 @@ def relative_rating(
     n_eff = effective_evaluations(evaluations, gamma)
     if n_eff <= 0:
         return prior
-    excess = abs(mean - 1.0) - tie_band * noise / math.sqrt(n_eff)
-    relative = 1.0 + math.copysign(excess, mean - 1.0) if excess > 0 else 1.0
-    premium = max(0.0, relative) ** exponent
+    if mean <= 1.0:
+        return prior * max(0.0, mean)
+    excess = mean - 1.0 - tie_band * noise / math.sqrt(n_eff)
+    premium = (1.0 + excess) ** exponent if excess > 0 else 1.0
     return prior * (premium if cap is None else min(cap, premium))

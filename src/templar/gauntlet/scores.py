@@ -91,9 +91,61 @@ def page_credit(page_deltas: Sequence[float], delta_rand: float, margin: float =
     return math.fsum(_direction(d, delta_rand, margin, scale) for d in page_deltas) / len(page_deltas)
 
 
+PROOF_GAP_FLOOR = 0.02
+"""The smallest typical gap `typical_gap` returns, as a share of the window's LossScore scale. It only
+matters when most of S_t shows no gap (a window full of page-skippers): there the median gap is
+noise, and dividing by noise would turn noise into full credit. Honest gaps measured on the `micro`
+model: 5–20 % of the scale with H = 2 inner AdamW steps, 30–60 % with the paper's one SGD step."""
+
+
+def typical_gap(gaps: Sequence[float], scale: float) -> float:
+    """The window's typical proof-of-computation gap: the median of S_t's gaps δ_assigned − δ_rand
+    (each peer's mean over its evaluated pages), never below `PROOF_GAP_FLOOR` × `scale` (the
+    window's median LossScore size, `window_loss_scale`). 0.0 when neither gives a positive size."""
+    finite = sorted(g for g in gaps if math.isfinite(g))
+    median = (finite[len(finite) // 2] if len(finite) % 2 else
+              (finite[len(finite) // 2 - 1] + finite[len(finite) // 2]) / 2.0) if finite else 0.0
+    return max(median, PROOF_GAP_FLOOR * scale, 0.0)
+
+
+def size_credit(deltas: Sequence[float], delta_rand: float, typical: float) -> float:
+    """Proof-of-computation credit by size: the mean over the evaluated assigned sequences (or
+    pages) of clip((δ − δ_rand) / typical, −1, 1), `typical` being the window's `typical_gap`
+    (times `proof_full_gap`).
+
+    A sign pays an update that helps a quarter of a page's sequences as much as one that helps all
+    of them; the size of each sequence's gap does not. Each sequence is clipped on its own, so a
+    miner that trained hard on a quarter of them (its inner optimiser normalises the step, so those
+    few are fitted several times harder than an honest miner's) still earns about a quarter: its
+    trained sequences count at most 1 each, the others about 0. Every sequence of the page is
+    measured, so a miner cannot know which of them count. A typical honest sequence earns 1; a
+    non-finite δ counts −1 (the update broke the model). `typical` ≤ 0 (no scale in this window)
+    falls back to the sign."""
+    if not deltas:
+        raise ValueError("size_credit: no pages")
+    if any(math.isnan(d) for d in deltas) or math.isnan(delta_rand):
+        raise ValueError("size_credit: NaN LossScore (loss_score never produces NaN; this is a caller bug)")
+    total = 0.0
+    for delta in deltas:
+        if not (math.isfinite(delta) and math.isfinite(delta_rand)):
+            total += -1.0
+        elif typical > 0:
+            total += max(-1.0, min(1.0, (delta - delta_rand) / typical))
+        else:
+            total += _sign(delta - delta_rand)
+    return total / len(deltas)
+
+
+def proof_gap(delta_assigned: float, delta_rand: float, pages: Sequence[float] | None) -> float:
+    """A peer's gap δ_assigned − δ_rand (its pages' mean when it has them), for `typical_gap`."""
+    if pages:
+        return math.fsum(pages) / len(pages) - delta_rand
+    return delta_assigned - delta_rand
+
+
 def update_mu(
     mu: float, delta_assigned: float, delta_rand: float, gamma: float, margin: float = 0.0, scale: float = 0.0,
-    pages: Sequence[float] | None = None,
+    pages: Sequence[float] | None = None, typical: float | None = None, sequences: Sequence[float] | None = None,
 ) -> float:
     """Proof of computation (paper eq. 3): μ ← γμ + (1−γ)·sign(δ_assigned − δ_rand).
 
@@ -120,6 +172,10 @@ def update_mu(
 
     `pages` (beyond the paper): the δ of each evaluated assigned page; when given, the credit is
     `page_credit` (each page compared with δ_rand on its own) instead of the mean's comparison.
+
+    `typical` (beyond the paper; `gauntlet.proof_credit` "size"): the window's `typical_gap`. When
+    given, the credit is `size_credit` (each sequence's gap relative to the typical one, `sequences`;
+    each page's without them) and `margin` plays no part: credit by size needs no dead zone, noise-sized gaps earn noise-sized credit.
     """
     if not 0.0 <= gamma < 1.0:
         raise ValueError(f"update_mu: gamma must be in [0, 1), got {gamma!r}")
@@ -129,7 +185,9 @@ def update_mu(
         raise ValueError(f"update_mu: scale must be finite and >= 0, got {scale!r}")
     if math.isnan(mu) or math.isnan(delta_assigned) or math.isnan(delta_rand):
         raise ValueError("update_mu: NaN input (loss_score never produces NaN; this is a caller bug)")
-    if pages:
+    if typical is not None:
+        direction = size_credit(sequences or pages or (delta_assigned,), delta_rand, typical)
+    elif pages:
         direction = page_credit(pages, delta_rand, margin, scale)
     else:
         direction = _direction(delta_assigned, delta_rand, margin, scale)

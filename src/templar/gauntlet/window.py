@@ -31,6 +31,8 @@ class GauntletRules(Protocol):
     fast_eval_penalty: float
     mu_gamma: float
     proof_margin: float
+    proof_credit: str
+    proof_full_gap: float
     openskill_beta: float
     openskill_tau: float
 
@@ -71,5 +73,6 @@ def score_window(book: ScoreBook, rules: GauntletRules, window: int, miners: Map
         book.expire_pools(window)
     if losses:
         book.record_primary(losses, gamma=rules.mu_gamma, beta=rules.openskill_beta, tau=rules.openskill_tau,
-                            margin=rules.proof_margin, window=window)
+                            margin=rules.proof_margin, window=window, credit=rules.proof_credit,
+                            full_gap=rules.proof_full_gap)
     return WindowScores(weights=book.weights(rules.power), top_g=book.top_g(rules.top_g))

@@ -232,6 +232,19 @@ class Partial(MinerHooks):
                               sign=node.chain.sign, global_step=own.global_step, warmup=own.warmup)
 
 
+class Thin(MinerHooks):
+    """Trains on 1 of every 4 sequences of each assigned page and uploads the result as its whole
+    window: a quarter of the compute, hoping the proof of computation (is the assigned page's loss
+    lower than a random page's?) and a rating that forgave the gap to the median pay it like an
+    honest miner. It did, before the credit followed the size of the gap (docs/scoring.md §4)."""
+
+    name = "thin"
+    keep_every = 4
+
+    def batch(self, miner, window, batch):
+        return batch[:: self.keep_every]
+
+
 class Pooled(MinerHooks):
     """One operator, several hotkeys (`uids`): each trains on the union of all members' assigned
     pages (the same batch from the same model and the same error feedback, so the same update a
@@ -259,7 +272,7 @@ class Pooled(MinerHooks):
 ADVERSARIES: dict[str, type[MinerHooks]] = {
     "lazy": Lazy, "scaled": Scaled, "signflip": SignFlip, "noise": Noise, "freerider": FreeRider,
     "late": Late, "desync": Desync, "copycat": Copycat, "duplicate": Duplicate, "steppump": StepPump,
-    "partial": Partial, "pooled": Pooled,
+    "partial": Partial, "pooled": Pooled, "thin": Thin,
 }
 """Every adversary by name. `duplicate` is started by the localnet as an honest twin plus this
 copier, `pooled` as a group of `POOL_SIZE` hotkeys; `moredata` (the localnet's extra-work miner)

@@ -41,6 +41,7 @@ def build_report(out: Path) -> dict:
             "role": node.role,
             "strategy": node.strategy,
             "windows_uploaded": sum(1 for r in own if r.get("uploaded")),
+            "trained_tokens": sum(int(r.get("tokens", 0)) for r in own),
             "statuses": dict(Counter(r["status"] for r in history)),
             "final_mu": last["mu"] if last else 0.0,
             "final_rating": last["rating"] if last else 0.0,

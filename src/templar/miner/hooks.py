@@ -9,6 +9,7 @@ miner's window:
 | hook | called | may |
 |---|---|---|
 | `pages` | before training | choose other pages than the assigned (plus `--extra-pages`) ones |
+| `batch` | before training | train on other sequences than all of the fetched pages' |
 | `transform` | after compression, before encoding | rewrite the top-k values |
 | `before_upload` | when the put window opens | wait, or replace the signed payload |
 | `after_step` | after the outer step | change the model the next window trains on |
@@ -41,6 +42,10 @@ class MinerHooks:
     def pages(self, miner: Miner, window: int, pages: list[int]) -> list[int]:
         """The pages to train on in `window`, given the assigned (plus extra) ones."""
         return pages
+
+    def batch(self, miner: Miner, window: int, batch: torch.Tensor) -> torch.Tensor:
+        """The sequences to train on, given the fetched pages' (one page after another)."""
+        return batch
 
     def transform(self, miner: Miner, window: int, values: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The top-k values to encode, per parameter, given the compressed ones."""

@@ -129,6 +129,7 @@ class Miner:
         pages = self.hooks.pages(self, window, self.pages(window))
         batch, pages = await node.pages.fetch(  # only these pages' bytes; the next window's read ahead
             pages, prefetch=self.hooks.pages(self, window + 1, self.pages(window + 1)))
+        batch = self.hooks.batch(self, window, batch)
         lr = inner_lr(hp.inner, learning_rate(self.state.global_step, hp.optimizer), hp.optimizer)
         stats = await asyncio.to_thread(self.compute.train, batch, hp.optimizer.micro_batch_size,
                                         hp.optimizer.grad_clip, lr)
@@ -200,7 +201,7 @@ class Miner:
             window=window, phase=str(self.phase), strategy=self.hooks.name,
             global_step=self.state.global_step, loss=stats.loss, tokens_per_second=stats.tokens_per_second,
             pages=len(pages), uploaded=uploaded, upload_bytes=up_bytes, upload_seconds=up_seconds,
-            peers_aggregated=peers_aggregated, overhead_share=overhead))
+            peers_aggregated=peers_aggregated, overhead_share=overhead, tokens=stats.tokens))
         # The commit point: the window's record is written first, so a crash before this line
         # redoes the window and `trim_records` drops its uncommitted record at the restart.
         await asyncio.to_thread(self.save)

@@ -82,6 +82,7 @@ class MinerWindowRecord:
     upload_seconds: float
     peers_aggregated: int
     overhead_share: float     # share of the window spent outside forward/backward
+    tokens: int = 0           # tokens trained on this window (forward and backward)
 
 
 RecordListener = Callable[[Path, object], None]

@@ -28,6 +28,8 @@ class LossScores:
     loss_rand_after: float
     page_deltas: tuple[float, ...] = ()
     """δ of each evaluated assigned page on its own (proof of computation credits pages separately)."""
+    sequence_deltas: tuple[float, ...] = ()
+    """δ of each evaluated assigned sequence, page after page (proof of computation by size clips each)."""
 
     @property
     def delta_assigned(self) -> float:
@@ -45,6 +47,11 @@ def page_deltas(before: torch.Tensor, after: torch.Tensor, page_sequences: int |
         return ()
     deltas = (before.reshape(-1, page_sequences).mean(1) - after.reshape(-1, page_sequences).mean(1)).tolist()
     return tuple(d if math.isfinite(d) else -math.inf for d in deltas)
+
+
+def sequence_deltas(before: torch.Tensor, after: torch.Tensor) -> tuple[float, ...]:
+    """δ of each sequence; a non-finite δ is −inf, as in `gauntlet.loss_score`."""
+    return tuple(d if math.isfinite(d) else -math.inf for d in (before - after).tolist())
 
 
 class Evaluator:
@@ -113,5 +120,6 @@ class Evaluator:
                 loss_rand_before=rand_before,
                 loss_rand_after=float(after[:n_rand].mean()),
                 page_deltas=page_deltas(assigned_before[peer], after[n_rand:], page_sequences),
+                sequence_deltas=sequence_deltas(assigned_before[peer], after[n_rand:]),
             )
         return out

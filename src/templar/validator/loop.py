@@ -225,7 +225,7 @@ class Validator:
             verdicts = await self._fast_evaluate(window, {hk: results[hk] for hk in fast_set}, lr)
             losses = await self._primary(window, miners, verdicts, results, lr)
         scores = score_window(self.book, hp.gauntlet, window, miners, verdicts,
-                              {hk: PrimaryResult(s.delta_assigned, s.delta_rand, s.page_deltas)
+                              {hk: PrimaryResult(s.delta_assigned, s.delta_rand, s.page_deltas, s.sequence_deltas)
                                for hk, s in losses.items()})
 
         # The outer step: every node, the lead included, takes exactly the inputs the lead published.
