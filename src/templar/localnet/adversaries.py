@@ -119,17 +119,17 @@ class Replay(MinerHooks):
 
     async def before_commit(self, miner, window, payload):
         node, hp = miner.node, miner.hp
-        self.sent[window] = payload
         for old in [w for w in self.sent if w < window - self.lag]:
             del self.sent[old]
         earlier = self.sent.get(window - self.lag)
-        if earlier is None:
-            return payload
-        own = payload_reader(node.shapes, hp, window, node.run)(node.hotkey, payload)
-        then = payload_reader(node.shapes, hp, window - self.lag, node.run)(node.hotkey, earlier)
-        context(window=window, phase="replay").info(f"re-posting our upload of window {window - self.lag}")
-        return write_gradient(then.tensors, own.probes, window=window, hotkey=node.hotkey, hp=hp, run=node.run,
-                              sign=node.chain.sign, global_step=own.global_step, warmup=own.warmup)
+        if earlier is not None:
+            own = payload_reader(node.shapes, hp, window, node.run)(node.hotkey, payload)
+            then = payload_reader(node.shapes, hp, window - self.lag, node.run)(node.hotkey, earlier)
+            context(window=window, phase="replay").info(f"re-posting our upload of window {window - self.lag}")
+            payload = write_gradient(then.tensors, own.probes, window=window, hotkey=node.hotkey, hp=hp, run=node.run,
+                                     sign=node.chain.sign, global_step=own.global_step, warmup=own.warmup)
+        self.sent[window] = payload  # what it sends (and commits to), not what it trained
+        return payload
 
 
 class Desync(MinerHooks):
