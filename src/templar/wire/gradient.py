@@ -14,7 +14,9 @@ Two digests name a payload, for two different questions:
 
 - the **document digest** (`document_digest`, `Gradient.document_digest`): sha256 over the whole
   signed document, i.e. the metadata bytes (window, global_step, warm-up flag, run, hotkey, codec,
-  compression settings) and every tensor, gradient parts and probes alike. It is what a miner
+  compression settings) and every tensor, gradient parts and probes alike: exactly the digest the
+  hotkey signs (`signed_digest`), so a reader gets it from the hash it already computes for the
+  signature, with no second pass over the payload's bytes. It is what a miner
   commits to (`templar.comms.commit`) and what a validator compares with that commitment, so
   nothing in a payload can be changed after the commitment deadline (probes copied from another
   peer, another step, the warm-up flag) without failing as `uncommitted`.
@@ -56,7 +58,6 @@ __all__ = ["Gradient", "document_digest", "gradient_digest", "max_gradient_bytes
 
 _DOMAIN = b"templar/gradient"
 _CONTENT_DOMAIN = b"templar/gradient-content"
-_DOCUMENT_DOMAIN = b"templar/gradient-document"
 _PROBE = "probe"
 
 
@@ -224,8 +225,9 @@ def read_gradient(
     if expected_window is not None and doc.window != expected_window:
         raise PayloadError("wrong_window", f"{doc.window} != {expected_window}")
     _check_schema(container, expected, hp, wire)
+    signed = _document_digest(container)
     if verify is not None:
-        _verify(verify, doc.hotkey, signed_digest(_DOMAIN, container.document, container), container.signature)
+        _verify(verify, doc.hotkey, signed, container.signature)
 
     raw = container.tensors()
     tensors: dict[str, Compressed] = {}
@@ -248,19 +250,22 @@ def read_gradient(
         probes=probes,
         digest=tensor_digest(_CONTENT_DOMAIN, container, gradient_keys),
         nbytes=len(data),
-        document_digest=_document_digest(container),
+        document_digest=signed,
     )
 
 
 def _document_digest(container: Container) -> bytes:
-    return signed_digest(_DOCUMENT_DOMAIN, container.document, container)
+    """What the hotkey signs: the domain tag, the exact document bytes and every tensor's key,
+    dtype, shape and bytes (`templar.wire.container.signed_digest`)."""
+    return signed_digest(_DOMAIN, container.document, container)
 
 
 def document_digest(data: bytes, expected: Mapping[str, torch.Size], hp: HParams) -> bytes:
     """The document digest (`Gradient.document_digest`) of a payload this node wrote itself, without
-    decoding it: what a miner commits to (`templar.comms.commit`). It covers the exact metadata
-    bytes and every tensor (gradient parts and probes) under a domain of its own, so any change to
-    a committed payload, however small, fails the validator's commitment check."""
+    decoding it: what a miner commits to (`templar.comms.commit`). It is the digest the payload's
+    signature signs, so it covers the exact metadata bytes and every tensor (gradient parts and
+    probes): any change to a committed payload, however small, fails the validator's commitment
+    check."""
     wire = codec.codec_for(run_codec(hp))
     return _document_digest(parse_container(bytes(data), max_header=header_bound(_keys(expected, wire))))
 
