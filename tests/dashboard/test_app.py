@@ -205,3 +205,15 @@ def test_who_is_a_peer_is_known_from_the_roster_or_the_chain(run: Run):
         assert set(board.peers(v)) >= {n.hotkey for n in run.nodes if n.role == "miner"}
         if board.chain:
             board.chain.close()
+
+
+def test_every_status_has_its_badge_and_meaning():
+    """The dashboard knows every verdict by `Status` alone: a failing one (`replay` among them) is a
+    red badge whose tooltip is its meaning, and the peer page says why μ moved."""
+    from templar.core.verdicts import Status
+    from templar.dashboard.views import badge, meaning
+
+    for status in Status:
+        kind = "good" if status is Status.OK else "idle" if status.passes else "bad"
+        assert f'class="badge {kind}"' in badge(status.value) and meaning(status.value) == status.meaning
+    assert "earlier window" in meaning("replay") and 'class="badge bad"' in badge("replay")

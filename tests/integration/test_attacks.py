@@ -84,3 +84,44 @@ def test_work_borrowed_from_the_window_s_uploads_is_uncommitted(tmp_path):
                                                                                    partial.node.hotkey)}
     assert statuses[partial.node.hotkey] == {"uncommitted"}, statuses
     assert statuses[m0.node.hotkey] <= {"ok", "warmup"}, statuses
+
+
+@pytest.mark.slow(seconds=20)
+def test_a_miner_re_posting_its_own_earlier_upload_is_replay_across_a_restart(tmp_path):
+    """Replays (docs/scoring.md §8): a `replay` miner trains as usual but, from its third window on,
+    sends its upload of two windows earlier, re-signed with this window, the current step and fresh
+    probes, and committed to in time, so the commitment, step and sync checks all pass. The lead
+    remembers every window's content digests: each re-post is `replay`, including those whose
+    original the lead saw before it was restarted (the memory is in its state file), while the honest
+    miner is never flagged."""
+    from templar.localnet.adversaries import Replay
+
+    subnet = Subnet.create(tmp_path, {"lead": 100.0, "m0": 0.0, "replay": 0.0})
+
+    async def scenario():
+        v = Validator(await subnet.node("lead"))
+        m0 = Miner(await subnet.node("m0"))
+        cheat = Miner(await subnet.node("replay"), hooks=Replay())
+        for role in (v, m0, cheat):
+            await role.start()
+        first = v.state.window + 1
+        for round_ in range(2):
+            watcher = asyncio.create_task(v.commits.run())
+            for w in range(first + 3 * round_, first + 3 * round_ + 3):
+                await asyncio.gather(v.run_window(w), m0.run_window(w), cheat.run_window(w))
+            watcher.cancel()
+            await asyncio.gather(watcher, return_exceptions=True)
+            await v.node.aclose()
+            if round_ == 0:  # the lead restarts from its state file between the two rounds
+                v = Validator(await subnet.node("lead"))
+                await v.start()
+        for node in (m0.node, cheat.node):
+            await node.aclose()
+        return v, m0, cheat, first
+
+    v, m0, cheat, first = run_virtual(scenario())
+    records = list(read_records(v.node.state_dir / SCORES_FILE))
+    status = {(r["hotkey"], r["window"]): r["status"] for r in records}
+    assert {status[(m0.node.hotkey, w)] for w in range(first, first + 6)} <= {"ok", "warmup"}, status
+    assert {status[(cheat.node.hotkey, w)] for w in range(first, first + 2)} <= {"ok", "warmup"}, status
+    assert [status[(cheat.node.hotkey, w)] for w in range(first + 2, first + 6)] == ["replay"] * 4, status

@@ -7,17 +7,28 @@ import pytest
 import torch
 
 from templar.comms import GatherResult, GatherStatus
-from templar.compress import Compressed
+from templar.compress import Compressed, DCTCompressor
 from templar.validator.fast_eval import failure_verdict, fast_evaluate
-from templar.wire import Gradient, PayloadError
+from templar.validator.replays import Sighting
+from templar.wire import (
+    Gradient,
+    PayloadError,
+    Run,
+    document_digest,
+    gradient_digest,
+    read_gradient,
+    take_probes,
+    write_gradient,
+)
 
 LR = 1e-3
+RUN = Run(netuid=7, digest="ab" * 32)
 
 
 def _gradient(tensors: dict[str, Compressed], probes: dict[str, torch.Tensor], *, hotkey: str,
               warmup: bool = False, digest: bytes | None = None) -> Gradient:
     return Gradient(window=5, global_step=2, hotkey=hotkey, warmup=warmup, tensors=tensors, probes=probes,
-                    digest=digest or hotkey.encode(), nbytes=0)
+                    digest=digest or hotkey.encode(), nbytes=0, document_digest=b"doc:" + hotkey.encode())
 
 
 def _scaled(tensors: dict[str, Compressed], factor: float) -> dict[str, Compressed]:
@@ -110,7 +121,7 @@ def test_a_payload_other_than_its_commitment_is_uncommitted(real_peers, probes):
     _, peers = real_peers
     results = {hk: _ok(_gradient(peers[i], probes, hotkey=hk), 100.0 + i)
                for i, hk in enumerate(["kept", "changed", "silent", "unread"])}
-    commitments = {"kept": b"kept", "changed": b"something else", "silent": b""}
+    commitments = {"kept": b"doc:kept", "changed": b"something else", "silent": b""}
     verdicts = fast_evaluate(results, probes, LR, sync_max_steps=3.0, duplicate_threshold=0.98, salt=7,
                              commitments=commitments)
     assert verdicts["kept"].passed and verdicts["unread"].passed
@@ -153,3 +164,53 @@ def test_warmup_payloads_form_no_pool(real_peers, probes):
     active = {hk: _ok(_gradient(same, probes, hotkey=hk), 100.0 + i) for i, hk in enumerate(("a", "b"))}
     verdicts = _evaluate({**active, **honest}, probes)
     assert verdicts["a"].pool == ("a", "b") and verdicts["b"].status == "copy"
+
+
+def test_probes_swapped_in_after_the_commitment_are_uncommitted(hp, small_shapes, keypair, verify):
+    """The sync check fooled with copied probes: a miner whose model drifted commits to its payload,
+    then, once the window's uploads are readable, re-signs the same gradient tensors with probes
+    copied from an in-sync peer. The content digest cannot see it (the tensors did not change); the
+    committed document digest covers the probes, so the swapped payload is `uncommitted`, while the
+    same bytes without a commitment check would have passed as in sync."""
+    gen = torch.Generator().manual_seed(3)
+    compressor = DCTCompressor(hp.demo.target_chunk, hp.demo.topk)
+    ours = {n: torch.randn(s, generator=gen) for n, s in small_shapes.items()}  # the validator's θ
+    validator_probes = take_probes(ours, seed=11, window=5, count=hp.gauntlet.probe_count)
+    drifted = {n: p + 50 * LR for n, p in validator_probes.items()}  # fifty outer steps away
+
+    def payload(probes: dict[str, torch.Tensor], seed: int) -> bytes:
+        g = torch.Generator().manual_seed(seed)
+        compressed = {n: compressor.compress(torch.randn(s, generator=g)) for n, s in small_shapes.items()}
+        return write_gradient(compressed, probes, window=5, global_step=2, hotkey=keypair.ss58_address, hp=hp,
+                              run=RUN, sign=keypair.sign)
+
+    committed = payload(drifted, seed=1)  # what the drifted miner committed to by commit_close
+    swapped = payload(validator_probes, seed=1)  # the same work, re-signed with copied probes
+    honest = payload(validator_probes, seed=2)
+    read = {name: read_gradient(data, small_shapes, hp, run=RUN, verify=verify, expected_hotkey=keypair.ss58_address,
+                                expected_window=5) for name, data in {"swapped": swapped, "honest": honest}.items()}
+    assert read["swapped"].digest == gradient_digest(committed, small_shapes, hp)  # the old commitment: blind
+    commitments = {"swapped": document_digest(committed, small_shapes, hp),
+                   "honest": document_digest(honest, small_shapes, hp)}
+    results = {name: _ok(g, 100.0) for name, g in read.items()}
+
+    def judge(commitments):
+        return {hk: v.status for hk, v in fast_evaluate(results, validator_probes, LR, sync_max_steps=3.0,
+                                                        duplicate_threshold=0.98, salt=7,
+                                                        commitments=commitments).items()}
+
+    assert judge(commitments) == {"swapped": "uncommitted", "honest": "ok"}
+    assert judge(None) == {"swapped": "ok", "honest": "ok"}  # what the copied probes bought before
+
+
+def test_a_replayed_upload_is_replay(real_peers, probes):
+    """A peer whose gradient repeats an earlier window's upload (`ReplayMemory.observe` found it) fails
+    as `replay`, naming whose upload it repeats; the same payload unflagged would have passed."""
+    _, peers = real_peers
+    results = {hk: _ok(_gradient(peers[i], probes, hotkey=hk), 100.0 + i) for i, hk in enumerate(["again", "fresh"])}
+    verdicts = fast_evaluate(results, probes, LR, sync_max_steps=3.0, duplicate_threshold=0.98, salt=7,
+                             replayed={"again": Sighting("someone", 3)})
+    assert verdicts["again"].status == "replay" and verdicts["again"].copied_from == "someone"
+    assert not verdicts["again"].passed and not verdicts["again"].status.earns
+    assert verdicts["fresh"].passed
+    assert all(v.passed for v in _evaluate(results, probes).values())

@@ -13,7 +13,16 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from templar.compress import DCTCompressor
-from templar.wire import PayloadError, Run, max_gradient_bytes, read_gradient, take_probes, write_gradient
+from templar.wire import (
+    PayloadError,
+    Run,
+    document_digest,
+    gradient_digest,
+    max_gradient_bytes,
+    read_gradient,
+    take_probes,
+    write_gradient,
+)
 from templar.wire.container import signed_digest
 from templar.wire.gradient import _DOMAIN
 
@@ -187,3 +196,47 @@ def test_mutated_payloads_only_ever_raise_payload_error(payload, hp, small_shape
 def test_a_payload_of_another_subnet_or_run_is_wrong_run(payload, hp, small_shapes, verify, other) -> None:
     """Same shapes, same codec, a valid signature: bound to another run all the same."""
     assert _reason(payload, hp, small_shapes, run=other, verify=verify) == "wrong_run"
+
+
+# -- the two digests: the document digest (the commitment) and the content digest (the work)
+
+def _variants(hp, small_shapes, keypair) -> dict[str, bytes]:
+    """One update written as payloads that differ in exactly one signed field each."""
+    gen = torch.Generator().manual_seed(5)
+    compressor = DCTCompressor(hp.demo.target_chunk, hp.demo.topk)
+    compressed = {n: compressor.compress(torch.randn(s, generator=gen)) for n, s in small_shapes.items()}
+    params = {n: torch.randn(s, generator=gen) for n, s in small_shapes.items()}
+    probes = take_probes(params, seed=11, window=WINDOW, count=hp.gauntlet.probe_count)
+    copied = {n: p + 0.5 for n, p in probes.items()}  # another peer's probes, say
+
+    def write(**changes) -> bytes:
+        kwargs = {"window": WINDOW, "global_step": STEP, "warmup": False, "run": RUN, "probes": probes, **changes}
+        return write_gradient(compressed, kwargs.pop("probes"), hotkey=keypair.ss58_address, hp=hp,
+                              sign=keypair.sign, **kwargs)
+
+    return {"base": write(), "probes": write(probes=copied), "global_step": write(global_step=STEP + 1),
+            "window": write(window=WINDOW + 1), "warmup": write(warmup=True),
+            "run": write(run=Run(netuid=7, digest="cd" * 32))}
+
+
+def test_the_document_digest_covers_probes_and_metadata_the_content_digest_only_tensors(hp, small_shapes, keypair):
+    payloads = _variants(hp, small_shapes, keypair)
+    documents = {name: document_digest(data, small_shapes, hp) for name, data in payloads.items()}
+    contents = {name: gradient_digest(data, small_shapes, hp) for name, data in payloads.items()}
+    assert len(set(documents.values())) == len(payloads), "every swapped field changes the commitment"
+    assert len(set(contents.values())) == 1, "the work is the same: the content digest must not move"
+    assert documents["base"] != contents["base"]  # two digests under two domains, never confused
+    for name in ("base", "probes", "global_step", "warmup"):
+        g = read_gradient(payloads[name], small_shapes, hp, run=RUN, verify=None)
+        assert g.document_digest == documents[name] and g.digest == contents[name]
+
+
+def test_a_re_signed_update_keeps_its_content_digest(hp, small_shapes, keypair, payload):
+    """Decoding a payload and encoding its tensors again gives the same bytes (the codecs are
+    canonical), so an update re-signed for another window (or by another hotkey) keeps its content
+    digest: what replay and copy detection rely on."""
+    g = read_gradient(payload, small_shapes, hp, run=RUN, verify=None)
+    again = write_gradient(g.tensors, g.probes, window=WINDOW + 5, global_step=STEP + 5, hotkey=keypair.ss58_address,
+                           hp=hp, run=RUN, sign=keypair.sign)
+    assert gradient_digest(again, small_shapes, hp) == g.digest
+    assert document_digest(again, small_shapes, hp) != g.document_digest

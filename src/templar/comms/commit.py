@@ -2,12 +2,14 @@
 gradient of the window is readable (docs/scoring.md §8: borrowed same-window work earns nothing).
 
 A miner that mixes other peers' same-window updates into its own can only do so once those
-updates are readable, in the put window. Each miner therefore writes the content digest of its
-gradient (`templar.wire.gradient_digest`: the gradient tensors, not the signature or metadata)
-to its own bucket by `WindowTimes.commit_close`, and every validator reads the commitments
-itself, in real time, between `commit_close` and the earliest instant a gradient of the window
-can count (`WindowTimes.commit_read`). A gradient whose digest differs from what the validator
-read then fails fast evaluation as `uncommitted`. The validator's own read is the guard, not the
+updates are readable, in the put window. Each miner therefore writes the document digest of its
+payload (`templar.wire.document_digest`: every tensor, gradient parts and probes, and the signed
+metadata: window, global_step, warm-up flag, run, hotkey, codec) to its own bucket by
+`WindowTimes.commit_close`, and every validator reads the commitments itself, in real time,
+between `commit_close` and the earliest instant a gradient of the window can count
+(`WindowTimes.commit_read`). A payload whose document digest differs from what the validator read
+then fails fast evaluation as `uncommitted`: nothing in it, not even probes copied from another
+peer or the claimed step, can change after the deadline. The validator's own read is the guard, not the
 object's storage timestamp: a miner running its own storage server can backdate an object, but
 it cannot make a validator have read, before the window's gradients existed, a digest of work it
 had not yet borrowed. Only the bucket's owner can write its commitment, so it needs no signature

@@ -30,6 +30,7 @@ class Status(StrEnum):
     UNREACHABLE = "unreachable"    # bucket unreachable (connection, TLS, auth or server error)
     # fast evaluation's own checks, in the order they run
     UNCOMMITTED = "uncommitted"    # not the payload it committed to before the window's uploads were readable
+    REPLAY = "replay"              # its gradient tensors repeat an upload of an earlier window (any hotkey's)
     WRONG_STEP = "wrong_step"      # claims a global_step other than the validator's
     DESYNC = "desync"              # its probes are further than sync_max_steps from the validator's model
     COPY = "copy"                  # shares its work with an earlier upload by another hotkey
@@ -73,6 +74,7 @@ _MEANING = {
     Status.TIMEOUT: "its download budget or the round deadline ran out",
     Status.UNREACHABLE: "bucket unreachable (connection, TLS, auth or server error)",
     Status.UNCOMMITTED: "not the payload committed before the window's uploads were readable",
+    Status.REPLAY: "its gradient repeats, byte for byte, an upload of an earlier window (its own or another's)",
     Status.WRONG_STEP: "claims a global_step other than the validator's",
     Status.DESYNC: "sync score above sync_max_steps: its model drifted from the run's",
     Status.COPY: "shares its work with an earlier upload by another hotkey",
@@ -89,6 +91,8 @@ class FastVerdict:
     """The wire's stable reason code when `status` is MALFORMED (`templar.wire.errors`), else ''."""
     sync_steps: float | None = None
     copied_from: str | None = None
+    """COPY: the hotkey whose earlier upload of the window it shares work with; REPLAY: the hotkey
+    whose upload of an earlier window it repeats (itself, for a miner re-posting its own)."""
     pool: tuple[str, ...] = ()
     """The group of hotkeys whose uploads share work with this one (itself included, earliest
     first; `templar.gauntlet.find_pools`); empty when it shares with nobody."""

@@ -92,16 +92,44 @@ class Late(MinerHooks):
 
 class StepPump(MinerHooks):
     """Honest work, signed with a global_step `max_allowed_stale` ahead: if any node adopted
-    peers' claims, an aggregated pumper would fast-forward everyone's learning-rate schedule."""
+    peers' claims, an aggregated pumper would fast-forward everyone's learning-rate schedule. It
+    commits to the pumped payload (a claim swapped in after the commitment is `uncommitted`)."""
 
     name = "steppump"
 
-    async def before_upload(self, miner, window, payload):
+    async def before_commit(self, miner, window, payload):
         node, hp = miner.node, miner.hp
         g = payload_reader(node.shapes, hp, window, node.run)(node.hotkey, payload)
         return write_gradient(g.tensors, g.probes, window=window, hotkey=node.hotkey, hp=hp, run=node.run,
                               sign=node.chain.sign,
                               global_step=g.global_step + hp.windows.max_allowed_stale, warmup=g.warmup)
+
+
+class Replay(MinerHooks):
+    """Re-posts its own upload of `lag` windows ago as this window's: the same gradient tensors,
+    re-signed with this window, the current global_step and fresh probes of its current model (so
+    the step and sync checks pass), and committed to before the deadline, hoping to be paid again
+    for old work. It trains as usual; what it trains is only sent `lag` windows later."""
+
+    name = "replay"
+    lag = 2
+
+    def __init__(self) -> None:
+        self.sent: dict[int, bytes] = {}
+
+    async def before_commit(self, miner, window, payload):
+        node, hp = miner.node, miner.hp
+        for old in [w for w in self.sent if w < window - self.lag]:
+            del self.sent[old]
+        earlier = self.sent.get(window - self.lag)
+        if earlier is not None:
+            own = payload_reader(node.shapes, hp, window, node.run)(node.hotkey, payload)
+            then = payload_reader(node.shapes, hp, window - self.lag, node.run)(node.hotkey, earlier)
+            context(window=window, phase="replay").info(f"re-posting our upload of window {window - self.lag}")
+            payload = write_gradient(then.tensors, own.probes, window=window, hotkey=node.hotkey, hp=hp, run=node.run,
+                                     sign=node.chain.sign, global_step=own.global_step, warmup=own.warmup)
+        self.sent[window] = payload  # what it sends (and commits to), not what it trained
+        return payload
 
 
 class Desync(MinerHooks):
@@ -272,7 +300,7 @@ class Pooled(MinerHooks):
 ADVERSARIES: dict[str, type[MinerHooks]] = {
     "lazy": Lazy, "scaled": Scaled, "signflip": SignFlip, "noise": Noise, "freerider": FreeRider,
     "late": Late, "desync": Desync, "copycat": Copycat, "duplicate": Duplicate, "steppump": StepPump,
-    "partial": Partial, "pooled": Pooled, "thin": Thin,
+    "partial": Partial, "pooled": Pooled, "thin": Thin, "replay": Replay,
 }
 """Every adversary by name. `duplicate` is started by the localnet as an honest twin plus this
 copier, `pooled` as a group of `POOL_SIZE` hotkeys; `moredata` (the localnet's extra-work miner)

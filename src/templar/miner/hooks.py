@@ -11,6 +11,7 @@ miner's window:
 | `pages` | before training | choose other pages than the assigned (plus `--extra-pages`) ones |
 | `batch` | before training | train on other sequences than all of the fetched pages' |
 | `transform` | after compression, before encoding | rewrite the top-k values |
+| `before_commit` | after encoding, before the commitment | replace the signed payload it commits to |
 | `before_upload` | when the put window opens | wait, or replace the signed payload |
 | `after_step` | after the outer step | change the model the next window trains on |
 | `checks_sync` (attribute) | each window, before encoding | `False`: skip the self-check against the lead's fingerprint |
@@ -50,6 +51,11 @@ class MinerHooks:
     def transform(self, miner: Miner, window: int, values: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The top-k values to encode, per parameter, given the compressed ones."""
         return values
+
+    async def before_commit(self, miner: Miner, window: int, payload: bytes) -> bytes:
+        """The signed payload to commit to and upload, called once it is encoded (a variant that
+        replaces it here passes the commitment check: what it sends is what it committed to)."""
+        return payload
 
     async def before_upload(self, miner: Miner, window: int, payload: bytes) -> bytes:
         """The signed payload to upload, called as the put window opens."""

@@ -30,7 +30,7 @@ from templar.runtime.state import NodeState
 from templar.runtime.sync import Phase, ResyncError, SyncCheck, catch_up, restore_when_possible, resync
 from templar.runtime.train import inner_lr
 from templar.storage import StorageError
-from templar.wire import gradient_digest, max_gradient_bytes, write_gradient
+from templar.wire import document_digest, max_gradient_bytes, write_gradient
 
 MAX_FAILED_UPLOADS = 5
 """Consecutive windows whose upload our own bucket refused before the miner stops (`OwnBucketError`)."""
@@ -136,6 +136,7 @@ class Miner:
         # A node that cannot show it holds the run's model uploads with weight 0 (a warm-up payload).
         in_sync = not self.hooks.checks_sync or (not self.resync_pending and await self.sync.check(window, self.state))
         payload = await asyncio.to_thread(self._compress_and_encode, window, stats.scale, not in_sync)
+        payload = await self.hooks.before_commit(self, window, payload)
         await self._commit(window, payload)
         busy = time.perf_counter() - busy_started
 
@@ -221,7 +222,8 @@ class Miner:
         return True
 
     async def _commit(self, window: int, payload: bytes) -> None:
-        """Commit to the payload's digest before any gradient of the window is readable
+        """Commit to the payload's document digest (every tensor, probes included, and the signed
+        metadata: `templar.wire.document_digest`) before any gradient of the window is readable
         (`templar.comms.commit`): without it validators fail the upload as `uncommitted`."""
         node = self.node
         log = context(window=window, phase=self.phase)
@@ -232,7 +234,7 @@ class Miner:
                         "upload will fail fast evaluation as 'uncommitted'")
             return
         try:
-            await put_commit(node.bucket, window, gradient_digest(payload, node.shapes, self.hp), run=node.run,
+            await put_commit(node.bucket, window, document_digest(payload, node.shapes, self.hp), run=node.run,
                              timeout=left)
         except StorageError as exc:
             log.warning(f"commitment upload failed: {exc}")

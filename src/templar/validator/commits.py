@@ -2,7 +2,7 @@
 
 Each window's commitments are read in their `commit_read` span, before any gradient of the window
 can count: what was not read there was not committed. Fast evaluation then takes the window's
-digests (`pop`); a payload whose digest differs is `uncommitted`.
+document digests (`pop`); a payload whose `Gradient.document_digest` differs is `uncommitted`.
 """
 
 from __future__ import annotations

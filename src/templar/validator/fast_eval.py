@@ -1,7 +1,9 @@
 """Fast evaluation (paper §3.2) of many peers per window: cheap checks, each failure a named status.
 
-A peer passes when its upload arrived inside the put window, decoded cleanly, is the gradient it
-committed to before any gradient of the window was readable (`uncommitted` otherwise), claims the
+A peer passes when its upload arrived inside the put window, decoded cleanly, is the document it
+committed to before any gradient of the window was readable (`uncommitted` otherwise: its document
+digest covers every tensor, probes included, and the signed metadata), does not repeat an upload of
+an earlier window (`replay`: `templar.validator.replays`), claims the
 global_step we hold (`templar.runtime.outer.update_step`: a claim is checked, never adopted), is in sync with our
 model (mean |θ_val − θ_peer| / α over this window's probes ≤ `sync_max_steps`), is not a copy
 of an earlier upload by another hotkey, and is not shouting: the L2 norm of its values is at most
@@ -32,6 +34,7 @@ from templar.gauntlet import (
     shares_work,
     sync_steps,
 )
+from templar.validator.replays import Sighting
 from templar.wire import Gradient, PayloadError
 
 FINGERPRINT_TENSORS = 4
@@ -96,12 +99,15 @@ def fast_evaluate(
     max_norm_ratio: float = float("inf"),
     expected_step: int | None = None,
     commitments: Mapping[str, bytes] | None = None,
+    replayed: Mapping[str, Sighting] | None = None,
 ) -> dict[str, FastVerdict]:
     """A verdict for every gathered peer; pure given the gather results and our probes.
     `expected_step`: our global_step for the window; a payload claiming another is `wrong_step`.
-    `commitments`: the digests read before the window's gradients were readable
-    (`templar.comms.commit`; b"": none); a payload whose digest differs is `uncommitted`. A peer
-    absent from it (its bucket could not be read in time), or None for all, is not judged on it."""
+    `commitments`: the document digests read before the window's gradients were readable
+    (`templar.comms.commit`; b"": none); a payload whose `Gradient.document_digest` differs is
+    `uncommitted`. A peer absent from it (its bucket could not be read in time), or None for all, is
+    not judged on it. `replayed`: the peers whose gradient repeats an earlier window's upload
+    (`ReplayMemory.observe`), each `replay`."""
     verdicts: dict[str, FastVerdict] = {}
     uploads: list[Upload] = []
     for hotkey, res in results.items():
@@ -109,8 +115,11 @@ def fast_evaluate(
             verdicts[hotkey] = failure_verdict(res)
             continue
         g = res.value
-        if commitments is not None and hotkey in commitments and commitments[hotkey] != g.digest:
+        if commitments is not None and hotkey in commitments and not _committed(commitments[hotkey], g):
             verdicts[hotkey] = FastVerdict(Status.UNCOMMITTED)
+            continue
+        if replayed and hotkey in replayed:
+            verdicts[hotkey] = FastVerdict(Status.REPLAY, copied_from=replayed[hotkey].hotkey)
             continue
         if expected_step is not None and g.global_step != expected_step:
             verdicts[hotkey] = FastVerdict(Status.WRONG_STEP)
@@ -141,6 +150,11 @@ def fast_evaluate(
     for hotkey in norm_outliers({hk: results[hk].value for hk, v in verdicts.items() if v.passed}, max_norm_ratio):
         verdicts[hotkey] = FastVerdict(Status.SCALE, sync_steps=verdicts[hotkey].sync_steps)
     return verdicts
+
+
+def _committed(commitment: bytes, g: Gradient) -> bool:
+    """Whether the payload is the document committed to (an empty commitment matches nothing)."""
+    return bool(commitment) and commitment == g.document_digest
 
 
 def _second_look(payloads: Mapping[str, Gradient], salt: int, cosine_threshold: float,

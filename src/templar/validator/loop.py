@@ -56,8 +56,16 @@ from templar.validator.commits import CommitWatcher
 from templar.validator.evaluate import Evaluator, LossScores
 from templar.validator.fast_eval import fast_evaluate
 from templar.validator.lead import CheckpointPublisher, LeadError, WindowPublisher, publish_start_window
+from templar.validator.replays import ReplayMemory, Sighting
 from templar.validator.report import WindowSummary, record_window
-from templar.validator.state import BOOK_FILE, SECRET_FILE, load_book, load_or_create_secret, with_book
+from templar.validator.state import (
+    BOOK_FILE,
+    SECRET_FILE,
+    load_book,
+    load_or_create_secret,
+    load_replays,
+    with_book,
+)
 from templar.validator.weights import WeightSetter
 from templar.wire import Gradient, StepInputs
 
@@ -75,6 +83,7 @@ class Validator:
         self.hp = node.hp
         self.state = NodeState(window=-1, global_step=0)
         self.book = ScoreBook()
+        self.replays = ReplayMemory()
         self.compute = node.compute  # θ: one process, or torchrun's ranks
         self.evaluator = self.compute.evaluator or Evaluator(node.model, self.hp.optimizer.micro_batch_size)
         self.holdout = node.pages.empty  # filled in start(): pages come from the data bucket
@@ -135,6 +144,7 @@ class Validator:
             self.state, own = await restore_when_possible(node)
         self.book = load_book(node.state_dir, self.state, own, lead=is_lead)
         self.book.configure(self.hp.gauntlet)
+        self.replays = load_replays(self.state, own)
         drop_uncommitted_records(node.state_dir, [SCORES_FILE, VALIDATOR_WINDOWS_FILE], self.state.window)
         self.holdout = (await node.pages.fetch(node.plan.holdout_pages()[:HOLDOUT_PAGES])).batch
         current = node.clock.current_window()
@@ -218,11 +228,12 @@ class Validator:
         gather_started = time.perf_counter()
         results = await self._gather(window, sorted(set(fast_set) | set(peer_list)), deadline)
         gather_seconds = time.perf_counter() - gather_started
+        replayed = self.replays.observe(window, results)
         inputs = await self._lead_inputs(window, peer_list, results) if self.is_lead else None
         verdicts: dict[str, FastVerdict] = {}
         losses: dict[str, LossScores] = {}
         if evaluate:
-            verdicts = await self._fast_evaluate(window, {hk: results[hk] for hk in fast_set}, lr)
+            verdicts = await self._fast_evaluate(window, {hk: results[hk] for hk in fast_set}, lr, replayed)
             losses = await self._primary(window, miners, verdicts, results, lr)
         scores = score_window(self.book, hp.gauntlet, window, miners, verdicts,
                               {hk: PrimaryResult(s.delta_assigned, s.delta_rand, s.page_deltas, s.sequence_deltas)
@@ -324,14 +335,14 @@ class Validator:
         return results
 
     async def _fast_evaluate(self, window: int, results: dict[str, GatherResult[Gradient]],
-                             lr: float) -> dict[str, FastVerdict]:
+                             lr: float, replayed: Mapping[str, Sighting]) -> dict[str, FastVerdict]:
         g = self.hp.gauntlet
         own_probes = await asyncio.to_thread(self.compute.probes, window)
         return await asyncio.to_thread(
             fast_evaluate, results, own_probes, lr, sync_max_steps=g.sync_max_steps,
             duplicate_threshold=g.duplicate_threshold, salt=self.eval_seed(window),
             shared_positions_threshold=g.shared_positions_threshold, max_norm_ratio=g.max_norm_ratio,
-            expected_step=self.state.global_step, commitments=self.commits.pop(window))
+            expected_step=self.state.global_step, commitments=self.commits.pop(window), replayed=replayed)
 
     async def _primary(self, window: int, miners: Mapping[str, int], verdicts: Mapping[str, FastVerdict],
                        results: Mapping[str, GatherResult[Gradient]], lr: float) -> dict[str, LossScores]:
@@ -390,8 +401,8 @@ class Validator:
         return await self.weights.submit(window, weights, dict(miners))
 
     def _save(self) -> None:
-        """State, model and score book in one atomic file; scorebook.json is a readable copy."""
-        if self.node.save_state(with_book(self.state, self.book)):
+        """State, model, score book and replay memory in one atomic file; scorebook.json is a readable copy."""
+        if self.node.save_state(with_book(self.state, self.book, self.replays)):
             try:
                 self.book.save(self.node.state_dir / BOOK_FILE)
             except OSError as exc:

@@ -1,8 +1,10 @@
-"""A validator's own state beside the node's: its score book and its private evaluation secret.
+"""A validator's own state beside the node's: its score book, its memory of recent uploads and its
+private evaluation secret.
 
-The book is saved inside the node's state file (`state.safetensors`, with θ and the window), so
-model, window and scores change together at a window's commit point; `scorebook.json` is a
-readable copy for operators and the dashboard. The secret keys the validator's private draws.
+The book and the replay memory (`templar.validator.replays`) are saved inside the node's state file
+(`state.safetensors`, with θ and the window), so model, window, scores and remembered uploads change
+together at a window's commit point; `scorebook.json` is a readable copy for operators and the
+dashboard. The secret keys the validator's private draws.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from templar.core.atomic import atomic_write
 from templar.core.log import context
 from templar.gauntlet import ScoreBook, ScoreBookError
 from templar.runtime.state import NodeState
+from templar.validator.replays import ReplayMemory, ReplayMemoryError
 
 BOOK_FILE = "scorebook.json"
 SECRET_FILE = "eval_secret"
@@ -76,7 +79,24 @@ def load_book(state_dir: Path, state: NodeState, own: bool, *, lead: bool = Fals
         return ScoreBook()
 
 
-def with_book(state: NodeState, book: ScoreBook) -> NodeState:
-    """`state` carrying `book`, ready for the node's state file (one atomic write with θ)."""
+def load_replays(state: NodeState, own: bool) -> ReplayMemory:
+    """The replay memory saved with our own state (empty for a state that is not our own, or for
+    one saved without a memory by an older version); a damaged one is said out loud and restarts
+    empty (replays of the windows it held go unnoticed; nothing else is lost)."""
+    saved = state.extra.get("replays")
+    if not own or saved is None:
+        return ReplayMemory()
+    try:
+        return ReplayMemory.from_json(saved)
+    except ReplayMemoryError as exc:
+        context(phase="startup").error(f"replay memory in the state file unreadable ({exc}): starting an empty one")
+        return ReplayMemory()
+
+
+def with_book(state: NodeState, book: ScoreBook, replays: ReplayMemory | None = None) -> NodeState:
+    """`state` carrying `book` (and the replay memory), ready for the node's state file (one atomic
+    write with θ)."""
     state.extra = {"scorebook": book.to_json()}
+    if replays is not None:
+        state.extra["replays"] = replays.to_json()
     return state

@@ -13,6 +13,7 @@ from templar.wire.errors import REASONS, PayloadError
 from templar.wire.gradient import (
     Gradient,
     coefficient_count,
+    document_digest,
     gradient_digest,
     max_gradient_bytes,
     read_gradient,
@@ -38,6 +39,7 @@ __all__ = [
     "Verifier",
     "codec_for",
     "coefficient_count",
+    "document_digest",
     "gradient_digest",
     "max_aggregate_bytes",
     "max_bundle_bytes",

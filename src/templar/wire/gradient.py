@@ -9,6 +9,22 @@ method sends, `templar.compress.methods`; `codec_name` overrides it for tools); 
 payload of any other codec. `read_gradient` is the single entry point for peer gradients: every failure is a
 `PayloadError` with a stable reason, checked cheapest first (size, header, metadata, schema,
 signature, then the vectorised decode).
+
+Two digests name a payload, for two different questions:
+
+- the **document digest** (`document_digest`, `Gradient.document_digest`): sha256 over the whole
+  signed document, i.e. the metadata bytes (window, global_step, warm-up flag, run, hotkey, codec,
+  compression settings) and every tensor, gradient parts and probes alike: exactly the digest the
+  hotkey signs (`signed_digest`), so a reader gets it from the hash it already computes for the
+  signature, with no second pass over the payload's bytes. It is what a miner
+  commits to (`templar.comms.commit`) and what a validator compares with that commitment, so
+  nothing in a payload can be changed after the commitment deadline (probes copied from another
+  peer, another step, the warm-up flag) without failing as `uncommitted`.
+- the **content digest** (`gradient_digest`, `Gradient.digest`): sha256 over the gradient tensors
+  only. It names the *work*, whoever signed it for whichever window: equal content digests are
+  byte-identical updates, which is how a copy under another hotkey (`templar.gauntlet.find_pools`),
+  a re-post of an earlier window's upload (`templar.validator.replays`) and the lead's inputs
+  record (`templar.wire.inputs`) recognise a payload.
 """
 
 from __future__ import annotations
@@ -38,7 +54,7 @@ from templar.wire.container import (
 from templar.wire.errors import PayloadError
 from templar.wire.schema import GradientDocument, Run
 
-__all__ = ["Gradient", "gradient_digest", "max_gradient_bytes", "read_gradient", "write_gradient"]
+__all__ = ["Gradient", "document_digest", "gradient_digest", "max_gradient_bytes", "read_gradient", "write_gradient"]
 
 _DOMAIN = b"templar/gradient"
 _CONTENT_DOMAIN = b"templar/gradient-content"
@@ -49,9 +65,12 @@ _PROBE = "probe"
 class Gradient:
     """A validated peer gradient.
 
-    `digest`: sha256 of the encoded gradient tensors (not probes, not metadata), so a byte-identical
-    re-upload under another hotkey is caught cheaply; re-encoded or rescaled copies are the
-    gauntlet's similarity check (`duplicate_threshold`), not this digest's.
+    `digest`: the content digest, sha256 of the encoded gradient tensors (not probes, not metadata),
+    so a byte-identical re-upload under another hotkey or in another window is caught cheaply;
+    re-encoded or rescaled copies are the gauntlet's similarity check (`duplicate_threshold`), not
+    this digest's. `document_digest`: sha256 of the whole signed document (metadata and every
+    tensor, probes included), what the miner committed to; b"" only for gradients built in memory
+    (tests, tools), which no commitment can match.
     """
 
     window: int
@@ -62,6 +81,7 @@ class Gradient:
     probes: dict[str, torch.Tensor]
     digest: bytes
     nbytes: int
+    document_digest: bytes = b""
 
 
 def run_codec(hp: HParams) -> str:
@@ -205,8 +225,9 @@ def read_gradient(
     if expected_window is not None and doc.window != expected_window:
         raise PayloadError("wrong_window", f"{doc.window} != {expected_window}")
     _check_schema(container, expected, hp, wire)
+    signed = _document_digest(container)
     if verify is not None:
-        _verify(verify, doc.hotkey, signed_digest(_DOMAIN, container.document, container), container.signature)
+        _verify(verify, doc.hotkey, signed, container.signature)
 
     raw = container.tensors()
     tensors: dict[str, Compressed] = {}
@@ -229,12 +250,30 @@ def read_gradient(
         probes=probes,
         digest=tensor_digest(_CONTENT_DOMAIN, container, gradient_keys),
         nbytes=len(data),
+        document_digest=signed,
     )
 
 
+def _document_digest(container: Container) -> bytes:
+    """What the hotkey signs: the domain tag, the exact document bytes and every tensor's key,
+    dtype, shape and bytes (`templar.wire.container.signed_digest`)."""
+    return signed_digest(_DOMAIN, container.document, container)
+
+
+def document_digest(data: bytes, expected: Mapping[str, torch.Size], hp: HParams) -> bytes:
+    """The document digest (`Gradient.document_digest`) of a payload this node wrote itself, without
+    decoding it: what a miner commits to (`templar.comms.commit`). It is the digest the payload's
+    signature signs, so it covers the exact metadata bytes and every tensor (gradient parts and
+    probes): any change to a committed payload, however small, fails the validator's commitment
+    check."""
+    wire = codec.codec_for(run_codec(hp))
+    return _document_digest(parse_container(bytes(data), max_header=header_bound(_keys(expected, wire))))
+
+
 def gradient_digest(data: bytes, expected: Mapping[str, torch.Size], hp: HParams) -> bytes:
-    """`Gradient.digest` of a payload this node wrote itself (its commitment, `templar.comms.commit`),
-    without decoding it: the same sha256 over the gradient tensors that `read_gradient` computes."""
+    """The content digest (`Gradient.digest`) of a payload this node wrote itself, without decoding
+    it: the same sha256 over the gradient tensors only that `read_gradient` computes. Not the
+    commitment (that is `document_digest`): it stays the same when probes or metadata change."""
     wire = codec.codec_for(run_codec(hp))
     container = parse_container(bytes(data), max_header=header_bound(_keys(expected, wire)))
     return tensor_digest(_CONTENT_DOMAIN, container, [f"{name}/{part}" for name in expected
