@@ -1,8 +1,9 @@
 """Convergence on the tiny preset, measured two ways, every method through production's code paths.
 
-    python benchmarks/convergence.py --jobs 2 --cache /tmp/convergence   # 60 windows, the LR sweep
-    python benchmarks/convergence.py --quick                             # 3 windows, one LR per method
-    python benchmarks/convergence.py --point sparseloco_h4:inner=1e-3,outer=1,topk=128   # one extra run
+    OMP_NUM_THREADS=1 python benchmarks/convergence.py --jobs 1 --threads 1 --cache /tmp/convergence
+                                        # 30 windows, the LR sweep (about half an hour on one core)
+    python benchmarks/convergence.py --quick              # 3 windows, one LR per method
+    python benchmarks/convergence.py --point sparseloco_h:inner=1e-3,outer=1,topk=128   # one extra run
 
 K = 4 simulated peers start from the same θ_0 (`build_model`) and stay in sync (G = 4); peer k
 trains on `assigned_pages(k, window, P)` (P pages of 4 sequences of 128 tokens). A decentralised
@@ -25,8 +26,8 @@ Two comparisons, H inner steps (`--inner-steps`, 4):
 
 Every run has warm-up `windows // 10` and a cosine to `min_lr_factor` (0.1) over the run's windows
 (the inner rate follows the same shape; a DP run's H steps of a window all take that window's rate).
-Each method sweeps its peak rates on a log grid (`GRIDS`: inner × outer); the sweep table and the
-best of each method (lowest final held-out loss on the first 16 held-out pages) go into
+Each method sweeps its peak rates on a log grid (`methods`: inner × outer), then the equal-windows
+runs take the best rates of their equal-tokens counterparts; the sweep table and the best of each method (lowest final held-out loss on the first 16 held-out pages) go into
 `benchmarks/results/convergence.json` with all settings, and `convergence_tokens.png`,
 `convergence_windows.png` plot the best runs. Bytes per token: the mean size of the payloads the
 peers actually wrote (`write_gradient`) over the tokens each trained on in the window; the
@@ -63,6 +64,7 @@ from templar.runtime.train import (
     evaluate_loss,
     gradients,
     inner_lr,
+    inner_parts,
     inner_steps,
     make_inner_optimizer,
 )
@@ -90,26 +92,30 @@ class Method:
     inner: tuple[float, ...]  # inner (or DP) AdamW peak rates; () for the paper's SGD window
     outer: tuple[float, ...]  # outer α peaks; () for DP
     comparisons: tuple[str, ...]
+    follows: str | None = None  # not swept: runs at this method's best rates (`follow_specs`)
 
 
 def methods(h: int) -> dict[str, Method]:
-    """The compared methods at H = `h` inner steps, with their LR grids (centred on the presets and
-    on a prototype's best: AdamW about 1e-3 on tiny, SparseLoCo's outer SGD 0.5–1, the sign step 3e-3)."""
-    inner = (5e-4, 1e-3, 2e-3)
-    sign = (1.5e-3, 3e-3, 6e-3)
-    sgd = (0.5, 0.71, 1.0)
+    """The compared methods at H = `h` inner steps, with their LR grids: two rates a factor 3 apart
+    per swept axis (the whole sweep fits about half an hour on one shared core at 30 windows),
+    around the presets (AdamW 1e-3 on tiny, the sign step 3e-3, SparseLoCo's outer SGD 1 as in its
+    paper) and above them, since a run this short favours larger rates. The equal-windows runs are
+    not swept: each takes the best rates of its equal-tokens counterpart (same method and H, 1/H of
+    the pages), which, if anything, favours the swept paper."""
+    inner = (1e-3, 3e-3)
+    sign = (3e-3, 6e-3)
     both = ("tokens", "windows")
     return {m.key: m for m in (
         Method(BASELINE, f"AdamW DP, {h} steps/window", "dp", "tiny", h, 1, inner, (), ("tokens",)),
-        Method("adamw_dp_1", "AdamW DP, 1 step/window", "dp", "tiny", 1, 1, (1e-3, 2e-3, 4e-3), (), ("tokens",)),
+        Method("adamw_dp_1", "AdamW DP, 1 step/window", "dp", "tiny", 1, 1, (3e-3, 1e-2), (), ("tokens",)),
         Method(PAPER, "signed, 1 SGD step (paper)", "subnet", "tiny", 1, 1, (), sign, both),
         Method("signed_h", f"signed, {h} inner AdamW", "subnet", "tiny", h, 1, inner, sign, ("tokens",)),
-        Method("sparseloco_h", f"SparseLoCo, {h} inner AdamW", "subnet", "tiny-sparseloco", h, 1, inner, sgd,
+        Method("sparseloco_h", f"SparseLoCo, {h} inner AdamW", "subnet", "tiny-sparseloco", h, 1, inner, (1.0,),
                ("tokens",)),
-        Method("signed_h_wide", f"signed, {h} inner AdamW on {h}× pages", "subnet", "tiny", h, h, inner, sign,
-               ("windows",)),
+        Method("signed_h_wide", f"signed, {h} inner AdamW on {h}× pages", "subnet", "tiny", h, h, (), (),
+               ("windows",), follows="signed_h"),
         Method("sparseloco_h_wide", f"SparseLoCo, {h} inner AdamW on {h}× pages", "subnet", "tiny-sparseloco", h, h,
-               inner, sgd, ("windows",)),
+               (), (), ("windows",), follows="sparseloco_h"),
     )}
 
 
@@ -234,7 +240,7 @@ class DataParallelRun:
         lr = inner_lr(hp.inner, learning_rate(self.global_step, hp.optimizer), hp.optimizer)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        parts = [torch.tensor_split(batch, hp.inner.steps) for batch in batches]
+        parts = [inner_parts(batch, hp.inner.steps) for batch in batches]
         losses, sizes = [], []
         for i in range(hp.inner.steps):
             union = torch.cat([peer[i] for peer in parts])
@@ -305,17 +311,49 @@ def _job(args: tuple[Spec, int, int, str | None]) -> dict[str, Any]:
     return result
 
 
+def _centre(grid: tuple[float, ...]) -> tuple[float | None, ...]:
+    return (grid[len(grid) // 2],) if grid else (None,)
+
+
 def sweep_specs(h: int, windows: int, pages: int, quick: bool, only: set[str] | None) -> list[Spec]:
-    """Every (inner, outer) grid point of every method; `quick`: the grid's centre only."""
+    """Every (inner, outer) grid point of every swept method; `quick`: the grid's centre only, and
+    a following method at its leader's centre (no second stage)."""
+    table = methods(h)
     specs = []
-    for m in methods(h).values():
+    for m in table.values():
         if only and m.key not in only:
             continue
-        inner = m.inner or (None,)
-        outer = m.outer or (None,)
+        if m.follows is not None:
+            if quick:
+                lead = table[m.follows]
+                specs.append(Spec(m.key, m.kind, m.preset, _centre(lead.inner)[0], _centre(lead.outer)[0], m.steps,
+                                  pages * m.pages_factor, windows))
+            continue
+        inner: tuple[float | None, ...] = m.inner or (None,)
+        outer: tuple[float | None, ...] = m.outer or (None,)
         if quick:
-            inner, outer = inner[len(inner) // 2:][:1], outer[len(outer) // 2:][:1]
-        specs += [Spec(m.key, m.kind, m.preset, i, o, m.steps, pages * m.pages_factor, windows) for i in inner for o in outer]
+            inner, outer = _centre(m.inner), _centre(m.outer)
+        specs += [Spec(m.key, m.kind, m.preset, i, o, m.steps, pages * m.pages_factor, windows)
+                  for i in inner for o in outer]
+    return specs
+
+
+def follow_specs(results: list[dict[str, Any]], h: int, windows: int, pages: int,
+                 only: set[str] | None) -> list[Spec]:
+    """The second stage: each following method at the best (inner, outer) of its leader's sweep
+    (the leader's grid centre when the leader did not run)."""
+    table = methods(h)
+    best = summarise(results, h).best
+    specs = []
+    for m in table.values():
+        if m.follows is None or (only and m.key not in only):
+            continue
+        lead = table[m.follows]
+        if m.follows in best:
+            inner, outer = best[m.follows]["spec"]["inner_lr"], best[m.follows]["spec"]["outer_lr"]
+        else:
+            inner, outer = _centre(lead.inner)[0], _centre(lead.outer)[0]
+        specs.append(Spec(m.key, m.kind, m.preset, inner, outer, m.steps, pages * m.pages_factor, windows))
     return specs
 
 
@@ -330,8 +368,9 @@ def parse_point(text: str, h: int, windows: int, pages: int) -> Spec:
                 decay=float(values["decay"]) if "decay" in values else None, tag="extra")
 
 
-def run_all(specs: list[Spec], eval_every: int, jobs: int, cache: str | None) -> list[dict[str, Any]]:
-    threads = max(1, 2 // jobs)
+def run_all(specs: list[Spec], eval_every: int, jobs: int, cache: str | None,
+            threads: int | None = None) -> list[dict[str, Any]]:
+    threads = threads or max(1, 2 // jobs)
     work = [(s, eval_every, threads, cache) for s in specs]
     if jobs <= 1:
         return [_job(w) for w in work]
@@ -438,7 +477,8 @@ def report(results: list[dict[str, Any]], h: int, windows: int, out_dir: Path, s
     body = {"case": "summary", "windows": windows, "peers": PEERS, "top_g": PEERS, "inner_steps": h,
             "holdout_pages": HOLDOUT_PAGES, "goals": goals, "comparisons": comparisons,
             "sweep": s.tables, "best": s.best,
-            "grids": {k: {"inner": list(m.inner), "outer": list(m.outer), "preset": m.preset} for k, m in table.items()}}
+            "grids": {k: {"inner": list(m.inner), "outer": list(m.outer), "preset": m.preset, "follows": m.follows}
+                      for k, m in table.items()}}
     write_result(f"{stem}.json", body, out_dir)
     for comp, xlabel in (("tokens", "window (same tokens for every method)"),
                          ("windows", "window (outer step)")):
@@ -456,26 +496,31 @@ def report(results: list[dict[str, Any]], h: int, windows: int, out_dir: Path, s
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="3 windows, the grid's centre of each method")
-    parser.add_argument("--windows", type=int, default=None, help="outer steps per run (default 60)")
+    parser.add_argument("--windows", type=int, default=None, help="outer steps per run (default 30)")
     parser.add_argument("--eval-every", type=int, default=None, help="windows between held-out evaluations")
     parser.add_argument("--inner-steps", type=int, default=4, help="H of the inner-step methods")
     parser.add_argument("--only", action="append", default=None, help="run only this method (repeatable)")
     parser.add_argument("--point", action="append", default=[],
                         help="an extra run outside the grid, method:inner=..,outer=..,topk=..,decay=..")
+    parser.add_argument("--pages", type=int, default=None, help="P, pages per peer per window (the preset's 2)")
     parser.add_argument("--jobs", type=int, default=1, help="runs at a time (≤ 2 on the shared 2-core VM)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads per run (default 2 // jobs)")
     parser.add_argument("--cache", default=None, help="folder of finished runs (skipped when rerun)")
     parser.add_argument("--out", type=Path, default=None, help="results folder (default benchmarks/results)")
     args = parser.parse_args(argv)
     setup_torch()
-    windows = args.windows or (3 if args.quick else 60)
+    windows = args.windows or (3 if args.quick else 30)
     eval_every = args.eval_every or (windows if args.quick else 5)
-    pages = load_hparams("tiny").data.pages_per_window
+    pages = args.pages or load_hparams("tiny").data.pages_per_window
     if pages * args.inner_steps > MAX_PAGES:
         parser.error(f"H × P must be at most {MAX_PAGES} pages (a plan slot)")
     only = set(args.only) if args.only else None
     specs = sweep_specs(args.inner_steps, windows, pages, args.quick, only)
     specs += [parse_point(p, args.inner_steps, windows, pages) for p in args.point]
-    results = run_all(specs, eval_every, args.jobs, args.cache)
+    results = run_all(specs, eval_every, args.jobs, args.cache, args.threads)
+    if not args.quick:  # the second stage needs the first one's best rates
+        results += run_all(follow_specs(results, args.inner_steps, windows, pages, only), eval_every, args.jobs,
+                           args.cache, args.threads)
     stem = "convergence_quick" if args.quick else "convergence"  # a quick run never overwrites the full figures
     report(results, args.inner_steps, windows, args.out or RESULTS_DIR, stem)
     return 0

@@ -12,13 +12,15 @@ def convergence(benchmark_module):
     return benchmark_module("convergence")
 
 
+@pytest.mark.slow(seconds=15)
 def test_every_method_learns_and_the_summary_reports_both_comparisons(convergence, tmp_path, assets_dir,
                                                                      monkeypatch) -> None:
-    """H = 2, one window each at the grid's centres, plus one targeted point: every run lowers the
+    """H = 2 on P = 1 page, one window each at the grid's centres, plus one targeted point (about 10 s
+    of CPU, mostly the eight windows' forward and backward passes): every run lowers the
     held-out loss, payloads are real wire bytes far below dense, and the JSON holds both tables."""
     monkeypatch.setattr(convergence, "HOLDOUT_PAGES", 2)  # 8 held-out sequences: enough to see a step
     monkeypatch.setattr(convergence, "_data", convergence._data.__wrapped__)
-    argv = ["--quick", "--windows", "1", "--inner-steps", "2", "--out", str(tmp_path),
+    argv = ["--quick", "--windows", "1", "--inner-steps", "2", "--pages", "1", "--threads", "1", "--out", str(tmp_path),
             "--point", "sparseloco_h:inner=1e-3,outer=1,topk=128,decay=0.9"]
     assert convergence.main(argv) == 0
     body = json.loads((tmp_path / "convergence_quick.json").read_text())
