@@ -96,18 +96,19 @@ class Method:
 
 
 def methods(h: int) -> dict[str, Method]:
-    """The compared methods at H = `h` inner steps, with their LR grids: two rates a factor 3 apart
-    per swept axis (the whole sweep fits about half an hour on one shared core at 30 windows),
+    """The compared methods at H = `h` inner steps, with their LR grids: 2–3 rates a factor 1.5–3
+    apart per swept axis (the whole sweep fits about half an hour on one shared core at 30 windows),
     around the presets (AdamW 1e-3 on tiny, the sign step 3e-3, SparseLoCo's outer SGD 1 as in its
-    paper) and above them, since a run this short favours larger rates. The equal-windows runs are
-    not swept: each takes the best rates of its equal-tokens counterpart (same method and H, 1/H of
-    the pages), which, if anything, favours the swept paper."""
+    paper) and above them, since a run this short favours larger rates; a first pass of two rates
+    per axis was extended where its best sat on an edge (the sign step, DP's rates). The
+    equal-windows runs are not swept: each takes the best rates of its equal-tokens counterpart
+    (same method and H, 1/H of the pages), which, if anything, favours the swept paper."""
     inner = (1e-3, 3e-3)
-    sign = (3e-3, 6e-3)
+    sign = (3e-3, 6e-3, 1.2e-2)
     both = ("tokens", "windows")
     return {m.key: m for m in (
-        Method(BASELINE, f"AdamW DP, {h} steps/window", "dp", "tiny", h, 1, inner, (), ("tokens",)),
-        Method("adamw_dp_1", "AdamW DP, 1 step/window", "dp", "tiny", 1, 1, (3e-3, 1e-2), (), ("tokens",)),
+        Method(BASELINE, f"AdamW DP, {h} steps/window", "dp", "tiny", h, 1, (1e-3, 2e-3, 3e-3), (), ("tokens",)),
+        Method("adamw_dp_1", "AdamW DP, 1 step/window", "dp", "tiny", 1, 1, (3e-3, 5e-3, 1e-2), (), ("tokens",)),
         Method(PAPER, "signed, 1 SGD step (paper)", "subnet", "tiny", 1, 1, (), sign, both),
         Method("signed_h", f"signed, {h} inner AdamW", "subnet", "tiny", h, 1, inner, sign, ("tokens",)),
         Method("sparseloco_h", f"SparseLoCo, {h} inner AdamW", "subnet", "tiny-sparseloco", h, 1, inner, (1.0,),
