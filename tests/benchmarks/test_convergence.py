@@ -63,3 +63,21 @@ def test_hparams_of_a_run_are_validated_settings(convergence) -> None:
     hp = convergence.hparams_for(convergence.Spec("signed_h", "subnet", "tiny", 1e-3, 3e-3, 4, 2, 60))
     assert (hp.optimizer.learning_rate, hp.optimizer.warmup_steps, hp.optimizer.total_steps) == (3e-3, 6, 60)
     assert (hp.inner.steps, hp.inner.optimizer, hp.inner.learning_rate) == (4, "adamw", 1e-3)
+
+
+def test_equal_windows_runs_take_the_best_rates_of_their_counterpart(convergence) -> None:
+    """The second stage runs each wide method at its counterpart's best grid point (an extra point
+    never leads), and at the counterpart's grid centre when that one did not run."""
+    def run(method: str, inner: float, outer: float, loss: float, tag: str = "sweep") -> dict:
+        spec = convergence.Spec(method, "subnet", "tiny", inner, outer, 4, 2, 30, tag=tag)
+        return {"spec": {"method": method, "inner_lr": inner, "outer_lr": outer, "tag": tag}, "name": spec.name(),
+                "settings": {"topk": 32, "momentum_decay": 0.999}, "final_loss": loss, "seconds": 1.0}
+
+    results = [run("signed_h", 1e-3, 6e-3, 7.0), run("signed_h", 3e-3, 1.2e-2, 6.8),
+               run("signed_h", 6e-3, 1.2e-2, 6.7, tag="extra")]
+    specs = {s.method: s for s in convergence.follow_specs(results, 4, 30, 2, None)}
+    assert (specs["signed_h_wide"].inner_lr, specs["signed_h_wide"].outer_lr) == (3e-3, 1.2e-2)
+    assert specs["signed_h_wide"].pages == 8 and specs["signed_h_wide"].steps == 4
+    lead = convergence.methods(4)["sparseloco_h"]
+    assert (specs["sparseloco_h_wide"].inner_lr, specs["sparseloco_h_wide"].outer_lr) == (
+        lead.inner[len(lead.inner) // 2], lead.outer[len(lead.outer) // 2])
