@@ -96,9 +96,9 @@ def _rounded(value: Any) -> Any:
     return value
 
 
-def write_result(name: str, data: dict[str, Any]) -> Path:
-    """`benchmarks/results/<name>`, pretty JSON."""
-    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    path = RESULTS_DIR / name
+def write_result(name: str, data: dict[str, Any], folder: Path = RESULTS_DIR) -> Path:
+    """`benchmarks/results/<name>` (or `folder/<name>`), pretty JSON."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / name
     path.write_text(json.dumps(_rounded(data), indent=1) + "\n")
     return path
