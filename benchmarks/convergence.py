@@ -157,7 +157,9 @@ def hparams_for(spec: Spec) -> HParams:
     warmup = max(1, spec.windows // 10)
     optimizer = {"warmup_steps": warmup, "total_steps": spec.windows}
     inner: dict[str, Any] = {"steps": spec.steps}
-    if spec.inner_lr is not None:
+    if spec.inner_lr is None:  # the paper's window: H SGD steps at the outer rate, whatever the preset's inner
+        inner["optimizer"] = "sgd"
+    else:
         inner.update(optimizer="adamw", learning_rate=spec.inner_lr)
         if spec.preset == "tiny":
             # DP's AdamW owns weight decay (the preset's 0.1); under the signed rule the outer step

@@ -11,14 +11,14 @@ from templar.runtime.windows import Clock
 
 
 def test_learning_rate_warmup_then_cosine():
-    opt = load_hparams().optimizer  # lr 4e-4, warm-up 250, horizon 20000, floor 10%
-    assert learning_rate(0, opt) == pytest.approx(4e-4 / 250)
-    assert learning_rate(249, opt) == pytest.approx(4e-4)
-    assert learning_rate(250, opt) == pytest.approx(4e-4)
+    opt = load_hparams().optimizer  # lr 8e-4, warm-up 250, horizon 20000, floor 10%
+    assert learning_rate(0, opt) == pytest.approx(8e-4 / 250)
+    assert learning_rate(249, opt) == pytest.approx(8e-4)
+    assert learning_rate(250, opt) == pytest.approx(8e-4)
     mid = 250 + (20000 - 250) // 2
-    assert learning_rate(mid, opt) == pytest.approx(4e-5 + (4e-4 - 4e-5) * 0.5 * (1 + math.cos(math.pi * 0.5)), rel=1e-3)
-    assert learning_rate(20000, opt) == pytest.approx(4e-5)
-    assert learning_rate(10**7, opt) == pytest.approx(4e-5)
+    assert learning_rate(mid, opt) == pytest.approx(8e-5 + (8e-4 - 8e-5) * 0.5 * (1 + math.cos(math.pi * 0.5)), rel=1e-3)
+    assert learning_rate(20000, opt) == pytest.approx(8e-5)
+    assert learning_rate(10**7, opt) == pytest.approx(8e-5)
     steps = [learning_rate(s, opt) for s in range(250, 20000, 97)]
     assert all(a >= b for a, b in itertools.pairwise(steps))
     with pytest.raises(ValueError):

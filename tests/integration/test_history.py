@@ -294,3 +294,27 @@ def test_a_full_filesystem_is_one_line_per_window_then_its_own_exit(tmp_path):
     saves = [line for line in lines if line.startswith("cannot write the node's state")]
     assert saves and any("errno 28 (ENOSPC)" in line for line in saves), lines
     assert isinstance(stopped, StateDiskError), stopped
+
+
+def test_a_miner_that_started_before_the_lead_skips_the_windows_before_the_run_start(tmp_path):
+    """A miner up before the lead has no start window to read and takes its own current window as the
+    run's start; the lead then starts the run a window later. The window in between never has an
+    update: the miner moves past it (one `[SYNC]` line) and holds the lead's θ, instead of waiting for
+    inputs the lead will never publish."""
+    subnet = Subnet.create(tmp_path, {"lead": 100.0, "m0": 0.0})  # (the process localnet's miners, at times)
+
+    async def scenario():
+        miner = Miner(await subnet.node("m0"))
+        await miner.start()
+        early = miner.state.window + 1  # the miner's idea of the run's first window
+        node = miner.node
+        await node.clock.sleep_until(node.clock.times(early + 1).start)
+        v = Validator(await subnet.node("lead"))
+        await v.start()
+        assert v.state.window + 1 > early  # the lead's run starts later than the miner thought
+        seen = await _windows(v, [miner], 2)
+        assert miner.state.window == v.state.window, (miner.state.window, v.state.window)  # was stuck at early - 1
+        assert all(len(set(thetas.values())) == 1 for thetas in seen), seen
+        await asyncio.gather(v.node.aclose(), miner.node.aclose())
+
+    run_virtual(scenario())

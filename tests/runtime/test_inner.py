@@ -23,9 +23,11 @@ def _with_inner(hp: HParams, **inner) -> HParams:
 
 
 def test_one_sgd_step_is_the_papers_window_bit_for_bit(hp):
-    """The default (H = 1, SGD) sends exactly what a miner sent before inner steps existed: the
-    window's mean gradient folded into the error feedback at the outer learning rate."""
-    assert hp.inner == InnerConfig()
+    """H = 1 with SGD (the settings' default, the paper's and `tiny-paper`'s window) sends exactly what
+    a miner sent before inner steps existed: the window's mean gradient folded into the error
+    feedback at the outer learning rate."""
+    hp = _with_inner(hp)
+    assert (hp.inner.steps, hp.inner.optimizer) == (1, "sgd")
     batch, lr = _batch(hp, 8), 3e-3
     compute = LocalCompute(build_model(hp), hp)
     compute.enable_error_feedback()

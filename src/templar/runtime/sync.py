@@ -252,6 +252,29 @@ async def _window_update(node: Node, lead, window: int, cap: int) -> tuple[bool,
         return False, None, f"the lead's records of window {window} are unreadable ({str(exc)[:160]})"
 
 
+async def _skip_to_run_start(node: Node, state: NodeState, until: int) -> NodeState:
+    """Windows before the run's start window (the lead's `start_window.json`) had no update: a node
+    still at θ_0 (global_step 0) moves past them without waiting for inputs the lead will never
+    publish. A node that started before the lead did (no start window readable yet) took its own
+    current window as the start; when the lead then starts a window later, that node would otherwise
+    wait for the lead's inputs of a window the run never had."""
+    if state.global_step != 0:
+        return state
+    lead = await node.lead()
+    if lead is None:
+        return state
+    try:
+        start = await get_start_window(lead[1], run=node.run)
+    except (StorageError, RecordError):
+        return state  # unreadable: catch-up waits for the inputs as usual
+    if start is None or start - 1 <= state.window:
+        return state
+    first, state.window = state.window + 1, min(start - 1, until)
+    context(window=until, phase=Phase.CATCHUP).info(
+        f"[SYNC] The run starts at window {start}: windows {first}..{state.window} had no update")
+    return state
+
+
 async def catch_up(node: Node, state: NodeState, until: int, *, verify: bool = True) -> NodeState:
     """Phase 3: apply the lead's published aggregates for windows (state.window, until].
 
@@ -272,6 +295,9 @@ async def catch_up(node: Node, state: NodeState, until: int, *, verify: bool = T
     if state.window >= until:
         return state
     log = context(window=until, phase=Phase.CATCHUP)
+    state = await _skip_to_run_start(node, state, until)
+    if state.window >= until:
+        return state
     log.info(f"[SYNC] Synchronising weights with the lead validator. No uploads in this phase. "
              f"Replaying windows {state.window + 1}..{until}")
     started, applied, first = time.perf_counter(), 0, state.window
