@@ -39,7 +39,8 @@ class Reference:
     fingerprint: torch.Tensor
     canonical: Mapping[str, torch.Tensor] | None
     owners: frozenset[str]
-    """Hotkeys whose own work is in it: never judged against it."""
+    """Hotkeys whose own work is in it: never judged against it (for the aggregate: exactly the
+    uploads its mean is made of)."""
     digest: bytes = b""
     """The earlier upload's content digest (b"": a mean, which no payload equals)."""
 

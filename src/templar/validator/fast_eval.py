@@ -32,7 +32,7 @@ from templar.gauntlet import (
     shares_work,
     sync_steps,
 )
-from templar.gauntlet.borrowed import Reference, aggregate_references, find_borrowed
+from templar.gauntlet.borrowed import AGGREGATE, Reference, aggregate_references, find_borrowed, top_of_mean
 from templar.gauntlet.duplicates import PairBaseline, Typical, window_typical
 from templar.wire import Gradient, PayloadError
 
@@ -170,8 +170,8 @@ def fast_evaluate(
         references = earlier_references(earlier, salt)
         borrowed = find_borrowed([u for u in uploads if verdicts[u.hotkey].passed], references, duplicate_threshold,
                                  shared_positions_threshold,
-                                 confirm=_second_look_at_references(earlier, references, confirm, salt,
-                                                                    duplicate_threshold, shared_positions_threshold))
+                                 confirm=_second_look_at_references(earlier, confirm, duplicate_threshold,
+                                                                    shared_positions_threshold))
         for hotkey, ref in borrowed.items():
             verdicts[hotkey] = FastVerdict(Status.COPY, sync_steps=verdicts[hotkey].sync_steps, copied_from=ref.source)
     for hotkey in norm_outliers({hk: results[hk].value for hk, v in verdicts.items() if v.passed}, max_norm_ratio):
@@ -236,37 +236,46 @@ def _layout(payloads: Mapping[str, Gradient]) -> dict[str, tuple[int, int]]:
     return {}
 
 
-def earlier_references(earlier: Mapping[int, Mapping[str, Gradient]], salt: int, *,
-                       sample: Callable[[Mapping[str, Compressed], int], dict[str, torch.Tensor]] | None = None,
-                       ) -> list[Reference]:
+def earlier_references(earlier: Mapping[int, Mapping[str, Gradient]], salt: int) -> list[Reference]:
     """The earlier public work as references on this window's sample (`salt`), newest window
     first: each aggregated upload (owned by its hotkey) and the aggregate (`aggregate_references`)."""
-    draw = sample or (lambda tensors, s: canonical_values(tensors, s))
     out: list[Reference] = []
     for window in sorted(earlier, reverse=True):
         payloads = {hk: g for hk, g in sorted(earlier[window].items()) if not g.warmup}
-        samples = {hk: draw(g.tensors, salt) for hk, g in payloads.items()}
+        samples = {hk: canonical_values(g.tensors, salt) for hk, g in payloads.items()}
         out += [Reference(hk, window, fingerprint(values), values, frozenset({hk}), payloads[hk].digest)
                 for hk, values in samples.items()]
         out += aggregate_references(window, samples, _layout(payloads))
     return out
 
 
-def _second_look_at_references(earlier: Mapping[int, Mapping[str, Gradient]], references: list[Reference],
-                               look: _SecondLook, salt: int, cosine_threshold: float, shared_threshold: float,
-                               ) -> Callable[[Upload, Reference], bool]:
-    """`find_borrowed`'s confirmation: the references rebuilt on the second look's sample (once,
-    when first asked), each judged in the same order, on the absolute thresholds."""
-    larger: list[Reference] = []
-    index = {id(ref): i for i, ref in enumerate(references)}
+def _second_look_at_references(earlier: Mapping[int, Mapping[str, Gradient]], look: _SecondLook,
+                               cosine_threshold: float, shared_threshold: float) -> Callable[[Upload, Reference], bool]:
+    """`find_borrowed`'s confirmation: the reference rebuilt on the second look's sample (an upload,
+    or the mean of the aggregate's members, which are its owners), each made once and only when
+    asked for, judged on the absolute thresholds."""
+    members: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
+    rebuilt: dict[int, tuple[dict[str, torch.Tensor], torch.Tensor]] = {}
+
+    def member(window: int, hotkey: str) -> dict[str, torch.Tensor]:
+        if (window, hotkey) not in members:
+            members[(window, hotkey)] = confirm_values(earlier[window][hotkey].tensors, look.salt)
+        return members[(window, hotkey)]
+
+    def again(ref: Reference) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        if id(ref) not in rebuilt:
+            if ref.source == AGGREGATE:
+                values = top_of_mean([member(ref.window, h) for h in sorted(ref.owners)], _layout(earlier[ref.window]))
+            else:
+                values = member(ref.window, ref.source)
+            rebuilt[id(ref)] = (values, fingerprint(values))
+        return rebuilt[id(ref)]
 
     def confirm(upload: Upload, ref: Reference) -> bool:
-        if not larger:
-            larger.extend(earlier_references(earlier, salt, sample=confirm_values))
-        again = larger[index[id(ref)]]
+        ref_values, ref_print = again(ref)
         values, print_ = look.sample(upload.hotkey)
-        return shares_work(float(print_ @ again.fingerprint), shared_positions(values, again.canonical or {}),
-                           cosine_threshold, shared_threshold)
+        return shares_work(float(print_ @ ref_print), shared_positions(values, ref_values), cosine_threshold,
+                           shared_threshold)
 
     return confirm
 

@@ -34,7 +34,6 @@ from templar.gauntlet import (
     select_eval_pages,
     select_eval_peers,
 )
-from templar.gauntlet.duplicates import PairBaseline
 from templar.runtime.follow import FollowError, apply_inputs, follow_step, inputs_of
 from templar.runtime.node import Node
 from templar.runtime.outer import OuterStep, aggregation_weights, gather_gradients
@@ -55,7 +54,7 @@ from templar.runtime.sync import (
 from templar.storage import StorageError
 from templar.validator.commits import CommitWatcher
 from templar.validator.evaluate import Evaluator, LossScores
-from templar.validator.fast_eval import fast_evaluate
+from templar.validator.fast_eval import PoolBaselines, fast_evaluate
 from templar.validator.lead import CheckpointPublisher, LeadError, WindowPublisher, publish_start_window
 from templar.validator.public_work import PublicWork
 from templar.validator.report import WindowSummary, record_window
@@ -88,7 +87,7 @@ class Validator:
         self.sync = SyncCheck(node)
         self.weights = WeightSetter(node)
         self.public = PublicWork()  # earlier windows' aggregated uploads, for the borrowed-work check
-        self.pair_baseline = PairBaseline()  # earlier windows' typical pairs, for the pool check
+        self.pair_baseline = PoolBaselines()  # earlier windows' typical pairs, for the pool check
 
     def eval_seed(self, window: int) -> int:
         digest = hashlib.blake2b(window.to_bytes(8, "little"), key=self.secret, digest_size=8).digest()
