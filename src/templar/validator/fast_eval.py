@@ -173,7 +173,8 @@ def fast_evaluate(
                                  confirm=_second_look_at_references(earlier, confirm, duplicate_threshold,
                                                                     shared_positions_threshold))
         for hotkey, ref in borrowed.items():
-            verdicts[hotkey] = FastVerdict(Status.COPY, sync_steps=verdicts[hotkey].sync_steps, copied_from=ref.source)
+            verdicts[hotkey] = FastVerdict(Status.COPY, sync_steps=verdicts[hotkey].sync_steps, copied_from=ref.source,
+                                           pool=verdicts[hotkey].pool)
     for hotkey in norm_outliers({hk: results[hk].value for hk, v in verdicts.items() if v.passed}, max_norm_ratio):
         verdicts[hotkey] = FastVerdict(Status.SCALE, sync_steps=verdicts[hotkey].sync_steps)
     return verdicts
