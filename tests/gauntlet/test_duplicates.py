@@ -158,14 +158,14 @@ def test_pools_link_shared_positions_transitively_and_agree_with_the_pairwise_fi
 
 
 def test_shares_work_needs_the_threshold_and_a_margin_over_the_typical_pair() -> None:
-    from templar.gauntlet.duplicates import shares_work, typical_pair
+    from templar.gauntlet.duplicates import Typical, shares_work, typical_pair
 
     # TYPICAL_PAIR_MARGIN is 0.1: a pair must stand 0.1 above the typical pair of its window
     assert shares_work(0.85, 0.2, 0.8, 0.75)  # no typical pair: the thresholds alone, as before
-    assert not shares_work(0.85, 0.2, 0.8, 0.75, typical_cosine=0.80)  # everyone is this alike
-    assert shares_work(0.95, 0.2, 0.8, 0.75, typical_cosine=0.80)
-    assert shares_work(0.5, 1.0, 0.8, 0.75, typical_cosine=0.80, typical_shared=0.8)  # same positions
-    assert not shares_work(0.5, 0.85, 0.8, 0.75, typical_cosine=0.80, typical_shared=0.8)
+    assert not shares_work(0.85, 0.2, 0.8, 0.75, Typical(cosine=0.80))  # everyone is this alike
+    assert shares_work(0.95, 0.2, 0.8, 0.75, Typical(cosine=0.80))
+    assert shares_work(0.5, 1.0, 0.8, 0.75, Typical(0.80, 0.8))  # same positions
+    assert not shares_work(0.5, 0.85, 0.8, 0.75, Typical(0.80, 0.8))
     assert not shares_work(0.7, 0.7, 0.8, 0.75)  # below both thresholds, whatever the window
     # the median over distinct pairs (i > j) of a symmetric figure; two uploads have no typical pair
     assert typical_pair([[1.0, 0.2, 0.9], [0.2, 1.0, 0.4], [0.9, 0.4, 1.0]]) == pytest.approx(0.4)

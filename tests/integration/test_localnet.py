@@ -206,3 +206,28 @@ def _dashboard_shows_the_run(out: Path) -> None:
             assert path == "" or b"copycat0" in body, path
     finally:
         dash.stop()
+
+
+@pytest.mark.slow(seconds=40)
+def test_a_flood_of_hotkeys_earns_less_than_the_weakest_honest_miner(tmp_path):
+    """`flood`: one operator, `FLOOD_SIZE` hotkeys (6 of the run's 8 miners), one update on the
+    union of their slots posted by each with a little noise. Its pairs are most of every window's
+    pairs, so judged against the window's own typical pair it would hide; against the validator's
+    baseline (docs/scoring.md §8) it is one pool: all but one member `copy`, and the whole group
+    earns less than the weakest honest miner (per unit of compute it does `FLOOD_SIZE` slots' work
+    once, so it earns far less again)."""
+    from templar.localnet.adversaries import FLOOD_SIZE
+
+    report = _localnet_in_this_process(tmp_path / "run", ["flood"], miners=2, hparams=str(MICRO_PRESET), seed=1,
+                                       windows=4)
+    assert report["outcome"] == "finished"
+    miners = {p["name"]: p for p in report["peers"] if p["role"] == "miner"}
+    weight = {name: p["final_weight"] for name, p in miners.items()}
+    summary = json.dumps({n: (miners[n]["strategy"], round(w, 4), miners[n]["statuses"]) for n, w in weight.items()})
+    print(summary)
+    flood = [name for name in miners if miners[name]["strategy"] == "flood"]
+    assert len(flood) == FLOOD_SIZE
+    weakest = min(w for name, w in weight.items() if miners[name]["strategy"] == "honest")
+    assert weakest > 0, summary
+    assert sum(weight[name] for name in flood) < weakest, summary
+    assert sum(miners[name]["statuses"].get("copy", 0) for name in flood) >= 2 * (FLOOD_SIZE - 1), summary

@@ -214,3 +214,70 @@ def test_a_replayed_upload_is_replay(real_peers, probes):
     assert not verdicts["again"].passed and not verdicts["again"].status.earns
     assert verdicts["fresh"].passed
     assert all(v.passed for v in _evaluate(results, probes).values())
+
+
+def _aggregate_copy(payloads: list[dict[str, Compressed]], factor: float) -> dict[str, Compressed]:
+    """What a copier of an earlier window's aggregate uploads: the mean of the aggregated payloads
+    (each normalised per tensor, as aggregation does), top-k per chunk, rescaled by `factor` times
+    the members' typical norm (so the scale check has nothing to say)."""
+    out = {}
+    for name, first in payloads[0].items():
+        rows = []
+        norm = float(torch.stack([t[name].values.float().norm() for t in payloads]).mean())
+        for tensors in payloads:
+            c = tensors[name]
+            dense = torch.zeros(c.indices.shape[0], c.plan.chunk_numel)
+            dense.scatter_(1, c.indices, c.values.float())
+            rows.append(dense / dense.norm().clamp_min(1e-30))
+        mean = torch.stack(rows).mean(dim=0)
+        keep = mean.abs().topk(first.k, dim=1).indices.sort(dim=1).values
+        out[name] = Compressed(keep, mean.gather(1, keep) * factor * norm, first.shape, first.chunk)
+    return out
+
+
+def test_a_copy_of_last_windows_aggregate_or_top_g_upload_is_a_copy_and_earns_nothing(real_peers, probes):
+    """Public work of an earlier window (its aggregated uploads and their mean) is a reference: a
+    hotkey that uploads last window's aggregate, rescaled, or another peer's aggregated upload,
+    rescaled, is `copy` and earns nothing. A peer uploading its own earlier work again is not judged
+    on this path, and an independent upload passes."""
+    from templar.gauntlet import Status
+    from templar.gauntlet.borrowed import AGGREGATE
+
+    _, peers = real_peers
+    earlier = {4: {f"g{i}": _gradient(peers[i], probes, hotkey=f"g{i}") for i in range(3)}}
+    results = {"copier": _ok(_gradient(_aggregate_copy(peers[:3], 3.0), probes, hotkey="copier"), 100.0),
+               "recopier": _ok(_gradient(_scaled(peers[1], 0.5), probes, hotkey="recopier"), 101.0),
+               "g0": _ok(_gradient(peers[0], probes, hotkey="g0", digest=b"g0 again"), 102.0),
+               "honest": _ok(_gradient(peers[3], probes, hotkey="honest"), 103.0)}
+    without = _evaluate(results, probes)
+    assert all(v.passed for v in without.values()), {h: v.label for h, v in without.items()}
+    verdicts = fast_evaluate(results, probes, LR, sync_max_steps=3.0, duplicate_threshold=0.8, salt=7,
+                             shared_positions_threshold=0.75, max_norm_ratio=100.0, earlier=earlier)
+    assert verdicts["copier"].status == Status.COPY and verdicts["copier"].copied_from == AGGREGATE
+    assert verdicts["recopier"].status == Status.COPY and verdicts["recopier"].copied_from == "g1"
+    assert not Status.COPY.earns
+    assert verdicts["g0"].passed and verdicts["honest"].passed
+
+
+def test_a_flood_of_one_noisy_update_is_one_pool_against_the_validators_baseline(real_peers, probes):
+    """11 of 14 uploads are one update with noise on the values: judged against the window's own
+    typical pair the flood is the typical pair and hides; with the validator's `PoolBaselines`
+    (ceilings a flood cannot lift) it is one pool, and the independent peers stay out."""
+    from templar.validator.fast_eval import PoolBaselines
+
+    _, peers = real_peers
+
+    def noisy(seed: int) -> dict[str, Compressed]:
+        g = torch.Generator().manual_seed(seed)
+        return {k: Compressed(c.indices, c.values * (1 + 0.5 * torch.randn(c.values.shape, generator=g)), c.shape,
+                              c.chunk) for k, c in peers[0].items()}
+
+    results = {f"pool{i:02d}": _ok(_gradient(noisy(i), probes, hotkey=f"pool{i:02d}"), 100.0 + i) for i in range(11)}
+    results |= {f"p{i}": _ok(_gradient(peers[i], probes, hotkey=f"p{i}"), 120.0 + i) for i in (1, 2, 3)}
+    kwargs = {"sync_max_steps": 3.0, "duplicate_threshold": 0.8, "salt": 7, "shared_positions_threshold": 0.75}
+    hidden = fast_evaluate(results, probes, LR, **kwargs)
+    assert all(v.passed for v in hidden.values())  # the attack on a window-only baseline
+    verdicts = fast_evaluate(results, probes, LR, baseline=PoolBaselines(), **kwargs)
+    assert verdicts["pool00"].passed and len(verdicts["pool00"].pool) == 11
+    assert sum(v.status == "copy" for v in verdicts.values()) == 10
+    assert all(verdicts[f"p{i}"].passed and not verdicts[f"p{i}"].pool for i in (1, 2, 3))

@@ -1,7 +1,8 @@
 """The Gauntlet incentive (docs/scoring.md): pure scoring formulas and the persistent ScoreBook.
 
 Read in this order: `scores` (the paper's equations), `rating` (OpenSkill LossRating),
-`selection` (who is evaluated each window), `duplicates` (copy detection), `book` (state),
+`selection` (who is evaluated each window), `duplicates` (copy detection), `borrowed` (copies
+of earlier windows' public work), `book` (state),
 `window` (one window's scoring, the step the validator and the simulator share). Fast
 evaluation's typed verdict is `templar.core.verdicts` (re-exported here), so that record readers
 (the dashboard, the metrics) know what a status means without importing torch.

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import hashlib
 import math
+import statistics
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -104,18 +106,77 @@ def shared_positions(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor
 
 
 TYPICAL_PAIR_MARGIN = 0.1
-"""How far above the window's typical pair a pair's similarity must stand to count as shared work."""
+"""How far above the typical pair a pair's similarity must stand to count as shared work."""
 
 MIN_PAIRS_FOR_TYPICAL = 3
-"""Fewer pairs (two uploads) have no typical pair to compare with: the thresholds alone decide."""
+"""Fewer pairs (two uploads) have no typical pair of their own: the thresholds and the history decide."""
+
+TYPICAL_CEILING = (0.7, 0.65)
+"""The most the typical pair (cosine, shared positions) may be taken to be on the validator's
+first sample, whatever the window's uploads say: the default thresholds less the margin, so a
+window's typical pair can never switch the absolute thresholds off, and above every honest
+window's median measured (first sample: cosine 0.65, shared positions 0.61 at most, `micro`
+with H = 2 and 4 inner AdamW steps; docs/scoring.md §8). A flood whose pool pairs are most of a
+window's pairs makes its own pair the window's median; it is taken down to this."""
+
+RELATIVE_FACTOR = 2.5
+RELATIVE_FLOOR = 0.3
+"""A pair whose shared positions reach `RELATIVE_FACTOR` × the typical pair's (and at least
+`RELATIVE_FLOOR`) shares work even below `shared_threshold`: a pool shaped to stay just under the
+absolute thresholds still stands several times above honest pairs. Only the positions: their
+expected value does not depend on how much of a payload is sampled (the cosine over a small sample
+runs well above the whole payload's), so the second look's larger sample is judged on the same
+scale. Measured honest pairs stand at most 1.9× their window's typical pair on the second look
+(docs/scoring.md §8)."""
+
+HISTORY_WINDOWS = 16
+"""How many earlier windows' typical pairs the validator keeps (`PairBaseline`)."""
+
+
+@dataclass(frozen=True)
+class Typical:
+    """The typical pair's figures a pair is judged against (-inf: none)."""
+
+    cosine: float = -math.inf
+    shared: float = -math.inf
+
+
+class PairBaseline:
+    """The typical pair of a window as the shared-work rule uses it, which the judged uploads
+    cannot lift: the smallest of the window's own median, the median of earlier windows' typical
+    pairs (kept in the validator's memory, at most `HISTORY_WINDOWS`; a restarted validator starts
+    with none) and a calibrated ceiling. A group holding most of a window's uploads makes a pool
+    pair the window's median; the ceiling and the history stay where honest windows put them."""
+
+    def __init__(self, ceiling: Typical = Typical(*TYPICAL_CEILING), windows: int = HISTORY_WINDOWS) -> None:
+        self.ceiling = ceiling
+        self.history: deque[Typical] = deque(maxlen=windows)
+
+    def observe(self, window: Typical) -> Typical:
+        """The baseline for a window whose own median is `window`; then remembers that median
+        (capped by the ceiling) for the windows after it."""
+        def robust(own: float, earlier: list[float], ceiling: float) -> float:
+            candidates = [own, ceiling, *([statistics.median(earlier)] if earlier else [])]
+            finite = [c for c in candidates if math.isfinite(c)]
+            return min(finite) if finite else -math.inf
+
+        out = Typical(robust(window.cosine, [t.cosine for t in self.history if math.isfinite(t.cosine)],
+                             self.ceiling.cosine),
+                      robust(window.shared, [t.shared for t in self.history if math.isfinite(t.shared)],
+                             self.ceiling.shared))
+        if math.isfinite(window.cosine) or math.isfinite(window.shared):
+            self.history.append(Typical(min(window.cosine, self.ceiling.cosine),
+                                        min(window.shared, self.ceiling.shared)))
+        return out
 
 
 def shares_work(cosine: float, shared: float, cosine_threshold: float, shared_threshold: float,
-                typical_cosine: float = -math.inf, typical_shared: float = -math.inf) -> bool:
-    """THE shared-work rule: two same-window payloads share work when their fingerprints' cosine
-    or the share of top-k positions they have in common reaches its threshold *and* stands
-    `TYPICAL_PAIR_MARGIN` above the same figure for the window's typical pair (`typical_*`: the
-    median over every pair of the uploads compared; -inf when there is none).
+                typical: Typical = Typical()) -> bool:
+    """THE shared-work rule: two payloads share work when their fingerprints' cosine or the share
+    of top-k positions they have in common reaches its threshold *and* stands `TYPICAL_PAIR_MARGIN`
+    above the same figure for the typical pair (`typical`: `PairBaseline`'s figures for the
+    window; -inf when there is none), or when their shared positions stand `RELATIVE_FACTOR` times
+    above the typical pair's (and at least `RELATIVE_FLOOR`) whatever the thresholds.
 
     Both thresholds are calibrated on the measured honest distribution (`benchmarks/similarity.py`,
     docs/scoring.md §8): honest pairs of independent miners, each seeing the other's work only
@@ -130,10 +191,13 @@ def shares_work(cosine: float, shared: float, cosine_threshold: float, shared_th
     honest pairs of a localnet window at cosine 0.8–0.9 (whole payloads: 0.56–0.59), and the
     lead split one score among five honest miners for the rest of the run (benchmarks/LOG.md
     §6). Members of a pool are alike *beyond* their window (same positions, shared
-    ≈ 1.0); honest miners that are alike are alike together, and the typical pair moves with them.
+    ≈ 1.0); honest miners that are alike are alike together, and the typical pair moves with them
+    (up to the ceiling of `PairBaseline`, which a pool cannot lift).
     """
-    return ((cosine >= cosine_threshold and cosine >= typical_cosine + TYPICAL_PAIR_MARGIN)
-            or (shared >= shared_threshold and shared >= typical_shared + TYPICAL_PAIR_MARGIN))
+    return ((cosine >= cosine_threshold and cosine >= typical.cosine + TYPICAL_PAIR_MARGIN)
+            or (shared >= shared_threshold and shared >= typical.shared + TYPICAL_PAIR_MARGIN)
+            or (math.isfinite(typical.shared) and typical.shared > 0
+                and shared >= max(RELATIVE_FLOOR, RELATIVE_FACTOR * typical.shared)))
 
 
 def typical_pair(matrix: Sequence[Sequence[float]]) -> float:
@@ -146,13 +210,37 @@ def typical_pair(matrix: Sequence[Sequence[float]]) -> float:
     return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2.0
 
 
+def window_typical(uploads: Sequence[Upload]) -> Typical:
+    """The window's own typical pair: the medians of the fingerprints' cosine and of the shared
+    positions over every pair of `uploads` (-inf where there are too few pairs or no positions)."""
+    if len(uploads) < 2:
+        return Typical()
+    cosine = _cosine_matrix(uploads)
+    shared = _shared_matrix(uploads)
+    return Typical(typical_pair(cosine), typical_pair(shared) if shared else -math.inf)
+
+
+def _cosine_matrix(uploads: Sequence[Upload]) -> list[list[float]]:
+    lengths = {upload.fingerprint.numel() for upload in uploads}
+    if len(lengths) != 1:
+        raise ValueError(f"fingerprints differ in length: {sorted(lengths)}")
+    prints = torch.stack([u.fingerprint.detach().to("cpu", torch.float64).reshape(-1) for u in uploads])
+    if not bool(torch.isfinite(prints).all()):
+        raise ValueError("non-finite fingerprint")
+    norms = torch.linalg.vector_norm(prints, dim=1, keepdim=True)
+    unit = torch.where(norms > 0, prints / norms.clamp_min(1e-300), torch.zeros_like(prints))
+    return (unit @ unit.T).tolist()
+
+
 def find_pools(uploads: Sequence[Upload], cosine_threshold: float, shared_threshold: float = math.inf, *,
-               confirm: Callable[[Upload, Upload], bool] | None = None) -> list[list[str]]:
-    """Groups of hotkeys whose uploads share work (identical digests or `shares_work`, against the
-    typical pair of these uploads), among one window's uploads: the connected components of size
-    ≥ 2, each ordered by (timestamp, hotkey), so its first member is the earliest upload; groups
-    ordered by their first member. `confirm`, when given, is asked about every pair that
-    `shares_work` on these figures and has the last word (identical digests need no confirmation).
+               confirm: Callable[[Upload, Upload], bool] | None = None,
+               typical: Typical | None = None) -> list[list[str]]:
+    """Groups of hotkeys whose uploads share work (identical digests or `shares_work`, against
+    `typical`; None: the typical pair of these uploads alone), among one window's uploads: the
+    connected components of size ≥ 2, each ordered by (timestamp, hotkey), so its first member is
+    the earliest upload; groups ordered by their first member. `confirm`, when given, is asked
+    about every pair that `shares_work` on these figures and has the last word (identical digests
+    need no confirmation).
     """
     if not 0.0 < cosine_threshold <= 1.0:
         raise ValueError(f"find_pools: cosine threshold must be in (0, 1], got {cosine_threshold!r}")
@@ -167,15 +255,10 @@ def find_pools(uploads: Sequence[Upload], cosine_threshold: float, shared_thresh
         if not math.isfinite(upload.timestamp):
             raise ValueError(f"find_pools: non-finite timestamp for {upload.hotkey}")
     ordered = sorted(uploads, key=lambda upload: (upload.timestamp, upload.hotkey))
-    lengths = {upload.fingerprint.numel() for upload in ordered}
-    if len(lengths) != 1:
-        raise ValueError(f"find_pools: fingerprints differ in length: {sorted(lengths)}")
-    prints = torch.stack([u.fingerprint.detach().to("cpu", torch.float64).reshape(-1) for u in ordered])
-    if not bool(torch.isfinite(prints).all()):
-        raise ValueError("find_pools: non-finite fingerprint")
-    norms = torch.linalg.vector_norm(prints, dim=1, keepdim=True)
-    unit = torch.where(norms > 0, prints / norms.clamp_min(1e-300), torch.zeros_like(prints))
-    cosine = (unit @ unit.T).tolist()
+    try:
+        cosine = _cosine_matrix(ordered)
+    except ValueError as exc:
+        raise ValueError(f"find_pools: {exc}") from None
 
     parent = list(range(len(ordered)))
 
@@ -186,13 +269,13 @@ def find_pools(uploads: Sequence[Upload], cosine_threshold: float, shared_thresh
         return i
 
     shared = _shared_matrix(ordered) if math.isfinite(shared_threshold) else None
-    typical_cosine = typical_pair(cosine)
-    typical_shared = typical_pair(shared) if shared else -math.inf
+    if typical is None:
+        typical = Typical(typical_pair(cosine), typical_pair(shared) if shared else -math.inf)
     for i in range(len(ordered)):
         for j in range(i):
             a, b = ordered[i], ordered[j]
             alike = shares_work(cosine[i][j], shared[i][j] if shared else 0.0, cosine_threshold, shared_threshold,
-                                typical_cosine, typical_shared)
+                                typical)
             if a.digest == b.digest or (alike and (confirm is None or confirm(a, b))):
                 parent[root(i)] = root(j)
     groups: dict[int, list[str]] = {}

@@ -297,17 +297,31 @@ class Pooled(MinerHooks):
         return {k: v * (1 + self.noise * torch.randn(v.shape, generator=g)) for k, v in values.items()}
 
 
+class Flood(Pooled):
+    """One operator, many hotkeys (`FLOOD_SIZE`), one piece of work: a `pooled` group large enough
+    to hold most of a window's uploads, each member posting the same update with a little noise.
+    Judged against its own window's typical pair, such a group *is* the typical pair and would
+    hide itself; the pool check's baseline (docs/scoring.md §8) does not move with it."""
+
+    name = "flood"
+    noise = 0.1
+
+
 ADVERSARIES: dict[str, type[MinerHooks]] = {
     "lazy": Lazy, "scaled": Scaled, "signflip": SignFlip, "noise": Noise, "freerider": FreeRider,
     "late": Late, "desync": Desync, "copycat": Copycat, "duplicate": Duplicate, "steppump": StepPump,
-    "partial": Partial, "pooled": Pooled, "thin": Thin, "replay": Replay,
+    "partial": Partial, "pooled": Pooled, "thin": Thin, "replay": Replay, "flood": Flood,
 }
 """Every adversary by name. `duplicate` is started by the localnet as an honest twin plus this
-copier, `pooled` as a group of `POOL_SIZE` hotkeys; `moredata` (the localnet's extra-work miner)
-is the production miner with `--extra-pages`."""
+copier, `pooled` and `flood` as groups of hotkeys (`GROUP_SIZES`); `moredata` (the localnet's
+extra-work miner) is the production miner with `--extra-pages`."""
 
 POOL_SIZE = 3
 """Hotkeys in each `pooled` group the localnet starts."""
+FLOOD_SIZE = 6
+"""Hotkeys in each `flood` group the localnet starts."""
+GROUP_SIZES = {"pooled": POOL_SIZE, "flood": FLOOD_SIZE}
+"""The adversaries the localnet starts as one operator's group of hotkeys, and each group's size."""
 
 LOCALNET_BEHAVIOURS = frozenset({*ADVERSARIES, "moredata"})
 """What `templar localnet --adversary NAME` accepts."""
@@ -321,6 +335,6 @@ def make_adversary(name: str, *, target: str | None = None, pool: list[int] | No
     cls = ADVERSARIES[name]
     if issubclass(cls, Copycat):
         return cls(target)
-    if cls is Pooled:
-        return Pooled(pool)
+    if issubclass(cls, Pooled):
+        return cls(pool)
     return cls()

@@ -98,10 +98,10 @@ def plan_nodes(cfg: LocalnetConfig) -> list[tuple[str, str, str, float]]:
         for i in range(count):
             if name == "duplicate":
                 nodes.append((f"dup{i}-twin", "miner", "honest", 0.0))
-            if name == "pooled":  # one operator's group of hotkeys
-                from templar.localnet.adversaries import POOL_SIZE
+            from templar.localnet.adversaries import GROUP_SIZES
 
-                nodes += [(f"pooled{i}-{j}", "miner", name, 0.0) for j in range(POOL_SIZE)]
+            if name in GROUP_SIZES:  # one operator's group of hotkeys
+                nodes += [(f"{name}{i}-{j}", "miner", name, 0.0) for j in range(GROUP_SIZES[name])]
                 continue
             nodes.append((f"{name}{i}", "miner", name, 0.0))
     return nodes
@@ -195,11 +195,13 @@ class Localnet:
         return next(n for n in self.nodes if n.name == node.name.replace("duplicate", "dup") + "-twin").hotkey
 
     def pool_uids(self, node: NodeInfo) -> list[int] | None:
-        """The uids of a `pooled` miner's group (its own included): the pages its operator shares."""
-        if node.strategy != "pooled":
+        """The uids of a `pooled` or `flood` miner's group (its own included): the pages its operator shares."""
+        from templar.localnet.adversaries import GROUP_SIZES
+
+        if node.strategy not in GROUP_SIZES:
             return None
         group = node.name.rpartition("-")[0]
-        return sorted(n.uid for n in self.nodes if n.strategy == "pooled" and n.name.rpartition("-")[0] == group)
+        return sorted(n.uid for n in self.nodes if n.strategy == node.strategy and n.name.rpartition("-")[0] == group)
 
     def ranks(self, node: NodeInfo) -> int:
         """How many torchrun ranks run this node: `miner_ranks` for honest miner0, `validator_ranks`

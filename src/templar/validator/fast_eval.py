@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -34,6 +34,8 @@ from templar.gauntlet import (
     shares_work,
     sync_steps,
 )
+from templar.gauntlet.borrowed import AGGREGATE, Reference, aggregate_references, find_borrowed, top_of_mean
+from templar.gauntlet.duplicates import PairBaseline, Typical, window_typical
 from templar.validator.replays import Sighting
 from templar.wire import Gradient, PayloadError
 
@@ -47,6 +49,22 @@ small so that comparing every pair of F_t stays cheap, and its figures scatter: 
 `tiny` localnet reach sampled cosine 0.66 and, one window in a few hundred, a single pair crosses
 0.8 (a false pool remembered for 720 windows). A pool's members share their positions everywhere
 and cross on any sample; the second look costs one larger sample per upload, for flagged pairs only."""
+
+CONFIRM_TYPICAL_UPLOADS = 8
+"""The second look's own typical pair comes from this many uploads (drawn with the private salt),
+sampled the second look's way, when a first pair is flagged: its figures stand on another scale
+than the first sample's (honest pairs: shared positions at most 0.31 on it against 0.68)."""
+CONFIRM_TYPICAL_CEILING = Typical(0.45, 0.3)
+"""The most the second look's typical pair may be taken to be (honest windows' medians measured
+on it: cosine ≤ 0.31, shared positions ≤ 0.29; docs/scoring.md §8): a flood cannot lift it."""
+
+
+@dataclass
+class PoolBaselines:
+    """The validator's memory for the pool check: earlier windows' typical pairs on each sample."""
+
+    first: PairBaseline = field(default_factory=PairBaseline)
+    second: PairBaseline = field(default_factory=lambda: PairBaseline(CONFIRM_TYPICAL_CEILING))
 
 
 def failure_verdict(res: GatherResult) -> FastVerdict:
@@ -100,14 +118,20 @@ def fast_evaluate(
     expected_step: int | None = None,
     commitments: Mapping[str, bytes] | None = None,
     replayed: Mapping[str, Sighting] | None = None,
+    earlier: Mapping[int, Mapping[str, Gradient]] | None = None,
+    baseline: PoolBaselines | None = None,
 ) -> dict[str, FastVerdict]:
-    """A verdict for every gathered peer; pure given the gather results and our probes.
+    """A verdict for every gathered peer; pure given the gather results, our probes and `baseline`.
     `expected_step`: our global_step for the window; a payload claiming another is `wrong_step`.
     `commitments`: the document digests read before the window's gradients were readable
     (`templar.comms.commit`; b"": none); a payload whose `Gradient.document_digest` differs is
     `uncommitted`. A peer absent from it (its bucket could not be read in time), or None for all, is
     not judged on it. `replayed`: the peers whose gradient repeats an earlier window's upload
-    (`ReplayMemory.observe`), each `replay`."""
+    (`ReplayMemory.observe`), each `replay`.
+    `earlier`: public work of earlier windows (window → hotkey → the aggregated payload,
+    `validator.public_work`); an upload that copies one of them, or their mean, is `copy`.
+    `baseline`: the validator's memory of earlier windows' typical pairs (`PoolBaselines`, which this
+    call updates); None judges pools against this window's uploads alone."""
     verdicts: dict[str, FastVerdict] = {}
     uploads: list[Upload] = []
     for hotkey, res in results.items():
@@ -139,14 +163,27 @@ def fast_evaluate(
     # stay out: every miner's first window starts from fresh error feedback and the same few
     # gradients, so they are alike (whole-payload cosine 0.60-0.72 in an 8-page localnet), and a
     # false pool there would split honest miners' pay for the book's whole pool memory.
+    typical = baseline.first.observe(window_typical(uploads)) if baseline is not None else None
     confirm = _second_look({hk: results[hk].value for hk in (u.hotkey for u in uploads)}, salt,
-                           duplicate_threshold, shared_positions_threshold)
-    for pool in find_pools(uploads, duplicate_threshold, shared_positions_threshold, confirm=confirm):
+                           duplicate_threshold, shared_positions_threshold,
+                           baseline.second if baseline is not None else None)
+    for pool in find_pools(uploads, duplicate_threshold, shared_positions_threshold, confirm=confirm, typical=typical):
         first, *rest = pool
         verdicts[first] = replace(verdicts[first], pool=tuple(pool))
         for member in rest:
             verdicts[member] = FastVerdict(Status.COPY, sync_steps=verdicts[member].sync_steps, copied_from=first,
                                            pool=tuple(pool))
+    # Work public before this window's commit deadline (docs/scoring.md §8, borrowed work): an
+    # upload that copies an earlier window's aggregate or top-G upload earns nothing.
+    if earlier:
+        references = earlier_references(earlier, salt)
+        borrowed = find_borrowed([u for u in uploads if verdicts[u.hotkey].passed], references, duplicate_threshold,
+                                 shared_positions_threshold,
+                                 confirm=_second_look_at_references(earlier, confirm, duplicate_threshold,
+                                                                    shared_positions_threshold))
+        for hotkey, ref in borrowed.items():
+            verdicts[hotkey] = FastVerdict(Status.COPY, sync_steps=verdicts[hotkey].sync_steps, copied_from=ref.source,
+                                           pool=verdicts[hotkey].pool)
     for hotkey in norm_outliers({hk: results[hk].value for hk, v in verdicts.items() if v.passed}, max_norm_ratio):
         verdicts[hotkey] = FastVerdict(Status.SCALE, sync_steps=verdicts[hotkey].sync_steps)
     return verdicts
@@ -157,23 +194,102 @@ def _committed(commitment: bytes, g: Gradient) -> bool:
     return bool(commitment) and commitment == g.document_digest
 
 
-def _second_look(payloads: Mapping[str, Gradient], salt: int, cosine_threshold: float,
-                 shared_threshold: float) -> Callable[[Upload, Upload], bool]:
-    """`find_pools`' confirmation of a pair that crossed on the first sample: the same rule on a
-    larger sample drawn from another private salt (`CONFIRM_TENSORS` × `CONFIRM_CHUNKS`), each
-    upload's sample made once and only when asked for."""
-    samples: dict[str, tuple[dict[str, torch.Tensor], torch.Tensor]] = {}
+class _SecondLook:
+    """`find_pools`' confirmation of a pair that crossed on the first sample: the same rule (and
+    the same typical pair) on a larger sample drawn from another private salt (`CONFIRM_TENSORS` ×
+    `CONFIRM_CHUNKS`), each upload's sample made once and only when asked for."""
 
-    def sample(hotkey: str) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-        if hotkey not in samples:
-            values = canonical_values(payloads[hotkey].tensors, salt + 1, tensor_count=CONFIRM_TENSORS,
-                                      chunk_count=CONFIRM_CHUNKS)
-            samples[hotkey] = (values, fingerprint(values))
-        return samples[hotkey]
+    def __init__(self, payloads: Mapping[str, Gradient], salt: int, cosine_threshold: float, shared_threshold: float,
+                 baseline: PairBaseline | None) -> None:
+        self.payloads, self.salt, self.baseline = payloads, salt, baseline
+        self.thresholds = (cosine_threshold, shared_threshold)
+        self.samples: dict[str, tuple[dict[str, torch.Tensor], torch.Tensor]] = {}
+        self._typical: Typical | None = None
 
-    def confirm(a: Upload, b: Upload) -> bool:
-        (values_a, print_a), (values_b, print_b) = sample(a.hotkey), sample(b.hotkey)
-        return shares_work(float(print_a @ print_b), shared_positions(values_a, values_b), cosine_threshold,
+    @property
+    def typical(self) -> Typical:
+        """The typical pair on this sample, made when first needed: the median over
+        `CONFIRM_TYPICAL_UPLOADS` uploads drawn with the salt, through the baseline (None: no
+        typical pair, the thresholds alone, as before a baseline existed)."""
+        if self._typical is None:
+            if self.baseline is None:
+                self._typical = Typical()
+            else:
+                names = sorted(self.payloads)
+                g = torch.Generator().manual_seed((self.salt + 2) & 0x7FFF_FFFF_FFFF_FFFF)
+                drawn = [names[i] for i in torch.randperm(len(names), generator=g)[:CONFIRM_TYPICAL_UPLOADS].tolist()]
+                uploads = [Upload(hk, 0.0, b"", self.sample(hk)[1], self.sample(hk)[0]) for hk in drawn]
+                self._typical = self.baseline.observe(window_typical(uploads))
+        return self._typical
+
+    def sample(self, hotkey: str) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        if hotkey not in self.samples:
+            values = confirm_values(self.payloads[hotkey].tensors, self.salt)
+            self.samples[hotkey] = (values, fingerprint(values))
+        return self.samples[hotkey]
+
+    def __call__(self, a: Upload, b: Upload) -> bool:
+        (values_a, print_a), (values_b, print_b) = self.sample(a.hotkey), self.sample(b.hotkey)
+        return shares_work(float(print_a @ print_b), shared_positions(values_a, values_b), *self.thresholds,
+                           self.typical)
+
+
+def _second_look(payloads: Mapping[str, Gradient], salt: int, cosine_threshold: float, shared_threshold: float,
+                 baseline: PairBaseline | None = None) -> _SecondLook:
+    return _SecondLook(payloads, salt, cosine_threshold, shared_threshold, baseline)
+
+
+def confirm_values(tensors: Mapping[str, Compressed], salt: int) -> dict[str, torch.Tensor]:
+    """The second look's larger sample (`CONFIRM_TENSORS` × `CONFIRM_CHUNKS`, from salt + 1)."""
+    return canonical_values(tensors, salt + 1, tensor_count=CONFIRM_TENSORS, chunk_count=CONFIRM_CHUNKS)
+
+
+def _layout(payloads: Mapping[str, Gradient]) -> dict[str, tuple[int, int]]:
+    """Each tensor's (chunk size, k), from any one payload (the wire fixes both for a run)."""
+    for g in payloads.values():
+        return {name: (c.plan.chunk_numel, int(c.values.shape[-1])) for name, c in g.tensors.items()}
+    return {}
+
+
+def earlier_references(earlier: Mapping[int, Mapping[str, Gradient]], salt: int) -> list[Reference]:
+    """The earlier public work as references on this window's sample (`salt`), newest window
+    first: each aggregated upload (owned by its hotkey) and the aggregate (`aggregate_references`)."""
+    out: list[Reference] = []
+    for window in sorted(earlier, reverse=True):
+        payloads = {hk: g for hk, g in sorted(earlier[window].items()) if not g.warmup}
+        samples = {hk: canonical_values(g.tensors, salt) for hk, g in payloads.items()}
+        out += [Reference(hk, window, fingerprint(values), values, frozenset({hk}), payloads[hk].digest)
+                for hk, values in samples.items()]
+        out += aggregate_references(window, samples, _layout(payloads))
+    return out
+
+
+def _second_look_at_references(earlier: Mapping[int, Mapping[str, Gradient]], look: _SecondLook,
+                               cosine_threshold: float, shared_threshold: float) -> Callable[[Upload, Reference], bool]:
+    """`find_borrowed`'s confirmation: the reference rebuilt on the second look's sample (an upload,
+    or the mean of the aggregate's members, which are its owners), each made once and only when
+    asked for, judged on the absolute thresholds."""
+    members: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
+    rebuilt: dict[int, tuple[dict[str, torch.Tensor], torch.Tensor]] = {}
+
+    def member(window: int, hotkey: str) -> dict[str, torch.Tensor]:
+        if (window, hotkey) not in members:
+            members[(window, hotkey)] = confirm_values(earlier[window][hotkey].tensors, look.salt)
+        return members[(window, hotkey)]
+
+    def again(ref: Reference) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        if id(ref) not in rebuilt:
+            if ref.source == AGGREGATE:
+                values = top_of_mean([member(ref.window, h) for h in sorted(ref.owners)], _layout(earlier[ref.window]))
+            else:
+                values = member(ref.window, ref.source)
+            rebuilt[id(ref)] = (values, fingerprint(values))
+        return rebuilt[id(ref)]
+
+    def confirm(upload: Upload, ref: Reference) -> bool:
+        ref_values, ref_print = again(ref)
+        values, print_ = look.sample(upload.hotkey)
+        return shares_work(float(print_ @ ref_print), shared_positions(values, ref_values), cosine_threshold,
                            shared_threshold)
 
     return confirm

@@ -54,8 +54,9 @@ from templar.runtime.sync import (
 from templar.storage import StorageError
 from templar.validator.commits import CommitWatcher
 from templar.validator.evaluate import Evaluator, LossScores
-from templar.validator.fast_eval import fast_evaluate
+from templar.validator.fast_eval import PoolBaselines, fast_evaluate
 from templar.validator.lead import CheckpointPublisher, LeadError, WindowPublisher, publish_start_window
+from templar.validator.public_work import PublicWork
 from templar.validator.replays import ReplayMemory, Sighting
 from templar.validator.report import WindowSummary, record_window
 from templar.validator.state import (
@@ -94,6 +95,8 @@ class Validator:
         self.commits = CommitWatcher(node)
         self.sync = SyncCheck(node)
         self.weights = WeightSetter(node)
+        self.public = PublicWork()  # earlier windows' aggregated uploads, for the borrowed-work check
+        self.pair_baseline = PoolBaselines()  # earlier windows' typical pairs, for the pool check
 
     def eval_seed(self, window: int) -> int:
         digest = hashlib.blake2b(window.to_bytes(8, "little"), key=self.secret, digest_size=8).digest()
@@ -235,6 +238,7 @@ class Validator:
         if evaluate:
             verdicts = await self._fast_evaluate(window, {hk: results[hk] for hk in fast_set}, lr, replayed)
             losses = await self._primary(window, miners, verdicts, results, lr)
+        self.public.remember(window, aggregate_payloads(peer_list, results))
         scores = score_window(self.book, hp.gauntlet, window, miners, verdicts,
                               {hk: PrimaryResult(s.delta_assigned, s.delta_rand, s.page_deltas, s.sequence_deltas)
                                for hk, s in losses.items()})
@@ -342,7 +346,8 @@ class Validator:
             fast_evaluate, results, own_probes, lr, sync_max_steps=g.sync_max_steps,
             duplicate_threshold=g.duplicate_threshold, salt=self.eval_seed(window),
             shared_positions_threshold=g.shared_positions_threshold, max_norm_ratio=g.max_norm_ratio,
-            expected_step=self.state.global_step, commitments=self.commits.pop(window), replayed=replayed)
+            expected_step=self.state.global_step, commitments=self.commits.pop(window), replayed=replayed,
+            earlier=self.public.before(window), baseline=self.pair_baseline)
 
     async def _primary(self, window: int, miners: Mapping[str, int], verdicts: Mapping[str, FastVerdict],
                        results: Mapping[str, GatherResult[Gradient]], lr: float) -> dict[str, LossScores]:
