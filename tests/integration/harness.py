@@ -46,10 +46,16 @@ and Gauntlet levers): the nodes' tests check mechanisms and incentives, not mode
 training and evaluation are most of a localnet's CPU (an in-process adversarial localnet: 120 -> 72 s)."""
 
 
-def write_fast_preset(directory: Path, sections: dict[str, dict] | None = None, **windows: object) -> Path:
-    """The micro preset with 5-second windows (and optional window overrides; `sections`: other
-    hparams sections' overrides, e.g. less data per window for tests that only need the mechanics)."""
-    body: dict[str, object] = {"base": str(MICRO_PRESET), "name": "micro-fast", **(sections or {}),
+MICRO_GAUNTLET_PRESET = MICRO_PRESET.with_name("micro-gauntlet.json")
+"""The micro model under production's Gauntlet (`tiny`'s rules: the proof of computation by size, the
+relative LossRating) with H = 2 inner AdamW steps: the tests that judge who is paid."""
+
+
+def write_fast_preset(directory: Path, sections: dict[str, dict] | None = None, base: Path = MICRO_PRESET,
+                      **windows: object) -> Path:
+    """The micro preset (or `base`) with 5-second windows (and optional window overrides; `sections`:
+    other hparams sections' overrides, e.g. less data per window for tests that only need the mechanics)."""
+    body: dict[str, object] = {"base": str(base), "name": "micro-fast", **(sections or {}),
                                "windows": {**FAST_WINDOWS, **windows}}
     path = directory / "fast.json"
     path.write_text(json.dumps(body))
@@ -67,8 +73,8 @@ class Subnet:
 
     @classmethod
     def create(cls, root: Path, stakes: dict[str, float], sections: dict[str, dict] | None = None,
-               **windows: object) -> Subnet:
-        hparams = write_fast_preset(root, sections, **windows)
+               base: Path = MICRO_PRESET, **windows: object) -> Subnet:
+        hparams = write_fast_preset(root, sections, base, **windows)
         hp = load_hparams(hparams)
         dev = create_dev_chain(root / "chain.sqlite", netuid=NETUID, hotkeys=stakes, wallet_path=root / "wallets",
                                wallet_name="test", block_time=hp.windows.block_time, weights_rate_limit=2)

@@ -20,9 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from .harness import MICRO_PRESET
-
-MICRO_GAUNTLET_PRESET = MICRO_PRESET.with_name("micro-gauntlet.json")
+from .harness import MICRO_GAUNTLET_PRESET
 
 ADVERSARIES = ["copycat", "scaled", "signflip", "noise", "freerider", "lazy", "late", "desync", "duplicate",
                "replay", "moredata"]
@@ -218,7 +216,7 @@ def test_a_flood_of_hotkeys_earns_less_than_the_weakest_honest_miner(tmp_path):
     once, so it earns far less again)."""
     from templar.localnet.adversaries import FLOOD_SIZE
 
-    report = _localnet_in_this_process(tmp_path / "run", ["flood"], miners=2, hparams=str(MICRO_PRESET), seed=1,
+    report = _localnet_in_this_process(tmp_path / "run", ["flood"], miners=2, hparams=str(MICRO_GAUNTLET_PRESET), seed=1,
                                        windows=4)
     assert report["outcome"] == "finished"
     miners = {p["name"]: p for p in report["peers"] if p["role"] == "miner"}

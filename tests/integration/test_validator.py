@@ -19,14 +19,16 @@ from templar.runtime.records import SCORES_FILE, read_records
 from templar.validator.loop import Validator
 from templar.validator.state import BOOK_FILE
 
-from .harness import NETUID, Subnet
+from .harness import MICRO_GAUNTLET_PRESET, NETUID, Subnet
 
 pytestmark = [pytest.mark.slow(seconds=12), pytest.mark.timeout(240)]
 
 
 def test_validator_scores_weights_publishes_and_resumes(tmp_path):
+    # production's Gauntlet: under the paper's sign proof (tiny-paper, micro) a lazy miner's coin flips
+    # on inner-step updates, whose assigned gap is small against the evaluation noise, paid it 9 % once
     subnet = Subnet.create(tmp_path, {"lead": 100.0, "honest": 0.0, "flip": 0.0, "lazy": 0.0, "late": 0.0,
-                                      "garbage": 0.0})
+                                      "garbage": 0.0}, base=MICRO_GAUNTLET_PRESET)
 
     async def scenario():
         v = Validator(await subnet.node("lead", "--windows", "0"))
