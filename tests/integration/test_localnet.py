@@ -179,8 +179,10 @@ def test_localnet_runs_every_neuron_as_its_own_process(tmp_path):
     weight = {p["name"]: p["final_weight"] for p in report["peers"] if p["role"] == "miner"}
     statuses = {p["name"]: p["statuses"] for p in report["peers"] if p["role"] == "miner"}
     assert weight["copycat0"] < 0.01 and "ok" not in statuses["copycat0"], (weight, statuses)
-    for name in ("miner0", "miner1"):  # every payload that was on time passed every check
-        assert statuses[name].get("ok", 0) >= 1 and set(statuses[name]) <= {"ok", "warmup", "missing"}, statuses
+    for name in ("miner0", "miner1"):  # every payload that was on time passed every check (on a loaded
+        # machine a first window's training can overrun its commitment deadline: `uncommitted`, said in its log)
+        assert statuses[name].get("ok", 0) >= 1, statuses
+        assert set(statuses[name]) <= {"ok", "warmup", "missing", "uncommitted"}, statuses
     assert weight["miner0"] + weight["miner1"] > 0.5, weight
 
 
