@@ -23,6 +23,7 @@ from templar.wire.container import (
     Container,
     Signer,
     Verifier,
+    check_signature,
     header_bound,
     parse_container,
     parse_document,
@@ -143,13 +144,7 @@ def read_aggregate(
         raise PayloadError("wrong_window", f"{doc.window} != {expected_window}")
     _check_schema(container, expected)
     if verify is not None:
-        message = signed_digest(_DOMAIN, container.document, container)
-        try:
-            ok = verify(doc.hotkey, message, container.signature)
-        except ValueError as exc:
-            raise PayloadError("bad_signature", f"verifier rejected the input: {str(exc)[:100]}") from exc
-        if not bool(ok):
-            raise PayloadError("bad_signature", f"not signed by {doc.hotkey}")
+        check_signature(verify, doc.hotkey, signed_digest(_DOMAIN, container.document, container), container.signature)
 
     raw = container.tensors()
     signs: dict[str, torch.Tensor] = {}

@@ -26,6 +26,7 @@ from templar.wire.container import (
     DTYPE_NAMES,
     Signer,
     Verifier,
+    check_signature,
     header_bound,
     parse_container,
     parse_document,
@@ -119,13 +120,7 @@ def read_bundle(data: bytes, expected: Mapping[str, torch.Size], hp: HParams, *,
                 if (want is not None and entry.shape != want) or (want is None and len(entry.shape) != 1):
                     raise PayloadError("bad_shape", f"{i}/{name}/{part}: shape {list(entry.shape)}")
     if verify is not None:
-        message = signed_digest(_DOMAIN, container.document, container)
-        try:
-            ok = verify(doc.hotkey, message, container.signature)
-        except ValueError as exc:
-            raise PayloadError("bad_signature", f"verifier rejected the input: {str(exc)[:100]}") from exc
-        if not bool(ok):
-            raise PayloadError("bad_signature", f"not signed by {doc.hotkey}")
+        check_signature(verify, doc.hotkey, signed_digest(_DOMAIN, container.document, container), container.signature)
     raw = container.tensors()
     peers: list[dict[str, Compressed]] = []
     for i in range(len(doc.peers)):

@@ -227,6 +227,17 @@ def signed_digest(domain: bytes, document: bytes, source: Container | Mapping[st
     return _digest(domain, document, _as_items(source))
 
 
+def check_signature(verify: Verifier, hotkey: str, message: bytes, signature: bytes) -> None:
+    """`PayloadError("bad_signature")` unless `verify` accepts `signature` of `message` by `hotkey`
+    (a verifier that raises ValueError on malformed input is a rejection too)."""
+    try:
+        ok = verify(hotkey, message, signature)
+    except ValueError as exc:
+        raise PayloadError("bad_signature", f"verifier rejected the input: {str(exc)[:100]}") from exc
+    if not bool(ok):
+        raise PayloadError("bad_signature", f"not signed by {hotkey}")
+
+
 def tensor_digest(domain: bytes, source: Container | Mapping[str, torch.Tensor], keys: Iterable[str]) -> bytes:
     """sha256 of the named tensors only (duplicate detection across hotkeys)."""
     keys = list(keys)

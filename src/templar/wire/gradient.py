@@ -44,6 +44,7 @@ from templar.wire.container import (
     Container,
     Signer,
     Verifier,
+    check_signature,
     header_bound,
     parse_container,
     parse_document,
@@ -183,15 +184,6 @@ def _check_schema(
                 raise PayloadError("bad_shape", f"{name}/{part}: shape {list(entry.shape)}")
 
 
-def _verify(verify: Verifier, hotkey: str, message: bytes, signature: bytes) -> None:
-    try:
-        ok = verify(hotkey, message, signature)
-    except ValueError as exc:
-        raise PayloadError("bad_signature", f"verifier rejected the input: {str(exc)[:100]}") from exc
-    if not bool(ok):
-        raise PayloadError("bad_signature", f"not signed by {hotkey}")
-
-
 def read_gradient(
     data: bytes,
     expected: Mapping[str, torch.Size],
@@ -227,7 +219,7 @@ def read_gradient(
     _check_schema(container, expected, hp, wire)
     signed = _document_digest(container)
     if verify is not None:
-        _verify(verify, doc.hotkey, signed, container.signature)
+        check_signature(verify, doc.hotkey, signed, container.signature)
 
     raw = container.tensors()
     tensors: dict[str, Compressed] = {}

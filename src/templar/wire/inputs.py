@@ -23,6 +23,7 @@ from templar.core.config import PROTOCOL_VERSION
 from templar.wire.container import (
     Signer,
     Verifier,
+    check_signature,
     header_bound,
     parse_container,
     parse_document,
@@ -94,13 +95,7 @@ def read_inputs(data: bytes, *, run: Run, verify: Verifier | None, expected_hotk
     if entry.shape != (len(doc.peers), DIGEST_BYTES):
         raise PayloadError("bad_shape", f"{_DIGESTS}: shape {list(entry.shape)} for {len(doc.peers)} peers")
     if verify is not None:
-        message = signed_digest(_DOMAIN, container.document, container)
-        try:
-            ok = verify(doc.hotkey, message, container.signature)
-        except ValueError as exc:
-            raise PayloadError("bad_signature", f"verifier rejected the input: {str(exc)[:100]}") from exc
-        if not bool(ok):
-            raise PayloadError("bad_signature", f"not signed by {doc.hotkey}")
+        check_signature(verify, doc.hotkey, signed_digest(_DOMAIN, container.document, container), container.signature)
     raw = bytes(container.data[entry.start:entry.end])
     digests = [raw[i * DIGEST_BYTES:(i + 1) * DIGEST_BYTES] for i in range(len(doc.peers))]
     return StepInputs(window=doc.window, global_step=doc.global_step, peers=tuple(zip(doc.peers, digests, strict=True)))
