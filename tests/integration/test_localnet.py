@@ -183,7 +183,9 @@ def test_localnet_runs_every_neuron_as_its_own_process(tmp_path):
         # machine a first window's training can overrun its commitment deadline: `uncommitted`, said in its log)
         assert statuses[name].get("ok", 0) >= 1, statuses
         assert set(statuses[name]) <= {"ok", "warmup", "missing", "uncommitted"}, statuses
-    assert weight["miner0"] + weight["miner1"] > 0.5, weight
+    # All pay goes to the three that trained (moredata0 is honest with twice the pages); how it splits
+    # among them is one or two evaluations' noise in 3 windows, which the in-process localnets measure.
+    assert weight["miner0"] + weight["miner1"] + weight["moredata0"] > 0.99, weight
 
 
 def _dashboard_shows_the_run(out: Path) -> None:
