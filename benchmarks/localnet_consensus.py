@@ -6,17 +6,20 @@
 Runs `templar localnet --in-process` (virtual time: the outcome depends on the seed alone) once per
 seed with 3 validators (stakes 10,000 / 500 / 333), 4 honest miners, `moredata` (the production
 miner with `--extra-pages`, twice the work) and the `lazy`, `copycat` and `noise` cheats. The
-default preset (`benchmarks/presets/micro_production_gauntlet_8pages.json`) is production's
-Gauntlet (the relative LossRating, stale-first selection, μ ramp k = 0, the paper's proof of
-computation) on the `micro` model with 8 pages per window and evaluation, four times `tiny`'s
-tokens: `tiny`'s own evaluations are too noisy to show `moredata`'s premium at every seed
-(`--hparams benchmarks/presets/tiny_production_gauntlet.json`; benchmarks/LOG.md §6).
+default preset (`benchmarks/presets/micro_gauntlet_8pages.json`) is production's Gauntlet (the
+relative LossRating, stale-first selection, μ ramp k = 0, the proof of computation by size) and
+production's inner loop (H = 2 inner AdamW steps here) on the `micro` model with 8 pages per window
+and evaluation, four times `tiny`'s tokens. 32 windows by default: with every peer evaluated each
+window, 16 windows give each μ about 15 evaluations, too few to hold identical honest miners within
+1.5× at every seed (benchmarks/LOG.md §8). `benchmarks/presets/micro_production_gauntlet_8pages.json`
+is the same localnet before inner steps and the proof by size (one SGD step, the paper's sign;
+benchmarks/LOG.md §6).
 Each run is its own process with one torch thread, so `--jobs` runs share the cores; three
-20-window runs take about 5 minutes on 2 cores with `tiny` and about 15 with the default preset.
+32-window runs take about 20 minutes on 2 cores.
 Reads back what an operator reads (the report's consensus rows: each validator's weights and the
 incentive after Yuma) and what explains it (each validator's score book: the window's spread σ̂
 of relative LossScores and `moredata`'s relative δ_rand). Prints one line per seed and writes
-`benchmarks/results/localnet_consensus.json` (`--results` for another file).
+`benchmarks/results/localnet_consensus_micro_gauntlet.json` (`--results` for another file).
 """
 
 from __future__ import annotations
@@ -29,8 +32,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-RESULTS = Path(__file__).resolve().parent / "results" / "localnet_consensus.json"
-PRESET = Path(__file__).resolve().parent / "presets" / "micro_production_gauntlet_8pages.json"
+RESULTS = Path(__file__).resolve().parent / "results" / "localnet_consensus_micro_gauntlet.json"
+PRESET = Path(__file__).resolve().parent / "presets" / "micro_gauntlet_8pages.json"
 ADVERSARIES = ("moredata", "lazy", "copycat", "noise")
 PAID_CLASSES = ("honest", "moredata")
 LAST = 6
@@ -133,7 +136,7 @@ def line(seed: int, s: dict) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--windows", type=int, default=20)
+    parser.add_argument("--windows", type=int, default=32)
     parser.add_argument("--hparams", default=str(PRESET))
     parser.add_argument("--validators", type=int, default=3)
     parser.add_argument("--miners", type=int, default=4, help="honest miners")

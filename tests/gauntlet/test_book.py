@@ -17,6 +17,7 @@ import pytest
 from templar.core.config import GauntletConfig
 from templar.gauntlet import DEFAULT_RATING, PrimaryResult, ScoreBook, ScoreBookError
 from templar.gauntlet.book import window_loss_scale
+from templar.gauntlet.scores import PROOF_GAP_FLOOR
 
 
 def _populated_book() -> ScoreBook:
@@ -145,6 +146,43 @@ def test_record_primary_judges_gaps_against_the_window_median() -> None:
     assert book.peers["noise"].mu == 0.0
     assert all(book.peers[h].mu == pytest.approx(0.3) for h in ("h1", "h2", "h3"))
     assert window_loss_scale([PrimaryResult(-math.inf, 0.1)]) == 0.0
+
+
+def test_the_book_judges_gaps_by_its_windows_history_and_keeps_it() -> None:
+    """Credit by size measures each gap against the median of the last 16 windows' own medians,
+    kept in the saved book: a window whose S_t happened to be mostly page-skippers (own median ≈ 0)
+    does not turn a skipper's noise into credit, as that window's median alone would."""
+    honest = {f"h{i}": PrimaryResult(0.05 + 0.02, 0.05) for i in range(3)}  # gap 0.02 each
+    skippers = {"h0": PrimaryResult(0.07, 0.05), **{f"s{i}": PrimaryResult(0.0502 + 0.0001 * i, 0.05)
+                                                   for i in range(3)}}
+
+    uids = {hotkey: uid for uid, hotkey in enumerate(sorted({*honest, *skippers}))}
+
+    def run(book: ScoreBook, windows: list[dict[str, PrimaryResult]]) -> ScoreBook:
+        for results in windows:
+            for hotkey in results:
+                book.get_or_create(hotkey, uids[hotkey], window=0)
+            book.record_primary(results, gamma=0.9, beta=25 / 6, tau=25 / 300, credit="size", full_gap=0.4)
+        return book
+
+    with_history = run(ScoreBook(), [honest] * 4 + [skippers])
+    assert list(with_history.proof_gaps) == pytest.approx([0.02] * 4 + [0.00035])
+    alone = run(ScoreBook(), [skippers])  # no history: the skippers' own median is the scale
+    # gap 0.0003 against 0.4 × 0.02 earns 0.0375; against the skippers' own scale (their median
+    # 0.00035, lifted to the floor: 2 % of the window's LossScore size) it earned 0.75
+    assert with_history.peers["s1"].mu == pytest.approx(0.1 * 0.0003 / (0.4 * 0.02))
+    floor = PROOF_GAP_FLOOR * window_loss_scale(skippers.values())
+    assert alone.peers["s1"].mu == pytest.approx(0.1 * 0.0003 / (0.4 * floor)) and alone.peers["s1"].mu > 0.07
+    restored = ScoreBook.from_json(with_history.to_json())
+    assert restored == with_history and list(restored.proof_gaps) == list(with_history.proof_gaps)
+    run(with_history, [honest] * 20)
+    assert len(with_history.proof_gaps) == 15  # this window's median and 15 earlier ones
+    old = json.loads(with_history.to_json())  # a book written before the history existed
+    del old["proof_gaps"]
+    assert not ScoreBook.from_json(json.dumps(old)).proof_gaps
+    old["proof_gaps"] = [0.02] * 16
+    with pytest.raises(ScoreBookError, match="proof_gaps"):
+        ScoreBook.from_json(json.dumps(old))
 
 
 def test_record_primary_is_all_or_nothing() -> None:

@@ -20,8 +20,9 @@ from templar.gauntlet import (
     top_g,
     typical_gap,
     update_mu,
+    window_gap,
 )
-from templar.gauntlet.scores import PROOF_GAP_FLOOR, proof_gap
+from templar.gauntlet.scores import GAP_HISTORY_WINDOWS, PROOF_GAP_FLOOR, proof_gap
 
 # ---- SyncScore ------------------------------------------------------------------------------
 
@@ -301,12 +302,21 @@ def test_size_credit_follows_the_gap_relative_to_the_window():
         size_credit([math.nan], 0.05, typical)
 
 
-def test_the_typical_gap_is_the_window_median_with_a_floor():
+def test_the_typical_gap_is_the_median_of_the_windows_medians_with_a_floor():
+    assert window_gap([0.01, 0.02, 0.03, math.inf]) == pytest.approx(0.02)  # non-finite left out
+    assert window_gap([0.01, 0.02, 0.03, 0.05]) == pytest.approx(0.025)
+    assert window_gap([math.inf]) is None and typical_gap(None, [], scale=0.0) == 0.0
     # a window of page-skippers: their gaps are noise, the floor (a share of the LossScore scale) holds
-    assert typical_gap([0.001, -0.0005, 0.0002], scale=0.05) == pytest.approx(PROOF_GAP_FLOOR * 0.05)
-    assert typical_gap([0.01, 0.02, 0.03, math.inf], scale=0.05) == pytest.approx(0.02)  # non-finite left out
-    assert typical_gap([0.01, 0.02, 0.03, 0.05], scale=0.05) == pytest.approx(0.025)
-    assert typical_gap([], scale=0.0) == 0.0
+    assert typical_gap(window_gap([0.001, -0.0005, 0.0002]), [], scale=0.05) == pytest.approx(PROOF_GAP_FLOOR * 0.05)
+    assert typical_gap(0.025, [], scale=0.05) == pytest.approx(0.025)  # a first window: its own median
+    # with earlier windows, one window's own median moves the scale no further than one vote of 16:
+    honest = [0.02, 0.021, 0.019, 0.02]
+    assert typical_gap(0.0001, honest, scale=0.05) == pytest.approx(0.02)  # cheats filled this S_t
+    assert typical_gap(0.5, honest, scale=0.05) == pytest.approx(0.02)  # an over-fitting flood lifted it
+    # only the last GAP_HISTORY_WINDOWS windows count: a run's honest gaps shrink and the scale follows
+    assert GAP_HISTORY_WINDOWS == 16
+    assert typical_gap(0.01, [0.04] * 20 + [0.01] * 8, scale=0.05) == pytest.approx(0.01)
+    assert typical_gap(0.01, [0.04] * 20 + [0.01] * 6, scale=0.05) == pytest.approx(0.04)
     assert proof_gap(0.07, 0.05, (0.08, 0.06)) == pytest.approx(0.02)
     assert proof_gap(0.07, 0.05, None) == pytest.approx(0.02)
 

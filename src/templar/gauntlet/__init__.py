@@ -33,6 +33,7 @@ from templar.gauntlet.scores import (
     top_g,
     typical_gap,
     update_mu,
+    window_gap,
 )
 from templar.gauntlet.selection import select_eval_pages, select_eval_peers, selection_priority
 from templar.gauntlet.window import GauntletRules, WindowScores, score_window
@@ -74,4 +75,5 @@ __all__ = [
     "top_g",
     "typical_gap",
     "update_mu",
+    "window_gap",
 ]

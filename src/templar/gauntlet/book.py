@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from types import MappingProxyType
@@ -30,6 +31,7 @@ from templar.gauntlet.rating import (
     update_relative,
 )
 from templar.gauntlet.scores import (
+    GAP_HISTORY_WINDOWS,
     normalise,
     peer_score,
     penalise,
@@ -37,6 +39,7 @@ from templar.gauntlet.scores import (
     ramped_mu,
     typical_gap,
     update_mu,
+    window_gap,
 )
 from templar.gauntlet.scores import top_g as select_top_g
 
@@ -141,6 +144,9 @@ class _Schema(BaseModel):
     relative_noise: float = Field(default=0.0, ge=0.0, le=8.0, allow_inf_nan=False,
                                   description="EMA of the windows' relative_spread (relative LossRating)")
     relative_noise_windows: int = Field(default=0, ge=0, description="windows in relative_noise")
+    proof_gaps: list[Finite] = Field(
+        default_factory=list, max_length=GAP_HISTORY_WINDOWS - 1,
+        description="the last windows' own median proof gaps, oldest first (typical_gap's history)")
 
     @model_validator(mode="after")
     def _uids_unique(self) -> _Schema:
@@ -165,11 +171,13 @@ def window_loss_scale(results: Iterable[PrimaryResult]) -> float:
 class ScoreBook:
     """Per-hotkey Gauntlet state plus the window-level updates of Algorithm 1."""
 
-    def __init__(self, peers: Mapping[str, PeerRecord] | None = None, relative_noise: tuple[float, int] = (0.0, 0)
-                 ) -> None:
+    def __init__(self, peers: Mapping[str, PeerRecord] | None = None, relative_noise: tuple[float, int] = (0.0, 0),
+                 proof_gaps: Iterable[float] = ()) -> None:
         self._peers: dict[str, PeerRecord] = dict(peers or {})
         self.relative_noise: tuple[float, int] = relative_noise
         """(one evaluation's spread of relative LossScores as a bias-corrected EMA over windows, windows)"""
+        self.proof_gaps: deque[float] = deque(proof_gaps, maxlen=GAP_HISTORY_WINDOWS - 1)
+        """The last windows' own median proof gaps (`window_gap`), oldest first: `typical_gap`'s history."""
         self._mu_ramp: tuple[float, float] | None = None
         self._relative: tuple[float, float, float, float | None] | None = None
         holders: dict[int, str] = {}
@@ -196,7 +204,7 @@ class ScoreBook:
 
     def __eq__(self, other: object) -> bool:
         return (isinstance(other, ScoreBook) and self._peers == other._peers
-                and self.relative_noise == other.relative_noise)
+                and self.relative_noise == other.relative_noise and self.proof_gaps == other.proof_gaps)
 
     __hash__ = None  # type: ignore[assignment]  # mutable
 
@@ -404,13 +412,17 @@ class ScoreBook:
         if not 0.0 < full_gap <= 1.0:
             raise ValueError(f"record_primary: full_gap must be in (0, 1], got {full_gap!r}")
         scale = window_loss_scale(results.values())
-        typical = full_gap * typical_gap([proof_gap(r.delta_assigned, r.delta_rand, r.pages)
-                                          for r in results.values()], scale) if credit == "size" else None
+        typical = None
+        if credit == "size":
+            own = window_gap([proof_gap(r.delta_assigned, r.delta_rand, r.pages) for r in results.values()])
+            typical = full_gap * typical_gap(own, list(self.proof_gaps), scale)
         new_mus = {
             hotkey: update_mu(records[hotkey].mu, result.delta_assigned, result.delta_rand, gamma, margin, scale,
                               pages=result.pages, typical=typical, sequences=result.sequences)
             for hotkey, result in results.items()
         }
+        if typical is not None and own is not None:
+            self.proof_gaps.append(own)
         relative = relative_loss_scores({hotkey: result.delta_rand for hotkey, result in results.items()})
         spread = relative_spread(relative)
         for hotkey, result in results.items():
@@ -469,7 +481,8 @@ class ScoreBook:
         """
         ordered = {hotkey: self._peers[hotkey] for hotkey in sorted(self._peers)}
         noise, windows = self.relative_noise
-        return _Schema(peers=ordered, relative_noise=noise, relative_noise_windows=windows).model_dump_json(indent=1)
+        return _Schema(peers=ordered, relative_noise=noise, relative_noise_windows=windows,
+                       proof_gaps=list(self.proof_gaps)).model_dump_json(indent=1)
 
     @classmethod
     def from_json(cls, text: str | bytes) -> ScoreBook:
@@ -481,7 +494,7 @@ class ScoreBook:
                 f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['msg']}" for err in exc.errors()
             )
             raise ScoreBookError(f"invalid score book: {problems}") from exc
-        return cls(schema.peers, (schema.relative_noise, schema.relative_noise_windows))
+        return cls(schema.peers, (schema.relative_noise, schema.relative_noise_windows), schema.proof_gaps)
 
     def save(self, path: str | Path) -> None:
         """Write atomically (`templar.core.atomic`): a crash leaves the previous file or the new one."""

@@ -8,6 +8,7 @@ a model: the validator computes losses and hands the numbers in.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Mapping, Sequence
 
 import torch
@@ -98,13 +99,28 @@ noise, and dividing by noise would turn noise into full credit. Honest gaps meas
 model: 5–20 % of the scale with H = 2 inner AdamW steps, 30–60 % with the paper's one SGD step."""
 
 
-def typical_gap(gaps: Sequence[float], scale: float) -> float:
-    """The window's typical proof-of-computation gap: the median of S_t's gaps δ_assigned − δ_rand
-    (each peer's mean over its evaluated pages), never below `PROOF_GAP_FLOOR` × `scale` (the
-    window's median LossScore size, `window_loss_scale`). 0.0 when neither gives a positive size."""
+GAP_HISTORY_WINDOWS = 16
+"""How many windows' own median gaps `typical_gap` takes the median of (this one and up to 15 before
+it, the validator's score book keeps them). S_t holds a handful of peers (8 of 256 in production):
+one window's median moves with whoever was drawn, and a window that cheats happen to fill would set
+the scale every gap in it is judged by. The median over 16 windows moves only when most of them move,
+and lags the slow shrinking of honest gaps over a run by a few windows (about 10 minutes)."""
+
+
+def window_gap(gaps: Sequence[float]) -> float | None:
+    """One window's own median of S_t's gaps δ_assigned − δ_rand (each peer's mean over its
+    evaluated pages, `proof_gap`); None when no gap is finite."""
     finite = sorted(g for g in gaps if math.isfinite(g))
-    median = (finite[len(finite) // 2] if len(finite) % 2 else
-              (finite[len(finite) // 2 - 1] + finite[len(finite) // 2]) / 2.0) if finite else 0.0
+    return statistics.median(finite) if finite else None
+
+
+def typical_gap(own: float | None, earlier: Sequence[float], scale: float) -> float:
+    """The typical proof-of-computation gap a window's credits are measured against: the median of
+    this window's own median gap (`window_gap`) and the earlier windows' (at most
+    `GAP_HISTORY_WINDOWS` in all), never below `PROOF_GAP_FLOOR` × `scale` (the window's median
+    LossScore size, `window_loss_scale`). 0.0 when neither gives a positive size."""
+    medians = [g for g in (*earlier[-(GAP_HISTORY_WINDOWS - 1):], own) if g is not None and math.isfinite(g)]
+    median = statistics.median(medians) if medians else 0.0
     return max(median, PROOF_GAP_FLOOR * scale, 0.0)
 
 
