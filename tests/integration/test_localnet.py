@@ -23,7 +23,7 @@ import pytest
 from .harness import MICRO_GAUNTLET_PRESET
 
 ADVERSARIES = ["copycat", "scaled", "signflip", "noise", "freerider", "lazy", "late", "desync", "duplicate",
-               "replay", "moredata"]
+               "replay", "moredata", "overfit"]
 CHEATS = ["copycat", "signflip", "noise", "freerider", "lazy", "late", "desync", "replay"]
 WINDOWS = 10
 BASELINE_WINDOWS = 8
@@ -85,6 +85,11 @@ def test_localnet_pays_honest_work_and_nothing_else(tmp_path):
         assert weight[name] < 0.05, f"{cheat} earned {weight[name]:.3f}: {summary}"
         assert weight[name] < min(honest), f"{cheat} ranked above an honest miner: {summary}"
     assert weight["scaled0"] <= max(honest) + 1e-9, summary
+    # `overfit` (honest work at 4× the inner learning rate) fits its assigned sequences harder; the
+    # trial step is the update's sign, so that buys no larger gap: it is paid like an honest miner. A
+    # proof that rewarded memorising the assignment would pay it several times the best one (μ²).
+    assert set(miners["overfit0"]["statuses"]) <= {"ok", "warmup", "not-sampled"}, summary
+    assert weight["overfit0"] < 2 * max(honest), summary
     # The pair's twin works honestly, so it is paid like any honest miner (sometimes the best one);
     # the copy must earn nothing, so together the pair earns what one honest miner does.
     assert weight["duplicate0"] < 0.01 and weight["duplicate0"] < min(honest), summary
@@ -92,7 +97,7 @@ def test_localnet_pays_honest_work_and_nothing_else(tmp_path):
     # `moredata` (--extra-pages, the same H inner steps on twice the pages) is honest work and is never
     # refused; it is not paid more here: its assigned pages' share of each step halves, and the proof of
     # computation by size pays the gap it measures (docs/scoring.md §4, "Extra pages").
-    assert set(miners["moredata0"]["statuses"]) <= {"ok", "warmup"}, summary
+    assert set(miners["moredata0"]["statuses"]) <= {"ok", "warmup", "not-sampled"}, summary
     assert miners["moredata0"]["final_rating"] >= 25.0, summary  # its held-out improvement is at least typical
 
     _dashboard_shows_the_run(adversarial)

@@ -273,6 +273,18 @@ class Thin(MinerHooks):
         return batch[:: self.keep_every]
 
 
+class Overfit(MinerHooks):
+    """Honest pages, honest compute, a hotter inner learning rate (× `factor`): fits its assigned
+    sequences harder than the run's rate does, hoping every one of them clears the typical gap and
+    earns the proof's full credit, whatever the update does to the held-out loss."""
+
+    name = "overfit"
+    factor = 4.0
+
+    def learning_rate(self, miner, window, lr):
+        return lr * self.factor
+
+
 class Pooled(MinerHooks):
     """One operator, several hotkeys (`uids`): each trains on the union of all members' assigned
     pages (the same batch from the same model and the same error feedback, so the same update a
@@ -310,7 +322,7 @@ class Flood(Pooled):
 ADVERSARIES: dict[str, type[MinerHooks]] = {
     "lazy": Lazy, "scaled": Scaled, "signflip": SignFlip, "noise": Noise, "freerider": FreeRider,
     "late": Late, "desync": Desync, "copycat": Copycat, "duplicate": Duplicate, "steppump": StepPump,
-    "partial": Partial, "pooled": Pooled, "thin": Thin, "replay": Replay, "flood": Flood,
+    "partial": Partial, "pooled": Pooled, "thin": Thin, "replay": Replay, "flood": Flood, "overfit": Overfit,
 }
 """Every adversary by name. `duplicate` is started by the localnet as an honest twin plus this
 copier, `pooled` and `flood` as groups of hotkeys (`GROUP_SIZES`); `moredata` (the localnet's

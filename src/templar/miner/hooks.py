@@ -48,6 +48,10 @@ class MinerHooks:
         """The sequences to train on, given the fetched pages' (one page after another)."""
         return batch
 
+    def learning_rate(self, miner: Miner, window: int, lr: float) -> float:
+        """The inner learning rate to train `window` with, given the run's."""
+        return lr
+
     def transform(self, miner: Miner, window: int, values: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The top-k values to encode, per parameter, given the compressed ones."""
         return values

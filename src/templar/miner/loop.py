@@ -130,7 +130,8 @@ class Miner:
         batch, pages = await node.pages.fetch(  # only these pages' bytes; the next window's read ahead
             pages, prefetch=self.hooks.pages(self, window + 1, self.pages(window + 1)))
         batch = self.hooks.batch(self, window, batch)
-        lr = inner_lr(hp.inner, learning_rate(self.state.global_step, hp.optimizer), hp.optimizer)
+        lr = self.hooks.learning_rate(
+            self, window, inner_lr(hp.inner, learning_rate(self.state.global_step, hp.optimizer), hp.optimizer))
         stats = await asyncio.to_thread(self.compute.train, batch, hp.optimizer.micro_batch_size,
                                         hp.optimizer.grad_clip, lr)
         # A node that cannot show it holds the run's model uploads with weight 0 (a warm-up payload).
