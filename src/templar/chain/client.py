@@ -17,7 +17,6 @@ import asyncio
 import contextlib
 import hashlib
 import math
-import re
 import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -28,21 +27,16 @@ from typing import Any, TypeVar
 import bittensor as bt
 from bittensor.sp_core import Keypair
 from bittensor.wallet import Wallet
-from bittensor_core import KeyfileError
 from loguru import logger
 
+from templar.chain.sdk_errors import check_result, translate
 from templar.chain.store import BlockClock, Now
 from templar.chain.substrate import EmbeddedSubstrate
 from templar.chain.types import (
     ChainError,
     ChainUnavailable,
-    CommitRevealPending,
-    InsufficientStake,
     Neuron,
     NotRegistered,
-    PoolRejected,
-    RateLimited,
-    StaleMetagraph,
     WeightsSettings,
     check_commitment,
     clean_commitment,
@@ -58,7 +52,6 @@ EMBEDDED_LABEL = "ws://embedded.invalid"  # SDK label: keeps embedded caches apa
 DEFAULT_WALLET_PATH = "~/.bittensor/wallets"
 
 _READ_ONLY = "this Chain was opened read-only (no wallet); pass --wallet.name to act as a hotkey"
-_WAIT_RE = re.compile(r"[Rr]etry in ~?(\d+) blocks")
 
 
 def verify_signature(hotkey_ss58: str, message: bytes, signature: bytes) -> bool:
@@ -179,69 +172,12 @@ class _Session:
             self._loop.close()
 
 
-def translate(what: str, exc: BaseException, endpoint: str) -> BaseException:
-    """Map an SDK/transport exception to the project's; unknown exceptions (bugs) pass through."""
-    if isinstance(exc, ChainError):
-        return exc
-    if isinstance(exc, FileNotFoundError | PermissionError | IsADirectoryError):
-        return ChainError(f"{what}: wallet key file problem: {exc}")
-    if isinstance(exc, bt.RpcConnectionError | bt.ConnectionNotReady | OSError):
-        return ChainUnavailable(f"{what}: cannot reach {endpoint}: {exc}")
-    if isinstance(exc, bt.ChainError):
-        return _from_sdk_error(what, exc)
-    if isinstance(exc, bt.BittensorError | KeyfileError):
-        return ChainError(f"{what}: {exc}")
-    return exc
-
-
-_POOL_REJECTIONS = frozenset({"PriorityTooLow", "Stale", "Future", "AlreadyImported", "Dropped", "Usurped"})
-"""Refusals of the node's transaction pool: nothing landed, and the same call usually passes a
-block or two later. The SDK classifies "Priority is too low" as RATE_LIMITED; it is not one."""
-_COMMIT_REVEAL = frozenset({
-    "CommittingWeightsTooFast", "TooManyUnrevealedCommits", "CommitQueueFull", "CommitRevealEnabled",
-    "CommitRevealDisabled", "RevealTooEarly", "ExpiredWeightCommit", "InvalidRevealRound",
-    "NoWeightsCommitFound", "IncorrectCommitRevealVersion",
-})
-_STAKE = frozenset({"NotEnoughStakeToSetWeights", "StakeAmountTooLow", "NeuronNoValidatorPermit"})
-_STALE_UIDS = frozenset({"UidVecContainInvalidOne", "UidsLengthExceedUidsInSubNet"})
-
-
-def _from_sdk_error(what: str, exc: bt.ChainError) -> ChainError:
-    """The project's exception for an SDK `ChainError`, by the chain's error *name* first (the
-    semantic codes lump refusals that need different handling together), then by code."""
-    detail = f"{what}: {exc.message}" + (f" [{exc.name}]" if exc.name else "")
-    if exc.code == bt.ErrorCode.NOT_REGISTERED or exc.name in (
-        "HotKeyNotRegisteredInSubNet",
-        "AccountNotAllowedCommit",
-    ):
-        return NotRegistered(detail)
-    if exc.name in _POOL_REJECTIONS or (not exc.name and "priority is too low" in exc.message.lower()):
-        return PoolRejected(detail)
-    if exc.name in _COMMIT_REVEAL:
-        return CommitRevealPending(detail)
-    if exc.name in _STAKE:
-        return InsufficientStake(f"{detail} (hint: {exc.remediation})")
-    if exc.name in _STALE_UIDS:
-        return StaleMetagraph(detail)
-    if exc.code == bt.ErrorCode.RATE_LIMITED:
-        match = _WAIT_RE.search(exc.message)
-        return RateLimited(detail, int(match.group(1)) if match else 0)
-    return ChainError(f"{detail} (hint: {exc.remediation})")
-
-
 def _u16_fractions(values: object, n: int) -> list[float]:
     """`n` fractions from a chain vector of u16 values; anything malformed reads as zeros."""
     items = list(values) if isinstance(values, list | tuple) else []
     ok = all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 65535 for v in items)
     fractions = [v / 65535 for v in items] if ok else []
     return (fractions + [0.0] * n)[:n]
-
-
-def _check(what: str, result: Any, endpoint: str) -> Any:
-    """Raise the translated error of a failed `ExtrinsicResult`; return it otherwise."""
-    if not result.success:
-        raise translate(what, result.error or bt.ChainError(result.message or "extrinsic failed"), endpoint)
-    return result
 
 
 class Chain:
@@ -478,7 +414,7 @@ class Chain:
             lambda c: c.submit_call(call, self.wallet, signer="hotkey", wait_for_finalization=False),
             write=True,
         )
-        _check(what, result, self._session.endpoint)
+        check_result(what, result, self._session.endpoint)
 
     def set_weights(self, weights: Mapping[int, float]) -> None:
         """Set our weights (`{uid: weight}`, relative). Raises `RateLimited` when too soon.
@@ -500,7 +436,7 @@ class Chain:
         result = self._call(
             what, lambda c: c.execute(intent, self.wallet, wait_for_finalization=False, retries=2), write=True
         )
-        _check(what, result, self._session.endpoint)
+        check_result(what, result, self._session.endpoint)
 
     def register(self) -> int:
         """Register our hotkey (burned registration, paid by our coldkey); returns our uid."""
@@ -511,14 +447,14 @@ class Chain:
         result = self._call(
             what, lambda c: c.execute(bt.BurnedRegister(netuid=self.netuid), self.wallet), write=True
         )
-        _check(what, result, self._session.endpoint)
+        check_result(what, result, self._session.endpoint)
         return self.require_registered()
 
     def register_subnet(self) -> int:
         """Create a subnet owned by our coldkey (our hotkey becomes its uid 0); returns its netuid."""
         what = "register a subnet"
         result = self._call(what, lambda c: c.execute(bt.RegisterSubnet(), self.wallet), write=True)
-        netuid = _check(what, result, self._session.endpoint).data.get("netuid")
+        netuid = check_result(what, result, self._session.endpoint).data.get("netuid")
         if not isinstance(netuid, int):
             raise ChainError(f"{what}: the chain reported success but no NetworkAdded netuid")
         return netuid
@@ -531,7 +467,7 @@ class Chain:
             hotkey_ss58=self.hotkey, netuid=self.netuid, amount_tao=bt.Balance.from_rao(round(tao * 1e9))
         )
         what = f"stake {tao} TAO on {self.hotkey}"
-        _check(
+        check_result(
             what,
             self._call(what, lambda c: c.execute(intent, self.wallet), write=True),
             self._session.endpoint,
