@@ -27,7 +27,7 @@ where the torch CPU paths at 1.2B took 104 s to compress, 42 s to decode one pee
 | window | 1.2B built on the CPU from `init_seed` (12 s here), one untimed and 6 timed forward+backward passes of a micro-batch, the paper's window (3 pages, 48 micro-batches accumulated, one gradient), the DeMo step, encoding the payload, decoding it 15 times (full reads), aggregating 15 peers on the CPU (what a node does today: decoded payloads stay in host memory) and on the GPU, the outer step; the 15 peers' updates are real DeMo steps on one micro-batch each | 60 s | 120 s |
 | validator | one peer's sign decode on the CPU and the GPU, `Evaluator.score_peers` with 3 peers on one production page each (signs held on the host, as the validator holds them), the random page and 4 held-out pages alone: seconds per peer, peers per 84 s window | 25 s | 60 s |
 | consensus | one gradient compressed on the GPU and the CPU (kept sets of decoder layer 0, embeddings, head and final norm: the CPU side is torch's path), the 15 peers aggregated on both (fixed-point accumulators bit for bit, signs), the window applied to θ on both, `model_in_sync` | 35 s | 90 s |
-| noise | 48 AdamW steps away from θ_0 on 2 pages, 4 honest peers train on 3 pages each (one DeMo step each), LossScores per page on 4 random pages and their own pages: spread of δ across pages and across peers | 95 s | 150 s |
+| noise | 48 AdamW steps away from θ_0 on 2 pages, 4 honest peers train on 3 pages each (one DeMo step each), LossScores per page on 4 random pages and their own pages: spread of δ across pages and across peers, and what the proof of computation by size credits each honest peer, sequence by sequence | 95 s | 150 s |
 
 About 4.5 minutes expected; `--budget` (420 s) is the whole run's deadline: a phase is skipped
 when less than its minimum is left, and `noise` trains fewer peers when its cap is near. The
@@ -105,7 +105,7 @@ from templar.runtime.train import (
     make_inner_optimizer,
 )
 from templar.tools.sizing import H100_BF16_FLOPS, HOLDOUT_PAGES, window_sizing
-from templar.validator.evaluate import Evaluator, page_deltas
+from templar.validator.evaluate import Evaluator, page_deltas, sequence_deltas
 from templar.wire import Run, read_gradient, take_probes, write_gradient
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -752,13 +752,44 @@ def phase_noise(b: Bench) -> dict[str, Any]:
             after_rand = evaluator.losses(random_batch)
             after = evaluator.losses(b.pages(assigned[peer]))
         rows[peer] = {"delta_rand_pages": list(page_deltas(before_rand, after_rand, spp)),
-                      "delta_assigned_pages": list(page_deltas(before[peer], after, spp))}
+                      "delta_assigned_pages": list(page_deltas(before[peer], after, spp)),
+                      "delta_assigned_sequences": list(sequence_deltas(before[peer], after))}
     del evaluator
     out["eval_seconds"] = time.monotonic() - started
     out["loss_rand_before"] = float(before_rand.mean())
     out["peers"] = rows
     out.update(noise_summary(rows))
+    out["proof_credit"] = proof_credit_summary(rows, hp.gauntlet.proof_full_gap)
     return out
+
+
+def _gauntlet_scores() -> Any:
+    """`templar/gauntlet/scores.py` on its own: the package's `__init__` imports openskill (through
+    the rating), which the device machine does not have; the proof's rule itself needs only torch."""
+    spec = importlib.util.spec_from_file_location("gauntlet_scores", ROOT / "src" / "templar" / "gauntlet" / "scores.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def proof_credit_summary(rows: Mapping[str, Mapping[str, Sequence[float]]], full_gap: float) -> dict[str, Any]:
+    """What production's proof of computation by size credits these honest peers, sequence by
+    sequence (docs/scoring.md §4): the credit c = 2 can reward only if honest sequences clear
+    `full_gap` × the typical gap, which on the CPU's `micro` model they do half the time (mean
+    credit ≈ 0.5; benchmarks/LOG.md §8). The typical gap is these peers' median, without the floor."""
+    scores = _gauntlet_scores()
+    rand = {p: statistics.fmean(rows[p]["delta_rand_pages"]) for p in rows}
+    gaps = [scores.proof_gap(0.0, rand[p], rows[p]["delta_assigned_pages"]) for p in rows]
+    typical = scores.typical_gap(scores.window_gap(gaps), [], 0.0)
+    credit, full = {}, {}
+    for p in rows:
+        sequences = rows[p].get("delta_assigned_sequences") or []
+        if not sequences or typical <= 0:
+            continue
+        credit[p] = scores.size_credit(sequences, rand[p], full_gap * typical)
+        full[p] = sum(d - rand[p] >= full_gap * typical for d in sequences) / len(sequences)
+    return {"full_gap": full_gap, "typical_gap": typical, "credit": credit, "full_credit_share": full,
+            "credit_mean": statistics.fmean(credit.values()) if credit else None}
 
 
 def noise_summary(rows: Mapping[str, Mapping[str, Sequence[float]]]) -> dict[str, Any]:
@@ -966,6 +997,11 @@ def _rows_noise(n: Mapping[str, Any], est: Mapping[str, Any]) -> list[list[str]]
         ["noise: subnet_sim `noise` factor", _fmt(n.get("subnet_sim_noise")), "1.0"],
         ["noise: log-sd of σ̂ over pages (`window_noise`)", _fmt(n.get("window_noise")), "0.94"],
     ]
+    proof = n.get("proof_credit") or {}
+    if proof.get("credit"):
+        rows.append(["noise: proof credit by size per honest peer (share at full credit)",
+                     ", ".join(f"{c:.2f} ({proof['full_credit_share'][p]:.2f})" for p, c in proof["credit"].items()),
+                     "1.0 intended; micro 0.5"])
     return rows
 
 

@@ -75,9 +75,19 @@ def test_smoke_runs_every_phase_and_prints_the_table(gpu, tmp_path: Path, assets
         assert all(math.isfinite(d) for d in row["delta_rand_pages"] + row["delta_assigned_pages"])
     assert len(noise["relative_sd_across_peers"]) == gpu.SMOKE.noise_random_pages
     assert noise["subnet_sim_noise"] > 0 and noise["fit_honest_relative_sd"] > 0
+    # production's proof by size on every honest sequence: a credit in [-1, 1] per peer and the share
+    # of sequences that earn it in full (what decides whether c = 2 rewards work at this scale)
+    proof = noise["proof_credit"]
+    assert proof["full_gap"] == hp.gauntlet.proof_full_gap and proof["typical_gap"] > 0
+    assert set(proof["credit"]) == set(noise["peers"])
+    assert all(-1 <= c <= 1 for c in proof["credit"].values())
+    assert all(0 <= f <= 1 for f in proof["full_credit_share"].values())
+    for row in noise["peers"].values():
+        assert len(row["delta_assigned_sequences"]) == hp.data.pages_per_window * hp.data.sequences_per_page
 
     printed = capsys.readouterr().out
     assert "consensus: model_in_sync" in printed and "noise: subnet_sim `noise` factor" in printed
+    assert "noise: proof credit by size per honest peer" in printed
     assert [row[0] for row in result["table"]] == [row[0] for row in gpu.table(result)]
 
 
