@@ -155,19 +155,19 @@ def test_the_book_judges_gaps_by_its_windows_history_and_keeps_it() -> None:
     honest = {f"h{i}": PrimaryResult(0.05 + 0.02, 0.05) for i in range(3)}  # gap 0.02 each
     skippers = {"h0": PrimaryResult(0.07, 0.05), **{f"s{i}": PrimaryResult(0.0502 + 0.0001 * i, 0.05)
                                                    for i in range(3)}}
-
     uids = {hotkey: uid for uid, hotkey in enumerate(sorted({*honest, *skippers}))}
 
-    def run(book: ScoreBook, windows: list[dict[str, PrimaryResult]]) -> ScoreBook:
-        for results in windows:
+    def run(book: ScoreBook, windows: list[tuple[int, dict[str, PrimaryResult]]]) -> ScoreBook:
+        for window, results in windows:
             for hotkey in results:
-                book.get_or_create(hotkey, uids[hotkey], window=0)
-            book.record_primary(results, gamma=0.9, beta=25 / 6, tau=25 / 300, credit="size", full_gap=0.4)
+                book.get_or_create(hotkey, uids[hotkey], window=window)
+            book.record_primary(results, gamma=0.9, beta=25 / 6, tau=25 / 300, window=window, credit="size",
+                                full_gap=0.4)
         return book
 
-    with_history = run(ScoreBook(), [honest] * 4 + [skippers])
-    assert list(with_history.proof_gaps) == pytest.approx([0.02] * 4 + [0.00035])
-    alone = run(ScoreBook(), [skippers])  # no history: the skippers' own median is the scale
+    with_history = run(ScoreBook(), [(w, honest) for w in range(4)] + [(4, skippers)])
+    assert list(with_history.proof_gaps) == [(w, pytest.approx(0.02)) for w in range(4)] + [(4, pytest.approx(0.00035))]
+    alone = run(ScoreBook(), [(4, skippers)])  # no history: the skippers' own median is the scale
     # gap 0.0003 against 0.4 × 0.02 earns 0.0375; against the skippers' own scale (their median
     # 0.00035, lifted to the floor: 2 % of the window's LossScore size) it earned 0.75
     assert with_history.peers["s1"].mu == pytest.approx(0.1 * 0.0003 / (0.4 * 0.02))
@@ -175,14 +175,18 @@ def test_the_book_judges_gaps_by_its_windows_history_and_keeps_it() -> None:
     assert alone.peers["s1"].mu == pytest.approx(0.1 * 0.0003 / (0.4 * floor)) and alone.peers["s1"].mu > 0.07
     restored = ScoreBook.from_json(with_history.to_json())
     assert restored == with_history and list(restored.proof_gaps) == list(with_history.proof_gaps)
-    run(with_history, [honest] * 20)
+    # a validator back from a long stop judges by the windows since, not by what it saw before
+    stopped = run(ScoreBook(), [(w, honest) for w in range(4)] + [(4 + 100, skippers)])
+    assert stopped.peers["s1"].mu == pytest.approx(alone.peers["s1"].mu)
+    run(with_history, [(w, honest) for w in range(5, 25)])
     assert len(with_history.proof_gaps) == 15  # this window's median and 15 earlier ones
     old = json.loads(with_history.to_json())  # a book written before the history existed
     del old["proof_gaps"]
     assert not ScoreBook.from_json(json.dumps(old)).proof_gaps
-    old["proof_gaps"] = [0.02] * 16
-    with pytest.raises(ScoreBookError, match="proof_gaps"):
-        ScoreBook.from_json(json.dumps(old))
+    for bad in ([[w, 0.02] for w in range(16)], [[-1, 0.02]], [[3, "inf"]]):
+        old["proof_gaps"] = bad
+        with pytest.raises(ScoreBookError, match="proof_gaps"):
+            ScoreBook.from_json(json.dumps(old))
 
 
 def test_record_primary_is_all_or_nothing() -> None:

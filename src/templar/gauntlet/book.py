@@ -144,9 +144,9 @@ class _Schema(BaseModel):
     relative_noise: float = Field(default=0.0, ge=0.0, le=8.0, allow_inf_nan=False,
                                   description="EMA of the windows' relative_spread (relative LossRating)")
     relative_noise_windows: int = Field(default=0, ge=0, description="windows in relative_noise")
-    proof_gaps: list[Finite] = Field(
+    proof_gaps: list[tuple[Annotated[int, Field(ge=0)] | None, Finite]] = Field(
         default_factory=list, max_length=GAP_HISTORY_WINDOWS - 1,
-        description="the last windows' own median proof gaps, oldest first (typical_gap's history)")
+        description="(window, own median proof gap) of the last windows, oldest first (typical_gap's history)")
 
     @model_validator(mode="after")
     def _uids_unique(self) -> _Schema:
@@ -172,12 +172,14 @@ class ScoreBook:
     """Per-hotkey Gauntlet state plus the window-level updates of Algorithm 1."""
 
     def __init__(self, peers: Mapping[str, PeerRecord] | None = None, relative_noise: tuple[float, int] = (0.0, 0),
-                 proof_gaps: Iterable[float] = ()) -> None:
+                 proof_gaps: Iterable[tuple[int | None, float]] = ()) -> None:
         self._peers: dict[str, PeerRecord] = dict(peers or {})
         self.relative_noise: tuple[float, int] = relative_noise
         """(one evaluation's spread of relative LossScores as a bias-corrected EMA over windows, windows)"""
-        self.proof_gaps: deque[float] = deque(proof_gaps, maxlen=GAP_HISTORY_WINDOWS - 1)
-        """The last windows' own median proof gaps (`window_gap`), oldest first: `typical_gap`'s history."""
+        self.proof_gaps: deque[tuple[int | None, float]] = deque(
+            (tuple(entry) for entry in proof_gaps), maxlen=GAP_HISTORY_WINDOWS - 1)
+        """(window, own median proof gap `window_gap`) of the last windows evaluated, oldest first:
+        `typical_gap`'s history (a window of None: recorded without one)."""
         self._mu_ramp: tuple[float, float] | None = None
         self._relative: tuple[float, float, float, float | None] | None = None
         holders: dict[int, str] = {}
@@ -415,14 +417,14 @@ class ScoreBook:
         typical = None
         if credit == "size":
             own = window_gap([proof_gap(r.delta_assigned, r.delta_rand, r.pages) for r in results.values()])
-            typical = full_gap * typical_gap(own, list(self.proof_gaps), scale)
+            typical = full_gap * typical_gap(own, self._recent_gaps(window), scale)
         new_mus = {
             hotkey: update_mu(records[hotkey].mu, result.delta_assigned, result.delta_rand, gamma, margin, scale,
                               pages=result.pages, typical=typical, sequences=result.sequences)
             for hotkey, result in results.items()
         }
         if typical is not None and own is not None:
-            self.proof_gaps.append(own)
+            self.proof_gaps.append((window, own))
         relative = relative_loss_scores({hotkey: result.delta_rand for hotkey, result in results.items()})
         spread = relative_spread(relative)
         for hotkey, result in results.items():
@@ -444,6 +446,12 @@ class ScoreBook:
             self.relative_noise = (update_relative(noise, windows, spread, self._relative[0]), windows + 1)
             for record in self._peers.values():
                 self._rescore(record)
+
+    def _recent_gaps(self, window: int | None) -> list[float]:
+        """The remembered median gaps of the `GAP_HISTORY_WINDOWS` − 1 windows before `window`: a
+        validator back from a long stop judges by the present run, not by the gaps it saw before."""
+        return [gap for seen, gap in self.proof_gaps
+                if window is None or seen is None or 0 < window - seen < GAP_HISTORY_WINDOWS]
 
     def scores(self) -> dict[str, float]:
         """PeerScore_p for every hotkey in the book (eq. 4, floored factors)."""
