@@ -27,7 +27,7 @@ where the torch CPU paths at 1.2B took 104 s to compress, 42 s to decode one pee
 | window | 1.2B built on the CPU from `init_seed` (12 s here), one untimed and 6 timed forward+backward passes of a micro-batch, the paper's window (3 pages, 48 micro-batches accumulated, one gradient), the DeMo step, encoding the payload, decoding it 15 times (full reads), aggregating 15 peers on the CPU (what a node does today: decoded payloads stay in host memory) and on the GPU, the outer step; the 15 peers' updates are real DeMo steps on one micro-batch each | 60 s | 120 s |
 | validator | one peer's sign decode on the CPU and the GPU, `Evaluator.score_peers` with 3 peers on one production page each (signs held on the host, as the validator holds them), the random page and 4 held-out pages alone: seconds per peer, peers per 84 s window | 25 s | 60 s |
 | consensus | one gradient compressed on the GPU and the CPU (kept sets of decoder layer 0, embeddings, head and final norm: the CPU side is torch's path), the 15 peers aggregated on both (fixed-point accumulators bit for bit, signs), the window applied to θ on both, `model_in_sync` | 35 s | 90 s |
-| noise | 48 AdamW steps away from θ_0 on 2 pages, 4 honest peers train on 3 pages each (one DeMo step each), LossScores per page on 4 random pages and their own pages: spread of δ across pages and across peers, and what the proof of computation by size credits each honest peer, sequence by sequence | 95 s | 150 s |
+| noise | 48 AdamW steps away from θ_0 on 2 pages, 4 honest peers train on 3 pages each (one DeMo step each), LossScores per page on 4 random pages and their own pages: spread of δ across pages and across peers, and what the proof of computation by size credits each honest peer, range by range of each sequence | 95 s | 150 s |
 
 About 4.5 minutes expected; `--budget` (420 s) is the whole run's deadline: a phase is skipped
 when less than its minimum is left, and `noise` trains fewer peers when its cap is near. The
@@ -105,7 +105,7 @@ from templar.runtime.train import (
     make_inner_optimizer,
 )
 from templar.tools.sizing import H100_BF16_FLOPS, HOLDOUT_PAGES, window_sizing
-from templar.validator.evaluate import Evaluator, page_deltas, sequence_deltas
+from templar.validator.evaluate import POSITION_RANGES, Evaluator, page_deltas, range_weights, sequence_deltas
 from templar.wire import Run, read_gradient, take_probes, write_gradient
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -745,14 +745,16 @@ def phase_noise(b: Bench) -> dict[str, Any]:
     random_batch = b.pages(random_pages)
     started = time.monotonic()
     before_rand = evaluator.losses(random_batch)
-    before = {peer: evaluator.losses(b.pages(assigned[peer])) for peer in signs}
+    ranges = POSITION_RANGES  # the units the proof of computation by size clips, as the validator measures them
+    weights = range_weights(d.sequence_length - 1, ranges)
+    before = {peer: evaluator.losses(b.pages(assigned[peer]), ranges) for peer in signs}
     rows = {}
     for peer, peer_signs in signs.items():
         with evaluator.stepped(peer_signs, beta):
             after_rand = evaluator.losses(random_batch)
-            after = evaluator.losses(b.pages(assigned[peer]))
+            after = evaluator.losses(b.pages(assigned[peer]), ranges)
         rows[peer] = {"delta_rand_pages": list(page_deltas(before_rand, after_rand, spp)),
-                      "delta_assigned_pages": list(page_deltas(before[peer], after, spp)),
+                      "delta_assigned_pages": list(page_deltas(before[peer] @ weights, after @ weights, spp)),
                       "delta_assigned_sequences": list(sequence_deltas(before[peer], after))}
     del evaluator
     out["eval_seconds"] = time.monotonic() - started
@@ -773,8 +775,8 @@ def _gauntlet_scores() -> Any:
 
 
 def proof_credit_summary(rows: Mapping[str, Mapping[str, Sequence[float]]], full_gap: float) -> dict[str, Any]:
-    """What production's proof of computation by size credits these honest peers, sequence by
-    sequence (docs/scoring.md §4): the credit c = 2 can reward only if honest sequences clear
+    """What production's proof of computation by size credits these honest peers, one position
+    range of one sequence at a time (docs/scoring.md §4): the credit c = 2 can reward only if honest sequences clear
     `full_gap` × the typical gap, which on the CPU's `micro` model they do half the time (mean
     credit ≈ 0.5; benchmarks/LOG.md §8). The typical gap is these peers' median, without the floor."""
     scores = _gauntlet_scores()

@@ -132,13 +132,14 @@ def test_partial_pooled_and_thin_work_earn_less_than_honest_work(tmp_path, setti
     `partial` (1 of 2 pages trained, the rest borrowed from other miners' same-window uploads) earns less than
     the weakest honest miner, a `pooled` group of 3 hotkeys (one update on the union of their slots, posted by
     each with noise) earns less in total than the weakest honest miner, and `thin` (a quarter of each page's
-    sequences) earns less than the weakest honest miner, also per unit of compute (weight ÷ trained tokens).
+    sequences) and `short` (the first quarter of every sequence's tokens) each earn less than the weakest
+    honest miner, also per unit of compute (weight ÷ trained tokens).
     2 honest miners, 4 scored windows after warm-up; one test per run, so the runs spread over the suite's
     workers."""
     hparams = str(tmp_path / f"{setting}.json")
     Path(hparams).write_text(json.dumps({"base": str(MICRO_GAUNTLET_PRESET), "name": f"micro-{setting}",
                                          **SETTINGS[setting]}))
-    report = _localnet_in_this_process(tmp_path / "run", ["partial", "pooled", "thin"], miners=2, hparams=hparams,
+    report = _localnet_in_this_process(tmp_path / "run", ["partial", "pooled", "thin", "short"], miners=2, hparams=hparams,
                                        seed=seed, windows=5)
     assert report["outcome"] == "finished"
     miners = {p["name"]: p for p in report["peers"] if p["role"] == "miner"}
@@ -156,6 +157,9 @@ def test_partial_pooled_and_thin_work_earn_less_than_honest_work(tmp_path, setti
     assert miners["thin0"]["trained_tokens"] * 4 == miners[honest[0]]["trained_tokens"], summary
     assert weight["thin0"] < weakest, summary
     assert per_token["thin0"] < min(per_token[name] for name in honest), summary
+    assert miners["short0"]["trained_tokens"] * 4 == miners[honest[0]]["trained_tokens"], summary
+    assert weight["short0"] < weakest, summary
+    assert per_token["short0"] < min(per_token[name] for name in honest), summary
 
 
 @pytest.mark.slow(seconds=75)

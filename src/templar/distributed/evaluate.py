@@ -20,7 +20,7 @@ from torch import nn
 from templar.distributed.fsdp import local, local_rows, reshard
 from templar.distributed.group import Group, scatter_rows
 from templar.distributed.train import rank_share
-from templar.runtime.train import _autocast
+from templar.runtime.train import _autocast, position_range_means
 from templar.validator.evaluate import Evaluator
 
 __all__ = ["ShardedEvaluator", "sequence_losses_sharded"]
@@ -28,14 +28,14 @@ __all__ = ["ShardedEvaluator", "sequence_losses_sharded"]
 
 @torch.no_grad()
 def sequence_losses_sharded(model: nn.Module, batch: torch.Tensor, micro_batch_size: int,
-                            group: Group) -> torch.Tensor:
+                            group: Group, ranges: int = 1) -> torch.Tensor:
     """`templar.runtime.train.sequence_losses` with each rank scoring its share; float64 CPU on every rank."""
     was_training = model.training
     model.eval()
     n = batch.size(0)
     start, end = rank_share(n, group)
     mine = batch[start:end]
-    out = torch.zeros(n, dtype=torch.float64)
+    out = torch.zeros((n,) if ranges == 1 else (n, ranges), dtype=torch.float64)
     steps = max(1, math.ceil(math.ceil(n / group.world_size) / micro_batch_size))
     for i in range(steps):  # the same number of forwards on every rank: FSDP's all-gathers pair up
         micro = mine[i * micro_batch_size:(i + 1) * micro_batch_size]
@@ -48,7 +48,7 @@ def sequence_losses_sharded(model: nn.Module, batch: torch.Tensor, micro_batch_s
         ).view(micro.size(0), -1)
         if real:
             lo = start + i * micro_batch_size
-            out[lo:lo + real] = per_token.mean(dim=1).double().cpu()
+            out[lo:lo + real] = position_range_means(per_token, ranges).double().cpu()
     model.train(was_training)
     reshard(model)
     return group.all_reduce_(out)  # one rank wrote each entry: the sum is exact
@@ -90,5 +90,5 @@ class ShardedEvaluator(Evaluator):
                 for name, p in self._params.items():
                     local(p).copy_(self._saved[name])
 
-    def losses(self, batch: torch.Tensor) -> torch.Tensor:
-        return sequence_losses_sharded(self.model, batch, self.micro_batch_size, self.group)
+    def losses(self, batch: torch.Tensor, ranges: int = 1) -> torch.Tensor:
+        return sequence_losses_sharded(self.model, batch, self.micro_batch_size, self.group, ranges)

@@ -165,8 +165,20 @@ def evaluate_loss(model: torch.nn.Module, batch: torch.Tensor, micro_batch_size:
 
 
 @torch.no_grad()
-def sequence_losses(model: torch.nn.Module, batch: torch.Tensor, micro_batch_size: int) -> torch.Tensor:
-    """Per-sequence mean next-token loss, float64 on CPU: one pass serves many peers' pages."""
+def position_range_means(per_token: torch.Tensor, ranges: int) -> torch.Tensor:
+    """[n] mean of each row of per-token losses (`ranges` 1), or [n, ranges] means over `ranges`
+    consecutive position ranges of each row (as equal as `tensor_split` makes them)."""
+    if ranges == 1:
+        return per_token.mean(dim=1)
+    return torch.stack([part.mean(dim=1) for part in per_token.tensor_split(ranges, dim=1)], dim=1)
+
+
+def sequence_losses(model: torch.nn.Module, batch: torch.Tensor, micro_batch_size: int, ranges: int = 1
+                    ) -> torch.Tensor:
+    """Per-sequence mean next-token loss, float64 on CPU: one pass serves many peers' pages. With
+    `ranges` > 1, [n, ranges]: the mean over each of that many consecutive position ranges."""
+    if not 1 <= ranges <= batch.size(1) - 1:
+        raise ValueError(f"sequence_losses: {ranges} position ranges for sequences of {batch.size(1)} tokens")
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
@@ -179,6 +191,6 @@ def sequence_losses(model: torch.nn.Module, batch: torch.Tensor, micro_batch_siz
         per_token = torch.nn.functional.cross_entropy(
             logits.reshape(-1, logits.size(-1)).float(), micro[:, 1:].reshape(-1), reduction="none"
         ).view(micro.size(0), -1)
-        out.append(per_token.mean(dim=1).double().cpu())
+        out.append(position_range_means(per_token, ranges).double().cpu())
     model.train(was_training)
     return torch.cat(out)

@@ -29,7 +29,8 @@ class LossScores:
     page_deltas: tuple[float, ...] = ()
     """δ of each evaluated assigned page on its own (proof of computation credits pages separately)."""
     sequence_deltas: tuple[float, ...] = ()
-    """δ of each evaluated assigned sequence, page after page (proof of computation by size clips each)."""
+    """δ of each position range of each evaluated assigned sequence (`POSITION_RANGES` per sequence,
+    sequence after sequence, page after page): the units the proof of computation by size clips."""
 
     @property
     def delta_assigned(self) -> float:
@@ -50,8 +51,25 @@ def page_deltas(before: torch.Tensor, after: torch.Tensor, page_sequences: int |
 
 
 def sequence_deltas(before: torch.Tensor, after: torch.Tensor) -> tuple[float, ...]:
-    """δ of each sequence; a non-finite δ is −inf, as in `gauntlet.loss_score`."""
-    return tuple(d if math.isfinite(d) else -math.inf for d in (before - after).tolist())
+    """δ of each sequence (or of each of its position ranges, row after row); a non-finite δ is
+    −inf, as in `gauntlet.loss_score`."""
+    return tuple(d if math.isfinite(d) else -math.inf for d in (before - after).flatten().tolist())
+
+
+POSITION_RANGES = 4
+"""How many consecutive position ranges of each assigned sequence the proof of computation by size
+measures and clips one by one. Clipping whole sequences stops a miner that trains a quarter of the
+sequences (`thin`), not one that trains the first quarter of every sequence's tokens (`short`: 1.45×
+an honest miner's pay per unit of compute on `micro`, benchmarks/LOG.md §8): each of its sequences
+still showed a typical gap. Four ranges give its untrained three quarters their own, empty,
+measurement; more would make each unit's δ noisier."""
+
+
+def range_weights(tokens: int, ranges: int) -> torch.Tensor:
+    """The share of a sequence's `tokens` predicted positions in each of its `ranges` position ranges
+    (as `position_range_means` splits them): the weights that make the ranges' means its mean."""
+    sizes = [len(part) for part in torch.arange(tokens).tensor_split(ranges)]
+    return torch.tensor(sizes, dtype=torch.float64) / tokens
 
 
 class Evaluator:
@@ -84,8 +102,8 @@ class Evaluator:
                 for name, p in self._params.items():
                     p.copy_(self._saved[name])
 
-    def losses(self, batch: torch.Tensor) -> torch.Tensor:
-        return sequence_losses(self.model, batch, self.micro_batch_size)
+    def losses(self, batch: torch.Tensor, ranges: int = 1) -> torch.Tensor:
+        return sequence_losses(self.model, batch, self.micro_batch_size, ranges)
 
     def score_peers(
         self,
@@ -107,19 +125,24 @@ class Evaluator:
         self.snapshot()
         n_rand = random_batch.size(0)
         sizes = [assigned[p].size(0) for p in peers]
-        before = self.losses(torch.cat([random_batch, *(assigned[p] for p in peers)]))
+        ranges = min(POSITION_RANGES, random_batch.size(1) - 1)
+        weights = range_weights(random_batch.size(1) - 1, ranges)
+        before_ranges = self.losses(torch.cat([random_batch, *(assigned[p] for p in peers)]), ranges)
+        before = before_ranges @ weights if ranges > 1 else before_ranges
         rand_before = float(before[:n_rand].mean())
         assigned_before = dict(zip(peers, torch.split(before[n_rand:], sizes), strict=True))
+        assigned_before_ranges = dict(zip(peers, torch.split(before_ranges[n_rand:], sizes), strict=True))
         out: dict[str, LossScores] = {}
         for peer in peers:
             with self.stepped(signs_by_peer[peer], beta):
-                after = self.losses(torch.cat([random_batch, assigned[peer]]))
+                after_ranges = self.losses(torch.cat([random_batch, assigned[peer]]), ranges)
+            after = after_ranges @ weights if ranges > 1 else after_ranges
             out[peer] = LossScores(
                 loss_assigned_before=float(assigned_before[peer].mean()),
                 loss_assigned_after=float(after[n_rand:].mean()),
                 loss_rand_before=rand_before,
                 loss_rand_after=float(after[:n_rand].mean()),
                 page_deltas=page_deltas(assigned_before[peer], after[n_rand:], page_sequences),
-                sequence_deltas=sequence_deltas(assigned_before[peer], after[n_rand:]),
+                sequence_deltas=sequence_deltas(assigned_before_ranges[peer], after_ranges[n_rand:]),
             )
         return out
