@@ -29,35 +29,18 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import RESULTS_DIR, setup_torch
-from templar.core.config import load_hparams
-from templar.core.model import build_model, parameter_shapes
+from similarity import localnet_payloads
 from templar.gauntlet.borrowed import top_of_mean
 from templar.gauntlet.duplicates import fingerprint, shared_positions
 from templar.validator.fast_eval import _layout, canonical_values, confirm_values
-from templar.wire import PayloadError, Run, read_gradient
 
 SALTS = 8
 HONEST = {"honest", "moredata"}
 
 
 def load(out: Path, hparams: str | None) -> dict[int, dict]:
-    hp_path = out / "hparams.json"
-    hp = load_hparams(hparams or (str(hp_path) if hp_path.exists() else "tiny"))
-    shapes = parameter_shapes(build_model(hp))
-    run = Run(1, hp.digest())
-    nodes = {n["name"]: n for n in json.loads((out / "nodes.json").read_text()) if n["role"] == "miner"}
-    payloads: dict[int, dict] = {}
-    for name, node in nodes.items():
-        if node["strategy"] not in HONEST:
-            continue
-        for path in sorted((out / "buckets" / name).glob("v*/gradient/*.safetensors")):
-            try:
-                g = read_gradient(path.read_bytes(), shapes, hp, run=run, verify=None)
-            except PayloadError:
-                continue
-            if not g.warmup:
-                payloads.setdefault(g.window, {})[name] = g
-    return payloads
+    """The honest miners' payloads of a localnet, by window."""
+    return localnet_payloads(out, hparams, HONEST)
 
 
 def _figures(a: tuple, b: tuple) -> tuple[float, float]:

@@ -24,6 +24,7 @@ import json
 import statistics
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -67,14 +68,19 @@ def _cosine(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     return float(unit(a) @ unit(b))
 
 
-def measure(out: Path, hparams: str | None = None) -> list[tuple[str, dict[str, list[float]]]]:
+def localnet_payloads(out: Path, hparams: str | None = None, strategies: set[str] | None = None
+                      ) -> dict[int, dict[str, Any]]:
+    """Every non-warm-up payload a localnet's miners (of `strategies`; None: all) left in their
+    buckets, by window and miner name, read under the run's hparams (unreadable ones skipped)."""
     hp_path = out / "hparams.json"
     hp = load_hparams(hparams or (str(hp_path) if hp_path.exists() else "tiny"))
     shapes = parameter_shapes(build_model(hp))
     run = Run(1, hp.digest())
     nodes = {n["name"]: n for n in json.loads((out / "nodes.json").read_text()) if n["role"] == "miner"}
-    payloads: dict[int, dict[str, object]] = {}
-    for name in nodes:
+    payloads: dict[int, dict[str, Any]] = {}
+    for name, node in nodes.items():
+        if strategies is not None and node["strategy"] not in strategies:
+            continue
         for path in sorted((out / "buckets" / name).glob("v*/gradient/*.safetensors")):
             try:
                 g = read_gradient(path.read_bytes(), shapes, hp, run=run, verify=None)
@@ -82,6 +88,12 @@ def measure(out: Path, hparams: str | None = None) -> list[tuple[str, dict[str, 
                 continue
             if not g.warmup:
                 payloads.setdefault(g.window, {})[name] = g
+    return payloads
+
+
+def measure(out: Path, hparams: str | None = None) -> list[tuple[str, dict[str, list[float]]]]:
+    payloads = localnet_payloads(out, hparams)
+    nodes = {n["name"]: n for n in json.loads((out / "nodes.json").read_text()) if n["role"] == "miner"}
     pairs = []
     for window, found in sorted(payloads.items()):
         whole = {name: _whole(g.tensors) for name, g in found.items()}

@@ -129,18 +129,20 @@ def test_a_payload_other_than_its_commitment_is_uncommitted(real_peers, probes):
     assert not verdicts["changed"].passed
 
 
+def _noisy(update: dict[str, Compressed], seed: int, noise: float) -> dict[str, Compressed]:
+    """`update` with per-coefficient noise of relative size `noise` on its values (a `pooled` member's post)."""
+    g = torch.Generator().manual_seed(seed)
+    return {k: Compressed(c.indices, c.values * (1 + noise * torch.randn(c.values.shape, generator=g)), c.shape,
+                          c.chunk) for k, c in update.items()}
+
+
 def test_hotkeys_posting_one_update_with_noise_are_one_pool(real_peers, probes):
     """The `pooled` attack: one update, per-coefficient noise on each member's values. The noise
     pushes the cosine below its threshold, but every top-k position is shared: one pool, the
     earliest member stands for it, the others are `copy`; independent peers stay out."""
     _, peers = real_peers
 
-    def noisy(seed: int) -> dict[str, Compressed]:
-        g = torch.Generator().manual_seed(seed)
-        return {k: Compressed(c.indices, c.values * (1 + 1.5 * torch.randn(c.values.shape, generator=g)), c.shape,
-                              c.chunk) for k, c in peers[0].items()}
-
-    results = {f"pool{i}": _ok(_gradient(noisy(i), probes, hotkey=f"pool{i}"), 100.0 + i) for i in range(3)}
+    results = {f"pool{i}": _ok(_gradient(_noisy(peers[0], i, 1.5), probes, hotkey=f"pool{i}"), 100.0 + i) for i in range(3)}
     results |= {f"p{i}": _ok(_gradient(peers[i], probes, hotkey=f"p{i}"), 100.5 + i) for i in (1, 2, 3)}
     strict_cosine = fast_evaluate(results, probes, LR, sync_max_steps=3.0, duplicate_threshold=0.8, salt=7)
     assert all(v.passed for v in strict_cosine.values()), {h: v.status for h, v in strict_cosine.items()}
@@ -267,12 +269,7 @@ def test_a_flood_of_one_noisy_update_is_one_pool_against_the_validators_baseline
 
     _, peers = real_peers
 
-    def noisy(seed: int) -> dict[str, Compressed]:
-        g = torch.Generator().manual_seed(seed)
-        return {k: Compressed(c.indices, c.values * (1 + 0.5 * torch.randn(c.values.shape, generator=g)), c.shape,
-                              c.chunk) for k, c in peers[0].items()}
-
-    results = {f"pool{i:02d}": _ok(_gradient(noisy(i), probes, hotkey=f"pool{i:02d}"), 100.0 + i) for i in range(11)}
+    results = {f"pool{i:02d}": _ok(_gradient(_noisy(peers[0], i, 0.5), probes, hotkey=f"pool{i:02d}"), 100.0 + i) for i in range(11)}
     results |= {f"p{i}": _ok(_gradient(peers[i], probes, hotkey=f"p{i}"), 120.0 + i) for i in (1, 2, 3)}
     kwargs = {"sync_max_steps": 3.0, "duplicate_threshold": 0.8, "salt": 7, "shared_positions_threshold": 0.75}
     hidden = fast_evaluate(results, probes, LR, **kwargs)
