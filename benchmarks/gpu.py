@@ -12,6 +12,11 @@ layer: `templar.runtime.outer` imports `templar.chain` (bittensor), so the outer
 pure halves, `compress.aggregate` and `compress.apply_signed_update` at `core.schedule.learning_rate`;
 payloads are signed with a stand-in HMAC (`StandInKey`) instead of sr25519.
 
+Its parts, one idea each: this file (the phases that train and evaluate, and the run), `gpu_bench.py`
+(the scales, the run's state `Bench`, the device facts), `gpu_consensus.py` (the consensus phase) and
+`gpu_report.py` (the noise phase's summaries and the table); the device call runs this file, which
+imports its siblings from its own folder.
+
 Phases (`--phases`, comma-separated; `setup` always runs). Each is one function writing its part
 of the JSON; an exception (a CUDA OOM too) is recorded as that phase's error and the next phase
 still runs; the JSON is rewritten after every phase, so a killed run leaves what it measured.
@@ -59,43 +64,45 @@ figure beside the estimate it replaces.
 from __future__ import annotations
 
 import argparse
-import copy
-import gc
-import hashlib
-import hmac
 import importlib.util
 import math
 import os
 import platform
-import re
 import resource
 import statistics
 import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from _common import RESULTS_DIR, _rounded, write_result
+from gpu_bench import (
+    PHASES,
+    PRODUCTION,
+    ROOT,
+    SMOKE,
+    WINDOW,
+    Bench,
+    Scale,
+    device_slug,
+    free_memory,
+    peak_flops,
+    peak_lr,
+    production_inner_steps,
+)
+from gpu_consensus import phase_consensus
+from gpu_report import noise_summary, print_table, proof_credit_summary, table
 from templar.compress import (
-    ChunkedDCT,
-    ChunkPlan,
-    Compressed,
-    DCTCompressor,
-    DeMo,
     aggregate,
     apply_signed_update,
     native,
 )
-from templar.core.config import HParams, load_hparams
-from templar.core.model import build_model, parameter_shapes
-from templar.core.schedule import learning_rate
-from templar.runtime.fingerprint import FINGERPRINT_POSITIONS, model_fingerprint, model_in_sync, off_positions
+from templar.core.config import HParams
 from templar.runtime.train import (
     accumulate_gradients,
     evaluate_loss,
@@ -104,254 +111,11 @@ from templar.runtime.train import (
     inner_steps,
     make_inner_optimizer,
 )
-from templar.tools.sizing import H100_BF16_FLOPS, HOLDOUT_PAGES, window_sizing
+from templar.tools.sizing import HOLDOUT_PAGES, window_sizing
 from templar.validator.evaluate import POSITION_RANGES, Evaluator, page_deltas, range_weights, sequence_deltas
-from templar.wire import Run, read_gradient, take_probes, write_gradient
-
-ROOT = Path(__file__).resolve().parents[1]
-PHASES = ("setup", "corpus", "window", "validator", "consensus", "noise")
-WINDOW = 1000          # window number stamped on payloads and fingerprints (any fixed value)
-FIT_FILE = RESULTS_DIR / "subnet_sim_fit.json"
-NEAR_TIE = 1e-5
-"""Kept sets may differ between implementations only where the k-th and a dropped coefficient are
-this close, relative to the chunk's largest (float32 rounding of a 64-term sum: ~1e-6)."""
-
-PEAK_BF16_FLOPS = {  # dense bf16 tensor-core peaks (vendor data sheets), by a substring of the device name
-    "H100 PCIe": 756e12,
-    "H100 NVL": 835e12,
-    "H100": H100_BF16_FLOPS,   # SXM (HBM3), the sizing table's reference
-    "H200": H100_BF16_FLOPS,   # same compute as the H100 SXM, more memory
-    "A100": 312e12,
-}
+from templar.wire import read_gradient, take_probes, write_gradient
 
 
-@dataclass(frozen=True)
-class Scale:
-    """How much of each phase one run does: production (1.2B, the GPU) or smoke (tiny, the CPU)."""
-
-    name: str
-    hparams: str | None             # preset (None: hparams.json, the production run)
-    vocab: int                      # tokenizer entries of the prepared corpus
-    max_documents: int | None       # per corpus file (None: the whole offline sample corpus)
-    workers: int                    # tokenizer processes of `prepare` (0: in-process)
-    timed_micro_batches: int        # forward+backward timed one by one
-    validator_peers: int            # peers of the timed `score_peers`
-    noise_peers: int
-    noise_random_pages: int
-    noise_pretrain_pages: int
-    noise_pretrain_steps: int
-    inner_steps_exercised: int      # also run the window with this many inner steps (0: only the hparams')
-    kept_sets_layers: int | None    # consensus compares kept sets on the first N decoder layers and every
-                                    # tensor outside them (None: all tensors; the CPU side is torch's path)
-    budget: float                   # seconds for the whole run
-    caps: dict[str, float] = field(default_factory=dict)    # seconds per phase at most
-    minimum: dict[str, float] = field(default_factory=dict)  # skip a phase with less than this left
-
-
-PRODUCTION = Scale(
-    name="production", hparams=None, vocab=32000, max_documents=None, workers=min(8, max(1, (os.cpu_count() or 2) - 1)),
-    timed_micro_batches=6, validator_peers=3, noise_peers=4, noise_random_pages=4, noise_pretrain_pages=2,
-    noise_pretrain_steps=48, inner_steps_exercised=0, kept_sets_layers=1, budget=420.0,
-    caps={"corpus": 90, "window": 120, "validator": 60, "consensus": 90, "noise": 150},
-    minimum={"corpus": 30, "window": 40, "validator": 20, "consensus": 25, "noise": 45},
-)
-SMOKE = Scale(
-    name="smoke", hparams="tiny", vocab=1024, max_documents=120, workers=0, timed_micro_batches=1,
-    validator_peers=2, noise_peers=3, noise_random_pages=3, noise_pretrain_pages=2, noise_pretrain_steps=2,
-    inner_steps_exercised=2, kept_sets_layers=None, budget=120.0,
-    caps={"corpus": 30, "window": 30, "validator": 20, "consensus": 30, "noise": 30},
-    minimum={},
-)
-
-
-class StandInKey:
-    """HMAC-SHA512 in place of the hotkey's sr25519 signature: no bittensor on the device. Both sign
-    the 32-byte digest that `write_gradient` computes over every tensor (which is the costly part);
-    an sr25519 signature or check of 32 bytes takes tens of microseconds."""
-
-    _key = b"templar-gpu-benchmark-stand-in-k"
-
-    def sign(self, digest: bytes) -> bytes:
-        return hmac.new(self._key, digest, hashlib.sha512).digest()
-
-    def verify(self, hotkey: str, digest: bytes, signature: bytes) -> bool:
-        return hmac.compare_digest(self.sign(digest), signature)
-
-
-class RecordingDCT(ChunkedDCT):
-    """The transform `aggregate` runs, with the fixed-point accumulator of each tensor handed to
-    `see(index, coef)` just before the inverse DCT: the float32 value of the int64 sum of every
-    peer, which must be the same bits on every device and implementation."""
-
-    def __init__(self, see: Callable[[int, torch.Tensor], None]) -> None:
-        super().__init__()
-        self.see = see
-        self.calls = 0
-
-    def inverse(self, coef: torch.Tensor, plan: ChunkPlan, out: torch.Tensor | None = None) -> torch.Tensor:
-        self.see(self.calls, coef)
-        self.calls += 1
-        return super().inverse(coef, plan, out=out)
-
-
-class Bench:
-    """One run: settings, the deadline, results, and what phases share (model, corpus, peers)."""
-
-    def __init__(self, scale: Scale, device: torch.device, out: Path, work: Path) -> None:
-        self.scale = scale
-        self.device = device
-        self.out = out
-        self.work = work
-        self.hp: HParams = load_hparams(scale.hparams)
-        self.started = time.monotonic()
-        self.deadline = self.started + scale.budget
-        self.phase_deadline = self.deadline
-        self.key = StandInKey()
-        self.run = Run(netuid=0, digest=self.hp.digest())
-        self.shapes = parameter_shapes(build_model(self.hp, "meta"))
-        self.result: dict[str, Any] = {"mode": scale.name, "hparams": self.hp.name, "phases": {}}
-        self._model: torch.nn.Module | None = None
-        self._corpus: Any = None
-        self._demo: DeMo | None = None
-        self._peers: list[dict[str, Compressed]] | None = None
-
-    # -- shared state ---------------------------------------------------------------------------
-    def model(self) -> torch.nn.Module:
-        """θ_0 of the run (built on the CPU from `init_seed`, as every node does), on the device."""
-        if self._model is None:
-            started = time.perf_counter()
-            self._model = build_model(self.hp, self.device)
-            self.result["model_build_seconds"] = time.perf_counter() - started
-        return self._model
-
-    def demo(self) -> DeMo:
-        """One error-feedback state, zeroed for each use (its cost does not depend on its contents)."""
-        hp = self.hp
-        if self._demo is None:
-            self._demo = DeMo(self.model(), compressor=DCTCompressor(hp.demo.target_chunk, hp.demo.topk),
-                              decay=hp.demo.momentum_decay)
-        for buffer in self._demo.buffers.values():
-            buffer.zero_()
-        return self._demo
-
-    def release_demo(self) -> None:
-        self._demo = None
-        free_memory()
-
-    def corpus(self) -> Any:
-        if self._corpus is None:
-            from templar.data import LocalCorpus
-
-            shards = self.work / "shards"
-            if not (shards / "manifest.json").is_file():
-                raise RuntimeError(f"no prepared corpus in {shards}: run the corpus phase")
-            self._corpus = LocalCorpus(shards)
-            geometry = (self._corpus.sequence_length, self._corpus.sequences_per_page)
-            if geometry != (self.hp.data.sequence_length, self.hp.data.sequences_per_page):
-                raise RuntimeError(f"{shards} is cut {geometry}, the run needs "
-                                   f"{(self.hp.data.sequence_length, self.hp.data.sequences_per_page)}")
-        return self._corpus
-
-    def pages(self, pages: Iterable[int]) -> torch.Tensor:
-        corpus = self.corpus()
-        return corpus.batch([p % corpus.num_pages for p in pages])
-
-    def micro_batch(self, index: int) -> torch.Tensor:
-        """The `index`-th micro-batch of the corpus's sequences (wrapping around)."""
-        corpus, mb = self.corpus(), self.hp.optimizer.micro_batch_size
-        per_page = corpus.sequences_per_page
-        total = corpus.num_pages * per_page
-        rows = [(index * mb + i) % total for i in range(mb)]
-        return torch.stack([corpus.page(r // per_page)[r % per_page] for r in rows])
-
-    def peers(self) -> list[dict[str, Compressed]]:
-        """`top_g` peers' real DeMo updates (one micro-batch of gradient each, distinct data), on the
-        CPU, where a node's decoded payloads are. Built once; shared by window, validator, consensus."""
-        if self._peers is None:
-            model, hp = self.model(), self.hp
-            lr = peak_lr(hp)
-            out = []
-            for i in range(hp.gauntlet.top_g):
-                accumulate_gradients(model, self.micro_batch(1 + i), hp.optimizer.micro_batch_size)
-                compressed = self.demo().step(gradients(model), lr)
-                model.zero_grad(set_to_none=True)
-                out.append({name: c.to("cpu") for name, c in compressed.items()})
-            self._peers = out
-        return self._peers
-
-    # -- time -----------------------------------------------------------------------------------
-    def left(self) -> float:
-        return min(self.deadline, self.phase_deadline) - time.monotonic()
-
-    def sync(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-
-    def timed(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, float]:
-        """(fn(*args, **kwargs), wall seconds), the device's queue drained on both sides."""
-        self.sync()
-        started = time.perf_counter()
-        out = fn(*args, **kwargs)
-        self.sync()
-        return out, time.perf_counter() - started
-
-    def reset_peak(self) -> None:
-        if self.device.type == "cuda":
-            self.sync()
-            torch.cuda.reset_peak_memory_stats(self.device)
-
-    def peak_gb(self) -> float | None:
-        """Peak GPU memory allocated by torch since `reset_peak` (None on the CPU)."""
-        if self.device.type != "cuda":
-            return None
-        self.sync()
-        return torch.cuda.max_memory_allocated(self.device) / 1e9
-
-
-def free_memory() -> None:
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-
-
-def peak_lr(hp: HParams) -> float:
-    """α at the end of warm-up: the step size of most of the run."""
-    return learning_rate(hp.optimizer.warmup_steps, hp.optimizer)
-
-
-def production_inner_steps(hp: HParams) -> int:
-    """Inner optimizer steps per window under the hparams (`inner.steps`; 1: the paper's one
-    gradient per window)."""
-    return hp.inner.steps
-
-
-def peak_flops(device: torch.device) -> tuple[float | None, str]:
-    """Dense bf16 peak of the device and where it came from (None: unknown device, no MFU)."""
-    if device.type != "cuda":
-        return None, "no peak for a CPU"
-    name = torch.cuda.get_device_name(device)
-    for key, flops in PEAK_BF16_FLOPS.items():
-        if key in name:
-            return flops, f"{key} dense bf16 data-sheet peak"
-    return None, f"unknown device {name!r}: no MFU"
-
-
-def device_slug(device: torch.device) -> str:
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    return re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
-
-
-def _stats(values: Sequence[float]) -> dict[str, float]:
-    finite = [v for v in values if math.isfinite(v)]
-    if not finite:
-        return {"n": 0}
-    mean = statistics.fmean(finite)
-    sd = statistics.stdev(finite) if len(finite) > 1 else 0.0
-    return {"n": len(finite), "mean": mean, "sd": sd, "cv": sd / abs(mean) if mean else math.inf,
-            "min": min(finite), "max": max(finite)}
-
-
-# -- phases ---------------------------------------------------------------------------------------
 def phase_setup(b: Bench) -> dict[str, Any]:
     """Versions, the device, and the sizing table's estimates the measurements replace."""
     import numpy
@@ -566,110 +330,6 @@ def phase_validator(b: Bench) -> dict[str, Any]:
     return out
 
 
-def _near_tie_gap(x: torch.Tensor, plan: ChunkPlan, chunks: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
-                  k: int) -> float:
-    """Largest gap, over `chunks` (whose kept sets differ), between a swapped coefficient's magnitude
-    and the chunk's k-th largest, relative to the chunk's largest: float32 rounding gives ~1e-6."""
-    chunks = chunks[:4096]
-    coef = ChunkedDCT(reuse_buffers=False).forward(x.detach().to("cpu", torch.float32).contiguous(), plan)
-    values = coef[plan.chunk_positions(chunks)].abs().double()                  # [m, chunk_numel]
-    kth = values.sort(dim=1, descending=True).values[:, k - 1:k]
-    kept_a = torch.zeros_like(values, dtype=torch.bool).scatter_(1, a[chunks], True)
-    kept_b = torch.zeros_like(values, dtype=torch.bool).scatter_(1, b[chunks], True)
-    gaps = (values - kth).abs() / values.amax(dim=1, keepdim=True).clamp_min(1e-300)
-    return float(gaps[kept_a ^ kept_b].max())
-
-
-def phase_consensus(b: Bench) -> dict[str, Any]:
-    """The same inputs on two implementations: the GPU's torch paths against the CPU (C kernels where
-    built), or, CPU only, the C kernels against torch. Consensus needs bit-identical accumulators;
-    kept sets may differ only at float32 near-ties (compression is local to one miner)."""
-    hp, model = b.hp, b.model()
-    on_gpu = b.device.type != "cpu"
-    ref_native = native.available()
-    if not on_gpu and not ref_native:
-        raise RuntimeError("nothing to compare on a CPU without the C kernels (build them with `pip install -e .`)")
-    reference, candidate = f"cpu/{'native' if ref_native else 'torch'}", f"{b.device.type}/torch"
-    out: dict[str, Any] = {"reference": reference, "candidate": candidate}
-
-    def on_candidate(fn: Callable[[], Any]) -> Any:
-        if on_gpu:
-            return fn()
-        with native.disabled():
-            return fn()
-
-    # 1. kept sets: a real gradient (one micro-batch), compressed by both
-    accumulate_gradients(model, b.micro_batch(0), hp.optimizer.micro_batch_size)
-    grads = gradients(model)
-    compressor = DCTCompressor(hp.demo.target_chunk, hp.demo.topk)
-    chunks = same = 0
-    worst = 0.0
-    layers = b.scale.kept_sets_layers
-    compared = [n for n in grads if layers is None or not (m := re.search(r"\.layers\.(\d+)\.", n))
-                or int(m.group(1)) < layers]
-    for g in (grads[n] for n in compared):
-        ref = compressor.compress(g.to("cpu"))
-        cand = on_candidate(lambda g=g: compressor.compress(g))
-        differ = (ref.indices != cand.indices.to("cpu")).any(dim=1)
-        chunks += differ.numel()
-        same += int((~differ).sum())
-        if bool(differ.any()):
-            worst = max(worst, _near_tie_gap(g, ref.plan, differ.nonzero().flatten(), ref.indices,
-                                             cand.indices.to("cpu"), ref.k))
-    out["kept_sets"] = {"tensors": len(compared), "of_tensors": len(grads),
-                        "parameters": sum(grads[n].numel() for n in compared), "chunks": chunks, "identical": same,
-                        "share_identical": same / chunks, "worst_gap_over_chunk_max": worst,
-                        "only_near_ties": worst < NEAR_TIE}
-    model.zero_grad(set_to_none=True)
-    del grads
-
-    # 2. the 15 peers aggregated by both: accumulators bit for bit, then the signs
-    peers = b.peers()
-    b.release_demo()
-    weights = [1.0 / hp.gauntlet.top_g] * len(peers)
-    accumulators: list[torch.Tensor] = []
-    equal: list[bool] = []
-
-    def record(_: int, coef: torch.Tensor) -> None:
-        accumulators.append(coef.clone())
-
-    def compare(i: int, coef: torch.Tensor) -> None:
-        equal.append(torch.equal(coef.to("cpu").view(torch.int32), accumulators[i].view(torch.int32)))
-        accumulators[i] = torch.empty(0)  # free as we go (1.2B float32 on the host)
-
-    signs_ref = aggregate(peers, weights, b.shapes, dct=RecordingDCT(record))
-    signs_cand = on_candidate(lambda: aggregate(
-        [{n: c.to(b.device) for n, c in p.items()} for p in peers] if on_gpu else peers, weights, b.shapes,
-        dct=RecordingDCT(compare)))
-    accumulators.clear()
-    flipped = sum(int((signs_ref[n] != signs_cand[n].to("cpu")).sum()) for n in signs_ref)
-    total = sum(s.numel() for s in signs_ref.values())
-    out["accumulators"] = {"tensors": len(equal), "bit_identical": sum(equal), "all": all(equal) and bool(equal)}
-    out["signs"] = {"coordinates": total, "differing": flipped, "share": flipped / total}
-
-    # 3. the window applied to θ on both; the fingerprint rule between them
-    lr = peak_lr(hp)
-    reference_model = copy.deepcopy(model).to("cpu")
-    apply_signed_update(reference_model, signs_ref, lr, hp.optimizer.weight_decay)
-    apply_signed_update(model, signs_cand, lr, hp.optimizer.weight_decay)
-    del signs_ref, signs_cand
-    differing, largest = 0, 0.0
-    for p_ref, p in zip(reference_model.parameters(), model.parameters(), strict=True):
-        diff = (p_ref.detach() - p.detach().to("cpu")).abs()
-        differing += int((diff != 0).sum())
-        largest = max(largest, float(diff.max()))
-    own = model_fingerprint(model, hp.data.data_seed, WINDOW)
-    published = model_fingerprint(reference_model, hp.data.data_seed, WINDOW)
-    del reference_model
-    out["theta"] = {"coordinates_differing": differing, "largest_difference": largest, "lr": lr,
-                    "largest_over_lr": largest / lr}
-    out["fingerprint"] = {"positions": FINGERPRINT_POSITIONS, "off": off_positions(own, published, lr),
-                          "model_in_sync": model_in_sync(own, published, lr)}
-    out["consistent"] = bool(out["accumulators"]["all"] and out["kept_sets"]["only_near_ties"]
-                             and out["fingerprint"]["model_in_sync"])
-    return out
-
-
 def _pretrain(b: Bench, pages: Sequence[int], steps: int) -> dict[str, Any]:
     """AdamW micro-batch steps on `pages`, so the noise is measured past θ_0's first drop in loss
     (the run's own windows would need hours to get there)."""
@@ -765,74 +425,6 @@ def phase_noise(b: Bench) -> dict[str, Any]:
     return out
 
 
-def _gauntlet_scores() -> Any:
-    """`templar/gauntlet/scores.py` on its own: the package's `__init__` imports openskill (through
-    the rating), which the device machine does not have; the proof's rule itself needs only torch."""
-    spec = importlib.util.spec_from_file_location("gauntlet_scores", ROOT / "src" / "templar" / "gauntlet" / "scores.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def proof_credit_summary(rows: Mapping[str, Mapping[str, Sequence[float]]], full_gap: float) -> dict[str, Any]:
-    """What production's proof of computation by size credits these honest peers, one position
-    range of one sequence at a time (docs/scoring.md §4): the credit c = 2 can reward only if honest sequences clear
-    `full_gap` × the typical gap, which on the CPU's `micro` model they do half the time (mean
-    credit ≈ 0.5; benchmarks/LOG.md §8). The typical gap is these peers' median, without the floor."""
-    scores = _gauntlet_scores()
-    rand = {p: statistics.fmean(rows[p]["delta_rand_pages"]) for p in rows}
-    gaps = [scores.proof_gap(0.0, rand[p], rows[p]["delta_assigned_pages"]) for p in rows]
-    typical = scores.typical_gap(scores.window_gap(gaps), [], 0.0)
-    credit, full = {}, {}
-    for p in rows:
-        sequences = rows[p].get("delta_assigned_sequences") or []
-        if not sequences or typical <= 0:
-            continue
-        credit[p] = scores.size_credit(sequences, rand[p], full_gap * typical)
-        full[p] = sum(d - rand[p] >= full_gap * typical for d in sequences) / len(sequences)
-    return {"full_gap": full_gap, "typical_gap": typical, "credit": credit, "full_credit_share": full,
-            "credit_mean": statistics.fmean(credit.values()) if credit else None}
-
-
-def noise_summary(rows: Mapping[str, Mapping[str, Sequence[float]]]) -> dict[str, Any]:
-    """The spreads the Gauntlet cares about, from δ per (peer, page).
-
-    * across pages, one peer: coefficient of variation of δ_rand (and δ_assigned) over pages;
-    * across peers, one page (what one validator-window sees: every peer of S_t on the same random
-      pages): per page, the sd of δ_rand / mean δ_rand over peers (the simulator fit's measure,
-      `subnet_sim_fit.json` honest `rand_mean_sd`) and 1.4826 · MAD / median (the tie band's σ̂);
-    * `window_noise`: the sd of log(σ̂) over pages, the simulator's spread of windows' noise
-      (its localnets' windows: 0.94; windows here differ only in their random page).
-    """
-    peers = list(rows)
-    rand = [[float(v) for v in rows[p]["delta_rand_pages"]] for p in peers]
-    out: dict[str, Any] = {
-        "rand_cv_across_pages": {p: _stats(r).get("cv") for p, r in zip(peers, rand, strict=True)},
-        "assigned_cv_across_pages": {p: _stats(rows[p]["delta_assigned_pages"]).get("cv") for p in peers},
-        "mean_delta_rand": statistics.fmean(v for r in rand for v in r),
-        "mean_delta_assigned": statistics.fmean(v for p in peers for v in rows[p]["delta_assigned_pages"]),
-    }
-    relative_sd, sigma_hat = [], []
-    for page in range(len(rand[0])):
-        xs = [r[page] for r in rand]
-        mean, med = statistics.fmean(xs), statistics.median(xs)
-        if len(xs) >= 2 and mean > 0:
-            relative_sd.append(statistics.stdev(xs) / mean)
-        if len(xs) >= 3 and med > 0:
-            sigma_hat.append(1.4826 * statistics.median(abs(x / med - 1) for x in xs))
-    out["relative_sd_across_peers"] = relative_sd
-    out["sigma_hat_across_peers"] = sigma_hat
-    positive = [v for v in sigma_hat if v > 0]
-    out["window_noise"] = statistics.stdev(math.log(v) for v in positive) if len(positive) > 1 else None
-    if relative_sd and FIT_FILE.is_file():
-        import json
-
-        fit_sd = json.loads(FIT_FILE.read_text())["summary"]["honest"]["rand_mean_sd"][1]
-        out["fit_honest_relative_sd"] = fit_sd
-        out["subnet_sim_noise"] = statistics.median(relative_sd) / fit_sd
-    return out
-
-
 PHASE_FUNCTIONS: dict[str, Callable[[Bench], dict[str, Any]]] = {
     "setup": phase_setup, "corpus": phase_corpus, "window": phase_window, "validator": phase_validator,
     "consensus": phase_consensus, "noise": phase_noise,
@@ -883,144 +475,6 @@ def write(b: Bench) -> None:
 
         b.out.parent.mkdir(parents=True, exist_ok=True)
         b.out.write_text(json.dumps(_rounded(b.result), indent=1) + "\n")
-
-
-# -- the table ------------------------------------------------------------------------------------
-def _fmt(value: Any, unit: str = "", digits: int = 3) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, bool):
-        return "yes" if value else "NO"
-    if isinstance(value, int):
-        return f"{value:,}{unit}"
-    if isinstance(value, float):
-        return f"{value:.{digits}g}{unit}"
-    return str(value)
-
-
-def table(result: Mapping[str, Any]) -> list[list[str]]:
-    """[figure, measured, estimate] rows: what each phase measured beside the figure it replaces. A
-    section that cannot be read says so in its row instead of losing the others."""
-    phases = result["phases"]
-    est = phases.get("setup", {}).get("estimate", {})
-    rows: list[list[str]] = []
-    for name in PHASES[1:]:
-        p = phases.get(name)
-        if p is None:
-            continue
-        if p.get("status") != "ok":
-            rows.append([name, p.get("status", "?") + ": " + str(p.get("error") or p.get("reason"))[:70], ""])
-            continue
-        try:
-            rows += ROWS[name](p, est)
-        except Exception as exc:
-            rows.append([name, f"unreadable for the table: {type(exc).__name__}: {exc}"[:90], ""])
-    return rows
-
-
-def _rows_corpus(c: Mapping[str, Any], est: Mapping[str, Any]) -> list[list[str]]:
-    rows: list[list[str]] = []
-    rows.append(["corpus: pages × tokens", f"{c['pages']} × {c['page_tokens']:,} ({c['vocab']:,}-entry tokenizer)", ""])
-    return rows
-
-
-def _rows_window(w: Mapping[str, Any], est: Mapping[str, Any]) -> list[list[str]]:
-    rows: list[list[str]] = []
-    for label, m in (("paper", w["paper"]), ("production", w["production"])):
-        if not isinstance(m, dict):
-            rows.append([f"window ({label})", m, ""])
-            continue
-        fb = m.get("forward_backward_per_micro_batch", {})
-        rows += [
-            [f"window ({label}): tokens, steps", f"{m['tokens']:,}, {m['steps_per_window']}",
-             _fmt(est.get("tokens_per_window_per_peer"))],
-            [f"window ({label}): forward+backward, whole window", _fmt(m["train_seconds"], " s"),
-             _fmt(est.get("h100_train_seconds"), " s")],
-            [f"window ({label}): tokens/s, MFU", f"{m['tokens_per_second']:,.0f}, {_fmt(m['mfu'])}",
-             _fmt(est.get("mfu_assumed"))],
-            [f"window ({label}): forward+backward per micro-batch",
-             f"{_fmt(fb.get('median_seconds'), ' s')} ({m['micro_batch']} seq), MFU {_fmt(fb.get('mfu'))}", ""],
-            [f"window ({label}): compression (DeMo step)", _fmt(m["compress_seconds"], " s"), ""],
-            [f"window ({label}): encoding own payload", f"{m['encode_seconds']:.3g} s ({m['payload_bytes'] / 1e6:.1f} MB)", ""],
-            [f"window ({label}): decoding {m['aggregate_peers']} peers", _fmt(m["decode_seconds"], " s"), ""],
-            [f"window ({label}): aggregating {m['aggregate_peers']} peers, CPU (today)",
-             _fmt(m["aggregate_cpu_seconds"], " s"), ""],
-            [f"window ({label}): aggregating {m['aggregate_peers']} peers, device",
-             _fmt(m.get("aggregate_device_seconds"), " s"), ""],
-            [f"window ({label}): outer step (apply)", _fmt(m["outer_step_seconds"], " s"), ""],
-            [f"window ({label}): peak GPU memory", _fmt(m["peak_memory_gb"], " GB"),
-             _fmt(est.get("miner_gpu_memory_gb"), " GB")],
-        ]
-    return rows
-
-
-def _rows_validator(v: Mapping[str, Any], est: Mapping[str, Any]) -> list[list[str]]:
-    rows: list[list[str]] = []
-    rows += [
-        ["validator: sign decode per peer, CPU / device",
-         f"{_fmt(v['sign_decode_cpu_seconds'], ' s')} / {_fmt(v.get('sign_decode_device_seconds'), ' s')}", ""],
-        [f"validator: score_peers, {v['score_peers_peers']} peers", _fmt(v["score_peers_seconds"], " s"), ""],
-        ["validator: evaluation per peer (page before, step, pages after, restore)",
-         _fmt(v["seconds_per_peer"], " s"), ""],
-        [f"validator: held-out ({HOLDOUT_PAGES} pages) + shared random pages", _fmt(v["fixed_seconds"], " s"), ""],
-        [f"validator: {v['uids_per_window']} peers' evaluation", _fmt(v["eval_seconds_per_window"], " s"),
-         _fmt(est.get("h100_validator_eval_seconds"), " s")],
-        [f"validator: peers that fit a {v['window_seconds']:.0f} s window", _fmt(v["peers_per_window"]),
-         _fmt(v["uids_per_window"])],
-        ["validator: peak GPU memory", _fmt(v["peak_memory_gb"], " GB"), _fmt(est.get("validator_gpu_memory_gb"), " GB")],
-    ]
-    return rows
-
-
-def _rows_consensus(k: Mapping[str, Any], est: Mapping[str, Any]) -> list[list[str]]:
-    rows: list[list[str]] = []
-    ks, acc, sg, fp = k["kept_sets"], k["accumulators"], k["signs"], k["fingerprint"]
-    rows += [
-        [f"consensus: {k['candidate']} vs {k['reference']}", "consistent" if k["consistent"] else "INCONSISTENT", ""],
-        ["consensus: kept sets identical", f"{ks['share_identical']:.6f} of {ks['chunks']:,} chunks "
-         f"(worst gap {ks['worst_gap_over_chunk_max']:.1e})", "near-ties only"],
-        ["consensus: fixed-point accumulators", f"{acc['bit_identical']}/{acc['tensors']} bit-identical", "all"],
-        ["consensus: signs differing", f"{sg['differing']:,} of {sg['coordinates']:,}", "near 0"],
-        ["consensus: model_in_sync", f"{_fmt(fp['model_in_sync'])} ({fp['off']}/{fp['positions']} off)", "yes"],
-    ]
-    return rows
-
-
-def _rows_noise(n: Mapping[str, Any], est: Mapping[str, Any]) -> list[list[str]]:
-    rows: list[list[str]] = []
-    sd = n["relative_sd_across_peers"]
-    rows += [
-        ["noise: loss on random pages, δ_rand mean", f"{n['loss_rand_before']:.3f}, {n['mean_delta_rand']:.3g}", ""],
-        ["noise: δ_rand sd/mean across peers, per page",
-         ", ".join(f"{x:.3f}" for x in sd), _fmt(n.get("fit_honest_relative_sd"))],
-        ["noise: σ̂ (1.4826·MAD/median) across peers", ", ".join(f"{x:.3f}" for x in n["sigma_hat_across_peers"]), ""],
-        ["noise: δ_rand cv across pages, per peer",
-         ", ".join(f"{x:.3f}" for x in n["rand_cv_across_pages"].values()), ""],
-        ["noise: subnet_sim `noise` factor", _fmt(n.get("subnet_sim_noise")), "1.0"],
-        ["noise: log-sd of σ̂ over pages (`window_noise`)", _fmt(n.get("window_noise")), "0.94"],
-    ]
-    proof = n.get("proof_credit") or {}
-    if proof.get("credit"):
-        rows.append(["noise: proof credit by size per honest peer (share at full credit)",
-                     ", ".join(f"{c:.2f} ({proof['full_credit_share'][p]:.2f})" for p, c in proof["credit"].items()),
-                     "1.0 intended; micro 0.5"])
-    return rows
-
-
-ROWS: dict[str, Callable[[Mapping[str, Any], Mapping[str, Any]], list[list[str]]]] = {
-    "corpus": _rows_corpus, "window": _rows_window, "validator": _rows_validator, "consensus": _rows_consensus,
-    "noise": _rows_noise,
-}
-
-
-def print_table(result: Mapping[str, Any]) -> None:
-    rows = [["figure", "measured", "estimate / reference"], *result.get("table", [])]
-    widths = [max(len(str(r[i])) for r in rows) for i in range(3)]
-    print()
-    for r in rows:
-        print("  " + "  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
-    print(f"\n  {result.get('device_name', result.get('device'))}, {result['mode']} mode, "
-          f"{result.get('elapsed_seconds', 0):.0f} s in all", flush=True)
 
 
 # -- entry point ----------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from templar.compress import native
+from templar.core.config import load_hparams
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -38,7 +39,7 @@ def test_smoke_runs_every_phase_and_prints_the_table(gpu, tmp_path: Path, assets
     assert {n: p["status"] for n, p in phases.items()} == want, {n: p.get("error") for n, p in phases.items()}
     assert rc == (0 if native.available() else 1)
 
-    hp = gpu.load_hparams("tiny")
+    hp = load_hparams("tiny")
     corpus = phases["corpus"]
     assert corpus["page_tokens"] == hp.data.sequence_length * hp.data.sequences_per_page
     assert corpus["vocab"] <= hp.model.vocab_size and corpus["pages"] > 20

@@ -1,0 +1,129 @@
+"""`benchmarks/gpu.py`'s consensus phase: the same window on the GPU and the CPU, bit for bit."""
+
+from __future__ import annotations
+
+import copy
+import re
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from gpu_bench import NEAR_TIE, WINDOW, Bench, RecordingDCT, peak_lr
+from templar.compress import (
+    ChunkedDCT,
+    ChunkPlan,
+    DCTCompressor,
+    aggregate,
+    apply_signed_update,
+    native,
+)
+from templar.runtime.fingerprint import FINGERPRINT_POSITIONS, model_fingerprint, model_in_sync, off_positions
+from templar.runtime.train import (
+    accumulate_gradients,
+    gradients,
+)
+
+
+def _near_tie_gap(x: torch.Tensor, plan: ChunkPlan, chunks: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
+                  k: int) -> float:
+    """Largest gap, over `chunks` (whose kept sets differ), between a swapped coefficient's magnitude
+    and the chunk's k-th largest, relative to the chunk's largest: float32 rounding gives ~1e-6."""
+    chunks = chunks[:4096]
+    coef = ChunkedDCT(reuse_buffers=False).forward(x.detach().to("cpu", torch.float32).contiguous(), plan)
+    values = coef[plan.chunk_positions(chunks)].abs().double()                  # [m, chunk_numel]
+    kth = values.sort(dim=1, descending=True).values[:, k - 1:k]
+    kept_a = torch.zeros_like(values, dtype=torch.bool).scatter_(1, a[chunks], True)
+    kept_b = torch.zeros_like(values, dtype=torch.bool).scatter_(1, b[chunks], True)
+    gaps = (values - kth).abs() / values.amax(dim=1, keepdim=True).clamp_min(1e-300)
+    return float(gaps[kept_a ^ kept_b].max())
+
+
+def phase_consensus(b: Bench) -> dict[str, Any]:
+    """The same inputs on two implementations: the GPU's torch paths against the CPU (C kernels where
+    built), or, CPU only, the C kernels against torch. Consensus needs bit-identical accumulators;
+    kept sets may differ only at float32 near-ties (compression is local to one miner)."""
+    hp, model = b.hp, b.model()
+    on_gpu = b.device.type != "cpu"
+    ref_native = native.available()
+    if not on_gpu and not ref_native:
+        raise RuntimeError("nothing to compare on a CPU without the C kernels (build them with `pip install -e .`)")
+    reference, candidate = f"cpu/{'native' if ref_native else 'torch'}", f"{b.device.type}/torch"
+    out: dict[str, Any] = {"reference": reference, "candidate": candidate}
+
+    def on_candidate(fn: Callable[[], Any]) -> Any:
+        if on_gpu:
+            return fn()
+        with native.disabled():
+            return fn()
+
+    # 1. kept sets: a real gradient (one micro-batch), compressed by both
+    accumulate_gradients(model, b.micro_batch(0), hp.optimizer.micro_batch_size)
+    grads = gradients(model)
+    compressor = DCTCompressor(hp.demo.target_chunk, hp.demo.topk)
+    chunks = same = 0
+    worst = 0.0
+    layers = b.scale.kept_sets_layers
+    compared = [n for n in grads if layers is None or not (m := re.search(r"\.layers\.(\d+)\.", n))
+                or int(m.group(1)) < layers]
+    for g in (grads[n] for n in compared):
+        ref = compressor.compress(g.to("cpu"))
+        cand = on_candidate(lambda g=g: compressor.compress(g))
+        differ = (ref.indices != cand.indices.to("cpu")).any(dim=1)
+        chunks += differ.numel()
+        same += int((~differ).sum())
+        if bool(differ.any()):
+            worst = max(worst, _near_tie_gap(g, ref.plan, differ.nonzero().flatten(), ref.indices,
+                                             cand.indices.to("cpu"), ref.k))
+    out["kept_sets"] = {"tensors": len(compared), "of_tensors": len(grads),
+                        "parameters": sum(grads[n].numel() for n in compared), "chunks": chunks, "identical": same,
+                        "share_identical": same / chunks, "worst_gap_over_chunk_max": worst,
+                        "only_near_ties": worst < NEAR_TIE}
+    model.zero_grad(set_to_none=True)
+    del grads
+
+    # 2. the 15 peers aggregated by both: accumulators bit for bit, then the signs
+    peers = b.peers()
+    b.release_demo()
+    weights = [1.0 / hp.gauntlet.top_g] * len(peers)
+    accumulators: list[torch.Tensor] = []
+    equal: list[bool] = []
+
+    def record(_: int, coef: torch.Tensor) -> None:
+        accumulators.append(coef.clone())
+
+    def compare(i: int, coef: torch.Tensor) -> None:
+        equal.append(torch.equal(coef.to("cpu").view(torch.int32), accumulators[i].view(torch.int32)))
+        accumulators[i] = torch.empty(0)  # free as we go (1.2B float32 on the host)
+
+    signs_ref = aggregate(peers, weights, b.shapes, dct=RecordingDCT(record))
+    signs_cand = on_candidate(lambda: aggregate(
+        [{n: c.to(b.device) for n, c in p.items()} for p in peers] if on_gpu else peers, weights, b.shapes,
+        dct=RecordingDCT(compare)))
+    accumulators.clear()
+    flipped = sum(int((signs_ref[n] != signs_cand[n].to("cpu")).sum()) for n in signs_ref)
+    total = sum(s.numel() for s in signs_ref.values())
+    out["accumulators"] = {"tensors": len(equal), "bit_identical": sum(equal), "all": all(equal) and bool(equal)}
+    out["signs"] = {"coordinates": total, "differing": flipped, "share": flipped / total}
+
+    # 3. the window applied to θ on both; the fingerprint rule between them
+    lr = peak_lr(hp)
+    reference_model = copy.deepcopy(model).to("cpu")
+    apply_signed_update(reference_model, signs_ref, lr, hp.optimizer.weight_decay)
+    apply_signed_update(model, signs_cand, lr, hp.optimizer.weight_decay)
+    del signs_ref, signs_cand
+    differing, largest = 0, 0.0
+    for p_ref, p in zip(reference_model.parameters(), model.parameters(), strict=True):
+        diff = (p_ref.detach() - p.detach().to("cpu")).abs()
+        differing += int((diff != 0).sum())
+        largest = max(largest, float(diff.max()))
+    own = model_fingerprint(model, hp.data.data_seed, WINDOW)
+    published = model_fingerprint(reference_model, hp.data.data_seed, WINDOW)
+    del reference_model
+    out["theta"] = {"coordinates_differing": differing, "largest_difference": largest, "lr": lr,
+                    "largest_over_lr": largest / lr}
+    out["fingerprint"] = {"positions": FINGERPRINT_POSITIONS, "off": off_positions(own, published, lr),
+                          "model_in_sync": model_in_sync(own, published, lr)}
+    out["consistent"] = bool(out["accumulators"]["all"] and out["kept_sets"]["only_near_ties"]
+                             and out["fingerprint"]["model_in_sync"])
+    return out
