@@ -45,7 +45,8 @@ def assign_owners(shapes: Mapping[str, torch.Size], world_size: int) -> dict[str
 class ShardedDeMo:
     """The node's error feedback over N ranks; `step` returns the node's full compressed update."""
 
-    def __init__(self, model: nn.Module, group: Group, *, compressor: DCTCompressor, decay: float) -> None:
+    def __init__(self, model: nn.Module, group: Group, *, compressor: DCTCompressor, decay: float,
+                 offload: bool = False) -> None:
         self.group = group
         self.compressor = compressor
         self.shapes = {n: torch.Size(p.shape) for n, p in model.named_parameters() if p.requires_grad}
@@ -53,7 +54,7 @@ class ShardedDeMo:
         zero = torch.zeros((), device=group.device)
         # Only this rank's parameters get buffers (expand() allocates nothing; DeMo reads shape/device).
         mine = {n: zero.expand(s) for n, s in self.shapes.items() if self.owners[n] == group.rank}
-        self.local = DeMo(mine, compressor=compressor, decay=decay)
+        self.local = DeMo(mine, compressor=compressor, decay=decay, offload=offload)  # offload: in host memory
 
     @property
     def buffers(self) -> dict[str, torch.Tensor]:
