@@ -14,7 +14,7 @@ Why by parameter and not by chunk rows: a DCT chunk spans `h` rows, and FSDP's r
 (ceil(rows / N)) does not fall on chunk boundaries, so row-split compression would need a second
 redistribution to whole chunk rows; the per-parameter split reuses the 1-process kernels
 unchanged. Its cost: the owner of the largest tensor (the embedding) holds that whole tensor's
-buffer; `templar.distributed.sizing` counts it.
+buffer; `templar.core.memory` counts it.
 """
 
 from __future__ import annotations
