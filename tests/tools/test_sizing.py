@@ -10,7 +10,7 @@ import pytest
 
 from templar.cli import main
 from templar.core.config import load_hparams
-from templar.core.memory import GIB, SETTINGS
+from templar.core.memory import GIB, HOST_PROCESS_BYTES, SETTINGS
 from templar.tools.sizing import (
     fewest_ranks,
     fits,
@@ -91,7 +91,7 @@ def test_the_hardware_and_sizing_figures_are_the_functions(production) -> None:
     figures |= {f"{parts['θ']:.1f}", f"{parts['activations and transients (peak)']:.1f}",
                 f"{parts['error feedback'] + parts['θ_t snapshot'] + parts['AdamW moments']:.1f}",
                 f"{s['miner_state_file_gb']:.1f}", f"{s['miner_disk_gb']:.1f}", f"{s['pcie_gb_per_second']:.0f}",
-                "24", "40", "80"}
+                f"{HOST_PROCESS_BYTES / 1e9:.0f}", "24", "40", "80"}
     stated = re.findall(r"(\d+(?:\.\d+)?) GB(?!/s)", hardware)
     assert stated and set(stated) <= figures, set(stated) - figures
     assert f"{s['miner_compute_span_seconds']:.1f} s for training" in hardware

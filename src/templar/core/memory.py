@@ -28,11 +28,16 @@ autograd really saves in tests/core/test_memory.py):
   per linear weight), until the micro-batch's backward;
 * with checkpointing, only each layer's input (r·T·d) is kept; one layer at a time is recomputed.
 
+Under torchrun (FSDP2) each GPU also gathers the largest unit (a decoder layer, the embedding or the
+head) in bf16, twice with prefetching, with its gradient in bf16 and float32 (10 bytes a parameter).
 Transients that do not overlap training are counted by their maximum: the DeMo step on the largest
-tensor (its DCT coefficients and selection scratch, and with offload its streamed buffer), and with
-offload one parameter group's moments during its AdamW step. Host memory counts the state file's
-save (the tensors copied off the GPU) and load (the whole file is read), the outer step's dense
-update (float32, on the host), and `HOST_PROCESS_BYTES` for the process itself.
+tensor (three float32 copies: its DCT coefficients, the selection scratch, the decoded update; with
+offload its streamed buffer too; under torchrun the owner's gathered full gradients), and with
+offload one parameter group's moments during its AdamW step. A validator holds θ, the copy of θ_t
+it restores after each trial step, and one no-grad forward: the head's logits (10·T·V as above),
+the MLP's gate, up and product in bf16 (6·T·f) and two float32 hidden states (8·T·d). Host memory
+counts the state file's save (the tensors copied off the GPU) and load (the whole file is read), the
+outer step's dense update (float32, on the host), and `HOST_PROCESS_BYTES` for the process itself.
 """
 
 from __future__ import annotations
@@ -122,7 +127,7 @@ class ModelShape:
     @property
     def largest_group(self) -> int:
         """The largest parameter group the offload streams at once (`runtime.offload.parameter_groups`:
-        a decoder layer, or the embedding or the head alone)."""
+        a decoder layer, or the embedding or the head alone); FSDP2's units are the same groups."""
         return max(self.layer_parameters, self.embedding)
 
 
@@ -247,7 +252,7 @@ def node_memory(shape: ModelShape, copies: StateCopies, *, role: str, setting: M
         gpu["gradients"] = 4 * n * per
         acts = activation_bytes(shape, micro_batch, seq, residual_bytes=2 if fsdp else 4,
                                 checkpointed=setting.checkpoint_activations)
-        training = acts.peak + (10 * max(shape.layer_parameters, shape.embedding) if fsdp else 0)
+        training = acts.peak + (10 * shape.largest_group if fsdp else 0)  # FSDP: the gathered unit
         compress = 12 * shape.largest_tensor + (4 * owned if fsdp else 0) + (4 * shape.largest_tensor if offload else 0)
         stream = 4 * copies.moments * shape.largest_group * per if offload else 0
         gpu["activations and transients (peak)"] = max(training, compress, stream)

@@ -81,11 +81,13 @@ def state_copies(hp: HParams, role: str) -> StateCopies:
                           outer=rule_of(hp.optimizer.method).state_copies)
 
 
-def model_memory(hp: HParams, role: str, setting: MemorySettings = SETTINGS[0], ranks: int = 1) -> NodeMemory:
+def model_memory(hp: HParams, role: str, setting: MemorySettings = SETTINGS[0], ranks: int = 1, *,
+                 shape: ModelShape | None = None) -> NodeMemory:
     """The memory of a `role` node of this run under `setting` over `ranks` GPUs: the one function
-    behind the memory table (`templar hparams`, docs/mining.md) and `templar doctor`'s GPU check."""
-    return node_memory(ModelShape.of(hp.model), state_copies(hp, role), role=role, setting=setting, ranks=ranks,
-                       micro_batch=hp.optimizer.micro_batch_size, seq=hp.data.sequence_length,
+    behind the memory tables (`templar hparams`, docs/mining.md) and `templar doctor`'s GPU check.
+    `shape`: another model trained with the run's other settings (`SHAPES`)."""
+    return node_memory(shape or ModelShape.of(hp.model), state_copies(hp, role), role=role, setting=setting,
+                       ranks=ranks, micro_batch=hp.optimizer.micro_batch_size, seq=hp.data.sequence_length,
                        inner_steps=hp.inner.steps)
 
 
@@ -140,7 +142,6 @@ def ranks_table(hp: HParams, ranks: Sequence[int]) -> str:
     """A miner's memory per GPU at each rank count (1: one process; more: torchrun, FSDP2), for the
     run's model and for the 8B and 70B shapes trained with the run's other settings, as markdown
     (`templar hparams --ranks`, docs/mining.md §12)."""
-    copies = state_copies(hp, "miner")
     mb, seq = hp.optimizer.micro_batch_size, hp.data.sequence_length
     lines = [f"Miner memory per GPU in GB (micro-batch {mb} × {seq} tokens, bf16 compute, float32 θ; host memory "
              "per node):", "",
@@ -149,18 +150,14 @@ def ranks_table(hp: HParams, ranks: Sequence[int]) -> str:
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, shape in [(hp.name, ModelShape.of(hp.model)), *SHAPES.items()]:
         for n in ranks:
-            def memory(setting: MemorySettings, shape: ModelShape = shape, n: int = n) -> NodeMemory:
-                return node_memory(shape, copies, role="miner", setting=setting, ranks=n, micro_batch=mb, seq=seq,
-                                   inner_steps=hp.inner.steps)
-
-            m, both = memory(SETTINGS[0]), memory(SETTINGS[2])
+            m, both = (model_memory(hp, "miner", setting, n, shape=shape) for setting in (SETTINGS[0], SETTINGS[2]))
+            checkpointed = model_memory(hp, "miner", MemorySettings(checkpoint_activations=True), n, shape=shape)
             g = {k: v / 1e9 for k, v in m.gpu.items()}
             kept = g.get("θ_t snapshot", 0.0) + g.get("AdamW moments", 0.0)
             lines.append(f"| {name} | {shape.parameters / 1e9:.2f} B | {n} | {g['θ']:.2f} | {g['gradients']:.2f} | "
                          f"{g.get('error feedback', 0.0):.2f} | {kept:.2f} | "
                          f"{g['activations and transients (peak)']:.2f} | **{m.gpu_bytes / 1e9:.1f}** | "
-                         f"{memory(MemorySettings(checkpoint_activations=True)).gpu_bytes / 1e9:.1f} | "
-                         f"{both.gpu_bytes / 1e9:.1f}, {both.host_bytes / 1e9:.0f} |")
+                         f"{checkpointed.gpu_bytes / 1e9:.1f} | {both.gpu_bytes / 1e9:.1f}, {both.host_bytes / 1e9:.0f} |")
     return "\n".join(lines)
 
 
