@@ -1,4 +1,4 @@
-"""The production window, the validator, evaluation noise and cross-device consensus, measured on one GPU.
+"""The production window, memory settings, the validator, evaluation noise and cross-device consensus, on one GPU.
 
     python benchmarks/gpu.py                   # 1.2B in bf16 on the GPU: writes results/gpu_<device>.json
     python benchmarks/gpu.py --smoke           # the same code on the tiny preset and the CPU (~10 s; tests)
@@ -30,11 +30,12 @@ where the torch CPU paths at 1.2B took 104 s to compress, 42 s to decode one pee
 | setup | versions, device, the sizing table's estimates | 1 s | |
 | corpus | a 32,000-entry byte-level BPE trained on the offline sample corpus the way `scripts/build_assets.py` trains tiny's (8 s on 2 cores here), then `templar.data.prepare` at 2,048 × 64 (2.4 M tokens, 18 pages; 17–33 s on 2 cores here); cached in `assets/gpu_sample_32000`. With tokenizers 0.23.3 the tokenizer's sha256 is 823b1725… and the manifest digest 49cc596a…, both in the JSON | 30 s | 90 s |
 | window | 1.2B built on the CPU from `init_seed` (12 s here), one untimed and 6 timed forward+backward passes of a micro-batch, the paper's window (3 pages, 48 micro-batches accumulated, one gradient), the DeMo step, encoding the payload, decoding it 15 times (full reads), aggregating 15 peers on the CPU (what a node does today: decoded payloads stay in host memory) and on the GPU, the outer step; the 15 peers' updates are real DeMo steps on one micro-batch each | 60 s | 120 s |
+| memory | each memory setting of the miner (default, `--memory.offload`, and with `--memory.checkpoint_activations`) from the same θ: 2 inner AdamW steps of one micro-batch and the DeMo step as the node runs them, `torch.cuda.max_memory_allocated` reset before each: its peak beside `templar.tools.sizing`'s estimate, its seconds, and whether its update is the default's bit for bit on the GPU | 45 s | 90 s |
 | validator | one peer's sign decode on the CPU and the GPU, `Evaluator.score_peers` with 3 peers on one production page each (signs held on the host, as the validator holds them), the random page and 4 held-out pages alone: seconds per peer, peers per 84 s window | 25 s | 60 s |
 | consensus | one gradient compressed on the GPU and the CPU (kept sets of decoder layer 0, embeddings, head and final norm: the CPU side is torch's path), the 15 peers aggregated on both (fixed-point accumulators bit for bit, signs), the window applied to θ on both, `model_in_sync` | 35 s | 90 s |
 | noise | 48 AdamW steps away from θ_0 on 2 pages, 4 honest peers train on 3 pages each (one DeMo step each), LossScores per page on 4 random pages and their own pages: spread of δ across pages and across peers, and what the proof of computation by size credits each honest peer, range by range of each sequence | 95 s | 150 s |
 
-About 4.5 minutes expected; `--budget` (420 s) is the whole run's deadline: a phase is skipped
+About 5.5 minutes expected; `--budget` (480 s) is the whole run's deadline: a phase is skipped
 when less than its minimum is left, and `noise` trains fewer peers when its cap is near. The
 sample corpus gives 18 production pages (2.4 M tokens), and `noise` uses all of them: 2 to train
 away from θ_0, 4 × 3 assigned, 4 random; more peers or pages need a larger corpus. Until hparams
@@ -51,7 +52,7 @@ device call carries `benchmarks/.gpu_wheels` and `assets/corpus` (10 MB of text,
 
     python3 -m pip install -q --no-index --find-links benchmarks/.gpu_wheels --target /tmp/gpu_site \
         pydantic loguru aiobotocore && \
-    PYTHONPATH=src:/tmp/gpu_site timeout 450 python3 benchmarks/gpu.py 2>&1 | tee "$OUT/gpu.log"; \
+    PYTHONPATH=src:/tmp/gpu_site timeout 540 python3 benchmarks/gpu.py 2>&1 | tee "$OUT/gpu.log"; \
     cp benchmarks/results/gpu_*.json "$OUT"/
 
 `--target` installs beside the image's packages without touching them (and without the
@@ -82,6 +83,7 @@ import torch
 
 from _common import RESULTS_DIR, _rounded, write_result
 from gpu_bench import (
+    MEMORY_STEPS,
     PHASES,
     PRODUCTION,
     ROOT,
@@ -98,6 +100,7 @@ from gpu_bench import (
 from gpu_consensus import phase_consensus
 from gpu_report import noise_summary, print_table, proof_credit_summary, table
 from templar.compress import (
+    DeMo,
     aggregate,
     apply_signed_update,
     native,
@@ -279,6 +282,68 @@ def phase_window(b: Bench) -> dict[str, Any]:
     return out
 
 
+def phase_memory(b: Bench) -> dict[str, Any]:
+    """The miner's peak GPU memory under each memory setting (`templar.core.memory.SETTINGS`), beside
+    the sizing table's estimate, and whether every setting sends the default's update bit for bit on
+    this device. Each setting runs what the node runs (`inner_steps` with its inner AdamW, streamed
+    or not, then the DeMo step) from the same θ and zeroed state, over `MEMORY_STEPS` inner steps of
+    one micro-batch each: a window's peak is one micro-batch's forward and backward, or one step, so
+    more steps would only cost time; `torch.cuda.max_memory_allocated` is reset before each."""
+    from templar.compress.methods import rule_of
+    from templar.core.memory import SETTINGS
+    from templar.core.model import checkpoint_activations
+    from templar.runtime.offload import HostStore
+    from templar.tools.sizing import PCIE_BYTES_PER_SECOND, model_memory
+
+    hp, model = b.hp, b.model()
+    b.release_demo()
+    model.zero_grad(set_to_none=True)
+    mb = hp.optimizer.micro_batch_size
+    inner = hp.inner.model_copy(update={"steps": MEMORY_STEPS})
+    batch = torch.randint(0, hp.model.vocab_size, (MEMORY_STEPS * mb, hp.data.sequence_length),
+                          generator=torch.Generator().manual_seed(7))
+    start = {n: p.detach().to("cpu", copy=True) for n, p in model.named_parameters()}
+    rule = rule_of(hp.optimizer.method)
+    out: dict[str, Any] = {"inner_steps": MEMORY_STEPS, "micro_batch": mb, "settings": {}}
+    reference = None
+    for setting in SETTINGS:
+        with torch.no_grad():
+            for n, p in model.named_parameters():
+                p.copy_(start[n])
+        checkpoint_activations(model, setting.checkpoint_activations)
+        free_memory()
+        b.reset_peak()
+        demo = DeMo(model, compressor=rule.compressor(hp.demo.target_chunk, hp.demo.topk),
+                    decay=hp.demo.momentum_decay, offload=setting.offload)
+        optimizer = make_inner_optimizer(model, inner, offload=setting.offload)
+        snapshot = HostStore() if setting.offload else None
+        stats, train_s = b.timed(inner_steps, model, batch, mb, hp.optimizer.grad_clip, inner=inner,
+                                 optimizer=optimizer, lr=inner_lr(inner, peak_lr(hp), hp.optimizer), snapshot=snapshot)
+        sent, compress_s = b.timed(demo.step, gradients(model), stats.scale)
+        model.zero_grad(set_to_none=True)
+        row: dict[str, Any] = {"flags": list(setting.flags), "peak_memory_gb": b.peak_gb(),
+                               "estimate_gb": model_memory(hp, "miner", setting).gpu_bytes / 1e9,
+                               "train_seconds": train_s, "compress_seconds": compress_s}
+        sent = {n: (c.indices.cpu(), c.values.cpu()) for n, c in sent.items()}
+        if reference is None:
+            reference = sent
+        row["update_identical_to_default"] = all(torch.equal(sent[n][0], reference[n][0])
+                                                 and torch.equal(sent[n][1], reference[n][1]) for n in reference)
+        out["settings"][setting.name] = row
+        del demo, optimizer, snapshot, sent
+    checkpoint_activations(model, False)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            p.copy_(start[n])
+    base = out["settings"]["default"]
+    for row in out["settings"].values():  # what a setting adds to this many steps; the offload's share per step
+        row["added_seconds"] = row["train_seconds"] + row["compress_seconds"] - base["train_seconds"] \
+            - base["compress_seconds"]
+    out["pcie_gb_per_second_assumed"] = PCIE_BYTES_PER_SECOND / 1e9
+    out["all_identical"] = all(r["update_identical_to_default"] for r in out["settings"].values())
+    return out
+
+
 def phase_validator(b: Bench) -> dict[str, Any]:
     """LossScore evaluation at the run's page size: seconds per peer, and peers per window."""
     hp, model = b.hp, b.model()
@@ -426,7 +491,8 @@ def phase_noise(b: Bench) -> dict[str, Any]:
 
 
 PHASE_FUNCTIONS: dict[str, Callable[[Bench], dict[str, Any]]] = {
-    "setup": phase_setup, "corpus": phase_corpus, "window": phase_window, "validator": phase_validator,
+    "setup": phase_setup, "corpus": phase_corpus, "window": phase_window, "memory": phase_memory,
+    "validator": phase_validator,
     "consensus": phase_consensus, "noise": phase_noise,
 }
 

@@ -33,24 +33,18 @@ from templar.runtime.train import (
     accumulate_gradients,
     gradients,
 )
-from templar.tools.sizing import H100_BF16_FLOPS
+from templar.tools.sizing import PEAK_BF16_FLOPS
 from templar.wire import Run
 
 ROOT = Path(__file__).resolve().parents[1]
-PHASES = ("setup", "corpus", "window", "validator", "consensus", "noise")
+PHASES = ("setup", "corpus", "window", "memory", "validator", "consensus", "noise")
+MEMORY_STEPS = 2
+"""Inner steps of one micro-batch each that the memory phase runs per setting (see `phase_memory`)."""
 WINDOW = 1000          # window number stamped on payloads and fingerprints (any fixed value)
 FIT_FILE = RESULTS_DIR / "subnet_sim_fit.json"
 NEAR_TIE = 1e-5
 """Kept sets may differ between implementations only where the k-th and a dropped coefficient are
 this close, relative to the chunk's largest (float32 rounding of a 64-term sum: ~1e-6)."""
-
-PEAK_BF16_FLOPS = {  # dense bf16 tensor-core peaks (vendor data sheets), by a substring of the device name
-    "H100 PCIe": 756e12,
-    "H100 NVL": 835e12,
-    "H100": H100_BF16_FLOPS,   # SXM (HBM3), the sizing table's reference
-    "H200": H100_BF16_FLOPS,   # same compute as the H100 SXM, more memory
-    "A100": 312e12,
-}
 
 
 @dataclass(frozen=True)
@@ -79,15 +73,15 @@ class Scale:
 PRODUCTION = Scale(
     name="production", hparams=None, vocab=32000, max_documents=None, workers=min(8, max(1, (os.cpu_count() or 2) - 1)),
     timed_micro_batches=6, validator_peers=3, noise_peers=4, noise_random_pages=4, noise_pretrain_pages=2,
-    noise_pretrain_steps=48, inner_steps_exercised=0, kept_sets_layers=1, budget=420.0,
-    caps={"corpus": 90, "window": 120, "validator": 60, "consensus": 90, "noise": 150},
-    minimum={"corpus": 30, "window": 40, "validator": 20, "consensus": 25, "noise": 45},
+    noise_pretrain_steps=48, inner_steps_exercised=0, kept_sets_layers=1, budget=480.0,
+    caps={"corpus": 90, "window": 120, "memory": 90, "validator": 60, "consensus": 90, "noise": 150},
+    minimum={"corpus": 30, "window": 40, "memory": 30, "validator": 20, "consensus": 25, "noise": 45},
 )
 SMOKE = Scale(
     name="smoke", hparams="tiny", vocab=1024, max_documents=120, workers=0, timed_micro_batches=1,
     validator_peers=2, noise_peers=3, noise_random_pages=3, noise_pretrain_pages=2, noise_pretrain_steps=2,
     inner_steps_exercised=2, kept_sets_layers=None, budget=120.0,
-    caps={"corpus": 30, "window": 30, "validator": 20, "consensus": 30, "noise": 30},
+    caps={"corpus": 30, "window": 30, "memory": 30, "validator": 20, "consensus": 30, "noise": 30},
     minimum={},
 )
 

@@ -149,6 +149,19 @@ def _rows_window(w: Mapping[str, Any], est: Mapping[str, Any]) -> list[list[str]
     return rows
 
 
+def _rows_memory(m: Mapping[str, Any], est: Mapping[str, Any]) -> list[list[str]]:
+    rows: list[list[str]] = []
+    for name, r in m["settings"].items():
+        rows += [
+            [f"memory ({name}): peak GPU memory", _fmt(r["peak_memory_gb"], " GB"),
+             _fmt(r["estimate_gb"], " GB")],
+            [f"memory ({name}): {m['inner_steps']} inner steps + DeMo step, seconds (added)",
+             f"{r['train_seconds'] + r['compress_seconds']:.3g} s ({r['added_seconds']:+.3g} s)", ""],
+            [f"memory ({name}): update identical to the default's", _fmt(r["update_identical_to_default"]), "yes"],
+        ]
+    return rows
+
+
 def _rows_validator(v: Mapping[str, Any], est: Mapping[str, Any]) -> list[list[str]]:
     rows: list[list[str]] = []
     rows += [
@@ -203,7 +216,8 @@ def _rows_noise(n: Mapping[str, Any], est: Mapping[str, Any]) -> list[list[str]]
 
 
 ROWS: dict[str, Callable[[Mapping[str, Any], Mapping[str, Any]], list[list[str]]]] = {
-    "corpus": _rows_corpus, "window": _rows_window, "validator": _rows_validator, "consensus": _rows_consensus,
+    "corpus": _rows_corpus, "window": _rows_window, "memory": _rows_memory, "validator": _rows_validator,
+    "consensus": _rows_consensus,
     "noise": _rows_noise,
 }
 

@@ -18,12 +18,13 @@ import sys
 # (benchmarks/compress.py). Must be set before torch is imported; harmless on GPU.
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
-from templar.runtime.flags import add_node_args, check_config
+from templar.runtime.flags import add_memory_args, add_node_args, check_config
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="Templar miner", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_node_args(parser)
+    add_memory_args(parser)
     parser.add_argument("--extra-pages", type=int, default=0,
                         help="train on this many extra (unassigned) pages per window: more work, better rating")
     return parser.parse_args(argv)

@@ -66,6 +66,13 @@ def test_sharded_node_equals_one_process(ranks: int, tmp_path: Path) -> None:
     assert report["driver_eval_diff"] < 1e-5, report
     assert report["driver_score_diff"] < 1e-5 and report["driver_page_deltas"] == 2, report
     assert report["driver_fingerprint_equal"] and report["driver_reset_to_theta0"], report
+    # --memory.offload --memory.checkpoint_activations over the ranks: the default's results, bit for bit
+    assert report["memory_payloads_identical"] and report["memory_theta_identical"], report
+    assert report["memory_state_identical"] and report["memory_theta_moved"], report
+    for rank in range(1, ranks):  # the followers ran with rank 0's settings, streaming their own shards
+        default, offloaded = (json.loads((tmp_path / f"memory_rank{rank}_{i}.json").read_text()) for i in (0, 1))
+        assert not default["offload"] and not default["streamed_moments"] and not default["checkpointing"]
+        assert all(offloaded.values()), offloaded
     if ranks > 1:  # a rank that hangs: one clear error on the others, within the collective timeout
         hang = report["hang"]
         assert hang is not None and hang["seconds"] < 7.5 and "barrier failed" in hang["error"], hang

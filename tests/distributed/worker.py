@@ -5,6 +5,9 @@
 float tolerance, the compressed update and the wire payload identical for the same gradient, the
 outer step and probes bit-identical, and the state file round trip. Rank 0 writes OUT/result.json.
 
+It also runs a miner node with each memory setting (`memory`): the default's payloads, θ and state
+file, bit for bit, with the followers taking rank 0's settings.
+
 `windows STATE_DIR N DELAY [REFERENCE_DIR]`: a miner's compute loop without chain or bucket (train,
 compress, write the payload, outer step with its own update, save), resuming from STATE_DIR; each
 finished window is appended to STATE_DIR/progress.txt and each rank's pid written to
@@ -24,10 +27,12 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from safetensors.torch import load_file, save_file
+from torch.distributed.tensor import DTensor
 
 from templar.comms import CheckpointError
 from templar.compress import DCTCompressor, DeMo, aggregate
 from templar.core.config import HParams, load_hparams
+from templar.core.memory import MemorySettings
 from templar.core.model import build_model
 from templar.core.schedule import learning_rate
 from templar.distributed import (
@@ -47,6 +52,7 @@ from templar.distributed.evaluate import ShardedEvaluator
 from templar.distributed.fsdp import check_layout, local
 from templar.distributed.group import Group
 from templar.runtime.fingerprint import model_fingerprint
+from templar.runtime.offload import StreamedOptimizer
 from templar.runtime.outer import apply_update, collect_probes, outer_step
 from templar.runtime.state import NodeState, load_node_state, save_node_state
 from templar.runtime.train import accumulate_gradients, evaluate_loss, gradients
@@ -206,6 +212,7 @@ def equality(out_dir: Path) -> None:
             all(torch.equal(eb[k], rd[k]) for k in rd)
         report["comm_seconds"] = group.comm_seconds
     driver(out_dir, hp, group, ref, ref_sent, report)
+    memory(out_dir, hp, group, report)
     if group.world_size > 1:  # a hung rank: the others get DistError within the collective timeout
         short = dataclasses.replace(group, pg=dist.new_group(list(range(group.world_size)),
                                                              timeout=timedelta(seconds=3)))
@@ -274,6 +281,50 @@ def driver(out_dir: Path, hp: HParams, group: Group, ref: torch.nn.Module, ref_s
     got, want = load_file(str(published)), build_model(hp).state_dict()
     report["driver_reset_to_theta0"] = all(torch.equal(got[k], want[k]) for k in want)
     compute.stop()
+
+
+MEMORY = (MemorySettings(), MemorySettings(offload=True, checkpoint_activations=True))
+
+
+def memory(out_dir: Path, hp: HParams, group: Group, report: dict) -> None:
+    """A miner node over the ranks with each memory setting (rank 0 leads, the others follow and
+    take its settings): three windows of inner AdamW steps, the payload and θ after each, and the
+    state file. Rank 0 reports whether every setting matched the default bit for bit; each
+    follower reports what it ran with."""
+    if not group.is_leader:
+        for i, _ in enumerate(MEMORY):
+            compute = NodeCompute.join(group)
+            compute.follow()
+            (out_dir / f"memory_rank{group.rank}_{i}.json").write_text(json.dumps({
+                "offload": compute.memory.offload, "streamed_moments": isinstance(compute.inner_optimizer,
+                                                                                 StreamedOptimizer),
+                "host_snapshot": compute.snapshot is not None and len(compute.snapshot.buffers) > 0,
+                "host_moments": all(s["exp_avg"].device.type == "cpu" and not isinstance(s["exp_avg"], DTensor)
+                                    for s in compute.inner_optimizer.state.values()),
+                "checkpointing": compute.model.is_activation_checkpointing}))
+            del compute
+        return
+    runs = []
+    for setting in MEMORY:
+        compute = NodeCompute.lead(build_model(hp), hp, group, role="miner", memory=setting)
+        payloads, thetas = [], []
+        for window in range(3):
+            stats = compute.train(pages(hp, 30 + window), hp.optimizer.micro_batch_size, hp.optimizer.grad_clip, 1e-3)
+            sent = compute.compress(stats.scale)
+            payloads.append(write_gradient(sent, compute.probes(window), window=window, global_step=window,
+                                           hotkey="h", hp=hp, run=RUN, sign=nosign))
+            compute.apply_update(aggregate([sent], [1.0], {n: c.shape for n, c in sent.items()}), window)
+            compute.write_model_file(out_dir / "memory_theta.safetensors")
+            thetas.append(load_file(str(out_dir / "memory_theta.safetensors")))
+        compute.save_state(out_dir / f"memory_{setting.name}.safetensors", NodeState(window=2, global_step=3))
+        compute.stop()
+        runs.append((payloads, thetas, load_file(str(out_dir / f"memory_{setting.name}.safetensors"))))
+    (pa, ta, sa), (pb, tb, sb) = runs
+    report["memory_payloads_identical"] = all(same_payload(x, y) for x, y in zip(pa, pb, strict=True))
+    report["memory_theta_identical"] = all(all(torch.equal(x[k], y[k]) for k in x) for x, y in zip(ta, tb, strict=True))
+    report["memory_state_identical"] = set(sa) == set(sb) and all(torch.equal(sa[k], sb[k]) for k in sa) and \
+        any(k.startswith("inner.") for k in sa)
+    report["memory_theta_moved"] = not all(torch.equal(ta[0][k], ta[2][k]) for k in ta[0])
 
 
 def windows(state_dir: Path, until: int, delay: float, reference_dir: Path | None = None) -> None:

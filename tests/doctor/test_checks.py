@@ -16,11 +16,12 @@ from templar.chain import create_dev_chain
 from templar.chain.store import ChainStore
 from templar.comms import put_start_window
 from templar.core.config import PRESETS_DIR, load_hparams
+from templar.core.memory import GIB
 from templar.doctor import Doctor, Status, run_checks
 from templar.doctor import bucket as bucket_checks
 from templar.doctor import chain as chain_checks
 from templar.doctor import machine as machine_checks
-from templar.runtime.flags import add_node_args
+from templar.runtime.flags import add_memory_args, add_node_args
 from templar.storage import LocalBucket, S3Bucket
 from templar.storage.locator import WRITE_KEY_ID_ENV, WRITE_SECRET_ENV, BucketLocator
 from templar.wire import Run
@@ -300,7 +301,8 @@ def test_gpu_memory_and_disks(subnet, monkeypatch):
     assert tiny.status == Status.OK and "CPU" in tiny.summary
     big = run(Doctor(flags(subnet, "miner", "--device", "cpu", hparams=str(PRESETS_DIR.parent / "hparams.json")),
                      "miner"), chain_checks.check_hparams, machine_checks.check_gpu)
-    assert big.status == Status.FAILED and "GPU with at least" in big.fix
+    assert big.status == Status.FAILED and "no GPU on this machine" in big.summary
+    assert "GPU of at least" in big.fix and "--device cuda" not in big.fix  # this machine has no GPU to name
     for check in (machine_checks.check_cache_space, machine_checks.check_state_disk, machine_checks.check_host_memory):
         assert run(Doctor(flags(subnet, "miner"), "miner"), chain_checks.check_hparams, check).status == Status.OK
     huge = run(Doctor(flags(subnet, "miner", "--data.cache_gb", "1000000"), "miner"), chain_checks.check_hparams,
@@ -313,6 +315,55 @@ def test_gpu_memory_and_disks(subnet, monkeypatch):
     monkeypatch.setattr(machine_checks, "_meminfo", lambda: {"MemAvailable": 1e8, "MemTotal": 2e9})
     assert run(Doctor(flags(subnet, "miner"), "miner"), chain_checks.check_hparams,
                machine_checks.check_host_memory).status == Status.WARNING
+
+
+def production_doctor(role: str, *memory_flags: str) -> Doctor:
+    """A doctor for the production run with a miner's memory flags, its hparams checked (no chain)."""
+    parser = argparse.ArgumentParser()
+    add_node_args(parser)
+    add_memory_args(parser)
+    d = Doctor(parser.parse_args(["--hparams", str(PRESETS_DIR.parent / "hparams.json"), *memory_flags]), role)
+    assert asyncio.run(chain_checks.check_hparams(d)).status == Status.OK
+    return d
+
+
+@pytest.mark.parametrize("card_gb,flags", [(80, ""), (40, "--memory.offload"),
+                                           (24, "--memory.offload --memory.checkpoint_activations")])
+def test_the_gpu_check_names_the_memory_setting_that_fits(card_gb, flags):
+    """The GPU check reads the same memory table as `templar hparams`: with no flag, a GPU too small
+    for the default is told which flags fit it; with those flags, it passes (or warns on time)."""
+    total = card_gb * GIB
+    plain = machine_checks.gpu_verdict(production_doctor("miner"), f"GPU {card_gb}GB", total, total)
+    if not flags:
+        assert plain.status == Status.OK and "(default)" in plain.summary
+        return
+    assert plain.status == Status.FAILED and "does not fit" in plain.summary
+    assert plain.fix.startswith(f"add {flags} (") and plain.data["recommended"] == flags.split()
+    fixed = machine_checks.gpu_verdict(production_doctor("miner", *flags.split()), f"GPU {card_gb}GB", total, total)
+    assert fixed.status == Status.OK, fixed
+
+
+def test_the_gpu_check_on_small_slow_or_busy_gpus_and_without_one():
+    eight = 8 * GIB
+    small = machine_checks.gpu_verdict(production_doctor("miner"), "GPU 8GB", eight, eight)
+    assert small.status == Status.FAILED and "no memory setting fits" in small.summary
+    ranks = small.data["torchrun_ranks"]
+    assert f"torchrun over {ranks} such GPUs and --memory.offload --memory.checkpoint_activations" in small.fix
+    # an H100 holds the model with the offload, but the transfers make its window late: drop the flag
+    h100 = machine_checks.gpu_verdict(production_doctor("miner", "--memory.offload"), "NVIDIA H100 80GB HBM3",
+                                      80 * GIB, 80 * GIB)
+    assert h100.status == Status.WARNING and "miss their commitment deadline" in h100.summary
+    assert "drop the memory flags: the default setting fits this GPU" in h100.fix
+    # an A100's compute cannot train the window in time whatever fits its memory
+    a100 = machine_checks.gpu_verdict(production_doctor("miner", "--memory.offload"), "NVIDIA A100-SXM4-40GB",
+                                      40 * GIB, 40 * GIB)
+    assert a100.status == Status.WARNING and "a faster GPU, or torchrun" in a100.fix
+    busy = machine_checks.gpu_verdict(production_doctor("validator"), "GPU 24GB", 24 * GIB, 4 * GIB)
+    assert busy.status == Status.WARNING and "other processes" in busy.summary
+    cpu = machine_checks.cpu_verdict(production_doctor("miner"), "auto", gpu_present=False)
+    assert cpu.status == Status.FAILED and "--device" not in cpu.fix and "GPU of at least" in cpu.fix
+    wasted = machine_checks.cpu_verdict(production_doctor("miner"), "cpu", gpu_present=True)
+    assert wasted.status == Status.FAILED and "drop --device" in wasted.fix
 
 
 def test_the_whole_doctor_and_its_exit_code(subnet, capsys):

@@ -17,6 +17,7 @@ import torch
 
 from templar.compress import native
 from templar.core.config import load_hparams
+from templar.core.memory import SETTINGS
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -54,6 +55,12 @@ def test_smoke_runs_every_phase_and_prints_the_table(gpu, tmp_path: Path, assets
     production = window["production"]  # tiny's own inner steps (4 AdamW steps)
     assert production["steps_per_window"] == hp.inner.steps > 1 and production["train_seconds"] > 0
 
+    memory = phases["memory"]  # each memory setting from the same θ: its peak (None on a CPU) and its update
+    assert list(memory["settings"]) == [s.name for s in SETTINGS] and memory["all_identical"]
+    for row in memory["settings"].values():
+        assert row["peak_memory_gb"] is None and row["estimate_gb"] > 0 and row["train_seconds"] > 0
+    assert memory["settings"]["offload"]["estimate_gb"] < memory["settings"]["default"]["estimate_gb"]
+
     validator = phases["validator"]
     assert validator["seconds_per_peer"] > 0 and validator["peers_per_window"] >= 0
     assert validator["eval_seconds_per_window"] > validator["fixed_seconds"]
@@ -90,6 +97,7 @@ def test_smoke_runs_every_phase_and_prints_the_table(gpu, tmp_path: Path, assets
     printed = capsys.readouterr().out
     assert "consensus: model_in_sync" in printed and "noise: subnet_sim `noise` factor" in printed
     assert "noise: proof credit by size per honest peer" in printed
+    assert "memory (offload + checkpointing): peak GPU memory" in printed
     assert [row[0] for row in result["table"]] == [row[0] for row in gpu.table(result)]
 
 
@@ -139,6 +147,10 @@ def test_nothing_it_imports_needs_bittensor(tmp_path: Path) -> None:
         import gpu
         from templar.data import LocalCorpus  # the phases' own imports too
         from templar.data.prepare import prepare
+        from templar.compress.methods import rule_of  # the memory phase's
+        from templar.core.memory import SETTINGS
+        from templar.runtime.offload import HostStore
+        from templar.tools.sizing import model_memory
         gpu._build_assets()
         sys.exit(gpu.main(["--smoke", "--phases", "setup", "--out", {str(out)!r}]))
     """)

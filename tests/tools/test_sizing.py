@@ -1,24 +1,123 @@
 """Per-window sizing (`templar hparams`): the production run's inner steps fill most of the window a
-miner has for training, and a validator's evaluation fits inside the window at the stated MFU."""
+miner has for training, a validator's evaluation fits inside the window at the stated MFU, and the
+memory table says which setting fits which GPU. docs/mining.md carries the same figures: its
+hardware and sizing parts are compared with the function here, so they cannot drift."""
+
+import re
+from pathlib import Path
+
+import pytest
 
 from templar.cli import main
 from templar.core.config import load_hparams
-from templar.tools.sizing import window_sizing
+from templar.core.memory import GIB, HOST_PROCESS_BYTES, SETTINGS
+from templar.tools.sizing import (
+    fewest_ranks,
+    fits,
+    memory_markdown,
+    model_memory,
+    ranks_table,
+    recommend,
+    window_sizing,
+)
+
+MINING = Path(__file__).resolve().parents[2] / "docs" / "mining.md"
+DOC_RANKS = [1, 2, 8, 16, 64]
 
 
-def test_production_window_matches_the_paper_budget_and_fits():
-    s = window_sizing(load_hparams())
+@pytest.fixture(scope="module")
+def production() -> dict:
+    return window_sizing(load_hparams())
+
+
+def section(text: str, number: int) -> str:
+    start = text.index(f"\n## {number}. ")
+    end = text.find("\n## ", start + 1)
+    return text[start:end if end > 0 else None]
+
+
+def test_production_window_matches_the_paper_budget_and_fits(production):
+    s = production
     assert 1.1e9 < s["parameters"] < 1.3e9
     assert s["tokens_per_window_per_peer"] == 16 * 64 * 2048  # 16 pages in H = 16 inner steps
     assert s["tokens_per_window_per_peer"] // load_hparams().inner.steps == 64 * 2048  # one page's worth a step
     assert s["page_bytes"] == 256 * 1024
     assert s["h100_train_seconds"] < s["window_seconds"]
     assert 0.8 < s["miner_compute_utilisation"] <= 1.0  # the GPU trains most of the time a window leaves it
+    assert s["miner_compute_span_min_seconds"] < s["miner_compute_span_seconds"]  # a gather to its deadline
     assert s["h100_validator_eval_seconds"] < s["window_seconds"] / 2
     assert s["miner_gpu_memory_gb"] < 78  # one H100
+    n = s["parameters"]
+    assert s["miner_state_file_gb"] == pytest.approx(16 * n / 1e9)  # θ, error feedback, two moments
+    assert s["validator_state_file_gb"] == pytest.approx(4 * n / 1e9)
+
+
+def test_the_memory_table_names_the_setting_for_each_gpu() -> None:
+    """At 1.2B: the default needs an 80 GB GPU, the offload a 40 GB one, offload and checkpointing a
+    24 GB one; a GPU too small for every setting is told how many GPUs under torchrun would do."""
+    hp = load_hparams()
+    default, offload, both = (model_memory(hp, "miner", s) for s in SETTINGS)
+    assert default.gpu_bytes > offload.gpu_bytes > both.gpu_bytes
+    assert offload.host_bytes > default.host_bytes  # what left the GPU is in host memory
+    assert recommend(hp, "miner", 80 * GIB).setting == SETTINGS[0]
+    assert recommend(hp, "miner", 40 * GIB).setting == SETTINGS[1]
+    assert recommend(hp, "miner", 24 * GIB).setting == SETTINGS[2]
+    assert recommend(hp, "miner", 8 * GIB) is None
+    ranks = fewest_ranks(hp, "miner", 8 * GIB, SETTINGS[2])
+    assert ranks is not None and fits(model_memory(hp, "miner", SETTINGS[2], ranks), 8 * GIB)
+    assert not fits(model_memory(hp, "miner", SETTINGS[2], ranks // 2), 8 * GIB)
+    validator = model_memory(hp, "validator")
+    assert validator.gpu_bytes == model_memory(hp, "validator", SETTINGS[2]).gpu_bytes  # the miner's flags only
+    assert recommend(hp, "validator", 24 * GIB) is not None
+
+
+def test_docs_carry_the_functions_memory_tables(production) -> None:
+    text = MINING.read_text()
+    assert memory_markdown(production) in section(text, 1)
+    assert ranks_table(load_hparams(), DOC_RANKS) in section(text, 12)
+    assert f"`templar hparams --ranks {' '.join(map(str, DOC_RANKS))}`" in section(text, 12)
+
+
+def test_the_hardware_and_sizing_figures_are_the_functions(production) -> None:
+    """Every "N GB" of §1 is a figure of the sizing function, and the figures that contradicted each
+    other (state file, time a window leaves for training) are stated once, from it."""
+    s, text = production, MINING.read_text()
+    hardware = section(text, 1)
+    rows = s["memory"]
+    default = rows[0]
+    parts = default["gpu_parts_gb"]
+    figures = {f"{v:.1f}" for row in rows for v in (row["gpu_gb"], row["host_gb"])}
+    figures |= {f"{row['transfer_gb']:.0f}" for row in rows}
+    figures |= {f"{parts['θ']:.1f}", f"{parts['activations and transients (peak)']:.1f}",
+                f"{parts['error feedback'] + parts['θ_t snapshot'] + parts['AdamW moments']:.1f}",
+                f"{s['miner_state_file_gb']:.1f}", f"{s['miner_disk_gb']:.1f}", f"{s['pcie_gb_per_second']:.0f}",
+                f"{HOST_PROCESS_BYTES / 1e9:.0f}", "24", "40", "80"}
+    stated = re.findall(r"(\d+(?:\.\d+)?) GB(?!/s)", hardware)
+    assert stated and set(stated) <= figures, set(stated) - figures
+    assert f"{s['miner_compute_span_seconds']:.1f} s for training" in hardware
+    assert f"{s['miner_compute_span_min_seconds']:.2f} s when it runs to its deadline" in hardware
+    assert f"takes {s['h100_train_seconds']:.1f} s" in hardware
+    assert f"{s['miner_sustained_tflops_needed']:.0f} TFLOP/s" in hardware
+    sizing = section(text, 6)
+    assert (f"{s['h100_train_seconds']:.1f} s: {s['miner_compute_utilisation']:.0%} of the "
+            f"{s['miner_compute_span_seconds']:.1f} s a window leaves") in sizing.replace(" %", "%")
+    assert f"AdamW moments: {s['miner_state_file_gb']:.1f} GB)" in sizing
+    assert (f"| {rows[0]['gpu_gb']:.1f} GB; {rows[1]['gpu_gb']:.1f} GB with `--memory.offload`; "
+            f"{rows[2]['gpu_gb']:.1f} GB with it and `--memory.checkpoint_activations` | "
+            f"{rows[-1]['gpu_gb']:.1f} GB |") in sizing
+    for old in ("9.6 GB", "24.1 GB", "40.1 GB", "37.9", "at least 31.75 s", "TEMPLAR_ACTIVATION_CHECKPOINTING"):
+        assert old not in text, old
 
 
 def test_hparams_command_prints_the_figures(capsys):
     assert main(["hparams", "tiny"]) == 0
     out = capsys.readouterr().out
     assert "tokens per window per peer" in out and "1,024" in out and "H100 training time" in out
+    assert "offload + checkpointing" in out and "--memory.offload --memory.checkpoint_activations" in out
+
+
+def test_hparams_ranks_prints_the_table(capsys) -> None:
+    assert main(["hparams", "tiny", "--ranks", "1", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "| tiny |" in out and "| 8B | 8.03 B | 8 |" in out and "| 70B | 70.55 B | 1 |" in out
+    assert main(["hparams", "tiny", "--ranks", "0"]) == 2

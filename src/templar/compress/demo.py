@@ -7,6 +7,11 @@ Per parameter, with `e` the error-feedback buffer:
     e <- e - iDCT(q)               # what was not sent stays in e
 
 So `e_before * decay + lr * g == e_after + decompress(q)` up to float rounding.
+
+With `offload`, the buffers live in host memory (pinned where CUDA is present) and each is streamed
+to its parameter's device for its own step and back: the same operations on the same values, so
+the same coefficients and the same buffer bits, for 4 bytes per parameter of host memory instead of
+GPU memory and one round trip of the buffer per window.
 """
 
 from __future__ import annotations
@@ -22,7 +27,8 @@ __all__ = ["DeMo"]
 
 
 class DeMo:
-    """Error-feedback buffers (float32, on each parameter's device) and the compression step."""
+    """Error-feedback buffers (float32, on each parameter's device, or in host memory with
+    `offload`) and the compression step, which runs on each parameter's device."""
 
     def __init__(
         self,
@@ -30,6 +36,7 @@ class DeMo:
         *,
         compressor: DCTCompressor,
         decay: float,
+        offload: bool = False,
     ) -> None:
         if not 0.0 <= decay <= 1.0:
             raise ValueError(f"decay must be in [0, 1], got {decay}")
@@ -37,8 +44,12 @@ class DeMo:
             params = {n: p for n, p in params.named_parameters() if p.requires_grad}
         self.compressor = compressor
         self.decay = decay
+        self.offload = offload
+        self.devices = {name: p.device for name, p in params.items()}
+        pin = offload and torch.cuda.is_available()
         self.buffers: dict[str, torch.Tensor] = {
-            name: torch.zeros(p.shape, dtype=torch.float32, device=p.device) for name, p in params.items()
+            name: torch.zeros(p.shape, dtype=torch.float32, device="cpu" if offload else p.device, pin_memory=pin)
+            for name, p in params.items()
         }
 
     @torch.no_grad()
@@ -60,13 +71,26 @@ class DeMo:
             if not bool(torch.isfinite(g).all()):
                 raise ValueError(f"{name}: non-finite gradient")
         out: dict[str, Compressed] = {}
-        for name, e in self.buffers.items():
+        for name, stored in self.buffers.items():
+            e = self._working(name, stored)
             e.mul_(self.decay)
             g = grads.get(name)
             if g is not None:
                 e.add_(g.to(device=e.device, dtype=torch.float32), alpha=lr)
             out[name] = self.compressor.compress_residual_(e)
+            if e is not stored:
+                stored.copy_(e, non_blocking=stored.is_pinned())
+        if self.offload and torch.cuda.is_available():
+            torch.cuda.synchronize()  # every host buffer holds its new value before anyone reads it
         return out
+
+    def _working(self, name: str, stored: torch.Tensor) -> torch.Tensor:
+        """The buffer to step: itself, or with `offload` a copy on its parameter's device (a separate
+        tensor even when that device is the CPU, so the streamed path is the one tests run)."""
+        if not self.offload:
+            return stored
+        work = torch.empty(stored.shape, dtype=torch.float32, device=self.devices[name])
+        return work.copy_(stored, non_blocking=stored.is_pinned())
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Plain tensors (name -> buffer, detached copies), ready for `safetensors.torch.save`."""

@@ -47,6 +47,9 @@ class OuterRule(Protocol):
 
     name: str
     codec: str
+    state_copies: int
+    """float32 tensors the size of θ the rule keeps on every node between windows (e.g. 1 for an outer
+    momentum buffer): what `templar.tools.sizing` counts in every node's memory and state file."""
 
     def compressor(self, target_chunk: int, topk: int): ...
 
@@ -72,6 +75,7 @@ class SignedRule:
 
     name = "signed"
     codec = "rice-mxint8"
+    state_copies = 0
 
     def compressor(self, target_chunk: int, topk: int) -> DCTCompressor:
         return DCTCompressor(target_chunk, topk)
@@ -103,6 +107,7 @@ class SparseLoCoRule:
 
     name = "sparseloco"
     codec = "rice-q2"
+    state_copies = 0
 
     def compressor(self, target_chunk: int, topk: int) -> SparseLoCoCompressor:
         return SparseLoCoCompressor(target_chunk, topk)

@@ -70,13 +70,15 @@ def _inner_params(model: nn.Module, inner: torch.optim.Optimizer | None) -> list
     return params if all(p in inner.state and "exp_avg" in inner.state[p] for _, p in params) else []
 
 
-def _gather_sharded(t: torch.Tensor, shape: torch.Size, group: Group, dst: int) -> torch.Tensor | None:
+def _gather_sharded(t: torch.Tensor, p: torch.Tensor, group: Group, dst: int) -> torch.Tensor | None:
+    """A state tensor of parameter `p` (sharded as `p` is: its local rows, a DTensor or, with the
+    offload, a plain host tensor) gathered whole on `dst` (CPU); None elsewhere."""
     part = local(t).detach()
-    if len(shape) and part is not t:
-        full = group.gather_rows(part, shape[0], dst=dst)
+    if p.dim() and local(p) is not p:
+        full = group.gather_rows(part, p.shape[0], dst=dst)
     else:
         full = part if group.rank == dst else None
-    return None if full is None else full.view(shape).cpu()
+    return None if full is None else full.view(p.shape).cpu()
 
 
 def save_sharded_state(path: Path, model: nn.Module, demo: ShardedDeMo | None, state: NodeState,
@@ -103,8 +105,8 @@ def save_sharded_state(path: Path, model: nn.Module, demo: ShardedDeMo | None, s
             st = inner.state[p]
             step = st["step"] if isinstance(st["step"], torch.Tensor) else torch.tensor(float(st["step"]))
             yield step.detach().to("cpu", torch.float32).reshape(1)
-            yield _gather_sharded(st["exp_avg"], p.shape, group, 0)
-            yield _gather_sharded(st["exp_avg_sq"], p.shape, group, 0)
+            yield _gather_sharded(st["exp_avg"], p, group, 0)
+            yield _gather_sharded(st["exp_avg_sq"], p, group, 0)
 
     stream = tensors()
     try:

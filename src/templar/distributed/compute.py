@@ -32,6 +32,7 @@ from templar.compress import Compressed
 from templar.compress.methods import rule_of
 from templar.core.atomic import atomic_write
 from templar.core.config import HParams
+from templar.core.memory import MemorySettings
 from templar.core.model import build_model
 from templar.core.schedule import learning_rate
 from templar.distributed.checkpoint import gather_model, load_sharded_state, save_sharded_state, write_stream
@@ -42,6 +43,7 @@ from templar.distributed.group import DistError, Group, scatter_rows
 from templar.distributed.outer import collect_probes_sharded, fingerprint_sharded, outer_step_sharded
 from templar.distributed.train import accumulate_sharded
 from templar.runtime.model_file import check_model_file
+from templar.runtime.offload import HostStore
 from templar.runtime.outer import OuterStep, apply_update
 from templar.runtime.state import NodeState, load_node_state_or_previous
 from templar.runtime.train import TrainStats, inner_steps, make_inner_optimizer
@@ -54,17 +56,23 @@ _EXPECTED = (ValueError, CheckpointError)  # raised on every rank alike; the lea
 
 
 class NodeCompute:
-    """`templar.runtime.compute.Compute` over the node's ranks (θ sharded with FSDP2)."""
+    """`templar.runtime.compute.Compute` over the node's ranks (θ sharded with FSDP2). `memory`: the
+    node's memory settings, applied by every rank to its own shards (`templar.core.memory`)."""
 
-    def __init__(self, model: nn.Module, hp: HParams, group: Group, *, role: str) -> None:
-        self.model = shard_model(model, group)
+    def __init__(self, model: nn.Module, hp: HParams, group: Group, *, role: str,
+                 memory: MemorySettings | None = None) -> None:
+        self.memory = memory or MemorySettings()
+        miner = role == "miner"
+        self.model = shard_model(model, group, checkpoint_activations=miner and self.memory.checkpoint_activations)
         self.hp = hp
         self.group = group
         self.role = role
+        offload = miner and self.memory.offload
         compressor = rule_of(hp.optimizer.method).compressor(hp.demo.target_chunk, hp.demo.topk)
-        self.demo = ShardedDeMo(self.model, group, compressor=compressor,
-                                decay=hp.demo.momentum_decay) if role == "miner" else None
-        self.inner_optimizer = make_inner_optimizer(self.model, hp.inner) if role == "miner" else None
+        self.demo = ShardedDeMo(self.model, group, compressor=compressor, decay=hp.demo.momentum_decay,
+                                offload=offload) if miner else None
+        self.inner_optimizer = make_inner_optimizer(self.model, hp.inner, offload=offload) if miner else None
+        self.snapshot = HostStore() if offload else None
         self.sharded_evaluator = ShardedEvaluator(self.model, hp.optimizer.micro_batch_size, group)
         self._lock = threading.Lock()  # one op at a time, in the order the followers see them
         self._stopped = False
@@ -84,16 +92,19 @@ class NodeCompute:
 
     # ------------------------------------------------------------------ start and follow
     @classmethod
-    def lead(cls, model: nn.Module, hp: HParams, group: Group, *, role: str) -> NodeCompute:
-        """Rank 0: tell the followers what to build (the run's hparams and the role), then shard."""
-        group.broadcast_object((hp, role))
-        return cls(model, hp, group, role=role)
+    def lead(cls, model: nn.Module, hp: HParams, group: Group, *, role: str,
+             memory: MemorySettings | None = None) -> NodeCompute:
+        """Rank 0: tell the followers what to build (the run's hparams, the role and the node's
+        memory settings), then shard."""
+        memory = memory or MemorySettings()
+        group.broadcast_object((hp, role, memory))
+        return cls(model, hp, group, role=role, memory=memory)
 
     @classmethod
     def join(cls, group: Group) -> NodeCompute:
-        """Ranks > 0: build the same θ_0 from rank 0's hparams and shard it."""
-        hp, role = group.broadcast_object(None)
-        return cls(build_model(hp), hp, group, role=role)
+        """Ranks > 0: build the same θ_0 from rank 0's hparams and shard it as rank 0 does."""
+        hp, role, memory = group.broadcast_object(None)
+        return cls(build_model(hp), hp, group, role=role, memory=memory)
 
     def follow(self) -> None:
         """Ranks > 0: run rank 0's ops until it stops (or a collective fails: DistError)."""
@@ -157,7 +168,7 @@ class NodeCompute:
         """The window's inner steps (`runtime.train.inner_steps`), each over all ranks' shares of
         its part of the pages; the inner optimizer steps each rank's shards (AdamW is element-wise)."""
         return inner_steps(self.model, batch, micro_batch_size, grad_clip, inner=self.hp.inner,
-                           optimizer=self.inner_optimizer, lr=lr,
+                           optimizer=self.inner_optimizer, lr=lr, snapshot=self.snapshot,
                            accumulate=lambda part: accumulate_sharded(self.model, part, micro_batch_size, self.group,
                                                                       grad_clip))
 

@@ -14,7 +14,7 @@ Why by parameter and not by chunk rows: a DCT chunk spans `h` rows, and FSDP's r
 (ceil(rows / N)) does not fall on chunk boundaries, so row-split compression would need a second
 redistribution to whole chunk rows; the per-parameter split reuses the 1-process kernels
 unchanged. Its cost: the owner of the largest tensor (the embedding) holds that whole tensor's
-buffer; `templar.distributed.sizing` counts it.
+buffer; `templar.core.memory` counts it.
 """
 
 from __future__ import annotations
@@ -45,7 +45,8 @@ def assign_owners(shapes: Mapping[str, torch.Size], world_size: int) -> dict[str
 class ShardedDeMo:
     """The node's error feedback over N ranks; `step` returns the node's full compressed update."""
 
-    def __init__(self, model: nn.Module, group: Group, *, compressor: DCTCompressor, decay: float) -> None:
+    def __init__(self, model: nn.Module, group: Group, *, compressor: DCTCompressor, decay: float,
+                 offload: bool = False) -> None:
         self.group = group
         self.compressor = compressor
         self.shapes = {n: torch.Size(p.shape) for n, p in model.named_parameters() if p.requires_grad}
@@ -53,7 +54,7 @@ class ShardedDeMo:
         zero = torch.zeros((), device=group.device)
         # Only this rank's parameters get buffers (expand() allocates nothing; DeMo reads shape/device).
         mine = {n: zero.expand(s) for n, s in self.shapes.items() if self.owners[n] == group.rank}
-        self.local = DeMo(mine, compressor=compressor, decay=decay)
+        self.local = DeMo(mine, compressor=compressor, decay=decay, offload=offload)  # offload: in host memory
 
     @property
     def buffers(self) -> dict[str, torch.Tensor]:

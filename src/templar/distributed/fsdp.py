@@ -13,13 +13,13 @@ on CPU everything is float32.
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 from torch import nn
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
+from templar.core.model import checkpoint_activations as enable_checkpointing
 from templar.distributed.group import Group
 
 __all__ = ["blocks", "local", "local_rows", "mixed_precision", "reshard", "rows_per_rank", "shard_model", "units"]
@@ -56,19 +56,17 @@ def mixed_precision(device: torch.device) -> MixedPrecisionPolicy | None:
     return None
 
 
-def shard_model(model: nn.Module, group: Group, *, checkpoint_activations: bool | None = None) -> nn.Module:
+def shard_model(model: nn.Module, group: Group, *, checkpoint_activations: bool = False) -> nn.Module:
     """Move `model` to the group's device and shard it in place (units, then root); returns it.
 
     Every rank must build the identical model first (`build_model` is deterministic from the
     run's seed), so the shards together are exactly the 1-process θ. `checkpoint_activations`
-    (default: env TEMPLAR_ACTIVATION_CHECKPOINTING=1) recomputes each block in backward instead of
+    (the miner's `--memory.checkpoint_activations`) recomputes each block in backward instead of
     keeping its activations: a node-local memory/time trade (gradients unchanged, bit for bit on
-    CPU), needed for 70B (docs/mining.md §11).
+    CPU), needed for 70B (docs/mining.md §12).
     """
-    if checkpoint_activations is None:
-        checkpoint_activations = os.environ.get("TEMPLAR_ACTIVATION_CHECKPOINTING", "0") == "1"
     if checkpoint_activations:
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        enable_checkpointing(model)
     model.to(group.device)
     policy = mixed_precision(group.device)
     kwargs = {"mp_policy": policy} if policy is not None else {}

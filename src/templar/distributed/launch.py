@@ -29,9 +29,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from loguru import logger
 
 from templar.core.log import setup_logging
+from templar.core.memory import MemorySettings
 from templar.distributed.compute import NodeCompute
 from templar.distributed.group import EXIT_RANK_LOST, DistError, Group, init_group, world_size
-from templar.runtime.flags import node_device
+from templar.runtime.flags import memory_settings, node_device
 from templar.runtime.node import Node, NodeError
 from templar.runtime.node import run_node as run_one_node
 
@@ -46,7 +47,8 @@ def run_node(args: argparse.Namespace, role: str, run: Callable[[Node], Awaitabl
     group = init_group(node_device(args.device))
     if not group.is_leader:
         return _follow(args, group)
-    code = run_one_node(args, role, run, attach=lambda node: _lead(node, group, role))
+    memory = memory_settings(args)
+    code = run_one_node(args, role, run, attach=lambda node: _lead(node, group, role, memory))
     if code != EXIT_RANK_LOST:
         _close(group)
     return code
@@ -61,11 +63,11 @@ def _close(group: Group) -> None:
 
 
 @contextlib.asynccontextmanager
-async def _lead(node: Node, group: Group, role: str) -> AsyncIterator[None]:
-    """Rank 0, around the role's loop: shard θ over the ranks, keep idle followers pinged, and
-    release them at the end. A failed ping (a follower died while we waited on the network)
-    interrupts the loop at once with that DistError."""
-    compute = NodeCompute.lead(node.model, node.hp, group, role=role)
+async def _lead(node: Node, group: Group, role: str, memory: MemorySettings) -> AsyncIterator[None]:
+    """Rank 0, around the role's loop: shard θ over the ranks (with rank 0's memory settings, which
+    the followers receive), keep idle followers pinged, and release them at the end. A failed ping
+    (a follower died while we waited on the network) interrupts the loop at once with that DistError."""
+    compute = NodeCompute.lead(node.model, node.hp, group, role=role, memory=memory)
     node.compute = compute  # the role, built after this, computes over all ranks
     main = asyncio.current_task()
     failed: list[DistError] = []

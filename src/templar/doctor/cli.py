@@ -18,7 +18,7 @@ import json
 from templar.doctor.context import Doctor
 from templar.doctor.result import Status, format_results
 from templar.doctor.runner import ROLES, run_checks
-from templar.runtime.flags import add_node_args
+from templar.runtime.flags import add_memory_args, add_node_args
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -28,6 +28,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--json", action="store_true", help="one JSON object (for scripts)")
     parser.add_argument("--timeout", type=float, default=20.0, help="seconds per request a check makes")
     add_node_args(parser)
+    add_memory_args(parser)  # the miner's: the GPU check sizes the node with them
     parser.add_argument("--extra-pages", type=int, default=0, help="the miner's own flag, accepted so that its "
                         "command line works here unchanged")
     parser.set_defaults(func=run)

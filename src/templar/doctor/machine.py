@@ -1,6 +1,6 @@
 """Checks of the machine and the run's data: the corpus manifest against the pinned digest, the
-page cache's disk, the GPU's memory against the sizing of this role, host memory, and the disk for
-the node's state."""
+page cache's disk, the GPU against the memory table of this role (`templar.tools.sizing`: the
+setting that fits and its flags), host memory, and the disk for the node's state."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from templar.data.source import check_geometry, corpus_bucket
 from templar.doctor.chain import small_model
 from templar.doctor.context import Doctor
 from templar.doctor.result import CheckResult, failed, ok, skipped, warning
+from templar.runtime.flags import memory_settings
 from templar.storage import StorageError
 from templar.storage.locator import LocatorError
 
@@ -73,21 +74,13 @@ async def check_cache_space(d: Doctor) -> CheckResult:
     return ok("cache-space", line, free_bytes=free)
 
 
-def _state_bytes(d: Doctor) -> float:
-    """The node's own disk: its state file twice (the new one is written before the old one goes;
-    `.prev` is a hard link), the lead's checkpoint downloaded to join, and for a validator that may
-    lead, a checkpoint snapshot. Model and (miner) error feedback in float32."""
-    n = d.sizing["parameters"] if d.sizing else 0
-    state = 4 * n * (2 if d.role == "miner" else 1)
-    return 2 * state + 4 * n + (4 * n if d.role == "validator" else 0)
-
-
 async def check_state_disk(d: Doctor) -> CheckResult:
-    """The state folder's disk holds the node's state files and a checkpoint."""
+    """The state folder's disk holds the node's state file twice (the new one is written before the
+    old one goes) and a checkpoint (`tools.sizing.node_disk_bytes`)."""
     if d.sizing is None:
         return skipped("state-disk", "needs hparams")
     _where, free = _free(d.state_dir)
-    need = _state_bytes(d)
+    need = d.sizing[f"{d.role}_disk_gb"] * GB
     line = f"{d.state_dir}: {free / GB:,.1f} GB free, the node needs about {need / GB:,.2f} GB"
     if free < need:
         return failed("state-disk", line, "free disk, or --state.dir on a larger disk", free_bytes=free, need_bytes=need)
@@ -108,52 +101,128 @@ def _meminfo() -> dict[str, float]:
 
 
 async def check_host_memory(d: Doctor) -> CheckResult:
-    """Host memory: loading a checkpoint and writing state hold a float32 copy of the model or two."""
-    if d.sizing is None:
+    """Host memory against this role's memory under its flags (`tools.sizing.model_memory`): the
+    state file's save and load, the outer step's update and, with `--memory.offload`, the state
+    the GPU no longer holds."""
+    if d.sizing is None or d.hp is None:
         return skipped("host-memory", "needs hparams")
+    from templar.tools.sizing import model_memory
+
+    setting = memory_settings(d.args)
+    need = model_memory(d.hp, d.role, setting).host_bytes
     info = _meminfo()
     if "MemAvailable" not in info:
-        return warning("host-memory", "cannot read /proc/meminfo", "check by hand: at least "
-                       f"{(8 * d.sizing['parameters'] + 2e9) / GB:.1f} GB")
-    need = 8 * d.sizing["parameters"] + 2e9
+        return warning("host-memory", "cannot read /proc/meminfo", f"check by hand: at least {need / GB:.1f} GB")
     available = info["MemAvailable"]
-    line = f"{available / GB:,.1f} GB available of {info.get('MemTotal', 0) / GB:,.1f} GB; about {need / GB:,.1f} GB needed"
+    line = (f"{available / GB:,.1f} GB available of {info.get('MemTotal', 0) / GB:,.1f} GB; about {need / GB:,.1f} GB "
+            f"needed ({setting.name})")
     if available < need:
-        return warning("host-memory", line, "close other programs or use a larger machine (checkpoints load through "
-                       "host memory)", available_bytes=available, need_bytes=need)
+        return warning("host-memory", line, "close other programs or use a larger machine (the state file and, with "
+                       "--memory.offload, the optimizer state live in host memory)", available_bytes=available,
+                       need_bytes=need)
     return ok("host-memory", line, available_bytes=available, need_bytes=need)
 
 
 async def check_gpu(d: Doctor) -> CheckResult:
     """The device the node will use (`--device`) and, on a GPU, its memory against this role's
-    sizing (`templar hparams`): a node that does not fit dies with out-of-memory after its download."""
-    if d.sizing is None:
+    memory table (`templar hparams`): a node that does not fit dies with out-of-memory after its
+    download. For a miner it names the memory setting that fits, and its flags."""
+    if d.sizing is None or d.hp is None:
         return skipped("gpu", "needs hparams")
     import torch
 
-    need = d.sizing["miner_gpu_memory_gb" if d.role == "miner" else "validator_gpu_memory_gb"] * GB
     flag = d.args.device
-    cuda = flag.startswith("cuda") or (flag == "auto" and torch.cuda.is_available())
-    if not cuda:
-        line = f"CPU ({flag}): no GPU"
-        if small_model(d):
-            return ok("gpu", f"{line}; this preset's {d.sizing['parameters'] / 1e6:.1f}M parameters fit a CPU")
-        return failed("gpu", f"{line} for a {d.sizing['parameters'] / 1e9:.2f}B-parameter model",
-                      f"run on a GPU with at least {need / GB:.0f} GB (or --device cuda)", need_bytes=need)
-    if not torch.cuda.is_available():
-        return failed("gpu", f"--device {flag} but torch sees no CUDA device", "check the driver and the torch build")
+    present = torch.cuda.is_available()
+    if not (flag.startswith("cuda") or (flag == "auto" and present)):
+        return cpu_verdict(d, flag, present)
+    if not present:
+        return failed("gpu", f"--device {flag} but torch sees no CUDA device", "check the driver and the torch build "
+                      "(`python -c 'import torch; print(torch.cuda.is_available())'`)")
     device = torch.device("cuda" if flag == "auto" else flag)
     try:
         free, total = await asyncio.to_thread(torch.cuda.mem_get_info, device)
         name = torch.cuda.get_device_name(device)
     except (RuntimeError, AssertionError) as exc:
         return failed("gpu", f"{flag}: {exc}", "check --device and the driver")
-    line = f"{name}: {total / GB:,.1f} GB ({free / GB:,.1f} free); this role needs about {need / GB:,.1f} GB"
-    data = {"total_bytes": total, "free_bytes": free, "need_bytes": need}
-    if total < need:
-        return failed("gpu", line, "a GPU with more memory, or run over several GPUs with torchrun (docs/mining.md)",
-                      **data)
+    return gpu_verdict(d, name, float(total), float(free))
+
+
+def cpu_verdict(d: Doctor, flag: str, gpu_present: bool) -> CheckResult:
+    """The node would compute on the CPU: fine for the tiny presets; otherwise say what GPU it
+    needs, and never suggest `--device cuda` to a machine without one."""
+    from templar.tools.sizing import SETTINGS, USABLE_SHARE, model_memory
+
+    params = d.sizing["parameters"]
+    if small_model(d):
+        return ok("gpu", f"CPU ({flag}): this preset's {params / 1e6:.1f}M parameters fit a CPU")
+    least = model_memory(d.hp, d.role, SETTINGS[-1] if d.role == "miner" else SETTINGS[0])
+    if gpu_present:
+        return failed("gpu", f"--device {flag} for a {params / 1e9:.2f}B-parameter model, on a machine with a GPU",
+                      "drop --device (auto uses the GPU) or pass --device cuda", need_bytes=least.gpu_bytes)
+    flags = " ".join(least.setting.flags)
+    how = f" (with {flags})" if flags else ""
+    card = least.gpu_bytes / USABLE_SHARE
+    return failed("gpu", f"no GPU on this machine: a {params / 1e9:.2f}B-parameter model cannot train a window on a CPU",
+                  f"run the {d.role} on a machine with an NVIDIA GPU of at least {card / GB:.0f} GB{how}; "
+                  "docs/mining.md §1 lists what each GPU size needs", need_bytes=least.gpu_bytes)
+
+
+def gpu_verdict(d: Doctor, name: str, total: float, free: float) -> CheckResult:
+    """This role's memory under its flags against a GPU of `total` bytes (`free` of them free): ok,
+    the setting that fits instead (its flags), or how many GPUs under torchrun would."""
+    from templar.tools.sizing import SETTINGS, fewest_ranks, fits, model_memory, recommend, usable_bytes
+
+    setting = memory_settings(d.args) if d.role == "miner" else SETTINGS[0]
+    chosen = model_memory(d.hp, d.role, setting)
+    need = chosen.gpu_bytes
+    line = (f"{name}: {total / GB:,.1f} GB ({free / GB:,.1f} free); this {d.role} needs about {need / GB:,.1f} GB "
+            f"({setting.name if d.role == 'miner' else 'its evaluation'}), {usable_bytes(total) / GB:,.1f} GB usable")
+    data = {"total_bytes": total, "free_bytes": free, "need_bytes": need, "setting": setting.name}
+    best = recommend(d.hp, d.role, total)
+    if not fits(chosen, total):
+        if best is not None:
+            flags = " ".join(best.setting.flags)
+            return failed("gpu", f"{line}: does not fit", f"add {flags} ({best.setting.name}: about "
+                          f"{best.gpu_bytes / GB:.1f} GB; docs/mining.md §1 gives its cost in time)",
+                          recommended=list(best.setting.flags), **data)
+        widest = SETTINGS[-1] if d.role == "miner" else SETTINGS[0]
+        ranks = fewest_ranks(d.hp, d.role, total, widest)
+        flags = " ".join(widest.flags)
+        over = f"torchrun over {ranks} such GPUs" if ranks else "more GPUs than 64 of this size"
+        return failed("gpu", f"{line}: no memory setting fits one GPU of this size",
+                      f"run the node with {over}" + (f" and {flags}" if flags else "") + " (docs/mining.md §12), or "
+                      "use a GPU with more memory", torchrun_ranks=ranks, **data)
     if free < need:
-        return warning("gpu", f"{line}: other processes hold some of it", "stop them before starting the node",
-                       **data)
+        return warning("gpu", f"{line}: other processes hold some of it", "stop them before starting the node", **data)
+    faster = best is not None and SETTINGS.index(best.setting) < SETTINGS.index(setting)
+    late = window_time(d, name, chosen) if d.role == "miner" else None
+    if late is not None:
+        fix = "a faster GPU, or torchrun over several (each trains its share of the pages; docs/mining.md §12)"
+        if faster:
+            fix = ("drop the memory flags: the default setting fits this GPU" if not best.setting.flags else
+                   f"use {' '.join(best.setting.flags)} alone ({best.setting.name} fits this GPU)") + \
+                " and costs less time per window"
+        return warning("gpu", f"{line}; {late}", fix, **data)
+    if faster:
+        return ok("gpu", f"{line}; {best.setting.name} fits too and costs less time per window", **data)
     return ok("gpu", line, **data)
+
+
+def window_time(d: Doctor, name: str, memory) -> str | None:
+    """Why a miner on this GPU would miss its commitment deadline: its training time at the table's
+    MFU (the data-sheet peak of a known GPU) plus what its memory setting adds, against the time a
+    window leaves for training; None when it fits or the GPU's peak is unknown."""
+    from templar.tools.sizing import PEAK_BF16_FLOPS, setting_seconds
+
+    peak = next((flops for key, flops in PEAK_BF16_FLOPS.items() if key in name), None)
+    if peak is None:
+        return None
+    s = d.sizing
+    train = s["train_flops_per_window"] / (peak * s["mfu_assumed"])
+    transfer, recompute = setting_seconds(memory, train)
+    total, span = train + transfer + recompute, s["miner_compute_span_seconds"]
+    if total <= span:
+        return None
+    return (f"a window's training takes about {total:.0f} s here ({train:.0f} s at {s['mfu_assumed']:.0%} MFU"
+            + (f", {transfer + recompute:.0f} s for the memory setting" if transfer + recompute else "")
+            + f"), the window leaves {span:.1f} s: payloads would miss their commitment deadline")

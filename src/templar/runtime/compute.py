@@ -28,9 +28,11 @@ from torch import nn
 from templar.compress import Compressed, DeMo
 from templar.compress.methods import rule_of
 from templar.core.config import HParams
-from templar.core.model import build_model
+from templar.core.memory import MemorySettings
+from templar.core.model import build_model, checkpoint_activations
 from templar.runtime.fingerprint import model_fingerprint
 from templar.runtime.model_file import load_model_file, write_model_file
+from templar.runtime.offload import HostStore
 from templar.runtime.outer import OuterStep, apply_update, collect_probes, outer_step
 from templar.runtime.state import (
     INNER_PREFIX,
@@ -109,23 +111,30 @@ class Compute(Protocol):
 
 
 class LocalCompute:
-    """One process: the plain functions on the plain model (see the module doc)."""
+    """One process: the plain functions on the plain model (see the module doc). `memory`: the
+    node's memory settings (`templar.core.memory`), which change where state lives and what is
+    recomputed, never a result."""
 
     world_size = 1
     evaluator = None
 
-    def __init__(self, model: nn.Module, hp: HParams) -> None:
+    def __init__(self, model: nn.Module, hp: HParams, memory: MemorySettings | None = None) -> None:
         self.model = model
         self.hp = hp
+        self.memory = memory or MemorySettings()
         self.demo: DeMo | None = None
-        self.inner_optimizer: torch.optim.Optimizer | None = None
+        self.inner_optimizer = None
+        self.snapshot = HostStore() if self.memory.offload else None
+        if self.memory.checkpoint_activations:
+            checkpoint_activations(model)
 
     def enable_error_feedback(self) -> None:
         if self.demo is None:
             hp = self.hp
             compressor = rule_of(hp.optimizer.method).compressor(hp.demo.target_chunk, hp.demo.topk)
-            self.demo = DeMo(self.model, compressor=compressor, decay=hp.demo.momentum_decay)
-            self.inner_optimizer = make_inner_optimizer(self.model, hp.inner)
+            self.demo = DeMo(self.model, compressor=compressor, decay=hp.demo.momentum_decay,
+                             offload=self.memory.offload)
+            self.inner_optimizer = make_inner_optimizer(self.model, hp.inner, offload=self.memory.offload)
 
     @property
     def error_feedback(self) -> dict[str, torch.Tensor]:
@@ -133,7 +142,7 @@ class LocalCompute:
 
     def train(self, batch: torch.Tensor, micro_batch_size: int, grad_clip: float | None, lr: float) -> TrainStats:
         return inner_steps(self.model, batch, micro_batch_size, grad_clip, inner=self.hp.inner,
-                           optimizer=self.inner_optimizer, lr=lr)
+                           optimizer=self.inner_optimizer, lr=lr, snapshot=self.snapshot)
 
     def compress(self, scale: float) -> dict[str, Compressed]:
         if self.demo is None:

@@ -15,6 +15,7 @@ from loguru import logger
 
 from templar.chain.flags import add_chain_args
 from templar.core.config import DEFAULT_CACHE_GB, HParamsError, load_hparams
+from templar.core.memory import CHECKPOINT_FLAG, OFFLOAD_FLAG, MemorySettings
 from templar.runtime.metrics import add_metrics_args
 
 EXIT_NOT_REGISTERED = 2
@@ -60,6 +61,25 @@ def add_node_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--logging.json", dest="logging_json", action="store_true", help="JSON lines on stderr")
     parser.add_argument("--logging.file", dest="logging_file", type=Path, default=None)
     add_metrics_args(parser)  # --metrics.port / --metrics.host (templar.runtime.metrics; off by default)
+
+
+def add_memory_args(parser: argparse.ArgumentParser) -> None:
+    """A miner's memory settings (`templar.core.memory`): the node's own, not the run's; payloads
+    and θ are bit-identical under every setting. `templar hparams` prints what each costs."""
+    group = parser.add_argument_group("memory", "where the miner keeps its state (results are identical; "
+                                      "`templar hparams` and docs/mining.md give each setting's memory and time)")
+    group.add_argument(OFFLOAD_FLAG, dest="memory_offload", action="store_true",
+                       help="keep the θ_t snapshot, the error feedback and the inner AdamW moments in (pinned) host "
+                            "memory, streamed to the GPU per parameter group around the step that needs them")
+    group.add_argument(CHECKPOINT_FLAG, dest="memory_checkpoint_activations", action="store_true",
+                       help="keep only each decoder layer's input for the backward pass and recompute the layer "
+                            "(about a third more training compute)")
+
+
+def memory_settings(args: argparse.Namespace) -> MemorySettings:
+    """The memory settings of the parsed flags (the default for a node without them: a validator)."""
+    return MemorySettings(offload=bool(getattr(args, "memory_offload", False)),
+                          checkpoint_activations=bool(getattr(args, "memory_checkpoint_activations", False)))
 
 
 def check_config(args: argparse.Namespace) -> int:

@@ -36,6 +36,7 @@ from templar.runtime.flags import (
     EXIT_OWN_BUCKET,
     EXIT_STATE_DISK,
     EXIT_STATE_LOCKED,
+    memory_settings,
     node_device,
 )
 from templar.runtime.lock import StateDirLocked, StateLock
@@ -277,11 +278,13 @@ async def start_node(args: argparse.Namespace, role: str, *, time: TimeSource = 
         raise
     device = node_device(args.device)
     model = build_model(hp, device)
+    memory = memory_settings(args)
     plan = PagePlan.build(pages.num_pages, hp.data.holdout_fraction, hp.data.data_seed, hp.data.pages_per_window)
     clock = Clock(hp.windows, chain.block, chain.block_timestamp, time)
-    log.info(f"{role} uid {uid} ready: model {hp.name} on {device}, {pages.num_pages} pages, state in {state_dir}")
+    log.info(f"{role} uid {uid} ready: model {hp.name} on {device} (memory: {memory.name}), {pages.num_pages} pages, "
+             f"state in {state_dir}")
     return Node(hp=hp, chain=chain, clock=clock, uid=uid, model=model, pages=pages, plan=plan, bucket=bucket,
-                state_dir=state_dir, device=device, compute=LocalCompute(model, hp), state_lock=lock,
+                state_dir=state_dir, device=device, compute=LocalCompute(model, hp, memory), state_lock=lock,
                 allow_private_endpoints=args.subtensor_network not in PUBLIC_NETWORKS, open_bucket=open_bucket)
 
 

@@ -14,6 +14,7 @@ import torch
 
 from templar.core.config import InnerConfig, OptimizerConfig
 from templar.core.model import causal_lm_loss
+from templar.runtime.offload import HostStore, StreamedOptimizer, parameter_groups
 
 
 @dataclass(frozen=True)
@@ -60,11 +61,18 @@ def accumulate_gradients(model: torch.nn.Module, batch: torch.Tensor, micro_batc
     return TrainStats(loss=total / n, tokens=int(batch.numel()), seconds=time.perf_counter() - started)
 
 
-def make_inner_optimizer(model: torch.nn.Module, inner: InnerConfig) -> torch.optim.Optimizer | None:
-    """The miner's inner optimizer over `model`'s parameters (None for SGD, which keeps no state)."""
+def make_inner_optimizer(model: torch.nn.Module, inner: InnerConfig, *, offload: bool = False
+                         ) -> torch.optim.Optimizer | StreamedOptimizer | None:
+    """The miner's inner optimizer over `model`'s parameters (None for SGD, which keeps no state).
+    `offload`: its moments in host memory, streamed per parameter group (`runtime.offload`)."""
     if inner.optimizer != "adamw":
         return None
-    params = [p for p in model.parameters() if p.requires_grad]
+    if offload:
+        return StreamedOptimizer(parameter_groups(model), lambda params: _adamw(params, inner))
+    return _adamw([p for p in model.parameters() if p.requires_grad], inner)
+
+
+def _adamw(params: list[torch.nn.Parameter], inner: InnerConfig) -> torch.optim.Optimizer:
     on_gpu = all(p.device.type == "cuda" for p in params)  # the fused kernel: one launch per step on a GPU
     return torch.optim.AdamW(params, lr=inner.learning_rate, betas=(inner.beta1, inner.beta2), eps=inner.eps,
                              weight_decay=inner.weight_decay, fused=True if on_gpu else None,
@@ -90,9 +98,10 @@ def inner_parts(batch: torch.Tensor, steps: int) -> list[torch.Tensor]:
 
 
 def inner_steps(model: torch.nn.Module, batch: torch.Tensor, micro_batch_size: int, grad_clip: float | None, *,
-                inner: InnerConfig, optimizer: torch.optim.Optimizer | None, lr: float,
+                inner: InnerConfig, optimizer: torch.optim.Optimizer | StreamedOptimizer | None, lr: float,
                 step: Callable[[], None] | None = None,
-                accumulate: Callable[[torch.Tensor], TrainStats] | None = None) -> TrainStats:
+                accumulate: Callable[[torch.Tensor], TrainStats] | None = None,
+                snapshot: HostStore | None = None) -> TrainStats:
     """A miner's window: H inner steps from θ_t on `batch` (its sequences dealt into H parts,
     `inner_parts`), leaving the pseudo-gradient in `p.grad` and θ_t in the model. `lr`: the inner rate of
     this window (`inner_lr`). The returned `scale` is what the compressor multiplies `p.grad` by.
@@ -101,7 +110,8 @@ def inner_steps(model: torch.nn.Module, batch: torch.Tensor, micro_batch_size: i
     pages in `p.grad` and the rate as the scale (so the error feedback folds in exactly lr·g, bit for
     bit). Otherwise θ_t is kept aside, the steps run, `p.grad` becomes Δ (SGD: Σ g_i with scale lr;
     AdamW: θ_t − θ_H with scale 1) and θ_t is put back. `step` and `accumulate` let a sharded node run
-    the same loop over its ranks."""
+    the same loop over its ranks. `snapshot`: keep θ_t there (host memory, `--memory.offload`)
+    instead of on the device; the same values come back, one parameter at a time."""
     accumulate = accumulate or (lambda part: accumulate_gradients(model, part, micro_batch_size, grad_clip))
     if inner.steps == 1 and inner.optimizer == "sgd":
         stats = accumulate(batch)
@@ -109,7 +119,11 @@ def inner_steps(model: torch.nn.Module, batch: torch.Tensor, micro_batch_size: i
     params = [p for p in model.parameters() if p.requires_grad]
     started = time.perf_counter()
     with torch.no_grad():
-        theta = [p.detach().clone() for p in params]
+        if snapshot is None:
+            theta = [p.detach().clone() for p in params]
+        else:
+            snapshot.put([p.detach() for p in params])
+            theta = None
         summed = [torch.zeros_like(p, dtype=torch.float32) for p in params] if inner.optimizer == "sgd" else None
     if optimizer is not None:
         for group in optimizer.param_groups:
@@ -131,10 +145,12 @@ def inner_steps(model: torch.nn.Module, batch: torch.Tensor, micro_batch_size: i
             else:
                 optimizer.step()
     with torch.no_grad():
-        for i, (p, start) in enumerate(zip(params, theta, strict=True)):
+        for i, p in enumerate(params):
+            start = theta[i] if theta is not None else snapshot.get(i, p)
             delta = summed[i] if summed is not None else (start - p.detach()).float()
             p.copy_(start)
             p.grad = delta.to(p.dtype)
+            del start
     n = sum(size for _, size in losses)
     loss = sum(value * size for value, size in losses) / n if n else float("nan")
     return TrainStats(loss=loss, tokens=tokens, seconds=time.perf_counter() - started,

@@ -8,7 +8,7 @@ import json
 
 from templar.core.config import HParamsError, load_hparams
 from templar.tools.bucket_costs import cost_table, format_costs
-from templar.tools.sizing import DEFAULT_MFU, format_sizing, window_sizing
+from templar.tools.sizing import DEFAULT_MFU, format_sizing, ranks_table, window_sizing
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -18,7 +18,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--mfu", type=float, default=DEFAULT_MFU, help="model FLOPs utilisation assumed for GPU time")
     p.add_argument("--json", action="store_true", help="one JSON object (settings and sizing) only")
     p.add_argument("--ranks", type=int, nargs="+", default=None, metavar="N",
-                   help="print per-GPU memory of this model, 8B and 70B LLaMA at N ranks (meta device)")
+                   help="print a miner's memory per GPU for this model, 8B and 70B LLaMA at N ranks (torchrun)")
     p.add_argument("--miners", type=int, default=240, help="miners on the subnet, for the object-store figures")
     p.add_argument("--validators", type=int, default=16, help="validators on the subnet, for the object-store figures")
     p.add_argument("--joins-per-day", type=float, default=10.0,
@@ -33,12 +33,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {exc}")
         return 2
     if args.ranks:
-        from templar.distributed.sizing import SHAPES, report
-
         if any(n <= 0 for n in args.ranks):
             print("error: --ranks must be positive")
             return 2
-        print(report(hp, args.ranks, ["hparams", *SHAPES], args.hparams))
+        print(ranks_table(hp, args.ranks))
         return 0
     if args.miners < 1 or args.validators < 1 or args.joins_per_day < 0:
         print("error: --miners and --validators must be positive, --joins-per-day >= 0")

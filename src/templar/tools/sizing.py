@@ -5,47 +5,196 @@ Estimates, stated with their formulas so they can be checked:
 * FLOPs per token, training: 6·N + 12·L·d·S (PaLM appendix B: weights, plus attention scores);
   evaluation (forward only) a third of that.
 * GPU time: FLOPs / (peak · MFU); peak is the H100 SXM's dense bf16 989 TFLOP/s.
-* GPU memory, miner: fp32 weights, fp32 gradients (the pseudo-gradient, after the inner steps) and
-  the error-feedback buffer (3 × 4·N bytes), with inner steps the θ_t snapshot (4·N) and AdamW's two
-  moments (8·N), plus activations of one micro-batch with fused attention (34·S·b·d bytes per layer,
-  Korthikanti et al. 2022) and fp32 logits (2 × b·S·V·4). Validators hold a second fp32 copy of θ
-  for LossScore rollback and no error feedback. A smaller GPU moves the snapshot, the error
-  feedback and the moments to host memory (`offloadable`).
+* Memory, per GPU and on the host, for each memory setting of the miner (`node_memory`, the one
+  function `templar hparams`, docs/mining.md and `templar doctor` read): the arithmetic of
+  `templar.core.memory` on the run's model, with the float32 copies of θ the run's settings keep
+  (`state_copies`: error feedback, θ_t snapshot, AdamW moments, the outer rule's own state). A
+  setting fits a GPU when its estimated peak is at most `USABLE_SHARE` of the GPU's memory. What a
+  setting costs in time: the offload's host↔GPU bytes at `PCIE_BYTES_PER_SECOND`, checkpointing's
+  recomputed forward (a third of the training FLOPs).
 * Compute utilisation: the share of the time a window leaves for compute that training fills. A
   miner trains window w+1 from the moment it holds w's step (the gather starts at `gather_start`
   and takes the top-G payloads at `ASSUMED_BANDWIDTH` plus `ASSUMED_STEP_SECONDS` for the step) until
-  its commitment is due (`commit_close`); a validator evaluates within its window.
+  its commitment is due (`commit_close`); at the least (a gather that runs to its deadline), from
+  the gather deadline. A validator evaluates within its window.
 * Network: pages in (ranged GETs), one compressed gradient out, the top-G gradients in
   (the wire format's upper bound `max_gradient_bytes`); validators read `fast_eval_uids`.
-* Disk: the window's pages land in the page cache (bounded by --data.cache_gb).
+* Disk: the window's pages land in the page cache (bounded by --data.cache_gb); the state file
+  (θ and the float32 copies the node saves), twice while it is replaced, and a checkpoint.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from templar.core.config import HParams
+from templar.core.memory import (
+    GIB,
+    SETTINGS,
+    MemorySettings,
+    ModelShape,
+    NodeMemory,
+    StateCopies,
+    node_memory,
+)
 
 H100_BF16_FLOPS = 989e12
+PEAK_BF16_FLOPS = {  # dense bf16 tensor-core peaks (vendor data sheets), by a substring of the device name
+    "H100 PCIe": 756e12,
+    "H100 NVL": 835e12,
+    "H100": H100_BF16_FLOPS,   # SXM (HBM3), the sizing table's reference
+    "H200": H100_BF16_FLOPS,   # same compute as the H100 SXM, more memory
+    "A100": 312e12,
+}
 DEFAULT_MFU = 0.40
 HOLDOUT_PAGES = 4  # templar.validator.loop.HOLDOUT_PAGES
 ASSUMED_BANDWIDTH = 125e6
 """Bytes per second a miner downloads the top-G payloads at (1 Gbit/s)."""
 ASSUMED_STEP_SECONDS = 1.0
 """The outer step over the top-G on a GPU (decode, aggregate, apply)."""
+CARDS_GB = (24, 40, 80)
+"""The GPU sizes the memory table answers for, as sold (GiB of memory: 24 GB is 25.8 × 10⁹ bytes)."""
+USABLE_SHARE = 0.90
+"""The share of a GPU's memory a node's estimated peak may take: the rest is the CUDA context,
+cuBLAS workspaces and the allocator's fragmentation."""
+PCIE_BYTES_PER_SECOND = 25e9
+"""Host↔GPU bytes per second from pinned memory over PCIe 4.0 ×16 (about 80 % of its 32 GB/s; PCIe
+5.0 doubles it): what the offload's transfers cost."""
+TORCHRUN_RANKS = (2,)
+"""Rank counts the memory table adds for a miner under torchrun (FSDP2: per GPU)."""
 
 
-def compute_span(hp: HParams, gradient_bytes: int) -> float:
+SHAPES: dict[str, ModelShape] = {
+    # the LLaMA-3 8B and 70B shapes, with the run's other settings (`templar hparams --ranks`)
+    "8B": ModelShape(vocab=128256, hidden=4096, layers=32, heads=32, kv_heads=8, intermediate=14336, tied=False),
+    "70B": ModelShape(vocab=128256, hidden=8192, layers=80, heads=64, kv_heads=8, intermediate=28672, tied=False),
+}
+
+
+def state_copies(hp: HParams, role: str) -> StateCopies:
+    """The float32 copies of θ a `role` node keeps under the run's settings (the outer rule's own
+    state from `OuterRule.state_copies`)."""
+    from templar.compress.methods import rule_of
+
+    return StateCopies.of(role, inner_optimizer=hp.inner.optimizer, inner_steps=hp.inner.steps,
+                          outer=rule_of(hp.optimizer.method).state_copies)
+
+
+def model_memory(hp: HParams, role: str, setting: MemorySettings = SETTINGS[0], ranks: int = 1, *,
+                 shape: ModelShape | None = None) -> NodeMemory:
+    """The memory of a `role` node of this run under `setting` over `ranks` GPUs: the one function
+    behind the memory tables (`templar hparams`, docs/mining.md) and `templar doctor`'s GPU check.
+    `shape`: another model trained with the run's other settings (`SHAPES`)."""
+    return node_memory(shape or ModelShape.of(hp.model), state_copies(hp, role), role=role, setting=setting,
+                       ranks=ranks, micro_batch=hp.optimizer.micro_batch_size, seq=hp.data.sequence_length,
+                       inner_steps=hp.inner.steps)
+
+
+def usable_bytes(gpu_bytes: float) -> float:
+    return USABLE_SHARE * gpu_bytes
+
+
+def fits(memory: NodeMemory, gpu_bytes: float) -> bool:
+    return memory.gpu_bytes <= usable_bytes(gpu_bytes)
+
+
+def recommend(hp: HParams, role: str, gpu_bytes: float, ranks: int = 1) -> NodeMemory | None:
+    """The first memory setting (cheapest in time) whose peak fits a GPU of `gpu_bytes`; None when
+    none does. A validator's memory does not depend on the settings (they are the miner's)."""
+    for setting in SETTINGS if role == "miner" else SETTINGS[:1]:
+        memory = model_memory(hp, role, setting, ranks)
+        if fits(memory, gpu_bytes):
+            return memory
+    return None
+
+
+def fewest_ranks(hp: HParams, role: str, gpu_bytes: float, setting: MemorySettings, most: int = 64) -> int | None:
+    """The fewest torchrun ranks whose per-GPU peak fits a GPU of `gpu_bytes` under `setting`."""
+    ranks = 2
+    while ranks <= most:
+        if fits(model_memory(hp, role, setting, ranks), gpu_bytes):
+            return ranks
+        ranks *= 2
+    return None
+
+
+def setting_seconds(memory: NodeMemory, train_seconds: float) -> tuple[float, float]:
+    """What a setting adds to a window, per GPU: (host↔GPU transfer at `PCIE_BYTES_PER_SECOND`, the
+    recomputed forward of checkpointing, a share of `train_seconds` spread over the ranks)."""
+    return memory.transfer_bytes / PCIE_BYTES_PER_SECOND, memory.recompute_share * train_seconds / memory.ranks
+
+
+def state_file_bytes(hp: HParams, role: str) -> float:
+    """The node's `state.safetensors`: θ and the float32 copies it saves (the same under every setting)."""
+    return 4 * ModelShape.of(hp.model).parameters * (1 + state_copies(hp, role).saved)
+
+
+def node_disk_bytes(hp: HParams, role: str) -> float:
+    """The node's own disk: its state file twice (the new one is written before the old one goes;
+    `.prev` is a hard link), the lead's checkpoint downloaded to join, and for a validator that may
+    lead, the checkpoint it publishes."""
+    theta = 4 * ModelShape.of(hp.model).parameters
+    return 2 * state_file_bytes(hp, role) + theta + (theta if role == "validator" else 0)
+
+
+def ranks_table(hp: HParams, ranks: Sequence[int]) -> str:
+    """A miner's memory per GPU at each rank count (1: one process; more: torchrun, FSDP2), for the
+    run's model and for the 8B and 70B shapes trained with the run's other settings, as markdown
+    (`templar hparams --ranks`, docs/mining.md §12)."""
+    mb, seq = hp.optimizer.micro_batch_size, hp.data.sequence_length
+    lines = [f"Miner memory per GPU in GB (micro-batch {mb} × {seq} tokens, bf16 compute, float32 θ; host memory "
+             "per node):", "",
+             "| model | params | GPUs | θ | gradients | error feedback | θ_t snapshot + AdamW moments | "
+             "activations and transients (peak) | sum | with checkpointing | offload + checkpointing: GPU, host |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for name, shape in [(hp.name, ModelShape.of(hp.model)), *SHAPES.items()]:
+        for n in ranks:
+            m, both = (model_memory(hp, "miner", setting, n, shape=shape) for setting in (SETTINGS[0], SETTINGS[2]))
+            checkpointed = model_memory(hp, "miner", MemorySettings(checkpoint_activations=True), n, shape=shape)
+            g = {k: v / 1e9 for k, v in m.gpu.items()}
+            kept = g.get("θ_t snapshot", 0.0) + g.get("AdamW moments", 0.0)
+            lines.append(f"| {name} | {shape.parameters / 1e9:.2f} B | {n} | {g['θ']:.2f} | {g['gradients']:.2f} | "
+                         f"{g.get('error feedback', 0.0):.2f} | {kept:.2f} | "
+                         f"{g['activations and transients (peak)']:.2f} | **{m.gpu_bytes / 1e9:.1f}** | "
+                         f"{checkpointed.gpu_bytes / 1e9:.1f} | {both.gpu_bytes / 1e9:.1f}, {both.host_bytes / 1e9:.0f} |")
+    return "\n".join(lines)
+
+
+def memory_rows(hp: HParams, train_seconds: float) -> list[dict[str, Any]]:
+    """The memory table: the miner under each setting on one GPU and on `TORCHRUN_RANKS`, and the
+    validator, with what each fits and costs."""
+    out = []
+    cases = [("miner", s, r) for r in (1, *TORCHRUN_RANKS) for s in SETTINGS] + [("validator", SETTINGS[0], 1)]
+    for role, setting, ranks in cases:
+        m = model_memory(hp, role, setting, ranks)
+        transfer_s, recompute_s = setting_seconds(m, train_seconds)
+        out.append({"role": role, "ranks": ranks, "setting": setting.name if role == "miner" else "any",
+                    "flags": list(setting.flags) if role == "miner" else [],
+                    "gpu_gb": m.gpu_bytes / 1e9, "host_gb": m.host_bytes / 1e9,
+                    "gpu_parts_gb": {k: v / 1e9 for k, v in m.gpu.items()},
+                    "host_parts_gb": {k: v / 1e9 for k, v in m.host.items()},
+                    "fits": {gb: fits(m, gb * GIB) for gb in CARDS_GB},
+                    "transfer_gb": m.transfer_bytes / 1e9, "transfer_seconds": transfer_s,
+                    "recompute_seconds": recompute_s})
+    return out
+
+
+def compute_span(hp: HParams, gradient_bytes: int, *, gather_to_deadline: bool = False) -> float:
     """Seconds a window leaves a miner for training: from holding the previous window's step to the
     commitment deadline (`templar.runtime.windows`: commit_close − gather_start, measured from the
-    previous window's end, minus the gather and the step)."""
+    previous window's end, minus the gather and the step). `gather_to_deadline`: the least it
+    leaves, when the gather runs until its deadline (`gather_seconds`)."""
     from templar.runtime.windows import COMMIT_READ_SECONDS, SETTLE_SECONDS
 
     w = hp.windows
     window_s = w.blocks_per_window * w.block_time
     commit_close = window_s - w.clock_skew_seconds - min(COMMIT_READ_SECONDS, w.put_window_seconds / 2)
     gather_start = w.put_window_seconds + w.clock_skew_seconds + SETTLE_SECONDS
-    gather = hp.gauntlet.top_g * gradient_bytes / ASSUMED_BANDWIDTH + ASSUMED_STEP_SECONDS
+    if gather_to_deadline:
+        gather = w.gather_seconds
+    else:
+        gather = hp.gauntlet.top_g * gradient_bytes / ASSUMED_BANDWIDTH + ASSUMED_STEP_SECONDS
     return max(0.0, commit_close - gather_start - gather)
 
 
@@ -70,17 +219,10 @@ def window_sizing(hp: HParams, *, mfu: float = DEFAULT_MFU) -> dict[str, Any]:
     eval_pages = hp.data.eval_pages
     eval_tokens = page_tokens * (eval_pages + hp.gauntlet.uids_per_window * 3 * eval_pages + HOLDOUT_PAGES)
     eval_flops = fwd_per_token * eval_tokens
-    b = hp.optimizer.micro_batch_size
-    activations = layers * 34 * seq * b * width + 2 * b * seq * m.vocab_size * 4
-    inner_steps = hp.inner.optimizer != "sgd" or hp.inner.steps > 1
-    snapshot = 4 * n if inner_steps else 0
-    moments = 8 * n if hp.inner.optimizer == "adamw" else 0
-    miner_gpu = 3 * 4 * n + snapshot + moments + activations
-    offloadable = 4 * n + snapshot + moments  # error feedback, θ_t and the moments: touched once per window or step
-    validator_gpu = 3 * 4 * n + activations // 3
     train_s = train_flops / (H100_BF16_FLOPS * mfu)
     eval_s = eval_flops / (H100_BF16_FLOPS * mfu)
     span = compute_span(hp, grad_bytes)
+    memory = memory_rows(hp, train_s)
     return {
         "parameters": n,
         "page_tokens": page_tokens,
@@ -94,15 +236,22 @@ def window_sizing(hp: HParams, *, mfu: float = DEFAULT_MFU) -> dict[str, Any]:
         "inner_optimizer": hp.inner.optimizer,
         "tokens_per_inner_step": tokens // hp.inner.steps,
         "miner_compute_span_seconds": span,
+        "miner_compute_span_min_seconds": compute_span(hp, grad_bytes, gather_to_deadline=True),
         "miner_compute_utilisation": min(1.0, train_s / span) if span > 0 else 0.0,
+        "miner_sustained_tflops_needed": train_flops / span / 1e12 if span > 0 else float("inf"),
         "validator_eval_tokens_per_window": eval_tokens,
         "validator_eval_flops_per_window": eval_flops,
         "h100_validator_eval_seconds": eval_s,
         "validator_compute_utilisation": min(1.0, eval_s / window_s),
-        "miner_gpu_memory_gb": miner_gpu / 1e9,
-        "miner_gpu_memory_offloaded_gb": (miner_gpu - offloadable) / 1e9,
-        "miner_host_memory_offloaded_gb": offloadable / 1e9,
-        "validator_gpu_memory_gb": validator_gpu / 1e9,
+        "miner_gpu_memory_gb": memory[0]["gpu_gb"],   # the default setting, one GPU
+        "validator_gpu_memory_gb": memory[-1]["gpu_gb"],
+        "memory": memory,
+        "usable_share": USABLE_SHARE,
+        "pcie_gb_per_second": PCIE_BYTES_PER_SECOND / 1e9,
+        "miner_state_file_gb": state_file_bytes(hp, "miner") / 1e9,
+        "validator_state_file_gb": state_file_bytes(hp, "validator") / 1e9,
+        "miner_disk_gb": node_disk_bytes(hp, "miner") / 1e9,
+        "validator_disk_gb": node_disk_bytes(hp, "validator") / 1e9,
         "gradient_upload_max_mb": grad_bytes / 1e6,
         "miner_download_mb_per_window": (d.pages_per_window * page_bytes + hp.gauntlet.top_g * grad_bytes) / 1e6,
         # distinct pages: one assigned set per evaluated peer and the random set (held-out: once, at start)
@@ -124,17 +273,60 @@ def format_sizing(s: dict[str, Any]) -> str:
         (f"H100 training time at {s['mfu_assumed']:.0%} MFU", f"{s['h100_train_seconds']:.2f} s"),
         ("inner steps", f"{s['inner_steps']} × {s['tokens_per_inner_step']:,} tokens ({s['inner_optimizer']})"),
         ("miner compute utilisation", f"{s['miner_compute_utilisation']:.0%} of the {s['miner_compute_span_seconds']:.1f} s "
-                                      "a window leaves for training"),
+                                      f"a window leaves for training ({s['miner_compute_span_min_seconds']:.2f} s "
+                                      "if the gather runs to its deadline)"),
+        ("sustained training throughput needed", f"{s['miner_sustained_tflops_needed']:.0f} TFLOP/s"),
         ("validator eval tokens per window", f"{s['validator_eval_tokens_per_window']:,}"),
         (f"H100 validator eval time at {s['mfu_assumed']:.0%} MFU", f"{s['h100_validator_eval_seconds']:.2f} s"),
         ("validator compute utilisation", f"{s['validator_compute_utilisation']:.0%} of the window"),
-        ("GPU memory, miner / validator", f"{s['miner_gpu_memory_gb']:.1f} / {s['validator_gpu_memory_gb']:.1f} GB"),
-        ("miner with offload (GPU + host)", f"{s['miner_gpu_memory_offloaded_gb']:.1f} GB + "
-                                            f"{s['miner_host_memory_offloaded_gb']:.1f} GB"),
+        ("state file, miner / validator", f"{s['miner_state_file_gb']:.1f} / {s['validator_state_file_gb']:.1f} GB "
+                                          f"(node disk {s['miner_disk_gb']:.1f} / {s['validator_disk_gb']:.1f} GB)"),
         ("upload per window (gradient, max)", f"{s['gradient_upload_max_mb']:.2f} MB"),
         ("download per window, miner / validator",
          f"{s['miner_download_mb_per_window']:.1f} / {s['validator_download_mb_per_window']:.1f} MB"),
         ("page cache growth per window", f"{s['page_cache_mb_per_window']:.2f} MB"),
     ]
     width = max(len(k) for k, _ in rows)
-    return "\n".join(f"  {k:<{width}}  {v}" for k, v in rows)
+    return "\n".join(f"  {k:<{width}}  {v}" for k, v in rows) + "\n\n" + format_memory(s)
+
+
+def _fits(row: dict[str, Any]) -> str:
+    return " / ".join("yes" if row["fits"][gb] else "no" for gb in CARDS_GB)
+
+
+def _added(row: dict[str, Any]) -> str:
+    parts = []
+    if row["transfer_gb"]:
+        parts.append(f"{row['transfer_seconds']:.1f} s host↔GPU ({row['transfer_gb']:.0f} GB)")
+    if row["recompute_seconds"]:
+        parts.append(f"{row['recompute_seconds']:.1f} s recompute")
+    return " + ".join(parts) or "none"
+
+
+def format_memory(s: dict[str, Any]) -> str:
+    """The memory table of `window_sizing` for a terminal."""
+    cards = " / ".join(str(gb) for gb in CARDS_GB)
+    lines = [f"  memory (GB; GPU per GPU, host per node; fits: estimated peak within {s['usable_share']:.0%} of a "
+             f"{cards} GB GPU; added per window: H100 at {s['mfu_assumed']:.0%} MFU, PCIe at "
+             f"{s['pcie_gb_per_second']:.0f} GB/s)",
+             f"  {'node':<10} {'GPUs':>4}  {'setting':<24} {'GPU':>6} {'host':>6}  {'fits ' + cards:<18} added per window"]
+    for row in s["memory"]:
+        lines.append(f"  {row['role']:<10} {row['ranks']:>4}  {row['setting']:<24} {row['gpu_gb']:>6.1f} "
+                     f"{row['host_gb']:>6.1f}  {_fits(row):<18} {_added(row)}")
+    lines.append("  flags: " + "; ".join(f"{row['setting']}: {' '.join(row['flags'])}" for row in s["memory"][1:3]))
+    return "\n".join(lines)
+
+
+def memory_markdown(s: dict[str, Any]) -> str:
+    """The memory table of `window_sizing` as docs/mining.md carries it (tests/tools/test_sizing.py
+    compares the two)."""
+    cards = " / ".join(str(gb) for gb in CARDS_GB)
+    lines = [f"| node | GPUs | setting (flags) | GPU memory, per GPU | host memory | fits {cards} GB | "
+             "added per window |", "|---|---|---|---|---|---|---|"]
+    for row in s["memory"]:
+        gpus = f"{row['ranks']}" + (" (torchrun)" if row["ranks"] > 1 else "")
+        flags = " ".join(f"`{f}`" for f in row["flags"])
+        setting = f"{row['setting']} ({flags})" if flags else row["setting"]
+        lines.append(f"| {row['role']} | {gpus} | {setting} | {row['gpu_gb']:.1f} GB | {row['host_gb']:.1f} GB | "
+                     f"{_fits(row)} | {_added(row)} |")
+    return "\n".join(lines)
