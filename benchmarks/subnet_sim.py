@@ -52,7 +52,6 @@ from subnet_sim_fit import FIT_FILE, fit, fit_from_scores
 from templar.chain import yuma
 from templar.core.config import GauntletConfig, load_hparams
 from templar.gauntlet import FastVerdict, PrimaryResult, ScoreBook, Status, score_window, select_eval_peers
-from templar.gauntlet import rating as rating_module
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 WINDOW_SECONDS = 84.0
@@ -130,14 +129,15 @@ class SimConfig:
     """relative rating: False is production (every window counts alike); True the simulator-only
     candidate that weighs each window by its own noise (`WeighedWindowsBook`)"""
     rating_clip_high: float | None = None
-    """relative rating: the upper clip of one relative LossScore (None: `rating.RELATIVE_CLIP`, production);
+    """relative rating: the upper clip of one relative LossScore (None: production's `relative_clip_high`);
     set only to replay the rule before the clip at 2 (4.0)"""
     seed: int = 0
 
     def gauntlet(self) -> GauntletConfig:
         """The hparams' gauntlet section this subnet scores with: production's, with this config's
-        levers (what `templar.gauntlet.score_window` and `ScoreBook.configure` read)."""
-        return load_hparams().gauntlet.model_copy(update={
+        levers (the rules `templar.gauntlet.score_window` applies to every validator's book)."""
+        production = load_hparams().gauntlet
+        return production.model_copy(update={
             "top_g": self.top_g, "power": self.power, "uids_per_window": self.uids_per_window,
             "fast_eval_uids": self.fast_eval_uids, "mu_gamma": self.mu_gamma, "proof_margin": self.proof_margin,
             "proof_credit": self.proof_credit, "proof_full_gap": self.proof_full_gap,
@@ -146,7 +146,9 @@ class SimConfig:
             "mu_prior_evals": self.mu_prior_evals,
             "loss_rating": "relative" if self.rating == "relative" else "openskill",
             "rating_gamma": self.rating_gamma, "rating_tie_band": self.rating_tie_band,
-            "rating_exponent": self.rating_exponent, "rating_cap": self.rating_cap})
+            "rating_exponent": self.rating_exponent, "rating_cap": self.rating_cap,
+            "relative_clip_high": production.relative_clip_high if self.rating_clip_high is None
+            else self.rating_clip_high})
 
 
 @dataclass
@@ -222,17 +224,6 @@ def gini(values: list[float]) -> float:
 
 
 def simulate(cfg: SimConfig, *, keep_series: bool = False) -> Outcome:
-    if cfg.rating_clip_high is None:
-        return _simulate(cfg, keep_series)
-    saved = rating_module.RELATIVE_CLIP
-    rating_module.RELATIVE_CLIP = (saved[0], cfg.rating_clip_high)  # replay an older clip; restored below
-    try:
-        return _simulate(cfg, keep_series)
-    finally:
-        rating_module.RELATIVE_CLIP = saved
-
-
-def _simulate(cfg: SimConfig, keep_series: bool) -> Outcome:
     rng = random.Random(cfg.seed)
     peers = build_peers(cfg, rng)
     by_hotkey = {p.hotkey: p for p in peers}
@@ -244,7 +235,6 @@ def _simulate(cfg: SimConfig, keep_series: bool) -> Outcome:
             book = TiedOpenSkillBook(cfg.openskill_tie_band)
         else:
             book = WeighedWindowsBook() if cfg.weighed_windows else ScoreBook()
-        book.configure(rules)  # as the validator does at start
         books.append(book)
     secrets = [rng.getrandbits(64) for _ in range(cfg.validators)]
     stake = np.zeros(cfg.uids)

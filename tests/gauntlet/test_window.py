@@ -7,19 +7,12 @@ from dataclasses import replace
 import pytest
 
 from templar.gauntlet import FastVerdict, PrimaryResult, ScoreBook, Status, score_window
-from templar.gauntlet.book import POOL_MEMORY
 
 MINERS = {"a": 1, "b": 2, "c": 3, "d": 4, "e": 5}
 
 
-def _book(rules) -> ScoreBook:
-    book = ScoreBook()
-    book.configure(rules)
-    return book
-
-
 def test_verdicts_losses_and_pools_reach_the_book(gauntlet_cfg):
-    book = _book(gauntlet_cfg)
+    book = ScoreBook()  # state only: the rules come with every call
     verdicts = {"a": FastVerdict(Status.OK, sync_steps=0.1), "b": FastVerdict(Status.OK),
                 "c": FastVerdict(Status.MALFORMED, reason="bad_signature"), "d": FastVerdict(Status.WARMUP),
                 "e": FastVerdict(Status.COPY, copied_from="b", pool=("b", "e"))}
@@ -37,22 +30,23 @@ def test_verdicts_losses_and_pools_reach_the_book(gauntlet_cfg):
     assert set(scores.weights) == set(MINERS) and sum(scores.weights.values()) == pytest.approx(1.0)
     assert scores.top_g == ["a", "b"]  # one slot per pool; nobody unproven
 
-    later = score_window(book, gauntlet_cfg, 10 + POOL_MEMORY + 1, MINERS, {"a": FastVerdict(Status.OK)}, {})
+    later = score_window(book, gauntlet_cfg, 10 + gauntlet_cfg.pool_memory + 1, MINERS, {"a": FastVerdict(Status.OK)},
+                         {})
     assert book.pools() == {} and later.weights["b"] == pytest.approx(later.weights["a"])
 
 
 def test_a_window_without_evaluations_only_recomputes_weights(gauntlet_cfg):
-    book = _book(gauntlet_cfg)
+    book = ScoreBook()  # state only: the rules come with every call
     score_window(book, gauntlet_cfg, 3, MINERS, {"a": FastVerdict(Status.OK), "b": FastVerdict(Status.OK),
                                                  "c": FastVerdict(Status.OK)},
                  {"a": PrimaryResult(0.3, 0.2), "b": PrimaryResult(0.2, 0.2), "c": PrimaryResult(0.1, 0.2)})
     before = book.to_json()
     scores = score_window(book, gauntlet_cfg, 4, MINERS, {}, {})
-    assert book.to_json() == before and scores.weights == book.weights(gauntlet_cfg.power)
+    assert book.to_json() == before and scores.weights == book.weights(gauntlet_cfg)
 
 
 def test_inputs_the_rules_cannot_take_are_refused_before_any_change(gauntlet_cfg):
-    book = _book(gauntlet_cfg)
+    book = ScoreBook()  # state only: the rules come with every call
     with pytest.raises(ValueError, match="not miners"):
         score_window(book, gauntlet_cfg, 1, MINERS, {"stranger": FastVerdict(Status.OK)}, {})
     with pytest.raises(ValueError, match="cannot earn"):  # a LossScore for an upload fast evaluation failed
@@ -80,8 +74,8 @@ def test_every_gather_failure_is_a_verdict():
 def test_the_simulator_scores_windows_with_the_validators_function(benchmark_module, monkeypatch):
     """A simulated result is a statement about production code: every window the simulator scores
     goes through the very function the validator's loop calls, and replaying the simulator's inputs
-    through that function into a book configured as a validator configures its own gives the same
-    book and the same weights."""
+    through that function into a fresh book under the same rules gives the same book and the same
+    weights."""
     import templar.validator.loop as validator_loop
 
     subnet_sim = benchmark_module("subnet_sim")
@@ -101,7 +95,6 @@ def test_the_simulator_scores_windows_with_the_validators_function(benchmark_mod
     assert len(calls) == cfg.windows
 
     replayed = ScoreBook()
-    replayed.configure(cfg.gauntlet())
     for rules, window, miners, verdicts, losses, sim_book, sim_result in calls:
         result = validator_loop.score_window(replayed, rules, window, miners, verdicts, losses)
         assert replayed.to_json() == sim_book

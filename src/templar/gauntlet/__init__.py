@@ -36,12 +36,11 @@ from templar.gauntlet.scores import (
     window_gap,
 )
 from templar.gauntlet.selection import select_eval_pages, select_eval_peers, selection_priority
-from templar.gauntlet.window import GauntletRules, WindowScores, score_window
+from templar.gauntlet.window import WindowScores, score_window
 
 __all__ = [
     "DEFAULT_RATING",
     "FastVerdict",
-    "GauntletRules",
     "PeerRecord",
     "PrimaryResult",
     "Rating",

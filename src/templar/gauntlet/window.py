@@ -7,34 +7,21 @@ about the production rules. Like torchtitan's `train_step` against `train()`: th
 I/O and the scheduling, the step is the rule.
 
 The score book is the Gauntlet's state and is updated in place (copying a 256-peer book every
-window of a simulation would cost more than the scoring); everything else the step needs comes
-in as arguments, and nothing else is read: no clock, no randomness, no I/O.
+window of a simulation would cost more than the scoring); the rules it is scored by are the run's
+(`HParams.gauntlet`, passed in), and everything else the step needs comes in as arguments: no
+module constant, no clock, no randomness, no I/O.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Protocol
 
+from templar.core.config import GauntletConfig
 from templar.core.verdicts import FastVerdict
 from templar.gauntlet.book import PrimaryResult, ScoreBook
 
-__all__ = ["GauntletRules", "WindowScores", "score_window"]
-
-
-class GauntletRules(Protocol):
-    """The fields of the hparams' gauntlet section the window step reads (`HParams.gauntlet`)."""
-
-    top_g: int
-    power: float
-    fast_eval_penalty: float
-    mu_gamma: float
-    proof_margin: float
-    proof_credit: str
-    proof_full_gap: float
-    openskill_beta: float
-    openskill_tau: float
+__all__ = ["WindowScores", "score_window"]
 
 
 @dataclass(frozen=True)
@@ -45,12 +32,12 @@ class WindowScores:
     top_g: list[str]
 
 
-def score_window(book: ScoreBook, rules: GauntletRules, window: int, miners: Mapping[str, int],
+def score_window(book: ScoreBook, rules: GauntletConfig, window: int, miners: Mapping[str, int],
                  verdicts: Mapping[str, FastVerdict], losses: Mapping[str, PrimaryResult]) -> WindowScores:
     """Apply one window's evaluations to `book` and return its weights and top-G.
 
     In order: each fast verdict (a failure multiplies μ by φ; `Status.passes`), the pools fast
-    evaluation found (paid once; forgotten after `POOL_MEMORY` windows), the primary evaluation
+    evaluation found (paid once; forgotten after `pool_memory` windows), the primary evaluation
     of S_t (`losses`: OpenSkill match, μ update, relative LossScores), then x_p and SelectTopG.
     `miners` maps each miner's hotkey to its uid (the registry, `ScoreBook.sync_registry` run
     before the window's draws); every hotkey of `verdicts` must be in it, and every hotkey of
@@ -65,14 +52,11 @@ def score_window(book: ScoreBook, rules: GauntletRules, window: int, miners: Map
         raise ValueError(f"score_window: LossScores for uploads that cannot earn: {unearned[:3]}")
     for hotkey, verdict in verdicts.items():
         book.get_or_create(hotkey, miners[hotkey], window)
-        book.record_fast_eval(hotkey, verdict.passed, verdict.label, rules.fast_eval_penalty,
-                              sync_steps=verdict.sync_steps)
+        book.record_fast_eval(rules, hotkey, verdict.passed, verdict.label, sync_steps=verdict.sync_steps)
     for pool in sorted({v.pool for v in verdicts.values() if v.pool}):
-        book.record_pool(pool, window)
+        book.record_pool(rules, pool, window)
     if verdicts:
-        book.expire_pools(window)
+        book.expire_pools(rules, window)
     if losses:
-        book.record_primary(losses, gamma=rules.mu_gamma, beta=rules.openskill_beta, tau=rules.openskill_tau,
-                            margin=rules.proof_margin, window=window, credit=rules.proof_credit,
-                            full_gap=rules.proof_full_gap)
-    return WindowScores(weights=book.weights(rules.power), top_g=book.top_g(rules.top_g))
+        book.record_primary(rules, losses, window=window)
+    return WindowScores(weights=book.weights(rules), top_g=book.top_g(rules))

@@ -40,7 +40,7 @@ from templar.runtime.fingerprint import model_in_sync, off_positions
 from templar.runtime.node import Lead, Node
 from templar.runtime.outer import update_step
 from templar.runtime.state import STATE_FILE, NodeState
-from templar.runtime.windows import APPLY_SECONDS
+from templar.runtime.windows import apply_span
 from templar.storage import StorageError
 from templar.wire import (
     PayloadError,
@@ -308,7 +308,7 @@ async def catch_up(node: Node, state: NodeState, until: int, *, verify: bool = T
         # Due by the end of the next window; a node that reaches it later still looks for a while
         # (a lead whose bucket was stalled publishes what it held back as soon as it can).
         publish_by = max(node.clock.times(window + 1).end,
-                         node.clock.now() + min(APPLY_SECONDS, node.hp.windows.gather_seconds))
+                         node.clock.now() + apply_span(node.hp.windows))
         resolved, agg, problem = False, None, "not readable: no lead validator with a readable bucket"
         while True:
             lead = await node.lead()
@@ -399,8 +399,9 @@ def compare_with_lead(node: Node, progress: Progress, global_step: int, own: tor
     if progress.global_step != global_step:
         return f"global_step {global_step}, the lead's {progress.global_step}"
     lr = learning_rate(max(global_step - 1, 0), node.hp.optimizer)
-    if not model_in_sync(own, published, lr):
-        return f"{off_positions(own, published, lr)}/{own.numel()} fingerprint positions off by more than α/2"
+    if not model_in_sync(own, published, lr, node.hp.sync):
+        return (f"{off_positions(own, published, lr, node.hp.sync)}/{own.numel()} fingerprint positions off by "
+                "more than α/2")
     return None
 
 

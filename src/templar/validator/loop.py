@@ -77,7 +77,6 @@ from templar.validator.state import (
 from templar.validator.weights import WeightSetter
 from templar.wire import Gradient, StepInputs
 
-HOLDOUT_PAGES = 4
 PUBLISH_MIN_SECONDS = 5.0
 """A lead already behind still gets this long to publish a window before it moves on."""
 LATE_GATHER_SECONDS = 5.0
@@ -118,9 +117,10 @@ class Validator:
         self.hp = node.hp
         self.state = NodeState(window=-1, global_step=0)
         self.book = ScoreBook()
-        self.replays = ReplayMemory()
+        self.replays = ReplayMemory(self.hp.gauntlet.replay_windows)
         self.compute = node.compute  # θ: one process, or torchrun's ranks
-        self.evaluator = self.compute.evaluator or Evaluator(node.model, self.hp.optimizer.micro_batch_size)
+        self.evaluator = self.compute.evaluator or Evaluator(node.model, self.hp.optimizer.micro_batch_size,
+                                                             position_ranges=self.hp.gauntlet.position_ranges)
         self.holdout = node.pages.empty  # filled in start(): pages come from the data bucket
         self.publisher = WindowPublisher(node)
         self.checkpoints = CheckpointPublisher(node)
@@ -129,8 +129,8 @@ class Validator:
         self.commits = CommitWatcher(node)
         self.sync = SyncCheck(node)
         self.weights = WeightSetter(node)
-        self.public = PublicWork()  # earlier windows' aggregated uploads, for the borrowed-work check
-        self.pair_baseline = PoolBaselines()  # earlier windows' typical pairs, for the pool check
+        self.public = PublicWork(self.hp.gauntlet.public_windows)  # aggregated uploads, for the borrowed-work check
+        self.pair_baseline = PoolBaselines.of(self.hp.gauntlet)  # earlier windows' typical pairs, for the pool check
 
     @property
     def is_lead(self) -> bool:
@@ -180,10 +180,9 @@ class Validator:
             context(phase=Phase.DOWNLOAD).warning(f"[SYNC] Cannot restore the run's state yet ({exc})")
             self.state, own = await restore_when_possible(node)
         self.book = load_book(node.state_dir, self.state, own, lead=self.is_lead)
-        self.book.configure(self.hp.gauntlet)
-        self.replays = load_replays(self.state, own)
+        self.replays = load_replays(self.state, own, self.hp.gauntlet.replay_windows)
         drop_uncommitted_records(node.state_dir, [SCORES_FILE, VALIDATOR_WINDOWS_FILE], self.state.window)
-        self.holdout = (await node.pages.fetch(node.plan.holdout_pages()[:HOLDOUT_PAGES])).batch
+        self.holdout = (await node.pages.fetch(node.plan.holdout_pages()[:self.hp.data.holdout_eval_pages])).batch
         current = node.clock.current_window()
         await self.check_lead(current)
         await self.role.join(current)
@@ -290,7 +289,8 @@ class Validator:
         assert work.scores is not None
         step = work.step
         work.wall_seconds = time.perf_counter() - work.started
-        record_window(self.node.state_dir, work.window, self.book, work.verdicts, work.losses, work.scores,
+        record_window(self.node.state_dir, work.window, self.book, self.hp.gauntlet, work.verdicts, work.losses,
+                      work.scores,
                       WindowSummary(
                           global_step=self.state.global_step,
                           learning_rate=step.learning_rate if step else learning_rate(self.state.global_step,
@@ -319,12 +319,9 @@ class Validator:
 
     async def _fast_evaluate(self, window: int, results: dict[str, GatherResult[Gradient]],
                              lr: float, replayed: Mapping[str, Sighting]) -> dict[str, FastVerdict]:
-        g = self.hp.gauntlet
         own_probes = await asyncio.to_thread(self.compute.probes, window)
         return await asyncio.to_thread(
-            fast_evaluate, results, own_probes, lr, sync_max_steps=g.sync_max_steps,
-            duplicate_threshold=g.duplicate_threshold, salt=self.eval_seed(window),
-            shared_positions_threshold=g.shared_positions_threshold, max_norm_ratio=g.max_norm_ratio,
+            fast_evaluate, results, own_probes, lr, rules=self.hp.gauntlet, salt=self.eval_seed(window),
             expected_step=self.state.global_step, commitments=self.commits.pop(window), replayed=replayed,
             earlier=self.public.before(window), baseline=self.pair_baseline)
 
