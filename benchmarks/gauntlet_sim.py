@@ -45,6 +45,7 @@ from templar.compress import Compressed, DeMo, aggregate, apply_signed_update
 from templar.core.model import build_model
 from templar.core.schedule import learning_rate
 from templar.gauntlet import PrimaryResult, ScoreBook
+from templar.runtime.outer import peer_weight
 from templar.runtime.train import evaluate_loss
 from templar.validator.evaluate import Evaluator
 
@@ -139,7 +140,7 @@ def main() -> int:
                                 for hk, s in scores.items()}, window=window)
         book.weights(g)
         top = book.top_g(g) or sorted(PEERS)
-        step = aggregate([updates[hk] for hk in top], [1.0 / g.top_g] * len(top), shapes)
+        step = aggregate([updates[hk] for hk in top], [peer_weight(hp)] * len(top), shapes)
         apply_signed_update(model, step, lr, hp.optimizer.weight_decay)
         holdout_loss.append(evaluate_loss(model, holdout, hp.optimizer.micro_batch_size))
 

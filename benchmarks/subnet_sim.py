@@ -4,9 +4,10 @@
     python benchmarks/subnet_sim.py --quick      # a handful of windows, for the test suite
 
 What is real and what is drawn. Every validator runs the production Gauntlet code: its own
-`ScoreBook` and private seed, `select_eval_peers` for F_t (fast_eval_uids, the lead's top-G
-always in) and S_t (uids_per_window among those that passed), `record_fast_eval` (φ on a failed
-check), `record_primary` (OpenSkill match on δ_rand, μ update), `weights(power)` and `top_g`.
+`ScoreBook` and private seed, `templar.gauntlet.draw_window` for F_t (fast_eval_uids, the lead's
+top-G always in) and S_t (uids_per_window among those that passed), the draws the validator's loop
+makes, then `score_window` (φ on a failed check, the OpenSkill or relative LossRating, μ, x and
+the top-G), the scoring the validator's loop applies.
 Every window the validators' weight vectors go through `templar.chain.yuma.epoch`, the embedded
 chain's epoch (stake-weighted consensus, clipping, bonds, incentive, vtrust), as if an epoch fell
 on that window. Only the LossScores are drawn: per strategy, a (δ_rand, δ_assigned − δ_rand)
@@ -51,7 +52,7 @@ from subnet_sim_candidates import TiedOpenSkillBook, WeighedWindowsBook
 from subnet_sim_fit import FIT_FILE, fit, fit_from_scores
 from templar.chain import yuma
 from templar.core.config import GauntletConfig, load_hparams
-from templar.gauntlet import FastVerdict, PrimaryResult, ScoreBook, Status, score_window, select_eval_peers
+from templar.gauntlet import FastVerdict, PrimaryResult, ScoreBook, Status, draw_window, score_window
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 WINDOW_SECONDS = 84.0
@@ -252,18 +253,15 @@ def simulate(cfg: SimConfig, *, keep_series: bool = False) -> Outcome:
         candidates = sorted(p.hotkey for p in miners if p.joins <= window)
         weights = np.zeros((cfg.uids, cfg.uids))
         vectors = []
+        registry = {hk: by_hotkey[hk].uid for hk in candidates}
         for v, book in enumerate(books):
-            seed = secrets[v] ^ window
-            staleness = book.staleness(window, cfg.newcomer_evals) if cfg.sharpness > 0 else None
-            fast = select_eval_peers(seed, window, candidates, cfg.fast_eval_uids, always=peer_list,
-                                     purpose="fast", staleness=staleness, sharpness=cfg.sharpness)
-            verdicts = {hk: fast_verdict(by_hotkey[hk]) for hk in fast}
-            passed = [hk for hk, verdict in verdicts.items() if verdict.status.earns]
-            chosen = select_eval_peers(seed, window, passed, cfg.uids_per_window, purpose="primary",
-                                       staleness=staleness, sharpness=cfg.sharpness)
+            seed = secrets[v] ^ window  # the validator keys blake2b(window) with its secret; any private seed will do
+            drawn = draw_window(book, rules, seed, window, registry, peer_list)
+            verdicts = {hk: fast_verdict(by_hotkey[hk]) for hk in drawn.fast}
             noise = cfg.noise * math.exp(rng.gauss(0.0, cfg.window_noise)) if cfg.window_noise else cfg.noise
-            losses = {hk: draw(by_hotkey[hk].strategy, rng, noise, cfg.freak_rate, cfg.freak_scale) for hk in chosen}
-            scored = score_window(book, rules, window, {hk: by_hotkey[hk].uid for hk in candidates}, verdicts, losses)
+            losses = {hk: draw(by_hotkey[hk].strategy, rng, noise, cfg.freak_rate, cfg.freak_scale)
+                      for hk in drawn.primary(verdicts)}
+            scored = score_window(book, rules, window, registry, verdicts, losses)
             x = scored.weights
             vectors.append(x)
             for hotkey, value in x.items():

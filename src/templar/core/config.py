@@ -279,6 +279,11 @@ class WindowConfig(_Strict):
                                        "window's commitments before any gradient can count (at most half the put "
                                        "window): a miner's commitment is due this long before the window ends")
 
+    @property
+    def window_seconds(self) -> float:
+        """A window's nominal length: its blocks at the configured block time."""
+        return self.blocks_per_window * self.block_time
+
 
 class HParams(_Strict):
     """A whole run's settings; the hash of this object is part of every checkpoint manifest."""

@@ -1,9 +1,10 @@
-"""One window of the Gauntlet (Algorithm 1 after the evaluations): verdicts and losses in, weights out.
+"""One window of the Gauntlet (Algorithm 1): who is evaluated, then verdicts and losses in, weights out.
 
 The validator computes a window's fast verdicts and LossScores (its gather, its model, its pages);
-what the incentive makes of them is this one function, which the validator's loop and the
-subnet simulator (`benchmarks/subnet_sim.py`) both call, so a simulated result is a statement
-about the production rules. Like torchtitan's `train_step` against `train()`: the loop does the
+who is evaluated (`draw_window`: F_t, then S_t) and what the incentive makes of the evaluations
+(`score_window`) are the two functions here, which the validator's loop and the subnet simulator
+(`benchmarks/subnet_sim.py`) both call, so a simulated result is a statement about the production
+rules. Like torchtitan's `train_step` against `train()`: the loop does the
 I/O and the scheduling, the step is the rule.
 
 The score book is the Gauntlet's state and is updated in place (copying a 256-peer book every
@@ -14,14 +15,53 @@ module constant, no clock, no randomness, no I/O.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from templar.core.config import GauntletConfig
 from templar.core.verdicts import FastVerdict
 from templar.gauntlet.book import PrimaryResult, ScoreBook
+from templar.gauntlet.selection import select_eval_peers
 
-__all__ = ["WindowScores", "score_window"]
+__all__ = ["WindowDraw", "WindowScores", "draw_window", "score_window"]
+
+
+@dataclass(frozen=True)
+class WindowDraw:
+    """One validator's draws of one window: F_t (`fast`), and S_t once F_t's verdicts are known
+    (`primary`). Both are keyed by the validator's private `seed` and tilted alike (stale first)."""
+
+    seed: int
+    window: int
+    fast: list[str]
+    """F_t, in priority order."""
+    primary_size: int
+    staleness: Mapping[str, float] | None
+    sharpness: float
+
+    def primary(self, verdicts: Mapping[str, FastVerdict]) -> list[str]:
+        """S_t (paper §3.1): `uids_per_window` of the uploads whose verdict earns, drawn with the
+        same seed (another purpose, so independent of F_t's draw)."""
+        eligible = sorted(hotkey for hotkey, verdict in verdicts.items() if verdict.status.earns)
+        return select_eval_peers(self.seed, self.window, eligible, self.primary_size, purpose="primary",
+                                 staleness=self.staleness, sharpness=self.sharpness)
+
+
+def draw_window(book: ScoreBook, rules: GauntletConfig, seed: int, window: int, miners: Mapping[str, int],
+                peer_list: Sequence[str]) -> WindowDraw:
+    """Who a validator evaluates in `window` (docs/scoring.md §1): F_t is `fast_eval_uids` of
+    `miners` drawn with its private `seed`, the peer list in effect always in (a failing aggregator
+    is caught at once); S_t follows from F_t's verdicts (`WindowDraw.primary`). With
+    `selection_sharpness` > 0 both draws favour peers the book has not evaluated for long
+    (`ScoreBook.staleness`, newcomers boosted by `newcomer_evals`); 0 is the paper's uniform draw.
+    The book is read once, before the window's scoring changes it."""
+    tilted = rules.selection_sharpness > 0
+    staleness = book.staleness(window, rules.newcomer_evals) if tilted else None
+    sharpness = rules.selection_sharpness if tilted else 0.0
+    fast = select_eval_peers(seed, window, sorted(miners), rules.fast_eval_uids,
+                             always=[hotkey for hotkey in peer_list if hotkey in miners], purpose="fast",
+                             staleness=staleness, sharpness=sharpness)
+    return WindowDraw(seed, window, fast, rules.uids_per_window, staleness, sharpness)
 
 
 @dataclass(frozen=True)

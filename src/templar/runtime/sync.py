@@ -38,7 +38,7 @@ from templar.core.log import context
 from templar.core.schedule import learning_rate
 from templar.runtime.fingerprint import model_in_sync, off_positions
 from templar.runtime.node import Lead, Node
-from templar.runtime.outer import update_step
+from templar.runtime.outer import peer_weight, update_step
 from templar.runtime.state import STATE_FILE, NodeState
 from templar.runtime.windows import apply_span
 from templar.storage import StorageError
@@ -211,7 +211,8 @@ def read_published(node: Node, data: bytes, lead_hotkey: str, window: int) -> Pu
         return Published(agg.signs, agg.global_step)
     bundle = read_bundle(data, shapes, hp, run=node.run, verify=verify_signature, expected_hotkey=lead_hotkey,
                          expected_window=window)
-    weights = [1.0 / hp.gauntlet.top_g] * len(bundle.peers)  # `aggregation_weights`: every payload 1/G
+    # the bundle holds the payloads the lead's step aggregated (`aggregation_weights`' eligible ones)
+    weights = [peer_weight(hp)] * len(bundle.peers)
     try:
         update = rule_of(hp.optimizer.method).aggregate(bundle.peers, weights, shapes)
     except ValueError as exc:  # off the method's grid: a lead's bundle that no honest step produced

@@ -41,7 +41,7 @@ def compute_span(hp: HParams, gradient_bytes: int) -> float:
     from templar.runtime.windows import window_times
 
     w = hp.windows
-    window_s = w.blocks_per_window * w.block_time
+    window_s = w.window_seconds
     previous, this = window_times(w, -1, -window_s, 0.0), window_times(w, 0, 0.0, window_s)
     gather = hp.gauntlet.top_g * gradient_bytes / ASSUMED_BANDWIDTH + ASSUMED_STEP_SECONDS
     return max(0.0, this.commit_close - previous.gather_start - gather)
@@ -63,7 +63,7 @@ def window_sizing(hp: HParams, *, mfu: float = DEFAULT_MFU) -> dict[str, Any]:
     train_per_token = 6 * n + 12 * layers * width * seq
     fwd_per_token = train_per_token / 3
     train_flops = train_per_token * tokens
-    window_s = hp.windows.blocks_per_window * hp.windows.block_time
+    window_s = hp.windows.window_seconds
     # LossScore: random pages before (shared) and after each peer's step, assigned pages before and after.
     eval_pages = hp.data.eval_pages
     eval_tokens = page_tokens * (eval_pages + hp.gauntlet.uids_per_window * 3 * eval_pages + hp.data.holdout_eval_pages)

@@ -35,10 +35,11 @@ from templar.gauntlet import (
     FastVerdict,
     PrimaryResult,
     ScoreBook,
+    WindowDraw,
     WindowScores,
+    draw_window,
     score_window,
     select_eval_pages,
-    select_eval_peers,
 )
 from templar.runtime.follow import FollowError, apply_inputs, follow_step, inputs_of
 from templar.runtime.node import Node
@@ -97,7 +98,8 @@ class ValidatorWindow:
     miners: dict[str, int] = field(default_factory=dict)
     peer_list: list[str] = field(default_factory=list)
     learning_rate: float = 0.0
-    fast_set: list[str] = field(default_factory=list)
+    draw: WindowDraw | None = None
+    """F_t, and S_t once F_t is judged (`templar.gauntlet.draw_window`)."""
     results: dict[str, GatherResult[Gradient]] = field(default_factory=dict)
     gather_seconds: float = 0.0
     replayed: Mapping[str, Sighting] = field(default_factory=dict)
@@ -245,11 +247,13 @@ class Validator:
         work.learning_rate = learning_rate(self.state.global_step, self.hp.optimizer)
 
     async def gather(self, work: ValidatorWindow, deadline: float) -> None:
-        """F_t and the peers in effect, each with a status; what re-posts an earlier upload is noted."""
+        """F_t (drawn with this validator's secret) and the peers in effect, each with a status;
+        what re-posts an earlier upload is noted."""
         window = work.window
-        work.fast_set = self._fast_set(window, work.miners, work.peer_list)
+        work.draw = draw_window(self.book, self.hp.gauntlet, self.eval_seed(window), window, work.miners,
+                                work.peer_list)
         gather_started = time.perf_counter()
-        work.results = await self._gather(window, sorted(set(work.fast_set) | set(work.peer_list)), deadline)
+        work.results = await self._gather(window, sorted(set(work.draw.fast) | set(work.peer_list)), deadline)
         work.gather_seconds = time.perf_counter() - gather_started
         work.replayed = self.replays.observe(window, work.results)
 
@@ -257,10 +261,12 @@ class Validator:
         """Fast evaluation of F_t, then primary evaluation of S_t (when this window is scored)."""
         if not work.evaluate:
             return
-        window = work.window
-        work.verdicts = await self._fast_evaluate(window, {hk: work.results[hk] for hk in work.fast_set},
+        window, draw = work.window, work.draw
+        assert draw is not None
+        work.verdicts = await self._fast_evaluate(window, {hk: work.results[hk] for hk in draw.fast},
                                                   work.learning_rate, work.replayed)
-        work.losses = await self._primary(window, work.miners, work.verdicts, work.results, work.learning_rate)
+        work.losses = await self._primary(window, work.miners, draw.primary(work.verdicts), work.results,
+                                          work.learning_rate)
 
     def score(self, work: ValidatorWindow) -> None:
         """The Gauntlet's window (`score_window`); the aggregated uploads are remembered for the
@@ -299,12 +305,6 @@ class Validator:
                           gathered=len(work.results), wall_seconds=work.wall_seconds,
                           weights_set=work.weights_set, gather_seconds=work.gather_seconds))
 
-    def _fast_set(self, window: int, miners: Mapping[str, int], peer_list: list[str]) -> list[str]:
-        """F_t: `fast_eval_uids` miners drawn with this validator's secret, the top-G always in."""
-        return select_eval_peers(self.eval_seed(window), window, sorted(miners), self.hp.gauntlet.fast_eval_uids,
-                                 always=[p for p in peer_list if p in miners], purpose="fast",
-                                 **self._stale_first(window))
-
     async def _gather(self, window: int, wanted: list[str], deadline: float) -> dict[str, GatherResult[Gradient]]:
         """Every wanted peer's payload, with a status for each (no usable locator on chain:
         `unreachable` if it is broken, else `missing`)."""
@@ -325,15 +325,12 @@ class Validator:
             expected_step=self.state.global_step, commitments=self.commits.pop(window), replayed=replayed,
             earlier=self.public.before(window), baseline=self.pair_baseline)
 
-    async def _primary(self, window: int, miners: Mapping[str, int], verdicts: Mapping[str, FastVerdict],
+    async def _primary(self, window: int, miners: Mapping[str, int], chosen: list[str],
                        results: Mapping[str, GatherResult[Gradient]], lr: float) -> dict[str, LossScores]:
-        """LossScore on assigned vs unassigned data for a random subset S_t (paper §3.1) of the
-        uploads that may earn."""
+        """LossScore on assigned vs unassigned data for S_t (`chosen`, paper §3.1): each peer's
+        evaluated pages among its assigned ones and the random pages, drawn with our secret."""
         hp, node = self.hp, self.node
-        eligible = sorted(hk for hk, v in verdicts.items() if v.status.earns)
         seed = self.eval_seed(window)
-        chosen = select_eval_peers(seed, window, eligible, hp.gauntlet.uids_per_window, purpose="primary",
-                                   **self._stale_first(window))
         if not chosen:
             return {}
         shapes = node.shapes
@@ -354,13 +351,6 @@ class Validator:
         beta = hp.gauntlet.eval_lr_factor * lr
         return await asyncio.to_thread(self.evaluator.score_peers, signs, assigned, random_batch, beta,
                                        hp.data.sequences_per_page)
-
-    def _stale_first(self, window: int) -> dict:
-        """The stale-first tilt of F_t and S_t (docs/scoring.md §1); {} keeps the uniform draw."""
-        g = self.hp.gauntlet
-        if g.selection_sharpness <= 0:
-            return {}
-        return {"staleness": self.book.staleness(window, g.newcomer_evals), "sharpness": g.selection_sharpness}
 
     def _save(self) -> None:
         """State, model, score book and replay memory in one atomic file; scorebook.json is a readable copy."""
