@@ -114,6 +114,9 @@ class ValidatorWindow:
 
 
 class Validator:
+    """One validator: its score book, memories and publishers, and the role it plays this window
+    (`LeadRole` or `FollowerRole`, chosen by stake at every window)."""
+
     def __init__(self, node: Node):
         self.node = node
         self.hp = node.hp
@@ -206,6 +209,8 @@ class Validator:
 
     # ------------------------------------------------------------------ one window
     async def run_window(self, window: int, *, evaluate: bool = True) -> None:
+        """One window as the phases of the module docstring. `evaluate=False` (a window reached more
+        than one window late) steps it without scoring anyone."""
         node = self.node
         times = node.clock.times(window)
         await asyncio.to_thread(node.clock.check_skew)
