@@ -29,10 +29,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import RESULTS_DIR, setup_torch
-from similarity import localnet_payloads
+from similarity import localnet_payloads, run_hparams
+from templar.core.config import GauntletConfig
 from templar.gauntlet.borrowed import top_of_mean
 from templar.gauntlet.duplicates import fingerprint, shared_positions
-from templar.validator.fast_eval import _layout, canonical_values, confirm_values
+from templar.validator.fast_eval import _layout, confirm_values, first_sample
 
 SALTS = 8
 HONEST = {"honest", "moredata"}
@@ -47,8 +48,12 @@ def _figures(a: tuple, b: tuple) -> tuple[float, float]:
     return float(a[1] @ b[1]), shared_positions(a[0], b[0])
 
 
-def measure(payloads: dict[int, dict]) -> dict[str, dict[str, list[float]]]:
+def measure(payloads: dict[int, dict], rules: GauntletConfig) -> dict[str, dict[str, list[float]]]:
+    """The figures on both of the validator's samples, under the run's `rules` (sample sizes, fingerprint size)."""
     rows: dict[str, dict[str, list[float]]] = {}
+
+    def fingerprint_of(values: dict) -> object:
+        return fingerprint(values, size=rules.fingerprint_size)
 
     def add(cls: str, look: str, figures: tuple[float, float]) -> None:
         entry = rows.setdefault(cls, {})
@@ -57,10 +62,10 @@ def measure(payloads: dict[int, dict]) -> dict[str, dict[str, list[float]]]:
 
     for window, found in sorted(payloads.items()):
         layout = _layout(found)
-        for look, salts, draw in (("first", range(SALTS), canonical_values), ("second", range(1), confirm_values)):
+        for look, salts, draw in (("first", range(SALTS), first_sample), ("second", range(1), confirm_values)):
             for s in salts:
                 salt = window * 1000 + s
-                mine = {hk: (v := draw(g.tensors, salt), fingerprint(v)) for hk, g in found.items()}
+                mine = {hk: (v := draw(g.tensors, salt, rules), fingerprint_of(v)) for hk, g in found.items()}
                 pairs = list(itertools.combinations(sorted(mine), 2))
                 if len(pairs) >= 3:
                     med = [statistics.median(_figures(mine[a], mine[b])[i] for a, b in pairs) for i in (0, 1)]
@@ -73,7 +78,7 @@ def measure(payloads: dict[int, dict]) -> dict[str, dict[str, list[float]]]:
                     earlier = payloads.get(window - back)
                     if not earlier:
                         continue
-                    theirs = {hk: (v := draw(g.tensors, salt), fingerprint(v)) for hk, g in earlier.items()}
+                    theirs = {hk: (v := draw(g.tensors, salt, rules), fingerprint_of(v)) for hk, g in earlier.items()}
                     for hk, upload in mine.items():
                         if back == 1 and hk in theirs:
                             add("own_prev", look, _figures(upload, theirs[hk]))
@@ -83,10 +88,10 @@ def measure(payloads: dict[int, dict]) -> dict[str, dict[str, list[float]]]:
                         others = [theirs[o][0] for o in sorted(theirs) if o != hk]
                         if len(others) >= 2:
                             agg = top_of_mean(others, layout)
-                            add(f"agg_prev{suffix}", look, _figures(upload, (agg, fingerprint(agg))))
+                            add(f"agg_prev{suffix}", look, _figures(upload, (agg, fingerprint_of(agg))))
                         if back == 1:
                             agg = top_of_mean([theirs[o][0] for o in sorted(theirs)], layout)
-                            add("agg_with_own", look, _figures(upload, (agg, fingerprint(agg))))
+                            add("agg_with_own", look, _figures(upload, (agg, fingerprint_of(agg))))
     return rows
 
 
@@ -111,7 +116,7 @@ def main() -> None:
     setup_torch()
     merged: dict[str, dict[str, list[float]]] = {}
     for out in args.outs:
-        for cls, figures in measure(load(out, args.hparams)).items():
+        for cls, figures in measure(load(out, args.hparams), run_hparams(out, args.hparams).gauntlet).items():
             for key, values in figures.items():
                 merged.setdefault(cls, {}).setdefault(key, []).extend(values)
     result = {"runs": [str(o) for o in args.outs], "salts_first_look": SALTS, "classes": summarise(merged)}

@@ -134,7 +134,7 @@ def main() -> int:
         assigned[name] = tiny.pages.batch(pages[:n_eval])
     random_batch = tiny.pages.batch(tiny.plan.random_pages(WINDOW, hp.data.eval_pages))
     decode = min(decode_seconds)
-    evaluator = Evaluator(model, mbs)
+    evaluator = Evaluator(model, mbs, position_ranges=hp.gauntlet.position_ranges)
     budget = production_budget(load_hparams())
 
     rows = []

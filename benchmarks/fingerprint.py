@@ -22,7 +22,7 @@ import torch
 
 from templar.core.config import load_hparams
 from templar.core.model import build_model
-from templar.runtime.fingerprint import FINGERPRINT_POSITIONS, model_fingerprint
+from templar.runtime.fingerprint import model_fingerprint
 
 RESULTS = Path(__file__).resolve().parent / "results" / "fingerprint.json"
 
@@ -38,16 +38,16 @@ def main() -> None:
     times = []
     for window in range(9):
         started = time.perf_counter()
-        model_fingerprint(model, hp.data.data_seed, window)
+        model_fingerprint(model, hp.data.data_seed, window, hp.sync.fingerprint_positions)
         times.append(time.perf_counter() - started)
     block = torch.zeros(64 << 20)
     started = time.perf_counter()
     hashlib.sha256(block.numpy().tobytes()).hexdigest()
     sha = (time.perf_counter() - started) * total / block.numel()
     result = {"case": "fingerprint", "preset": hp.name, "parameters": total, "tensors": len(model.params),
-              "positions": FINGERPRINT_POSITIONS, "fingerprint_ms_median": round(statistics.median(times) * 1e3, 2),
+              "positions": hp.sync.fingerprint_positions, "fingerprint_ms_median": round(statistics.median(times) * 1e3, 2),
               "fingerprint_ms_max": round(max(times) * 1e3, 2), "sha256_theta_s": round(sha, 2),
-              "wire_bytes": 4 * FINGERPRINT_POSITIONS}
+              "wire_bytes": 4 * hp.sync.fingerprint_positions}
     print(json.dumps(result))
     RESULTS.write_text(json.dumps(result, indent=1) + "\n")
 

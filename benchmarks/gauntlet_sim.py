@@ -12,8 +12,8 @@ DeMo error feedback:
 - `normal1`, `normal2`: honest, so the top-G aggregate has G = 4 candidates besides the others.
 Each round (= window): every peer computes its DeMo update; the validator scores all five with
 `Evaluator.score_peers` (LossScore δ on the peer's assigned page and on a random page, the preset's
-`eval_pages`, β = eval_lr_factor·α) and updates μ and the OpenSkill LossRating with
-`ScoreBook.record_primary` (preset's gamma, margin, OpenSkill beta/tau, μ ramp); then the model takes the
+`eval_pages`, β = eval_lr_factor·α) and updates μ and the LossRating with `ScoreBook.record_primary`
+under the preset's rules (its whole gauntlet section: γ, proof credit, LossRating, μ ramp); then the model takes the
 signed outer step over the top-G peers by PeerScore (all peers in a round where nobody has a
 positive score yet), exactly as honest nodes do.
 
@@ -45,13 +45,13 @@ from templar.compress import Compressed, DeMo, aggregate, apply_signed_update
 from templar.core.model import build_model
 from templar.core.schedule import learning_rate
 from templar.gauntlet import PrimaryResult, ScoreBook
+from templar.runtime.outer import peer_weight
 from templar.runtime.train import evaluate_loss
 from templar.validator.evaluate import Evaluator
 
 PEERS = {"baseline": 0, "double": 1, "desync": 2, "normal1": 3, "normal2": 4}
 """hotkey -> uid (the uid selects the assigned pages)."""
 DESYNC_LAG = 3
-HOLDOUT_PAGES = 4
 
 
 def training_pages(tiny: Tiny, hotkey: str, window: int) -> list[int]:
@@ -111,10 +111,9 @@ def main() -> int:
     shapes = shapes_of(model)
     demos: dict[str, DeMo] = {hk: new_demo(model if hk != "desync" else stale_model, hp) for hk in PEERS}
     history: collections.deque[dict[str, torch.Tensor]] = collections.deque(maxlen=DESYNC_LAG + 1)
-    evaluator = Evaluator(model, hp.optimizer.micro_batch_size)
-    book = ScoreBook()
-    book.configure(hp.gauntlet)  # the preset's μ start-up ramp and LossRating
-    holdout = tiny.pages.batch(tiny.plan.holdout_pages()[:HOLDOUT_PAGES])
+    evaluator = Evaluator(model, hp.optimizer.micro_batch_size, position_ranges=g.position_ranges)
+    book = ScoreBook()  # scored by the preset's rules (`g`): μ start-up ramp, LossRating, proof credit
+    holdout = tiny.pages.batch(tiny.plan.holdout_pages()[:hp.data.holdout_eval_pages])
     n_eval = min(hp.data.eval_pages, hp.data.pages_per_window)
     series: dict[str, dict[str, list]] = {hk: collections.defaultdict(list) for hk in PEERS}
     holdout_loss: list[float] = []
@@ -137,13 +136,11 @@ def main() -> int:
                                        hp.data.sequences_per_page)
         for hotkey, uid in PEERS.items():
             book.get_or_create(hotkey, uid, window)
-        book.record_primary({hk: PrimaryResult(s.delta_assigned, s.delta_rand, s.page_deltas)
-                             for hk, s in scores.items()},
-                            gamma=g.mu_gamma, beta=g.openskill_beta, tau=g.openskill_tau, margin=g.proof_margin,
-                            window=window)
-        book.weights(g.power)
-        top = book.top_g(g.top_g) or sorted(PEERS)
-        step = aggregate([updates[hk] for hk in top], [1.0 / g.top_g] * len(top), shapes)
+        book.record_primary(g, {hk: PrimaryResult(s.delta_assigned, s.delta_rand, s.page_deltas, s.sequence_deltas)
+                                for hk, s in scores.items()}, window=window)
+        book.weights(g)
+        top = book.top_g(g) or sorted(PEERS)
+        step = aggregate([updates[hk] for hk in top], [peer_weight(hp)] * len(top), shapes)
         apply_signed_update(model, step, lr, hp.optimizer.weight_decay)
         holdout_loss.append(evaluate_loss(model, holdout, hp.optimizer.micro_batch_size))
 
@@ -152,7 +149,7 @@ def main() -> int:
         for hotkey in PEERS:
             rec, s = book.peers[hotkey], scores[hotkey]
             values = {"delta_rand": s.delta_rand, "delta_assigned": s.delta_assigned, "mu": rec.mu,
-                      "rating": book.loss_rating(hotkey), "score": rec.score, "weight": rec.weight,
+                      "rating": book.loss_rating(g, hotkey), "score": rec.score, "weight": rec.weight,
                       "in_top_g": hotkey in top}
             for key, value in values.items():
                 series[hotkey][key].append(value)

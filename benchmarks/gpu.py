@@ -114,8 +114,8 @@ from templar.runtime.train import (
     inner_steps,
     make_inner_optimizer,
 )
-from templar.tools.sizing import HOLDOUT_PAGES, window_sizing
-from templar.validator.evaluate import POSITION_RANGES, Evaluator, page_deltas, range_weights, sequence_deltas
+from templar.tools.sizing import window_sizing
+from templar.validator.evaluate import Evaluator, page_deltas, range_weights, sequence_deltas
 from templar.wire import read_gradient, take_probes, write_gradient
 
 
@@ -364,7 +364,7 @@ def phase_validator(b: Bench) -> dict[str, Any]:
         on_device = {n: c.to(b.device) for n, c in p.items()}
         signs.append({n: t.to("cpu") for n, t in aggregate([on_device], [1.0], b.shapes).items()})
         del on_device
-    evaluator = Evaluator(model, hp.optimizer.micro_batch_size)
+    evaluator = Evaluator(model, hp.optimizer.micro_batch_size, position_ranges=hp.gauntlet.position_ranges)
     beta = hp.gauntlet.eval_lr_factor * peak_lr(hp)
     n = len(signs)
     random_batch = b.pages(range(d.eval_pages))
@@ -382,11 +382,12 @@ def phase_validator(b: Bench) -> dict[str, Any]:
     # page before, the trial step, random + its page after, the exact restore of θ
     _, out["random_pages_seconds"] = b.timed(evaluate_loss, model, random_batch, hp.optimizer.micro_batch_size)
     per_peer = max(0.0, out["score_peers_seconds"] - out["random_pages_seconds"]) / n
-    holdout = b.pages(range(HOLDOUT_PAGES))
+    holdout = b.pages(range(hp.data.holdout_eval_pages))
     _, out["holdout_seconds"] = b.timed(evaluate_loss, model, holdout, hp.optimizer.micro_batch_size)
     out["seconds_per_peer"] = per_peer
     sign_decode = out.get("sign_decode_device_seconds", out["sign_decode_cpu_seconds"])
     out["fixed_seconds"] = out["holdout_seconds"] + out["random_pages_seconds"]
+    out["holdout_pages"] = hp.data.holdout_eval_pages
     window = hp.windows.blocks_per_window * hp.windows.block_time
     out["window_seconds"] = window
     out["eval_seconds_per_window"] = out["fixed_seconds"] + hp.gauntlet.uids_per_window * (per_peer + sign_decode)
@@ -464,13 +465,13 @@ def phase_noise(b: Bench) -> dict[str, Any]:
     out["train_seconds"] = time.monotonic() - started
     b.release_demo()
 
-    evaluator = Evaluator(model, hp.optimizer.micro_batch_size)
+    evaluator = Evaluator(model, hp.optimizer.micro_batch_size, position_ranges=hp.gauntlet.position_ranges)
     evaluator.snapshot()
     spp = d.sequences_per_page
     random_batch = b.pages(random_pages)
     started = time.monotonic()
     before_rand = evaluator.losses(random_batch)
-    ranges = POSITION_RANGES  # the units the proof of computation by size clips, as the validator measures them
+    ranges = hp.gauntlet.position_ranges  # the units the proof by size clips, as the validator measures them
     weights = range_weights(d.sequence_length - 1, ranges)
     before = {peer: evaluator.losses(b.pages(assigned[peer]), ranges) for peer in signs}
     rows = {}

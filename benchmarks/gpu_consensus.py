@@ -18,7 +18,7 @@ from templar.compress import (
     apply_signed_update,
     native,
 )
-from templar.runtime.fingerprint import FINGERPRINT_POSITIONS, model_fingerprint, model_in_sync, off_positions
+from templar.runtime.fingerprint import model_fingerprint, model_in_sync, off_positions
 from templar.runtime.train import (
     accumulate_gradients,
     gradients,
@@ -117,13 +117,14 @@ def phase_consensus(b: Bench) -> dict[str, Any]:
         diff = (p_ref.detach() - p.detach().to("cpu")).abs()
         differing += int((diff != 0).sum())
         largest = max(largest, float(diff.max()))
-    own = model_fingerprint(model, hp.data.data_seed, WINDOW)
-    published = model_fingerprint(reference_model, hp.data.data_seed, WINDOW)
+    positions = hp.sync.fingerprint_positions
+    own = model_fingerprint(model, hp.data.data_seed, WINDOW, positions)
+    published = model_fingerprint(reference_model, hp.data.data_seed, WINDOW, positions)
     del reference_model
     out["theta"] = {"coordinates_differing": differing, "largest_difference": largest, "lr": lr,
                     "largest_over_lr": largest / lr}
-    out["fingerprint"] = {"positions": FINGERPRINT_POSITIONS, "off": off_positions(own, published, lr),
-                          "model_in_sync": model_in_sync(own, published, lr)}
+    out["fingerprint"] = {"positions": positions, "off": off_positions(own, published, lr, hp.sync),
+                          "model_in_sync": model_in_sync(own, published, lr, hp.sync)}
     out["consistent"] = bool(out["accumulators"]["all"] and out["kept_sets"]["only_near_ties"]
                              and out["fingerprint"]["model_in_sync"])
     return out

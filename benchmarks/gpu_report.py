@@ -10,7 +10,6 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from gpu_bench import FIT_FILE, PHASES, ROOT, spread_stats
-from templar.tools.sizing import HOLDOUT_PAGES
 
 
 def _gauntlet_scores() -> Any:
@@ -30,7 +29,7 @@ def proof_credit_summary(rows: Mapping[str, Mapping[str, Sequence[float]]], full
     scores = _gauntlet_scores()
     rand = {p: statistics.fmean(rows[p]["delta_rand_pages"]) for p in rows}
     gaps = [scores.proof_gap(0.0, rand[p], rows[p]["delta_assigned_pages"]) for p in rows]
-    typical = scores.typical_gap(scores.window_gap(gaps), [], 0.0)
+    typical = scores.typical_gap(scores.window_gap(gaps), [], 0.0, floor=0.0, history=1)
     credit, full = {}, {}
     for p in rows:
         sequences = rows[p].get("delta_assigned_sequences") or []
@@ -170,7 +169,7 @@ def _rows_validator(v: Mapping[str, Any], est: Mapping[str, Any]) -> list[list[s
         [f"validator: score_peers, {v['score_peers_peers']} peers", _fmt(v["score_peers_seconds"], " s"), ""],
         ["validator: evaluation per peer (page before, step, pages after, restore)",
          _fmt(v["seconds_per_peer"], " s"), ""],
-        [f"validator: held-out ({HOLDOUT_PAGES} pages) + shared random pages", _fmt(v["fixed_seconds"], " s"), ""],
+        [f"validator: held-out ({v['holdout_pages']} pages) + shared random pages", _fmt(v["fixed_seconds"], " s"), ""],
         [f"validator: {v['uids_per_window']} peers' evaluation", _fmt(v["eval_seconds_per_window"], " s"),
          _fmt(est.get("h100_validator_eval_seconds"), " s")],
         [f"validator: peers that fit a {v['window_seconds']:.0f} s window", _fmt(v["peers_per_window"]),

@@ -58,9 +58,15 @@ def _ratio(a: float, b: float) -> float:
 
 def evaluation_noise(out: Path, nodes: list[dict]) -> dict[str, dict]:
     """Per validator: the median over windows of σ̂ (the robust spread of that window's relative
-    LossScores, as the score book measures it) and the mean relative δ_rand of `moredata` and of
-    the honest miners, from the validator's own score records."""
+    LossScores, as the score book measures it under the run's rules) and the mean relative δ_rand
+    of `moredata` and of the honest miners, from the validator's own score records."""
+    from templar.core.config import load_hparams
     from templar.gauntlet.rating import relative_loss_scores, relative_spread
+
+    own = out / "hparams.json"  # a seeded run's own file; else the rules' defaults, production's
+    rules = load_hparams(str(own) if own.exists() else None).gauntlet
+    relative_rule = {"clip": (rules.relative_clip_low, rules.relative_clip_high),
+                     "min_players": rules.relative_min_players}
 
     strategy = {n["hotkey"]: n["strategy"] for n in nodes}
     found = {}
@@ -72,8 +78,8 @@ def evaluation_noise(out: Path, nodes: list[dict]) -> dict[str, dict]:
                 by_window.setdefault(rec["window"], {})[rec["hotkey"]] = rec["delta_rand"]
         spreads, relative = [], {"honest": [], "moredata": []}
         for results in by_window.values():
-            scores = relative_loss_scores(results)
-            if (spread := relative_spread(scores)) is not None:
+            scores = relative_loss_scores(results, **relative_rule)
+            if (spread := relative_spread(scores, min_players=rules.relative_min_players)) is not None:
                 spreads.append(spread)
             for hotkey, x in scores.items():
                 if strategy.get(hotkey) in relative:

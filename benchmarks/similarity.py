@@ -30,10 +30,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import RESULTS_DIR, setup_torch
-from templar.core.config import load_hparams
+from templar.core.config import HParams, load_hparams
 from templar.core.model import build_model, parameter_shapes
 from templar.gauntlet.duplicates import fingerprint, shared_positions
-from templar.validator.fast_eval import canonical_values
+from templar.validator.fast_eval import first_sample
 from templar.wire import PayloadError, Run, read_gradient
 
 SALTS = 8
@@ -68,12 +68,17 @@ def _cosine(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     return float(unit(a) @ unit(b))
 
 
+def run_hparams(out: Path, hparams: str | None = None) -> HParams:
+    """A localnet's hparams: `hparams` if given, else the seeded run's own file, else `tiny` (the default)."""
+    hp_path = out / "hparams.json"
+    return load_hparams(hparams or (str(hp_path) if hp_path.exists() else "tiny"))
+
+
 def localnet_payloads(out: Path, hparams: str | None = None, strategies: set[str] | None = None
                       ) -> dict[int, dict[str, Any]]:
     """Every non-warm-up payload a localnet's miners (of `strategies`; None: all) left in their
     buckets, by window and miner name, read under the run's hparams (unreadable ones skipped)."""
-    hp_path = out / "hparams.json"
-    hp = load_hparams(hparams or (str(hp_path) if hp_path.exists() else "tiny"))
+    hp = run_hparams(out, hparams)
     shapes = parameter_shapes(build_model(hp))
     run = Run(1, hp.digest())
     nodes = {n["name"]: n for n in json.loads((out / "nodes.json").read_text()) if n["role"] == "miner"}
@@ -93,13 +98,14 @@ def localnet_payloads(out: Path, hparams: str | None = None, strategies: set[str
 
 def measure(out: Path, hparams: str | None = None) -> list[tuple[str, dict[str, list[float]]]]:
     payloads = localnet_payloads(out, hparams)
+    rules = run_hparams(out, hparams).gauntlet  # the validator's samples and fingerprint size
     nodes = {n["name"]: n for n in json.loads((out / "nodes.json").read_text()) if n["role"] == "miner"}
     pairs = []
     for window, found in sorted(payloads.items()):
         whole = {name: _whole(g.tensors) for name, g in found.items()}
-        sampled = {name: [canonical_values(g.tensors, window * 1000 + salt) for salt in range(SALTS)]
+        sampled = {name: [first_sample(g.tensors, window * 1000 + salt, rules) for salt in range(SALTS)]
                    for name, g in found.items()}
-        prints = {name: [fingerprint(v) for v in values] for name, values in sampled.items()}
+        prints = {name: [fingerprint(v, size=rules.fingerprint_size) for v in values] for name, values in sampled.items()}
         for a, b in itertools.combinations(sorted(found), 2):
             figures = {"cosine_all": [_cosine(whole[a], whole[b])],
                        "shared_all": [shared_positions(whole[a], whole[b])],

@@ -4,9 +4,10 @@
     python benchmarks/subnet_sim.py --quick      # a handful of windows, for the test suite
 
 What is real and what is drawn. Every validator runs the production Gauntlet code: its own
-`ScoreBook` and private seed, `select_eval_peers` for F_t (fast_eval_uids, the lead's top-G
-always in) and S_t (uids_per_window among those that passed), `record_fast_eval` (φ on a failed
-check), `record_primary` (OpenSkill match on δ_rand, μ update), `weights(power)` and `top_g`.
+`ScoreBook` and private seed, `templar.gauntlet.draw_window` for F_t (fast_eval_uids, the lead's
+top-G always in) and S_t (uids_per_window among those that passed), the draws the validator's loop
+makes, then `score_window` (φ on a failed check, the OpenSkill or relative LossRating, μ, x and
+the top-G), the scoring the validator's loop applies.
 Every window the validators' weight vectors go through `templar.chain.yuma.epoch`, the embedded
 chain's epoch (stake-weighted consensus, clipping, bonds, incentive, vtrust), as if an epoch fell
 on that window. Only the LossScores are drawn: per strategy, a (δ_rand, δ_assigned − δ_rand)
@@ -51,8 +52,7 @@ from subnet_sim_candidates import TiedOpenSkillBook, WeighedWindowsBook
 from subnet_sim_fit import FIT_FILE, fit, fit_from_scores
 from templar.chain import yuma
 from templar.core.config import GauntletConfig, load_hparams
-from templar.gauntlet import FastVerdict, PrimaryResult, ScoreBook, Status, score_window, select_eval_peers
-from templar.gauntlet import rating as rating_module
+from templar.gauntlet import FastVerdict, PrimaryResult, ScoreBook, Status, draw_window, score_window
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 WINDOW_SECONDS = 84.0
@@ -130,14 +130,15 @@ class SimConfig:
     """relative rating: False is production (every window counts alike); True the simulator-only
     candidate that weighs each window by its own noise (`WeighedWindowsBook`)"""
     rating_clip_high: float | None = None
-    """relative rating: the upper clip of one relative LossScore (None: `rating.RELATIVE_CLIP`, production);
+    """relative rating: the upper clip of one relative LossScore (None: production's `relative_clip_high`);
     set only to replay the rule before the clip at 2 (4.0)"""
     seed: int = 0
 
     def gauntlet(self) -> GauntletConfig:
         """The hparams' gauntlet section this subnet scores with: production's, with this config's
-        levers (what `templar.gauntlet.score_window` and `ScoreBook.configure` read)."""
-        return load_hparams().gauntlet.model_copy(update={
+        levers (the rules `templar.gauntlet.score_window` applies to every validator's book)."""
+        production = load_hparams().gauntlet
+        return production.model_copy(update={
             "top_g": self.top_g, "power": self.power, "uids_per_window": self.uids_per_window,
             "fast_eval_uids": self.fast_eval_uids, "mu_gamma": self.mu_gamma, "proof_margin": self.proof_margin,
             "proof_credit": self.proof_credit, "proof_full_gap": self.proof_full_gap,
@@ -146,7 +147,9 @@ class SimConfig:
             "mu_prior_evals": self.mu_prior_evals,
             "loss_rating": "relative" if self.rating == "relative" else "openskill",
             "rating_gamma": self.rating_gamma, "rating_tie_band": self.rating_tie_band,
-            "rating_exponent": self.rating_exponent, "rating_cap": self.rating_cap})
+            "rating_exponent": self.rating_exponent, "rating_cap": self.rating_cap,
+            "relative_clip_high": production.relative_clip_high if self.rating_clip_high is None
+            else self.rating_clip_high})
 
 
 @dataclass
@@ -222,17 +225,6 @@ def gini(values: list[float]) -> float:
 
 
 def simulate(cfg: SimConfig, *, keep_series: bool = False) -> Outcome:
-    if cfg.rating_clip_high is None:
-        return _simulate(cfg, keep_series)
-    saved = rating_module.RELATIVE_CLIP
-    rating_module.RELATIVE_CLIP = (saved[0], cfg.rating_clip_high)  # replay an older clip; restored below
-    try:
-        return _simulate(cfg, keep_series)
-    finally:
-        rating_module.RELATIVE_CLIP = saved
-
-
-def _simulate(cfg: SimConfig, keep_series: bool) -> Outcome:
     rng = random.Random(cfg.seed)
     peers = build_peers(cfg, rng)
     by_hotkey = {p.hotkey: p for p in peers}
@@ -244,7 +236,6 @@ def _simulate(cfg: SimConfig, keep_series: bool) -> Outcome:
             book = TiedOpenSkillBook(cfg.openskill_tie_band)
         else:
             book = WeighedWindowsBook() if cfg.weighed_windows else ScoreBook()
-        book.configure(rules)  # as the validator does at start
         books.append(book)
     secrets = [rng.getrandbits(64) for _ in range(cfg.validators)]
     stake = np.zeros(cfg.uids)
@@ -262,18 +253,15 @@ def _simulate(cfg: SimConfig, keep_series: bool) -> Outcome:
         candidates = sorted(p.hotkey for p in miners if p.joins <= window)
         weights = np.zeros((cfg.uids, cfg.uids))
         vectors = []
+        registry = {hk: by_hotkey[hk].uid for hk in candidates}
         for v, book in enumerate(books):
-            seed = secrets[v] ^ window
-            staleness = book.staleness(window, cfg.newcomer_evals) if cfg.sharpness > 0 else None
-            fast = select_eval_peers(seed, window, candidates, cfg.fast_eval_uids, always=peer_list,
-                                     purpose="fast", staleness=staleness, sharpness=cfg.sharpness)
-            verdicts = {hk: fast_verdict(by_hotkey[hk]) for hk in fast}
-            passed = [hk for hk, verdict in verdicts.items() if verdict.status.earns]
-            chosen = select_eval_peers(seed, window, passed, cfg.uids_per_window, purpose="primary",
-                                       staleness=staleness, sharpness=cfg.sharpness)
+            seed = secrets[v] ^ window  # the validator keys blake2b(window) with its secret; any private seed will do
+            drawn = draw_window(book, rules, seed, window, registry, peer_list)
+            verdicts = {hk: fast_verdict(by_hotkey[hk]) for hk in drawn.fast}
             noise = cfg.noise * math.exp(rng.gauss(0.0, cfg.window_noise)) if cfg.window_noise else cfg.noise
-            losses = {hk: draw(by_hotkey[hk].strategy, rng, noise, cfg.freak_rate, cfg.freak_scale) for hk in chosen}
-            scored = score_window(book, rules, window, {hk: by_hotkey[hk].uid for hk in candidates}, verdicts, losses)
+            losses = {hk: draw(by_hotkey[hk].strategy, rng, noise, cfg.freak_rate, cfg.freak_scale)
+                      for hk in drawn.primary(verdicts)}
+            scored = score_window(book, rules, window, registry, verdicts, losses)
             x = scored.weights
             vectors.append(x)
             for hotkey, value in x.items():

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import statistics
 
+from templar.core.config import GauntletConfig
 from templar.gauntlet import PrimaryResult, ScoreBook
 from templar.gauntlet import rating as rating_module
 
@@ -26,7 +27,7 @@ class TiedOpenSkillBook(ScoreBook):
         super().__init__()
         self.band = band
 
-    def record_primary(self, results, **kwargs) -> None:  # type: ignore[override]
+    def record_primary(self, rules: GauntletConfig, results, **kwargs) -> None:  # type: ignore[override]
         finite = sorted(r.delta_rand for r in results.values() if math.isfinite(r.delta_rand))
         median = statistics.median(finite) if finite else 0.0
         width = self.band * abs(median)
@@ -36,7 +37,7 @@ class TiedOpenSkillBook(ScoreBook):
             if head is None or not math.isfinite(value) or head - value > width:
                 head = value
             tied[hotkey] = PrimaryResult(results[hotkey].delta_assigned, head)
-        super().record_primary(tied, **kwargs)
+        super().record_primary(rules, tied, **kwargs)
 
 
 class WeighedWindowsBook(ScoreBook):
@@ -58,11 +59,13 @@ class WeighedWindowsBook(ScoreBook):
         self.weighed: dict[int, tuple[float, float, float]] = {}
         """uid → (weighted mean, W, Q)"""
 
-    def record_primary(self, results, **kwargs) -> None:  # type: ignore[override]
-        relative = rating_module.relative_loss_scores({hk: r.delta_rand for hk, r in results.items()})
-        spread = rating_module.relative_spread(relative)
-        if self._relative is not None and spread is not None:  # before super(): its rescoring reads these
-            gamma = self._relative[0]
+    def record_primary(self, rules: GauntletConfig, results, **kwargs) -> None:  # type: ignore[override]
+        relative = rating_module.relative_loss_scores({hk: r.delta_rand for hk, r in results.items()},
+                                                      clip=(rules.relative_clip_low, rules.relative_clip_high),
+                                                      min_players=rules.relative_min_players)
+        spread = rating_module.relative_spread(relative, min_players=rules.relative_min_players)
+        if rules.loss_rating == "relative" and spread is not None:  # before super(): its rescoring reads these
+            gamma = rules.rating_gamma
             precision = 1.0 / max(spread, self.relative_noise[0], self.MIN_SPREAD) ** 2
             for hotkey, x in relative.items():
                 uid = self.peers[hotkey].uid
@@ -70,13 +73,13 @@ class WeighedWindowsBook(ScoreBook):
                 weight = gamma * weight + precision
                 self.weighed[uid] = (mean + (x - mean) * precision / weight, weight,
                                      gamma * gamma * weight_sq + precision)
-        super().record_primary(results, **kwargs)
+        super().record_primary(rules, results, **kwargs)
 
-    def _loss_rating(self, record):  # type: ignore[override]
-        if self._relative is None or record.uid not in self.weighed:
-            return super()._loss_rating(record)
-        gamma, band, exponent, cap = self._relative
+    def _loss_rating(self, rules: GauntletConfig, record):  # type: ignore[override]
+        if rules.loss_rating != "relative" or record.uid not in self.weighed:
+            return super()._loss_rating(rules, record)
         mean, weight, weight_sq = self.weighed[record.uid]
         # one "evaluation" whose noise is the standard error: the production formula, band × √Q / W
-        return rating_module.relative_rating(mean, 1, gamma=gamma, tie_band=band, exponent=exponent,
-                                             noise=math.sqrt(weight_sq) / weight, cap=cap)
+        return rating_module.relative_rating(mean, 1, gamma=rules.rating_gamma, tie_band=rules.rating_tie_band,
+                                             exponent=rules.rating_exponent, noise=math.sqrt(weight_sq) / weight,
+                                             cap=rules.rating_cap)

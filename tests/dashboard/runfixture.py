@@ -78,7 +78,9 @@ def score_window(book: ScoreBook, window: int, idx: int, nodes: list[NodeInfo], 
     registered hotkeys (hotkey -> uid) that never committed a bucket, drawn for fast evaluation
     every other window and found `missing` (the subnet owner's uid 0 is one)."""
     hp = load_hparams("tiny")
-    g = hp.gauntlet
+    # tiny's rules with the paper's sign proof and OpenSkill rating, as this fixture's runs were scored
+    g = hp.gauntlet.model_copy(update={"proof_credit": "sign", "proof_full_gap": 1.0, "loss_rating": "openskill",
+                                       "mu_prior_evals": None})
     miners = {n.hotkey: n.uid for n in nodes if n.role == "miner"}
     book.sync_registry(miners | (absent or {}))  # the validator's registry: every hotkey without a permit
     verdicts = {}
@@ -88,19 +90,18 @@ def score_window(book: ScoreBook, window: int, idx: int, nodes: list[NodeInfo], 
         status, sync = _verdict(n.strategy, idx, rng)
         verdicts[n.hotkey] = (status, sync)
         book.get_or_create(n.hotkey, n.uid, window)
-        book.record_fast_eval(n.hotkey, status in {"ok", "warmup"}, status, g.fast_eval_penalty, sync_steps=sync)
+        book.record_fast_eval(g, n.hotkey, status in {"ok", "warmup"}, status, sync_steps=sync)
     for hotkey, uid in (absent or {}).items():
         if idx % 2 == 0:
             verdicts[hotkey] = ("missing", None)
             book.get_or_create(hotkey, uid, window)
-            book.record_fast_eval(hotkey, False, "missing", g.fast_eval_penalty)
+            book.record_fast_eval(g, hotkey, False, "missing")
     strategy = {n.hotkey: n.strategy for n in nodes}
     results = {hk: _deltas(strategy[hk], rng) for hk, (status, _) in verdicts.items() if status == "ok"}
     if results:
-        book.record_primary(results, gamma=g.mu_gamma, beta=g.openskill_beta, tau=g.openskill_tau,
-                            margin=g.proof_margin)
-    weights = book.weights(g.power)
-    top = book.top_g(g.top_g)
+        book.record_primary(g, results)
+    weights = book.weights(g)
+    top = book.top_g(g)
     for hotkey in sorted(book):
         rec = book.peers[hotkey]
         status, sync = verdicts.get(hotkey, ("not-sampled", None))

@@ -172,9 +172,9 @@ def equality(out_dir: Path) -> None:
     signs = {"a": aggregate([sent], [1.0], shapes), "b": aggregate([ref_sent], [1.0], shapes)}
     assigned = {"a": pages(hp, 10, 6), "b": pages(hp, 11, 5)}
     random_batch = pages(hp, 12, 7)
-    got = ShardedEvaluator(model, 4, group).score_peers(signs if group.is_leader else {"a": {}, "b": {}},
+    got = ShardedEvaluator(model, 4, group, position_ranges=4).score_peers(signs if group.is_leader else {"a": {}, "b": {}},
                                                         assigned, random_batch, 0.05, 3)
-    want = Evaluator(ref, 4).score_peers(signs, assigned, random_batch, 0.05, 3)
+    want = Evaluator(ref, 4, position_ranges=4).score_peers(signs, assigned, random_batch, 0.05, 3)
     after = full_model_state(model, group)
     if group.is_leader:
         report["loss_score_max_diff"] = max(abs(getattr(got[p], f) - getattr(want[p], f)) for p in want
@@ -257,7 +257,7 @@ def driver(out_dir: Path, hp: HParams, group: Group, ref: torch.nn.Module, ref_s
     # the validator's primary evaluation as the loop calls it (page-by-page δs included)
     peer_signs, assigned = {"a": signs}, {"a": pages(hp, 21, 6)}
     got = compute.evaluator.score_peers(peer_signs, assigned, pages(hp, 22, 6), 0.05, 3)
-    want = Evaluator(ref, 4).score_peers(peer_signs, assigned, pages(hp, 22, 6), 0.05, 3)
+    want = Evaluator(ref, 4, position_ranges=4).score_peers(peer_signs, assigned, pages(hp, 22, 6), 0.05, 3)
     report["driver_score_diff"] = max(
         [abs(got["a"].delta_assigned - want["a"].delta_assigned), abs(got["a"].delta_rand - want["a"].delta_rand),
          *(abs(x - y) for x, y in zip(got["a"].page_deltas, want["a"].page_deltas, strict=True))])
@@ -275,7 +275,8 @@ def driver(out_dir: Path, hp: HParams, group: Group, ref: torch.nn.Module, ref_s
     report["driver_global_step"] = [state.global_step, ref_state.global_step]
     # the sync check's fingerprint, read from the ranks' rows (a few windows: positions move)
     report["driver_fingerprint_equal"] = all(
-        torch.equal(compute.fingerprint(w), model_fingerprint(ref, hp.data.data_seed, w)) for w in (5, 6, 7))
+        torch.equal(compute.fingerprint(w), model_fingerprint(ref, hp.data.data_seed, w, hp.sync.fingerprint_positions))
+        for w in (5, 6, 7))
     compute.reset_model()                                  # a re-sync with no checkpoint yet: θ_0
     compute.write_model_file(published)
     got, want = load_file(str(published)), build_model(hp).state_dict()

@@ -129,6 +129,22 @@ def test_registration_stake_and_permit(subnet):
     assert check("staked", "miner").status == Status.WARNING  # a permit with stake: never scored as a miner
 
 
+def test_the_doctor_applies_the_chains_rules_for_the_lead_and_the_miners(subnet):
+    """The doctor says what the nodes do: its lead is `Chain.lead_validator` (`lead_of`) and the
+    hotkeys it counts as miners are `is_miner`'s, not a rule of its own."""
+    from templar.chain import connect, is_miner
+
+    d = Doctor(flags(subnet, "staked"), "validator")
+    result = run(d, *identity(d), chain_checks.check_registration)
+    a = d.args
+    lead = connect(network=a.subtensor_network, chain_endpoint=a.subtensor_chain_endpoint, netuid=a.netuid,
+                   wallet_name=None).lead_validator()
+    assert lead is not None and not result.data["lead"]  # 5 τ against the lead's 100
+    assert result.summary.endswith(f"lead is uid {lead.uid}")
+    assert {n.hotkey for n in d.neurons if is_miner(n)} == {n.hotkey for n in d.neurons
+                                                           if not (n.validator_permit and n.stake > 0)}
+
+
 def test_weights_settings_of_the_subnet(subnet, tmp_path):
     def check():
         d = Doctor(flags(subnet, "lead"), "validator")

@@ -13,11 +13,15 @@ import time
 from pathlib import Path
 
 import pytest
+from tests.rules import gauntlet_rules
 
-from templar.core.config import GauntletConfig
+from templar.core.config import HISTORY_LIMIT, GauntletConfig
 from templar.gauntlet import DEFAULT_RATING, PrimaryResult, ScoreBook, ScoreBookError
 from templar.gauntlet.book import window_loss_scale
-from templar.gauntlet.scores import PROOF_GAP_FLOOR
+
+RULES = gauntlet_rules(mu_gamma=0.9, openskill_beta=25 / 6, openskill_tau=25 / 300, fast_eval_penalty=0.75,
+                       power=2.0)
+"""The rules these books are scored by (the paper's scoring; μ's γ 0.9, OpenSkill's default β and τ)."""
 
 
 def _populated_book() -> ScoreBook:
@@ -25,20 +29,15 @@ def _populated_book() -> ScoreBook:
     book = ScoreBook()
     for uid, hotkey in enumerate(("5Alice", "5Bob", "5Carol", "5Dave")):
         book.get_or_create(hotkey, uid, window=10 + uid)
-    book.record_primary(
-        {
-            "5Alice": PrimaryResult(0.1 + 0.2, 1e-300),
-            "5Bob": PrimaryResult(-math.inf, 0.012345678901234567),
-            "5Carol": PrimaryResult(0.5, 0.25),
-        },
-        gamma=0.9,
-        beta=25 / 6,
-        tau=25 / 300,
-    )
-    book.record_fast_eval("5Alice", True, "ok", 0.75, sync_steps=1.0 / 3.0)
-    book.record_fast_eval("5Bob", False, "desync", 0.75, sync_steps=math.inf)
-    book.record_fast_eval("5Dave", False, "missing", 0.75)
-    book.weights(2.0)
+    book.record_primary(RULES, {
+        "5Alice": PrimaryResult(0.1 + 0.2, 1e-300),
+        "5Bob": PrimaryResult(-math.inf, 0.012345678901234567),
+        "5Carol": PrimaryResult(0.5, 0.25),
+    })
+    book.record_fast_eval(RULES, "5Alice", True, "ok", sync_steps=1.0 / 3.0)
+    book.record_fast_eval(RULES, "5Bob", False, "desync", sync_steps=math.inf)
+    book.record_fast_eval(RULES, "5Dave", False, "missing")
+    book.weights(RULES)
     return book
 
 
@@ -60,7 +59,7 @@ def test_recycled_uid_starts_fresh_via_sync_registry() -> None:
     book = ScoreBook()
     old = book.get_or_create("5Old", 7, window=1)
     old.mu, old.rating = 0.9, (40.0, 2.0)
-    assert book.scores()["5Old"] > 0
+    assert book.scores(RULES)["5Old"] > 0
     dropped = book.sync_registry({"5New": 7, "5Other": 8})
     assert dropped == ["5Old"]
     assert "5Old" not in book
@@ -102,26 +101,24 @@ def test_fast_eval_penalty_sequence(gauntlet_cfg: GauntletConfig) -> None:
     book = ScoreBook()
     record = book.get_or_create("5Alice", 0, window=0)
     record.mu = 1.0
-    phi = gauntlet_cfg.fast_eval_penalty
+    assert gauntlet_cfg.fast_eval_penalty == 0.75
     seen = []
     for passed, status in ((False, "late"), (False, "missing"), (True, "ok")):
-        seen.append(book.record_fast_eval("5Alice", passed, status, phi, sync_steps=0.5).mu)
+        seen.append(book.record_fast_eval(gauntlet_cfg, "5Alice", passed, status, sync_steps=0.5).mu)
     assert seen == [0.75, 0.5625, 0.5625]  # 1 → 0.75 → 0.5625, a pass changes nothing
     assert (record.fast_eval_fails, record.fast_eval_passes, record.last_status) == (2, 1, "ok")
     assert record.last_sync_steps == 0.5
     with pytest.raises(KeyError, match="get_or_create"):
-        book.record_fast_eval("5Nobody", True, "ok", phi)
+        book.record_fast_eval(gauntlet_cfg, "5Nobody", True, "ok")
     with pytest.raises(ValueError, match="status"):
-        book.record_fast_eval("5Alice", True, "", phi)
+        book.record_fast_eval(gauntlet_cfg, "5Alice", True, "")
 
 
 def test_record_primary_applies_mu_and_one_match() -> None:
     book = ScoreBook()
     for uid, hotkey in enumerate(("a", "b")):
         book.get_or_create(hotkey, uid, window=0)
-    book.record_primary(
-        {"a": PrimaryResult(0.03, 0.02), "b": PrimaryResult(0.005, 0.01)}, gamma=0.9, beta=25 / 6, tau=25 / 300
-    )
+    book.record_primary(RULES, {"a": PrimaryResult(0.03, 0.02), "b": PrimaryResult(0.005, 0.01)})
     a, b = book.peers["a"], book.peers["b"]
     # μ: a = 0.1·(+1) = 0.1, b = 0.1·(−1) = −0.1; rating: the two-player hand values of test_rating
     assert a.mu == pytest.approx(0.1, abs=1e-15) and b.mu == pytest.approx(-0.1, abs=1e-15)
@@ -142,7 +139,7 @@ def test_record_primary_judges_gaps_against_the_window_median() -> None:
     for uid, hotkey in enumerate(results):
         book.get_or_create(hotkey, uid, window=0)
     assert window_loss_scale(results.values()) == pytest.approx((0.04 + 0.05) / 2)
-    book.record_primary(results, gamma=0.7, beta=25 / 6, tau=25 / 300, margin=0.3)
+    book.record_primary(RULES.model_copy(update={"mu_gamma": 0.7, "proof_margin": 0.3}), results)
     assert book.peers["noise"].mu == 0.0
     assert all(book.peers[h].mu == pytest.approx(0.3) for h in ("h1", "h2", "h3"))
     assert window_loss_scale([PrimaryResult(-math.inf, 0.1)]) == 0.0
@@ -156,13 +153,14 @@ def test_the_book_judges_gaps_by_its_windows_history_and_keeps_it() -> None:
     skippers = {"h0": PrimaryResult(0.07, 0.05), **{f"s{i}": PrimaryResult(0.0502 + 0.0001 * i, 0.05)
                                                    for i in range(3)}}
     uids = {hotkey: uid for uid, hotkey in enumerate(sorted({*honest, *skippers}))}
+    by_size = RULES.model_copy(update={"proof_credit": "size", "proof_full_gap": 0.4})
+    assert (by_size.proof_gap_history, by_size.proof_gap_floor) == (16, 0.02)  # production's
 
     def run(book: ScoreBook, windows: list[tuple[int, dict[str, PrimaryResult]]]) -> ScoreBook:
         for window, results in windows:
             for hotkey in results:
                 book.get_or_create(hotkey, uids[hotkey], window=window)
-            book.record_primary(results, gamma=0.9, beta=25 / 6, tau=25 / 300, window=window, credit="size",
-                                full_gap=0.4)
+            book.record_primary(by_size, results, window=window)
         return book
 
     with_history = run(ScoreBook(), [(w, honest) for w in range(4)] + [(4, skippers)])
@@ -171,7 +169,7 @@ def test_the_book_judges_gaps_by_its_windows_history_and_keeps_it() -> None:
     # gap 0.0003 against 0.4 × 0.02 earns 0.0375; against the skippers' own scale (their median
     # 0.00035, lifted to the floor: 2 % of the window's LossScore size) it earned 0.75
     assert with_history.peers["s1"].mu == pytest.approx(0.1 * 0.0003 / (0.4 * 0.02))
-    floor = PROOF_GAP_FLOOR * window_loss_scale(skippers.values())
+    floor = by_size.proof_gap_floor * window_loss_scale(skippers.values())
     assert alone.peers["s1"].mu == pytest.approx(0.1 * 0.0003 / (0.4 * floor)) and alone.peers["s1"].mu > 0.07
     restored = ScoreBook.from_json(with_history.to_json())
     assert restored == with_history and list(restored.proof_gaps) == list(with_history.proof_gaps)
@@ -183,7 +181,7 @@ def test_the_book_judges_gaps_by_its_windows_history_and_keeps_it() -> None:
     old = json.loads(with_history.to_json())  # a book written before the history existed
     del old["proof_gaps"]
     assert not ScoreBook.from_json(json.dumps(old)).proof_gaps
-    for bad in ([[w, 0.02] for w in range(16)], [[-1, 0.02]], [[3, "inf"]]):
+    for bad in ([[w, 0.02] for w in range(HISTORY_LIMIT + 1)], [[-1, 0.02]], [[3, "inf"]]):
         old["proof_gaps"] = bad
         with pytest.raises(ScoreBookError, match="proof_gaps"):
             ScoreBook.from_json(json.dumps(old))
@@ -194,10 +192,9 @@ def test_record_primary_is_all_or_nothing() -> None:
     book.get_or_create("a", 0, window=0)
     before = book.to_json()
     with pytest.raises(KeyError):
-        book.record_primary({"a": PrimaryResult(0.1, 0.0), "ghost": PrimaryResult(0.1, 0.0)},
-                            gamma=0.9, beta=4.0, tau=0.1)
+        book.record_primary(RULES, {"a": PrimaryResult(0.1, 0.0), "ghost": PrimaryResult(0.1, 0.0)})
     with pytest.raises(ValueError, match="NaN"):
-        book.record_primary({"a": PrimaryResult(math.nan, 0.0)}, gamma=0.9, beta=4.0, tau=0.1)
+        book.record_primary(RULES, {"a": PrimaryResult(math.nan, 0.0)})
     assert book.to_json() == before
 
 
@@ -207,17 +204,17 @@ def test_negative_times_negative_exploit_earns_nothing(gauntlet_cfg: GauntletCon
     honest.mu, honest.rating = 0.4, (30.0, 3.0)  # 0.4 · 30 = 12
     cheat = book.get_or_create("5Cheat", 1, window=0)
     cheat.mu, cheat.rating = -0.8, (-5.0, 6.0)  # raw product (−0.8)·(−5) would be +4.0
-    assert book.scores() == {"5Cheat": 0.0, "5Honest": pytest.approx(12.0)}
-    assert book.top_g(gauntlet_cfg.top_g) == ["5Honest"]
-    assert book.weights(gauntlet_cfg.power) == {"5Cheat": 0.0, "5Honest": 1.0}
+    assert book.scores(gauntlet_cfg) == {"5Cheat": 0.0, "5Honest": pytest.approx(12.0)}
+    assert book.top_g(gauntlet_cfg) == ["5Honest"]
+    assert book.weights(gauntlet_cfg) == {"5Cheat": 0.0, "5Honest": 1.0}
 
 
 def test_weights_sum_to_one_and_are_stored() -> None:
     book = _populated_book()
-    weights = book.weights(2.0)
+    weights = book.weights(RULES)
     assert math.fsum(weights.values()) == pytest.approx(1.0, abs=1e-12)
     assert all(book.peers[hk].weight == w for hk, w in weights.items())
-    assert book.top_g(2)[0] == max(weights, key=weights.__getitem__)
+    assert book.top_g(RULES.model_copy(update={"top_g": 2}))[0] == max(weights, key=weights.__getitem__)
 
 
 # ---- persistence --------------------------------------------------------------------------------
@@ -310,9 +307,11 @@ def test_failed_save_leaves_previous_file_intact(tmp_path: Path, monkeypatch: py
 _WRITER = textwrap.dedent(
     """
     import sys
+    from templar.core.config import load_hparams
     from templar.gauntlet import PrimaryResult, ScoreBook
 
     path = sys.argv[1]
+    rules = load_hparams().gauntlet
     book = ScoreBook()
     window = 0
     while True:
@@ -320,8 +319,7 @@ _WRITER = textwrap.dedent(
         hotkeys = [f"5Peer{(window + i) % 64:02d}" for i in range(4)]
         for hotkey in hotkeys:
             book.get_or_create(hotkey, int(hotkey[5:]), window)
-        book.record_primary({h: PrimaryResult(0.01 * i, 0.005 * i) for i, h in enumerate(hotkeys)},
-                            gamma=0.9, beta=25 / 6, tau=25 / 300)
+        book.record_primary(rules, {h: PrimaryResult(0.01 * i, 0.005 * i) for i, h in enumerate(hotkeys)})
         book.save(path)
         if window == 3:
             print("saving", flush=True)
@@ -346,28 +344,28 @@ def test_kill_9_during_saves_never_leaves_a_torn_file(tmp_path: Path) -> None:
 
 def test_a_pool_splits_one_score_and_holds_one_top_g_slot() -> None:
     """Pools (docs/scoring.md §8): hotkeys found sharing work are paid one member's score between them (each
-    its score / pool size) and only the best of them can enter the top-G; the pool is forgotten `POOL_MEMORY`
+    its score / pool size) and only the best of them can enter the top-G; the pool is forgotten `pool_memory`
     windows after it was last seen."""
-    from templar.gauntlet.book import POOL_MEMORY
-
+    rules = RULES.model_copy(update={"mu_gamma": 0.5, "openskill_beta": 4.1667, "openskill_tau": 0.0833, "top_g": 4})
+    memory = rules.pool_memory
     book = ScoreBook()
     for uid, hotkey in enumerate(["a", "b", "c", "h"]):
         book.get_or_create(hotkey, uid, 0)
     results = {hk: PrimaryResult(0.02, 0.01) for hk in ("a", "b", "c", "h")}
-    book.record_primary(results, gamma=0.5, beta=4.1667, tau=0.0833)
-    alone = book.scores()
+    book.record_primary(rules, results)
+    alone = book.scores(rules)
     assert len(set(alone.values())) == 1  # everyone did the same: one score
-    book.record_pool(["a", "b", "c"], window=3)
-    pooled = book.scores()
+    book.record_pool(rules, ["a", "b", "c"], window=3)
+    pooled = book.scores(rules)
     for hotkey in "abc":
         assert pooled[hotkey] == pytest.approx(alone[hotkey] / 3)
     assert pooled["h"] == alone["h"]
-    weights = book.weights(2.0)
+    weights = book.weights(rules)
     assert sum(weights[h] for h in "abc") < weights["h"]  # 3·(s/3)² < s²
-    assert book.top_g(4) == ["h", "a"]  # one slot for the pool (ties by hotkey)
+    assert book.top_g(rules) == ["h", "a"]  # one slot for the pool (ties by hotkey)
     restored = ScoreBook.from_json(book.to_json())
-    assert restored.pools() == book.pools() and restored.top_g(4) == ["h", "a"]
-    book.expire_pools(3 + POOL_MEMORY)
+    assert restored.pools() == book.pools() and restored.top_g(rules) == ["h", "a"]
+    book.expire_pools(rules, 3 + memory)
     assert book.pools()
-    book.expire_pools(4 + POOL_MEMORY)
-    assert not book.pools() and book.scores() == alone
+    book.expire_pools(rules, 4 + memory)
+    assert not book.pools() and book.scores(rules) == alone

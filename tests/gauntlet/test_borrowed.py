@@ -9,11 +9,14 @@ import math
 
 import torch
 
+from templar.core.config import load_hparams
 from templar.gauntlet import Upload, find_pools, fingerprint
 from templar.gauntlet.borrowed import AGGREGATE, Reference, aggregate_references, find_borrowed, top_of_mean
 from templar.gauntlet.duplicates import PairBaseline, Typical, shared_positions, window_typical
 
-COSINE, SHARED = 0.8, 0.75  # hparams gauntlet.duplicate_threshold, shared_positions_threshold
+RULES = load_hparams().gauntlet  # production's thresholds, margins, ceilings and history
+COSINE, SHARED = RULES.duplicate_threshold, RULES.shared_positions_threshold
+SIZE, PAIRS = RULES.fingerprint_size, RULES.typical_pair_min_pairs
 CHUNK, K, ROWS = 256, 16, 8
 LAYOUT = {"a": (CHUNK, K), "b": (CHUNK, K)}
 
@@ -36,13 +39,18 @@ def _sparse(gen: torch.Generator, positions: torch.Tensor | None = None, *, keep
     return dense.view(-1)
 
 
+def _baseline() -> PairBaseline:
+    """An empty memory of the first sample's typical pairs under production's rules."""
+    return PairBaseline(Typical(RULES.typical_ceiling_cosine, RULES.typical_ceiling_shared), RULES.pair_history)
+
+
 def _payload(gen: torch.Generator) -> dict[str, torch.Tensor]:
     return {name: _sparse(gen) for name in LAYOUT}
 
 
 def _upload(hotkey: str, stamp: float, values: dict[str, torch.Tensor]) -> Upload:
     digest = b"".join(v.numpy().tobytes() for v in values.values())[:32] + hotkey.encode()
-    return Upload(hotkey, stamp, digest, fingerprint(values), values)
+    return Upload(hotkey, stamp, digest, fingerprint(values, size=SIZE), values)
 
 
 def _like(gen: torch.Generator, base: dict[str, torch.Tensor], keep: float, noise: float) -> dict[str, torch.Tensor]:
@@ -59,8 +67,8 @@ def _like(gen: torch.Generator, base: dict[str, torch.Tensor], keep: float, nois
 def _honest_windows(baseline: PairBaseline, gen: torch.Generator, windows: int = 4, miners: int = 6) -> None:
     for _ in range(windows):
         uploads = [_upload(f"h{i}", float(i), _payload(gen)) for i in range(miners)]
-        typical = baseline.observe(window_typical(uploads))
-        assert find_pools(uploads, COSINE, SHARED, typical=typical) == []
+        typical = baseline.observe(window_typical(uploads, PAIRS))
+        assert find_pools(uploads, RULES, typical=typical) == []
 
 
 def test_a_flood_holding_most_uploads_is_still_one_pool() -> None:
@@ -72,13 +80,13 @@ def test_a_flood_holding_most_uploads_is_still_one_pool() -> None:
     flood = [_upload(f"pool{i:02d}", float(i), _like(gen, base, 1.0, 0.3)) for i in range(11)]
     honest = [_upload(f"h{i}", 20.0 + i, _payload(gen)) for i in range(4)]
     uploads = flood + honest
-    assert find_pools(uploads, COSINE, SHARED) == []  # the attack: the window's own median moves
+    assert find_pools(uploads, RULES) == []  # the attack: the window's own median moves
     for history in (0, 4):
-        baseline = PairBaseline()
+        baseline = _baseline()
         _honest_windows(baseline, gen, windows=history)
-        typical = baseline.observe(window_typical(uploads))
+        typical = baseline.observe(window_typical(uploads, PAIRS))
         assert typical.shared <= 0.65
-        assert find_pools(uploads, COSINE, SHARED, typical=typical) == [[u.hotkey for u in flood]]
+        assert find_pools(uploads, RULES, typical=typical) == [[u.hotkey for u in flood]]
 
 
 def test_a_pool_just_under_the_thresholds_but_far_above_the_baseline_is_caught() -> None:
@@ -92,16 +100,16 @@ def test_a_pool_just_under_the_thresholds_but_far_above_the_baseline_is_caught()
     assert all(shared_positions(a.canonical, b.canonical) < SHARED for a, b in pairs)
     assert all(float(a.fingerprint @ b.fingerprint) < COSINE for a, b in pairs)
     honest = [_upload(f"h{i}", 20.0 + i, _payload(gen)) for i in range(6)]
-    typical_honest = window_typical(honest)
+    typical_honest = window_typical(honest, PAIRS)
     assert min(shared_positions(a.canonical, b.canonical) for a, b in pairs) >= 5 * typical_honest.shared
 
-    assert find_pools(pool[:3] + honest, COSINE, SHARED, typical=PairBaseline().observe(
-        window_typical(pool[:3] + honest))) == [[u.hotkey for u in pool[:3]]]
-    baseline = PairBaseline()
+    assert find_pools(pool[:3] + honest, RULES, typical=_baseline().observe(
+        window_typical(pool[:3] + honest, PAIRS))) == [[u.hotkey for u in pool[:3]]]
+    baseline = _baseline()
     _honest_windows(baseline, gen)
     flood = pool + honest[:4]
-    assert find_pools(flood, COSINE, SHARED) == []  # the window's median alone: hidden
-    assert find_pools(flood, COSINE, SHARED, typical=baseline.observe(window_typical(flood))) == [
+    assert find_pools(flood, RULES) == []  # the window's median alone: hidden
+    assert find_pools(flood, RULES, typical=baseline.observe(window_typical(flood, PAIRS))) == [
         [u.hotkey for u in pool]]
 
 
@@ -120,8 +128,8 @@ def test_the_baseline_is_the_smallest_of_window_history_and_ceiling_and_remember
 def test_copies_of_earlier_public_work_are_found_but_never_against_their_own_work() -> None:
     gen = torch.Generator().manual_seed(3)
     earlier = {f"g{i}": _payload(gen) for i in range(8)}
-    refs = [Reference(hk, 4, fingerprint(v), v, frozenset({hk}), digest=hk.encode()) for hk, v in earlier.items()]
-    refs += aggregate_references(4, earlier, LAYOUT)
+    refs = [Reference(hk, 4, fingerprint(v, size=SIZE), v, frozenset({hk}), digest=hk.encode()) for hk, v in earlier.items()]
+    refs += aggregate_references(4, earlier, LAYOUT, size=SIZE)
     assert sum(r.source == AGGREGATE for r in refs) == 9  # the mean, and each contributor's leave-one-out
 
     rescaled = {n: 7.0 * v for n, v in earlier["g1"].items()}
@@ -131,14 +139,14 @@ def test_copies_of_earlier_public_work_are_found_but_never_against_their_own_wor
                _upload("flipped", 3.0, aggregate), _upload("honest", 4.0, _payload(gen)),
                _upload("g0", 5.0, earlier["g0"]),  # its own previous upload again: not this check's
                _upload("g2", 6.0, perturbed_aggregate)]  # a contributor: judged on the others' mean
-    found = find_borrowed(uploads, refs, COSINE, SHARED)
+    found = find_borrowed(uploads, refs, RULES)
     # a negated aggregate keeps its positions: no work of its own either
     assert {hk: r.source for hk, r in found.items()} == {"copier": "g1", "agg": AGGREGATE, "flipped": AGGREGATE,
                                                          "g2": AGGREGATE}
     assert found["g2"].owners == frozenset(earlier) - {"g2"}
-    same_digest = Upload("twin", 7.0, b"g3", torch.zeros(1024), None)
-    assert find_borrowed([same_digest], refs, COSINE, SHARED)["twin"].source == "g3"
-    assert find_borrowed(uploads, refs, COSINE, SHARED, confirm=lambda u, r: False) == {}
+    same_digest = Upload("twin", 7.0, b"g3", torch.zeros(SIZE), None)
+    assert find_borrowed([same_digest], refs, RULES)["twin"].source == "g3"
+    assert find_borrowed(uploads, refs, RULES, confirm=lambda u, r: False) == {}
 
 
 def test_top_of_mean_keeps_k_per_chunk_of_the_normalised_mean() -> None:

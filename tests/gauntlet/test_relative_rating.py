@@ -7,8 +7,10 @@ import json
 import math
 
 import pytest
+from pydantic import ValidationError
+from tests.rules import gauntlet_rules
 
-from templar.core.config import load_hparams
+from templar.core.config import GauntletConfig, load_hparams
 from templar.gauntlet import PrimaryResult, ScoreBook
 from templar.gauntlet.rating import (
     effective_evaluations,
@@ -18,20 +20,28 @@ from templar.gauntlet.rating import (
     update_relative,
 )
 
+PRODUCTION = load_hparams().gauntlet
+CLIP = {"clip": (PRODUCTION.relative_clip_low, PRODUCTION.relative_clip_high),
+        "min_players": PRODUCTION.relative_min_players}
+"""Production's clip of one relative LossScore (−1, 2) and its three players."""
+
 
 def test_relative_loss_scores_divide_by_the_median_and_clip() -> None:
+    assert CLIP == {"clip": (-1.0, 2.0), "min_players": 3}
     # finite values 0.02, 0.03, 0.04, 0.06, 1.0 → median 0.04; −inf and 1.0/0.04 = 25 clip to −1 and 2
-    assert relative_loss_scores({"a": 0.02, "b": 0.04, "c": 0.06, "d": -math.inf, "e": 1.0, "f": 0.03}) == \
+    assert relative_loss_scores({"a": 0.02, "b": 0.04, "c": 0.06, "d": -math.inf, "e": 1.0, "f": 0.03}, **CLIP) == \
         pytest.approx({"a": 0.5, "b": 1.0, "c": 1.5, "d": -1.0, "e": 2.0, "f": 0.75})
     # even count: median of 0.01, 0.02, 0.03, 0.05 is 0.025
-    assert relative_loss_scores({"a": 0.01, "b": 0.02, "c": 0.03, "d": 0.05}) == pytest.approx(
+    assert relative_loss_scores({"a": 0.01, "b": 0.02, "c": 0.03, "d": 0.05}, **CLIP) == pytest.approx(
         {"a": 0.4, "b": 0.8, "c": 1.2, "d": 2.0})
+    # the clip is the run's: an older rule's upper clip of 4 lets 1.0/0.04 count 4
+    assert relative_loss_scores({"a": 0.02, "b": 0.04, "e": 1.0}, clip=(-1.0, 4.0), min_players=3)["e"] == 4.0
 
 
 def test_relative_loss_scores_need_three_finite_and_a_positive_median() -> None:
-    assert relative_loss_scores({"a": 0.02, "b": 0.04, "c": -math.inf}) == {}
-    assert relative_loss_scores({"a": -0.02, "b": -0.01, "c": 0.03}) == {}  # median −0.01: the window hurt
-    assert relative_loss_scores({"a": 0.0, "b": 0.0, "c": 0.03}) == {}
+    assert relative_loss_scores({"a": 0.02, "b": 0.04, "c": -math.inf}, **CLIP) == {}
+    assert relative_loss_scores({"a": -0.02, "b": -0.01, "c": 0.03}, **CLIP) == {}  # median −0.01: the window hurt
+    assert relative_loss_scores({"a": 0.0, "b": 0.0, "c": 0.03}, **CLIP) == {}
 
 
 def test_update_relative_is_a_bias_corrected_ema() -> None:
@@ -58,8 +68,8 @@ def test_effective_evaluations() -> None:
 def test_relative_spread_is_a_robust_sigma() -> None:
     # x 0.5, 0.9, 1.0, 1.1, 3.0: median 1.0, |deviations| 0, 0.1, 0.1, 0.5, 2.0 → median 0.1 → 0.14826;
     # the two outliers (a cheat near 0, a freak high) do not move it
-    assert relative_spread({"a": 0.5, "b": 0.9, "c": 1.0, "d": 1.1, "e": 3.0}) == pytest.approx(0.14826)
-    assert relative_spread({"a": 1.0, "b": 1.0}) is None
+    assert relative_spread({"a": 0.5, "b": 0.9, "c": 1.0, "d": 1.1, "e": 3.0}, min_players=3) == pytest.approx(0.14826)
+    assert relative_spread({"a": 1.0, "b": 1.0}, min_players=3) is None
 
 
 def test_relative_rating_hand_computed() -> None:
@@ -100,9 +110,14 @@ def test_relative_rating_ties_inside_the_band_and_floors_at_zero() -> None:
         relative_rating(1.0, 1, gamma=0.9, tie_band=0.1, exponent=1.0, noise=math.inf)
 
 
-def _book(tie_band: float, exponent: float) -> ScoreBook:
+def _rules(**overrides: object) -> GauntletConfig:
+    """The relative rating with these settings, OpenSkill's default β and τ and μ's γ 0.9."""
+    return gauntlet_rules(**{"loss_rating": "relative", "rating_gamma": 0.9, "rating_cap": None, "mu_gamma": 0.9,
+                             "openskill_beta": 25 / 6, "openskill_tau": 25 / 300, "power": 2.0, **overrides})
+
+
+def _book() -> ScoreBook:
     book = ScoreBook()
-    book.set_loss_rating("relative", gamma=0.9, tie_band=tie_band, exponent=exponent)
     for uid, hotkey in enumerate(("a", "b", "c")):
         book.get_or_create(hotkey, uid, window=0)
     return book
@@ -124,73 +139,66 @@ def test_one_freak_evaluation_moves_a_capped_rating_by_at_most_the_cap() -> None
     evaluations, then one evaluation at 3.66x the window's median. It enters at 2 (the clip), and the
     capped rating goes from 25 to at most 50, where the uncapped one went to 25 · 1.11^10 ≈ 71 with the
     clip (and 25 · 1.31^10 ≈ 370 with the old clip of 4)."""
+    rules = _rules(rating_gamma=0.95, rating_tie_band=0.0, rating_exponent=10.0, rating_cap=2.0)
     book = ScoreBook()
-    book.set_loss_rating("relative", gamma=0.95, tie_band=0.0, exponent=10.0, cap=2.0)
     for uid, hotkey in enumerate(("p", "m1", "m2", "m3")):
         book.get_or_create(hotkey, uid, window=0)
     for window in range(10):
         freak = 3.66 if window == 9 else 1.0
-        book.record_primary({"p": PrimaryResult(0.05 * freak + 0.01, 0.05 * freak),
-                             **{m: PrimaryResult(0.06, 0.05) for m in ("m1", "m2", "m3")}},
-                            gamma=0.9, beta=25 / 6, tau=25 / 300, window=window)
+        book.record_primary(rules, {"p": PrimaryResult(0.05 * freak + 0.01, 0.05 * freak),
+                                    **{m: PrimaryResult(0.06, 0.05) for m in ("m1", "m2", "m3")}}, window=window)
     mean = book.peers["p"].relative_delta
     weight = (1 - 0.95) / (1 - 0.95**10)  # the bias-corrected EMA's weight on the 10th evaluation
     assert mean == pytest.approx(1.0 + (2.0 - 1.0) * weight)  # the freak enters clipped at 2
-    assert 25.0 < book.loss_rating("p") <= 50.0
-    assert book.loss_rating("m1") == 25.0
+    assert 25.0 < book.loss_rating(rules, "p") <= 50.0
+    assert book.loss_rating(rules, "m1") == 25.0
 
 
 def test_book_scores_with_the_relative_rating() -> None:
-    book = _book(tie_band=0.0, exponent=1.0)
+    rules, book = _rules(rating_tie_band=0.0, rating_exponent=1.0), _book()
     # δ_rand 0.02 / 0.04 / 0.08 → relative 0.5 / 1 / 2 → ratings 12.5 / 25 / 50;
     # δ_assigned > δ_rand for all: μ = 0.1 after one evaluation (γ 0.9), so scores 1.25 / 2.5 / 5
-    book.record_primary({"a": PrimaryResult(0.03, 0.02), "b": PrimaryResult(0.05, 0.04),
-                         "c": PrimaryResult(0.09, 0.08)}, gamma=0.9, beta=25 / 6, tau=25 / 300, window=0)
-    assert {hk: book.loss_rating(hk) for hk in book} == pytest.approx({"a": 12.5, "b": 25.0, "c": 50.0})
-    assert book.scores() == pytest.approx({"a": 1.25, "b": 2.5, "c": 5.0})
+    book.record_primary(rules, {"a": PrimaryResult(0.03, 0.02), "b": PrimaryResult(0.05, 0.04),
+                                "c": PrimaryResult(0.09, 0.08)}, window=0)
+    assert {hk: book.loss_rating(rules, hk) for hk in book} == pytest.approx({"a": 12.5, "b": 25.0, "c": 50.0})
+    assert book.scores(rules) == pytest.approx({"a": 1.25, "b": 2.5, "c": 5.0})
     assert book.peers["c"].relative_evals == 1 and book.peers["c"].relative_delta == pytest.approx(2.0)
     # spread of 0.5, 1, 2 around 1: |dev| 0.5, 0, 1 → median 0.5 → 0.7413, the first window's noise
     assert book.relative_noise == (pytest.approx(0.7413), 1)
     # x = s² / Σ s²: 1.5625, 6.25, 25 over 32.8125
-    assert book.weights(2.0) == pytest.approx({"a": 1.5625 / 32.8125, "b": 6.25 / 32.8125, "c": 25 / 32.8125})
+    assert book.weights(rules) == pytest.approx({"a": 1.5625 / 32.8125, "b": 6.25 / 32.8125, "c": 25 / 32.8125})
 
 
 def test_identical_peers_are_paid_alike_up_to_their_measured_difference() -> None:
     """Above the median the band pays identical peers exactly alike; below it a peer is paid its
     measured share, which for identical peers is within a few per cent of the median's."""
-    book = _book(tie_band=3.0, exponent=10.0)
+    rules, book = _rules(rating_tie_band=3.0, rating_exponent=10.0), _book()
     for window, values in enumerate(((0.040, 0.044, 0.037), (0.041, 0.038, 0.043))):
-        book.record_primary({hk: PrimaryResult(v + 0.01, v) for hk, v in zip("abc", values, strict=True)},
-                            gamma=0.9, beta=25 / 6, tau=25 / 300, window=window)
-    weights = book.weights(2.0)
+        book.record_primary(rules, {hk: PrimaryResult(v + 0.01, v) for hk, v in zip("abc", values, strict=True)},
+                            window=window)
+    weights = book.weights(rules)
     assert max(weights.values()) / min(weights.values()) < 1.05
     means = {hk: book.peers[hk].relative_delta for hk in "abc"}
     above = [hk for hk in "abc" if means[hk] >= 1.0]
     assert above and len({weights[hk] for hk in above}) == 1  # the band holds the premium back alike
     for hk in set("abc") - set(above):
-        assert book.loss_rating(hk) == pytest.approx(25 * means[hk])
+        assert book.loss_rating(rules, hk) == pytest.approx(25 * means[hk])
     # under OpenSkill the same evaluations rank them apart
-    book.set_loss_rating("openskill")
-    assert len(set(book.weights(2.0).values())) == 3
+    assert len(set(book.weights(rules.model_copy(update={"loss_rating": "openskill"})).values())) == 3
 
 
 def test_openskill_setting_leaves_the_relative_state_alone_and_bad_kinds_raise() -> None:
-    book = ScoreBook()
-    for uid, hotkey in enumerate("abc"):
-        book.get_or_create(hotkey, uid, window=0)
-    book.record_primary({hk: PrimaryResult(0.05, v) for hk, v in zip("abc", (0.02, 0.04, 0.08), strict=True)},
-                        gamma=0.9, beta=25 / 6, tau=25 / 300)
-    assert book.peers["c"].relative_evals == 0 and book.loss_rating("c") == book.peers["c"].rating[0]
-    with pytest.raises(ValueError):
-        book.set_loss_rating("elo")
-    with pytest.raises(ValueError):
-        book.set_loss_rating("relative", gamma=1.0)
+    rules, book = _rules(loss_rating="openskill"), _book()
+    book.record_primary(rules, {hk: PrimaryResult(0.05, v) for hk, v in zip("abc", (0.02, 0.04, 0.08), strict=True)})
+    assert book.peers["c"].relative_evals == 0 and book.loss_rating(rules, "c") == book.peers["c"].rating[0]
+    for bad in ({"loss_rating": "elo"}, {"rating_gamma": 1.0}):  # the run's config refuses them at start
+        with pytest.raises(ValidationError):
+            GauntletConfig.model_validate({**PRODUCTION.model_dump(), **bad})
 
 
 def test_saved_book_keeps_the_relative_state_and_old_books_load() -> None:
-    book = _book(tie_band=0.0, exponent=1.0)
-    book.record_primary({hk: PrimaryResult(0.05, v) for hk, v in zip("abc", (0.02, 0.04, 0.08), strict=True)},
-                        gamma=0.9, beta=25 / 6, tau=25 / 300)
+    rules, book = _rules(rating_tie_band=0.0, rating_exponent=1.0), _book()
+    book.record_primary(rules, {hk: PrimaryResult(0.05, v) for hk, v in zip("abc", (0.02, 0.04, 0.08), strict=True)})
     again = ScoreBook.from_json(book.to_json())
     assert again == book and again.peers["a"].relative_delta == pytest.approx(0.5)
     assert again.relative_noise == book.relative_noise and book.relative_noise[1] == 1
@@ -203,14 +211,13 @@ def test_saved_book_keeps_the_relative_state_and_old_books_load() -> None:
     assert restored.relative_noise == (0.0, 0)
 
 
-def test_configure_applies_the_production_hparams() -> None:
-    g = load_hparams(None).gauntlet
+def test_the_book_scores_by_the_production_hparams_it_is_given() -> None:
+    g = PRODUCTION
     book = ScoreBook()
-    book.configure(g)
     book.get_or_create("a", 0, window=0)
     expected = 25.0 if g.loss_rating == "relative" else book.peers["a"].rating[0]
-    assert book.loss_rating("a") == expected
+    assert book.loss_rating(g, "a") == expected
     # the production cap reaches the book: a peer far ahead after many evaluations is rated at the cap
     record = book.peers["a"]
     record.relative_delta, record.relative_evals = 1.9, 200
-    assert g.rating_cap is not None and book.loss_rating("a") == pytest.approx(25.0 * g.rating_cap)
+    assert g.rating_cap is not None and book.loss_rating(g, "a") == pytest.approx(25.0 * g.rating_cap)

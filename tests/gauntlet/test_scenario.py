@@ -39,6 +39,7 @@ def _deltas(hotkey: str, rng: random.Random) -> PrimaryResult:
 def _run(cfg: GauntletConfig, state: Path | None = None) -> tuple[ScoreBook, dict[str, list[float]]]:
     """Simulate; with `state`, save and reload the book every window as a restarting validator would."""
     rng = random.Random(SEED)
+    rules = cfg.model_copy(update={"proof_margin": 0.0})  # the bare sign of the paper's eq. 3
     book = ScoreBook()
     mu_history: dict[str, list[float]] = {hotkey: [] for hotkey in PEERS}
     for window in range(WINDOWS):
@@ -47,16 +48,14 @@ def _run(cfg: GauntletConfig, state: Path | None = None) -> tuple[ScoreBook, dic
         book.sync_registry(PEERS)
         uploaded = [hk for hk in PEERS if not (hk == "5Failing" and window >= FAIL_FROM)]
         fast = select_eval_peers(SEED, window, list(PEERS), cfg.fast_eval_uids,
-                                 always=book.top_g(cfg.top_g), purpose="fast")
+                                 always=book.top_g(rules), purpose="fast")
         for hotkey in fast:
             book.get_or_create(hotkey, PEERS[hotkey], window)
             ok = hotkey in uploaded
-            book.record_fast_eval(hotkey, ok, "ok" if ok else "missing", cfg.fast_eval_penalty,
-                                  sync_steps=0.4 if ok else None)
+            book.record_fast_eval(rules, hotkey, ok, "ok" if ok else "missing", sync_steps=0.4 if ok else None)
         primary = select_eval_peers(SEED, window, uploaded, cfg.uids_per_window, purpose="primary")
-        book.record_primary({hk: _deltas(hk, rng) for hk in sorted(primary)},
-                            gamma=cfg.mu_gamma, beta=cfg.openskill_beta, tau=cfg.openskill_tau)
-        book.weights(cfg.power)
+        book.record_primary(rules, {hk: _deltas(hk, rng) for hk in sorted(primary)})
+        book.weights(rules)
         for hotkey in PEERS:
             mu_history[hotkey].append(book.peers[hotkey].mu if hotkey in book else 0.0)
         if state is not None:
@@ -75,7 +74,7 @@ def test_lazy_peer_gets_negative_mu_and_nothing(simulated, gauntlet_cfg: Gauntle
     assert lazy.primary_evals >= 8
     assert lazy.mu < 0
     assert lazy.score == 0.0 and lazy.weight == 0.0
-    assert "5Lazy" not in book.top_g(gauntlet_cfg.top_g)
+    assert "5Lazy" not in book.top_g(gauntlet_cfg)
 
 
 def test_failing_peer_mu_decays_by_phi_each_window(simulated, gauntlet_cfg: GauntletConfig) -> None:
@@ -90,12 +89,12 @@ def test_failing_peer_mu_decays_by_phi_each_window(simulated, gauntlet_cfg: Gaun
     assert failing.fast_eval_fails == WINDOWS - FAIL_FROM and failing.last_status == "missing"
     honest_scores = [book.peers[hk].score for hk in ("5Honest1", "5Honest2", "5Honest3")]
     assert failing.score < 0.05 * min(honest_scores)
-    assert "5Failing" not in book.top_g(gauntlet_cfg.top_g)
+    assert "5Failing" not in book.top_g(gauntlet_cfg)
 
 
 def test_double_data_peer_ranks_first(simulated, gauntlet_cfg: GauntletConfig) -> None:
     book, _ = simulated
-    top = book.top_g(gauntlet_cfg.top_g)
+    top = book.top_g(gauntlet_cfg)
     assert top[0] == "5Double"
     assert set(top) == {"5Double", "5Honest1", "5Honest2", "5Honest3"}
     weights = {hk: record.weight for hk, record in book.peers.items()}

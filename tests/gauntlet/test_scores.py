@@ -9,6 +9,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from templar.core.config import load_hparams
 from templar.gauntlet import (
     is_synced,
     loss_score,
@@ -22,7 +23,7 @@ from templar.gauntlet import (
     update_mu,
     window_gap,
 )
-from templar.gauntlet.scores import GAP_HISTORY_WINDOWS, PROOF_GAP_FLOOR, proof_gap
+from templar.gauntlet.scores import proof_gap
 
 # ---- SyncScore ------------------------------------------------------------------------------
 
@@ -303,20 +304,25 @@ def test_size_credit_follows_the_gap_relative_to_the_window():
 
 
 def test_the_typical_gap_is_the_median_of_the_windows_medians_with_a_floor():
+    rules = load_hparams().gauntlet  # production's: a floor of 2 % of the scale, 16 windows
+    assert (rules.proof_gap_floor, rules.proof_gap_history) == (0.02, 16)
+    run = {"floor": rules.proof_gap_floor, "history": rules.proof_gap_history}
     assert window_gap([0.01, 0.02, 0.03, math.inf]) == pytest.approx(0.02)  # non-finite left out
     assert window_gap([0.01, 0.02, 0.03, 0.05]) == pytest.approx(0.025)
-    assert window_gap([math.inf]) is None and typical_gap(None, [], scale=0.0) == 0.0
+    assert window_gap([math.inf]) is None and typical_gap(None, [], scale=0.0, **run) == 0.0
     # a window of page-skippers: their gaps are noise, the floor (a share of the LossScore scale) holds
-    assert typical_gap(window_gap([0.001, -0.0005, 0.0002]), [], scale=0.05) == pytest.approx(PROOF_GAP_FLOOR * 0.05)
-    assert typical_gap(0.025, [], scale=0.05) == pytest.approx(0.025)  # a first window: its own median
+    assert typical_gap(window_gap([0.001, -0.0005, 0.0002]), [], scale=0.05, **run) == pytest.approx(0.02 * 0.05)
+    assert typical_gap(0.025, [], scale=0.05, **run) == pytest.approx(0.025)  # a first window: its own median
     # with earlier windows, one window's own median moves the scale no further than one vote of 16:
     honest = [0.02, 0.021, 0.019, 0.02]
-    assert typical_gap(0.0001, honest, scale=0.05) == pytest.approx(0.02)  # cheats filled this S_t
-    assert typical_gap(0.5, honest, scale=0.05) == pytest.approx(0.02)  # an over-fitting flood lifted it
-    # only the last GAP_HISTORY_WINDOWS windows count: a run's honest gaps shrink and the scale follows
-    assert GAP_HISTORY_WINDOWS == 16
-    assert typical_gap(0.01, [0.04] * 20 + [0.01] * 8, scale=0.05) == pytest.approx(0.01)
-    assert typical_gap(0.01, [0.04] * 20 + [0.01] * 6, scale=0.05) == pytest.approx(0.04)
+    assert typical_gap(0.0001, honest, scale=0.05, **run) == pytest.approx(0.02)  # cheats filled this S_t
+    assert typical_gap(0.5, honest, scale=0.05, **run) == pytest.approx(0.02)  # an over-fitting flood lifted it
+    # only the last `proof_gap_history` windows count: a run's honest gaps shrink and the scale follows
+    assert typical_gap(0.01, [0.04] * 20 + [0.01] * 8, scale=0.05, **run) == pytest.approx(0.01)
+    assert typical_gap(0.01, [0.04] * 20 + [0.01] * 6, scale=0.05, **run) == pytest.approx(0.04)
+    # the history is the run's: with 4 windows, three earlier ones and this one's own
+    assert typical_gap(0.01, [0.04] * 20 + [0.01] * 2, scale=0.05, floor=0.02, history=4) == pytest.approx(0.01)
+    assert typical_gap(0.01, [0.04, 0.04], scale=0.05, floor=0.02, history=1) == pytest.approx(0.01)
     assert proof_gap(0.07, 0.05, (0.08, 0.06)) == pytest.approx(0.02)
     assert proof_gap(0.07, 0.05, None) == pytest.approx(0.02)
 

@@ -6,6 +6,7 @@ import math
 from collections import Counter
 
 import pytest
+from tests.rules import gauntlet_rules
 
 from templar.core.config import load_hparams
 from templar.gauntlet import PrimaryResult, ScoreBook, select_eval_peers
@@ -79,23 +80,23 @@ def test_book_staleness_ramp_and_newcomer_boost() -> None:
     a: 2 evaluations, last at 20 → staleness 10; b: 1 evaluation, last at 10 → 20.
     With newcomer_evals 8: a counts 8/3 × 10 = 26.67, b 8/2 × 20 = 80.
     """
+    rules = gauntlet_rules(mu_gamma=0.9, openskill_beta=4.1667, openskill_tau=0.0833)
+    ramped = rules.model_copy(update={"mu_prior_evals": 0.0})
     book = ScoreBook()
     for hk, uid in (("a", 1), ("b", 2)):
         book.get_or_create(hk, uid, 10)
     good = PrimaryResult(0.2, 0.1)
-    book.record_primary({"a": good, "b": PrimaryResult(0.05, 0.1)}, gamma=0.9, beta=4.1667, tau=0.0833, window=10)
-    book.record_primary({"a": good}, gamma=0.9, beta=4.1667, tau=0.0833, window=20)
+    book.record_primary(rules, {"a": good, "b": PrimaryResult(0.05, 0.1)}, window=10)
+    book.record_primary(rules, {"a": good}, window=20)
     book.get_or_create("c", 3, 25)  # seen, never evaluated: absent
     assert book.staleness(30) == {"a": 10.0, "b": 20.0}
     assert book.staleness(30, newcomer_evals=8) == pytest.approx({"a": 80 / 3, "b": 80.0})
-    plain = book.scores()["a"]
-    book.set_mu_ramp(0.9, 0.0)
+    plain = book.scores(rules)["a"]
     # a: μ = 0.19 after two +1s; corrected 0.19 / (1 − 0.81) = 1.0, so its score is its rating
-    assert book.scores()["a"] == pytest.approx(book.peers["a"].loss_rating)
-    assert book.scores()["a"] > plain
-    assert book.scores()["b"] == 0.0  # a −1 stays ≤ 0 however it is scaled
-    book.set_mu_ramp(0.9, None)
-    assert book.scores()["a"] == pytest.approx(plain)
+    assert book.scores(ramped)["a"] == pytest.approx(book.peers["a"].loss_rating)
+    assert book.scores(ramped)["a"] > plain
+    assert book.scores(ramped)["b"] == 0.0  # a −1 stays ≤ 0 however it is scaled
+    assert book.scores(rules)["a"] == pytest.approx(plain)  # the rules are the run's, not the book's
 
 
 def test_presets_accept_the_new_gauntlet_fields() -> None:

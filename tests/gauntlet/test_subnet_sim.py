@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from tests.rules import gauntlet_rules
 
 
 @pytest.fixture(scope="module")
@@ -44,25 +45,25 @@ def test_freak_draw_scales_both_loss_scores(subnet_sim) -> None:
     assert freak.delta_assigned == pytest.approx(3.0 * calm.delta_assigned)
 
 
-def test_replayed_clip_reaches_the_rule_and_is_restored(subnet_sim) -> None:
-    """`rating_clip_high` replays an older clip inside one simulation only; production's stays."""
-    from templar.gauntlet import rating
+def test_a_replayed_clip_is_passed_in_as_the_rules(subnet_sim) -> None:
+    """`rating_clip_high` replays an older clip inside one simulation only: it reaches the book as
+    the rules every window is scored by, and no module holds a setting that outlives the run."""
+    from templar.gauntlet import window as window_module
 
-    production = rating.RELATIVE_CLIP
     seen = []
-    original = rating.relative_loss_scores
+    original = window_module.ScoreBook.record_primary
 
-    def spy(results):
-        seen.append(rating.RELATIVE_CLIP)
-        return original(results)
+    def spy(book, rules, results, **kwargs):
+        seen.append((rules.relative_clip_low, rules.relative_clip_high))
+        return original(book, rules, results, **kwargs)
 
     cfg = replace(subnet_sim.SimConfig(), uids=13, validators=2, per_class=1, fast_eval_uids=16, uids_per_window=10,
                   windows=2, join_window=1, rating_clip_high=4.0, **subnet_sim.CHOSEN)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr("templar.gauntlet.book.relative_loss_scores", spy)
+        mp.setattr(window_module.ScoreBook, "record_primary", spy)
         subnet_sim.simulate(cfg)
-    assert seen and all(clip == (production[0], 4.0) for clip in seen)
-    assert production == rating.RELATIVE_CLIP
+    assert seen and all(clip == (-1.0, 4.0) for clip in seen)
+    assert replace(cfg, rating_clip_high=None).gauntlet().relative_clip_high == 2.0  # production's
 
 
 def test_newcomers_join_over_one_tempo_and_reach_the_median_within_rounding(subnet_sim) -> None:
@@ -124,13 +125,15 @@ def test_the_weighed_windows_candidate_counts_a_noisy_window_less(subnet_sim) ->
     the candidate's by the noisy window's precision share, and with equal spreads they agree."""
     from templar.gauntlet import PrimaryResult, ScoreBook
 
+    rules = gauntlet_rules(loss_rating="relative", rating_gamma=0.9, rating_tie_band=3.5, rating_exponent=10.0,
+                           rating_cap=None, mu_gamma=0.9, openskill_beta=25 / 6, openskill_tau=25 / 300)
+
     def run(book, windows):
-        book.set_loss_rating("relative", gamma=0.9, tie_band=3.5, exponent=10.0)
         for uid, hotkey in enumerate("abcd"):
             book.get_or_create(hotkey, uid, window=0)
         for window, values in enumerate(windows):
-            book.record_primary({hk: PrimaryResult(v + 0.01, v) for hk, v in zip("abcd", values, strict=True)},
-                                gamma=0.9, beta=25 / 6, tau=25 / 300, window=window)
+            book.record_primary(rules, {hk: PrimaryResult(v + 0.01, v) for hk, v in zip("abcd", values, strict=True)},
+                                window=window)
         return book
 
     calm, noisy = (0.100, 0.102, 0.098, 0.100), (0.010, 0.020, 0.004, 0.010)  # b: 1.02, then 2.0
@@ -143,7 +146,8 @@ def test_the_weighed_windows_candidate_counts_a_noisy_window_less(subnet_sim) ->
     assert mean == pytest.approx(1.02 + 0.98 * p2 / (0.9 * p1 + p2), rel=1e-3)
     same = run(subnet_sim.WeighedWindowsBook(), (calm, calm))
     again = run(ScoreBook(), (calm, calm))
-    assert {hk: same.loss_rating(hk) for hk in "abcd"} == pytest.approx({hk: again.loss_rating(hk) for hk in "abcd"})
+    assert {hk: same.loss_rating(rules, hk) for hk in "abcd"} == pytest.approx(
+        {hk: again.loss_rating(rules, hk) for hk in "abcd"})
     cfg = replace(subnet_sim.SimConfig(), uids=24, per_class=1, fast_eval_uids=16, windows=6, join_window=2,
                   window_noise=0.94, **subnet_sim.CHOSEN)
     for weighed_windows in (False, True):  # both run end to end with noisy windows

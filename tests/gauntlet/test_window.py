@@ -1,25 +1,28 @@
-"""One window's scoring (`templar.gauntlet.score_window`): the step the validator and the simulator share."""
+"""One window of the Gauntlet: who is evaluated (`templar.gauntlet.draw_window`) and what is made of
+the evaluations (`score_window`), the steps the validator and the simulator share."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
 import pytest
+from tests.rules import gauntlet_rules
 
-from templar.gauntlet import FastVerdict, PrimaryResult, ScoreBook, Status, score_window
-from templar.gauntlet.book import POOL_MEMORY
+from templar.gauntlet import (
+    FastVerdict,
+    PrimaryResult,
+    ScoreBook,
+    Status,
+    draw_window,
+    score_window,
+    select_eval_peers,
+)
 
 MINERS = {"a": 1, "b": 2, "c": 3, "d": 4, "e": 5}
 
 
-def _book(rules) -> ScoreBook:
-    book = ScoreBook()
-    book.configure(rules)
-    return book
-
-
 def test_verdicts_losses_and_pools_reach_the_book(gauntlet_cfg):
-    book = _book(gauntlet_cfg)
+    book = ScoreBook()  # state only: the rules come with every call
     verdicts = {"a": FastVerdict(Status.OK, sync_steps=0.1), "b": FastVerdict(Status.OK),
                 "c": FastVerdict(Status.MALFORMED, reason="bad_signature"), "d": FastVerdict(Status.WARMUP),
                 "e": FastVerdict(Status.COPY, copied_from="b", pool=("b", "e"))}
@@ -37,22 +40,23 @@ def test_verdicts_losses_and_pools_reach_the_book(gauntlet_cfg):
     assert set(scores.weights) == set(MINERS) and sum(scores.weights.values()) == pytest.approx(1.0)
     assert scores.top_g == ["a", "b"]  # one slot per pool; nobody unproven
 
-    later = score_window(book, gauntlet_cfg, 10 + POOL_MEMORY + 1, MINERS, {"a": FastVerdict(Status.OK)}, {})
+    later = score_window(book, gauntlet_cfg, 10 + gauntlet_cfg.pool_memory + 1, MINERS, {"a": FastVerdict(Status.OK)},
+                         {})
     assert book.pools() == {} and later.weights["b"] == pytest.approx(later.weights["a"])
 
 
 def test_a_window_without_evaluations_only_recomputes_weights(gauntlet_cfg):
-    book = _book(gauntlet_cfg)
+    book = ScoreBook()  # state only: the rules come with every call
     score_window(book, gauntlet_cfg, 3, MINERS, {"a": FastVerdict(Status.OK), "b": FastVerdict(Status.OK),
                                                  "c": FastVerdict(Status.OK)},
                  {"a": PrimaryResult(0.3, 0.2), "b": PrimaryResult(0.2, 0.2), "c": PrimaryResult(0.1, 0.2)})
     before = book.to_json()
     scores = score_window(book, gauntlet_cfg, 4, MINERS, {}, {})
-    assert book.to_json() == before and scores.weights == book.weights(gauntlet_cfg.power)
+    assert book.to_json() == before and scores.weights == book.weights(gauntlet_cfg)
 
 
 def test_inputs_the_rules_cannot_take_are_refused_before_any_change(gauntlet_cfg):
-    book = _book(gauntlet_cfg)
+    book = ScoreBook()  # state only: the rules come with every call
     with pytest.raises(ValueError, match="not miners"):
         score_window(book, gauntlet_cfg, 1, MINERS, {"stranger": FastVerdict(Status.OK)}, {})
     with pytest.raises(ValueError, match="cannot earn"):  # a LossScore for an upload fast evaluation failed
@@ -80,8 +84,8 @@ def test_every_gather_failure_is_a_verdict():
 def test_the_simulator_scores_windows_with_the_validators_function(benchmark_module, monkeypatch):
     """A simulated result is a statement about production code: every window the simulator scores
     goes through the very function the validator's loop calls, and replaying the simulator's inputs
-    through that function into a book configured as a validator configures its own gives the same
-    book and the same weights."""
+    through that function into a fresh book under the same rules gives the same book and the same
+    weights."""
     import templar.validator.loop as validator_loop
 
     subnet_sim = benchmark_module("subnet_sim")
@@ -101,8 +105,61 @@ def test_the_simulator_scores_windows_with_the_validators_function(benchmark_mod
     assert len(calls) == cfg.windows
 
     replayed = ScoreBook()
-    replayed.configure(cfg.gauntlet())
     for rules, window, miners, verdicts, losses, sim_book, sim_result in calls:
         result = validator_loop.score_window(replayed, rules, window, miners, verdicts, losses)
         assert replayed.to_json() == sim_book
         assert result == sim_result
+
+
+def test_the_draw_takes_the_peer_list_in_and_s_t_from_what_earns():
+    """F_t: `fast_eval_uids` of the registered miners, every peer of the list in effect in (one that
+    deregistered is not); S_t: `uids_per_window` among the uploads whose verdict earns, drawn with
+    the same seed for another purpose."""
+    miners = {f"m{i:02d}": i for i in range(30)}
+    rules = gauntlet_rules(fast_eval_uids=8, uids_per_window=3)
+    drawn = draw_window(ScoreBook(), rules, 1234, 50, miners, ["m07", "m21", "gone"])
+    assert len(drawn.fast) == 8 and {"m07", "m21"} <= set(drawn.fast) and "gone" not in drawn.fast
+    assert drawn.fast == select_eval_peers(1234, 50, sorted(miners), 8, always=["m07", "m21"], purpose="fast")
+    verdicts = {hk: FastVerdict(Status.OK if i % 2 else Status.DESYNC) for i, hk in enumerate(drawn.fast)}
+    earning = sorted(hk for hk, v in verdicts.items() if v.status.earns)
+    primary = drawn.primary(verdicts)
+    assert len(primary) == 3 and set(primary) <= set(earning)
+    assert primary == select_eval_peers(1234, 50, earning, 3, purpose="primary")
+    assert draw_window(ScoreBook(), rules, 1235, 50, miners, []).fast != drawn.fast  # another secret, another F_t
+
+
+def test_the_draw_favours_peers_the_book_has_not_evaluated_for_long():
+    """With `selection_sharpness` > 0 both draws read the book's staleness once (newcomers boosted
+    by `newcomer_evals`); with 0 they are the paper's uniform draw, whatever the book holds."""
+    miners = {f"m{i:02d}": i for i in range(12)}
+    book = ScoreBook()
+    for hotkey, uid in miners.items():
+        book.get_or_create(hotkey, uid, 0)
+    rules = gauntlet_rules(fast_eval_uids=4, uids_per_window=2)
+    book.record_primary(rules, {hk: PrimaryResult(0.02, 0.01) for hk in list(miners)[:6]}, window=99)  # fresh
+    tilted = rules.model_copy(update={"selection_sharpness": 2.0, "newcomer_evals": 4})
+    drawn = draw_window(book, tilted, 7, 100, miners, [])
+    assert drawn.staleness == book.staleness(100, 4) and drawn.sharpness == 2.0
+    assert drawn.fast == select_eval_peers(7, 100, sorted(miners), 4, purpose="fast", staleness=drawn.staleness,
+                                           sharpness=2.0)
+    uniform = draw_window(book, rules, 7, 100, miners, [])
+    assert uniform.staleness is None and uniform.fast == select_eval_peers(7, 100, sorted(miners), 4, purpose="fast")
+    # over many windows the six never evaluated are drawn far more often than the six just evaluated
+    counts = {"fresh": 0, "never": 0}
+    for window in range(200, 400):
+        for hk in draw_window(book, tilted, 7, window, miners, []).fast:
+            counts["fresh" if miners[hk] < 6 else "never"] += 1
+    assert counts["never"] > 2 * counts["fresh"], counts  # 632 against 168 (weights 4:1); uniform would be 1:1
+
+
+def test_the_validator_and_the_simulator_draw_with_the_same_function(benchmark_module):
+    """Neither re-scripts F_t or S_t: both call `draw_window` (and neither draws with
+    `select_eval_peers` itself)."""
+    import inspect
+
+    import templar.validator.loop as validator_loop
+
+    subnet_sim = benchmark_module("subnet_sim")
+    assert subnet_sim.draw_window is validator_loop.draw_window is draw_window
+    for module in (validator_loop, subnet_sim):
+        assert "select_eval_peers" not in inspect.getsource(module)

@@ -110,7 +110,7 @@ def test_every_node_takes_the_leads_step_whatever_its_clock_or_its_gather_saw(tm
         with LogLines() as lines:
             seen = await _windows(v, miners, 4)  # m0 and m1 earn their places in the top-G
             m0 = miners[0].node.hotkey
-            assert {m0, miners[1].node.hotkey} <= set(v.book.top_g(4)), v.book.scores()
+            assert {m0, miners[1].node.hotkey} <= set(v.book.top_g(v.hp.gauntlet)), v.book.scores(v.hp.gauntlet)
             # the lead's route to m0's bucket fails for one window: its inputs leave m0 out
             bucket = (await v.node.peer_buckets([m0]))[m0]
             route = Unreadable(bucket, gradient_key(v.state.window + 1))

@@ -9,12 +9,20 @@ import torch
 
 from templar.comms import RecordError
 from templar.comms.progress import Progress, decode_fingerprint, encode_fingerprint
+from templar.core.config import load_hparams
 from templar.core.model import build_model
 from templar.core.schedule import learning_rate
-from templar.runtime.fingerprint import FINGERPRINT_POSITIONS, MAX_OFF_SHARE, model_fingerprint, model_in_sync
+from templar.runtime.fingerprint import model_fingerprint, model_in_sync
 from templar.runtime.outer import apply_update
 
 SEED, WINDOW = 1234, 17
+SYNC = load_hparams().sync
+"""Production's rules: 256 positions, 1/32 of them may be off."""
+FINGERPRINT_POSITIONS, MAX_OFF_SHARE = SYNC.fingerprint_positions, SYNC.max_off_share
+
+
+def _print(model: torch.nn.Module, window: int = WINDOW) -> torch.Tensor:
+    return model_fingerprint(model, SEED, window, FINGERPRINT_POSITIONS)
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +41,7 @@ def _after(model, hp, *updates: tuple[dict[str, torch.Tensor], int]) -> torch.Te
     copy.load_state_dict(model.state_dict())
     for signs, step in updates:
         apply_update(copy, signs, step, hp)
-    return model_fingerprint(copy, SEED, WINDOW)
+    return _print(copy)
 
 
 def test_missed_doubled_and_foreign_windows_always_fail(model, hp):
@@ -41,49 +49,50 @@ def test_missed_doubled_and_foreign_windows_always_fail(model, hp):
     lr = learning_rate(step, hp.optimizer)
     ours, theirs = _signs(model, 1), _signs(model, 2)
     lead = _after(model, hp, (ours, step))
-    assert model_in_sync(_after(model, hp, (ours, step)), lead, lr)
-    assert not model_in_sync(model_fingerprint(model, SEED, WINDOW), lead, lr), "missed window"
-    assert not model_in_sync(_after(model, hp, (ours, step), (ours, step)), lead, lr), "doubled window"
-    assert not model_in_sync(_after(model, hp, (theirs, step)), lead, lr), "foreign window"
+    assert model_in_sync(_after(model, hp, (ours, step)), lead, lr, SYNC)
+    assert not model_in_sync(_print(model), lead, lr, SYNC), "missed window"
+    assert not model_in_sync(_after(model, hp, (ours, step), (ours, step)), lead, lr, SYNC), "doubled window"
+    assert not model_in_sync(_after(model, hp, (theirs, step)), lead, lr, SYNC), "foreign window"
 
 
 def test_ulp_rounding_and_a_few_sign_flips_never_fail(model, hp):
     lr = learning_rate(0, hp.optimizer)  # the smallest step of the run: the tightest tolerance
-    lead = model_fingerprint(model, SEED, WINDOW)
+    lead = _print(model)
     toward = torch.where(torch.arange(lead.numel()) % 2 == 0, torch.inf, -torch.inf)
     ulps = lead.clone()
     for _ in range(4):  # 4 ulps off at every position, alternately up and down
         ulps = torch.nextafter(ulps, toward)
     assert not torch.equal(ulps, lead)
-    assert model_in_sync(ulps, lead, lr)
+    assert model_in_sync(ulps, lead, lr, SYNC)
     allowed = int(FINGERPRINT_POSITIONS * MAX_OFF_SHARE)
     flipped = lead.clone()
     flipped[:allowed] += 2 * lr  # a near-zero coefficient's sign flipped on another device
-    assert model_in_sync(flipped, lead, lr)
+    assert model_in_sync(flipped, lead, lr, SYNC)
     flipped[allowed] += 2 * lr
-    assert not model_in_sync(flipped, lead, lr)
+    assert not model_in_sync(flipped, lead, lr, SYNC)
 
 
 def test_non_finite_or_misshapen_fingerprints_are_out_of_sync(model, hp):
     lr = learning_rate(3, hp.optimizer)
-    lead = model_fingerprint(model, SEED, WINDOW)
+    lead = _print(model)
     broken = lead.clone()
     broken[: int(FINGERPRINT_POSITIONS * MAX_OFF_SHARE) + 1] = torch.nan
-    assert not model_in_sync(broken, lead, lr)
-    assert not model_in_sync(lead[:-1], lead, lr)
+    assert not model_in_sync(broken, lead, lr, SYNC)
+    assert not model_in_sync(lead[:-1], lead, lr, SYNC)
     with pytest.raises(ValueError):
-        model_in_sync(lead, lead, 0.0)
+        model_in_sync(lead, lead, 0.0, SYNC)
 
 
 def test_positions_are_public_and_change_with_the_window(model, hp):
     again = build_model(hp)
-    assert torch.equal(model_fingerprint(model, SEED, WINDOW), model_fingerprint(again, SEED, WINDOW))
-    assert not torch.equal(model_fingerprint(model, SEED, WINDOW), model_fingerprint(model, SEED, WINDOW + 1))
-    assert model_fingerprint(model, SEED, WINDOW).shape == (FINGERPRINT_POSITIONS,)
+    assert torch.equal(_print(model), _print(again))
+    assert not torch.equal(_print(model), _print(model, WINDOW + 1))
+    assert _print(model).shape == (FINGERPRINT_POSITIONS,)
+    assert model_fingerprint(model, SEED, WINDOW, 16).shape == (16,)  # the count is the run's
 
 
 def test_progress_carries_the_fingerprint_strictly(model):
-    values = model_fingerprint(model, SEED, WINDOW)
+    values = _print(model)
     text = encode_fingerprint(values)
     record = Progress(protocol=2, netuid=1, run="ab" * 32, window=3, global_step=2, fingerprint=text)
     assert len(record.model_dump_json()) < 4096

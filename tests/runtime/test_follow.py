@@ -10,12 +10,14 @@ import pytest
 import torch
 from bittensor.sp_core import Keypair
 
+from templar.chain import Neuron
 from templar.comms import GatherResult, GatherStatus, put_gradient
 from templar.comms.keys import inputs_key
 from templar.core.clock import loop_time, run_virtual
 from templar.core.model import build_model, parameter_shapes
 from templar.runtime.compute import LocalCompute
 from templar.runtime.follow import FollowError, apply_inputs, follow_step, inputs_of, read_lead_inputs
+from templar.runtime.node import Lead
 from templar.runtime.outer import outer_step, payload_reader
 from templar.runtime.state import NodeState
 from templar.runtime.windows import Clock
@@ -26,6 +28,12 @@ GENESIS = 1_700_000_000.0
 RUN = Run(netuid=7, digest="ab" * 32)
 WINDOW = 14
 
+
+
+def lead_neuron(hotkey: str) -> Neuron:
+    """The lead validator as the chain would report it (only its hotkey and uid are read here)."""
+    return Neuron(uid=0, hotkey=hotkey, coldkey=hotkey, stake=1.0, validator_permit=True, last_update=0,
+                  commitment=None)
 
 @dataclass
 class Follower:
@@ -46,10 +54,8 @@ class Follower:
     def shapes(self):
         return parameter_shapes(self.model)
 
-    async def lead(self):
-        from types import SimpleNamespace
-
-        return SimpleNamespace(hotkey=self.lead_key.ss58_address, uid=0), self.buckets["lead"]
+    async def lead(self) -> Lead:
+        return Lead(lead_neuron(self.lead_key.ss58_address), self.buckets["lead"])
 
     async def peer_buckets(self, hotkeys):
         return {hk: self.buckets[hk] for hk in hotkeys if hk in self.buckets}

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 
 import pytest
 import torch
 from tests.faults import Fault, FaultPlan
 
+from templar.chain import Neuron
 from templar.comms import put_aggregate
 from templar.comms.keys import aggregate_key, inputs_key
 from templar.comms.progress import put_progress
@@ -19,6 +19,7 @@ from templar.compress import aggregate
 from templar.core.clock import LoopTime, loop_time, run_virtual
 from templar.core.model import build_model, parameter_shapes
 from templar.runtime.compute import LocalCompute
+from templar.runtime.node import Lead
 from templar.runtime.outer import apply_update
 from templar.runtime.state import NodeState
 from templar.runtime.sync import catch_up
@@ -29,6 +30,12 @@ from templar.wire import Run, StepInputs, write_aggregate, write_inputs
 GENESIS = 1_700_000_000.0
 RUN = Run(netuid=7, digest="ab" * 32)
 
+
+
+def lead_neuron(hotkey: str) -> Neuron:
+    """The lead validator as the chain would report it (only its hotkey and uid are read here)."""
+    return Neuron(uid=0, hotkey=hotkey, coldkey=hotkey, stake=1.0, validator_permit=True, last_update=0,
+                  commitment=None)
 
 @dataclass
 class FollowerNode:
@@ -49,8 +56,8 @@ class FollowerNode:
     def shapes(self):
         return parameter_shapes(self.model)
 
-    async def lead(self):
-        return SimpleNamespace(hotkey=self.lead_hotkey, uid=0), self.lead_bucket
+    async def lead(self) -> Lead:
+        return Lead(lead_neuron(self.lead_hotkey), self.lead_bucket)
 
 
 def _clock(hp, time: LoopTime) -> Clock:

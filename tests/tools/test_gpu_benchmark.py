@@ -92,7 +92,7 @@ def test_smoke_runs_every_phase_and_prints_the_table(gpu, tmp_path: Path, assets
     assert all(0 <= f <= 1 for f in proof["full_credit_share"].values())
     for row in noise["peers"].values():
         assert len(row["delta_assigned_sequences"]) == (hp.data.pages_per_window * hp.data.sequences_per_page
-                                                         * gpu.POSITION_RANGES)
+                                                         * hp.gauntlet.position_ranges)
 
     printed = capsys.readouterr().out
     assert "consensus: model_in_sync" in printed and "noise: subnet_sim `noise` factor" in printed

@@ -32,7 +32,7 @@ def test_scores_match_reference_and_restore_model(tiny_pages):
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
 
     beta = 1e-3
-    scores = Evaluator(model, micro_batch_size=8).score_peers(
+    scores = Evaluator(model, micro_batch_size=8, position_ranges=4).score_peers(
         {"honest": honest, "lazy": lazy}, {"honest": honest_data, "lazy": honest_data}, random_data, beta
     )
     for name, p in model.named_parameters():
@@ -59,8 +59,8 @@ def test_norm_outliers_flag_only_shouting_peers():
                         tensors={"w": comp.compress(base * scale)}, probes={}, digest=b"", nbytes=0)
 
     peers = {"a": payload(1.0), "b": payload(2.0), "new": payload(1e-3), "shout": payload(1e4)}
-    assert norm_outliers(peers, 1000.0) == ["shout"]   # the quiet newcomer is not flagged
-    assert norm_outliers({"a": peers["a"], "shout": peers["shout"]}, 1000.0) == []  # too few to judge
+    assert norm_outliers(peers, 1000.0, min_peers=3) == ["shout"]   # the quiet newcomer is not flagged
+    assert norm_outliers({"a": peers["a"], "shout": peers["shout"]}, 1000.0, min_peers=3) == []  # too few to judge
 
 
 def test_an_untrained_page_is_credited_nothing_even_when_the_mean_hides_it(tiny_pages):
@@ -81,7 +81,7 @@ def test_an_untrained_page_is_credited_nothing_even_when_the_mean_hides_it(tiny_
     honest = {n: torch.sign(g) for n, g in gradients(model).items()}
     model.zero_grad(set_to_none=True)
     assigned = torch.cat([trained, untrained])
-    scores = Evaluator(model, micro_batch_size=8).score_peers(
+    scores = Evaluator(model, micro_batch_size=8, position_ranges=4).score_peers(
         {"partial": partial, "honest": honest}, {"partial": assigned, "honest": assigned},
         tiny_pages.batch([500, 501]), 2e-3, per_page)
     p, h = scores["partial"], scores["honest"]

@@ -3,11 +3,15 @@ reason code arrives typed (from the `PayloadError` itself, never parsed back out
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
+from tests.rules import gauntlet_rules
 
 from templar.comms import GatherResult, GatherStatus
 from templar.compress import Compressed, DCTCompressor
+from templar.core.config import GauntletConfig
 from templar.validator.fast_eval import failure_verdict, fast_evaluate
 from templar.validator.replays import Sighting
 from templar.wire import (
@@ -23,6 +27,14 @@ from templar.wire import (
 
 LR = 1e-3
 RUN = Run(netuid=7, digest="ab" * 32)
+
+
+def _rules(*, duplicate_threshold: float = 0.98, shared_positions_threshold: float = math.inf,
+           max_norm_ratio: float = math.inf) -> GauntletConfig:
+    """Production's fast-evaluation rules (samples, margins, ceilings) with these thresholds, a sync
+    threshold of 3 steps; a threshold of inf switches its check off."""
+    return gauntlet_rules(sync_max_steps=3.0, duplicate_threshold=duplicate_threshold,
+                          shared_positions_threshold=shared_positions_threshold, max_norm_ratio=max_norm_ratio)
 
 
 def _gradient(tensors: dict[str, Compressed], probes: dict[str, torch.Tensor], *, hotkey: str,
@@ -46,8 +58,7 @@ def _ok(value: Gradient, stamp: float) -> GatherResult[Gradient]:
 
 
 def _evaluate(results, probes):
-    return fast_evaluate(results, probes, LR, sync_max_steps=3.0, duplicate_threshold=0.98, salt=7,
-                         max_norm_ratio=100.0)
+    return fast_evaluate(results, probes, LR, rules=_rules(duplicate_threshold=0.98, max_norm_ratio=100.0), salt=7)
 
 
 def test_honest_peers_pass_and_warmup_is_named(real_peers, probes):
@@ -110,7 +121,7 @@ def test_a_payload_claiming_another_step_is_wrong_step(real_peers, probes):
     pumped = Gradient(**{**honest.__dict__, "hotkey": "pump", "global_step": honest.global_step + 4,
                          "tensors": peers[1], "digest": b"pump"})
     verdicts = fast_evaluate({"honest": _ok(honest, 100.0), "pump": _ok(pumped, 100.5)}, probes, LR,
-                             sync_max_steps=3.0, duplicate_threshold=0.98, salt=7, expected_step=2)
+                             rules=_rules(duplicate_threshold=0.98), salt=7, expected_step=2)
     assert verdicts["honest"].passed
     assert verdicts["pump"].status == "wrong_step" and not verdicts["pump"].passed
 
@@ -122,7 +133,7 @@ def test_a_payload_other_than_its_commitment_is_uncommitted(real_peers, probes):
     results = {hk: _ok(_gradient(peers[i], probes, hotkey=hk), 100.0 + i)
                for i, hk in enumerate(["kept", "changed", "silent", "unread"])}
     commitments = {"kept": b"doc:kept", "changed": b"something else", "silent": b""}
-    verdicts = fast_evaluate(results, probes, LR, sync_max_steps=3.0, duplicate_threshold=0.98, salt=7,
+    verdicts = fast_evaluate(results, probes, LR, rules=_rules(duplicate_threshold=0.98), salt=7,
                              commitments=commitments)
     assert verdicts["kept"].passed and verdicts["unread"].passed
     assert verdicts["changed"].status == verdicts["silent"].status == "uncommitted"
@@ -144,10 +155,10 @@ def test_hotkeys_posting_one_update_with_noise_are_one_pool(real_peers, probes):
 
     results = {f"pool{i}": _ok(_gradient(_noisy(peers[0], i, 1.5), probes, hotkey=f"pool{i}"), 100.0 + i) for i in range(3)}
     results |= {f"p{i}": _ok(_gradient(peers[i], probes, hotkey=f"p{i}"), 100.5 + i) for i in (1, 2, 3)}
-    strict_cosine = fast_evaluate(results, probes, LR, sync_max_steps=3.0, duplicate_threshold=0.8, salt=7)
+    strict_cosine = fast_evaluate(results, probes, LR, rules=_rules(duplicate_threshold=0.8), salt=7)
     assert all(v.passed for v in strict_cosine.values()), {h: v.status for h, v in strict_cosine.items()}
-    verdicts = fast_evaluate(results, probes, LR, sync_max_steps=3.0, duplicate_threshold=0.8, salt=7,
-                             shared_positions_threshold=0.75)
+    verdicts = fast_evaluate(results, probes, LR, rules=_rules(duplicate_threshold=0.8, shared_positions_threshold=0.75),
+                             salt=7)
     assert verdicts["pool0"].passed and verdicts["pool0"].pool == ("pool0", "pool1", "pool2")
     assert [verdicts[f"pool{i}"].status for i in (1, 2)] == ["copy", "copy"]
     assert all(verdicts[f"p{i}"].passed and not verdicts[f"p{i}"].pool for i in (1, 2, 3))
@@ -197,8 +208,7 @@ def test_probes_swapped_in_after_the_commitment_are_uncommitted(hp, small_shapes
     results = {name: _ok(g, 100.0) for name, g in read.items()}
 
     def judge(commitments):
-        return {hk: v.status for hk, v in fast_evaluate(results, validator_probes, LR, sync_max_steps=3.0,
-                                                        duplicate_threshold=0.98, salt=7,
+        return {hk: v.status for hk, v in fast_evaluate(results, validator_probes, LR, rules=_rules(), salt=7,
                                                         commitments=commitments).items()}
 
     assert judge(commitments) == {"swapped": "uncommitted", "honest": "ok"}
@@ -210,7 +220,7 @@ def test_a_replayed_upload_is_replay(real_peers, probes):
     as `replay`, naming whose upload it repeats; the same payload unflagged would have passed."""
     _, peers = real_peers
     results = {hk: _ok(_gradient(peers[i], probes, hotkey=hk), 100.0 + i) for i, hk in enumerate(["again", "fresh"])}
-    verdicts = fast_evaluate(results, probes, LR, sync_max_steps=3.0, duplicate_threshold=0.98, salt=7,
+    verdicts = fast_evaluate(results, probes, LR, rules=_rules(duplicate_threshold=0.98), salt=7,
                              replayed={"again": Sighting("someone", 3)})
     assert verdicts["again"].status == "replay" and verdicts["again"].copied_from == "someone"
     assert not verdicts["again"].passed and not verdicts["again"].status.earns
@@ -253,8 +263,8 @@ def test_a_copy_of_last_windows_aggregate_or_top_g_upload_is_a_copy_and_earns_no
                "honest": _ok(_gradient(peers[3], probes, hotkey="honest"), 103.0)}
     without = _evaluate(results, probes)
     assert all(v.passed for v in without.values()), {h: v.label for h, v in without.items()}
-    verdicts = fast_evaluate(results, probes, LR, sync_max_steps=3.0, duplicate_threshold=0.8, salt=7,
-                             shared_positions_threshold=0.75, max_norm_ratio=100.0, earlier=earlier)
+    verdicts = fast_evaluate(results, probes, LR, salt=7, earlier=earlier,
+                             rules=_rules(duplicate_threshold=0.8, shared_positions_threshold=0.75, max_norm_ratio=100.0))
     assert verdicts["copier"].status == Status.COPY and verdicts["copier"].copied_from == AGGREGATE
     assert verdicts["recopier"].status == Status.COPY and verdicts["recopier"].copied_from == "g1"
     assert not Status.COPY.earns
@@ -271,10 +281,10 @@ def test_a_flood_of_one_noisy_update_is_one_pool_against_the_validators_baseline
 
     results = {f"pool{i:02d}": _ok(_gradient(_noisy(peers[0], i, 0.5), probes, hotkey=f"pool{i:02d}"), 100.0 + i) for i in range(11)}
     results |= {f"p{i}": _ok(_gradient(peers[i], probes, hotkey=f"p{i}"), 120.0 + i) for i in (1, 2, 3)}
-    kwargs = {"sync_max_steps": 3.0, "duplicate_threshold": 0.8, "salt": 7, "shared_positions_threshold": 0.75}
+    kwargs = {"rules": _rules(duplicate_threshold=0.8, shared_positions_threshold=0.75), "salt": 7}
     hidden = fast_evaluate(results, probes, LR, **kwargs)
     assert all(v.passed for v in hidden.values())  # the attack on a window-only baseline
-    verdicts = fast_evaluate(results, probes, LR, baseline=PoolBaselines(), **kwargs)
+    verdicts = fast_evaluate(results, probes, LR, baseline=PoolBaselines.of(kwargs["rules"]), **kwargs)
     assert verdicts["pool00"].passed and len(verdicts["pool00"].pool) == 11
     assert sum(v.status == "copy" for v in verdicts.values()) == 10
     assert all(verdicts[f"p{i}"].passed and not verdicts[f"p{i}"].pool for i in (1, 2, 3))

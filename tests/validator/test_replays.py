@@ -10,11 +10,15 @@ from loguru import logger
 
 from templar.comms import GatherResult, GatherStatus
 from templar.compress import Compressed, DCTCompressor
+from templar.core.config import load_hparams
 from templar.gauntlet import ScoreBook
 from templar.runtime.state import NodeState, load_node_state, save_node_state
-from templar.validator.replays import REPLAY_WINDOWS, ReplayMemory, ReplayMemoryError, Sighting
+from templar.validator.replays import ReplayMemory, ReplayMemoryError, Sighting
 from templar.validator.state import load_replays, with_book
 from templar.wire import Gradient
+
+REPLAY_WINDOWS = load_hparams().gauntlet.replay_windows
+"""Production's span (64 windows)."""
 
 
 def _upload(tensors: dict[str, Compressed], hotkey: str, digest: bytes) -> GatherResult[Gradient]:
@@ -40,7 +44,7 @@ def warnings():
 
 
 def test_a_miner_re_posting_its_own_earlier_upload_is_found(work, warnings):
-    memory = ReplayMemory()
+    memory = ReplayMemory(REPLAY_WINDOWS)
     assert memory.observe(10, {"m": _upload(work, "m", b"a" * 32), "n": _upload(work, "n", b"b" * 32)}) == {}
     assert memory.observe(11, {"m": _upload(work, "m", b"c" * 32)}) == {}
     assert memory.observe(12, {"m": _upload(work, "m", b"a" * 32), "n": _upload(work, "n", b"d" * 32)}) == {
@@ -49,7 +53,7 @@ def test_a_miner_re_posting_its_own_earlier_upload_is_found(work, warnings):
 
 
 def test_another_hotkey_re_posting_an_old_public_upload_is_found(work, warnings):
-    memory = ReplayMemory()
+    memory = ReplayMemory(REPLAY_WINDOWS)
     memory.observe(10, {"victim": _upload(work, "victim", b"a" * 32)})
     assert memory.observe(13, {"thief": _upload(work, "thief", b"a" * 32)}) == {"thief": Sighting("victim", 10)}
     assert "victim's upload of window 10" in warnings[0]
@@ -59,7 +63,7 @@ def test_another_hotkey_re_posting_an_old_public_upload_is_found(work, warnings)
 
 def test_a_window_never_matches_itself(work):
     """Same-window equality is the copy check's; a window redone after a restart finds nothing."""
-    memory = ReplayMemory()
+    memory = ReplayMemory(REPLAY_WINDOWS)
     both = {"a": _upload(work, "a", b"a" * 32), "b": _upload(work, "b", b"a" * 32)}
     assert memory.observe(10, both) == {}
     assert memory.observe(10, both) == {}
@@ -69,7 +73,7 @@ def test_failed_and_empty_uploads_are_neither_judged_nor_remembered(work):
     """An all-zero update encodes to the same bytes every window: an honest miner with nothing to
     send twice is not a replay (it earns nothing anyway). A failed gather has no digest."""
     zero = {k: Compressed(c.indices, torch.zeros_like(c.values), c.shape, c.chunk) for k, c in work.items()}
-    memory = ReplayMemory()
+    memory = ReplayMemory(REPLAY_WINDOWS)
     assert memory.observe(10, {"idle": _upload(zero, "idle", b"z" * 32),
                                "gone": GatherResult(GatherStatus.MISSING)}) == {}
     assert memory.observe(11, {"idle": _upload(zero, "idle", b"z" * 32)}) == {}
@@ -77,7 +81,7 @@ def test_failed_and_empty_uploads_are_neither_judged_nor_remembered(work):
 
 
 def test_the_memory_spans_the_last_windows_only(work):
-    memory = ReplayMemory()
+    memory = ReplayMemory(REPLAY_WINDOWS)
     memory.observe(10, {"m": _upload(work, "m", b"a" * 32)})
     assert memory.observe(10 + REPLAY_WINDOWS - 1, {"x": _upload(work, "x", b"a" * 32)}) == {"x": Sighting("m", 10)}
     memory.observe(10 + REPLAY_WINDOWS, {"m": _upload(work, "m", b"b" * 32)})
@@ -90,16 +94,22 @@ def test_the_memory_spans_the_last_windows_only(work):
 
 def test_the_memory_survives_a_restart_in_the_state_file(work, tmp_path):
     """Saved with θ, window and book in one atomic file; read back only from our own state."""
-    memory = ReplayMemory()
+    memory = ReplayMemory(REPLAY_WINDOWS)
     memory.observe(10, {"m": _upload(work, "m", b"a" * 32)})
     model = torch.nn.Linear(2, 2)
     save_node_state(tmp_path / "state.safetensors", model, {},
                     with_book(NodeState(window=10, global_step=3), ScoreBook(), memory))
     state, _ = load_node_state(tmp_path / "state.safetensors", model)
-    restored = load_replays(state, own=True)
+    restored = load_replays(state, own=True, windows=REPLAY_WINDOWS)
     assert restored == memory
     assert restored.observe(12, {"m": _upload(work, "m", b"a" * 32)}) == {"m": Sighting("m", 10)}
-    assert len(load_replays(state, own=False)) == 0  # the lead's checkpoint is not our memory
+    assert len(load_replays(state, own=False, windows=REPLAY_WINDOWS)) == 0  # the lead's checkpoint: not our memory
+    # the span is the run's: a memory saved under a longer one keeps only the run's newest windows
+    memory.observe(11, {"m": _upload(work, "m", b"b" * 32)})
+    save_node_state(tmp_path / "state.safetensors", model, {},
+                    with_book(NodeState(window=11, global_step=4), ScoreBook(), memory))
+    state, _ = load_node_state(tmp_path / "state.safetensors", model)
+    assert sorted(load_replays(state, own=True, windows=1).seen) == [11]
 
 
 @pytest.mark.parametrize("damage", [
@@ -109,5 +119,6 @@ def test_the_memory_survives_a_restart_in_the_state_file(work, tmp_path):
 ])
 def test_a_damaged_memory_is_refused_and_restarts_empty(damage, warnings):
     with pytest.raises(ReplayMemoryError):
-        ReplayMemory.from_json(damage)
-    assert len(load_replays(NodeState(window=1, global_step=0, extra={"replays": damage}), own=True)) == 0
+        ReplayMemory.from_json(damage, REPLAY_WINDOWS)
+    assert len(load_replays(NodeState(window=1, global_step=0, extra={"replays": damage}), own=True,
+                            windows=REPLAY_WINDOWS)) == 0

@@ -24,6 +24,10 @@ DEFAULT_CACHE_GB = 16.0
 PROTOCOL_VERSION = 2
 """Bumped whenever the wire format or the consensus maths change; keys live under v{P}/."""
 
+HISTORY_LIMIT = 256
+"""The most windows any per-window history a rule reads may span (the score book's persisted
+schema bounds what it keeps by this, whatever a run sets)."""
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
@@ -73,6 +77,8 @@ class DataConfig(_Strict):
     pages_per_window: int = Field(gt=0, description="assigned pages each miner trains on per window")
     eval_pages: int = Field(gt=0, description="pages per LossScore evaluation (assigned and random)")
     holdout_fraction: float = Field(ge=0, lt=0.5, description="pages kept out of assignment for held-out loss")
+    holdout_eval_pages: int = Field(default=4, gt=0, description="held-out pages a validator measures its "
+                                    "model's held-out loss on each window")
     data_seed: int = Field(ge=0, description="seed of the deterministic page assignment")
 
 
@@ -178,6 +184,76 @@ class GauntletConfig(_Strict):
                                      "<= 25 x this (None: no cap); bounds how far validators that crossed the "
                                      "band in different windows disagree")
 
+    # ---- the rules below were module constants; as fields they are part of the run (its digest) --------------
+    # Proof of computation by size (templar.gauntlet.scores, docs/scoring.md §4).
+    proof_gap_floor: float = Field(
+        default=0.02, ge=0, lt=1, description="the smallest typical gap, as a share of the window's LossScore "
+        "scale: where most of S_t shows no gap the median gap is noise, and dividing by noise would turn noise "
+        "into full credit (honest gaps on micro: 5-20 % of the scale with H = 2 inner AdamW steps)")
+    proof_gap_history: int = Field(
+        default=16, ge=1, le=HISTORY_LIMIT, description="windows whose own median gaps the typical gap is the "
+        "median of (this one and the book's earlier ones): whoever fills one S_t cannot set the scale")
+    position_ranges: int = Field(
+        default=4, ge=1, le=64, description="consecutive position ranges of each assigned sequence that the "
+        "proof by size measures and clips one by one (a miner training the first quarter of every sequence's "
+        "tokens gets its untrained quarters measured on their own)")
+    # Relative LossRating (templar.gauntlet.rating, docs/scoring.md §5).
+    relative_clip_low: float = Field(default=-1.0, le=0, description="lower clip of one relative LossScore "
+                                     "(δ_rand over S_t's median): a broken model counts this")
+    relative_clip_high: float = Field(default=2.0, gt=1, description="upper clip of one relative LossScore: "
+                                      "twice the median is beyond any honest spread measured, and bounds what one "
+                                      "freak evaluation moves a peer's mean (benchmarks/LOG.md §3, §5)")
+    relative_min_players: int = Field(default=3, ge=2, description="a window with fewer finite LossScores in "
+                                      "S_t updates no relative rating (a median of two is one of the peers' own)")
+    # Shared work: copies, pools and borrowed work (templar.gauntlet.duplicates, validator.fast_eval; §8).
+    pool_memory: int = Field(default=720, ge=0, description="windows a pool is remembered after it was last seen "
+                             "sharing work (about 17 h at 84 s)")
+    typical_pair_margin: float = Field(default=0.1, ge=0, le=1, description="how far above the window's typical "
+                                       "pair a pair's similarity must stand to count as shared work")
+    typical_pair_min_pairs: int = Field(default=3, ge=1, description="fewer pairs have no typical pair of their "
+                                        "own: the thresholds and the history decide")
+    typical_ceiling_cosine: float = Field(default=0.7, gt=0, le=1, description="the most the typical pair's "
+                                          "cosine may be taken to be on the first sample (a flood cannot lift it)")
+    typical_ceiling_shared: float = Field(default=0.65, gt=0, le=1, description="the same for the shared "
+                                          "positions")
+    relative_shared_factor: float = Field(default=2.5, gt=1, description="a pair whose shared positions reach "
+                                          "this many times the typical pair's shares work below the threshold")
+    relative_shared_floor: float = Field(default=0.3, gt=0, le=1, description="... and at least this share")
+    pair_history: int = Field(default=16, ge=1, le=HISTORY_LIMIT, description="earlier windows' typical pairs "
+                              "the validator keeps (PairBaseline)")
+    sample_tensors: int = Field(default=4, gt=0, description="tensors of each payload in the first, cheap "
+                                "sample the copy fingerprints are made of (drawn with the private salt)")
+    sample_chunks: int = Field(default=8, gt=0, description="chunks per sampled tensor (first sample)")
+    confirm_tensors: int = Field(default=32, gt=0, description="the second look's larger, independent sample "
+                                 "of a pair that crossed a threshold on the first: tensors")
+    confirm_chunks: int = Field(default=32, gt=0, description="the second look's sample: chunks per tensor")
+    confirm_typical_uploads: int = Field(default=8, ge=2, description="uploads (drawn with the salt) the "
+                                         "second look's own typical pair is made of")
+    confirm_ceiling_cosine: float = Field(default=0.45, gt=0, le=1, description="the most the second look's "
+                                          "typical pair's cosine may be taken to be")
+    confirm_ceiling_shared: float = Field(default=0.3, gt=0, le=1, description="the same for its shared "
+                                          "positions")
+    fingerprint_size: int = Field(default=1024, gt=0, le=1 << 20, description="length of a payload's copy "
+                                  "fingerprint (count sketch)")
+    public_windows: int = Field(default=2, ge=0, le=HISTORY_LIMIT, description="earlier windows whose aggregated "
+                                "uploads (and their mean) are references of the borrowed-work check")
+    replay_windows: int = Field(default=64, ge=1, le=10_000, description="windows whose valid uploads' content "
+                                "digests the validator remembers: a repeat is 'replay'")
+    norm_check_min_peers: int = Field(default=3, ge=1, description="fewer passing peers have no median for the "
+                                      "'scale' check (max_norm_ratio)")
+
+
+class SyncConfig(_Strict):
+    """The proof that a node holds the run's model: the fingerprint of θ the lead publishes with each
+    window's progress and the rule that compares a node's own with it (`templar.runtime.fingerprint`)."""
+
+    fingerprint_positions: int = Field(default=256, gt=0, le=4096, description="public coordinates of θ the "
+                                       "fingerprint reads, drawn anew each window")
+    max_off_share: float = Field(default=1 / 32, ge=0, lt=0.5, description="share of the positions that may be "
+                                 "off by more than α/2 (cross-device sign flips near 0) in a node that is in sync")
+    ulp_slack: float = Field(default=8 * 2.0**-23, ge=0, lt=1e-3, description="a value is never off by less than "
+                             "this many of its own magnitude (8 float32 ulps), whatever α is")
+
 
 class WindowConfig(_Strict):
     """The time model: blocks, windows, put windows, cadences (all in windows unless named)."""
@@ -193,6 +269,20 @@ class WindowConfig(_Strict):
     peer_replacement_frequency: int = Field(gt=0)
     warmup_windows: int = Field(ge=0)
     max_allowed_stale: int = Field(gt=0)
+    settle_seconds: float = Field(default=0.25, ge=0, le=60, description="time for an upload stamped at the last "
+                                  "acceptable instant to become visible to readers: the gather starts this long "
+                                  "after put_window_seconds + clock_skew_seconds")
+    apply_seconds: float = Field(default=5.0, gt=0, description="how long past the gather deadline a node waits "
+                                 "for the lead's inputs of a window (at most gather_seconds) before it falls back "
+                                 "to the lead's aggregate")
+    commit_read_seconds: float = Field(default=4.0, gt=0, description="how long validators have to read the "
+                                       "window's commitments before any gradient can count (at most half the put "
+                                       "window): a miner's commitment is due this long before the window ends")
+
+    @property
+    def window_seconds(self) -> float:
+        """A window's nominal length: its blocks at the configured block time."""
+        return self.blocks_per_window * self.block_time
 
 
 class HParams(_Strict):
@@ -206,6 +296,7 @@ class HParams(_Strict):
     demo: DemoConfig
     gauntlet: GauntletConfig
     windows: WindowConfig
+    sync: SyncConfig = SyncConfig()
     protocol: Literal[PROTOCOL_VERSION] = PROTOCOL_VERSION  # type: ignore[valid-type]
 
     @model_validator(mode="after")

@@ -69,5 +69,5 @@ async def open_reader(hp: HParams, cache_root: Path, *, locator: str | None = No
         await bucket.aclose()
         raise
     # A slow data bucket may cost a window a quarter of its length, never the whole window.
-    deadline = hp.windows.blocks_per_window * hp.windows.block_time * FETCH_SHARE
+    deadline = hp.windows.window_seconds * FETCH_SHARE
     return PageReader(manifest, bucket, prefix, cache_dir, cache_bytes=int(cache_gb * (1 << 30)), deadline=deadline)

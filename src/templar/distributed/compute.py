@@ -73,7 +73,8 @@ class NodeCompute:
                                 offload=offload) if miner else None
         self.inner_optimizer = make_inner_optimizer(self.model, hp.inner, offload=offload) if miner else None
         self.snapshot = HostStore() if offload else None
-        self.sharded_evaluator = ShardedEvaluator(self.model, hp.optimizer.micro_batch_size, group)
+        self.sharded_evaluator = ShardedEvaluator(self.model, hp.optimizer.micro_batch_size, group,
+                                                  position_ranges=hp.gauntlet.position_ranges)
         self._lock = threading.Lock()  # one op at a time, in the order the followers see them
         self._stopped = False
 
@@ -195,7 +196,8 @@ class NodeCompute:
         return self._call("fingerprint", window=window)
 
     def _fingerprint(self, window: int) -> torch.Tensor:
-        return fingerprint_sharded(self.model, self.hp.data.data_seed, window, self.group)
+        return fingerprint_sharded(self.model, self.hp.data.data_seed, window, self.group,
+                                   self.hp.sync.fingerprint_positions)
 
     def reset_model(self) -> None:
         """θ ← θ_0: every rank builds it (deterministic from init_seed) and keeps its rows."""

@@ -62,8 +62,8 @@ class ShardedEvaluator(Evaluator):
     a time).
     """
 
-    def __init__(self, model: nn.Module, micro_batch_size: int, group: Group):
-        super().__init__(model, micro_batch_size)
+    def __init__(self, model: nn.Module, micro_batch_size: int, group: Group, *, position_ranges: int):
+        super().__init__(model, micro_batch_size, position_ranges=position_ranges)
         self.group = group
 
     def snapshot(self) -> None:

@@ -24,7 +24,7 @@ from templar.core.config import HParams
 from templar.core.schedule import learning_rate
 from templar.distributed.fsdp import local, local_rows
 from templar.distributed.group import Group
-from templar.runtime.fingerprint import FINGERPRINT_POSITIONS, fingerprint_positions
+from templar.runtime.fingerprint import fingerprint_positions
 from templar.runtime.outer import OuterStep, aggregation_weights, apply_update, update_step
 from templar.runtime.state import NodeState
 from templar.wire import Gradient, probe_positions
@@ -137,8 +137,7 @@ def collect_probes_sharded(model: nn.Module, window: int, hp: HParams, group: Gr
 
 
 @torch.no_grad()
-def fingerprint_sharded(model: nn.Module, seed: int, window: int, group: Group,
-                        count: int = FINGERPRINT_POSITIONS) -> torch.Tensor:
+def fingerprint_sharded(model: nn.Module, seed: int, window: int, group: Group, count: int) -> torch.Tensor:
     """`templar.runtime.fingerprint.model_fingerprint` of the sharded θ, on every rank: the same
     positions (`fingerprint_positions`), each read by the rank holding its row, summed as int32
     bit patterns (exact, as the probes)."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 
-from templar.chain import ChainError, connect, load_wallet
+from templar.chain import ChainError, connect, is_miner, lead_of, load_wallet
 from templar.core.config import HParamsError, load_hparams
 from templar.doctor.context import Doctor
 from templar.doctor.result import CheckResult, failed, ok, skipped, warning
@@ -109,8 +109,7 @@ async def check_registration(d: Doctor) -> CheckResult:
         return failed("registration", f"hotkey {d.chain.hotkey} is not registered on netuid {netuid} "
                       f"of {d.network}", d.register_hint())
     d.uid = me.uid
-    staked = [n for n in d.neurons if n.validator_permit and n.stake > 0]
-    lead = min(staked, key=lambda n: (-n.stake, n.uid)) if staked else None
+    lead = lead_of(d.neurons)  # the chain's rule, as every node applies it
     data = {"uid": me.uid, "stake": me.stake, "permit": me.validator_permit,
             "lead": lead is not None and lead.uid == me.uid}
     line = f"uid {me.uid} on netuid {netuid}, stake {me.stake:,.2f} τ"
@@ -121,7 +120,7 @@ async def check_registration(d: Doctor) -> CheckResult:
                           "`templar chain register --stake 100`) and wait for the permit", **data)
         role = "the lead (highest stake): it publishes the run" if data["lead"] else f"lead is uid {lead.uid}"
         return ok("registration", f"{line}, validator permit; {role}", **data)
-    if me.validator_permit and me.stake > 0:
+    if not is_miner(me):
         return warning("registration", f"{line} with a validator permit: validators take this hotkey for a "
                        "validator and never score it as a miner", "mine from a hotkey without stake", **data)
     return ok("registration", line, **data)
@@ -150,7 +149,7 @@ async def check_weights_settings(d: Doctor) -> CheckResult:
     if s.rate_limit > cadence:
         return warning("weights-settings", f"{line}: some weights windows will wait for the rate limit",
                        "ask the subnet owner to lower weights_rate_limit, or raise windows_per_weights", **data)
-    miners = sum(not (n.validator_permit and n.stake > 0) for n in d.neurons)
+    miners = sum(is_miner(n) for n in d.neurons)
     if d.neurons and s.min_allowed_weights > miners:
         return warning("weights-settings", f"{line}: the subnet needs {s.min_allowed_weights} weights and has {miners} "
                        "miners", "weights are refused until enough miners are scored", **data)
@@ -170,7 +169,7 @@ async def check_lead_run(d: Doctor) -> CheckResult:
         return failed("lead-run", f"cannot read the lead validator: {exc}", "check the chain")
     ours = d.hp.digest()
     if lead is None:
-        return warning("lead-run", "no lead validator yet (no permit holder with stake)", "wait for the subnet's lead")
+        return warning("lead-run", "no lead validator yet (no validator permit holder)", "wait for the subnet's lead")
     if d.hotkey == lead.hotkey:
         return ok("lead-run", f"this validator is the lead: its hparams define the run ({ours[:16]}…)", run=ours)
     raw = locators.get(lead.hotkey)

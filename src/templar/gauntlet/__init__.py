@@ -3,7 +3,7 @@
 Read in this order: `scores` (the paper's equations), `rating` (OpenSkill LossRating),
 `selection` (who is evaluated each window), `duplicates` (copy detection), `borrowed` (copies
 of earlier windows' public work), `book` (state),
-`window` (one window's scoring, the step the validator and the simulator share). Fast
+`window` (one window's draws and scoring, the steps the validator and the simulator share). Fast
 evaluation's typed verdict is `templar.core.verdicts` (re-exported here), so that record readers
 (the dashboard, the metrics) know what a status means without importing torch.
 No model code and no I/O here except `ScoreBook.save`/`load`; the validator computes losses.
@@ -36,12 +36,11 @@ from templar.gauntlet.scores import (
     window_gap,
 )
 from templar.gauntlet.selection import select_eval_pages, select_eval_peers, selection_priority
-from templar.gauntlet.window import GauntletRules, WindowScores, score_window
+from templar.gauntlet.window import WindowDraw, WindowScores, draw_window, score_window
 
 __all__ = [
     "DEFAULT_RATING",
     "FastVerdict",
-    "GauntletRules",
     "PeerRecord",
     "PrimaryResult",
     "Rating",
@@ -49,8 +48,10 @@ __all__ = [
     "ScoreBookError",
     "Status",
     "Upload",
+    "WindowDraw",
     "WindowScores",
     "competition_ranks",
+    "draw_window",
     "find_copies",
     "find_pools",
     "fingerprint",

@@ -1,5 +1,9 @@
 """ScoreBook: the validator's per-hotkey Gauntlet state, persisted so a kill -9 loses nothing.
 
+The book is state only: every method that scores takes the run's rules (`HParams.gauntlet`, a
+`GauntletConfig`) as its first argument, so two books holding the same records score alike under
+the same rules, and no rule is remembered in the book or read from a module constant.
+
 The book is keyed by hotkey, not uid: uids are recycled when a hotkey deregisters, and a new
 hotkey on an old uid must never inherit its predecessor's μ or rating. All state is plain
 floats and ints; the JSON form (schema `SCHEMA_VERSION`) round-trips exactly (floats are
@@ -15,11 +19,12 @@ from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from types import MappingProxyType
-from typing import Annotated, Literal, NamedTuple, Protocol
+from typing import Annotated, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from templar.core.atomic import atomic_write
+from templar.core.config import HISTORY_LIMIT, GauntletConfig
 from templar.gauntlet.duplicates import one_per_pool
 from templar.gauntlet.rating import (
     DEFAULT_RATING,
@@ -31,7 +36,6 @@ from templar.gauntlet.rating import (
     update_relative,
 )
 from templar.gauntlet.scores import (
-    GAP_HISTORY_WINDOWS,
     normalise,
     peer_score,
     penalise,
@@ -45,23 +49,10 @@ from templar.gauntlet.scores import top_g as select_top_g
 
 SCHEMA_VERSION = 1
 MAX_POOL = 256
-POOL_MEMORY = 720
-"""Windows a pool is remembered after it was last seen sharing work (about 17 h at 84 s): at 256
-peers and 64 fast evaluations a window, two members are in one F_t only one window in ~16."""
+"""The most hotkeys one pool record holds: a subnet has at most 256 uids (a bound of the schema)."""
 
 Hotkey = Annotated[str, Field(min_length=1, max_length=64)]
 Finite = Annotated[float, Field(allow_inf_nan=False)]
-
-
-class GauntletSettings(Protocol):
-    """The fields of the hparams' gauntlet section that change how a book scores."""
-
-    mu_gamma: float
-    mu_prior_evals: float | None
-    loss_rating: str
-    rating_gamma: float
-    rating_tie_band: float
-    rating_exponent: float
 
 
 class ScoreBookError(ValueError):
@@ -145,7 +136,7 @@ class _Schema(BaseModel):
                                   description="EMA of the windows' relative_spread (relative LossRating)")
     relative_noise_windows: int = Field(default=0, ge=0, description="windows in relative_noise")
     proof_gaps: list[tuple[Annotated[int, Field(ge=0)] | None, Finite]] = Field(
-        default_factory=list, max_length=GAP_HISTORY_WINDOWS - 1,
+        default_factory=list, max_length=HISTORY_LIMIT,
         description="(window, own median proof gap) of the last windows, oldest first (typical_gap's history)")
 
     @model_validator(mode="after")
@@ -177,11 +168,10 @@ class ScoreBook:
         self.relative_noise: tuple[float, int] = relative_noise
         """(one evaluation's spread of relative LossScores as a bias-corrected EMA over windows, windows)"""
         self.proof_gaps: deque[tuple[int | None, float]] = deque(
-            (tuple(entry) for entry in proof_gaps), maxlen=GAP_HISTORY_WINDOWS - 1)
+            (tuple(entry) for entry in proof_gaps), maxlen=HISTORY_LIMIT)
         """(window, own median proof gap `window_gap`) of the last windows evaluated, oldest first:
-        `typical_gap`'s history (a window of None: recorded without one)."""
-        self._mu_ramp: tuple[float, float] | None = None
-        self._relative: tuple[float, float, float, float | None] | None = None
+        `typical_gap`'s history (a window of None: recorded without one), at most the rules'
+        `proof_gap_history` − 1 of them."""
         holders: dict[int, str] = {}
         for hotkey, record in self._peers.items():
             if record.uid in holders:
@@ -263,64 +253,28 @@ class ScoreBook:
 
     # ---- scoring ------------------------------------------------------------------------
 
-    def set_mu_ramp(self, gamma: float, prior_evals: float | None) -> None:
-        """Score with `ramped_mu` (μ's start-up bias removed but for `prior_evals`); None: the paper's μ.
+    def loss_rating(self, rules: GauntletConfig, hotkey: str) -> float:
+        """LossRating_p as PeerScore reads it under `rules.loss_rating`: the paper's OpenSkill mu or
+        the relative rating (`relative_rating`)."""
+        return self._loss_rating(rules, self._require(hotkey))
 
-        A setting, not state: it is not saved with the book, the validator sets it from its hparams.
-        """
-        if prior_evals is None:
-            self._mu_ramp = None
-            return
-        ramped_mu(0.0, 0, gamma, prior_evals)  # validates
-        self._mu_ramp = (gamma, float(prior_evals))
-
-    def configure(self, gauntlet: GauntletSettings) -> None:
-        """Apply the scoring settings of the `gauntlet` hparams section (μ ramp, LossRating kind).
-
-        The one place every user of a book (validator, simulators, tests) turns hparams into
-        book settings, so they all score alike.
-        """
-        self.set_mu_ramp(gauntlet.mu_gamma, gauntlet.mu_prior_evals)
-        self.set_loss_rating(gauntlet.loss_rating, gamma=gauntlet.rating_gamma, tie_band=gauntlet.rating_tie_band,
-                             exponent=gauntlet.rating_exponent, cap=gauntlet.rating_cap)
-
-    def set_loss_rating(self, kind: str, *, gamma: float = 0.95, tie_band: float = 0.0, exponent: float = 1.0,
-                        cap: float | None = None) -> None:
-        """Which LossRating PeerScore reads: "openskill" (the paper) or "relative" (`relative_rating`).
-
-        A setting, not state, like `set_mu_ramp`. OpenSkill ratings are kept up to date either
-        way; the relative EMA is updated only while "relative" is set (it needs `gamma`).
-        """
-        if kind == "openskill":
-            self._relative = None
-            return
-        if kind != "relative":
-            raise ValueError(f"set_loss_rating: unknown kind {kind!r} (openskill or relative)")
-        relative_rating(1.0, 1, gamma=gamma, tie_band=tie_band, exponent=exponent, noise=0.0, cap=cap)  # validates
-        self._relative = (float(gamma), float(tie_band), float(exponent), None if cap is None else float(cap))
-
-    def loss_rating(self, hotkey: str) -> float:
-        """LossRating_p as PeerScore reads it under the current setting."""
-        return self._loss_rating(self._require(hotkey))
-
-    def _loss_rating(self, record: PeerRecord) -> float:
-        if self._relative is None:
+    def _loss_rating(self, rules: GauntletConfig, record: PeerRecord) -> float:
+        if rules.loss_rating == "openskill":
             return record.loss_rating
-        gamma, band, exponent, cap = self._relative
-        return relative_rating(record.relative_delta, record.relative_evals, gamma=gamma, tie_band=band,
-                               exponent=exponent, noise=self.relative_noise[0], cap=cap)
+        return relative_rating(record.relative_delta, record.relative_evals, gamma=rules.rating_gamma,
+                               tie_band=rules.rating_tie_band, exponent=rules.rating_exponent,
+                               noise=self.relative_noise[0], cap=rules.rating_cap)
 
-    def _rescore(self, record: PeerRecord) -> None:
-        mu = record.mu
-        if self._mu_ramp is not None:
-            mu = ramped_mu(mu, record.primary_evals, *self._mu_ramp)
+    def _rescore(self, rules: GauntletConfig, record: PeerRecord) -> None:
+        # μ as PeerScore reads it: with its start-up bias removed but for `mu_prior_evals` (None: the paper's μ).
+        mu = ramped_mu(record.mu, record.primary_evals, rules.mu_gamma, rules.mu_prior_evals)
         # A pool's members split one member's score (docs/scoring.md §8): n hotkeys sharing one piece of work
         # earn n·(s/n)^c ≤ s^c of the normalisation, never more than one hotkey doing all of it.
-        record.score = peer_score(mu, self._loss_rating(record)) / max(1, len(record.pool))
+        record.score = peer_score(mu, self._loss_rating(rules, record)) / max(1, len(record.pool))
 
-    def record_pool(self, members: Iterable[str], window: int) -> None:
+    def record_pool(self, rules: GauntletConfig, members: Iterable[str], window: int) -> None:
         """Remember that `members` (hotkeys in the book) shared work in `window`: each is paid its
-        score divided by the pool's size and the pool holds one top-G slot, for `POOL_MEMORY`
+        score divided by the pool's size and the pool holds one top-G slot, for `pool_memory`
         windows after it was last seen (pools seen again merge)."""
         group = sorted({h for h in members if h in self._peers})
         if len(group) < 2:
@@ -332,14 +286,14 @@ class ScoreBook:
         for hotkey in pool:
             record = self._peers[hotkey]
             record.pool, record.pool_window = pool, window
-            self._rescore(record)
+            self._rescore(rules, record)
 
-    def expire_pools(self, window: int, memory: int = POOL_MEMORY) -> None:
-        """Forget pools not seen sharing work for more than `memory` windows."""
+    def expire_pools(self, rules: GauntletConfig, window: int) -> None:
+        """Forget pools not seen sharing work for more than `pool_memory` windows."""
         for record in self._peers.values():
-            if record.pool and record.pool_window is not None and window - record.pool_window > memory:
+            if record.pool and record.pool_window is not None and window - record.pool_window > rules.pool_memory:
                 record.pool, record.pool_window = [], None
-                self._rescore(record)
+                self._rescore(rules, record)
 
     def pools(self) -> dict[str, list[str]]:
         """Each pooled hotkey's pool (itself included)."""
@@ -364,9 +318,10 @@ class ScoreBook:
         return out
 
     def record_fast_eval(
-        self, hotkey: str, passed: bool, status: str, phi: float, *, sync_steps: float | None = None
+        self, rules: GauntletConfig, hotkey: str, passed: bool, status: str, *, sync_steps: float | None = None
     ) -> PeerRecord:
-        """Apply one fast evaluation (paper §3.2): on failure μ ← φ·μ; counts and status kept."""
+        """Apply one fast evaluation (paper §3.2): on failure μ ← φ·μ (φ: `fast_eval_penalty`);
+        counts and status kept."""
         record = self._require(hotkey)
         if not 0 < len(status) <= 64:
             raise ValueError(f"record_fast_eval: status must be 1-64 characters, got {status!r}")
@@ -376,28 +331,27 @@ class ScoreBook:
             record.fast_eval_passes += 1
         else:
             record.fast_eval_fails += 1
-            record.mu = penalise(record.mu, phi)
+            record.mu = penalise(record.mu, rules.fast_eval_penalty)
         record.last_status = status
         if sync_steps is not None:
             record.last_sync_steps = sync_steps
-        self._rescore(record)
+        self._rescore(rules, record)
         return record
 
-    def record_primary(
-        self, results: Mapping[str, PrimaryResult], *, gamma: float, beta: float, tau: float,
-        margin: float = 0.0, window: int | None = None, credit: str = "sign", full_gap: float = 1.0,
-    ) -> None:
+    def record_primary(self, rules: GauntletConfig, results: Mapping[str, PrimaryResult], *,
+                       window: int | None = None) -> None:
         """Apply one window's primary evaluation of S_t (Algorithm 1, lines after Fast Evaluation).
 
-        One OpenSkill match among all of `results` ranked by δ_rand, then each peer's μ update
-        from sign(δ_assigned − δ_rand) (softened by `margin` against the window's median
-        LossScore, see `update_mu`; page by page when the result carries its pages' δs), then its
-        PeerScore. With the relative LossRating set (`set_loss_rating`), each peer's relative
-        LossScore (δ_rand over the window's median) also enters its EMA and the window's spread
-        enters the book's noise estimate. `credit` "size" scores the proof of computation by the
-        size of each gap relative to the window's `typical_gap` (`size_credit`), "sign" by its
-        sign; a gap of `full_gap` × the typical one earns the full credit. Every hotkey must already be in the book. Validation
-        happens before any state changes, so a bad call leaves the book intact.
+        One OpenSkill match among all of `results` ranked by δ_rand (`openskill_beta`, `_tau`),
+        then each peer's μ update (γ: `mu_gamma`) from sign(δ_assigned − δ_rand) (softened by
+        `proof_margin` against the window's median LossScore, see `update_mu`; page by page when
+        the result carries its pages' δs), then its PeerScore. With the relative LossRating
+        (`loss_rating` "relative"), each peer's relative LossScore (δ_rand over the window's
+        median) also enters its EMA and the window's spread enters the book's noise estimate.
+        `proof_credit` "size" scores the proof of computation by the size of each gap relative to
+        the window's `typical_gap` (`size_credit`), "sign" by its sign; a gap of `proof_full_gap`
+        × the typical one earns the full credit. Every hotkey must already be in the book.
+        Validation happens before any state changes, so a bad call leaves the book intact.
         """
         records = {hotkey: self._require(hotkey) for hotkey in results}
         for hotkey, result in results.items():
@@ -406,27 +360,30 @@ class ScoreBook:
         new_ratings = rate_match(
             {hotkey: record.rating for hotkey, record in records.items()},
             {hotkey: result.delta_rand for hotkey, result in results.items()},
-            beta=beta,
-            tau=tau,
+            beta=rules.openskill_beta,
+            tau=rules.openskill_tau,
         )
-        if credit not in ("sign", "size"):
-            raise ValueError(f"record_primary: credit must be 'sign' or 'size', got {credit!r}")
-        if not 0.0 < full_gap <= 1.0:
-            raise ValueError(f"record_primary: full_gap must be in (0, 1], got {full_gap!r}")
         scale = window_loss_scale(results.values())
         typical = None
-        if credit == "size":
+        if rules.proof_credit == "size":
             own = window_gap([proof_gap(r.delta_assigned, r.delta_rand, r.pages) for r in results.values()])
-            typical = full_gap * typical_gap(own, self._recent_gaps(window), scale)
+            typical = rules.proof_full_gap * typical_gap(own, self._recent_gaps(rules, window), scale,
+                                                         floor=rules.proof_gap_floor, history=rules.proof_gap_history)
         new_mus = {
-            hotkey: update_mu(records[hotkey].mu, result.delta_assigned, result.delta_rand, gamma, margin, scale,
-                              pages=result.pages, typical=typical, sequences=result.sequences)
+            hotkey: update_mu(records[hotkey].mu, result.delta_assigned, result.delta_rand, rules.mu_gamma,
+                              rules.proof_margin, scale, pages=result.pages, typical=typical,
+                              sequences=result.sequences)
             for hotkey, result in results.items()
         }
         if typical is not None and own is not None:
             self.proof_gaps.append((window, own))
-        relative = relative_loss_scores({hotkey: result.delta_rand for hotkey, result in results.items()})
-        spread = relative_spread(relative)
+            while len(self.proof_gaps) > rules.proof_gap_history - 1:
+                self.proof_gaps.popleft()
+        relative = relative_loss_scores({hotkey: result.delta_rand for hotkey, result in results.items()},
+                                        clip=(rules.relative_clip_low, rules.relative_clip_high),
+                                        min_players=rules.relative_min_players)
+        spread = relative_spread(relative, min_players=rules.relative_min_players)
+        relative_on = rules.loss_rating == "relative"
         for hotkey, result in results.items():
             record = records[hotkey]
             record.rating = new_ratings[hotkey]
@@ -434,51 +391,51 @@ class ScoreBook:
             record.last_delta_assigned = float(result.delta_assigned)
             record.last_delta_rand = float(result.delta_rand)
             record.primary_evals += 1
-            if self._relative is not None and hotkey in relative:
+            if relative_on and hotkey in relative:
                 record.relative_delta = update_relative(record.relative_delta, record.relative_evals,
-                                                        relative[hotkey], self._relative[0])
+                                                        relative[hotkey], rules.rating_gamma)
                 record.relative_evals += 1
             if window is not None:
                 record.last_primary_window = window
-            self._rescore(record)
-        if self._relative is not None and spread is not None:
+            self._rescore(rules, record)
+        if relative_on and spread is not None:
             noise, windows = self.relative_noise
-            self.relative_noise = (update_relative(noise, windows, spread, self._relative[0]), windows + 1)
+            self.relative_noise = (update_relative(noise, windows, spread, rules.rating_gamma), windows + 1)
             for record in self._peers.values():
-                self._rescore(record)
+                self._rescore(rules, record)
 
-    def _recent_gaps(self, window: int | None) -> list[float]:
-        """The remembered median gaps of the `GAP_HISTORY_WINDOWS` − 1 windows before `window`: a
+    def _recent_gaps(self, rules: GauntletConfig, window: int | None) -> list[float]:
+        """The remembered median gaps of the `proof_gap_history` − 1 windows before `window`: a
         validator back from a long stop judges by the present run, not by the gaps it saw before."""
         return [gap for seen, gap in self.proof_gaps
-                if window is None or seen is None or 0 < window - seen < GAP_HISTORY_WINDOWS]
+                if window is None or seen is None or 0 < window - seen < rules.proof_gap_history]
 
-    def scores(self) -> dict[str, float]:
+    def scores(self, rules: GauntletConfig) -> dict[str, float]:
         """PeerScore_p for every hotkey in the book (eq. 4, floored factors)."""
         for record in self._peers.values():
-            self._rescore(record)
+            self._rescore(rules, record)
         return {hotkey: self._peers[hotkey].score for hotkey in sorted(self._peers)}
 
-    def weights(self, power: float) -> dict[str, float]:
-        """x_p (eq. 5) for every hotkey, stored on the records; sums to 1 if any score is > 0.
+    def weights(self, rules: GauntletConfig) -> dict[str, float]:
+        """x_p (eq. 5, c: `power`) for every hotkey, stored on the records; sums to 1 if any score is > 0.
 
         The baseline is min(min score, 0), not the paper's bare min: PeerScores are ≥ 0, so in
         a book with any unscored peer the two agree, and when every peer scores > 0 the weakest
         honest peer still earns a share instead of exactly 0 (and a lone peer earns 1).
         """
-        x = normalise(self.scores(), power, floor=0.0)
+        x = normalise(self.scores(rules), rules.power, floor=0.0)
         for hotkey, value in x.items():
             self._peers[hotkey].weight = value
         return x
 
-    def top_g(self, g: int) -> list[str]:
-        """SelectTopG: the `g` best PeerScores > 0, ties by hotkey.
+    def top_g(self, rules: GauntletConfig) -> list[str]:
+        """SelectTopG: the `top_g` best PeerScores > 0, ties by hotkey.
 
-        Equal to ranking by x from `weights(power)`, which is a strictly increasing function
-        of the score (floor 0, power > 0), and independent of the power. A pool of hotkeys that
-        shared work holds one slot: only its best member is eligible (`one_per_pool`).
+        Equal to ranking by x from `weights`, which is a strictly increasing function of the
+        score (floor 0, power > 0), and independent of the power. A pool of hotkeys that shared
+        work holds one slot: only its best member is eligible (`one_per_pool`).
         """
-        return select_top_g(one_per_pool(self.scores(), self.pools()), g)
+        return select_top_g(one_per_pool(self.scores(rules), self.pools()), rules.top_g)
 
     # ---- persistence --------------------------------------------------------------------
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
+from templar.core.config import GauntletConfig
 from templar.gauntlet.duplicates import Upload, fingerprint, shared_positions, shares_work
 
 AGGREGATE = "aggregate"
@@ -67,11 +68,11 @@ def top_of_mean(members: Sequence[Mapping[str, torch.Tensor]], layout: Mapping[s
 
 
 def aggregate_references(window: int, samples: Mapping[str, Mapping[str, torch.Tensor]],
-                         layout: Mapping[str, tuple[int, int]]) -> list[Reference]:
+                         layout: Mapping[str, tuple[int, int]], *, size: int) -> list[Reference]:
     """The aggregate of `window` (the mean of `samples`: hotkey → its sampled canonical values)
     as references: the whole mean, held against everyone but its contributors, and for each
     contributor the mean of the others' (with at least two others: one other's payload is already
-    a reference of its own)."""
+    a reference of its own). `size`: the fingerprints' length (`fingerprint_size`)."""
     if not samples:
         return []
     hotkeys = sorted(samples)
@@ -81,7 +82,7 @@ def aggregate_references(window: int, samples: Mapping[str, Mapping[str, torch.T
         values = top_of_mean([samples[h] for h in members], layout)
         if values:
             owners = frozenset(hotkeys) - ({judged} if judged else set())
-            out.append(Reference(AGGREGATE, window, fingerprint(values), values, owners))
+            out.append(Reference(AGGREGATE, window, fingerprint(values, size=size), values, owners))
 
     reference(hotkeys, None)
     if len(hotkeys) >= 3:
@@ -90,11 +91,10 @@ def aggregate_references(window: int, samples: Mapping[str, Mapping[str, torch.T
     return out
 
 
-def find_borrowed(uploads: Sequence[Upload], references: Sequence[Reference], cosine_threshold: float,
-                  shared_threshold: float, *, confirm: Callable[[Upload, Reference], bool] | None = None
-                  ) -> dict[str, Reference]:
+def find_borrowed(uploads: Sequence[Upload], references: Sequence[Reference], rules: GauntletConfig, *,
+                  confirm: Callable[[Upload, Reference], bool] | None = None) -> dict[str, Reference]:
     """Each upload that copies earlier public work, mapped to the first reference it copies: an
-    equal digest, or `shares_work` on the absolute thresholds (confirmed by `confirm`, when given,
+    equal digest, or `shares_work` on the absolute thresholds (no typical pair; confirmed by `confirm`, when given,
     which has the last word). An upload is never judged against a reference it owns."""
     out: dict[str, Reference] = {}
     for upload in uploads:
@@ -111,8 +111,7 @@ def find_borrowed(uploads: Sequence[Upload], references: Sequence[Reference], co
             cosine = float(mine @ theirs)
             shared = (shared_positions(upload.canonical, ref.canonical)
                       if upload.canonical is not None and ref.canonical is not None else 0.0)
-            if shares_work(cosine, shared, cosine_threshold, shared_threshold) and (confirm is None
-                                                                                   or confirm(upload, ref)):
+            if shares_work(cosine, shared, rules) and (confirm is None or confirm(upload, ref)):
                 out[upload.hotkey] = ref
                 break
     return out

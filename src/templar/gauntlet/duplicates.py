@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
+from templar.core.config import GauntletConfig
+
 _PRIME = (1 << 31) - 1
 """Mersenne prime of the universal hash ((a·i + b) mod p); a < 2^31 and i < 2^32 fit in int64."""
 
@@ -49,8 +51,9 @@ def _hash_params(name: str) -> tuple[int, int, int, int]:
     return max(a_bucket, 1), b_bucket, max(a_sign, 1), b_sign
 
 
-def fingerprint(values: Mapping[str, torch.Tensor], size: int = 1024) -> torch.Tensor:
-    """A deterministic float64 unit vector of length `size` summarising a payload.
+def fingerprint(values: Mapping[str, torch.Tensor], *, size: int) -> torch.Tensor:
+    """A deterministic float64 unit vector of length `size` (the rules' `fingerprint_size`)
+    summarising a payload.
 
     Pass position-canonical values, e.g. each parameter's DeMo coefficients scattered to their
     indices for a fixed set of chunks: a raw top-k `values` array could be permuted together
@@ -105,34 +108,6 @@ def shared_positions(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor
     return common / smaller if smaller else 0.0
 
 
-TYPICAL_PAIR_MARGIN = 0.1
-"""How far above the typical pair a pair's similarity must stand to count as shared work."""
-
-MIN_PAIRS_FOR_TYPICAL = 3
-"""Fewer pairs (two uploads) have no typical pair of their own: the thresholds and the history decide."""
-
-TYPICAL_CEILING = (0.7, 0.65)
-"""The most the typical pair (cosine, shared positions) may be taken to be on the validator's
-first sample, whatever the window's uploads say: the default thresholds less the margin, so a
-window's typical pair can never switch the absolute thresholds off, and above every honest
-window's median measured (first sample: cosine 0.65, shared positions 0.61 at most, `micro`
-with H = 2 and 4 inner AdamW steps; docs/scoring.md §8). A flood whose pool pairs are most of a
-window's pairs makes its own pair the window's median; it is taken down to this."""
-
-RELATIVE_FACTOR = 2.5
-RELATIVE_FLOOR = 0.3
-"""A pair whose shared positions reach `RELATIVE_FACTOR` × the typical pair's (and at least
-`RELATIVE_FLOOR`) shares work even below `shared_threshold`: a pool shaped to stay just under the
-absolute thresholds still stands several times above honest pairs. Only the positions: their
-expected value does not depend on how much of a payload is sampled (the cosine over a small sample
-runs well above the whole payload's), so the second look's larger sample is judged on the same
-scale. Measured honest pairs stand at most 1.9× their window's typical pair on the second look
-(docs/scoring.md §8)."""
-
-HISTORY_WINDOWS = 16
-"""How many earlier windows' typical pairs the validator keeps (`PairBaseline`)."""
-
-
 @dataclass(frozen=True)
 class Typical:
     """The typical pair's figures a pair is judged against (-inf: none)."""
@@ -144,11 +119,17 @@ class Typical:
 class PairBaseline:
     """The typical pair of a window as the shared-work rule uses it, which the judged uploads
     cannot lift: the smallest of the window's own median, the median of earlier windows' typical
-    pairs (kept in the validator's memory, at most `HISTORY_WINDOWS`; a restarted validator starts
-    with none) and a calibrated ceiling. A group holding most of a window's uploads makes a pool
-    pair the window's median; the ceiling and the history stay where honest windows put them."""
+    pairs (kept in the validator's memory, at most `windows`: the rules' `pair_history`; a
+    restarted validator starts with none) and a calibrated `ceiling`. A group holding most of a
+    window's uploads makes a pool pair the window's median; the ceiling and the history stay where
+    honest windows put them.
 
-    def __init__(self, ceiling: Typical = Typical(*TYPICAL_CEILING), windows: int = HISTORY_WINDOWS) -> None:
+    The first sample's ceiling (`typical_ceiling_cosine`, `_shared`) is the default thresholds
+    less the margin, so a window's typical pair can never switch the absolute thresholds off, and
+    above every honest window's median measured (first sample: cosine 0.65, shared positions 0.61
+    at most, `micro` with H = 2 and 4 inner AdamW steps; docs/scoring.md §8)."""
+
+    def __init__(self, ceiling: Typical, windows: int) -> None:
         self.ceiling = ceiling
         self.history: deque[Typical] = deque(maxlen=windows)
 
@@ -170,13 +151,13 @@ class PairBaseline:
         return out
 
 
-def shares_work(cosine: float, shared: float, cosine_threshold: float, shared_threshold: float,
-                typical: Typical = Typical()) -> bool:
+def shares_work(cosine: float, shared: float, rules: GauntletConfig, typical: Typical = Typical()) -> bool:
     """THE shared-work rule: two payloads share work when their fingerprints' cosine or the share
-    of top-k positions they have in common reaches its threshold *and* stands `TYPICAL_PAIR_MARGIN`
-    above the same figure for the typical pair (`typical`: `PairBaseline`'s figures for the
-    window; -inf when there is none), or when their shared positions stand `RELATIVE_FACTOR` times
-    above the typical pair's (and at least `RELATIVE_FLOOR`) whatever the thresholds.
+    of top-k positions they have in common reaches its threshold (`duplicate_threshold`,
+    `shared_positions_threshold`) *and* stands `typical_pair_margin` above the same figure for the
+    typical pair (`typical`: `PairBaseline`'s figures for the window; -inf when there is none), or
+    when their shared positions stand `relative_shared_factor` times above the typical pair's (and
+    at least `relative_shared_floor`) whatever the thresholds.
 
     Both thresholds are calibrated on the measured honest distribution (`benchmarks/similarity.py`,
     docs/scoring.md §8): honest pairs of independent miners, each seeing the other's work only
@@ -193,31 +174,39 @@ def shares_work(cosine: float, shared: float, cosine_threshold: float, shared_th
     §6). Members of a pool are alike *beyond* their window (same positions, shared
     ≈ 1.0); honest miners that are alike are alike together, and the typical pair moves with them
     (up to the ceiling of `PairBaseline`, which a pool cannot lift).
+
+    Why the relative branch looks at the positions only: their expected value does not depend on
+    how much of a payload is sampled (the cosine over a small sample runs well above the whole
+    payload's), so the second look's larger sample is judged on the same scale. Measured honest
+    pairs stand at most 1.9× their window's typical pair on the second look (docs/scoring.md §8).
     """
-    return ((cosine >= cosine_threshold and cosine >= typical.cosine + TYPICAL_PAIR_MARGIN)
-            or (shared >= shared_threshold and shared >= typical.shared + TYPICAL_PAIR_MARGIN)
+    margin = rules.typical_pair_margin
+    return ((cosine >= rules.duplicate_threshold and cosine >= typical.cosine + margin)
+            or (shared >= rules.shared_positions_threshold and shared >= typical.shared + margin)
             or (math.isfinite(typical.shared) and typical.shared > 0
-                and shared >= max(RELATIVE_FLOOR, RELATIVE_FACTOR * typical.shared)))
+                and shared >= max(rules.relative_shared_floor, rules.relative_shared_factor * typical.shared)))
 
 
-def typical_pair(matrix: Sequence[Sequence[float]]) -> float:
+def typical_pair(matrix: Sequence[Sequence[float]], min_pairs: int) -> float:
     """The median of a symmetric pairwise figure over its distinct pairs (i > j); -inf with fewer
-    than `MIN_PAIRS_FOR_TYPICAL` pairs."""
+    than `min_pairs` pairs (the rules' `typical_pair_min_pairs`: two uploads have no typical pair
+    of their own, the thresholds and the history decide)."""
     values = sorted(matrix[i][j] for i in range(len(matrix)) for j in range(i))
-    if len(values) < MIN_PAIRS_FOR_TYPICAL:
+    if len(values) < min_pairs:
         return -math.inf
     mid = len(values) // 2
     return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2.0
 
 
-def window_typical(uploads: Sequence[Upload]) -> Typical:
+def window_typical(uploads: Sequence[Upload], min_pairs: int) -> Typical:
     """The window's own typical pair: the medians of the fingerprints' cosine and of the shared
-    positions over every pair of `uploads` (-inf where there are too few pairs or no positions)."""
+    positions over every pair of `uploads` (-inf where there are fewer than `min_pairs` pairs or
+    no positions)."""
     if len(uploads) < 2:
         return Typical()
     cosine = _cosine_matrix(uploads)
     shared = _shared_matrix(uploads)
-    return Typical(typical_pair(cosine), typical_pair(shared) if shared else -math.inf)
+    return Typical(typical_pair(cosine, min_pairs), typical_pair(shared, min_pairs) if shared else -math.inf)
 
 
 def _cosine_matrix(uploads: Sequence[Upload]) -> list[list[float]]:
@@ -232,20 +221,22 @@ def _cosine_matrix(uploads: Sequence[Upload]) -> list[list[float]]:
     return (unit @ unit.T).tolist()
 
 
-def find_pools(uploads: Sequence[Upload], cosine_threshold: float, shared_threshold: float = math.inf, *,
+def find_pools(uploads: Sequence[Upload], rules: GauntletConfig, *,
                confirm: Callable[[Upload, Upload], bool] | None = None,
                typical: Typical | None = None) -> list[list[str]]:
-    """Groups of hotkeys whose uploads share work (identical digests or `shares_work`, against
-    `typical`; None: the typical pair of these uploads alone), among one window's uploads: the
+    """Groups of hotkeys whose uploads share work (identical digests or `shares_work` under
+    `rules`, against `typical`; None: the typical pair of these uploads alone), among one
+    window's uploads: the
     connected components of size ≥ 2, each ordered by (timestamp, hotkey), so its first member is
     the earliest upload; groups ordered by their first member. `confirm`, when given, is asked
     about every pair that `shares_work` on these figures and has the last word (identical digests
     need no confirmation).
     """
-    if not 0.0 < cosine_threshold <= 1.0:
-        raise ValueError(f"find_pools: cosine threshold must be in (0, 1], got {cosine_threshold!r}")
-    if not shared_threshold > 0.0:
-        raise ValueError(f"find_pools: shared-positions threshold must be > 0, got {shared_threshold!r}")
+    if not 0.0 < rules.duplicate_threshold <= 1.0:
+        raise ValueError(f"find_pools: cosine threshold must be in (0, 1], got {rules.duplicate_threshold!r}")
+    if not rules.shared_positions_threshold > 0.0:
+        raise ValueError(f"find_pools: shared-positions threshold must be > 0, got "
+                         f"{rules.shared_positions_threshold!r}")
     if len(uploads) < 2:
         return []
     hotkeys = [upload.hotkey for upload in uploads]
@@ -268,14 +259,14 @@ def find_pools(uploads: Sequence[Upload], cosine_threshold: float, shared_thresh
             i = parent[i]
         return i
 
-    shared = _shared_matrix(ordered) if math.isfinite(shared_threshold) else None
+    shared = _shared_matrix(ordered) if math.isfinite(rules.shared_positions_threshold) else None
     if typical is None:
-        typical = Typical(typical_pair(cosine), typical_pair(shared) if shared else -math.inf)
+        min_pairs = rules.typical_pair_min_pairs
+        typical = Typical(typical_pair(cosine, min_pairs), typical_pair(shared, min_pairs) if shared else -math.inf)
     for i in range(len(ordered)):
         for j in range(i):
             a, b = ordered[i], ordered[j]
-            alike = shares_work(cosine[i][j], shared[i][j] if shared else 0.0, cosine_threshold, shared_threshold,
-                                typical)
+            alike = shares_work(cosine[i][j], shared[i][j] if shared else 0.0, rules, typical)
             if a.digest == b.digest or (alike and (confirm is None or confirm(a, b))):
                 parent[root(i)] = root(j)
     groups: dict[int, list[str]] = {}
@@ -313,7 +304,7 @@ def one_per_pool(scores: Mapping[str, float], pools: Mapping[str, Sequence[str]]
     return out
 
 
-def find_copies(uploads: Sequence[Upload], threshold: float, shared_threshold: float = math.inf) -> dict[str, str]:
+def find_copies(uploads: Sequence[Upload], rules: GauntletConfig) -> dict[str, str]:
     """Map each copying hotkey to the hotkey it copied, among one window's uploads: in each group
     of `find_pools`, every member but the earliest upload maps to that earliest one."""
-    return {member: pool[0] for pool in find_pools(uploads, threshold, shared_threshold) for member in pool[1:]}
+    return {member: pool[0] for pool in find_pools(uploads, rules) for member in pool[1:]}

@@ -90,36 +90,29 @@ def rate_match(
 
 # ---- relative LossRating (docs/scoring.md §5; beyond the paper, `gauntlet.loss_rating` = "relative") -------------
 
-RELATIVE_CLIP = (-1.0, 2.0)
-"""Bounds of one relative LossScore. A δ_rand of −∞ (the update broke the model) or far below the
-median counts as −1. Twice the window's median is beyond any honest spread measured (0.8–1.3 early
-in training; `moredata`, twice the pages, 1.05–1.3) but not beyond the noise of late, noisy
-windows (0.06–4.5 in window 19 of a tiny localnet): one freak evaluation of 3.66 there moved a
-peer's mean by 0.3 at the lead alone and cut the other validators' vtrust to 0.41 for two windows
-(benchmarks/LOG.md §3, §5). At 2 the same evaluation moves it by at most 0.1."""
-
-RELATIVE_MIN_PLAYERS = 3
-"""A median over fewer than three LossScores is one of the peers' own; such a window updates no one."""
-
-
-def relative_loss_scores(results: Mapping[str, float]) -> dict[str, float]:
-    """Each peer's δ_rand divided by the median δ_rand of the window's S_t, clipped to `RELATIVE_CLIP`.
+def relative_loss_scores(results: Mapping[str, float], *, clip: tuple[float, float],
+                         min_players: int) -> dict[str, float]:
+    """Each peer's δ_rand divided by the median δ_rand of the window's S_t, clipped to `clip`
+    (the rules' `relative_clip_low`, `_high`: a δ_rand of −∞, the update broke the model, or far
+    below the median counts as the low end; the high end bounds what one freak evaluation moves a
+    peer's mean, benchmarks/LOG.md §3, §5).
 
     Why relative: the loss scale falls as the model trains and differs from window to window,
     so raw LossScores are not comparable across windows, while the ratio to the same window's
     median is (1.0 = a typical peer of S_t). Unlike a rank, the ratio keeps the size of the
     difference: two identical peers score 1 ± noise and the noise averages out over their
     evaluations, where their OpenSkill ranks are coin flips whose ratings random-walk apart.
-    Returns {} (nothing to learn) when fewer than `RELATIVE_MIN_PLAYERS` results are finite or
-    the median is not positive (most of S_t made the loss worse: no scale to compare against).
+    Returns {} (nothing to learn) when fewer than `min_players` results are finite (a median of
+    two is one of the peers' own) or the median is not positive (most of S_t made the loss worse:
+    no scale to compare against).
     """
     finite = sorted(value for value in results.values() if math.isfinite(value))
-    if len(finite) < RELATIVE_MIN_PLAYERS:
+    if len(finite) < min_players:
         return {}
     median = _median(finite)
     if not median > 0:
         return {}
-    low, high = RELATIVE_CLIP
+    low, high = clip
     return {hotkey: low if math.isnan(value) else min(high, max(low, value / median))
             for hotkey, value in results.items()}
 
@@ -154,16 +147,16 @@ def effective_evaluations(evaluations: int, gamma: float) -> float:
     return total * total / squares
 
 
-def relative_spread(relative: Mapping[str, float]) -> float | None:
+def relative_spread(relative: Mapping[str, float], *, min_players: int) -> float | None:
     """One window's spread of relative LossScores: 1.4826 × the median |x − median x| (a robust σ).
 
     The tie band is a multiple of this, so it follows the evaluation noise of the deployment
     (pages per evaluation, model size) instead of a constant tuned on one preset. The median
     absolute deviation ignores the few peers that differ for real (cheats near 0, a strong peer):
-    it only moves when most of S_t is spread out. None with fewer than `RELATIVE_MIN_PLAYERS`.
+    it only moves when most of S_t is spread out. None with fewer than `min_players`.
     """
     values = sorted(relative.values())
-    if len(values) < RELATIVE_MIN_PLAYERS:
+    if len(values) < min_players:
         return None
     deviations = sorted(abs(v - _median(values)) for v in values)
     return 1.4826 * _median(deviations)

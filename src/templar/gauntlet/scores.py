@@ -92,21 +92,6 @@ def page_credit(page_deltas: Sequence[float], delta_rand: float, margin: float =
     return math.fsum(_direction(d, delta_rand, margin, scale) for d in page_deltas) / len(page_deltas)
 
 
-PROOF_GAP_FLOOR = 0.02
-"""The smallest typical gap `typical_gap` returns, as a share of the window's LossScore scale. It only
-matters when most of S_t shows no gap (a window full of page-skippers): there the median gap is
-noise, and dividing by noise would turn noise into full credit. Honest gaps measured on the `micro`
-model: 5–20 % of the scale with H = 2 inner AdamW steps, 30–60 % with the paper's one SGD step."""
-
-
-GAP_HISTORY_WINDOWS = 16
-"""How many windows' own median gaps `typical_gap` takes the median of (this one and up to 15 before
-it, the validator's score book keeps them). S_t holds a handful of peers (8 of 256 in production):
-one window's median moves with whoever was drawn, and a window that cheats happen to fill would set
-the scale every gap in it is judged by. The median over 16 windows moves only when most of them move,
-and lags the slow shrinking of honest gaps over a run by a few windows (about 10 minutes)."""
-
-
 def window_gap(gaps: Sequence[float]) -> float | None:
     """One window's own median of S_t's gaps δ_assigned − δ_rand (each peer's mean over its
     evaluated pages, `proof_gap`); None when no gap is finite."""
@@ -114,14 +99,25 @@ def window_gap(gaps: Sequence[float]) -> float | None:
     return statistics.median(finite) if finite else None
 
 
-def typical_gap(own: float | None, earlier: Sequence[float], scale: float) -> float:
+def typical_gap(own: float | None, earlier: Sequence[float], scale: float, *, floor: float, history: int) -> float:
     """The typical proof-of-computation gap a window's credits are measured against: the median of
-    this window's own median gap (`window_gap`) and the earlier windows' (at most
-    `GAP_HISTORY_WINDOWS` in all), never below `PROOF_GAP_FLOOR` × `scale` (the window's median
-    LossScore size, `window_loss_scale`). 0.0 when neither gives a positive size."""
-    medians = [g for g in (*earlier[-(GAP_HISTORY_WINDOWS - 1):], own) if g is not None and math.isfinite(g)]
+    this window's own median gap (`window_gap`) and the earlier windows' (at most `history` in
+    all: the rules' `proof_gap_history`), never below `floor` × `scale` (`proof_gap_floor` × the
+    window's median LossScore size, `window_loss_scale`). 0.0 when neither gives a positive size.
+
+    Why a history: S_t holds a handful of peers (8 of 256 in production), so one window's median
+    moves with whoever was drawn, and a window that cheats happen to fill would set the scale every
+    gap in it is judged by; the median over 16 windows moves only when most of them move, and lags
+    the slow shrinking of honest gaps over a run by a few windows (about 10 minutes). Why a floor:
+    where most of S_t shows no gap (a window full of page-skippers) the median gap is noise, and
+    dividing by noise would turn noise into full credit (honest gaps on `micro`: 5–20 % of the
+    scale with H = 2 inner AdamW steps, 30–60 % with the paper's one SGD step)."""
+    if history < 1:
+        raise ValueError(f"typical_gap: history must be >= 1, got {history}")
+    recent = earlier[max(0, len(earlier) - (history - 1)):]
+    medians = [g for g in (*recent, own) if g is not None and math.isfinite(g)]
     median = statistics.median(medians) if medians else 0.0
-    return max(median, PROOF_GAP_FLOOR * scale, 0.0)
+    return max(median, floor * scale, 0.0)
 
 
 def size_credit(deltas: Sequence[float], delta_rand: float, typical: float) -> float:

@@ -1,40 +1,67 @@
-"""One window of the Gauntlet (Algorithm 1 after the evaluations): verdicts and losses in, weights out.
+"""One window of the Gauntlet (Algorithm 1): who is evaluated, then verdicts and losses in, weights out.
 
 The validator computes a window's fast verdicts and LossScores (its gather, its model, its pages);
-what the incentive makes of them is this one function, which the validator's loop and the
-subnet simulator (`benchmarks/subnet_sim.py`) both call, so a simulated result is a statement
-about the production rules. Like torchtitan's `train_step` against `train()`: the loop does the
+who is evaluated (`draw_window`: F_t, then S_t) and what the incentive makes of the evaluations
+(`score_window`) are the two functions here, which the validator's loop and the subnet simulator
+(`benchmarks/subnet_sim.py`) both call, so a simulated result is a statement about the production
+rules. Like torchtitan's `train_step` against `train()`: the loop does the
 I/O and the scheduling, the step is the rule.
 
 The score book is the Gauntlet's state and is updated in place (copying a 256-peer book every
-window of a simulation would cost more than the scoring); everything else the step needs comes
-in as arguments, and nothing else is read: no clock, no randomness, no I/O.
+window of a simulation would cost more than the scoring); the rules it is scored by are the run's
+(`HParams.gauntlet`, passed in), and everything else the step needs comes in as arguments: no
+module constant, no clock, no randomness, no I/O.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
+from templar.core.config import GauntletConfig
 from templar.core.verdicts import FastVerdict
 from templar.gauntlet.book import PrimaryResult, ScoreBook
+from templar.gauntlet.selection import select_eval_peers
 
-__all__ = ["GauntletRules", "WindowScores", "score_window"]
+__all__ = ["WindowDraw", "WindowScores", "draw_window", "score_window"]
 
 
-class GauntletRules(Protocol):
-    """The fields of the hparams' gauntlet section the window step reads (`HParams.gauntlet`)."""
+@dataclass(frozen=True)
+class WindowDraw:
+    """One validator's draws of one window: F_t (`fast`), and S_t once F_t's verdicts are known
+    (`primary`). Both are keyed by the validator's private `seed` and tilted alike (stale first)."""
 
-    top_g: int
-    power: float
-    fast_eval_penalty: float
-    mu_gamma: float
-    proof_margin: float
-    proof_credit: str
-    proof_full_gap: float
-    openskill_beta: float
-    openskill_tau: float
+    seed: int
+    window: int
+    fast: list[str]
+    """F_t, in priority order."""
+    primary_size: int
+    staleness: Mapping[str, float] | None
+    sharpness: float
+
+    def primary(self, verdicts: Mapping[str, FastVerdict]) -> list[str]:
+        """S_t (paper §3.1): `uids_per_window` of the uploads whose verdict earns, drawn with the
+        same seed (another purpose, so independent of F_t's draw)."""
+        eligible = sorted(hotkey for hotkey, verdict in verdicts.items() if verdict.status.earns)
+        return select_eval_peers(self.seed, self.window, eligible, self.primary_size, purpose="primary",
+                                 staleness=self.staleness, sharpness=self.sharpness)
+
+
+def draw_window(book: ScoreBook, rules: GauntletConfig, seed: int, window: int, miners: Mapping[str, int],
+                peer_list: Sequence[str]) -> WindowDraw:
+    """Who a validator evaluates in `window` (docs/scoring.md §1): F_t is `fast_eval_uids` of
+    `miners` drawn with its private `seed`, the peer list in effect always in (a failing aggregator
+    is caught at once); S_t follows from F_t's verdicts (`WindowDraw.primary`). With
+    `selection_sharpness` > 0 both draws favour peers the book has not evaluated for long
+    (`ScoreBook.staleness`, newcomers boosted by `newcomer_evals`); 0 is the paper's uniform draw.
+    The book is read once, before the window's scoring changes it."""
+    tilted = rules.selection_sharpness > 0
+    staleness = book.staleness(window, rules.newcomer_evals) if tilted else None
+    sharpness = rules.selection_sharpness if tilted else 0.0
+    fast = select_eval_peers(seed, window, sorted(miners), rules.fast_eval_uids,
+                             always=[hotkey for hotkey in peer_list if hotkey in miners], purpose="fast",
+                             staleness=staleness, sharpness=sharpness)
+    return WindowDraw(seed, window, fast, rules.uids_per_window, staleness, sharpness)
 
 
 @dataclass(frozen=True)
@@ -45,12 +72,12 @@ class WindowScores:
     top_g: list[str]
 
 
-def score_window(book: ScoreBook, rules: GauntletRules, window: int, miners: Mapping[str, int],
+def score_window(book: ScoreBook, rules: GauntletConfig, window: int, miners: Mapping[str, int],
                  verdicts: Mapping[str, FastVerdict], losses: Mapping[str, PrimaryResult]) -> WindowScores:
     """Apply one window's evaluations to `book` and return its weights and top-G.
 
     In order: each fast verdict (a failure multiplies μ by φ; `Status.passes`), the pools fast
-    evaluation found (paid once; forgotten after `POOL_MEMORY` windows), the primary evaluation
+    evaluation found (paid once; forgotten after `pool_memory` windows), the primary evaluation
     of S_t (`losses`: OpenSkill match, μ update, relative LossScores), then x_p and SelectTopG.
     `miners` maps each miner's hotkey to its uid (the registry, `ScoreBook.sync_registry` run
     before the window's draws); every hotkey of `verdicts` must be in it, and every hotkey of
@@ -65,14 +92,11 @@ def score_window(book: ScoreBook, rules: GauntletRules, window: int, miners: Map
         raise ValueError(f"score_window: LossScores for uploads that cannot earn: {unearned[:3]}")
     for hotkey, verdict in verdicts.items():
         book.get_or_create(hotkey, miners[hotkey], window)
-        book.record_fast_eval(hotkey, verdict.passed, verdict.label, rules.fast_eval_penalty,
-                              sync_steps=verdict.sync_steps)
+        book.record_fast_eval(rules, hotkey, verdict.passed, verdict.label, sync_steps=verdict.sync_steps)
     for pool in sorted({v.pool for v in verdicts.values() if v.pool}):
-        book.record_pool(pool, window)
+        book.record_pool(rules, pool, window)
     if verdicts:
-        book.expire_pools(window)
+        book.expire_pools(rules, window)
     if losses:
-        book.record_primary(losses, gamma=rules.mu_gamma, beta=rules.openskill_beta, tau=rules.openskill_tau,
-                            margin=rules.proof_margin, window=window, credit=rules.proof_credit,
-                            full_gap=rules.proof_full_gap)
-    return WindowScores(weights=book.weights(rules.power), top_g=book.top_g(rules.top_g))
+        book.record_primary(rules, losses, window=window)
+    return WindowScores(weights=book.weights(rules), top_g=book.top_g(rules))

@@ -57,12 +57,13 @@ def build_report(out: Path) -> dict:
     report = {"lead_validator": lead.hotkey if lead else None, "peers": peers, "windows": windows,
               "consensus": consensus}
     (out / "report.json").write_text(json.dumps(report, indent=2))
-    (out / "report.md").write_text(render_markdown(report))
+    (out / "report.md").write_text(render_markdown(report, nodes))
     plot_report(report, out)
     return report
 
 
-def render_markdown(report: dict) -> str:
+def render_markdown(report: dict, nodes: list[NodeInfo]) -> str:
+    """report.md: the report's tables, and the consensus table over the roster's `nodes`."""
     lines = ["# Localnet report", ""]
     windows = report["windows"]
     if windows:
@@ -78,15 +79,9 @@ def render_markdown(report: dict) -> str:
     lines += ["", "| window | held-out loss | peers aggregated | wall seconds |", "|---|---|---|---|"]
     lines += [f"| {w['window']} | {w['loss']:.4f} | {w['peers_aggregated']} | {w['wall_seconds']:.1f} |"
               for w in windows]
-    lines += render_consensus(report.get("consensus", []), read_nodes_of(report))
+    lines += render_consensus(report.get("consensus", []), nodes)
     lines += ["", "![loss](loss.png) ![weights](weights.png) ![ratings](ratings.png)", ""]
     return "\n".join(lines)
-
-
-def read_nodes_of(report: dict) -> list[NodeInfo]:
-    """The node list as the report carries it (render_markdown is pure over the report)."""
-    return [NodeInfo(name=p["name"], hotkey=p["hotkey"], uid=p["uid"], role=p["role"], strategy=p["strategy"])
-            for p in report["peers"]]
 
 
 def plot_report(report: dict, out: Path) -> None:

@@ -299,7 +299,7 @@ class Localnet:
         A torchrun node gets the signal at its rank 0, which finishes the window, saves and
         releases the other ranks, so torchrun exits 0 (torchrun itself exits 1 on a signal)."""
         if grace is None:
-            grace = self.hp.windows.blocks_per_window * self.hp.windows.block_time + 15.0
+            grace = self.hp.windows.window_seconds + 15.0
         for proc in self.procs.values():
             if proc.poll() is None:
                 ranks = torchrun_ranks(proc.pid)
@@ -371,7 +371,7 @@ def run_localnet(cfg: LocalnetConfig, *, deadline_seconds: float | None = None,
             outcome = run_in_process(net)
         else:
             net.start()
-            window_seconds = net.hp.windows.blocks_per_window * net.hp.windows.block_time
+            window_seconds = net.hp.windows.window_seconds
             deadline = deadline_seconds or (cfg.windows + 6) * window_seconds + 120
             outcome = "interrupted"
             try:

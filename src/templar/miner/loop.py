@@ -1,13 +1,21 @@
 """The miner: each window, train on the assigned pages, compress, post, gather the top-G, step.
 
 `Miner.run` is the whole life of a miner; `run_window` is one window, as named phases:
-train → compress → upload (inside the put window) → gather top-G → outer step → save.
+
+    ensure_base → train → encode_and_commit → upload (inside the put window)
+    → step (gather the peers in effect, take the lead's step) → finish (record, save: the commit point)
+
+Each phase is a method; what one hands to the next is a `MinerWindow`, which also builds the
+window's record.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 
 from templar.comms import put_gradient
 from templar.comms.commit import put_commit
@@ -28,12 +36,61 @@ from templar.runtime.records import (
 )
 from templar.runtime.state import NodeState
 from templar.runtime.sync import Phase, ResyncError, SyncCheck, catch_up, restore_when_possible, resync
-from templar.runtime.train import inner_lr
+from templar.runtime.train import TrainStats, inner_lr
+from templar.runtime.windows import WindowTimes
 from templar.storage import StorageError
 from templar.wire import document_digest, max_gradient_bytes, write_gradient
 
 MAX_FAILED_UPLOADS = 5
 """Consecutive windows whose upload our own bucket refused before the miner stops (`OwnBucketError`)."""
+
+
+@dataclass
+class MinerWindow:
+    """What one window's phases hand to the next, and the one place its record is built from."""
+
+    window: int
+    times: WindowTimes
+    pages: list[int] = field(default_factory=list)
+    stats: TrainStats | None = None
+    in_sync: bool = True
+    payload: bytes = b""
+    uploaded: bool = False
+    upload_bytes: int = 0
+    upload_seconds: float = 0.0
+    peers_aggregated: int = 0
+    stepped: bool = False
+    """Whether the window's outer step was taken (else the node stopped before it)."""
+    busy_seconds: float = 0.0
+    """Time spent on the window outside the waits for its landmarks (training included)."""
+
+    @contextmanager
+    def busy(self) -> Iterator[None]:
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.busy_seconds += time.perf_counter() - started
+
+    @property
+    def overhead_share(self) -> float:
+        """Share of the window spent busy outside forward/backward (0 for a window not stepped)."""
+        if not self.stepped or self.stats is None:
+            return 0.0
+        return max(0.0, self.busy_seconds - self.stats.seconds) / (self.times.end - self.times.start)
+
+    def record(self, phase: Phase, strategy: str, global_step: int) -> MinerWindowRecord:
+        """The window's record. One stopped before its step records its loss and upload but no
+        peers aggregated, no overhead and no `tokens`: those count the windows this node completed
+        (the localnet report's trained tokens)."""
+        stats = self.stats
+        assert stats is not None, "a window is recorded only after it trained"
+        return MinerWindowRecord(
+            window=self.window, phase=str(phase), strategy=strategy, global_step=global_step, loss=stats.loss,
+            tokens_per_second=stats.tokens_per_second, pages=len(self.pages), uploaded=self.uploaded,
+            upload_bytes=self.upload_bytes, upload_seconds=self.upload_seconds,
+            peers_aggregated=self.peers_aggregated if self.stepped else 0, overhead_share=self.overhead_share,
+            tokens=stats.tokens if self.stepped else 0)
 
 
 class Miner:
@@ -112,100 +169,125 @@ class Miner:
 
     # ------------------------------------------------------------------ one window
     async def run_window(self, window: int) -> None:
-        node, hp = self.node, self.hp
-        times = node.clock.times(window)
-        log = context(window=window, phase=self.phase)
-        await asyncio.to_thread(node.clock.check_skew)
-        if self.state.window < window - 1:
-            # The last window stopped before its step (the lead's was not to be had): never train on
-            # a model that does not hold the previous window's update.
-            self.state = await catch_up(node, self.state, window - 1)
-            self.sync.record(self.state.window, self.state.global_step)
-            if self.state.window < window - 1:
-                log.warning(f"[SYNC] still before window {window - 1}: not training window {window}")
-                return
-        busy_started = time.perf_counter()
+        """One window as its phases; a window that cannot take the run's step stops before it (its
+        record says `catchup`) and the run loop catches up."""
+        times = self.node.clock.times(window)
+        await asyncio.to_thread(self.node.clock.check_skew)
+        if not await self.ensure_base(window):
+            return
+        work = MinerWindow(window, times)
+        with work.busy():
+            await self.train(work)
+            await self.encode_and_commit(work)
+        await self.upload(work)
+        if not work.in_sync and await self._resync(window):
+            await self.finish(work, Phase.CATCHUP)
+            return
+        if not await self.step(work):
+            await self.finish(work, Phase.CATCHUP)
+            return
+        self.advance_warmup(window)
+        self.log_window(work)
+        await self.finish(work, self.phase)
 
+    async def ensure_base(self, window: int) -> bool:
+        """Whether θ holds the previous window's update, catching up on it first: the last window
+        may have stopped before its step (the lead's was not to be had), and a miner never trains on
+        a model that does not hold it."""
+        if self.state.window >= window - 1:
+            return True
+        self.state = await catch_up(self.node, self.state, window - 1)
+        self.sync.record(self.state.window, self.state.global_step)
+        if self.state.window < window - 1:
+            context(window=window, phase=self.phase).warning(
+                f"[SYNC] still before window {window - 1}: not training window {window}")
+            return False
+        return True
+
+    async def train(self, work: MinerWindow) -> None:
+        """The inner steps on this window's pages (the next window's read ahead)."""
+        hp, window = self.hp, work.window
         pages = self.hooks.pages(self, window, self.pages(window))
-        batch, pages = await node.pages.fetch(  # only these pages' bytes; the next window's read ahead
+        batch, work.pages = await self.node.pages.fetch(  # only these pages' bytes
             pages, prefetch=self.hooks.pages(self, window + 1, self.pages(window + 1)))
         batch = self.hooks.batch(self, window, batch)
         lr = self.hooks.learning_rate(
             self, window, inner_lr(hp.inner, learning_rate(self.state.global_step, hp.optimizer), hp.optimizer))
-        stats = await asyncio.to_thread(self.compute.train, batch, hp.optimizer.micro_batch_size,
-                                        hp.optimizer.grad_clip, lr)
-        # A node that cannot show it holds the run's model uploads with weight 0 (a warm-up payload).
-        in_sync = not self.hooks.checks_sync or (not self.resync_pending and await self.sync.check(window, self.state))
-        payload = await asyncio.to_thread(self._compress_and_encode, window, stats.scale, not in_sync)
-        payload = await self.hooks.before_commit(self, window, payload)
-        await self._commit(window, payload)
-        busy = time.perf_counter() - busy_started
+        work.stats = await asyncio.to_thread(self.compute.train, batch, hp.optimizer.micro_batch_size,
+                                             hp.optimizer.grad_clip, lr)
 
-        # Upload inside the put window: it opens when the next window's first block lands. A stop
-        # request does not interrupt a window: the error feedback already gave up what we send.
-        await node.clock.sleep_until(times.end)
-        payload = await self.hooks.before_upload(self, window, payload)
-        busy_started = time.perf_counter()
-        uploaded, up_bytes, up_seconds = False, 0, 0.0
-        try:
-            put = await put_gradient(node.bucket, window, payload, timeout=hp.windows.put_window_seconds)
-            uploaded, up_bytes, up_seconds = True, put.nbytes, put.seconds
-        except StorageError as exc:
-            self.failed_uploads += 1
-            log.warning(f"upload failed ({self.failed_uploads}/{MAX_FAILED_UPLOADS} in a row): {exc}")
-            if self.failed_uploads >= MAX_FAILED_UPLOADS:
-                raise OwnBucketError(f"our bucket refused {self.failed_uploads} uploads in a row (last: {exc}); "
-                                     "check its write key, permissions and space") from exc
-        else:
-            self.failed_uploads = 0
-        busy += time.perf_counter() - busy_started
+    async def encode_and_commit(self, work: MinerWindow) -> None:
+        """Compress and sign the pseudo-gradient, then commit to it before the commitment deadline.
+        A node that cannot show it holds the run's model uploads with weight 0 (a warm-up payload)."""
+        window = work.window
+        work.in_sync = not self.hooks.checks_sync or (not self.resync_pending
+                                                      and await self.sync.check(window, self.state))
+        payload = await asyncio.to_thread(self._compress_and_encode, window, work.stats.scale, not work.in_sync)
+        work.payload = await self.hooks.before_commit(self, window, payload)
+        await self._commit(window, work.payload)
 
-        if not in_sync and await self._resync(window):
-            append_record(node.state_dir / MINER_WINDOWS_FILE, MinerWindowRecord(
-                window=window, phase=str(Phase.CATCHUP), strategy=self.hooks.name,
-                global_step=self.state.global_step, loss=stats.loss, tokens_per_second=stats.tokens_per_second,
-                pages=len(pages), uploaded=uploaded, upload_bytes=up_bytes, upload_seconds=up_seconds,
-                peers_aggregated=0, overhead_share=0.0))
-            await asyncio.to_thread(self.save)
-            return
-        await node.clock.sleep_until(times.gather_start)
-        busy_started = time.perf_counter()
-        try:
-            peers_aggregated = await self._aggregate(window)
-        except FollowError as exc:
-            # No guess: the model stays before this window, and the run loop catches up on the
-            # lead's published update of it (waiting for it, re-syncing once too far behind).
-            log.warning(f"[SYNC] {exc}: stopping before window {window} and catching up")
-            append_record(node.state_dir / MINER_WINDOWS_FILE, MinerWindowRecord(
-                window=window, phase=str(Phase.CATCHUP), strategy=self.hooks.name,
-                global_step=self.state.global_step, loss=stats.loss, tokens_per_second=stats.tokens_per_second,
-                pages=len(pages), uploaded=uploaded, upload_bytes=up_bytes, upload_seconds=up_seconds,
-                peers_aggregated=0, overhead_share=0.0))
-            await asyncio.to_thread(self.save)
-            return
-        self.hooks.after_step(self, window)
-        self.state.window = window
-        self.sync.record(window, self.state.global_step)
-        await self._delete_stale_gradient(window)
-        busy += time.perf_counter() - busy_started
+    async def upload(self, work: MinerWindow) -> None:
+        """Post the payload inside the put window, which opens when the next window's first block
+        lands. A stop request does not interrupt a window: the error feedback already gave up what
+        we send. `OwnBucketError` once our bucket has refused `MAX_FAILED_UPLOADS` in a row."""
+        window = work.window
+        await self.node.clock.sleep_until(work.times.end)
+        payload = await self.hooks.before_upload(self, window, work.payload)
+        with work.busy():
+            try:
+                put = await put_gradient(self.node.bucket, window, payload, timeout=self.hp.windows.put_window_seconds)
+            except StorageError as exc:
+                self.failed_uploads += 1
+                context(window=window, phase=self.phase).warning(
+                    f"upload failed ({self.failed_uploads}/{MAX_FAILED_UPLOADS} in a row): {exc}")
+                if self.failed_uploads >= MAX_FAILED_UPLOADS:
+                    raise OwnBucketError(f"our bucket refused {self.failed_uploads} uploads in a row (last: {exc}); "
+                                         "check its write key, permissions and space") from exc
+            else:
+                self.failed_uploads = 0
+                work.uploaded, work.upload_bytes, work.upload_seconds = True, put.nbytes, put.seconds
 
+    async def step(self, work: MinerWindow) -> bool:
+        """The window's outer step, once the gather may start: the lead's inputs over the payloads
+        of the peer list in effect. False when it cannot be had by the window's apply deadline: no
+        guess, the model stays before this window and the run loop catches up on the lead's
+        published update of it (waiting for it, re-syncing once too far behind)."""
+        window = work.window
+        await self.node.clock.sleep_until(work.times.gather_start)
+        with work.busy():
+            try:
+                work.peers_aggregated = await self._aggregate(window)
+            except FollowError as exc:
+                context(window=window, phase=self.phase).warning(
+                    f"[SYNC] {exc}: stopping before window {window} and catching up")
+                return False
+            self.hooks.after_step(self, window)
+            self.state.window = window
+            self.sync.record(window, self.state.global_step)
+            await self._delete_stale_gradient(window)
+        work.stepped = True
+        return True
+
+    def advance_warmup(self, window: int) -> None:
+        """One more warm-up window done; the last one makes the miner active."""
         if self.phase == Phase.WARMUP:
             self.warmup_left -= 1
             if self.warmup_left <= 0:
                 self.phase = Phase.ACTIVE
-                log.info("[SYNC] Warm-up done: active")
-        window_seconds = times.end - times.start
-        overhead = max(0.0, busy - stats.seconds) / window_seconds
-        log.info(f"loss {stats.loss:.4f} | {stats.tokens_per_second:,.0f} tok/s | {len(pages)} pages | "
-                 f"upload {up_bytes / 1e3:.0f} kB in {up_seconds:.2f}s | aggregated {peers_aggregated} | "
-                 f"step {self.state.global_step} | overhead {overhead:.1%}")
-        append_record(node.state_dir / MINER_WINDOWS_FILE, MinerWindowRecord(
-            window=window, phase=str(self.phase), strategy=self.hooks.name,
-            global_step=self.state.global_step, loss=stats.loss, tokens_per_second=stats.tokens_per_second,
-            pages=len(pages), uploaded=uploaded, upload_bytes=up_bytes, upload_seconds=up_seconds,
-            peers_aggregated=peers_aggregated, overhead_share=overhead, tokens=stats.tokens))
-        # The commit point: the window's record is written first, so a crash before this line
-        # redoes the window and `trim_records` drops its uncommitted record at the restart.
+                context(window=window, phase=self.phase).info("[SYNC] Warm-up done: active")
+
+    def log_window(self, work: MinerWindow) -> None:
+        stats = work.stats
+        context(window=work.window, phase=self.phase).info(
+            f"loss {stats.loss:.4f} | {stats.tokens_per_second:,.0f} tok/s | {len(work.pages)} pages | "
+            f"upload {work.upload_bytes / 1e3:.0f} kB in {work.upload_seconds:.2f}s | aggregated "
+            f"{work.peers_aggregated} | step {self.state.global_step} | overhead {work.overhead_share:.1%}")
+
+    async def finish(self, work: MinerWindow, phase: Phase) -> None:
+        """The commit point: the window's record is written first, so a crash before the save redoes
+        the window and `drop_uncommitted_records` drops its record at the restart."""
+        append_record(self.node.state_dir / MINER_WINDOWS_FILE, work.record(phase, self.hooks.name,
+                                                                            self.state.global_step))
         await asyncio.to_thread(self.save)
 
     async def _resync(self, window: int) -> bool:

@@ -155,7 +155,7 @@ class LocalCompute:
         return collect_probes(self.model, window, self.hp)
 
     def fingerprint(self, window: int) -> torch.Tensor:
-        return model_fingerprint(self.model, self.hp.data.data_seed, window)
+        return model_fingerprint(self.model, self.hp.data.data_seed, window, self.hp.sync.fingerprint_positions)
 
     def reset_model(self) -> None:
         self.model.load_state_dict(build_model(self.hp).state_dict())  # deterministic from init_seed

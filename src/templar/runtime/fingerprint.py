@@ -6,17 +6,19 @@ hardware. A CPU and a GPU round the inverse DCT's float32 products differently a
 sign of a coefficient that is almost exactly 0 (architecture §4), so two honest nodes may differ
 in a few coordinates by 2·α after a window, and a byte hash would cry "fork" across device types.
 
-What instead: θ in float32 at `FINGERPRINT_POSITIONS` public coordinates, drawn uniformly over all
+What instead: θ in float32 at `fingerprint_positions` public coordinates (the run's `sync` rules,
+`HParams.sync`: 256), drawn uniformly over all
 trainable parameters (as one flat vector, names sorted) by keyed BLAKE2b of (`data_seed`, window)
 with its own personalisation (not the sync probes' positions). The outer step moves *every*
 coordinate by α·sign(Δ) (plus decoupled weight decay), so
 
 - a missed, doubled or foreign window moves (almost) every fingerprinted value by ≈ α: all 256
-  positions are off, far beyond the `MAX_OFF_SHARE` (1/32: 8 positions) that `model_in_sync`
+  positions are off, far beyond the `max_off_share` (1/32: 8 positions) that `model_in_sync`
   allows; a fork by one missing peer flips 4.2 % of the signs at G = 15 (14.5 % at G = 4,
   measured on real DeMo payloads): ~11 positions expected, caught by one check with probability
   ~0.76 and, positions being redrawn every window while the fork persists, by three with ~0.99;
-- ulp-level rounding never moves a value by α/2, so it is never "off";
+- ulp-level rounding never moves a value by α/2, so it is never "off" (nor by `ulp_slack`, 8
+  float32 ulps of its magnitude, whatever α is);
 - cross-device sign flips near 0 hit a share f of coordinates that grows by ~1e-6 per window
   (an estimate: float32 rounding of a 64-term sum against the density of values near 0); at
   f = 1 % the chance that 9 of 256 positions are off is ~1e-3 per check, and a false alarm only
@@ -31,13 +33,9 @@ from __future__ import annotations
 
 import torch
 
+from templar.core.config import SyncConfig
 from templar.wire import probe_positions
 
-FINGERPRINT_POSITIONS = 256
-MAX_OFF_SHARE = 1 / 32
-"""Share of fingerprint positions that may be off by more than α/2 (cross-device sign flips)."""
-ULP_SLACK = 8 * 2.0**-23
-"""A value is never off by less than 8 float32 ulps of its magnitude, whatever α is."""
 _PERSON = b"templar-fprint"
 
 
@@ -45,7 +43,7 @@ def _trainable(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
     return sorted((n, p) for n, p in model.named_parameters() if p.requires_grad)
 
 
-def fingerprint_positions(model: torch.nn.Module, seed: int, window: int, count: int = FINGERPRINT_POSITIONS,
+def fingerprint_positions(model: torch.nn.Module, seed: int, window: int, count: int,
                           ) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
     """Where window `window`'s fingerprint reads θ: (parameter name, slots of the fingerprint,
     flat offsets in that parameter), one entry per parameter touched. Shapes only: a sharded
@@ -64,8 +62,7 @@ def fingerprint_positions(model: torch.nn.Module, seed: int, window: int, count:
 
 
 @torch.no_grad()
-def model_fingerprint(model: torch.nn.Module, seed: int, window: int,
-                      count: int = FINGERPRINT_POSITIONS) -> torch.Tensor:
+def model_fingerprint(model: torch.nn.Module, seed: int, window: int, count: int) -> torch.Tensor:
     """θ (float32, on the CPU) at window `window`'s `count` public fingerprint positions."""
     params = dict(model.named_parameters())
     parts, order = [], []
@@ -79,20 +76,20 @@ def model_fingerprint(model: torch.nn.Module, seed: int, window: int,
     return out
 
 
-def off_positions(own: torch.Tensor, published: torch.Tensor, lr: float) -> int:
-    """How many positions differ by more than α/2 (or 8 ulps of the published value, if more).
+def off_positions(own: torch.Tensor, published: torch.Tensor, lr: float, rules: SyncConfig) -> int:
+    """How many positions differ by more than α/2 (or `ulp_slack` of the published value, if more).
     A non-finite own value is always off."""
     if own.shape != published.shape:
         return max(own.numel(), published.numel())
     mine, theirs = own.double(), published.double()
-    tolerance = torch.clamp(theirs.abs() * ULP_SLACK, min=lr / 2)
+    tolerance = torch.clamp(theirs.abs() * rules.ulp_slack, min=lr / 2)
     return int((~((mine - theirs).abs() <= tolerance)).sum())
 
 
-def model_in_sync(own: torch.Tensor, published: torch.Tensor, lr: float) -> bool:
+def model_in_sync(own: torch.Tensor, published: torch.Tensor, lr: float, rules: SyncConfig) -> bool:
     """The one rule for "this node holds the lead's model" (see the module docstring): at most
-    `MAX_OFF_SHARE` of the fingerprint positions off by more than α/2. `lr` is the learning rate of
+    `max_off_share` of the fingerprint positions off by more than α/2. `lr` is the learning rate of
     the run's latest step (every coordinate moved by about that much in it)."""
     if not lr > 0:
         raise ValueError(f"model_in_sync: lr must be positive, got {lr!r}")
-    return off_positions(own, published, lr) <= int(own.numel() * MAX_OFF_SHARE)
+    return off_positions(own, published, lr, rules) <= int(own.numel() * rules.max_off_share)

@@ -52,9 +52,9 @@ async def read_lead_inputs(node: Node, window: int, *, deadline: float) -> StepI
         if lead is not None:
             left = deadline - node.clock.now()
             try:
-                data = await get_inputs(lead[1], window, max_bytes=max_inputs_bytes(), timeout=max(0.5, min(10.0, left)))
+                data = await get_inputs(lead.bucket, window, max_bytes=max_inputs_bytes(), timeout=max(0.5, min(10.0, left)))
                 if data is not None:
-                    return read_inputs(data, run=node.run, verify=verify_signature, expected_hotkey=lead[0].hotkey,
+                    return read_inputs(data, run=node.run, verify=verify_signature, expected_hotkey=lead.hotkey,
                                        expected_window=window)
                 problem = "not published yet"
             except PayloadError as exc:

@@ -92,6 +92,21 @@ class OwnBucketError(NodeError):
     exit_code = EXIT_OWN_BUCKET
 
 
+@dataclass(frozen=True)
+class Lead:
+    """The run's lead validator as this node reaches it: who it is on chain (`templar.chain.lead_of`)
+    and the bucket it publishes the run's records in (start window, peer lists, inputs, aggregates,
+    progress with the model's fingerprint, checkpoints)."""
+
+    validator: Neuron
+    bucket: Bucket
+
+    @property
+    def hotkey(self) -> str:
+        """The hotkey that signs every record the lead publishes."""
+        return self.validator.hotkey
+
+
 @dataclass
 class Node:
     """A started neuron: chain, clock, model, data and its own bucket."""
@@ -193,15 +208,16 @@ class Node:
             out[hotkey] = bucket
         return out
 
-    async def lead(self) -> tuple[Neuron, Bucket] | None:
-        """The highest-stake validator and its bucket (checkpoints, peer lists, aggregates)."""
-        lead = await asyncio.to_thread(self.chain.lead_validator)
-        if lead is None:
+    async def lead(self) -> Lead | None:
+        """The lead validator (`Chain.lead_validator`) and its bucket; None when there is none or
+        its committed bucket cannot be opened."""
+        validator = await asyncio.to_thread(self.chain.lead_validator)
+        if validator is None:
             return None
-        if lead.hotkey == self.hotkey:
-            return lead, self.bucket
-        buckets = await self.peer_buckets([lead.hotkey])
-        return (lead, buckets[lead.hotkey]) if lead.hotkey in buckets else None
+        if validator.hotkey == self.hotkey:
+            return Lead(validator, self.bucket)
+        buckets = await self.peer_buckets([validator.hotkey])
+        return Lead(validator, buckets[validator.hotkey]) if validator.hotkey in buckets else None
 
     def install_signal_handlers(self) -> None:
         """SIGINT/SIGTERM finish the current window, save, and exit."""

@@ -58,12 +58,18 @@ def apply_update(model: torch.nn.Module | Mapping[str, torch.Tensor], signs: Map
     return lr
 
 
+def peer_weight(hp: HParams) -> float:
+    """The weight of one payload in an aggregate: w = 1/G (paper §3.3), whatever the number of
+    payloads (an aggregate of fewer than G peers is not rescaled)."""
+    return 1.0 / hp.gauntlet.top_g
+
+
 def aggregation_weights(gradients: Sequence[Gradient], hp: HParams) -> tuple[list[Gradient], list[float]]:
     """The consensus rule for who enters an aggregate and with what weight (paper §3.3): every
-    payload that is not a warm-up, each with w = 1/G. A warm-up payload (a joining or re-syncing
-    miner, whose error feedback is not yet built or whose model is not the run's) weighs 0."""
+    payload that is not a warm-up, each with `peer_weight`. A warm-up payload (a joining or
+    re-syncing miner, whose error feedback is not yet built or whose model is not the run's) weighs 0."""
     eligible = [g for g in gradients if not g.warmup]
-    return eligible, [1.0 / hp.gauntlet.top_g] * len(eligible)
+    return eligible, [peer_weight(hp)] * len(eligible)
 
 
 def outer_step(model: torch.nn.Module, gradients: Sequence[Gradient], state: NodeState, hp: HParams,

@@ -28,7 +28,7 @@ async def peers_in_effect(node: Node, window: int) -> list[str]:
     if lead is None:
         return []
     try:
-        found = await get_peers(lead[1], window, run=node.run, timeout=PEER_LIST_SECONDS)
+        found = await get_peers(lead.bucket, window, run=node.run, timeout=PEER_LIST_SECONDS)
     except (StorageError, RecordError) as exc:
         context(window=window, phase="peers").warning(f"peer list unavailable: {exc}")
         return []

@@ -2,7 +2,8 @@
 
 `templar localnet` writes it once; its report, the report's consensus table and the dashboard
 read it. It lives here, below the tools, next to the records the same tools read, so that the
-localnet and the dashboard both use this one model without importing each other. Stdlib only.
+localnet and the dashboard both use this one model without importing each other. Stdlib only, but
+for the chain's rule for the lead (`templar.chain.lead_of`), imported when it is asked for.
 
 A roster is read as untrusted input (a directory on disk may have been edited or torn): every
 entry is checked field by field, and a name must be safe as a directory name, because each
@@ -46,6 +47,11 @@ class NodeInfo:
         """Its `--state.dir`."""
         return out / "nodes" / self.name
 
+    @property
+    def validator_permit(self) -> bool:
+        """A localnet registers its validators with stake and a permit, its miners with neither."""
+        return self.role == "validator"
+
 
 def write_nodes(out: Path, nodes: Iterable[NodeInfo]) -> None:
     (out / NODES_FILE).write_text(json.dumps([asdict(n) for n in nodes], indent=2))
@@ -87,8 +93,9 @@ def read_nodes(out: Path) -> list[NodeInfo]:
 
 
 def lead_validator(nodes: Iterable[NodeInfo]) -> NodeInfo | None:
-    """The validator whose view a localnet follows: the most stake, then the lowest uid (the
-    chain's rule for the lead, `Chain.lead_validator`, on the roster's stakes)."""
-    validators = [n for n in nodes if n.role == "validator"]
-    return max(validators, key=lambda n: (n.stake, -n.uid)) if validators else None
+    """The validator whose view a localnet follows: the chain's rule for the lead
+    (`templar.chain.lead_of`) on the roster's permits and stakes."""
+    from templar.chain import lead_of
+
+    return lead_of(nodes)
 

@@ -37,10 +37,10 @@ from templar.compress.methods import rule_of
 from templar.core.log import context
 from templar.core.schedule import learning_rate
 from templar.runtime.fingerprint import model_in_sync, off_positions
-from templar.runtime.node import Node
-from templar.runtime.outer import update_step
+from templar.runtime.node import Lead, Node
+from templar.runtime.outer import peer_weight, update_step
 from templar.runtime.state import STATE_FILE, NodeState
-from templar.runtime.windows import APPLY_SECONDS
+from templar.runtime.windows import apply_span
 from templar.storage import StorageError
 from templar.wire import (
     PayloadError,
@@ -116,7 +116,7 @@ async def restore(node: Node, *, use_local: bool = True) -> tuple[NodeState, boo
     if loaded is not None:  # checkpoints exist, and none could be used
         raise ResyncError(loaded)
     try:
-        start = await get_start_window(lead[1], run=node.run)
+        start = await get_start_window(lead.bucket, run=node.run)
     except (StorageError, RecordError) as exc:
         raise ResyncError(f"no checkpoint yet and the run's start window is unreadable ({exc})") from exc
     if start is None and not use_local:
@@ -128,13 +128,13 @@ async def restore(node: Node, *, use_local: bool = True) -> tuple[NodeState, boo
     return NodeState(window=start - 1, global_step=0), False
 
 
-async def _newest_intact_checkpoint(node: Node, lead, *, newer_than: int) -> NodeState | str | None:
+async def _newest_intact_checkpoint(node: Node, lead: Lead, *, newer_than: int) -> NodeState | str | None:
     """Load the lead's newest usable checkpoint newer than `newer_than` into the model. Returns its
     state; else why none could be used (a `[SYNC]` line for each unusable one); None when the lead
     has published no checkpoint (or none newer than `newer_than`)."""
     log = context(window=node.clock.current_window(), phase=Phase.DOWNLOAD)
-    bucket = lead[1]
-    log.info(f"[SYNC] Downloading the latest checkpoint from lead validator uid {lead[0].uid}")
+    bucket = lead.bucket
+    log.info(f"[SYNC] Downloading the latest checkpoint from lead validator uid {lead.validator.uid}")
     problems: list[str] = []
     candidates: list[int | None] = [None]  # latest.json first, then older manifests newest first
     tried: set[int] = set()
@@ -211,7 +211,8 @@ def read_published(node: Node, data: bytes, lead_hotkey: str, window: int) -> Pu
         return Published(agg.signs, agg.global_step)
     bundle = read_bundle(data, shapes, hp, run=node.run, verify=verify_signature, expected_hotkey=lead_hotkey,
                          expected_window=window)
-    weights = [1.0 / hp.gauntlet.top_g] * len(bundle.peers)  # `aggregation_weights`: every payload 1/G
+    # the bundle holds the payloads the lead's step aggregated (`aggregation_weights`' eligible ones)
+    weights = [peer_weight(hp)] * len(bundle.peers)
     try:
         update = rule_of(hp.optimizer.method).aggregate(bundle.peers, weights, shapes)
     except ValueError as exc:  # off the method's grid: a lead's bundle that no honest step produced
@@ -225,22 +226,22 @@ def published_cap(node: Node) -> int:
         else max_bundle_bytes(node.shapes, node.hp)
 
 
-async def _window_update(node: Node, lead, window: int, cap: int) -> tuple[bool, Published | None, str]:
+async def _window_update(node: Node, lead: Lead, window: int, cap: int) -> tuple[bool, Published | None, str]:
     """One look at the lead's record of `window`: (resolved, published update or None, what is wrong).
     Resolved means the update is known: its signed aggregate, or its inputs naming no payload
     (the window had no outer step). Anything else (absent, unreadable, malformed, not signed by
     the lead) is unresolved: never an empty window."""
     try:
-        data = await get_aggregate(lead[1], window, max_bytes=cap, timeout=10.0)
+        data = await get_aggregate(lead.bucket, window, max_bytes=cap, timeout=10.0)
         if data is not None:
             try:
-                return True, await asyncio.to_thread(read_published, node, data, lead[0].hotkey, window), ""
+                return True, await asyncio.to_thread(read_published, node, data, lead.hotkey, window), ""
             except PayloadError as exc:
                 return False, None, f"{aggregate_key(window)} is malformed ({exc.reason})"
-        data = await get_inputs(lead[1], window, max_bytes=max_inputs_bytes(), timeout=10.0)
+        data = await get_inputs(lead.bucket, window, max_bytes=max_inputs_bytes(), timeout=10.0)
         if data is not None:
             try:
-                inputs = read_inputs(data, run=node.run, verify=verify_signature, expected_hotkey=lead[0].hotkey,
+                inputs = read_inputs(data, run=node.run, verify=verify_signature, expected_hotkey=lead.hotkey,
                                      expected_window=window)
             except PayloadError as exc:
                 return False, None, f"{inputs_key(window)} is malformed ({exc.reason})"
@@ -264,7 +265,7 @@ async def _skip_to_run_start(node: Node, state: NodeState, until: int) -> NodeSt
     if lead is None:
         return state
     try:
-        start = await get_start_window(lead[1], run=node.run)
+        start = await get_start_window(lead.bucket, run=node.run)
     except (StorageError, RecordError):
         return state  # unreadable: catch-up waits for the inputs as usual
     if start is None or start - 1 <= state.window:
@@ -308,7 +309,7 @@ async def catch_up(node: Node, state: NodeState, until: int, *, verify: bool = T
         # Due by the end of the next window; a node that reaches it later still looks for a while
         # (a lead whose bucket was stalled publishes what it held back as soon as it can).
         publish_by = max(node.clock.times(window + 1).end,
-                         node.clock.now() + min(APPLY_SECONDS, node.hp.windows.gather_seconds))
+                         node.clock.now() + apply_span(node.hp.windows))
         resolved, agg, problem = False, None, "not readable: no lead validator with a readable bucket"
         while True:
             lead = await node.lead()
@@ -354,7 +355,7 @@ async def fingerprint_problem(node: Node, state: NodeState) -> str | None:
     fingerprint of that window; None when they agree or there is nothing to compare with (no
     lead, no progress, or the progress names another window)."""
     lead = await node.lead()
-    progress = await _read_progress(node, lead[1]) if lead is not None else None
+    progress = await _read_progress(node, lead.bucket) if lead is not None else None
     if progress is None or progress.window != state.window or progress.fingerprint is None:
         return None
     own = await asyncio.to_thread(node.compute.fingerprint, state.window)
@@ -399,8 +400,9 @@ def compare_with_lead(node: Node, progress: Progress, global_step: int, own: tor
     if progress.global_step != global_step:
         return f"global_step {global_step}, the lead's {progress.global_step}"
     lr = learning_rate(max(global_step - 1, 0), node.hp.optimizer)
-    if not model_in_sync(own, published, lr):
-        return f"{off_positions(own, published, lr)}/{own.numel()} fingerprint positions off by more than α/2"
+    if not model_in_sync(own, published, lr, node.hp.sync):
+        return (f"{off_positions(own, published, lr, node.hp.sync)}/{own.numel()} fingerprint positions off by "
+                "more than α/2")
     return None
 
 
@@ -431,9 +433,9 @@ class SyncCheck:
         `window` is the one we are in (for the log)."""
         node = self.node
         lead = await node.lead()
-        if lead is None or lead[0].hotkey == node.hotkey:
+        if lead is None or lead.hotkey == node.hotkey:
             return True
-        progress = await _read_progress(node, lead[1])
+        progress = await _read_progress(node, lead.bucket)
         if progress is None:
             return True
         if progress.window == state.window:

@@ -3,10 +3,12 @@
 `window = block // blocks_per_window`. An upload for window `w` counts only if its timestamp lies
 in the put window `[t(first block of w+1), + put_window_seconds]`, widened by `clock_skew_seconds`
 at both ends. Every node starts gathering window `w` only once the last acceptable timestamp has
-passed (plus `SETTLE_SECONDS` for the object to become visible), so all honest readers see the
+passed (plus `settle_seconds` for the object to become visible), so all honest readers see the
 same set of uploads and aggregate the same update. A gather never runs past `gather_seconds`.
 A miner commits to its gradient's digest by `commit_close`, before any gradient of the window can
 be readable, and validators read the commitments in `commit_read` (`templar.comms.commit`).
+Every span here is a field of the run's `WindowConfig` (`HParams.windows`), so it is part of the
+run's digest.
 """
 
 from __future__ import annotations
@@ -19,16 +21,6 @@ from loguru import logger
 
 from templar.core.clock import SYSTEM_TIME, TimeSource, sleep_until
 from templar.core.config import WindowConfig
-
-SETTLE_SECONDS = 0.25
-"""Time for an upload stamped at the last acceptable instant to become visible to readers."""
-APPLY_SECONDS = 5.0
-"""How long past the gather deadline a node waits for the lead's inputs of a window (and fetches
-the payloads of it that its own gather lacks) before it falls back to the lead's aggregate, at
-most `gather_seconds`: the lead publishes its inputs the moment its gather ends."""
-COMMIT_READ_SECONDS = 4.0
-"""How long validators have to read the window's commitments before any gradient can count (at
-most half the put window, so runs with short windows, tests and `tiny`, leave miners time to train)."""
 
 
 @dataclass(frozen=True)
@@ -44,6 +36,7 @@ class WindowTimes:
     commit_close: float     # end − clock skew − read span: a miner's commitment is written by then
     skew: float             # the clock-skew allowance these landmarks were computed with
     apply_deadline: float   # gather_deadline + apply span: followers hold the lead's inputs by then
+    settle: float           # how long an upload takes to become visible to readers (`settle_seconds`)
 
     @property
     def put_window(self) -> tuple[float, float]:
@@ -54,7 +47,7 @@ class WindowTimes:
         """When validators read the commitments: from `commit_close` (+ settle) to the earliest
         instant a gradient of the window can be stamped and still count (end − clock skew), so
         every commitment read was written before any gradient it could borrow from was readable."""
-        return (self.commit_close + SETTLE_SECONDS, self.end - self.skew)
+        return (self.commit_close + self.settle, self.end - self.skew)
 
 
 class Clock:
@@ -118,13 +111,27 @@ class Clock:
         return self.window_of(self._block())
 
     def times(self, window: int) -> WindowTimes:
-        start = self._block_timestamp(self.first_block(window))
-        end = self._block_timestamp(self.first_block(window + 1))
-        put_close = end + self.cfg.put_window_seconds
-        gather_start = put_close + self.cfg.clock_skew_seconds + SETTLE_SECONDS
-        skew = self.cfg.clock_skew_seconds
-        commit_close = end - skew - min(COMMIT_READ_SECONDS, self.cfg.put_window_seconds / 2)
-        gather_deadline = gather_start + self.cfg.gather_seconds
-        apply_deadline = gather_deadline + min(APPLY_SECONDS, self.cfg.gather_seconds)
-        return WindowTimes(window, start, end, put_close, gather_start, gather_deadline, commit_close, skew,
-                           apply_deadline)
+        return window_times(self.cfg, window, self._block_timestamp(self.first_block(window)),
+                            self._block_timestamp(self.first_block(window + 1)))
+
+
+def window_times(cfg: WindowConfig, window: int, start: float, end: float) -> WindowTimes:
+    """The one rule for a window's landmarks, given the timestamps of its first block (`start`) and
+    of the next window's (`end`). The commitment is due `commit_read_seconds` (at most half the put
+    window, so runs with short windows, tests and `tiny`, leave miners time to train) before the
+    earliest instant a gradient can count; the lead's inputs are waited for `apply_seconds` (at
+    most `gather_seconds`) past the gather deadline: it publishes them the moment its gather ends."""
+    put_close = end + cfg.put_window_seconds
+    gather_start = put_close + cfg.clock_skew_seconds + cfg.settle_seconds
+    skew = cfg.clock_skew_seconds
+    commit_close = end - skew - min(cfg.commit_read_seconds, cfg.put_window_seconds / 2)
+    gather_deadline = gather_start + cfg.gather_seconds
+    apply_deadline = gather_deadline + apply_span(cfg)
+    return WindowTimes(window, start, end, put_close, gather_start, gather_deadline, commit_close, skew,
+                       apply_deadline, cfg.settle_seconds)
+
+
+def apply_span(cfg: WindowConfig) -> float:
+    """How long past a gather deadline a node waits for the lead's inputs (and fetches the payloads
+    its own gather lacks) before it falls back to the lead's aggregate."""
+    return min(cfg.apply_seconds, cfg.gather_seconds)

@@ -111,7 +111,7 @@ class Sizes:
 
 
 def windows_per_day(hp: HParams) -> float:
-    return SECONDS_PER_DAY / (hp.windows.blocks_per_window * hp.windows.block_time)
+    return SECONDS_PER_DAY / hp.windows.window_seconds
 
 
 def inputs_record(hp: HParams) -> int:

@@ -48,7 +48,6 @@ PEAK_BF16_FLOPS = {  # dense bf16 tensor-core peaks (vendor data sheets), by a s
     "A100": 312e12,
 }
 DEFAULT_MFU = 0.40
-HOLDOUT_PAGES = 4  # templar.validator.loop.HOLDOUT_PAGES
 ASSUMED_BANDWIDTH = 125e6
 """Bytes per second a miner downloads the top-G payloads at (1 Gbit/s)."""
 ASSUMED_STEP_SECONDS = 1.0
@@ -185,17 +184,16 @@ def compute_span(hp: HParams, gradient_bytes: int, *, gather_to_deadline: bool =
     commitment deadline (`templar.runtime.windows`: commit_close − gather_start, measured from the
     previous window's end, minus the gather and the step). `gather_to_deadline`: the least it
     leaves, when the gather runs until its deadline (`gather_seconds`)."""
-    from templar.runtime.windows import COMMIT_READ_SECONDS, SETTLE_SECONDS
+    from templar.runtime.windows import window_times
 
     w = hp.windows
-    window_s = w.blocks_per_window * w.block_time
-    commit_close = window_s - w.clock_skew_seconds - min(COMMIT_READ_SECONDS, w.put_window_seconds / 2)
-    gather_start = w.put_window_seconds + w.clock_skew_seconds + SETTLE_SECONDS
+    window_s = w.window_seconds
+    previous, this = window_times(w, -1, -window_s, 0.0), window_times(w, 0, 0.0, window_s)
     if gather_to_deadline:
         gather = w.gather_seconds
     else:
         gather = hp.gauntlet.top_g * gradient_bytes / ASSUMED_BANDWIDTH + ASSUMED_STEP_SECONDS
-    return max(0.0, commit_close - gather_start - gather)
+    return max(0.0, this.commit_close - previous.gather_start - gather)
 
 
 def window_sizing(hp: HParams, *, mfu: float = DEFAULT_MFU) -> dict[str, Any]:
@@ -214,10 +212,10 @@ def window_sizing(hp: HParams, *, mfu: float = DEFAULT_MFU) -> dict[str, Any]:
     train_per_token = 6 * n + 12 * layers * width * seq
     fwd_per_token = train_per_token / 3
     train_flops = train_per_token * tokens
-    window_s = hp.windows.blocks_per_window * hp.windows.block_time
+    window_s = hp.windows.window_seconds
     # LossScore: random pages before (shared) and after each peer's step, assigned pages before and after.
     eval_pages = hp.data.eval_pages
-    eval_tokens = page_tokens * (eval_pages + hp.gauntlet.uids_per_window * 3 * eval_pages + HOLDOUT_PAGES)
+    eval_tokens = page_tokens * (eval_pages + hp.gauntlet.uids_per_window * 3 * eval_pages + hp.data.holdout_eval_pages)
     eval_flops = fwd_per_token * eval_tokens
     train_s = train_flops / (H100_BF16_FLOPS * mfu)
     eval_s = eval_flops / (H100_BF16_FLOPS * mfu)

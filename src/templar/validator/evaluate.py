@@ -29,7 +29,7 @@ class LossScores:
     page_deltas: tuple[float, ...] = ()
     """δ of each evaluated assigned page on its own (proof of computation credits pages separately)."""
     sequence_deltas: tuple[float, ...] = ()
-    """δ of each position range of each evaluated assigned sequence (`POSITION_RANGES` per sequence,
+    """δ of each position range of each evaluated assigned sequence (`position_ranges` per sequence,
     sequence after sequence, page after page): the units the proof of computation by size clips."""
 
     @property
@@ -56,15 +56,6 @@ def sequence_deltas(before: torch.Tensor, after: torch.Tensor) -> tuple[float, .
     return tuple(d if math.isfinite(d) else -math.inf for d in (before - after).flatten().tolist())
 
 
-POSITION_RANGES = 4
-"""How many consecutive position ranges of each assigned sequence the proof of computation by size
-measures and clips one by one. Clipping whole sequences stops a miner that trains a quarter of the
-sequences (`thin`), not one that trains the first quarter of every sequence's tokens (`short`: 1.45×
-an honest miner's pay per unit of compute on `micro`, benchmarks/LOG.md §8): each of its sequences
-still showed a typical gap. Four ranges give its untrained three quarters their own, empty,
-measurement; more would make each unit's δ noisier."""
-
-
 def range_weights(tokens: int, ranges: int) -> torch.Tensor:
     """The share of a sequence's `tokens` predicted positions in each of its `ranges` position ranges
     (as `position_range_means` splits them): the weights that make the ranges' means its mean."""
@@ -73,11 +64,20 @@ def range_weights(tokens: int, ranges: int) -> torch.Tensor:
 
 
 class Evaluator:
-    """Evaluates many peers' updates against one fixed θ_t."""
+    """Evaluates many peers' updates against one fixed θ_t.
 
-    def __init__(self, model: torch.nn.Module, micro_batch_size: int):
+    `position_ranges` (the rules' `gauntlet.position_ranges`): how many consecutive position ranges
+    of each assigned sequence the proof of computation by size measures and clips one by one.
+    Clipping whole sequences stops a miner that trains a quarter of the sequences (`thin`), not one
+    that trains the first quarter of every sequence's tokens (`short`: 1.45× an honest miner's pay
+    per unit of compute on `micro`, benchmarks/LOG.md §8): each of its sequences still showed a
+    typical gap. Four ranges give its untrained three quarters their own, empty, measurement; more
+    would make each unit's δ noisier."""
+
+    def __init__(self, model: torch.nn.Module, micro_batch_size: int, *, position_ranges: int):
         self.model = model
         self.micro_batch_size = micro_batch_size
+        self.position_ranges = position_ranges
         self._params = {n: p for n, p in model.named_parameters() if p.requires_grad}
         self._saved: dict[str, torch.Tensor] = {}
 
@@ -125,7 +125,7 @@ class Evaluator:
         self.snapshot()
         n_rand = random_batch.size(0)
         sizes = [assigned[p].size(0) for p in peers]
-        ranges = min(POSITION_RANGES, random_batch.size(1) - 1)
+        ranges = min(self.position_ranges, random_batch.size(1) - 1)
         weights = range_weights(random_batch.size(1) - 1, ranges)
         before_ranges = self.losses(torch.cat([random_batch, *(assigned[p] for p in peers)]), ranges)
         before = before_ranges @ weights if ranges > 1 else before_ranges

@@ -15,14 +15,14 @@ one while probing for implementations that forget to normalise. Everything else 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import torch
 
 from templar.comms import GatherResult, GatherStatus
 from templar.compress import Compressed
+from templar.core.config import GauntletConfig
 from templar.gauntlet import (
     FastVerdict,
     Status,
@@ -39,32 +39,21 @@ from templar.gauntlet.duplicates import PairBaseline, Typical, window_typical
 from templar.validator.replays import Sighting
 from templar.wire import Gradient, PayloadError
 
-FINGERPRINT_TENSORS = 4
-FINGERPRINT_CHUNKS = 8
-CONFIRM_TENSORS = 32
-CONFIRM_CHUNKS = 32
-"""A pair whose sample crosses a shared-work threshold is looked at again on a larger, independent
-sample (up to 32 tensors × 32 chunks, 32 times the first) before it counts. The first sample is
-small so that comparing every pair of F_t stays cheap, and its figures scatter: honest pairs of a
-`tiny` localnet reach sampled cosine 0.66 and, one window in a few hundred, a single pair crosses
-0.8 (a false pool remembered for 720 windows). A pool's members share their positions everywhere
-and cross on any sample; the second look costs one larger sample per upload, for flagged pairs only."""
-
-CONFIRM_TYPICAL_UPLOADS = 8
-"""The second look's own typical pair comes from this many uploads (drawn with the private salt),
-sampled the second look's way, when a first pair is flagged: its figures stand on another scale
-than the first sample's (honest pairs: shared positions at most 0.31 on it against 0.68)."""
-CONFIRM_TYPICAL_CEILING = Typical(0.45, 0.3)
-"""The most the second look's typical pair may be taken to be (honest windows' medians measured
-on it: cosine ≤ 0.31, shared positions ≤ 0.29; docs/scoring.md §8): a flood cannot lift it."""
-
 
 @dataclass
 class PoolBaselines:
-    """The validator's memory for the pool check: earlier windows' typical pairs on each sample."""
+    """The validator's memory for the pool check: earlier windows' typical pairs on each sample
+    (`typical_ceiling_*` caps the first sample's, `confirm_ceiling_*` the second look's: honest
+    windows' medians measured on it are cosine ≤ 0.31, shared positions ≤ 0.29, docs/scoring.md §8)."""
 
-    first: PairBaseline = field(default_factory=PairBaseline)
-    second: PairBaseline = field(default_factory=lambda: PairBaseline(CONFIRM_TYPICAL_CEILING))
+    first: PairBaseline
+    second: PairBaseline
+
+    @classmethod
+    def of(cls, rules: GauntletConfig) -> PoolBaselines:
+        """Empty memories under the run's rules (a restarted validator starts with none)."""
+        return cls(PairBaseline(Typical(rules.typical_ceiling_cosine, rules.typical_ceiling_shared), rules.pair_history),
+                   PairBaseline(Typical(rules.confirm_ceiling_cosine, rules.confirm_ceiling_shared), rules.pair_history))
 
 
 def failure_verdict(res: GatherResult) -> FastVerdict:
@@ -74,10 +63,10 @@ def failure_verdict(res: GatherResult) -> FastVerdict:
     return FastVerdict(Status(res.status.value), reason=reason)
 
 
-def canonical_values(tensors: Mapping[str, Compressed], salt: int, *, tensor_count: int = FINGERPRINT_TENSORS,
-                     chunk_count: int = FINGERPRINT_CHUNKS) -> dict[str, torch.Tensor]:
+def canonical_values(tensors: Mapping[str, Compressed], salt: int, *, tensor_count: int,
+                     chunk_count: int) -> dict[str, torch.Tensor]:
     """Position-canonical coefficients of `chunk_count` chunks of `tensor_count` tensors, for copy
-    fingerprints.
+    fingerprints (the first sample: the rules' `sample_tensors` × `sample_chunks`).
 
     Raw top-k value arrays are not canonical (a copier could permute values with their indices);
     scattering them to their positions is, and costs O(chunks·chunk_size) per tensor. Which tensors
@@ -98,6 +87,11 @@ def canonical_values(tensors: Mapping[str, Compressed], salt: int, *, tensor_cou
     return out
 
 
+def first_sample(tensors: Mapping[str, Compressed], salt: int, rules: GauntletConfig) -> dict[str, torch.Tensor]:
+    """The first, cheap sample of a payload every pair of F_t is compared on."""
+    return canonical_values(tensors, salt, tensor_count=rules.sample_tensors, chunk_count=rules.sample_chunks)
+
+
 def probe_sync_steps(own: Mapping[str, torch.Tensor], theirs: Mapping[str, torch.Tensor], lr: float) -> float:
     names = sorted(own)
     mine = torch.cat([own[n].reshape(-1).double() for n in names])
@@ -110,18 +104,16 @@ def fast_evaluate(
     own_probes: Mapping[str, torch.Tensor],
     lr: float,
     *,
-    sync_max_steps: float,
-    duplicate_threshold: float,
+    rules: GauntletConfig,
     salt: int,
-    shared_positions_threshold: float = math.inf,
-    max_norm_ratio: float = float("inf"),
     expected_step: int | None = None,
     commitments: Mapping[str, bytes] | None = None,
     replayed: Mapping[str, Sighting] | None = None,
     earlier: Mapping[int, Mapping[str, Gradient]] | None = None,
     baseline: PoolBaselines | None = None,
 ) -> dict[str, FastVerdict]:
-    """A verdict for every gathered peer; pure given the gather results, our probes and `baseline`.
+    """A verdict for every gathered peer; pure given the gather results, our probes, the run's
+    `rules` (`HParams.gauntlet`: thresholds, samples, margins) and `baseline`.
     `expected_step`: our global_step for the window; a payload claiming another is `wrong_step`.
     `commitments`: the document digests read before the window's gradients were readable
     (`templar.comms.commit`; b"": none); a payload whose `Gradient.document_digest` differs is
@@ -149,25 +141,25 @@ def fast_evaluate(
             verdicts[hotkey] = FastVerdict(Status.WRONG_STEP)
             continue
         steps = probe_sync_steps(own_probes, g.probes, lr)
-        if not is_synced(steps, sync_max_steps):
+        if not is_synced(steps, rules.sync_max_steps):
             verdicts[hotkey] = FastVerdict(Status.DESYNC, sync_steps=steps)
             continue
         verdicts[hotkey] = FastVerdict(Status.WARMUP if g.warmup else Status.OK, sync_steps=steps)
         if g.warmup:  # earns nothing and is never aggregated: no work to share, and no pool to remember
             continue
-        canonical = canonical_values(g.tensors, salt)
+        canonical = first_sample(g.tensors, salt, rules)
         uploads.append(Upload(hotkey=hotkey, timestamp=float(res.timestamp or 0.0), digest=g.digest,
-                              fingerprint=fingerprint(canonical), canonical=canonical))
+                              fingerprint=fingerprint(canonical, size=rules.fingerprint_size), canonical=canonical))
     # A group sharing work is paid as one (the book splits its score, one top-G slot): the earliest
     # upload stands for it and is rated, the others are `copy` (docs/scoring.md §8). Warm-up payloads
     # stay out: every miner's first window starts from fresh error feedback and the same few
     # gradients, so they are alike (whole-payload cosine 0.60-0.72 in an 8-page localnet), and a
     # false pool there would split honest miners' pay for the book's whole pool memory.
-    typical = baseline.first.observe(window_typical(uploads)) if baseline is not None else None
-    confirm = _second_look({hk: results[hk].value for hk in (u.hotkey for u in uploads)}, salt,
-                           duplicate_threshold, shared_positions_threshold,
-                           baseline.second if baseline is not None else None)
-    for pool in find_pools(uploads, duplicate_threshold, shared_positions_threshold, confirm=confirm, typical=typical):
+    typical = (baseline.first.observe(window_typical(uploads, rules.typical_pair_min_pairs))
+               if baseline is not None else None)
+    confirm = _SecondLook({hk: results[hk].value for hk in (u.hotkey for u in uploads)}, salt, rules,
+                          baseline.second if baseline is not None else None)
+    for pool in find_pools(uploads, rules, confirm=confirm, typical=typical):
         first, *rest = pool
         verdicts[first] = replace(verdicts[first], pool=tuple(pool))
         for member in rest:
@@ -176,15 +168,14 @@ def fast_evaluate(
     # Work public before this window's commit deadline (docs/scoring.md §8, borrowed work): an
     # upload that copies an earlier window's aggregate or top-G upload earns nothing.
     if earlier:
-        references = earlier_references(earlier, salt)
-        borrowed = find_borrowed([u for u in uploads if verdicts[u.hotkey].passed], references, duplicate_threshold,
-                                 shared_positions_threshold,
-                                 confirm=_second_look_at_references(earlier, confirm, duplicate_threshold,
-                                                                    shared_positions_threshold))
+        references = earlier_references(earlier, salt, rules)
+        borrowed = find_borrowed([u for u in uploads if verdicts[u.hotkey].passed], references, rules,
+                                 confirm=_second_look_at_references(earlier, confirm, rules))
         for hotkey, ref in borrowed.items():
             verdicts[hotkey] = FastVerdict(Status.COPY, sync_steps=verdicts[hotkey].sync_steps, copied_from=ref.source,
                                            pool=verdicts[hotkey].pool)
-    for hotkey in norm_outliers({hk: results[hk].value for hk, v in verdicts.items() if v.passed}, max_norm_ratio):
+    passing = {hk: results[hk].value for hk, v in verdicts.items() if v.passed}
+    for hotkey in norm_outliers(passing, rules.max_norm_ratio, min_peers=rules.norm_check_min_peers):
         verdicts[hotkey] = FastVerdict(Status.SCALE, sync_steps=verdicts[hotkey].sync_steps)
     return verdicts
 
@@ -196,52 +187,55 @@ def _committed(commitment: bytes, g: Gradient) -> bool:
 
 class _SecondLook:
     """`find_pools`' confirmation of a pair that crossed on the first sample: the same rule (and
-    the same typical pair) on a larger sample drawn from another private salt (`CONFIRM_TENSORS` ×
-    `CONFIRM_CHUNKS`), each upload's sample made once and only when asked for."""
+    the same typical pair) on a larger sample drawn from another private salt (`confirm_tensors` ×
+    `confirm_chunks`), each upload's sample made once and only when asked for.
 
-    def __init__(self, payloads: Mapping[str, Gradient], salt: int, cosine_threshold: float, shared_threshold: float,
+    Why a second look: the first sample is small so that comparing every pair of F_t stays cheap,
+    and its figures scatter: honest pairs of a `tiny` localnet reach sampled cosine 0.66 and, one
+    window in a few hundred, a single pair crosses 0.8 (a false pool remembered for 720 windows).
+    A pool's members share their positions everywhere and cross on any sample; the second look
+    costs one larger sample per upload, for flagged pairs only."""
+
+    def __init__(self, payloads: Mapping[str, Gradient], salt: int, rules: GauntletConfig,
                  baseline: PairBaseline | None) -> None:
         self.payloads, self.salt, self.baseline = payloads, salt, baseline
-        self.thresholds = (cosine_threshold, shared_threshold)
+        self.rules = rules
         self.samples: dict[str, tuple[dict[str, torch.Tensor], torch.Tensor]] = {}
         self._typical: Typical | None = None
 
     @property
     def typical(self) -> Typical:
         """The typical pair on this sample, made when first needed: the median over
-        `CONFIRM_TYPICAL_UPLOADS` uploads drawn with the salt, through the baseline (None: no
-        typical pair, the thresholds alone, as before a baseline existed)."""
+        `confirm_typical_uploads` uploads drawn with the salt, through the baseline (None: no
+        typical pair, the thresholds alone, as before a baseline existed). Its figures stand on
+        another scale than the first sample's (honest pairs: shared positions at most 0.31 on it
+        against 0.68)."""
         if self._typical is None:
             if self.baseline is None:
                 self._typical = Typical()
             else:
                 names = sorted(self.payloads)
                 g = torch.Generator().manual_seed((self.salt + 2) & 0x7FFF_FFFF_FFFF_FFFF)
-                drawn = [names[i] for i in torch.randperm(len(names), generator=g)[:CONFIRM_TYPICAL_UPLOADS].tolist()]
+                count = self.rules.confirm_typical_uploads
+                drawn = [names[i] for i in torch.randperm(len(names), generator=g)[:count].tolist()]
                 uploads = [Upload(hk, 0.0, b"", self.sample(hk)[1], self.sample(hk)[0]) for hk in drawn]
-                self._typical = self.baseline.observe(window_typical(uploads))
+                self._typical = self.baseline.observe(window_typical(uploads, self.rules.typical_pair_min_pairs))
         return self._typical
 
     def sample(self, hotkey: str) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         if hotkey not in self.samples:
-            values = confirm_values(self.payloads[hotkey].tensors, self.salt)
-            self.samples[hotkey] = (values, fingerprint(values))
+            values = confirm_values(self.payloads[hotkey].tensors, self.salt, self.rules)
+            self.samples[hotkey] = (values, fingerprint(values, size=self.rules.fingerprint_size))
         return self.samples[hotkey]
 
     def __call__(self, a: Upload, b: Upload) -> bool:
         (values_a, print_a), (values_b, print_b) = self.sample(a.hotkey), self.sample(b.hotkey)
-        return shares_work(float(print_a @ print_b), shared_positions(values_a, values_b), *self.thresholds,
-                           self.typical)
+        return shares_work(float(print_a @ print_b), shared_positions(values_a, values_b), self.rules, self.typical)
 
 
-def _second_look(payloads: Mapping[str, Gradient], salt: int, cosine_threshold: float, shared_threshold: float,
-                 baseline: PairBaseline | None = None) -> _SecondLook:
-    return _SecondLook(payloads, salt, cosine_threshold, shared_threshold, baseline)
-
-
-def confirm_values(tensors: Mapping[str, Compressed], salt: int) -> dict[str, torch.Tensor]:
-    """The second look's larger sample (`CONFIRM_TENSORS` × `CONFIRM_CHUNKS`, from salt + 1)."""
-    return canonical_values(tensors, salt + 1, tensor_count=CONFIRM_TENSORS, chunk_count=CONFIRM_CHUNKS)
+def confirm_values(tensors: Mapping[str, Compressed], salt: int, rules: GauntletConfig) -> dict[str, torch.Tensor]:
+    """The second look's larger sample (`confirm_tensors` × `confirm_chunks`, from salt + 1)."""
+    return canonical_values(tensors, salt + 1, tensor_count=rules.confirm_tensors, chunk_count=rules.confirm_chunks)
 
 
 def _layout(payloads: Mapping[str, Gradient]) -> dict[str, tuple[int, int]]:
@@ -251,21 +245,23 @@ def _layout(payloads: Mapping[str, Gradient]) -> dict[str, tuple[int, int]]:
     return {}
 
 
-def earlier_references(earlier: Mapping[int, Mapping[str, Gradient]], salt: int) -> list[Reference]:
+def earlier_references(earlier: Mapping[int, Mapping[str, Gradient]], salt: int,
+                       rules: GauntletConfig) -> list[Reference]:
     """The earlier public work as references on this window's sample (`salt`), newest window
     first: each aggregated upload (owned by its hotkey) and the aggregate (`aggregate_references`)."""
     out: list[Reference] = []
     for window in sorted(earlier, reverse=True):
         payloads = {hk: g for hk, g in sorted(earlier[window].items()) if not g.warmup}
-        samples = {hk: canonical_values(g.tensors, salt) for hk, g in payloads.items()}
-        out += [Reference(hk, window, fingerprint(values), values, frozenset({hk}), payloads[hk].digest)
+        samples = {hk: first_sample(g.tensors, salt, rules) for hk, g in payloads.items()}
+        out += [Reference(hk, window, fingerprint(values, size=rules.fingerprint_size), values, frozenset({hk}),
+                          payloads[hk].digest)
                 for hk, values in samples.items()]
-        out += aggregate_references(window, samples, _layout(payloads))
+        out += aggregate_references(window, samples, _layout(payloads), size=rules.fingerprint_size)
     return out
 
 
 def _second_look_at_references(earlier: Mapping[int, Mapping[str, Gradient]], look: _SecondLook,
-                               cosine_threshold: float, shared_threshold: float) -> Callable[[Upload, Reference], bool]:
+                               rules: GauntletConfig) -> Callable[[Upload, Reference], bool]:
     """`find_borrowed`'s confirmation: the reference rebuilt on the second look's sample (an upload,
     or the mean of the aggregate's members, which are its owners), each made once and only when
     asked for, judged on the absolute thresholds."""
@@ -274,7 +270,7 @@ def _second_look_at_references(earlier: Mapping[int, Mapping[str, Gradient]], lo
 
     def member(window: int, hotkey: str) -> dict[str, torch.Tensor]:
         if (window, hotkey) not in members:
-            members[(window, hotkey)] = confirm_values(earlier[window][hotkey].tensors, look.salt)
+            members[(window, hotkey)] = confirm_values(earlier[window][hotkey].tensors, look.salt, rules)
         return members[(window, hotkey)]
 
     def again(ref: Reference) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
@@ -283,28 +279,25 @@ def _second_look_at_references(earlier: Mapping[int, Mapping[str, Gradient]], lo
                 values = top_of_mean([member(ref.window, h) for h in sorted(ref.owners)], _layout(earlier[ref.window]))
             else:
                 values = member(ref.window, ref.source)
-            rebuilt[id(ref)] = (values, fingerprint(values))
+            rebuilt[id(ref)] = (values, fingerprint(values, size=rules.fingerprint_size))
         return rebuilt[id(ref)]
 
     def confirm(upload: Upload, ref: Reference) -> bool:
         ref_values, ref_print = again(ref)
         values, print_ = look.sample(upload.hotkey)
-        return shares_work(float(print_ @ ref_print), shared_positions(values, ref_values), cosine_threshold,
-                           shared_threshold)
+        return shares_work(float(print_ @ ref_print), shared_positions(values, ref_values), rules)
 
     return confirm
-
-
-MIN_PEERS_FOR_NORM_CHECK = 3
 
 
 def payload_norm(g: Gradient) -> float:
     return float(torch.sqrt(sum(c.values.double().square().sum() for c in g.tensors.values())))
 
 
-def norm_outliers(payloads: Mapping[str, Gradient], max_ratio: float) -> list[str]:
-    """Peers whose value norm exceeds `max_ratio` times the median of the window (needs 3 peers)."""
-    if len(payloads) < MIN_PEERS_FOR_NORM_CHECK:
+def norm_outliers(payloads: Mapping[str, Gradient], max_ratio: float, *, min_peers: int) -> list[str]:
+    """Peers whose value norm exceeds `max_ratio` times the median of the window (with fewer than
+    `min_peers` peers, the rules' `norm_check_min_peers`, there is no median to judge by)."""
+    if len(payloads) < min_peers:
         return []
     norms = {hk: payload_norm(g) for hk, g in payloads.items()}
     median = float(torch.tensor(sorted(norms.values()), dtype=torch.float64).median())

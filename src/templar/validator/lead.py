@@ -186,7 +186,7 @@ class CheckpointPublisher:
             path.unlink(missing_ok=True)
             return
         hp = self.node.hp
-        budget = hp.windows.checkpoint_frequency * hp.windows.blocks_per_window * hp.windows.block_time
+        budget = hp.windows.checkpoint_frequency * hp.windows.window_seconds
         self.task = asyncio.create_task(self._upload(window, global_step, path, budget), name=f"checkpoint-{window}")
 
     async def _upload(self, window: int, global_step: int, path: Path, budget: float) -> None:

@@ -4,7 +4,7 @@
 Every upload a window aggregated (the peers in effect whose payloads arrived valid) stays readable
 in its miner's bucket, and their mean is the window's update: anyone can re-post either in a later
 window, committed in time, since it existed before that window began. The validator already holds
-those payloads after its gather, so it keeps the last `PUBLIC_WINDOWS` windows' of them in memory
+those payloads after its gather, so it keeps the last `public_windows` windows' of them in memory
 (at most the peer list's size per window: the payloads themselves, because the next window samples
 them with its own private salt) and hands them to fast evaluation. A restarted validator keeps
 none, and judges borrowed work again from the window after its first.
@@ -16,15 +16,13 @@ from collections.abc import Iterable
 
 from templar.wire import Gradient
 
-PUBLIC_WINDOWS = 2
-"""How many earlier windows' aggregated uploads are references: copying the aggregate two windows
-old is as free as copying last window's, and honest uploads stay as far from both (§8)."""
-
 
 class PublicWork:
-    """The aggregated payloads of the last `windows` windows, by window and hotkey."""
+    """The aggregated payloads of the last `windows` windows, by window and hotkey (`windows`: the
+    rules' `gauntlet.public_windows`, 2 in production: copying the aggregate two windows old is as
+    free as copying last window's, and honest uploads stay as far from both, §8)."""
 
-    def __init__(self, windows: int = PUBLIC_WINDOWS, max_per_window: int = 256) -> None:
+    def __init__(self, windows: int, max_per_window: int = 256) -> None:
         self.windows = windows
         self.max_per_window = max_per_window
         self._kept: dict[int, dict[str, Gradient]] = {}

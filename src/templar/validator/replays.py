@@ -4,7 +4,8 @@ Nothing in a payload's fast checks ties its tensors to the window they claim: a 
 an update it uploaded a few windows ago (or any peer's public upload of an earlier window) with
 this window's number, step and fresh probes, commit to that document before the deadline, and
 pass the commitment, step and sync checks with no work done. The copy check compares uploads of
-one window only. So each validator remembers, for the last `REPLAY_WINDOWS` windows, the content
+one window only. So each validator remembers, for the last `replay_windows` windows (the run's
+rules, `gauntlet.replay_windows`), the content
 digest (`Gradient.digest`: the gradient tensors only, whoever signed them) of every payload its
 gather returned valid, and a payload whose digest was seen in an *earlier* window fails fast
 evaluation as `replay`, whichever hotkey posted it first.
@@ -33,10 +34,6 @@ from templar.comms import GatherResult
 from templar.core.log import context, short
 from templar.wire import Gradient
 
-REPLAY_WINDOWS = 64
-"""Windows remembered (about 90 minutes in production): a replay of anything older escapes this check,
-but an update that old was computed on a model 64 outer steps behind, which the sync check, the
-LossScore and μ do not pay."""
 MAX_DIGESTS_PER_WINDOW = 4096
 """A bound on what one window adds, far above any gather (`fast_eval_uids` + top-G)."""
 
@@ -62,9 +59,12 @@ def carries_work(g: Gradient) -> bool:
 
 
 class ReplayMemory:
-    """Content digests of the valid uploads of the last `REPLAY_WINDOWS` windows, per window."""
+    """Content digests of the valid uploads of the last `windows` windows, per window (64 in
+    production, about 90 minutes: a replay of anything older escapes this check, but an update that
+    old was computed on a model 64 outer steps behind, which the sync check, the LossScore and μ
+    do not pay)."""
 
-    def __init__(self, windows: int = REPLAY_WINDOWS) -> None:
+    def __init__(self, windows: int) -> None:
         self.windows = windows
         self.seen: dict[int, dict[bytes, str]] = {}
         """Window → content digest → the hotkey that uploaded it (the smallest, if several did)."""
@@ -115,13 +115,15 @@ class ReplayMemory:
                 "seen": {str(w): {d.hex(): hk for d, hk in sorted(self.seen[w].items())} for w in sorted(self.seen)}}
 
     @classmethod
-    def from_json(cls, data: object) -> ReplayMemory:
-        """The memory `to_json` saved; `ReplayMemoryError` for anything else (checked field by field:
-        the state file is our own, but a damaged one must not crash the validator)."""
+    def from_json(cls, data: object, windows: int) -> ReplayMemory:
+        """The memory `to_json` saved, spanning `windows` (the run's `replay_windows`: a memory
+        saved with a longer span keeps only its newest windows); `ReplayMemoryError` for anything
+        else (checked field by field: the state file is our own, but a damaged one must not crash
+        the validator)."""
         if not isinstance(data, dict) or set(data) != {"windows", "seen"}:
             raise ReplayMemoryError("not a replay memory")
-        windows, seen = data["windows"], data["seen"]
-        if type(windows) is not int or not 0 < windows <= 10_000 or not isinstance(seen, dict):
+        saved, seen = data["windows"], data["seen"]
+        if type(saved) is not int or not 0 < saved <= 10_000 or not isinstance(seen, dict):
             raise ReplayMemoryError("bad span or windows")
         memory = cls(windows)
         for key, digests in seen.items():
@@ -137,6 +139,8 @@ class ReplayMemory:
                     raise ReplayMemoryError(f"window {key}: bad hotkey")
                 entry[bytes.fromhex(digest)] = hotkey
             memory.seen[int(key)] = entry
-        if len(memory.seen) > windows:
-            raise ReplayMemoryError(f"{len(memory.seen)} windows saved, span {windows}")
+        if len(memory.seen) > saved:
+            raise ReplayMemoryError(f"{len(memory.seen)} windows saved, span {saved}")
+        if memory.seen:
+            memory.forget_before(max(memory.seen) - windows + 1)
         return memory

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from templar.core.config import GauntletConfig
 from templar.core.log import context, short
 from templar.gauntlet import FastVerdict, ScoreBook, Status, WindowScores
 from templar.runtime.records import (
@@ -33,10 +34,11 @@ class WindowSummary:
     gather_seconds: float
 
 
-def record_window(state_dir: Path, window: int, book: ScoreBook, verdicts: Mapping[str, FastVerdict],
-                  losses: Mapping[str, LossScores], scores: WindowScores, summary: WindowSummary) -> None:
+def record_window(state_dir: Path, window: int, book: ScoreBook, rules: GauntletConfig,
+                  verdicts: Mapping[str, FastVerdict], losses: Mapping[str, LossScores], scores: WindowScores,
+                  summary: WindowSummary) -> None:
     """A score record for every peer in the book and one window record; a log line for each peer
-    evaluated this window."""
+    evaluated this window (the LossRating as `rules` read it)."""
     log = context(window=window, phase="score")
     for hotkey in sorted(book):
         rec = book.peers[hotkey]
@@ -49,12 +51,12 @@ def record_window(state_dir: Path, window: int, book: ScoreBook, verdicts: Mappi
                      f"{'-' if rec.last_sync_steps is None else f'{rec.last_sync_steps:.2f}'} | "
                      f"δa {'-' if not loss else f'{loss.delta_assigned:+.5f}'} δr "
                      f"{'-' if not loss else f'{loss.delta_rand:+.5f}'} | μ {rec.mu:+.3f} | rating "
-                     f"{book.loss_rating(hotkey):.2f} | score {rec.score:.3f} | weight {weight:.3f}")
+                     f"{book.loss_rating(rules, hotkey):.2f} | score {rec.score:.3f} | weight {weight:.3f}")
         append_record(state_dir / SCORES_FILE, PeerScoreRecord(
             window=window, hotkey=hotkey, uid=rec.uid, status=status, evaluated=loss is not None,
             sync_steps=verdict.sync_steps if verdict else None,
             delta_assigned=loss.delta_assigned if loss else None,
-            delta_rand=loss.delta_rand if loss else None, mu=rec.mu, rating=book.loss_rating(hotkey),
+            delta_rand=loss.delta_rand if loss else None, mu=rec.mu, rating=book.loss_rating(rules, hotkey),
             score=rec.score, weight=weight, in_top_g=hotkey in scores.top_g))
     append_record(state_dir / VALIDATOR_WINDOWS_FILE, ValidatorWindowRecord(
         window=window, global_step=summary.global_step, learning_rate=summary.learning_rate,

@@ -79,18 +79,19 @@ def load_book(state_dir: Path, state: NodeState, own: bool, *, lead: bool = Fals
         return ScoreBook()
 
 
-def load_replays(state: NodeState, own: bool) -> ReplayMemory:
-    """The replay memory saved with our own state (empty for a state that is not our own, or for
-    one saved without a memory by an older version); a damaged one is said out loud and restarts
-    empty (replays of the windows it held go unnoticed; nothing else is lost)."""
+def load_replays(state: NodeState, own: bool, windows: int) -> ReplayMemory:
+    """The replay memory saved with our own state, spanning `windows` (the run's `replay_windows`;
+    empty for a state that is not our own, or for one saved without a memory by an older version);
+    a damaged one is said out loud and restarts empty (replays of the windows it held go unnoticed;
+    nothing else is lost)."""
     saved = state.extra.get("replays")
     if not own or saved is None:
-        return ReplayMemory()
+        return ReplayMemory(windows)
     try:
-        return ReplayMemory.from_json(saved)
+        return ReplayMemory.from_json(saved, windows)
     except ReplayMemoryError as exc:
         context(phase="startup").error(f"replay memory in the state file unreadable ({exc}): starting an empty one")
-        return ReplayMemory()
+        return ReplayMemory(windows)
 
 
 def with_book(state: NodeState, book: ScoreBook, replays: ReplayMemory | None = None) -> NodeState:
