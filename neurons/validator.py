@@ -17,13 +17,14 @@ import sys
 # (benchmarks/compress.py). Must be set before torch is imported; harmless on GPU.
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
-from templar.runtime.flags import add_node_args, check_config
+from templar.runtime.flags import add_node_args, add_validator_args, check_config
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="Templar validator",
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_node_args(parser)
+    add_validator_args(parser)
     return parser.parse_args(argv)
 
 

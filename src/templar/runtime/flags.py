@@ -62,6 +62,13 @@ def add_node_args(parser: argparse.ArgumentParser) -> None:
     add_metrics_args(parser)  # --metrics.port / --metrics.host (templar.runtime.metrics; off by default)
 
 
+def add_validator_args(parser: argparse.ArgumentParser) -> None:
+    """Flags only a validator takes."""
+    parser.add_argument("--shadow", action="store_true",
+                        help="score, publish records and metrics as usual, but never set weights or commit a "
+                             "bucket locator on chain: to try a new machine beside the one that sets weights")
+
+
 def check_config(args: argparse.Namespace) -> int:
     """The exit code for what the command line alone shows is wrong (0: nothing), after one log
     line naming it. Entry points call this before the node's imports: an unreadable or invalid

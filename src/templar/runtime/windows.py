@@ -31,6 +31,27 @@ COMMIT_READ_SECONDS = 4.0
 most half the put window, so runs with short windows, tests and `tiny`, leave miners time to train)."""
 
 
+STOP_SAVE_SECONDS = 120.0
+"""Allowed, in a stop timeout, for the outer step and the state file's write after a window's last
+landmark (the production model's state is tens of GB, written to a local disk and fsynced)."""
+STOP_CHECKPOINT_SECONDS = 300.0
+"""Allowed on top for a validator: a stopping lead first finishes the checkpoint upload under way
+(the production model's checkpoint is several GB, on the uplink of one machine)."""
+
+
+def stop_timeout_seconds(cfg: WindowConfig, role: str) -> int:
+    """How long a neuron may take, from SIGTERM to exit 0, on these windows: what is left of its
+    window (at most a whole one), the put window, the clock skew, the settle time, the gather and
+    the wait for the lead's inputs, then the outer step and the state save (and a validator's
+    checkpoint upload); rounded up to whole minutes. systemd's `TimeoutStopSec` must be at least
+    this (`deploy/systemd/`), or a stop kills a window half-saved."""
+    window = cfg.blocks_per_window * cfg.block_time
+    tail = (cfg.put_window_seconds + cfg.clock_skew_seconds + SETTLE_SECONDS + cfg.gather_seconds
+            + min(APPLY_SECONDS, cfg.gather_seconds))
+    seconds = window + tail + STOP_SAVE_SECONDS + (STOP_CHECKPOINT_SECONDS if role == "validator" else 0.0)
+    return int(-(-seconds // 60) * 60)
+
+
 @dataclass(frozen=True)
 class WindowTimes:
     """Wall-clock landmarks (unix seconds) of one window `w`."""

@@ -266,7 +266,7 @@ class Validator:
             global_step=self.state.global_step,
             learning_rate=step.learning_rate if step else learning_rate(self.state.global_step, hp.optimizer),
             holdout_loss=holdout_loss, peers_aggregated=step.peers if step else 0, gathered=len(results),
-            wall_seconds=wall, weights_set=weights_set, gather_seconds=gather_seconds))
+            wall_seconds=wall, weights_set=weights_set, gather_seconds=gather_seconds, lead=self.is_lead))
         # The commit point: model, window and book change together here, after the window's records
         # (a crash before it redoes the window; its uncommitted records are dropped at the restart).
         await asyncio.to_thread(self._save)
