@@ -137,7 +137,9 @@ def start_localnet_dashboard(out: Path, hparams: str, port: int, netuid: int) ->
         localnet=out, connect=partial(connect, network="embedded", chain_endpoint=str(out / CHAIN_FILE),
                                       netuid=netuid, wallet_name=None, read_timeout=10.0),
         chain_label=f"embedded netuid {netuid}", chain_interval=max(2.0, hp.windows.block_time),
-        blocks_per_window=hp.windows.blocks_per_window, hparams_name=hp.name)
+        blocks_per_window=hp.windows.blocks_per_window, hparams_name=hp.name,
+        window_seconds=hp.windows.blocks_per_window * hp.windows.block_time,
+        windows_per_weights=hp.windows.windows_per_weights)
     for attempt in (port, 0):
         try:
             return BackgroundDashboard(Board(config), DEFAULT_HOST, attempt).start()
