@@ -25,7 +25,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="Templar miner", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_node_args(parser)
     parser.add_argument("--extra-pages", type=int, default=0,
-                        help="train on this many extra (unassigned) pages per window: more work, better rating")
+                        help="also train on this many unassigned pages per window. On production's rules it pays "
+                             "LESS: the window's inner steps are spread over more pages, your assigned pages' "
+                             "measured gain shrinks and your proof of computation with it (docs/mining.md §10, "
+                             "docs/scoring.md §4). Only the paper's rules (tiny-paper) pay for it. Leave it at 0")
     return parser.parse_args(argv)
 
 
