@@ -45,6 +45,7 @@ MAX_WINDOWS = 2000
 MAX_PEER_RECORDS = 400
 MAX_PEERS = 4096
 MAX_WEIGHTS_RECORDS = 200
+STRIP_WINDOWS = 8                        # windows in a peer's status strip
 MAX_BOOK_BYTES = 16 * 1024 * 1024
 LOG_TAIL_BYTES = 64 * 1024
 LOG_INTERVAL = 5.0                       # seconds between two looks at a node.log
@@ -266,7 +267,7 @@ class ValidatorSource:
                     break
         return out
 
-    def recent_statuses(self, hotkey: str, count: int = 8) -> list[tuple[int, str]]:
+    def recent_statuses(self, hotkey: str, count: int = STRIP_WINDOWS) -> list[tuple[int, str]]:
         hist = self.history.get(hotkey, ())
         return [(r.window, r.status) for r in list(hist)[-count:]]
 

@@ -18,7 +18,7 @@ from urllib.parse import quote
 from templar.core.verdicts import Status, label_meaning
 from templar.dashboard.board import Board
 from templar.dashboard.chainwatch import agreement, bucket_label, pairwise
-from templar.dashboard.sources import MinerSource, ValidatorSource, valid_hotkey
+from templar.dashboard.sources import STRIP_WINDOWS, MinerSource, ValidatorSource, valid_hotkey
 from templar.dashboard.svg import PALETTE, line_chart, sparkline
 from templar.runtime.records import PeerScoreRecord
 
@@ -30,6 +30,12 @@ WEIGHT_OUTCOMES = {
     "superseded": "weights: replaced by the next weights window's weights before they landed",
     "shadow": "weights: computed and not set (the validator runs with --shadow)",
 }
+TIMING_WINDOWS = 60
+"""Windows of the overview's put and gather timing chart."""
+SPARK_WINDOWS = 40
+"""Windows of a weight or tokens/s sparkline."""
+AGREEMENT_GOOD, AGREEMENT_POOR = 0.9, 0.6
+"""Validator agreement (cosine against the others): green from the first, red below the second."""
 RUN_STATES = {"live": "live", "behind": "behind", "stale": "stopped or stalled", "finished": "finished",
               "waiting": "waiting"}
 """The run state's label at the top of every page (`Board.run_state`); only `live` is green."""
@@ -204,11 +210,12 @@ def overview(board: Board, vname: str | None) -> str:
     ]
     parts.append(f'<section class="cards">{"".join(cards)}</section>')
     loss_pts = [(w.window, w.holdout_loss) for w in windows]
-    timing = [("validator: window (gather → saved)", [(w.window, w.wall_seconds) for w in windows[-60:]])]
-    gathers = [(w.window, w.gather_seconds) for w in windows[-60:] if w.gather_seconds is not None]
+    timing = [("validator: window (gather → saved)",
+               [(w.window, w.wall_seconds) for w in windows[-TIMING_WINDOWS:]])]
+    gathers = [(w.window, w.gather_seconds) for w in windows[-TIMING_WINDOWS:] if w.gather_seconds is not None]
     if gathers:
         timing.append(("validator: gather", gathers))
-    put = _median_put(board.miners, {w.window for w in windows[-60:]} if windows else None)
+    put = _median_put(board.miners, {w.window for w in windows[-TIMING_WINDOWS:]} if windows else None)
     if put:
         timing.append(("miners: put (median upload)", put))
     parts.append('<section class="grid2">'
@@ -256,7 +263,7 @@ def _median_put(miners: list[MinerSource], windows: set[int] | None) -> list[tup
         for r in m.windows:
             if r.uploaded and (windows is None or r.window in windows):
                 by_window.setdefault(r.window, []).append(r.upload_seconds)
-    return [(w, statistics.median(s)) for w, s in sorted(by_window.items())][-60:]
+    return [(w, statistics.median(s)) for w, s in sorted(by_window.items())][-TIMING_WINDOWS:]
 
 
 def _windows_table(windows) -> str:
@@ -301,7 +308,8 @@ def _agreement(board: Board) -> str:
         n = snap.by_uid.get(a.uid)
         hk = n.hotkey if n else ""
         cos = "–" if a.cosine is None else f"{a.cosine:.3f}"
-        cls = "" if a.cosine is None else "good" if a.cosine >= 0.9 else "warn" if a.cosine >= 0.6 else "bad"
+        cls = ("" if a.cosine is None else "good" if a.cosine >= AGREEMENT_GOOD
+               else "warn" if a.cosine >= AGREEMENT_POOR else "bad")
         rows.append(f"<tr>{td(str(a.uid), a.uid, 'num')}<td>{peer_link(hk, board.label(hk) or short(hk))}</td>"
                     f"{td(f'{a.stake:,.1f}', a.stake, 'num opt')}{td(str(a.uids_weighted), a.uids_weighted, 'num opt')}"
                     f"{td('–' if a.top_uid is None else str(a.top_uid), a.top_uid, 'num opt')}"
@@ -339,7 +347,7 @@ def peers(board: Board, vname: str | None) -> str:
     for hotkey, r in sorted(current.items(), key=lambda kv: (-kv[1].weight, kv[1].uid)):
         name = board.label(hotkey)
         hist = v.history.get(hotkey, ())
-        weights = [x.weight for x in hist][-40:]
+        weights = [x.weight for x in hist][-SPARK_WINDOWS:]
         neuron = chain_hk.get(hotkey)
         top = "✓" if r.in_top_g else ""
         rows.append(
@@ -367,8 +375,8 @@ def peers(board: Board, vname: str | None) -> str:
     return "".join(parts)
 
 
-STRIP_LEGEND = ('<p class="legend muted opt" id="strip-legend">status: one cell per window, the last 8, oldest '
-                'first: <span class="strip"><i class="good"></i></span>ok '
+STRIP_LEGEND = (f'<p class="legend muted opt" id="strip-legend">status: one cell per window, the last {STRIP_WINDOWS}, '
+                'oldest first: <span class="strip"><i class="good"></i></span>ok '
                 '<span class="strip"><i class="idle"></i></span>warm-up, not sampled, or another status that costs '
                 'the peer nothing <span class="strip"><i class="bad"></i></span>a failed fast evaluation (hover a '
                 'cell for its window and status); then the last status</p>')
@@ -516,7 +524,7 @@ def miners(board: Board) -> str:
         r = m.trained  # a trailing catch-up is shown beside the phase, not as the miner's numbers
         node = next((n for n in board.labels.values() if n.name == m.name), None)
         uid = node.uid if node else None
-        tps = [x.tokens_per_second for x in m.windows if x.phase != "catchup"][-40:]
+        tps = [x.tokens_per_second for x in m.windows if x.phase != "catchup"][-SPARK_WINDOWS:]
         rows.append(
             f"<tr>{td(num(uid, 'd'), uid, 'num opt')}<td data-v=\"{escape(m.name)}\"><a href=\"/miners/{quote(m.name)}\">"
             f"{escape(m.name)}</a></td><td>{_phase(m)}</td>"
