@@ -313,7 +313,23 @@ def test_manifest_pinned_wrong_and_unpublished(subnet, tmp_path):
     unpublished = run(Doctor(flags(subnet, "miner", hparams=str(PRESETS_DIR.parent / "hparams.json")), "miner"),
                       chain_checks.check_hparams, machine_checks.check_manifest)
     assert unpublished.status == Status.FAILED and "not published yet" in unpublished.summary
-    assert "docs/launch.md" in unpublished.fix
+    assert "nothing to fix on this machine" in unpublished.fix and "docs/launch.md §11" in unpublished.fix
+    assert "## 11. Publishing the production corpus" in (REPO_ROOT / "docs" / "launch.md").read_text()
+
+
+def test_manifest_warns_of_a_corpus_too_small_for_disjoint_assignments(subnet, tmp_path, assets_dir):
+    from templar.cli import main
+
+    (tmp_path / "src").mkdir()
+    with open(assets_dir / "corpus" / "wiki.jsonl", encoding="utf-8") as f:
+        (tmp_path / "src" / "a.jsonl").write_text("".join(line for _, line in zip(range(40), f, strict=False)))
+    assert main(["data", "prepare", str(tmp_path / "src"), "--tokenizer", str(assets_dir / "tokenizer"),
+                 "--hparams", "tiny", "--out", str(tmp_path / "corpus"), "--no-progress"]) == 0
+    assert main(["data", "pin", str(tmp_path / "corpus"), "--hparams", str(tmp_path / "run.json"),
+                 "--base", "tiny"]) == 0
+    small = run(Doctor(flags(subnet, "miner", hparams=str(tmp_path / "run.json")), "miner"),
+                chain_checks.check_hparams, machine_checks.check_manifest)
+    assert small.status == Status.WARNING and "fewer than the 522 pages" in small.summary, small
 
 
 def test_gpu_memory_and_disks(subnet, monkeypatch):
