@@ -91,9 +91,13 @@ def test_s3_start_refuses_missing_or_shared_keys_and_a_busy_port(monkeypatch, tm
     assert main(argv) == 2 and "must differ" in capsys.readouterr().err
     monkeypatch.setenv("TEMPLAR_BUCKET_READ_KEY_ID", "reader")
     with socket.socket() as busy:
-        busy.bind(("127.0.0.1", 0))
+        for port in range(20000, 55535, 997):  # one the command accepts (its gRPC port must exist too)
+            try:
+                busy.bind(("127.0.0.1", port))
+                break
+            except OSError:
+                continue
         busy.listen()
-        port = busy.getsockname()[1]
         assert main([*argv, "--port", str(port)]) == 1
     assert "in use" in capsys.readouterr().err and not (tmp_path / "s3" / "server.json").exists()
     assert main(["s3", "stop", "--dir", str(tmp_path / "s3")]) == 0

@@ -56,7 +56,10 @@ def find_weed() -> str:
 
 
 def _port_free(port: int, host: str) -> bool:
+    """Nothing listens on `port`. SO_REUSEADDR as the server's own listener sets it: a port a
+    stopped server left in TIME_WAIT is free to it (`templar s3 stop` then `start` again at once)."""
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError:
