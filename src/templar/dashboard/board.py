@@ -29,6 +29,8 @@ stalled: no longer shown as live. The Prometheus rule TemplarNodeBehind uses the
 BEHIND_WINDOWS = 3
 """A validator scoring a window this many behind the chain's current one is catching up."""
 STATE_FILE = "state.safetensors"  # templar.runtime.state.STATE_FILE: only its size is read (stat)
+PRODUCTION_WINDOW_SECONDS = 84.0
+"""7 blocks × 12 s: the window length when the board's config does not give one."""
 
 
 @dataclass(frozen=True)
@@ -182,7 +184,7 @@ class Board:
         """Live, behind, stale, finished or waiting, from the records' ages and the chain's window
         (a finished run is never shown live), with the alert states of the nodes watched."""
         now = time.time() if now is None else now
-        window = self.config.window_seconds or 84.0
+        window = self.config.window_seconds or PRODUCTION_WINDOW_SECONDS
         sources = [*self.validators, *self.miners]
         stamps = [s.last_record_at for s in sources if s.last_record_at]
         last = v.last_window if v else None

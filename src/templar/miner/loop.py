@@ -165,7 +165,7 @@ class Miner:
                 window=window, phase=str(Phase.CATCHUP), strategy=self.hooks.name,
                 global_step=self.state.global_step, loss=stats.loss, tokens_per_second=stats.tokens_per_second,
                 pages=len(pages), uploaded=uploaded, upload_bytes=up_bytes, upload_seconds=up_seconds,
-                peers_aggregated=0, overhead_share=0.0, tokens=stats.tokens))
+                peers_aggregated=0, overhead_share=0.0))
             await asyncio.to_thread(self.save)
             return
         await node.clock.sleep_until(times.gather_start)
@@ -180,7 +180,7 @@ class Miner:
                 window=window, phase=str(Phase.CATCHUP), strategy=self.hooks.name,
                 global_step=self.state.global_step, loss=stats.loss, tokens_per_second=stats.tokens_per_second,
                 pages=len(pages), uploaded=uploaded, upload_bytes=up_bytes, upload_seconds=up_seconds,
-                peers_aggregated=0, overhead_share=0.0, tokens=stats.tokens))
+                peers_aggregated=0, overhead_share=0.0))
             await asyncio.to_thread(self.save)
             return
         self.hooks.after_step(self, window)
