@@ -55,11 +55,14 @@ def find_weed() -> str:
     return found
 
 
-def _port_free(port: int, host: str) -> bool:
-    """Nothing listens on `port`. SO_REUSEADDR as the server's own listener sets it: a port a
-    stopped server left in TIME_WAIT is free to it (`templar s3 stop` then `start` again at once)."""
+def _port_free(port: int, host: str, *, reuse: bool = False) -> bool:
+    """Nothing holds `port`. `reuse`: only nothing listens on it (SO_REUSEADDR, as the server's own
+    listener sets it), so that a port a stopped server left in TIME_WAIT counts as free (`templar s3
+    stop` then `start` again at once on the same fixed port). Ports picked at random are checked
+    without it: they must not be the local end of some live connection either."""
     with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError:
@@ -157,7 +160,8 @@ class SeaweedServer:
             if fresh_ports:
                 http = _free_service_ports(len(_SERVICES), self.host)
                 if self.s3_port is not None:
-                    if not (_port_free(self.s3_port, self.host) and _port_free(self.s3_port + _GRPC_OFFSET, self.host)):
+                    if not (_port_free(self.s3_port, self.host, reuse=True)
+                            and _port_free(self.s3_port + _GRPC_OFFSET, self.host, reuse=True)):
                         raise SeaweedError(f"port {self.s3_port} or {self.s3_port + _GRPC_OFFSET} on {self.host} is "
                                            "in use: stop what holds it, or pick another S3 port")
                     http = [p for p in http if self.s3_port not in (p, p + _GRPC_OFFSET)
