@@ -11,6 +11,7 @@ and what each log line means.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import sys
 
@@ -26,7 +27,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_node_args(parser)
     add_memory_args(parser)
     parser.add_argument("--extra-pages", type=int, default=0,
-                        help="train on this many extra (unassigned) pages per window: more work, better rating")
+                        help="also train on this many unassigned pages per window. On production's rules it pays "
+                             "LESS: the window's inner steps are spread over more pages, your assigned pages' "
+                             "measured gain shrinks and your proof of computation with it (docs/mining.md §10, "
+                             "docs/scoring.md §4). Only the paper's rules (tiny-paper) pay for it. Leave it at 0")
     return parser.parse_args(argv)
 
 
@@ -37,7 +41,9 @@ def main(argv: list[str] | None = None) -> int:
     from templar.distributed.launch import run_node  # one process, or this rank of a torchrun node
     from templar.miner.loop import Miner
 
-    return run_node(args, "miner", lambda node: Miner(node, extra_pages=args.extra_pages).run(args.windows))
+    code = run_node(args, "miner", lambda node: Miner(node, extra_pages=args.extra_pages).run(args.windows))
+    gc.freeze()  # exiting: spare the interpreter's last collection of torch's objects (seconds after stopping)
+    return code
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ See docs/validating.md for stake, buckets, and how to read the score log.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import sys
 
@@ -17,13 +18,14 @@ import sys
 # (benchmarks/compress.py). Must be set before torch is imported; harmless on GPU.
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
-from templar.runtime.flags import add_node_args, check_config
+from templar.runtime.flags import add_node_args, add_validator_args, check_config
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="Templar validator",
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_node_args(parser)
+    add_validator_args(parser)
     return parser.parse_args(argv)
 
 
@@ -34,7 +36,9 @@ def main(argv: list[str] | None = None) -> int:
     from templar.distributed.launch import run_node  # one process, or this rank of a torchrun node
     from templar.validator.loop import Validator
 
-    return run_node(args, "validator", lambda node: Validator(node).run(args.windows))
+    code = run_node(args, "validator", lambda node: Validator(node).run(args.windows))
+    gc.freeze()  # exiting: spare the interpreter's last collection of torch's objects (seconds after stopping)
+    return code
 
 
 if __name__ == "__main__":

@@ -53,7 +53,7 @@ def _subcommands() -> set[str]:
         if isinstance(node, ast.AnnAssign | ast.Assign):
             targets = [node.target] if isinstance(node, ast.AnnAssign) else node.targets
             if any(isinstance(t, ast.Name) and t.id == "SUBCOMMANDS" for t in targets):
-                return {elt.value for elt in node.value.elts}  # type: ignore[union-attr]
+                return {value.value for value in node.value.values}  # type: ignore[union-attr]
     raise AssertionError("templar/cli.py has no SUBCOMMANDS")
 
 

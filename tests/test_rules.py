@@ -63,6 +63,10 @@ ALLOWED: dict[str, str] = {
     "gauntlet/duplicates.py:_PRIME": "Mersenne prime of the fingerprints' universal hash: how a sketch is computed",
     "gauntlet/rating.py:DEFAULT_RATING": "OpenSkill's own prior (mu 25, sigma 25/3): the unit LossRating is stated in "
                                          "(openskill_beta and _tau are given in it); part of the formula",
+    "runtime/windows.py:STOP_SAVE_SECONDS": "a stop timeout's allowance for the last save (systemd's "
+                                           "TimeoutStopSec): how long a node may take to exit, not what counts",
+    "runtime/windows.py:STOP_CHECKPOINT_SECONDS": "a stopping lead's allowance for its checkpoint upload in the "
+                                                 "stop timeout: how long a node may take to exit, not what counts",
     # ---- bounds of persisted state and memory, above anything a 256-uid subnet produces
     "gauntlet/book.py:SCHEMA_VERSION": "version of the score book's file format",
     "gauntlet/book.py:MAX_POOL": "schema bound of a pool record: a subnet has at most 256 uids",

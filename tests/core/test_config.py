@@ -86,3 +86,13 @@ def test_tiny_scores_with_productions_rules_and_tiny_paper_with_the_papers():
     assert (paper.model, paper.data, paper.windows, paper.optimizer) == (tiny.model, tiny.data, tiny.windows,
                                                                           tiny.optimizer)
     assert load_hparams(REPO_ROOT / "tests" / "presets" / "micro.json").gauntlet == g
+
+
+def test_a_missing_bare_preset_names_its_file_and_where_to_read_how(tmp_path, monkeypatch):
+    """`--hparams local` before `hparams/local.json` exists (docs/mining.md §6 makes it): the error
+    names that file and the section, not `<cwd>/local`."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(HParamsError, match=r"hparams/local\.json does not exist .*docs/mining\.md §6"):
+        load_hparams("local")
+    assert "Save it as `hparams/local.json` and pass `--hparams local`" in (
+        REPO_ROOT / "docs" / "mining.md").read_text()

@@ -217,3 +217,75 @@ def test_every_status_has_its_badge_and_meaning():
         kind = "good" if status is Status.OK else "idle" if status.passes else "bad"
         assert f'class="badge {kind}"' in badge(status.value) and meaning(status.value) == status.meaning
     assert "earlier window" in meaning("replay") and 'class="badge bad"' in badge("replay")
+
+
+def test_the_run_state_says_live_only_while_windows_arrive(run: Run, tmp_path: Path):
+    """A run whose records stopped, or a localnet that wrote its report, is never shown live (no
+    green dot, the window card shows its last window); the Miners page shows each miner's last
+    trained window, with a trailing catch-up said beside it; the peers' status strip has a legend;
+    a shadow validator's weights card and a full disk are said."""
+    import os
+    import shutil
+    import time
+
+    from templar.core.config import load_hparams
+    from templar.dashboard import views
+    from templar.runtime.records import (
+        MINER_WINDOWS_FILE,
+        WEIGHTS_FILE,
+        MinerWindowRecord,
+        WeightsRecord,
+        append_record,
+    )
+
+    out = tmp_path / "localnet"
+    shutil.copytree(run.out, out)
+    windows = load_hparams("tiny").windows
+    length = windows.blocks_per_window * windows.block_time
+
+    def board() -> Board:
+        b = Board(BoardConfig(localnet=out, window_seconds=length, windows_per_weights=windows.windows_per_weights))
+        b.refresh_files()
+        return b
+
+    b = board()
+    assert b.run_state(b.validator(None)).kind == "live"
+    assert 'class="runstate live"' in views.overview(b, None)
+    assert 'id="strip-legend"' in views.peers(b, None) and "a failed fast evaluation" in views.peers(b, None)
+
+    # a miner whose last window ended waiting for the lead's update (the lead stopped first)
+    append_record(out / "nodes" / "miner0" / MINER_WINDOWS_FILE, MinerWindowRecord(
+        window=run.last_window + 1, phase="catchup", strategy="honest", global_step=run.last_window, loss=3.1,
+        tokens_per_second=2711.0, pages=2, uploaded=True, upload_bytes=160_000, upload_seconds=0.1,
+        peers_aggregated=0, overhead_share=0.0, tokens=1024))
+    page = views.miners(board())
+    row = page[page.index("/miners/miner0"):].split("</tr>")[0]
+    assert ">active</span>" in row and f"then catch-up w{run.last_window + 1}" in row
+    assert f">{run.last_window}</td>" in row and ">4</td>" in row  # its last trained window and aggregate
+
+    # the records stopped four windows ago: stopped or stalled, with the nodes named
+    old = time.time() - 4 * length
+    for f in out.glob("nodes/*/*.jsonl"):
+        os.utime(f, (old, old))
+    b = board()
+    state = b.run_state(b.validator(None))
+    assert state.kind == "stale" and any("validator0 has recorded no window" in a for a in state.alerts), state
+    html = views.overview(b, None)
+    assert 'class="runstate live"' not in html and "stopped or stalled" in html
+    assert f'<div class="v">{run.last_window}</div>' in html  # the window card: its last window
+
+    (out / "report.json").write_text("{}")  # what a localnet writes when it ends
+    b = board()
+    assert b.run_state(b.validator(None)).kind == "finished" and 'class="runstate finished"' in views.overview(b, None)
+
+    # shadow mode and a disk without room for two state files
+    append_record(out / "nodes" / "validator0" / WEIGHTS_FILE, WeightsRecord(
+        window=run.last_window, attempt=1, outcome="shadow", reason="", uids=3, block=1, detail="", next=""))
+    state_file = out / "nodes" / "validator0" / "state.safetensors"
+    with open(state_file, "wb") as f:
+        f.truncate(shutil.disk_usage(out).free)  # sparse: its size, not its blocks
+    os.utime(out / "nodes" / "validator0" / "validator_windows.jsonl")
+    (out / "report.json").unlink()
+    b = board()
+    assert ">shadow</div>" in views.overview(b, None)
+    assert any("less than two state files" in a for a in b.run_state(b.validator(None)).alerts)

@@ -199,3 +199,27 @@ def test_a_new_window_arrives_live_without_a_reload(browser, live, shots):
     page.screenshot(path=str(shots / "overview-live-1280x800.png"))
     overview.check()
     peers.check()
+
+
+OVERFLOWING = """() => Array.from(document.querySelectorAll('.scroll'))
+    .filter(s => s.scrollWidth > s.clientWidth)
+    .map(s => { const t = s.querySelector('table'); return (t && t.id) + ': ' + s.scrollWidth + '>' + s.clientWidth; })"""
+
+
+def test_every_table_fits_a_phone_and_the_run_state_is_said(browser, live, shots):
+    """At 390 px no table scrolls sideways (docs/operating.md §2: secondary columns drop); the run's
+    state line is green only because windows arrive, and the status strip's legend is on the Peers page."""
+    run, dash = live
+    for path in ("/", "/peers", f"/peers/{run.node('lazy0').hotkey}", "/miners", "/miners/miner0"):
+        w = Watch(browser, dash.url, PHONE)
+        page = w.goto(path)
+        assert page.evaluate(OVERFLOWING) == [], path
+        assert page.locator("#run-state").count() == 1, path
+        w.check()
+    w = Watch(browser, dash.url, DESKTOP)
+    page = w.goto("/peers")
+    assert page.locator("#run-state.live").count() == 1  # this fixture's windows are being written
+    assert page.locator("#strip-legend").is_visible() and "failed fast evaluation" in page.inner_text("#strip-legend")
+    assert "live" not in page.inner_text("#live-state")  # the connection indicator does not claim the run is live
+    page.screenshot(path=str(shots / "peers-legend-1280x800.png"))
+    w.check()

@@ -15,7 +15,7 @@ import pytest
 from templar.chain import create_dev_chain
 from templar.chain.store import ChainStore
 from templar.comms import put_start_window
-from templar.core.config import PRESETS_DIR, load_hparams
+from templar.core.config import PRESETS_DIR, REPO_ROOT, load_hparams
 from templar.core.memory import GIB
 from templar.doctor import Doctor, Status, run_checks
 from templar.doctor import bucket as bucket_checks
@@ -97,7 +97,29 @@ def test_hparams_and_wallet(subnet, tmp_path):
     assert run(Doctor(flags(subnet, "miner"), "miner"), chain_checks.check_wallet).status == Status.OK
     missing = run(Doctor(flags(subnet, "nobody"), "miner"), chain_checks.check_wallet)
     assert missing.status == Status.FAILED and "nobody" in missing.summary
+    assert missing.fix == "create them: templar chain register --wallet.name nobody --wallet.hotkey default"
     assert not (subnet / "wallets" / "nobody").exists(), "the doctor creates nothing"
+
+
+def test_the_wallet_fix_is_the_one_recipe_of_the_docs(subnet, tmp_path):
+    """A missing wallet on a real network has one recipe: the fix line's, which docs/mining.md §3
+    gives too; the summary says only what is missing."""
+    def on_finney(wallet: str, path: Path) -> Doctor:
+        args = flags(subnet, wallet, "--subtensor.network", "finney", "--wallet.path", str(path))
+        return Doctor(args, "miner")
+
+    fresh = run(on_finney("W", tmp_path / "empty"), chain_checks.check_wallet)
+    assert fresh.status == Status.FAILED and "btcli" not in fresh.summary and "templar" not in fresh.summary
+    assert fresh.fix == f"create them: btcli wallet create -w W -H default --wallet-path {tmp_path / 'empty'}"
+    mining = (REPO_ROOT / "docs" / "mining.md").read_text()
+    assert "btcli wallet create -w W -H H" in mining and "btcli wallet new-hotkey -w W -H H" in mining
+    # a coldkey without this hotkey: a new hotkey for it, not a new coldkey
+    other = run(on_finney("stranger", subnet / "wallets"), chain_checks.check_wallet)
+    assert other.status == Status.OK
+    hotkeyless = Doctor(flags(subnet, "stranger", "--subtensor.network", "finney", "--wallet.hotkey", "second"),
+                        "miner")
+    assert run(hotkeyless, chain_checks.check_wallet).fix.startswith("create them: btcli wallet new-hotkey -w "
+                                                                      "stranger -H second")
 
 
 def test_chain_and_this_machines_clock(subnet, tmp_path):
@@ -308,7 +330,23 @@ def test_manifest_pinned_wrong_and_unpublished(subnet, tmp_path):
     unpublished = run(Doctor(flags(subnet, "miner", hparams=str(PRESETS_DIR.parent / "hparams.json")), "miner"),
                       chain_checks.check_hparams, machine_checks.check_manifest)
     assert unpublished.status == Status.FAILED and "not published yet" in unpublished.summary
-    assert "docs/launch.md" in unpublished.fix
+    assert "nothing to fix on this machine" in unpublished.fix and "docs/launch.md §11" in unpublished.fix
+    assert "## 11. Publishing the production corpus" in (REPO_ROOT / "docs" / "launch.md").read_text()
+
+
+def test_manifest_warns_of_a_corpus_too_small_for_disjoint_assignments(subnet, tmp_path, assets_dir):
+    from templar.cli import main
+
+    (tmp_path / "src").mkdir()
+    with open(assets_dir / "corpus" / "wiki.jsonl", encoding="utf-8") as f:
+        (tmp_path / "src" / "a.jsonl").write_text("".join(line for _, line in zip(range(40), f, strict=False)))
+    assert main(["data", "prepare", str(tmp_path / "src"), "--tokenizer", str(assets_dir / "tokenizer"),
+                 "--hparams", "tiny", "--out", str(tmp_path / "corpus"), "--no-progress"]) == 0
+    assert main(["data", "pin", str(tmp_path / "corpus"), "--hparams", str(tmp_path / "run.json"),
+                 "--base", "tiny"]) == 0
+    small = run(Doctor(flags(subnet, "miner", hparams=str(tmp_path / "run.json")), "miner"),
+                chain_checks.check_hparams, machine_checks.check_manifest)
+    assert small.status == Status.WARNING and "fewer than the 522 pages" in small.summary, small
 
 
 def test_gpu_memory_and_disks(subnet, monkeypatch):

@@ -112,3 +112,44 @@ def test_every_refusal_is_told_once_retried_and_recorded(tmp_path):
     assert metrics.weights_refusals.labels("priority_too_low")._value.get() == 1
     assert metrics.weights_last_set.collect()[0].samples[0].value == first + 10
     assert metrics.weights_pending.collect()[0].samples[0].value == 0
+
+
+def test_a_shadow_validator_scores_as_usual_and_writes_nothing_on_chain(tmp_path):
+    """`--shadow` (to try a validator on a new machine): its weights are computed, recorded and
+    exported as a `shadow` outcome, and neither they nor its bucket locator reach the chain."""
+    from templar.core.clock import loop_time
+    from templar.runtime.node import start_node
+
+    subnet = Subnet.create(tmp_path, {"lead": 100.0, "m1": 0.0, "m2": 0.0})
+    uids = {w.hotkey: w.uid for w in subnet.wallets.values()}
+    hotkeys = {name: w.hotkey for name, w in subnet.wallets.items()}
+    lines: list[str] = []
+    sinks: list[int] = []
+
+    async def scenario():
+        args = subnet.args("lead")
+        args.shadow = True
+        node = await start_node(args, "test", time=loop_time(), open_bucket=subnet.open_bucket)
+        sinks.append(logger.add(lambda m: lines.append(m.record["message"]), level="INFO"))
+        landed = await WeightSetter(node).submit(node.clock.current_window() + 1,
+                                                 {hotkeys["m1"]: 0.6, hotkeys["m2"]: 0.4}, uids)
+        on_chain = node.chain.current_weights(), node.chain.bucket_locators()
+        await node.aclose()
+        node.chain.close()
+        return landed, on_chain, node
+
+    try:
+        landed, (weights, locators), node = run_virtual(scenario())
+    finally:
+        for sink in sinks:
+            logger.remove(sink)
+    assert not landed and node.shadow
+    assert not weights.get(uids[hotkeys["lead"]]), weights
+    assert hotkeys["lead"] not in locators, locators
+    records = [WeightsRecord(**r) for r in read_records(node.state_dir / WEIGHTS_FILE)]
+    assert [(r.outcome, r.uids) for r in records] == [("shadow", 2)]
+    assert any(line.startswith("shadow mode: weights for 2 uids computed, not set") for line in lines), lines
+    metrics = NeuronMetrics("validator", "hk", 0, shadow=True)
+    metrics.on_record(node.state_dir / WEIGHTS_FILE, records[0])
+    assert metrics.shadow.collect()[0].samples[0].value == 1
+    assert metrics.weights_pending.collect()[0].samples[0].value == 0

@@ -74,3 +74,31 @@ def test_check_reads_as_a_peer_and_catches_a_read_key_that_writes(capsys, seawee
                                seaweed.reader.secret_access_key).encode()
     assert main(["bucket", "check", missing, "--subtensor.network", "embedded", "--no-write-test"]) == 1
     assert main(["bucket", "check", "s3:nonsense", "--subtensor.network", "embedded"]) == 1
+
+
+def test_s3_start_refuses_missing_or_shared_keys_and_a_busy_port(monkeypatch, tmp_path, capsys):
+    """`templar s3 start` (the launch page's S3 server) takes its two identities from the nodes'
+    variables and checks them, and a busy port, before starting anything."""
+    import socket
+
+    argv = ["s3", "start", "--dir", str(tmp_path / "s3"), "--bucket", "rehearsal-corpus"]
+    assert main(argv) == 2 and "TEMPLAR_BUCKET_WRITE_KEY_ID" in capsys.readouterr().err
+    monkeypatch.setenv(WRITE_KEY_ID_ENV, "writer")
+    monkeypatch.setenv(WRITE_SECRET_ENV, "write-secret")
+    assert main(argv) == 2 and "TEMPLAR_BUCKET_READ_KEY_ID" in capsys.readouterr().err
+    monkeypatch.setenv("TEMPLAR_BUCKET_READ_KEY_ID", "writer")
+    monkeypatch.setenv("TEMPLAR_BUCKET_READ_SECRET", "read-secret")
+    assert main(argv) == 2 and "must differ" in capsys.readouterr().err
+    monkeypatch.setenv("TEMPLAR_BUCKET_READ_KEY_ID", "reader")
+    with socket.socket() as busy:
+        for port in range(20000, 55535, 997):  # one the command accepts (its gRPC port must exist too)
+            try:
+                busy.bind(("127.0.0.1", port))
+                break
+            except OSError:
+                continue
+        busy.listen()
+        assert main([*argv, "--port", str(port)]) == 1
+    assert "in use" in capsys.readouterr().err and not (tmp_path / "s3" / "server.json").exists()
+    assert main(["s3", "stop", "--dir", str(tmp_path / "s3")]) == 0
+    assert "no S3 server running" in capsys.readouterr().out

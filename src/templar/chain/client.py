@@ -104,10 +104,9 @@ def load_wallet(
         (wallet.coldkeypub_file, "coldkeypub.txt"),
     ):
         if not keyfile.exists_on_device():
-            raise ChainError(
-                f"wallet {name!r} has no {what} under {wallet.path}; create it with "
-                f"`templar chain register` (dev chains) or btcli"
-            )
+            # what is missing only: how to create it depends on the network (the doctor's fix,
+            # templar.doctor.context.Doctor.wallet_hint, and docs/mining.md §3 say it)
+            raise ChainError(f"wallet {name!r} has no {what} under {wallet.path}")
     return wallet
 
 

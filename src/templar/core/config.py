@@ -372,6 +372,11 @@ def resolve_hparams_path(name_or_path: str | Path | None) -> Path:
 def load_hparams(name_or_path: str | Path | None = None) -> HParams:
     """Load and validate hparams; raise `HParamsError` naming the offending key."""
     path = resolve_hparams_path(name_or_path)
+    if isinstance(name_or_path, str) and path == Path(name_or_path) and not path.exists() \
+            and "/" not in name_or_path and path.suffix != ".json":
+        raise HParamsError(f"no preset {name_or_path!r}: {PRESETS_DIR / (name_or_path + '.json')} does not exist "
+                           f"(a bare name means hparams/<name>.json; docs/mining.md §6 shows how to write one), "
+                           f"and neither does a file {name_or_path!r}")
     data = _read_layered(path)
     try:
         return HParams.model_validate(data)

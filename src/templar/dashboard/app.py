@@ -186,8 +186,10 @@ def create_app(board: Board, *, allowed_hosts: list[str] | None = None) -> Starl
             last = v.last_window if v else None
             snap = board.snapshot
             lead = snap.lead() if snap else None
+            run = board.run_state(v)
             data = {
                 "version": board.version,
+                "run": {"state": run.kind, "detail": run.detail, "alerts": list(run.alerts)},
                 "chain": {"label": board.config.chain_label, "block": snap.block if snap else None,
                           "error": board.chain.error if board.chain else "no chain configured",
                           "lead": {"uid": lead.uid, "hotkey": lead.hotkey, "stake": lead.stake} if lead else None},
@@ -211,8 +213,8 @@ def create_app(board: Board, *, allowed_hosts: list[str] | None = None) -> Starl
     async def api_miners(request: Request) -> Response:
         await refresher.on_request()
         with board.lock:
-            data = {"miners": [{"name": m.name, "phase": m.phase(), "last": m.last.__dict__ if m.last else None}
-                               for m in board.miners]}
+            data = {"miners": [{"name": m.name, "phase": m.phase(), "last": m.last.__dict__ if m.last else None,
+                                "trained": m.trained.__dict__ if m.trained else None} for m in board.miners]}
         return JSONResponse(_clean(data))
 
     async def events(request: Request) -> Response:

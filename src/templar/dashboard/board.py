@@ -8,6 +8,7 @@ goes up whenever anything visible changed; the live view pushes it to browsers.
 
 from __future__ import annotations
 
+import shutil
 import threading
 import time
 from collections.abc import Callable
@@ -22,6 +23,25 @@ from templar.runtime.roster import NodeInfo
 
 NEVER_PRESENT = frozenset({"missing", "not-sampled"})
 """Statuses that say nothing was ever received from a hotkey."""
+STALE_WINDOWS = 3
+"""A run (or a node) with no window recorded for this many windows of wall time has stopped or
+stalled: no longer shown as live. The Prometheus rule TemplarNodeBehind uses the same three."""
+BEHIND_WINDOWS = 3
+"""A validator scoring a window this many behind the chain's current one is catching up."""
+STATE_FILE = "state.safetensors"  # templar.runtime.state.STATE_FILE: only its size is read (stat)
+PRODUCTION_WINDOW_SECONDS = 84.0
+"""7 blocks × 12 s: the window length when the board's config does not give one."""
+
+
+@dataclass(frozen=True)
+class RunState:
+    """What the run is doing, as the top of every page says it: `kind` is live (green), behind,
+    stale (records stopped), finished (a localnet that wrote its report) or waiting (nothing yet);
+    `alerts` are the states the Prometheus rules of deploy/prometheus/ alert on, seen from files."""
+
+    kind: str
+    detail: str
+    alerts: tuple[str, ...] = ()
 
 
 @dataclass
@@ -36,6 +56,9 @@ class BoardConfig:
     chain_interval: float = 6.0
     blocks_per_window: int | None = None
     hparams_name: str = ""
+    window_seconds: float | None = None
+    """blocks_per_window × block_time: how old a record may be before the run is stale."""
+    windows_per_weights: int | None = None
 
 
 def _unique_name(directory: Path, taken: set[str]) -> str:
@@ -60,6 +83,7 @@ class Board:
         self.miners = [MinerSource(_unique_name(d, taken), d) for d in config.miner_dirs]
         self.chain = (ChainWatch(config.connect, config.chain_label, config.chain_interval)
                       if config.connect else None)
+        self._run_kind = ""
 
     # ---- refresh (worker threads) ------------------------------------------------------------
 
@@ -68,6 +92,9 @@ class Board:
             changed = self._load_roster()
             for source in (*self.validators, *self.miners):
                 changed |= source.refresh()
+            kind = self.run_state(self.validator(None)).kind  # a run going stale changes the page too
+            changed |= kind != self._run_kind
+            self._run_kind = kind
             if changed:
                 self._bump()
             return changed
@@ -153,6 +180,66 @@ class Board:
         snap, bpw = self.snapshot, self.config.blocks_per_window
         return snap.block // bpw if snap and bpw else None
 
+    def run_state(self, v: ValidatorSource | None, now: float | None = None) -> RunState:
+        """Live, behind, stale, finished or waiting, from the records' ages and the chain's window
+        (a finished run is never shown live), with the alert states of the nodes watched."""
+        now = time.time() if now is None else now
+        window = self.config.window_seconds or PRODUCTION_WINDOW_SECONDS
+        sources = [*self.validators, *self.miners]
+        stamps = [s.last_record_at for s in sources if s.last_record_at]
+        last = v.last_window if v else None
+        scored = f"last window scored {last.window}" if last else "no window scored"
+        if self.localnet is not None and self.localnet.finished:
+            return RunState("finished", f"the localnet finished and wrote its report; {scored}")
+        if not stamps:
+            return RunState("waiting", "no window recorded yet (nodes joining, or not started)")
+        age = now - max(stamps)
+        if age > STALE_WINDOWS * window:
+            return RunState("stale", f"no window recorded for {_duration(age)}: the nodes watched have stopped "
+                                     f"or stalled; {scored}", self._alerts(v, now, window))
+        current = self.current_window()
+        if last and current is not None and current - last.window > BEHIND_WINDOWS:
+            return RunState("behind", f"scoring window {last.window} while the chain is at {current} "
+                                      f"({current - last.window} behind): catching up", self._alerts(v, now, window))
+        return RunState("live", f"{scored}" + (f", the chain is at window {current}" if current is not None else ""),
+                        self._alerts(v, now, window))
+
+    def _alerts(self, v: ValidatorSource | None, now: float, window: float) -> tuple[str, ...]:
+        """The states deploy/prometheus/templar-alerts.yml alerts on, from what the dashboard reads."""
+        out = []
+        for source in (*self.validators, *self.miners):
+            if source.last_record_at and now - source.last_record_at > STALE_WINDOWS * window:
+                lead = isinstance(source, ValidatorSource) and source.last_window and source.last_window.lead
+                out.append(f"{'the lead' if lead else 'node'} {source.name} has recorded no window for "
+                           f"{_duration(now - source.last_record_at)}" + (": nobody gets its updates" if lead else ""))
+        waiting = [m.name for m in self.miners if m.last is not None and m.last.phase == "catchup"
+                   and not (m.last_record_at and now - m.last_record_at > STALE_WINDOWS * window)]
+        if waiting:
+            out.append(f"{', '.join(waiting)}: the last window ended waiting for the lead's update of it (catch-up)")
+        if v is not None and v.last_window is not None:
+            weights = self._weights_alert(v)
+            if weights:
+                out.append(weights)
+        for source in (*self.validators, *self.miners):
+            disk = _disk_alert(source.name, source.directory)
+            if disk:
+                out.append(disk)
+        return tuple(out)
+
+    def _weights_alert(self, v: ValidatorSource) -> str:
+        """Weights not set for two weights windows (not in shadow mode, where they never are)."""
+        every = self.config.windows_per_weights
+        last_attempt = v.weights[-1] if v.weights else None
+        if every is None or (last_attempt is not None and last_attempt.outcome == "shadow"):
+            return ""
+        landed = [w.window for w in v.weights if w.outcome == "set"]
+        since = landed[-1] if landed else (v.windows[0].window if v.windows else v.last_window.window)
+        if v.last_window.window - since <= 2 * every:
+            return ""
+        said = f" (last attempt: {last_attempt.outcome} {last_attempt.reason})".replace(" )", ")") if last_attempt else ""
+        return (f"{v.name}: weights not set since window {since}" if landed
+                else f"{v.name}: no weights set in {v.last_window.window - since} windows") + said
+
     def problems(self) -> list[str]:
         out = []
         if self.localnet and self.localnet.error:
@@ -171,3 +258,20 @@ class Board:
         for source in (*self.validators, *self.miners):
             out.extend(source.problems())
         return out
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min" if seconds < 7200 else \
+        f"{seconds / 3600:.1f} h"
+
+
+def _disk_alert(name: str, directory: Path) -> str:
+    """Less free disk than two state files by the state directory (every save writes a new one)."""
+    try:
+        size = (directory / STATE_FILE).stat().st_size
+        free = shutil.disk_usage(directory).free
+    except OSError:
+        return ""
+    if free >= 2 * size:
+        return ""
+    return f"{name}: {free / 1e9:.1f} GB free by its state dir, less than two state files ({size / 1e9:.1f} GB each)"

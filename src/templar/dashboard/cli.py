@@ -79,7 +79,8 @@ def board_config(args: argparse.Namespace):
     return BoardConfig(localnet=args.localnet, validator_dirs=list(args.validator_dirs),
                        miner_dirs=list(args.miner_dirs), connect=connector, chain_label=label,
                        chain_interval=interval, blocks_per_window=hp.windows.blocks_per_window,
-                       hparams_name=hp.name)
+                       hparams_name=hp.name, window_seconds=hp.windows.blocks_per_window * hp.windows.block_time,
+                       windows_per_weights=hp.windows.windows_per_weights)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -8,6 +8,7 @@ port is a clear error at once and port 0 picks a free one.
 
 from __future__ import annotations
 
+import signal
 import socket
 import threading
 import time
@@ -74,10 +75,19 @@ def build_server(board: Board, host: str) -> uvicorn.Server:
     return server
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def serve(board: Board, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, *, allow_remote: bool = False) -> None:
-    """Serve in the foreground until Ctrl-C."""
+    """Serve in the foreground until Ctrl-C or SIGTERM (either ends it cleanly: exit 0 from the CLI).
+
+    uvicorn shuts down gracefully on both, then raises the signal again for the handler it found;
+    for SIGTERM that would be the default one (killed, status 143 for systemd or a shell's `wait`),
+    so SIGTERM is made to end the process as Ctrl-C does."""
     sock = bind_socket(host, port, allow_remote=allow_remote)
     server = build_server(board, host)
+    signal.signal(signal.SIGTERM, _interrupt)
     print(f"templar dashboard: {url_of(sock)}  (read-only; Ctrl-C to stop)", flush=True)
     server.run(sockets=[sock])
 
@@ -127,7 +137,9 @@ def start_localnet_dashboard(out: Path, hparams: str, port: int, netuid: int) ->
         localnet=out, connect=partial(connect, network="embedded", chain_endpoint=str(out / CHAIN_FILE),
                                       netuid=netuid, wallet_name=None, read_timeout=10.0),
         chain_label=f"embedded netuid {netuid}", chain_interval=max(2.0, hp.windows.block_time),
-        blocks_per_window=hp.windows.blocks_per_window, hparams_name=hp.name)
+        blocks_per_window=hp.windows.blocks_per_window, hparams_name=hp.name,
+        window_seconds=hp.windows.blocks_per_window * hp.windows.block_time,
+        windows_per_weights=hp.windows.windows_per_weights)
     for attempt in (port, 0):
         try:
             return BackgroundDashboard(Board(config), DEFAULT_HOST, attempt).start()

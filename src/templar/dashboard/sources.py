@@ -2,7 +2,9 @@
 
 Only these files are ever opened: `scores.jsonl`, `validator_windows.jsonl`, `weights.jsonl`,
 `scorebook.json` (validators), `miner_windows.jsonl` and the tail of `node.log` for its `[SYNC]` lines (miners),
-and `nodes.json` (a localnet). `eval_secret`, wallets, bucket credentials and model state are
+and `nodes.json` (a localnet). Besides, the run state looks at files without opening them: when a
+window file last grew, whether a localnet's `report.json` exists, and the size of a node's state
+file against the free disk beside it. `eval_secret`, wallets, bucket credentials and model state are
 never read, so the dashboard cannot show them. Every record is checked against the field types
 of its `templar.runtime.records` class before use; a line that fails is counted and skipped, and each
 source lists what is missing in `problems()` for the page to say.
@@ -38,10 +40,12 @@ from templar.runtime.roster import CHAIN_FILE, NodeInfo, RosterError, lead_valid
 
 BOOK_FILE = "scorebook.json"  # the validator's readable copy (templar.validator.state.BOOK_FILE)
 LOG_FILE = "node.log"         # the localnet passes --logging.file <state dir>/node.log
+REPORT_FILE = "report.json"   # a localnet writes it when it ends
 MAX_WINDOWS = 2000
 MAX_PEER_RECORDS = 400
 MAX_PEERS = 4096
 MAX_WEIGHTS_RECORDS = 200
+STRIP_WINDOWS = 8                        # windows in a peer's status strip
 MAX_BOOK_BYTES = 16 * 1024 * 1024
 LOG_TAIL_BYTES = 64 * 1024
 LOG_INTERVAL = 5.0                       # seconds between two looks at a node.log
@@ -176,6 +180,8 @@ class ValidatorSource:
         self.book: dict[str, BookEntry] = {}
         self.book_error = ""
         self._book_stamp: tuple[int, int] | None = None
+        self.last_record_at = 0.0
+        """When its window file last grew (its mtime): how the run state tells a stopped node."""
 
     def refresh(self) -> bool:
         changed = False
@@ -201,6 +207,7 @@ class ValidatorSource:
             changed = True
         self.windows.extend(wrecs)
         changed |= bool(wrecs)
+        self.last_record_at = _mtime(self.windows_file.tail.path) if self.windows else 0.0
         weights, reset = self.weights_file.poll()
         if reset:
             self.weights.clear()
@@ -260,7 +267,7 @@ class ValidatorSource:
                     break
         return out
 
-    def recent_statuses(self, hotkey: str, count: int = 8) -> list[tuple[int, str]]:
+    def recent_statuses(self, hotkey: str, count: int = STRIP_WINDOWS) -> list[tuple[int, str]]:
         hist = self.history.get(hotkey, ())
         return [(r.window, r.status) for r in list(hist)[-count:]]
 
@@ -296,12 +303,14 @@ class MinerSource:
         self.sync: SyncLine | None = None
         self._log_stamp: tuple[int, int] | None = None
         self._log_checked = -LOG_INTERVAL
+        self.last_record_at = 0.0
 
     def refresh(self) -> bool:
         records, reset = self.file.poll()
         if reset:
             self.windows.clear()
         self.windows.extend(records)
+        self.last_record_at = _mtime(self.file.tail.path) if self.windows else 0.0
         return bool(records) or reset or self._refresh_sync()
 
     def _refresh_sync(self) -> bool:
@@ -334,6 +343,23 @@ class MinerSource:
     @property
     def last(self) -> MinerWindowRecord | None:
         return self.windows[-1] if self.windows else None
+
+    @property
+    def trained(self) -> MinerWindowRecord | None:
+        """The last window it trained and aggregated: a catch-up record after it (the window
+        ended waiting for the lead's update, as the last one of a run whose lead stopped first
+        does) is not what the miner's numbers are."""
+        return next((r for r in reversed(self.windows) if r.phase != "catchup"), None)
+
+    @property
+    def catchups_after(self) -> list[MinerWindowRecord]:
+        """The catch-up records after `trained` (all of them, if it never trained)."""
+        out = []
+        for r in reversed(self.windows):
+            if r.phase != "catchup":
+                break
+            out.append(r)
+        return out[::-1]
 
     def phase(self) -> str:
         if self.windows:
@@ -368,8 +394,20 @@ class LocalnetDir:
     def chain_file(self) -> Path:
         return self.out / CHAIN_FILE
 
+    @property
+    def finished(self) -> bool:
+        """The localnet wrote its report: it has stopped (a new run starts by clearing the folder)."""
+        return (self.out / REPORT_FILE).is_file()
+
     def lead(self) -> NodeInfo | None:
         return lead_validator(self.nodes)
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return os.stat(path).st_mtime
+    except OSError:
+        return 0.0
 
 
 def finite(value: float | None) -> bool:

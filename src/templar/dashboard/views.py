@@ -18,7 +18,7 @@ from urllib.parse import quote
 from templar.core.verdicts import Status, label_meaning
 from templar.dashboard.board import Board
 from templar.dashboard.chainwatch import agreement, bucket_label, pairwise
-from templar.dashboard.sources import MinerSource, ValidatorSource, valid_hotkey
+from templar.dashboard.sources import STRIP_WINDOWS, MinerSource, ValidatorSource, valid_hotkey
 from templar.dashboard.svg import PALETTE, line_chart, sparkline
 from templar.runtime.records import PeerScoreRecord
 
@@ -28,7 +28,17 @@ WEIGHT_OUTCOMES = {
     "refused": "weights: the chain refused this attempt; the node retries (see next)",
     "gave_up": "weights: no more attempts for this window's weights (see next)",
     "superseded": "weights: replaced by the next weights window's weights before they landed",
+    "shadow": "weights: computed and not set (the validator runs with --shadow)",
 }
+TIMING_WINDOWS = 60
+"""Windows of the overview's put and gather timing chart."""
+SPARK_WINDOWS = 40
+"""Windows of a weight or tokens/s sparkline."""
+AGREEMENT_GOOD, AGREEMENT_POOR = 0.9, 0.6
+"""Validator agreement (cosine against the others): green from the first, red below the second."""
+RUN_STATES = {"live": "live", "behind": "behind", "stale": "stopped or stalled", "finished": "finished",
+              "waiting": "waiting"}
+"""The run state's label at the top of every page (`Board.run_state`); only `live` is green."""
 
 
 def meaning(status: str) -> str:
@@ -130,10 +140,19 @@ def page(board: Board, title: str, body: str, active: str) -> str:
 <script src="/static/dashboard.js" defer></script>
 </head><body>
 <header><span class="brand">templar</span><nav>{nav}</nav>
-<span id="live-state" class="live" title="live updates">connecting…</span></header>
+<span id="live-state" class="live" title="this page updates itself while connected; the run's own state is the line at the top of the page">connecting…</span></header>
 <main id="live" data-version="{board.version}">{body}</main>
 <footer>read-only · local · {escape(board.config.chain_label or "no chain")}</footer>
 </body></html>"""
+
+
+def run_line(board: Board, v: ValidatorSource | None) -> str:
+    """What the run is doing (live, behind, stopped or stalled, finished), and its alert states."""
+    state = board.run_state(v)
+    alerts = "".join(f"<li>{escape(a)}</li>" for a in state.alerts)
+    return (f'<section class="runstate {state.kind}" id="run-state"><span class="dot" aria-hidden="true"></span>'
+            f'<b>{escape(RUN_STATES[state.kind])}</b> <span class="muted">{escape(state.detail)}</span>'
+            + (f'<ul class="alerts">{alerts}</ul>' if alerts else "") + "</section>")
 
 
 def problems_box(board: Board) -> str:
@@ -161,9 +180,13 @@ def overview(board: Board, vname: str | None) -> str:
     v = board.validator(vname)
     snap = board.snapshot
     last = v.last_window if v else None
-    parts = [problems_box(board), validator_picker(board, v, "/")]
+    parts = [run_line(board, v), problems_box(board), validator_picker(board, v, "/")]
     current = board.current_window()
+    live = board.run_state(v).kind in ("live", "behind")
     window_sub = f"last scored {last.window}" if last else "no window scored yet"
+    if not live and last is not None:  # a finished or stopped run: its last window, not the chain's
+        current, window_sub = last.window, "last scored" + (f"; the chain is at {board.current_window()}"
+                                                             if board.current_window() is not None else "")
     lead = snap.lead() if snap else None
     lead_text, lead_sub = "–", ""
     if lead:
@@ -187,11 +210,12 @@ def overview(board: Board, vname: str | None) -> str:
     ]
     parts.append(f'<section class="cards">{"".join(cards)}</section>')
     loss_pts = [(w.window, w.holdout_loss) for w in windows]
-    timing = [("validator: window (gather → saved)", [(w.window, w.wall_seconds) for w in windows[-60:]])]
-    gathers = [(w.window, w.gather_seconds) for w in windows[-60:] if w.gather_seconds is not None]
+    timing = [("validator: window (gather → saved)",
+               [(w.window, w.wall_seconds) for w in windows[-TIMING_WINDOWS:]])]
+    gathers = [(w.window, w.gather_seconds) for w in windows[-TIMING_WINDOWS:] if w.gather_seconds is not None]
     if gathers:
         timing.append(("validator: gather", gathers))
-    put = _median_put(board.miners, {w.window for w in windows[-60:]} if windows else None)
+    put = _median_put(board.miners, {w.window for w in windows[-TIMING_WINDOWS:]} if windows else None)
     if put:
         timing.append(("miners: put (median upload)", put))
     parts.append('<section class="grid2">'
@@ -212,6 +236,9 @@ def _weights_card(v: ValidatorSource | None) -> str:
         return card("weights", "–", "none attempted yet", cid="c-weights")
     if last.outcome == "set":
         return card("weights", f"set w{last.window}", f"attempt {last.attempt}", cid="c-weights")
+    if last.outcome == "shadow":
+        return card("weights", "shadow", escape(f"w{last.window}: {last.uids} uids computed, never set (--shadow)"),
+                    cid="c-weights")
     label = {"refused": "retrying", "gave_up": "not set", "superseded": "replaced"}.get(last.outcome, last.outcome)
     return card("weights", escape(label), escape(f"{last.reason or last.outcome}: {last.next}"[:120]),
                 cid="c-weights")
@@ -220,12 +247,14 @@ def _weights_card(v: ValidatorSource | None) -> str:
 def _weights_table(v: ValidatorSource | None) -> str:
     """The recent attempts: every refusal the chain gave, as the chain said it, and what came next."""
     records = list(v.weights)[-12:] if v else []
-    rows = [f"<tr>{td(str(r.window), r.window, 'num')}{td(str(r.attempt), r.attempt, 'num')}"
-            f"{td(badge(r.outcome if r.outcome != 'set' else 'ok'))}{td(escape(r.reason or '–'))}"
-            f"{td(escape(r.detail or '–'))}{td(escape(r.next or '–'))}</tr>" for r in reversed(records)]
+    rows = [f"<tr>{td(str(r.window), r.window, 'num')}{td(str(r.attempt), r.attempt, 'num opt')}"
+            f"{td(badge(r.outcome if r.outcome != 'set' else 'ok'))}{td(escape(r.reason or '–'), cls='opt')}"
+            f"{td(escape(r.detail or '–'), cls='opt')}{td(escape(r.next or '–'), cls='wrap')}</tr>"
+            for r in reversed(records)]
     cols = [("window", "num"), ("attempt", "num"), ("outcome", "text"), ("reason", "text"), ("chain said", "text"),
             ("next", "text")]
-    return table(cols, rows, tid="weights", sortable=False, empty="no weights attempted yet")
+    return table(cols, rows, tid="weights", sortable=False, empty="no weights attempted yet",
+                 optional=frozenset({1, 3, 4}))
 
 
 def _median_put(miners: list[MinerSource], windows: set[int] | None) -> list[tuple[float, float]]:
@@ -234,18 +263,19 @@ def _median_put(miners: list[MinerSource], windows: set[int] | None) -> list[tup
         for r in m.windows:
             if r.uploaded and (windows is None or r.window in windows):
                 by_window.setdefault(r.window, []).append(r.upload_seconds)
-    return [(w, statistics.median(s)) for w, s in sorted(by_window.items())][-60:]
+    return [(w, statistics.median(s)) for w, s in sorted(by_window.items())][-TIMING_WINDOWS:]
 
 
 def _windows_table(windows) -> str:
-    rows = [f"<tr>{td(str(w.window), w.window, 'num')}{td(str(w.global_step), w.global_step, 'num')}"
-            f"{td(num(w.holdout_loss, '.4f'), w.holdout_loss, 'num')}{td(f'{w.gathered}', w.gathered, 'num')}"
-            f"{td(str(w.evaluated), w.evaluated, 'num')}{td(str(w.peers_aggregated), w.peers_aggregated, 'num')}"
-            f"{td(num(w.wall_seconds, '.1f'), w.wall_seconds, 'num')}{td('✓' if w.weights_set else '')}</tr>"
+    rows = [f"<tr>{td(str(w.window), w.window, 'num')}{td(str(w.global_step), w.global_step, 'num opt')}"
+            f"{td(num(w.holdout_loss, '.4f'), w.holdout_loss, 'num')}{td(f'{w.gathered}', w.gathered, 'num opt')}"
+            f"{td(str(w.evaluated), w.evaluated, 'num opt')}{td(str(w.peers_aggregated), w.peers_aggregated, 'num')}"
+            f"{td(num(w.wall_seconds, '.1f'), w.wall_seconds, 'num opt')}{td('✓' if w.weights_set else '')}</tr>"
             for w in reversed(windows[-10:])]
     cols = [("window", "num"), ("step", "num"), ("loss", "num"), ("gathered", "num"), ("evaluated", "num"),
             ("aggregated", "num"), ("wall s", "num"), ("weights", "text")]
-    return table(cols, rows, tid="windows", sortable=False, empty="no window scored yet")
+    return table(cols, rows, tid="windows", sortable=False, empty="no window scored yet",
+                 optional=frozenset({1, 3, 4, 6}))
 
 
 def _top_g(board: Board, v: ValidatorSource | None) -> str:
@@ -278,15 +308,16 @@ def _agreement(board: Board) -> str:
         n = snap.by_uid.get(a.uid)
         hk = n.hotkey if n else ""
         cos = "–" if a.cosine is None else f"{a.cosine:.3f}"
-        cls = "" if a.cosine is None else "good" if a.cosine >= 0.9 else "warn" if a.cosine >= 0.6 else "bad"
+        cls = ("" if a.cosine is None else "good" if a.cosine >= AGREEMENT_GOOD
+               else "warn" if a.cosine >= AGREEMENT_POOR else "bad")
         rows.append(f"<tr>{td(str(a.uid), a.uid, 'num')}<td>{peer_link(hk, board.label(hk) or short(hk))}</td>"
-                    f"{td(f'{a.stake:,.1f}', a.stake, 'num')}{td(str(a.uids_weighted), a.uids_weighted, 'num')}"
-                    f"{td('–' if a.top_uid is None else str(a.top_uid), a.top_uid, 'num')}"
+                    f"{td(f'{a.stake:,.1f}', a.stake, 'num opt')}{td(str(a.uids_weighted), a.uids_weighted, 'num opt')}"
+                    f"{td('–' if a.top_uid is None else str(a.top_uid), a.top_uid, 'num opt')}"
                     f'<td class="num {cls}" data-v="{sort_value(a.cosine)}">{cos}</td>'
-                    f"{td(str(n.last_update) if n else '–', n.last_update if n else None, 'num')}</tr>")
+                    f"{td(str(n.last_update) if n else '–', n.last_update if n else None, 'num opt')}</tr>")
     cols = [("uid", "num"), ("validator", "text"), ("stake τ", "num"), ("uids weighted", "num"), ("top uid", "num"),
             ("cosine vs others", "num"), ("last update", "num")]
-    out = table(cols, rows, tid="agreement")
+    out = table(cols, rows, tid="agreement", optional=frozenset({2, 3, 4, 6}))
     if len(snap.weights) > 1:
         uids = sorted(snap.weights)
         pw = pairwise(snap.weights)
@@ -305,7 +336,7 @@ def _agreement(board: Board) -> str:
 
 def peers(board: Board, vname: str | None) -> str:
     v = board.validator(vname)
-    parts = [problems_box(board), validator_picker(board, v, "/peers")]
+    parts = [run_line(board, v), problems_box(board), validator_picker(board, v, "/peers")]
     if v is None:
         return "".join(parts) + subnet_table(board)
     current = board.peers(v)
@@ -316,7 +347,7 @@ def peers(board: Board, vname: str | None) -> str:
     for hotkey, r in sorted(current.items(), key=lambda kv: (-kv[1].weight, kv[1].uid)):
         name = board.label(hotkey)
         hist = v.history.get(hotkey, ())
-        weights = [x.weight for x in hist][-40:]
+        weights = [x.weight for x in hist][-SPARK_WINDOWS:]
         neuron = chain_hk.get(hotkey)
         top = "✓" if r.in_top_g else ""
         rows.append(
@@ -338,9 +369,18 @@ def peers(board: Board, vname: str | None) -> str:
     window = v.table_window()
     parts.append(f'<section class="panel"><h2>Peers <small>{escape(v.name)}\'s view, window '
                  f'{num(window, "d")} · {len(rows)} peers{_hidden_note(hidden)} · click a header to sort</small></h2>'
+                 f'{STRIP_LEGEND}'
                  f'{table(cols, rows, tid="peers", empty="no peer scored yet", optional=frozenset({3, 4, 5, 6, 7, 11, 12}))}'
                  "</section>")
     return "".join(parts)
+
+
+STRIP_LEGEND = (f'<p class="legend muted opt" id="strip-legend">status: one cell per window, the last {STRIP_WINDOWS}, '
+                'oldest first: <span class="strip"><i class="good"></i></span>ok '
+                '<span class="strip"><i class="idle"></i></span>warm-up, not sampled, or another status that costs '
+                'the peer nothing <span class="strip"><i class="bad"></i></span>a failed fast evaluation (hover a '
+                'cell for its window and status); then the last status</p>')
+"""What the status strip's colours mean (`strip`), above the table that shows it."""
 
 
 def _hidden_note(hidden: int) -> str:
@@ -431,7 +471,7 @@ def peer(board: Board, hotkey: str, vname: str | None) -> str | None:
                 facts.append(("weight on chain by validator",
                               ", ".join(f"uid {vu}: {w:.3f}" for vu, w in given)))
     dl = "".join(f"<dt>{escape(k)}</dt><dd>{val}</dd>" for k, val in facts)
-    parts = [f'<p class="crumbs"><a href="/peers">Peers</a> › {escape(title)}</p>',
+    parts = [f'<p class="crumbs"><a href="/peers">Peers</a> › {escape(title)}</p>', run_line(board, v),
              validator_picker(board, v, f"/peers/{quote(hotkey)}"),
              f'<section class="panel"><h2>{escape(title)}</h2><dl class="facts">{dl}</dl></section>']
     if hist:
@@ -455,7 +495,7 @@ def peer(board: Board, hotkey: str, vname: str | None) -> str | None:
                 f"{td(num(r.delta_rand, '+.4f'), r.delta_rand, 'num opt')}{td(num(r.mu, '+.3f'), r.mu, 'num')}"
                 f"{td(num(r.rating, '.2f'), r.rating, 'num opt')}{td(num(r.score, '.3f'), r.score, 'num')}"
                 f"{td(num(r.weight, '.3f'), r.weight, 'num')}<td class='c opt'>{'✓' if r.in_top_g else ''}</td>"
-                f"<td class=why>{escape(reason)}</td></tr>")
+                f"<td class='why opt'>{escape(reason)}</td></tr>")
             prev = r
         counts: dict[str, int] = {}
         for r in hist:
@@ -468,7 +508,7 @@ def peer(board: Board, hotkey: str, vname: str | None) -> str | None:
                 ("μ", "num"), ("rating", "num"), ("score", "num"), ("weight", "num"), ("top-G", "text"),
                 ("why", "text")]
         parts.append(f'<section class="panel"><h2>History <small>{len(hist)} windows</small></h2>'
-                     f'{table(cols, list(reversed(rows)), tid="history", optional=frozenset({2, 3, 4, 6, 9}))}</section>')
+                     f'{table(cols, list(reversed(rows)), tid="history", optional=frozenset({2, 3, 4, 6, 9, 10}))}</section>')
     else:
         parts.append('<p class="muted">this validator has not scored this peer yet</p>')
     return "".join(parts)
@@ -477,16 +517,16 @@ def peer(board: Board, hotkey: str, vname: str | None) -> str | None:
 # ---- miners -------------------------------------------------------------------------------------
 
 def miners(board: Board) -> str:
-    parts = [problems_box(board)]
+    parts = [run_line(board, board.validator(None)), problems_box(board)]
     rows = []
     snap = board.snapshot
     for m in board.miners:
-        r = m.last
+        r = m.trained  # a trailing catch-up is shown beside the phase, not as the miner's numbers
         node = next((n for n in board.labels.values() if n.name == m.name), None)
         uid = node.uid if node else None
-        tps = [x.tokens_per_second for x in m.windows][-40:]
+        tps = [x.tokens_per_second for x in m.windows if x.phase != "catchup"][-SPARK_WINDOWS:]
         rows.append(
-            f"<tr>{td(num(uid, 'd'), uid, 'num')}<td data-v=\"{escape(m.name)}\"><a href=\"/miners/{quote(m.name)}\">"
+            f"<tr>{td(num(uid, 'd'), uid, 'num opt')}<td data-v=\"{escape(m.name)}\"><a href=\"/miners/{quote(m.name)}\">"
             f"{escape(m.name)}</a></td><td>{_phase(m)}</td>"
             f"<td class=opt>{escape(r.strategy if r else (node.strategy if node else '–'))}</td>"
             f"{td(num(r.window if r else None, 'd'), r.window if r else None, 'num')}"
@@ -494,36 +534,46 @@ def miners(board: Board) -> str:
             f"{td(num(r.loss if r else None, '.4f'), r.loss if r else None, 'num')}"
             f"{td(num(r.tokens_per_second if r else None, ',.0f'), r.tokens_per_second if r else None, 'num')}"
             f"{td(num(100 * r.overhead_share if r else None, '.1f') + ('%' if r else ''), r.overhead_share if r else None, 'num opt')}"
-            f"{td(num(r.upload_bytes / 1e3 if r else None, ',.0f'), r.upload_bytes if r else None, 'num')}"
+            f"{td(num(r.upload_bytes / 1e3 if r else None, ',.0f'), r.upload_bytes if r else None, 'num opt')}"
             f"{td(num(r.upload_seconds if r else None, '.2f'), r.upload_seconds if r else None, 'num opt')}"
             f"{td(num(r.peers_aggregated if r else None, 'd'), r.peers_aggregated if r else None, 'num opt')}"
             f"<td class=opt>{sparkline(tps, label=f'tokens/s of {m.name}', color=PALETTE[2])}</td></tr>")
-    cols = [("uid", "num"), ("miner", "text"), ("phase", "text"), ("strategy", "text"), ("window", "num"),
+    cols = [("uid", "num"), ("miner", "text"), ("phase", "text"), ("strategy", "text"), ("trained", "num"),
             ("step", "num"), ("loss", "num"), ("tok/s", "num"), ("overhead", "num"), ("upload kB", "num"),
             ("upload s", "num"), ("aggregated", "num"), ("tok/s history", "none")]
     note = "" if snap is None else f" · chain block {snap.block}"
     parts.append(f'<section class="panel"><h2>Miners <small>{len(rows)} state dirs{escape(note)}</small></h2>'
-                 f'{table(cols, rows, tid="miners", empty="no miner state dir: pass --miner.dir or --localnet", optional=frozenset({3, 5, 8, 10, 11, 12}))}'
+                 f'{table(cols, rows, tid="miners", empty="no miner state dir: pass --miner.dir or --localnet", optional=frozenset({0, 3, 5, 8, 9, 10, 11, 12}))}'
                  "</section>")
     return "".join(parts)
 
 
 def _phase(m: MinerSource) -> str:
-    phase = m.phase()
+    """The phase of its last trained window, then any catch-up after it: a window that ended waiting
+    for the lead's update (a lead that stopped first, or a late one) is said as such, and the
+    miner's numbers stay those of the window it trained."""
+    trained, after = m.trained, m.catchups_after
+    phase = trained.phase if trained else m.phase()
     kind = "good" if phase == "active" else "idle" if phase in {"warmup", "catchup", "startup"} else "bad"
     title = escape(m.sync.text) if m.sync else ""
-    return f'<span class="badge {kind}" title="{title}">{escape(phase)}</span>'
+    out = f'<span class="badge {kind}" title="{title}">{escape(phase)}</span>'
+    if trained and after:
+        windows = f"w{after[0].window}" + (f"–{after[-1].window}" if len(after) > 1 else "")
+        out += (f' <span class="badge idle" title="after its last trained window, {len(after)} window(s) ended '
+                f'waiting for the lead\'s update (catch-up): the lead stopped or published late">'
+                f"then catch-up {windows}</span>")
+    return out
 
 
 def miner(board: Board, name: str) -> str | None:
     m = board.miner(name)
     if m is None:
         return None
-    r = m.last
+    r = m.trained
     ws = list(m.windows)
     xs = [w.window for w in ws]
     facts = [("phase", _phase(m)), ("join state ([SYNC])", escape(m.sync.text) if m.sync else "–"),
-             ("strategy", escape(r.strategy) if r else "–"), ("last window", num(r.window if r else None, "d")),
+             ("strategy", escape(r.strategy) if r else "–"), ("last window trained", num(r.window if r else None, "d")),
              ("global step", num(r.global_step if r else None, "d")),
              ("tokens/s", num(r.tokens_per_second if r else None, ",.0f")),
              ("overhead", (num(100 * r.overhead_share, ".1f") + "% of the window") if r else "–"),
@@ -531,7 +581,8 @@ def miner(board: Board, name: str) -> str | None:
               if r and r.uploaded else "not uploaded" if r else "–"),
              ("last aggregate applied", f"{r.peers_aggregated} peers at step {r.global_step}" if r else "–")]
     dl = "".join(f"<dt>{escape(k)}</dt><dd>{val}</dd>" for k, val in facts)
-    parts = [f'<p class="crumbs"><a href="/miners">Miners</a> › {escape(name)}</p>', problems_box(board),
+    parts = [f'<p class="crumbs"><a href="/miners">Miners</a> › {escape(name)}</p>', run_line(board, board.validator(None)),
+             problems_box(board),
              f'<section class="panel"><h2>{escape(name)}</h2><dl class="facts">{dl}</dl></section>']
     if ws:
         parts.append('<section class="grid2">'
@@ -541,16 +592,19 @@ def miner(board: Board, name: str) -> str | None:
                      f'<div class="panel">{line_chart([("overhead %", [(w.window, 100 * w.overhead_share) for w in ws])], title="Overhead (% of window)", y_min=0)}</div>'
                      "</section>")
         rows = [f"<tr>{td(str(w.window), w.window, 'num')}<td>{escape(w.phase)}</td>"
-                f"{td(str(w.global_step), w.global_step, 'num')}{td(num(w.loss, '.4f'), w.loss, 'num')}"
-                f"{td(num(w.tokens_per_second, ',.0f'), w.tokens_per_second, 'num')}{td(str(w.pages), w.pages, 'num')}"
-                f"{td(num(100 * w.overhead_share, '.1f'), w.overhead_share, 'num')}"
-                f"{td('✓' if w.uploaded else '✗')}{td(num(w.upload_bytes / 1e3, ',.1f'), w.upload_bytes, 'num')}"
-                f"{td(num(w.upload_seconds, '.2f'), w.upload_seconds, 'num')}"
-                f"{td(str(w.peers_aggregated), w.peers_aggregated, 'num')}</tr>" for w in reversed(ws[-200:])]
+                f"{td(str(w.global_step), w.global_step, 'num opt')}{td(num(w.loss, '.4f'), w.loss, 'num')}"
+                f"{td(num(w.tokens_per_second, ',.0f'), w.tokens_per_second, 'num')}"
+                f"{td(str(w.pages), w.pages, 'num opt')}"
+                f"{td(num(100 * w.overhead_share, '.1f'), w.overhead_share, 'num opt')}"
+                f"{td('✓' if w.uploaded else '✗', cls='opt')}"
+                f"{td(num(w.upload_bytes / 1e3, ',.1f'), w.upload_bytes, 'num')}"
+                f"{td(num(w.upload_seconds, '.2f'), w.upload_seconds, 'num opt')}"
+                f"{td(str(w.peers_aggregated), w.peers_aggregated, 'num opt')}</tr>" for w in reversed(ws[-200:])]
         cols = [("window", "num"), ("phase", "text"), ("step", "num"), ("loss", "num"), ("tok/s", "num"),
                 ("pages", "num"), ("overhead %", "num"), ("uploaded", "text"), ("kB", "num"), ("upload s", "num"),
                 ("aggregated", "num")]
-        parts.append(f'<section class="panel"><h2>Windows</h2>{table(cols, rows, tid="mwindows")}</section>')
+        parts.append(f'<section class="panel"><h2>Windows</h2>'
+                     f'{table(cols, rows, tid="mwindows", optional=frozenset({2, 5, 6, 7, 9, 10}))}</section>')
     return "".join(parts)
 
 

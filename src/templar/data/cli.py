@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 from pathlib import Path
 
-from templar.core.config import HParamsError, load_hparams
+from templar.core.config import HParams, HParamsError, load_hparams
 from templar.data.manifest import ManifestError
+from templar.data.plan import MAX_UIDS, disjoint_assignment_pages, holdout_count
 from templar.data.prepare import Geometry, PrepareError, prepare, upload
 from templar.data.source import corpus_bucket
 from templar.storage import StorageError, open_bucket
@@ -47,6 +49,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     pr.add_argument("--prefix", default="", help="key prefix inside the bucket, e.g. fineweb-edu/")
     pr.add_argument("--credentials", type=Path, default=None,
                     help="JSON file with the bucket WRITE key (or env TEMPLAR_BUCKET_WRITE_KEY_ID/_SECRET)")
+    pr.add_argument("--max-tokens", type=int, default=None,
+                    help="stop once this many tokens are cut (whole pages): a sample of a large streamed dataset")
     pr.add_argument("--no-progress", action="store_true")
     pr.set_defaults(func=run_prepare)
 
@@ -74,6 +78,9 @@ def _is_locator(text: str) -> bool:
 
 def run_prepare(args: argparse.Namespace) -> int:
     seq, spp = args.sequence_length, args.sequences_per_page
+    if not args.out.strip():
+        print("error: --out is empty (did the `templar bucket locator` that should fill it fail?)")
+        return 2
     if args.hparams:
         try:
             hp = load_hparams(args.hparams)
@@ -98,9 +105,16 @@ def run_prepare(args: argparse.Namespace) -> int:
             if locator.kind != "local" and creds is None:
                 print("error: no write key: pass --credentials FILE or set TEMPLAR_BUCKET_WRITE_KEY_ID/_SECRET")
                 return 2
+            # Hours of tokenizing must not end in a refused upload: the write key and the read
+            # locator are tried on the real bucket first (seconds), exactly as the upload and the
+            # nodes will use them.
+            problem = asyncio.run(preflight(locator, creds, args.prefix))
+            if problem:
+                print(f"error: the corpus bucket is not ready, nothing was tokenized: {problem}")
+                return 1
         manifest = prepare(args.source, args.tokenizer, work, Geometry(seq, spp, pages_per_shard, args.shuffle_seed),
                            name=name, text_field=args.text_field, workers=args.workers,
-                           progress=not args.no_progress)
+                           progress=not args.no_progress, max_tokens=args.max_tokens)
         if remote:
             async def push() -> None:
                 async with open_bucket(locator, creds) as b:
@@ -113,23 +127,71 @@ def run_prepare(args: argparse.Namespace) -> int:
     print(f"{manifest.name}: {manifest.num_tokens:,} tokens, {manifest.num_pages:,} pages of "
           f"{manifest.page_tokens:,} tokens, {len(manifest.shards)} shards, {manifest.total_bytes / 1e6:,.1f} MB")
     print(f"manifest digest (hparams data.manifest): {manifest.digest()}")
+    if args.hparams:
+        _warn_if_overlapping(manifest.num_pages, hp)
     return 0
 
 
+PREFLIGHT_TIMEOUT = 10.0
+"""Seconds per request of the bucket checks before tokenizing."""
+
+
+async def preflight(locator: BucketLocator, creds: Credentials | None, prefix: str) -> str | None:
+    """Why the corpus could not be published to `locator` (None: it can): a probe object written
+    with the write key, read back with the locator's read key (as every node will read the corpus),
+    and deleted."""
+    from templar.storage.probe import peer_read, probe_key, write_round_trip
+
+    key = prefix + probe_key("data-prepare")
+    async with open_bucket(locator, creds) as bucket:
+        wrote = await write_round_trip(bucket, key, b"templar data prepare: bucket check", timeout=PREFLIGHT_TIMEOUT,
+                                       keep=True)
+        if not wrote.ok:
+            return f"{wrote.summary}; fix: {wrote.fix}"
+        try:
+            read = await peer_read(locator, key, b"templar data prepare: bucket check", allow_private=True,
+                                   timeout=PREFLIGHT_TIMEOUT)
+        finally:
+            with contextlib.suppress(StorageError, TimeoutError):
+                await bucket.delete(key, timeout=PREFLIGHT_TIMEOUT)
+    return None if read.ok else f"{read.summary}; fix: {read.fix}"
+
+
+def overlap_warning(pages: int, hp: HParams) -> str | None:
+    """A warning when a corpus of `pages` pages is too small for every uid to have pages of its own."""
+    needed = disjoint_assignment_pages(hp.data.pages_per_window, hp.data.holdout_fraction)
+    if pages >= needed:
+        return None
+    return (f"warning: {pages:,} pages are fewer than the {needed:,} that keep assignments from overlapping "
+            f"({MAX_UIDS} uids × {hp.data.pages_per_window} pages a window, plus the held-out "
+            f"{hp.data.holdout_fraction:g}): uids past the first {max(1, (pages - holdout_count(pages, hp.data.holdout_fraction)) // hp.data.pages_per_window)} "
+            "share pages. Fine for a rehearsal with a few miners; a public run needs more text (docs/data.md).")
+
+
+def _warn_if_overlapping(pages: int, hp: HParams) -> None:
+    warning = overlap_warning(pages, hp)
+    if warning:
+        print(warning)
+
+
 def run_verify(args: argparse.Namespace) -> int:
+    """Every shard and page against the manifest; then the manifest against the digest expected
+    (`--digest`, or the one pinned in `--hparams`) and, with `--hparams`, the run's page geometry."""
+    from templar.data.source import check_geometry
     from templar.data.verify import verify
 
-    digest = args.digest
+    hp = None
     if args.hparams:
         try:
-            digest = load_hparams(args.hparams).data.manifest or None
+            hp = load_hparams(args.hparams)
         except HParamsError as exc:
             print(f"error: {exc}")
             return 2
+    expected = args.digest or (hp.data.manifest if hp else None) or None
 
     async def check():
         async with corpus_bucket(args.corpus) as bucket:
-            return await verify(bucket, args.prefix, digest=digest, progress=True)
+            return await verify(bucket, args.prefix, digest=None, progress=True)
 
     try:
         report = asyncio.run(check())
@@ -139,15 +201,31 @@ def run_verify(args: argparse.Namespace) -> int:
     m = report.manifest
     for problem in report.problems[:50]:
         print(f"  {problem}")
-    print(f"{m.name}: {report.shards_ok}/{len(m.shards)} shards ok, {m.num_pages:,} pages, digest {m.digest()}"
-          + ("" if digest else " (no expected digest given)"))
-    return 0 if report.ok else 1
+    print(f"{m.name}: {report.shards_ok}/{len(m.shards)} shards ok, {m.num_pages:,} pages, digest {m.digest()}")
+    ok = report.ok
+    if expected is None:
+        print("no expected digest: the shards match this manifest, but nothing says it is the run's "
+              "(pass --digest, or --hparams with a pinned data.manifest)")
+    elif m.digest() != expected:
+        ok = False
+        where = "--digest" if args.digest else f"data.manifest of {args.hparams}"
+        print(f"error: this manifest's digest is not {where} ({expected[:16]}…): it is another corpus than the "
+              f"one pinned. If this corpus is the run's, pin it: templar data pin CORPUS --hparams RUN_FILE "
+              f"(docs/launch.md §4); to check it on its own, pass --digest {m.digest()}")
+    if hp is not None:
+        try:
+            check_geometry(m, hp)
+        except ManifestError as exc:
+            ok = False
+            print(f"error: {exc}")
+        _warn_if_overlapping(m.num_pages, hp)
+    return 0 if ok else 1
 
 
 def run_pin(args: argparse.Namespace) -> int:
     """Read the published manifest as a node will (the read locator), check it against the run's
     geometry, and write its location and sha256 into the run's hparams file."""
-    from templar.data.pin import PinError, pin_corpus
+    from templar.data.pin import PinError, machine_paths, pin_corpus, portable_location
 
     try:
         digest, run_digest = asyncio.run(pin_corpus(args.corpus, args.hparams, base=args.base, prefix=args.prefix,
@@ -157,4 +235,7 @@ def run_pin(args: argparse.Namespace) -> int:
         return 1
     print(f"pinned data.manifest {digest} in {args.hparams}")
     print(f"run digest (every node's hparams must give this): {run_digest}")
+    warning = machine_paths(portable_location(args.corpus))
+    if warning:
+        print(f"warning: {warning}")
     return 0

@@ -4,7 +4,10 @@ The last step of publishing a run's data: the manifest is read back through the 
 locator, exactly as every node will read it, its geometry checked against the run's, and its
 location and sha256 written into the run's hparams file (`data.corpus`, `data.corpus_prefix`,
 `data.manifest`). From then on a node reading any other bytes refuses to start. An existing file
-keeps every other setting; a new one builds on `base`.
+keeps every other setting; a new one is written out in full from `base` (every setting, no `base`
+reference): the file is the run, to be published and read on other machines, so it names nothing
+of this one (no path of this clone; a corpus folder inside the repository is written relative to
+it, as `hparams/tiny.json` does) and does not change if a preset changes later.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import json
 import os
 from pathlib import Path
 
-from templar.core.config import HParams, HParamsError, load_hparams, resolve_hparams_path
+from templar.core.config import REPO_ROOT, HParams, HParamsError, load_hparams
 from templar.data.manifest import MANIFEST_KEY, MAX_MANIFEST_BYTES, Manifest, ManifestError, parse_manifest
 from templar.data.source import check_geometry, corpus_bucket
 from templar.storage import StorageError
@@ -39,6 +42,27 @@ async def read_published_manifest(corpus: str, prefix: str) -> tuple[str, Manife
     return hashlib.sha256(data).hexdigest(), manifest
 
 
+def portable_location(corpus: str) -> str:
+    """`corpus` as the run file should name it: a folder inside the repository relative to its root
+    (how hparams name the sample corpus); a locator or any other folder as given."""
+    if corpus.startswith(("r2:", "s3:", "local:")):
+        return corpus  # a `local:` locator is absolute by definition (a machine path: see machine_paths)
+    try:
+        return str(Path(corpus).expanduser().resolve().relative_to(REPO_ROOT))
+    except ValueError:
+        return corpus
+
+
+def machine_paths(corpus: str) -> str | None:
+    """Why a run file naming `corpus` would only work on this machine (None if it would not)."""
+    if corpus.startswith(("r2:", "s3:")):
+        return None
+    if corpus.startswith("local:") or Path(corpus).is_absolute():
+        return (f"the corpus {corpus} is a folder of this machine: only nodes here can read it. For a run "
+                "others join, publish it to a bucket (templar data prepare --out r2:…/s3:…) and pin that")
+    return None
+
+
 async def pin_corpus(corpus: str, hparams: Path, *, base: str | None = None, prefix: str = "",
                      name: str | None = None) -> tuple[str, str]:
     """Write the corpus into `hparams` (created from `base` if missing); returns (manifest sha256,
@@ -55,9 +79,13 @@ async def pin_corpus(corpus: str, hparams: Path, *, base: str | None = None, pre
     elif base is None:
         raise PinError(f"{hparams} does not exist: give --base PRESET to create it")
     else:
-        body = {"base": str(resolve_hparams_path(base).resolve()), "name": name or hparams.stem}
+        try:
+            body = load_hparams(base).model_dump(mode="json")
+        except HParamsError as exc:
+            raise PinError(str(exc)) from exc
+        body["name"] = name or hparams.stem
     body.setdefault("data", {})
-    body["data"].update({"corpus": corpus, "corpus_prefix": prefix, "manifest": digest})
+    body["data"].update({"corpus": portable_location(corpus), "corpus_prefix": prefix, "manifest": digest})
     hparams.parent.mkdir(parents=True, exist_ok=True)
     staged = hparams.with_name(f".{hparams.name}.{os.getpid()}.tmp")
     staged.write_text(json.dumps(body, indent=2) + "\n")

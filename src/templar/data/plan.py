@@ -47,6 +47,21 @@ def feistel(index: int, domain: int, key: bytes) -> int:
             return x
 
 
+def holdout_count(num_pages: int, holdout_fraction: float) -> int:
+    """Pages of a corpus kept out of assignment for the held-out loss (at least one if any)."""
+    return max(1, int(num_pages * holdout_fraction)) if holdout_fraction > 0 else 0
+
+
+def disjoint_assignment_pages(pages_per_window: int, holdout_fraction: float) -> int:
+    """The fewest corpus pages for which no two uids' assignments of a window overlap: every one
+    of the `MAX_UIDS` slots of `pages_per_window` pages fits in the pool outside the held-out set."""
+    needed = MAX_UIDS * pages_per_window
+    pages = needed
+    while pages - holdout_count(pages, holdout_fraction) < needed:
+        pages += 1
+    return pages
+
+
 @dataclass(frozen=True)
 class PagePlan:
     """How the pages of one corpus split into a training pool and a held-out set."""
@@ -60,7 +75,7 @@ class PagePlan:
     def build(cls, num_pages: int, holdout_fraction: float, seed: int, pages_per_uid: int) -> PagePlan:
         if num_pages < 2:
             raise ValueError(f"corpus has {num_pages} pages; need at least 2")
-        holdout = max(1, int(num_pages * holdout_fraction)) if holdout_fraction > 0 else 0
+        holdout = holdout_count(num_pages, holdout_fraction)
         return cls(num_pages=num_pages, holdout=holdout, seed=seed, pages_per_uid=pages_per_uid)
 
     @property

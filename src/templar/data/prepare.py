@@ -272,8 +272,11 @@ class _State:
 
 def prepare(source: str, tokenizer_name: str, work: Path, geometry: Geometry, *, name: str,
             text_field: str = "text", workers: int | None = None, progress: bool = True,
-            on_shard: Any = None) -> Manifest:
+            on_shard: Any = None, max_tokens: int | None = None) -> Manifest:
     """Tokenize `source` into shards under `work`; write and return the manifest.
+
+    `max_tokens`: stop reading the source once this many tokens are cut (whole pages of them):
+    a streamed hub dataset of 100B tokens need not be read to its end for a run that uses less.
 
     `workers`: tokenizer processes (default: all cores but one, or none below three cores; 0 tokenizes
     in this process).
@@ -286,7 +289,8 @@ def prepare(source: str, tokenizer_name: str, work: Path, geometry: Geometry, *,
     dtype = "uint16" if tok.vocab_size <= 1 << 16 else "uint32"
     settings = hashlib.sha256(canonical_json({
         "source": source_fingerprint(source), "tokenizer": tok.sha256, "geometry": geometry.__dict__,
-        "text_field": text_field, "name": name, "version": VERSION})).hexdigest()
+        "text_field": text_field, "name": name, "version": VERSION,
+        **({"max_tokens": max_tokens} if max_tokens else {})})).hexdigest()
     state = _State.load(work, settings)
     if state.done and (work / MANIFEST_KEY).is_file():
         manifest = Manifest.model_validate_json((work / MANIFEST_KEY).read_bytes())
@@ -341,11 +345,16 @@ def prepare(source: str, tokenizer_name: str, work: Path, geometry: Geometry, *,
             results = map(_tokenize, feed())
         for i, tokens in enumerate(results):
             docs_done += counts[i]
+            if max_tokens:
+                room = max_tokens - sum(s.pages for s in shards) * geometry.page_tokens - buffered
+                tokens = tokens[:max(0, room)]
             buffer.append(tokens)
             buffered += len(tokens)
             bar(counts[i], len(tokens))
             if buffered >= geometry.shard_tokens:
                 flush(final=False)
+            if max_tokens and sum(s.pages for s in shards) * geometry.page_tokens + buffered >= max_tokens:
+                break
     flush(final=True)
     bar(0, 0, close=True)
     if not shards:

@@ -9,12 +9,15 @@ not a location.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from templar.core.config import DEFAULT_CACHE_GB, HParams, resolve_asset
 from templar.data.manifest import Manifest, ManifestError
-from templar.data.reader import PageReader, load_manifest
 from templar.storage import Bucket, LocalBucket, StorageError, open_bucket
 from templar.storage.locator import BucketLocator
+
+if TYPE_CHECKING:
+    from templar.data.reader import PageReader
 
 FETCH_SHARE = 0.25
 """A page fetch gives up after this share of a window (21 s on finney); the reads go on into the cache."""
@@ -53,6 +56,8 @@ async def open_reader(hp: HParams, cache_root: Path, *, locator: str | None = No
     Raises `ManifestError` (unpublished, wrong, malformed or mismatched corpus), `StorageError`
     (bucket unreachable after bounded retries, and no cached manifest) or `LocatorError`.
     """
+    from templar.data.reader import PageReader, load_manifest  # torch: only for a node, not `templar data`
+
     if not hp.data.manifest:
         raise ManifestError("this run's corpus is not published yet (hparams data.manifest is empty); "
                             "see docs/data.md")

@@ -36,8 +36,7 @@ async def check_wallet(d: Doctor) -> CheckResult:
     try:
         d.wallet = await asyncio.to_thread(load_wallet, a.wallet_name, a.wallet_hotkey, a.wallet_path)
     except ChainError as exc:
-        return failed("wallet", str(exc), "create the keys with btcli (`btcli wallet new_coldkey` / "
-                      "`new_hotkey`), or on a dev chain `templar chain register`")
+        return failed("wallet", str(exc), f"create them: {d.wallet_hint()}")
     hotkey = d.wallet.hotkey_file.path
     return ok("wallet", f"{a.wallet_name}/{a.wallet_hotkey}: hotkey and coldkeypub present ({hotkey})")
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from templar.chain import Chain, Neuron
+from templar.chain.flags import DEFAULT_WALLET_PATH
 from templar.chain.store import Now
 from templar.core.config import HParams
 from templar.storage import Bucket
@@ -68,6 +69,25 @@ class Doctor:
     def hotkey(self) -> str | None:
         return self.chain.hotkey if self.chain is not None and self.wallet is not None else None
 
+    def _btcli_wallet(self) -> str:
+        """btcli's wallet flags for this node's wallet (its `--wallet-path` only when not the default)."""
+        a = self.args
+        path = Path(a.wallet_path).expanduser()
+        custom = path != Path(DEFAULT_WALLET_PATH).expanduser()
+        return f"-w {a.wallet_name} -H {a.wallet_hotkey}" + (f" --wallet-path {a.wallet_path}" if custom else "")
+
+    def wallet_hint(self) -> str:
+        """How to create this node's missing keys: the one recipe (docs/mining.md §3 says the same).
+        A dev chain's wallets come from `templar chain register` (no password); elsewhere btcli
+        creates a coldkey with its hotkey, or a hotkey for a coldkey already there."""
+        a = self.args
+        if self.embedded:
+            return f"templar chain register --wallet.name {a.wallet_name} --wallet.hotkey {a.wallet_hotkey}"
+        coldkey = Path(a.wallet_path).expanduser() / a.wallet_name / "coldkeypub.txt"
+        if coldkey.exists():
+            return f"btcli wallet new-hotkey {self._btcli_wallet()}"
+        return f"btcli wallet create {self._btcli_wallet()}"
+
     def register_hint(self) -> str:
         """How to register this wallet's hotkey on this network."""
         a = self.args
@@ -75,8 +95,7 @@ class Doctor:
             return (f"templar chain register --wallet.name {a.wallet_name} --wallet.hotkey {a.wallet_hotkey} "
                     f"--subtensor.network embedded --subtensor.chain_endpoint {a.subtensor_chain_endpoint} "
                     f"--netuid {a.netuid}" + (" --stake 100" if self.role == "validator" else ""))
-        return (f"btcli subnets register --netuid {a.netuid} --wallet.name {a.wallet_name} "
-                f"--wallet.hotkey {a.wallet_hotkey} --network {self.network}")
+        return f"btcli subnets register --netuid {a.netuid} {self._btcli_wallet()} -n {self.network}"
 
     async def close(self) -> None:
         if self.bucket is not None:

@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 
 from templar.data import ManifestError
+from templar.data.plan import disjoint_assignment_pages
 from templar.data.reader import load_manifest
 from templar.data.source import check_geometry, corpus_bucket
 from templar.doctor.chain import small_model
@@ -28,9 +29,12 @@ async def check_manifest(d: Doctor) -> CheckResult:
         return skipped("manifest", "needs hparams")
     data = d.hp.data
     if not data.manifest:
-        return failed("manifest", "this run's corpus is not published yet (hparams data.manifest is empty)",
-                      "the subnet owner prepares, publishes and pins it (docs/launch.md); miners and validators "
-                      "use the run's released hparams")
+        return failed("manifest", f"this run's corpus is not published yet (data.manifest is empty in "
+                                  f"{d.args.hparams or 'hparams.json'}): a node with these hparams stops at start "
+                                  "(exit code 3)",
+                      "nothing to fix on this machine: run the release of the hparams that pins the corpus once the "
+                      "subnet owner has published it (docs/launch.md §11); an owner publishes it with `templar data "
+                      "prepare` and pins it with `templar data pin`")
     location = d.args.data_locator or data.corpus
     if not location:
         return failed("manifest", "no corpus location (hparams data.corpus is empty)", "pass --data.locator")
@@ -44,11 +48,17 @@ async def check_manifest(d: Doctor) -> CheckResult:
             manifest = await load_manifest(bucket, prefix, data.manifest, None, timeout=d.timeout, attempts=1)
         check_geometry(manifest, d.hp)
     except ManifestError as exc:
-        return failed("manifest", str(exc), "read the run's corpus (hparams data.corpus) or a true mirror of it")
+        return failed("manifest", str(exc), "read the run's corpus (hparams data.corpus) or a true mirror of it; an "
+                      "owner who republished the corpus pins the new one with `templar data pin` (docs/launch.md §5)")
     except StorageError as exc:
         return failed("manifest", f"the corpus manifest is unreadable: {exc}", "check the data bucket and the network")
-    return ok("manifest", f"corpus {manifest.name}: {manifest.num_pages:,} pages, manifest {data.manifest[:16]}… as "
-                      "pinned", pages=manifest.num_pages)
+    line = f"corpus {manifest.name}: {manifest.num_pages:,} pages, manifest {data.manifest[:16]}… as pinned"
+    needed = disjoint_assignment_pages(data.pages_per_window, data.holdout_fraction)
+    if manifest.num_pages < needed:
+        return warning("manifest", f"{line}; fewer than the {needed:,} pages that keep every uid's assignment apart",
+                       "fine for a rehearsal with a few miners; a public run's owner publishes more text "
+                       "(docs/data.md)", pages=manifest.num_pages)
+    return ok("manifest", line, pages=manifest.num_pages)
 
 
 def _free(path: Path) -> tuple[Path, float]:

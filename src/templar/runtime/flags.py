@@ -82,6 +82,13 @@ def memory_settings(args: argparse.Namespace) -> MemorySettings:
                           checkpoint_activations=bool(getattr(args, "memory_checkpoint_activations", False)))
 
 
+def add_validator_args(parser: argparse.ArgumentParser) -> None:
+    """Flags only a validator takes."""
+    parser.add_argument("--shadow", action="store_true",
+                        help="score, publish records and metrics as usual, but never set weights or commit a "
+                             "bucket locator on chain: to try a new machine beside the one that sets weights")
+
+
 def check_config(args: argparse.Namespace) -> int:
     """The exit code for what the command line alone shows is wrong (0: nothing), after one log
     line naming it. Entry points call this before the node's imports: an unreadable or invalid

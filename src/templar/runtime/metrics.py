@@ -15,6 +15,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
+import shutil
+import time
 from pathlib import Path
 
 from loguru import logger
@@ -22,6 +24,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_serv
 from prometheus_client.process_collector import ProcessCollector
 
 from templar import __version__
+from templar.core.config import WindowConfig
 from templar.core.verdicts import Status
 from templar.runtime.records import (
     MinerWindowRecord,
@@ -47,14 +50,32 @@ def add_metrics_args(parser: argparse.ArgumentParser) -> None:
 
 
 class NeuronMetrics:
-    """The gauges and counters of one neuron, updated from its records."""
+    """The gauges and counters of one neuron, updated from its records.
 
-    def __init__(self, role: str, hotkey: str, uid: int | None, registry: CollectorRegistry | None = None):
+    Besides the records' numbers, what the alert rules (`deploy/prometheus/templar-alerts.yml`)
+    compare them with: the run's window length and weights cadence, when the last window ended,
+    and the state directory's free disk against the state file (read at each scrape)."""
+
+    def __init__(self, role: str, hotkey: str, uid: int | None, registry: CollectorRegistry | None = None, *,
+                 windows: WindowConfig | None = None, state_file: Path | None = None, shadow: bool = False):
         self.registry = registry or CollectorRegistry(auto_describe=True)
         r = self.registry
         ProcessCollector(registry=r)
         self.info = Gauge("templar_info", "This neuron (value 1)", ["role", "hotkey", "uid", "version"], registry=r)
         self.info.labels(role, hotkey, "" if uid is None else str(uid), __version__).set(1)
+        self.window_length = Gauge("templar_window_length_seconds", "A window of this run: blocks × block time",
+                                   registry=r)
+        if windows is not None:
+            self.window_length.set(windows.blocks_per_window * windows.block_time)
+        self.last_window_time = Gauge("templar_last_window_timestamp_seconds",
+                                      "Unix time this neuron last finished a window", registry=r)
+        self.state_free = Gauge("templar_state_disk_free_bytes", "Free bytes on the disk of the state directory",
+                                registry=r)
+        self.state_bytes = Gauge("templar_state_bytes", "Size of the node's state file (each save writes a new one "
+                                 "beside it)", registry=r)
+        if state_file is not None:
+            self.state_free.set_function(_measured(lambda: shutil.disk_usage(state_file.parent).free))
+            self.state_bytes.set_function(_measured(lambda: state_file.stat().st_size))
         self.window = Gauge("templar_window", "Last window this neuron finished", registry=r)
         self.global_step = Gauge("templar_global_step", "global_step after the last window", registry=r)
         self.windows = Counter("templar_windows", "Windows finished since start", registry=r)
@@ -70,6 +91,8 @@ class NeuronMetrics:
         self.upload_bytes = Gauge("templar_upload_bytes", "Miner: size of the last upload", registry=m)
         self.upload_seconds = Gauge("templar_upload_seconds", "Miner: duration of the last upload (put)", registry=m)
         self.uploads = Counter("templar_uploads", "Miner: uploads by result", ["result"], registry=m)
+        self.catching_up = Gauge("templar_catching_up", "Miner: 1 when its last window ended in catch-up (the lead's "
+                                 "update of it could not be had), 0 after a window it aggregated", registry=m)
         # validator
         self.holdout = Gauge("templar_holdout_loss", "Validator: held-out loss after the last outer step", registry=v)
         self.lr = Gauge("templar_learning_rate", "Learning rate of the last outer step", registry=v)
@@ -78,6 +101,15 @@ class NeuronMetrics:
         self.gathered = Gauge("templar_gathered", "Validator: payloads requested in the last gather", registry=v)
         self.evaluated = Gauge("templar_evaluated", "Validator: peers primary-evaluated last window", registry=v)
         self.weights_set = Counter("templar_weights_set", "Validator: windows in which weights were set", registry=v)
+        self.lead = Gauge("templar_lead", "Validator: 1 while this validator is the lead (it publishes the run)",
+                          registry=v)
+        self.shadow = Gauge("templar_shadow", "Validator: 1 in shadow mode (--shadow: scores, never sets weights)",
+                            registry=v)
+        self.shadow.set(1 if shadow else 0)
+        self.windows_per_weights = Gauge("templar_windows_per_weights", "Validator: windows between two weights "
+                                         "windows of this run", registry=v)
+        if windows is not None:
+            self.windows_per_weights.set(windows.windows_per_weights)
         self.weights_refusals = Counter("templar_weights_refusals", "Validator: weight writes the chain refused, by "
                                         "reason (rate_limited, priority_too_low, commit_reveal, stake, "
                                         "stale_metagraph, error)", ["reason"], registry=v)
@@ -144,6 +176,7 @@ class NeuronMetrics:
 
     def _validator_window(self, rec: ValidatorWindowRecord) -> None:
         self._common(rec.window, rec.global_step, rec.peers_aggregated)
+        self.lead.set(1 if rec.lead else 0)
         self.holdout.set(rec.holdout_loss)
         self.lr.set(rec.learning_rate)
         self.window_seconds.set(rec.wall_seconds)
@@ -169,8 +202,10 @@ class NeuronMetrics:
         self.upload_bytes.set(rec.upload_bytes)
         self.upload_seconds.set(rec.upload_seconds)
         self.uploads.labels("ok" if rec.uploaded else "failed").inc()
+        self.catching_up.set(1 if rec.phase == "catchup" else 0)
 
     def _common(self, window: int, step: int, aggregated: int) -> None:
+        self.last_window_time.set(time.time())
         self.window.set(window)
         self.global_step.set(step)
         self.peers_aggregated.set(aggregated)
@@ -199,7 +234,20 @@ class NeuronMetrics:
             self._server = None
 
 
-def start_metrics(args: argparse.Namespace, *, role: str, hotkey: str, uid: int | None) -> NeuronMetrics | None:
+def _measured(read):
+    """A gauge callback that reads the file system at scrape time; NaN when it cannot (a scrape
+    never fails because a disk did)."""
+    def value() -> float:
+        try:
+            return float(read())
+        except OSError:
+            return math.nan
+    return value
+
+
+def start_metrics(args: argparse.Namespace, *, role: str, hotkey: str, uid: int | None,
+                  windows: WindowConfig | None = None, state_file: Path | None = None,
+                  shadow: bool = False) -> NeuronMetrics | None:
     """For entry points: the exporter the flags ask for, following this process's records.
 
     Off (None) unless `--metrics.port` is set. A port that cannot be bound is logged as an error
@@ -209,7 +257,7 @@ def start_metrics(args: argparse.Namespace, *, role: str, hotkey: str, uid: int 
     if port <= 0:
         return None
     host = getattr(args, "metrics_host", DEFAULT_HOST) or DEFAULT_HOST
-    metrics = NeuronMetrics(role, hotkey, uid)
+    metrics = NeuronMetrics(role, hotkey, uid, windows=windows, state_file=state_file, shadow=shadow)
     try:
         bound = metrics.serve(host, port)
     except (OSError, OverflowError) as exc:

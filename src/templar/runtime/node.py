@@ -136,6 +136,9 @@ class Node:
     puts a fault-injecting bucket around every bucket a node opens through this)."""
     state_lock: StateLock | None = None
     """This process's hold on `state_dir` (`templar.runtime.lock`), released by `aclose`."""
+    shadow: bool = False
+    """A validator's `--shadow`: it scores and reports as usual but writes nothing on chain (no
+    weights, no bucket commitment), to try a machine next to the one that sets the weights."""
     failed_saves: int = 0
 
     def save_state(self, state: NodeState) -> bool:
@@ -281,8 +284,12 @@ async def start_node(args: argparse.Namespace, role: str, *, time: TimeSource = 
         raise StateLockedError(str(exc)) from exc
     except OSError as exc:
         raise StartupError(f"state directory {state_dir}: {exc.strerror or exc}") from exc
+    shadow = bool(getattr(args, "shadow", False))
+    if shadow:
+        log.info("shadow mode (--shadow): scoring and reporting as usual; never setting weights or committing a "
+                 "bucket locator on chain")
     try:
-        bucket = await _open_own_bucket(args, chain, time, open_bucket)
+        bucket = await _open_own_bucket(args, chain, time, open_bucket, commit=not shadow)
         try:
             pages = await open_reader(hp, args.data_cache_dir or state_dir / "data", locator=args.data_locator,
                                       prefix=args.data_prefix, cache_gb=args.data_cache_gb)
@@ -301,12 +308,14 @@ async def start_node(args: argparse.Namespace, role: str, *, time: TimeSource = 
              f"state in {state_dir}")
     return Node(hp=hp, chain=chain, clock=clock, uid=uid, model=model, pages=pages, plan=plan, bucket=bucket,
                 state_dir=state_dir, device=device, compute=LocalCompute(model, hp, memory), state_lock=lock,
-                allow_private_endpoints=args.subtensor_network not in PUBLIC_NETWORKS, open_bucket=open_bucket)
+                allow_private_endpoints=args.subtensor_network not in PUBLIC_NETWORKS, open_bucket=open_bucket,
+                shadow=shadow)
 
 
 async def _open_own_bucket(args: argparse.Namespace, chain: Chain, time: TimeSource,
-                           open_bucket: Callable[..., Bucket]) -> Bucket:
-    """Our bucket, with its read locator committed on chain (write keys never leave this node)."""
+                           open_bucket: Callable[..., Bucket], *, commit: bool = True) -> Bucket:
+    """Our bucket, with its read locator committed on chain (write keys never leave this node);
+    `commit=False` (shadow mode) leaves the chain's commitment as it is."""
     log = logger.bind(phase="startup")
     if not args.bucket_locator:
         raise StartupError("no bucket: pass --bucket.locator (or set TEMPLAR_BUCKET); see docs/buckets.md")
@@ -330,7 +339,10 @@ async def _open_own_bucket(args: argparse.Namespace, chain: Chain, time: TimeSou
         await bucket.aclose()
         raise StartupError(f"our bucket ({locator.kind}) is not writable with our key: {exc}") from exc
     committed = (await asyncio.to_thread(chain.bucket_locators)).get(chain.hotkey)
-    if committed != locator.encode():
+    if committed != locator.encode() and not commit:
+        log.info(f"shadow mode: not committing our bucket locator ({locator.kind}); the chain keeps "
+                 f"{'none' if committed is None else 'the one committed'} for this hotkey")
+    elif committed != locator.encode():
         log.info(f"committing bucket locator ({locator.kind}) on chain")
         try:
             await asyncio.to_thread(chain.commit_bucket, locator.encode())
@@ -350,7 +362,8 @@ def run_node(args: argparse.Namespace, role: str, run: Callable[[Node], Awaitabl
     async def main() -> None:
         node = await start_node(args, role)
         node.install_signal_handlers()
-        metrics = start_metrics(args, role=role, hotkey=node.hotkey, uid=node.uid)
+        metrics = start_metrics(args, role=role, hotkey=node.hotkey, uid=node.uid, windows=node.hp.windows,
+                                state_file=node.state_dir / STATE_FILE, shadow=node.shadow)
         try:
             async with attach(node) if attach is not None else nullcontext():
                 await run(node)

