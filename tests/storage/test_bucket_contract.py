@@ -13,6 +13,7 @@ import pytest
 from templar.storage import (
     Bucket,
     InvalidKey,
+    ObjectExists,
     ObjectNotFound,
     ObjectTooLarge,
     ShortRead,
@@ -42,6 +43,27 @@ def test_put_get_head_overwrite_delete(maker) -> None:
                 await b.head("v1/gradient/7.safetensors")
             with pytest.raises(ObjectNotFound):
                 await b.get("v1/gradient/7.safetensors", max_bytes=100)
+
+    asyncio.run(body())
+
+
+def test_create_only_never_writes_over_an_object(maker) -> None:
+    """Published history is written create-only: S3's conditional PUT (`If-None-Match: *`, which the
+    bundled SeaweedFS honours), a directory's exclusive create. The refusal names the object, and
+    of concurrent creates of one key exactly one wins."""
+
+    async def body() -> None:
+        async with maker.open() as b:
+            await b.create("v2/inputs/7.safetensors", b"first")
+            with pytest.raises(ObjectExists, match=r"inputs/7\.safetensors"):
+                await b.create("v2/inputs/7.safetensors", b"second")
+            assert await b.get("v2/inputs/7.safetensors", max_bytes=100) == b"first"
+            results = await asyncio.gather(*(b.create("v2/inputs/8.safetensors", bytes([i]) * 8) for i in range(6)),
+                                           return_exceptions=True)
+            assert sum(r is None for r in results) == 1, results
+            assert all(isinstance(r, ObjectExists) for r in results if r is not None), results
+            winner = results.index(None)
+            assert await b.get("v2/inputs/8.safetensors", max_bytes=100) == bytes([winner]) * 8
 
     asyncio.run(body())
 

@@ -31,6 +31,11 @@ class ObjectNotFound(StorageError):
     """The key does not exist in the bucket."""
 
 
+class ObjectExists(StorageError):
+    """A create-only write found the key taken: the object already published stays as it is (the
+    message names it)."""
+
+
 class ObjectTooLarge(StorageError):
     """The object is bigger than the caller's byte cap (detected before or while reading)."""
 
@@ -119,6 +124,12 @@ class Bucket(ABC):
     @abstractmethod
     async def put(self, key: str, data: bytes, *, timeout: float = DEFAULT_TIMEOUT) -> None:
         """Store `data` under `key` atomically (a reader sees the old or the new object)."""
+
+    @abstractmethod
+    async def create(self, key: str, data: bytes, *, timeout: float = DEFAULT_TIMEOUT) -> None:
+        """Store `data` under `key` only if no object has that key, in one step (S3: a conditional
+        PUT with `If-None-Match: *`; a directory: an exclusive create). `ObjectExists`, naming the
+        object, when it has one: published history is written once and never over."""
 
     @abstractmethod
     async def fetch(self, key: str, *, max_bytes: int, timeout: float = DEFAULT_TIMEOUT) -> Blob:

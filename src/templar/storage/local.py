@@ -23,6 +23,7 @@ from templar.storage.base import (
     Blob,
     Bucket,
     ObjectChanged,
+    ObjectExists,
     ObjectInfo,
     ObjectNotFound,
     ObjectTooLarge,
@@ -81,20 +82,32 @@ class LocalBucket(Bucket):
 
     # -- writes ------------------------------------------------------------------------------
 
-    def _commit(self, key: str, write: Callable[[Path], None]) -> None:
-        """Write via `write` to a staging file, then atomically over `key` (`templar.core.atomic`)."""
+    def _commit(self, key: str, write: Callable[[Path], None], *, create_only: bool = False) -> None:
+        """Write via `write` to a staging file, then atomically over `key` (`templar.core.atomic`);
+        `create_only`: only if `key` is not taken (`ObjectExists`)."""
         dest = self._path(key)
         staging = self.root / _STAGING
         staging.mkdir(parents=True, exist_ok=True)
+        if create_only and dest.is_file():
+            raise ObjectExists(f"{self.name}/{key}: already published (create-only)")
         try:
-            atomic_write(dest, write, staging_dir=staging, stamp=self._now() if self._now else None)
-        except (FileExistsError, NotADirectoryError, IsADirectoryError) as exc:
+            atomic_write(dest, write, staging_dir=staging, stamp=self._now() if self._now else None,
+                         create_only=create_only)
+        except FileExistsError as exc:
+            if create_only and dest.is_file():
+                raise ObjectExists(f"{self.name}/{key}: already published (create-only)") from exc
+            raise StorageError(f"{self.name}/{key}: key collides with an existing key or prefix") from exc
+        except (NotADirectoryError, IsADirectoryError) as exc:
             # A directory can't also be a file: "a" and "a/b" cannot both be keys here.
             raise StorageError(f"{self.name}/{key}: key collides with an existing key or prefix") from exc
 
     async def put(self, key: str, data: bytes, *, timeout: float = DEFAULT_TIMEOUT) -> None:
         validate_key(key)
         await self._run(lambda: self._commit(key, lambda p: p.write_bytes(data)), key, timeout)
+
+    async def create(self, key: str, data: bytes, *, timeout: float = DEFAULT_TIMEOUT) -> None:
+        validate_key(key)
+        await self._run(lambda: self._commit(key, lambda p: p.write_bytes(data), create_only=True), key, timeout)
 
     async def put_file(self, key: str, path: Path, *, timeout: float | None = None) -> None:
         validate_key(key)

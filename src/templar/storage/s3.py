@@ -29,6 +29,7 @@ from templar.storage.base import (
     BucketUnreachable,
     InvalidKey,
     ObjectChanged,
+    ObjectExists,
     ObjectInfo,
     ObjectNotFound,
     ObjectTooLarge,
@@ -192,6 +193,20 @@ class S3Bucket(Bucket):
         async with self._op(key, timeout):
             client = await self._get_client()
             await client.put_object(Bucket=self.bucket, Key=key, Body=data, ContentLength=len(data))
+
+    async def create(self, key: str, data: bytes, *, timeout: float = DEFAULT_TIMEOUT) -> None:
+        validate_key(key)
+        try:
+            async with self._op(key, timeout):
+                client = await self._get_client()
+                await client.put_object(Bucket=self.bucket, Key=key, Body=data, ContentLength=len(data),
+                                        IfNoneMatch="*")
+        except ObjectChanged as exc:  # 412 PreconditionFailed: the key is taken
+            raise ObjectExists(f"{self.name}/{key}: already published (create-only)") from exc
+        except StorageError as exc:
+            if "ConditionalRequestConflict" in str(exc):  # AWS: a concurrent conditional write won (409)
+                raise ObjectExists(f"{self.name}/{key}: already published (create-only)") from exc
+            raise
 
     async def delete(self, key: str, *, timeout: float = DEFAULT_TIMEOUT) -> None:
         validate_key(key)
