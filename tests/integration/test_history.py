@@ -136,10 +136,10 @@ def test_every_node_takes_the_leads_step_whatever_its_clock_or_its_gather_saw(tm
 
 
 def _published(bucket_dir: Path) -> dict[str, bytes]:
-    """Every object of a past window in the lead's bucket (not the pointers that move on: progress,
-    the peer lists' index, checkpoints' latest.json)."""
+    """Every object of a past window in the lead's bucket (not the pointers that move on: the peer lists'
+    index, checkpoints' latest.json)."""
     return {str(p.relative_to(bucket_dir)): p.read_bytes() for p in bucket_dir.rglob("*") if p.is_file()
-            and "/checkpoint/" not in f"/{p.relative_to(bucket_dir)}" and p.name not in ("progress.json", "index.json")}
+            and "/checkpoint/" not in f"/{p.relative_to(bucket_dir)}" and p.name != "index.json"}
 
 
 def test_a_lead_restarted_on_an_empty_directory_replays_its_history_and_rewrites_nothing(tmp_path):

@@ -193,6 +193,15 @@ class WindowConfig(_Strict):
     peer_replacement_frequency: int = Field(gt=0)
     warmup_windows: int = Field(ge=0)
     max_allowed_stale: int = Field(gt=0)
+    lead_slots: int = Field(default=3, ge=1, le=16, description="how many validators of the succession order "
+                            "(templar.chain.succession_of) may publish a window's inputs, one slot each, in order")
+    handover_seconds: float = Field(default=5.0, gt=0, description="how long each lead slot is open for publishing: "
+                                    "the lead's inputs count only if stored by gather_deadline + this (plus the "
+                                    "clock-skew allowance), candidate k's by this long after slot k - 1 settled, and "
+                                    "none before the slot before closed (docs/design.md §5)")
+    handover_settle_seconds: float = Field(default=1.0, ge=0, description="after a slot's last acceptable "
+                                           "timestamp (with the clock-skew allowance), how long until a 'not found' "
+                                           "of that candidate's inputs is taken as definite by every reader")
 
 
 class HParams(_Strict):

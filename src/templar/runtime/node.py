@@ -41,6 +41,7 @@ from templar.runtime.flags import (
 from templar.runtime.lock import StateDirLocked, StateLock
 from templar.runtime.metrics import start_metrics
 from templar.runtime.state import STATE_FILE, NodeState, StateWriteError
+from templar.runtime.succession import Lead, LeadHistory
 from templar.runtime.windows import Clock
 from templar.storage import Bucket, StorageError, open_bucket
 from templar.storage.locator import BucketLocator, Credentials, LocatorError
@@ -91,21 +92,6 @@ class OwnBucketError(NodeError):
     exit_code = EXIT_OWN_BUCKET
 
 
-@dataclass(frozen=True)
-class Lead:
-    """The run's lead validator as this node reaches it: who it is on chain (`templar.chain.lead_of`)
-    and the bucket it publishes the run's records in (start window, peer lists, inputs, aggregates,
-    progress with the model's fingerprint, checkpoints)."""
-
-    validator: Neuron
-    bucket: Bucket
-
-    @property
-    def hotkey(self) -> str:
-        """The hotkey that signs every record the lead publishes."""
-        return self.validator.hotkey
-
-
 @dataclass
 class Node:
     """A started neuron: chain, clock, model, data and its own bucket."""
@@ -136,6 +122,8 @@ class Node:
     state_lock: StateLock | None = None
     """This process's hold on `state_dir` (`templar.runtime.lock`), released by `aclose`."""
     failed_saves: int = 0
+    leads: LeadHistory = field(default_factory=LeadHistory)
+    """Who led the windows this node applied (`templar.runtime.succession`)."""
 
     def save_state(self, state: NodeState) -> bool:
         """A window's commit point: θ (and what the role keeps with it) in the state file. A local
@@ -207,16 +195,11 @@ class Node:
             out[hotkey] = bucket
         return out
 
-    async def lead(self) -> Lead | None:
-        """The lead validator (`Chain.lead_validator`) and its bucket; None when there is none or
-        its committed bucket cannot be opened."""
-        validator = await asyncio.to_thread(self.chain.lead_validator)
-        if validator is None:
-            return None
-        if validator.hotkey == self.hotkey:
-            return Lead(validator, self.bucket)
-        buckets = await self.peer_buckets([validator.hotkey])
-        return Lead(validator, buckets[validator.hotkey]) if validator.hotkey in buckets else None
+    async def candidates(self) -> list[Lead]:
+        """The succession order (`Chain.succession`) with each candidate's bucket (ours for us)."""
+        order = await asyncio.to_thread(self.chain.succession)
+        buckets = await self.peer_buckets([n.hotkey for n in order if n.hotkey != self.hotkey])
+        return [Lead(n, self.bucket if n.hotkey == self.hotkey else buckets.get(n.hotkey)) for n in order]
 
     def install_signal_handlers(self) -> None:
         """SIGINT/SIGTERM finish the current window, save, and exit."""

@@ -18,17 +18,29 @@ from dataclasses import dataclass
 from loguru import logger
 
 from templar.core.clock import SYSTEM_TIME, TimeSource, sleep_until
-from templar.core.config import WindowConfig
+from templar.core.config import HParams, WindowConfig
 
 SETTLE_SECONDS = 0.25
 """Time for an upload stamped at the last acceptable instant to become visible to readers."""
 APPLY_SECONDS = 5.0
-"""How long past the gather deadline a node waits for the lead's inputs of a window (and fetches
-the payloads of it that its own gather lacks) before it falls back to the lead's aggregate, at
+"""How long past the last lead slot a node that could not establish a window's inputs keeps trying
+(and fetches the payloads they name that its own gather lacks) before it falls back to catch-up, at
 most `gather_seconds`: the lead publishes its inputs the moment its gather ends."""
 COMMIT_READ_SECONDS = 4.0
 """How long validators have to read the window's commitments before any gradient can count (at
 most half the put window, so runs with short windows, tests and `tiny`, leave miners time to train)."""
+
+
+RETAINED_CHECKPOINTS = 3
+"""Checkpoints each candidate of the succession keeps; the history before the oldest is deleted."""
+
+
+def retained_windows(hp: HParams) -> int:
+    """How many windows back every candidate keeps its published history (inputs, aggregates,
+    progress records): what its oldest kept checkpoint needs, and at least what a node resuming from
+    its own state may replay (`max_allowed_stale`). A "not found" of an older window proves nothing
+    (it may have been deleted), so no reader takes one for absent (`templar.runtime.succession`)."""
+    return max(RETAINED_CHECKPOINTS * hp.windows.checkpoint_frequency, hp.windows.max_allowed_stale + 2)
 
 
 @dataclass(frozen=True)
@@ -43,7 +55,28 @@ class WindowTimes:
     gather_deadline: float  # gather_start + gather_seconds: nobody waits past this
     commit_close: float     # end − clock skew − read span: a miner's commitment is written by then
     skew: float             # the clock-skew allowance these landmarks were computed with
-    apply_deadline: float   # gather_deadline + apply span: followers hold the lead's inputs by then
+    apply_deadline: float   # the last slot settled + apply span: followers hold the window's inputs by then
+    handover: float = 0.0   # length of one lead slot (`handover_seconds`)
+    handover_settle: float = 0.0  # a slot's "not found" is definite this long after its widened deadline
+
+    def slot_deadline(self, slot: int) -> float:
+        """The last instant at which candidate `slot` of the succession may store this window's
+        inputs (chain time; a storage timestamp gets the clock-skew allowance on top): slot 0 has
+        until `gather_deadline + handover`, each next one `handover` after the slot before settled
+        (`slot_settled`), so every candidate gets a whole `handover` to publish in."""
+        return self.gather_deadline + self.handover + slot * (self.handover + self.skew + self.handover_settle)
+
+    def slot_opens(self, slot: int) -> float:
+        """From when candidate `slot`'s inputs may be stored: the window's gather start for the
+        lead, the deadline of the slot before for every other one (so a lower candidate's inputs
+        published while the slot before is open count for nothing)."""
+        return self.gather_start if slot == 0 else self.slot_deadline(slot - 1)
+
+    def slot_settled(self, slot: int) -> float:
+        """When a "not found" of candidate `slot`'s inputs is definite: its deadline widened by the
+        clock-skew allowance, plus the settle allowance for a write stamped at that instant to
+        become visible. Candidate `slot + 1` publishes only after this."""
+        return self.slot_deadline(slot) + self.skew + self.handover_settle
 
     @property
     def put_window(self) -> tuple[float, float]:
@@ -125,6 +158,8 @@ class Clock:
         skew = self.cfg.clock_skew_seconds
         commit_close = end - skew - min(COMMIT_READ_SECONDS, self.cfg.put_window_seconds / 2)
         gather_deadline = gather_start + self.cfg.gather_seconds
-        apply_deadline = gather_deadline + min(APPLY_SECONDS, self.cfg.gather_seconds)
+        last_settled = gather_deadline + self.cfg.lead_slots * (self.cfg.handover_seconds + skew
+                                                                 + self.cfg.handover_settle_seconds)
+        apply_deadline = last_settled + min(APPLY_SECONDS, self.cfg.gather_seconds)
         return WindowTimes(window, start, end, put_close, gather_start, gather_deadline, commit_close, skew,
-                           apply_deadline)
+                           apply_deadline, self.cfg.handover_seconds, self.cfg.handover_settle_seconds)
