@@ -68,6 +68,23 @@ def test_create_only_never_writes_over_an_object(maker) -> None:
     asyncio.run(body())
 
 
+def test_not_found_says_when_by_the_servers_clock(maker) -> None:
+    """A not-found carries the storage server's clock (S3's Date header; a directory's: the machine's),
+    the clock that stamps its objects: whether an object was absent by a deadline is judged by it."""
+
+    async def body() -> None:
+        async with maker.open() as b:
+            before = time.time()
+            with pytest.raises(ObjectNotFound) as missing:
+                await b.get("v2/inputs/9.safetensors", max_bytes=100)
+            with pytest.raises(ObjectNotFound) as headless:
+                await b.head("v2/inputs/9.safetensors")
+            for exc in (missing.value, headless.value):
+                assert exc.server_time is not None and before - 2 <= exc.server_time <= time.time() + 2
+
+    asyncio.run(body())
+
+
 def test_empty_object(maker) -> None:
     async def body() -> None:
         async with maker.open() as b:

@@ -28,7 +28,13 @@ class StorageError(Exception):
 
 
 class ObjectNotFound(StorageError):
-    """The key does not exist in the bucket."""
+    """The key does not exist in the bucket. `server_time`: the storage server's clock when it said
+    so (unix seconds; an S3 response's `Date`), None when unknown: a reader that must know whether
+    an object was absent *by a deadline* judges by the clock that stamps the objects, not its own."""
+
+    def __init__(self, message: str = "", *, server_time: float | None = None) -> None:
+        super().__init__(message)
+        self.server_time = server_time
 
 
 class ObjectExists(StorageError):

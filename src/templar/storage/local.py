@@ -12,6 +12,7 @@ import asyncio
 import os
 import shutil
 import stat
+import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import TypeVar
@@ -54,7 +55,8 @@ class LocalBucket(Bucket):
     `create=True` (our own bucket) creates the directory if missing; a peer's bucket is only
     ever read, and nothing is created on disk from a peer's locator. `now` (unix seconds)
     stamps each written object's modification time, so nodes on virtual time judge put windows
-    by the same clock; by default the file system stamps it.
+    by the same clock; by default the file system stamps it. It is also this "server's" time on a
+    not-found (`ObjectNotFound.server_time`).
     """
 
     def __init__(self, root: str | Path, *, create: bool = True, now: Callable[[], float] | None = None):
@@ -63,6 +65,10 @@ class LocalBucket(Bucket):
         self._now = now
         if create:
             (self.root / _STAGING).mkdir(parents=True, exist_ok=True)
+
+    def _clock(self) -> float:
+        """This "server's" clock: the one that stamps its objects (`now`, else the file system's)."""
+        return self._now() if self._now else time.time()
 
     def _path(self, key: str) -> Path:
         return self.root / validate_key(key)
@@ -74,7 +80,9 @@ class LocalBucket(Bucket):
         except TimeoutError as exc:
             raise StorageTimeout(f"{self.name}/{key}: no answer within {timeout}s") from exc
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError) as exc:
-            raise ObjectNotFound(f"{self.name}/{key}") from exc
+            raise ObjectNotFound(f"{self.name}/{key}", server_time=self._clock()) from exc
+        except ObjectNotFound as exc:
+            raise ObjectNotFound(str(exc), server_time=self._clock()) from exc
         except PermissionError as exc:
             raise AccessDenied(f"{self.name}/{key}: {exc.strerror}") from exc
         except OSError as exc:
