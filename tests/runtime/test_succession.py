@@ -228,3 +228,32 @@ def test_every_node_says_once_who_leads_when_it_changes():
         "[LEAD] window 13 is led by uid 0 (lead), the first of the succession: its inputs were on time",
         "[LEAD] no validator led window 14: no candidate published inputs in its slot (no validator can lead); the "
         "window has no outer step"], said
+
+
+def test_a_reader_whose_clock_runs_ahead_never_closes_a_slot_early(hp, tmp_path):
+    """Whether a slot has settled is read off the candidate's storage server (the clock that stamps its
+    objects), not the reader's: a reader 5 s ahead still waits for the lead, and takes its inputs."""
+    from templar.core.clock import LoopTime
+
+    class Ahead(LoopTime):
+        def now(self) -> float:
+            return super().now() + 5.0
+
+    async def scenario():
+        node = _node(hp, tmp_path)
+        true = node.clock
+        node.clock = Clock(true.cfg, true._block, true._block_timestamp, Ahead(asyncio.get_running_loop()))
+        t = true.times(WINDOW)
+        await node.publish("v1", WINDOW, t.slot_settled(0) + 0.2)
+
+        async def lead_on_time():
+            await true.sleep_until(t.slot_deadline(0) - 0.2)
+            await node.publish("lead", WINDOW, true.now())
+
+        task = asyncio.create_task(lead_on_time())
+        got = await _decide(node, deadline=t.apply_deadline + 5.0)
+        await task
+        return got
+
+    got = run_virtual(scenario(), start=GENESIS + 159)
+    assert got.slot == 0 and got.inputs.hotkeys == ["lead"], got

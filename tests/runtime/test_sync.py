@@ -213,3 +213,60 @@ def test_an_unreadable_aggregate_is_never_taken_for_no_update(hp, keypair, tmp_p
         apply_update(reference, signs, step, hp)
     for (n, p), (_, q) in zip(model.named_parameters(), reference.named_parameters(), strict=True):
         assert torch.equal(p, q), n
+
+
+def test_an_unreadable_inputs_record_is_never_taken_for_no_update(hp, keypair, tmp_path, published_signs,
+                                                                  faults: FaultPlan):
+    """The lead's inputs of window 12 cannot be read (its server answers with an error): who led window 12,
+    and whether it had a step, cannot be told. Catch-up stops before it instead of taking it for a window
+    nobody led, and finishes once the record can be read."""
+    lead = keypair.ss58_address
+
+    async def scenario():
+        time = loop_time()
+        bucket = faults.wrap(LocalBucket(tmp_path / "lead", now=time.now))
+        node = FollowerNode(hp, build_model(hp), _clock(hp, time), lead, bucket)
+        for window, step in ((11, 2), (12, 3)):
+            await lead_inputs(node, tmp_path / "lead", window, step, keypair)
+            await put_aggregate(bucket, window, write_aggregate(published_signs[window], window=window,
+                                                                global_step=step, learning_rate=1e-3, hotkey=lead,
+                                                                run=RUN, sign=keypair.sign))
+        reset = faults.add(Fault.ERROR, ops={"get"}, keys=inputs_key(12), message="connection reset")
+        stuck = await catch_up(node, NodeState(window=10, global_step=2), until=12)
+        assert (stuck.window, stuck.global_step) == (11, 3), "window 12 was taken for one nobody led"
+        faults.remove(reset)
+        return await catch_up(node, stuck, until=12)
+
+    state = run_virtual(scenario(), start=GENESIS + 150)
+    assert (state.window, state.global_step) == (12, 4)
+
+
+def test_an_unreadable_progress_record_proves_nothing_and_is_named(hp, keypair, tmp_path, published_signs):
+    """Catch-up ends with the fingerprint check against the progress record of the window it reached; that
+    record is torn: the line names it, the replayed state stands (no re-sync on no evidence) and the next
+    window's check compares again."""
+    from loguru import logger
+
+    from templar.comms.keys import progress_key
+
+    lead = keypair.ss58_address
+    lines: list[str] = []
+
+    async def scenario():
+        time = loop_time()
+        bucket = LocalBucket(tmp_path / "lead", now=time.now)
+        node = FollowerNode(hp, build_model(hp), _clock(hp, time), lead, bucket)
+        await lead_inputs(node, tmp_path / "lead", 11, 2, keypair)
+        await put_aggregate(bucket, 11, write_aggregate(published_signs[11], window=11, global_step=2,
+                                                        learning_rate=1e-3, hotkey=lead, run=RUN, sign=keypair.sign))
+        await bucket.put(progress_key(11), b'{"protocol": 2, "netuid"')  # torn
+        return await catch_up(node, NodeState(window=10, global_step=2), until=11)
+
+    sink = logger.add(lambda m: lines.append(m.record["message"]), level="WARNING")
+    try:
+        state = run_virtual(scenario(), start=GENESIS + 150)
+    finally:
+        logger.remove(sink)
+    assert (state.window, state.global_step) == (11, 3)
+    named = [line for line in lines if "v2/progress/11.json is unreadable" in line]
+    assert len(named) == 1 and "the next window's check compares again" in named[0], lines

@@ -21,7 +21,6 @@ from templar.comms.checkpoint import (
 from templar.comms.exchange import (
     PeerList,
     RecordError,
-    fetch_inputs,
     get_aggregate,
     get_inputs,
     get_peers,
@@ -46,7 +45,6 @@ __all__ = [
     "checkpoint_windows",
     "cleanup_checkpoints",
     "download_latest_checkpoint",
-    "fetch_inputs",
     "gather",
     "get_aggregate",
     "get_inputs",

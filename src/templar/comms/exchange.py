@@ -24,7 +24,7 @@ from templar.comms.keys import (
     window_of,
 )
 from templar.core.config import PROTOCOL_VERSION
-from templar.storage.base import DEFAULT_TIMEOUT, Blob, Bucket, ObjectExists, ObjectNotFound
+from templar.storage.base import DEFAULT_TIMEOUT, Bucket, ObjectExists, ObjectNotFound
 from templar.wire import Run
 
 MAX_RECORD_BYTES = 64 << 10
@@ -201,15 +201,8 @@ async def get_aggregate(bucket: Bucket, window: int, *, max_bytes: int,
 async def get_inputs(bucket: Bucket, window: int, *, max_bytes: int, timeout: float = DEFAULT_TIMEOUT) -> bytes | None:
     """The lead's signed record of the payloads it aggregated at `window` (`templar.wire.inputs`),
     or None if it was never published."""
-    blob = await fetch_inputs(bucket, window, max_bytes=max_bytes, timeout=timeout)
-    return None if blob is None else blob.data
-
-
-async def fetch_inputs(bucket: Bucket, window: int, *, max_bytes: int, timeout: float = DEFAULT_TIMEOUT) -> Blob | None:
-    """A candidate's inputs record of `window` with the storage timestamp of the very response that
-    carried it (which slot it counts in: `templar.runtime.succession`), or None if there is none."""
     try:
-        return await bucket.fetch(inputs_key(window), max_bytes=max_bytes, timeout=timeout)
+        return await bucket.get(inputs_key(window), max_bytes=max_bytes, timeout=timeout)
     except ObjectNotFound:
         return None
 

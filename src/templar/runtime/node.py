@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import os
 import signal
 from collections.abc import Awaitable, Callable
@@ -279,9 +280,11 @@ async def start_node(args: argparse.Namespace, role: str, *, time: TimeSource = 
     plan = PagePlan.build(pages.num_pages, hp.data.holdout_fraction, hp.data.data_seed, hp.data.pages_per_window)
     clock = Clock(hp.windows, chain.block, chain.block_timestamp, time)
     log.info(f"{role} uid {uid} ready: model {hp.name} on {device}, {pages.num_pages} pages, state in {state_dir}")
+    # a peer's local bucket answers by the same clock as ours (an S3 server by its own)
     return Node(hp=hp, chain=chain, clock=clock, uid=uid, model=model, pages=pages, plan=plan, bucket=bucket,
                 state_dir=state_dir, device=device, compute=LocalCompute(model, hp), state_lock=lock,
-                allow_private_endpoints=args.subtensor_network not in PUBLIC_NETWORKS, open_bucket=open_bucket)
+                allow_private_endpoints=args.subtensor_network not in PUBLIC_NETWORKS,
+                open_bucket=functools.partial(open_bucket, now=time.now))
 
 
 async def _open_own_bucket(args: argparse.Namespace, chain: Chain, time: TimeSource,

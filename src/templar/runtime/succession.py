@@ -10,8 +10,9 @@ then applies the inputs of the lowest slot whose record exists within its slot (
 window has one set of applied inputs whoever published them; when no candidate published in time,
 the window has no outer step, and every node agrees on that too.
 
-A "not found" counts as absent only once the slot has settled (`WindowTimes.slot_settled`); an
-error, a timeout or a malformed record is never absent: the reader cannot decide, does not skip the
+A "not found" counts as absent only once the slot has settled (`WindowTimes.slot_settled`) by the
+clock of the candidate's storage server, the one that stamps its objects (a reader whose own clock
+runs ahead cannot close a slot early); an error, a timeout or a malformed record is never absent: the reader cannot decide, does not skip the
 candidate, and stops before the window at its apply deadline like any follower that cannot have the
 inputs (then catches up). Late or early records are absent for everyone, so a partitioned old lead
 that keeps publishing into its own bucket forks no one.
@@ -31,11 +32,10 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from templar.chain import Neuron, verify_signature
-from templar.comms import RecordError, fetch_inputs
 from templar.comms.keys import inputs_key
 from templar.core.log import context, short
 from templar.runtime.windows import WindowTimes, retained_windows
-from templar.storage import Bucket, StorageError
+from templar.storage import Bucket, ObjectNotFound, StorageError
 from templar.wire import PayloadError, StepInputs, max_inputs_bytes, read_inputs
 
 POLL_SECONDS = 0.5
@@ -131,17 +131,18 @@ async def observe(node, candidate: Lead, window: int, slot: int, times: WindowTi
     if candidate.bucket is None:
         return Observation(Seen.ABSENT, why="no usable bucket committed")
     try:
-        blob = await fetch_inputs(candidate.bucket, window, max_bytes=max_inputs_bytes(),
-                                  timeout=READ_SECONDS)
-    except (StorageError, RecordError) as exc:
-        return Observation(Seen.UNKNOWN, why=f"unreadable ({str(exc)[:160]})")
-    now = node.clock.now()
-    if blob is None:
+        blob = await candidate.bucket.fetch(inputs_key(window), max_bytes=max_inputs_bytes(), timeout=READ_SECONDS)
+    except ObjectNotFound as exc:
         if window < node.clock.current_window() - retained_windows(node.hp):
             return Observation(Seen.UNKNOWN, why="not found, older than the history candidates keep")
-        if now < times.slot_settled(slot):
+        # settled by the clock that stamps the candidate's objects (its server's, on the answer), so a
+        # reader whose own clock runs ahead never takes a slot for closed early; ours when unknown
+        told = exc.server_time if exc.server_time is not None else node.clock.now()
+        if told < times.slot_settled(slot):
             return Observation(Seen.PENDING, why="not published yet")
         return Observation(Seen.ABSENT, why="not published by its deadline")
+    except StorageError as exc:
+        return Observation(Seen.UNKNOWN, why=f"unreadable ({str(exc)[:160]})")
     stamp = blob.info.timestamp
     if not in_slot(stamp, times, slot):
         late = stamp - (times.slot_deadline(slot) + times.skew)

@@ -62,7 +62,12 @@ RETRY_SECONDS = 2.0
 
 class ResyncError(Exception):
     """A re-sync could not be made now (no lead, or its checkpoint could not be read): the node
-    stays out of sync and tries again later."""
+    stays out of sync and tries again later. `fix`: what an operator can do about it, when the
+    cause is known (a validator that must not wait says it in its exit line)."""
+
+    def __init__(self, message: str, *, fix: str | None = None) -> None:
+        super().__init__(message)
+        self.fix = fix
 
 
 class Phase(StrEnum):
@@ -147,8 +152,10 @@ async def published_start(node: Node, candidates: list[Lead] | None = None) -> i
         if start is not None:
             return start
     if problems:
-        raise ResyncError("; ".join(problems) + ": the run's start window cannot be read (it is never rewritten: "
-                          "its publisher must put a readable copy back)")
+        raise ResyncError("; ".join(problems) + ": the run's start window cannot be read, and no checkpoint "
+                          "was published to start from instead",
+                          fix=f"restore {start_window_key()} in that bucket from a backup (it is never "
+                          "rewritten, and a new run is never started over an existing one), then start again")
     return None
 
 

@@ -192,9 +192,10 @@ class Validator:
             self.state, own = await restore(node)
         except ResyncError as exc:
             if self.slot == 0:
+                fix = exc.fix or ("put an intact checkpoint back into a candidate's bucket (or this validator's "
+                                  "state.safetensors into its state directory), then start again")
                 raise LeadError(f"cannot restore the run's state: {exc}; refusing to rebuild published history. "
-                                "Fix: put an intact checkpoint back into a candidate's bucket (or this validator's "
-                                "state.safetensors into its state directory), then start again") from exc
+                                f"Fix: {fix}") from exc
             context(phase=Phase.DOWNLOAD).warning(f"[SYNC] Cannot restore the run's state yet ({exc})")
             self.state, own = await restore_when_possible(node)
         self.book = load_book(node.state_dir, self.state, own, lead=self.slot == 0)
@@ -242,8 +243,7 @@ class Validator:
                 return False
             history = await node.bucket.list(inputs_key(0).rsplit("/", 1)[0] + "/", limit=1)
         except ResyncError as exc:
-            raise LeadError(f"{exc}. Fix: restore {start_window_key()} in that bucket from a backup (or copy it from "
-                            "another candidate's bucket); a new run is never started over an existing one") from exc
+            raise LeadError(f"{exc}. Fix: {exc.fix}") from exc
         except StorageError as exc:
             raise LeadError(f"cannot tell whether our bucket holds the run's history ({exc}). Fix: check the "
                             "bucket's endpoint and keys, then start again; a new run is never started blind") from exc
