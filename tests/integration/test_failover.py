@@ -40,10 +40,12 @@ def test_the_lead_process_killed_9_hands_over_to_the_next_validator(tmp_path):
     preset = tmp_path / "failover.json"
     # 14-second windows: the gather ends 5.25 s after a window (put 2 s, skew 1 s, gather 2 s); slot 0
     # closes 1 s later and settles 1.25 s after that, so with the lead dead slot 1's inputs are out 7.5 s
-    # after the window: a miner still trains and commits the next one by its deadline (12 s)
+    # after the window: a miner still trains and commits the next one by its deadline (12 s). The
+    # succession's order resumes every 2 windows, so the lead, back, takes its slot within two.
     preset.write_text(json.dumps({"base": str(PRESETS_DIR / "tiny.json"), "name": "tiny-failover",
                                   "windows": {"blocks_per_window": 14, "put_window_seconds": 2.0, "gather_seconds": 2.0,
-                                              "handover_seconds": 1.0, "handover_settle_seconds": 0.25}}))
+                                              "handover_seconds": 1.0, "handover_settle_seconds": 0.25,
+                                              "lead_cadence": 2}}))
     out = tmp_path / "net"
     net = Localnet(LocalnetConfig(out=out, miners=2, validators=2, windows=1000, hparams=str(preset),
                                   adversaries=[], live=False))

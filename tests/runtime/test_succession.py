@@ -23,6 +23,7 @@ from templar.runtime.succession import (
     decide,
     decide_window,
     in_slot,
+    order_of,
 )
 from templar.runtime.windows import Clock
 from templar.storage import LocalBucket
@@ -44,6 +45,27 @@ def test_the_succession_is_the_validators_able_to_lead_by_stake_then_uid():
                neuron(4, "no-permit", 500.0, permit=False), neuron(5, "no-bucket", 400.0, commitment=None),
                neuron(6, "miner", 0.0, permit=False)]
     assert [n.hotkey for n in succession_of(neurons)] == ["b", "a", "c"]
+
+
+def test_who_led_a_window_keeps_the_first_slot_until_the_succession_resumes(hp):
+    """Slots of a window: the succession's order, but the validator that led the window before first (a
+    successor publishes as early as a lead, so a dead lead delays one window, not every one), until a
+    multiple of `lead_cadence` (4 here), where the chain's order resumes and a returning lead takes its slot."""
+    order = [Lead(neuron(i, name, 100.0 - i), None) for i, name in enumerate(NAMES)]
+    led_by = {name: Decision(0, True, 1, lead) for name, lead in zip(NAMES, order, strict=True)}
+    assert hp.windows.lead_cadence == 4
+
+    def slots(window, before):
+        return [lead.hotkey for lead in order_of(window, order, before, hp)]
+
+    assert slots(13, led_by["v1"]) == ["v1", "lead", "v2"]
+    assert slots(14, led_by["v2"]) == ["v2", "lead", "v1"]
+    assert slots(16, led_by["v1"]) == ["lead", "v1", "v2"], "a boundary: the succession's own order"
+    assert slots(13, Decision(12, True)) == ["lead", "v1", "v2"], "nobody led the window before"
+    gone = Decision(12, True, 0, Lead(neuron(9, "unstaked", 0.0), None))
+    assert slots(13, gone) == ["lead", "v1", "v2"], "a keeper no longer able to lead keeps nothing"
+    few = hp.model_copy(update={"windows": hp.windows.model_copy(update={"lead_slots": 2})})
+    assert [lead.hotkey for lead in order_of(13, order, led_by["v2"], few)] == ["v2", "lead"]
 
 
 @dataclass
@@ -74,7 +96,8 @@ class SlotNode:
 def _node(hp, tmp_path, faults: FaultPlan | None = None) -> SlotNode:
     time = loop_time()
     cfg = hp.windows.model_copy(update={"blocks_per_window": 10, "block_time": 1.0, "gather_seconds": 4.0,
-                                        "lead_slots": 3, "handover_seconds": 2.0, "handover_settle_seconds": 0.5})
+                                        "lead_slots": 3, "handover_seconds": 2.0, "handover_settle_seconds": 0.5,
+                                        "lead_cadence": 1})  # every window in the succession's own order
     clock = Clock(cfg, lambda: int(time.now() - GENESIS), lambda block: GENESIS + block, time)
     buckets = {name: LocalBucket(tmp_path / name, now=time.now) for name in NAMES}
     if faults is not None:  # the lead's storage server misbehaves
@@ -225,7 +248,7 @@ def test_every_node_says_once_who_leads_when_it_changes():
     said = [line for line in lines if line.startswith("[LEAD]")]
     assert said == [
         "[LEAD] window 11 is led by uid 1 (v1, slot 1): uid 0 (slot 0): not published by its deadline",
-        "[LEAD] window 13 is led by uid 0 (lead), the first of the succession: its inputs were on time",
+        "[LEAD] window 13 is led by uid 0 (lead, slot 0): it keeps the first slot, and its inputs were on time",
         "[LEAD] no validator led window 14: no candidate published inputs in its slot (no validator can lead); the "
         "window has no outer step"], said
 

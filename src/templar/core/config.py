@@ -195,6 +195,10 @@ class WindowConfig(_Strict):
     max_allowed_stale: int = Field(gt=0)
     lead_slots: int = Field(default=3, ge=1, le=16, description="how many validators of the succession order "
                             "(templar.chain.succession_of) may publish a window's inputs, one slot each, in order")
+    lead_cadence: int = Field(default=16, ge=1, le=1024, description="windows between two returns to the "
+                              "succession's own order: the validator that led a window keeps the first slot of the "
+                              "next, except in a window that is a multiple of this (a returning lead takes its slot "
+                              "back there)")
     handover_seconds: float = Field(default=5.0, gt=0, description="how long each lead slot is open for publishing: "
                                     "the lead's inputs count only if stored by gather_deadline + this (plus the "
                                     "clock-skew allowance), candidate k's by this long after slot k - 1 settled, and "

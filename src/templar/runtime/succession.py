@@ -2,7 +2,9 @@
 
 The lead is no single point of failure. The chain orders the validators able to lead
 (`templar.chain.succession_of`: a permit, stake, a committed bucket; most stake first); the first
-`lead_slots` of that order each get one slot of every window, in order. Lead k may publish the
+`lead_slots` of that order each get one slot of every window, in order (`order_of`: the validator
+that led the window before keeps the first slot until the next multiple of `lead_cadence`, where the
+chain's order resumes). Lead k may publish the
 window's inputs only once every candidate before it is confirmed absent, and its inputs count only
 if their **storage** timestamp lies in its slot (`in_slot`: after the slot before closed, by
 `gather_deadline + (k + 1) × handover_seconds`, widened by the clock-skew allowance). Every node
@@ -27,6 +29,7 @@ and a node on the losing side re-syncs.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
@@ -102,6 +105,8 @@ class Decision:
     problem: str = ""
     absent: tuple[str, ...] = ()
     """Why each slot before `slot` was absent (for the lead-change line)."""
+    boundary: bool = False
+    """The window is a multiple of `lead_cadence`: its slots are the succession's own order."""
 
     @property
     def no_step(self) -> bool:
@@ -156,6 +161,31 @@ async def observe(node, candidate: Lead, window: int, slot: int, times: WindowTi
     return Observation(Seen.PRESENT, inputs)
 
 
+def order_of(window: int, succession: Sequence[Lead], before: Decision | None, hp) -> list[Lead]:
+    """THE rule of a window's slots: the first `lead_slots` of the succession, except that the validator
+    that led the window before keeps the first slot (so a successor, once it led, publishes as early as
+    a lead does, and a dead lead costs its delay once, not every window), until a window that is a
+    multiple of `lead_cadence`: there the succession's own order resumes, and a lead that came back
+    takes its slot again. `before`: the settled decision of the window before (None at a boundary)."""
+    slots, cadence = hp.windows.lead_slots, hp.windows.lead_cadence
+    if window % cadence == 0 or before is None or before.lead is None:
+        return list(succession[:slots])
+    keeper = [c for c in succession if c.hotkey == before.lead.hotkey]
+    return (keeper + [c for c in succession if c.hotkey != before.lead.hotkey])[:slots]
+
+
+async def window_order(node, window: int) -> list[Lead] | str:
+    """The slots of `window` (`order_of`), from the chain's succession and the decision of the window
+    before; why they cannot be told (a string) when that decision cannot."""
+    succession = await node.candidates()
+    if window % node.hp.windows.lead_cadence == 0 or window == 0:
+        return order_of(window, succession, None, node.hp)
+    before = await decide_window(node, window - 1)
+    if not before.settled:
+        return f"who led window {window - 1} (it keeps the first slot of {window}) cannot be told: {before.problem}"
+    return order_of(window, succession, before, node.hp)
+
+
 async def decide_window(node, window: int, *, deadline: float | None = None, slots: int | None = None) -> Decision:
     """The window's applied inputs (`decide`) from the candidates' buckets. Waits while a slot may
     still fill or a candidate cannot be read, until `deadline` (the node's clock; None: one look at
@@ -169,7 +199,9 @@ async def decide_window(node, window: int, *, deadline: float | None = None, slo
     if cached is not None and slots is None:
         return cached
     times = node.clock.times(window)
-    order = (await node.candidates())[: node.hp.windows.lead_slots]
+    order = await window_order(node, window)
+    if isinstance(order, str):
+        return Decision(window, False, problem=order)
     order = order if slots is None else order[:slots]
     seen: list[Observation] = []
     while len(seen) < len(order):
@@ -194,6 +226,8 @@ async def decide_window(node, window: int, *, deadline: float | None = None, slo
             break
         await asyncio.sleep(POLL_SECONDS)
     decision = decide(window, order, seen)
+    if window % node.hp.windows.lead_cadence == 0:
+        decision = dataclasses.replace(decision, boundary=True)
     # What every reader sees for good: the first slot's inputs (no lower slot can appear), or anything
     # decided long after the window's slots settled. Another decision is taken again when asked later,
     # so a reader that took a higher slot than the run did (the straddling write) finds out.
@@ -237,8 +271,10 @@ class LeadHistory:
             log.warning(f"[LEAD] no validator led window {decision.window}: no candidate published inputs in its "
                         f"slot ({why}); the window has no outer step")
         elif decision.slot == 0:
+            why = ("the succession's own order resumes in this window (every lead_cadence windows)"
+                   if decision.boundary else "it keeps the first slot, and its inputs were on time")
             log.info(f"[LEAD] window {decision.window} is led by uid {decision.lead.uid} "
-                     f"({short(decision.lead.hotkey)}), the first of the succession: its inputs were on time")
+                     f"({short(decision.lead.hotkey)}, slot 0): {why}")
         else:
             log.warning(f"[LEAD] window {decision.window} is led by uid {decision.lead.uid} "
                         f"({short(decision.lead.hotkey)}, slot {decision.slot}): {why}")

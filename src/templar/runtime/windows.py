@@ -38,9 +38,11 @@ RETAINED_CHECKPOINTS = 3
 def retained_windows(hp: HParams) -> int:
     """How many windows back every candidate keeps its published history (inputs, aggregates,
     progress records): what its oldest kept checkpoint needs, and at least what a node resuming from
-    its own state may replay (`max_allowed_stale`). A "not found" of an older window proves nothing
+    its own state may replay (`max_allowed_stale`) and what tells the slots of a window (the windows
+    back to the last multiple of `lead_cadence`). A "not found" of an older window proves nothing
     (it may have been deleted), so no reader takes one for absent (`templar.runtime.succession`)."""
-    return max(RETAINED_CHECKPOINTS * hp.windows.checkpoint_frequency, hp.windows.max_allowed_stale + 2)
+    return max(RETAINED_CHECKPOINTS * hp.windows.checkpoint_frequency, hp.windows.max_allowed_stale + 2,
+               hp.windows.lead_cadence + 1)
 
 
 @dataclass(frozen=True)

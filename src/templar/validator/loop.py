@@ -49,7 +49,7 @@ from templar.runtime.outer import OuterStep, aggregation_weights, gather_gradien
 from templar.runtime.peers import aggregate_payloads, peers_in_effect
 from templar.runtime.records import SCORES_FILE, VALIDATOR_WINDOWS_FILE, drop_uncommitted_records
 from templar.runtime.state import NodeState
-from templar.runtime.succession import Decision, decide_window
+from templar.runtime.succession import Decision, decide_window, window_order
 from templar.runtime.sync import (
     RETRY_SECONDS,
     Phase,
@@ -214,7 +214,7 @@ class Validator:
                 f"{target}): catching up before validating")
         else:
             context(phase=Phase.ACTIVE).info(
-                f"[SYNC] Active as validator{'' if self.slot is None else f' (slot {self.slot} of the succession)'} "
+                f"[SYNC] Active as validator{'' if self.slot is None else f' (slot {self.slot} of the windows)'} "
                 f"from window {self.state.window + 1}")
 
     async def join(self, current: int, *, own: bool) -> int:
@@ -255,17 +255,19 @@ class Validator:
         return True
 
     async def check_slot(self, window: int) -> int | None:
-        """Our slot in the succession this window (None: not among the first `lead_slots`): stake
-        can move, and a candidate takes its slot at once. One line when it changes."""
-        order = [lead.hotkey for lead in (await self.node.candidates())[: self.hp.windows.lead_slots]]
-        slot = order.index(self.node.hotkey) if self.node.hotkey in order else None
+        """Our slot in this window (`templar.runtime.succession.window_order`; None: not among its
+        slots, or they cannot be told): stake can move, and a candidate takes its slot at once. One
+        line when it changes."""
+        order = await window_order(self.node, window)
+        hotkeys = [] if isinstance(order, str) else [lead.hotkey for lead in order]
+        slot = hotkeys.index(self.node.hotkey) if self.node.hotkey in hotkeys else None
         if slot != self.slot:
             context(window=window, phase="lead").info(
-                f"this validator is now slot {slot} of the succession: it publishes a window's inputs when every "
+                f"this validator now holds slot {slot} of the windows: it publishes a window's inputs when every "
                 "slot before it published none in time" if slot else
-                "this validator is now the first of the succession: it leads every window it publishes inputs "
-                "for in time" if slot == 0 else
-                "this validator is not among the succession's slots: it follows every window")
+                "this validator now holds the first slot of the windows: it leads every window it publishes "
+                "inputs for in time" if slot == 0 else
+                "this validator holds none of the windows' slots: it follows every window")
             self.slot = slot
         return slot
 
