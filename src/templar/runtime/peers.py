@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from templar.comms import GatherResult, RecordError, get_peers
 from templar.core.log import context
 from templar.runtime.node import Node
-from templar.runtime.succession import decide_window
+from templar.runtime.succession import Lead, decide_window
 from templar.storage import StorageError
 from templar.wire import Gradient
 
@@ -29,8 +29,19 @@ async def peers_in_effect(node: Node, window: int) -> list[str]:
     `PEER_LIST_SECONDS` (logged). Nothing of consensus rests on it: every node applies the lead's
     inputs, whatever it gathered; the list says which payloads to gather and score."""
     before = await decide_window(node, window - 1) if window > 0 else None
-    leads = [before.lead] if before is not None and before.lead is not None else []
-    leads += [c for c in await node.candidates() if c.hotkey not in {lead.hotkey for lead in leads}]
+    first = before.lead if before is not None and before.lead is not None else None
+    found, problem = await _list_of(node, [first] if first is not None else [], window)
+    if found is None:  # the window before's lead named none: the first of the others that has one
+        others = [c for c in await node.candidates() if first is None or c.hotkey != first.hotkey]
+        found, more = await _list_of(node, others, window)
+        problem = problem or more
+    if found is None and problem:
+        context(window=window, phase="peers").warning(f"peer list unavailable: {problem}")
+    return found or []
+
+
+async def _list_of(node: Node, leads: Sequence[Lead], window: int) -> tuple[list[str] | None, str]:
+    """The list in effect at `window` of the first of `leads` that has one, and the last read error."""
     problem = ""
     for lead in leads:
         if lead.bucket is None:
@@ -41,10 +52,8 @@ async def peers_in_effect(node: Node, window: int) -> list[str]:
             problem = str(exc)
             continue
         if found:
-            return found[1]
-    if problem:
-        context(window=window, phase="peers").warning(f"peer list unavailable: {problem}")
-    return []
+            return found[1], problem
+    return None, problem
 
 
 def aggregate_payloads(peer_list: Sequence[str], results: Mapping[str, GatherResult[Gradient]]) -> list[Gradient]:

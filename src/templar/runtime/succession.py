@@ -1,29 +1,28 @@
-"""Who leads each window: the succession order's slots (docs/design.md §5).
+"""Who leads each window: the succession's slots (docs/design.md §5).
 
 The lead is no single point of failure. The chain orders the validators able to lead
-(`templar.chain.succession_of`: a permit, stake, a committed bucket; most stake first); the first
-`lead_slots` of that order each get one slot of every window, in order (`order_of`: the validator
-that led the window before keeps the first slot until the next multiple of `lead_cadence`, where the
-chain's order resumes). Lead k may publish the
-window's inputs only once every candidate before it is confirmed absent, and its inputs count only
-if their **storage** timestamp lies in its slot (`in_slot`: after the slot before closed, by
-`gather_deadline + (k + 1) × handover_seconds`, widened by the clock-skew allowance). Every node
-then applies the inputs of the lowest slot whose record exists within its slot (`decide`), so a
-window has one set of applied inputs whoever published them; when no candidate published in time,
-the window has no outer step, and every node agrees on that too.
+(`templar.chain.succession_of`: a permit, stake, a committed bucket; most stake first). The first
+`lead_slots` of that order hold the slots of every window (`order_of`: the validator that led the
+window before keeps the first slot until the next multiple of `lead_cadence`, where the chain's order
+resumes). The candidate of slot k may publish the window's inputs only once every slot before its own
+is confirmed absent, and its inputs count only if their **storage** timestamp lies in its slot
+(`in_slot`, the landmarks of `templar.runtime.windows.WindowTimes.slot_deadline`). Every node then
+applies the inputs of the lowest slot whose record exists within its slot (`decide`), so a window
+has one set of applied inputs whoever published them; when no candidate published in time, the
+window has no outer step, and every node agrees on that too.
 
 A "not found" counts as absent only once the slot has settled (`WindowTimes.slot_settled`) by the
-clock of the candidate's storage server, the one that stamps its objects (a reader whose own clock
-runs ahead cannot close a slot early); an error, a timeout or a malformed record is never absent: the reader cannot decide, does not skip the
-candidate, and stops before the window at its apply deadline like any follower that cannot have the
-inputs (then catches up). Late or early records are absent for everyone, so a partitioned old lead
-that keeps publishing into its own bucket forks no one.
+clock of the candidate's storage server, the one that stamps its objects, so a reader whose own clock
+runs ahead cannot close a slot early. An error, a timeout or a malformed record is never absent: the
+reader cannot decide, does not skip the candidate, and stops before the window at its apply deadline
+like any follower that cannot have the inputs (then catches up). Late or early records are absent for
+everyone, so a partitioned old lead that keeps publishing into its own bucket forks no one.
 
 What remains (docs/design.md §5): a write stored within its slot but visible only after some reader
 took the slot as settled (a PUT that straddles `slot_settled`). A reader that takes a higher slot
-looks at the lower ones once more first, the next window's sync check decides the window again once
-it has long settled and compares the model with the fingerprint of the validator that led it then,
-and a node on the losing side re-syncs.
+looks at the lower ones once more first; a decision other than the first slot's is taken again when
+asked a window later (the sync check), compared with the fingerprint of the validator that led the
+window then, and a node on the losing side re-syncs.
 """
 
 from __future__ import annotations
@@ -33,6 +32,7 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import TYPE_CHECKING
 
 from templar.chain import Neuron, verify_signature
 from templar.comms.keys import inputs_key
@@ -41,10 +41,16 @@ from templar.runtime.windows import WindowTimes, retained_windows
 from templar.storage import Bucket, ObjectNotFound, StorageError
 from templar.wire import PayloadError, StepInputs, max_inputs_bytes, read_inputs
 
+if TYPE_CHECKING:
+    from templar.core.config import HParams
+    from templar.runtime.node import Node  # (it imports `Lead` from here)
+
 POLL_SECONDS = 0.5
 """Pause between two looks at a candidate's inputs while they may still appear."""
 READ_SECONDS = 10.0
 """Cap on one read of a candidate's inputs record (a few hundred bytes)."""
+
+
 def in_slot(stamp: float, times: WindowTimes, slot: int) -> bool:
     """THE timestamp rule of the slots: whether inputs stored at `stamp` (the storage server's
     clock, as the gather judges uploads, never the writer's) count in candidate `slot`'s slot of the
@@ -131,7 +137,7 @@ def decide(window: int, order: Sequence[Lead], observations: Sequence[Observatio
     return Decision(window, True, absent=tuple(absent))
 
 
-async def observe(node, candidate: Lead, window: int, slot: int, times: WindowTimes) -> Observation:
+async def observe(node: Node, candidate: Lead, window: int, slot: int, times: WindowTimes) -> Observation:
     """One look at `candidate`'s inputs of `window` in `slot` (at most one GET)."""
     if candidate.bucket is None:
         return Observation(Seen.ABSENT, why="no usable bucket committed")
@@ -161,7 +167,7 @@ async def observe(node, candidate: Lead, window: int, slot: int, times: WindowTi
     return Observation(Seen.PRESENT, inputs)
 
 
-def order_of(window: int, succession: Sequence[Lead], before: Decision | None, hp) -> list[Lead]:
+def order_of(window: int, succession: Sequence[Lead], before: Decision | None, hp: HParams) -> list[Lead]:
     """THE rule of a window's slots: the first `lead_slots` of the succession, except that the validator
     that led the window before keeps the first slot (so a successor, once it led, publishes as early as
     a lead does, and a dead lead costs its delay once, not every window), until a window that is a
@@ -174,7 +180,7 @@ def order_of(window: int, succession: Sequence[Lead], before: Decision | None, h
     return (keeper + [c for c in succession if c.hotkey != before.lead.hotkey])[:slots]
 
 
-async def window_order(node, window: int) -> list[Lead] | str:
+async def window_order(node: Node, window: int) -> list[Lead] | str:
     """The slots of `window` (`order_of`), from the chain's succession and the decision of the window
     before; why they cannot be told (a string) when that decision cannot."""
     succession = await node.candidates()
@@ -186,7 +192,7 @@ async def window_order(node, window: int) -> list[Lead] | str:
     return order_of(window, succession, before, node.hp)
 
 
-async def decide_window(node, window: int, *, deadline: float | None = None, slots: int | None = None) -> Decision:
+async def decide_window(node: Node, window: int, *, deadline: float | None = None, slots: int | None = None) -> Decision:
     """The window's applied inputs (`decide`) from the candidates' buckets. Waits while a slot may
     still fill or a candidate cannot be read, until `deadline` (the node's clock; None: one look at
     each, for a window long settled). `slots`: look only at the first `slots` (a candidate checking

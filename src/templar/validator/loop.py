@@ -262,12 +262,13 @@ class Validator:
         hotkeys = [] if isinstance(order, str) else [lead.hotkey for lead in order]
         slot = hotkeys.index(self.node.hotkey) if self.node.hotkey in hotkeys else None
         if slot != self.slot:
-            context(window=window, phase="lead").info(
-                f"this validator now holds slot {slot} of the windows: it publishes a window's inputs when every "
-                "slot before it published none in time" if slot else
-                "this validator now holds the first slot of the windows: it leads every window it publishes "
-                "inputs for in time" if slot == 0 else
-                "this validator holds none of the windows' slots: it follows every window")
+            if slot == 0:
+                said = "now holds the first slot: it leads every window it publishes inputs for in time"
+            elif slot is not None:
+                said = f"now holds slot {slot}: it publishes a window's inputs when every slot before it published none"
+            else:
+                said = "holds no slot of the windows: it follows every window"
+            context(window=window, phase="lead").info(f"this validator {said}")
             self.slot = slot
         return slot
 
