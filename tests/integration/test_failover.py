@@ -53,11 +53,11 @@ def test_the_lead_process_killed_9_hands_over_to_the_next_validator(tmp_path):
     uid = {n.name: n.uid for n in net.nodes}
     net.start()
     try:
-        def lead_stepped() -> bool:
-            """the lead to have taken an outer step"""
-            return any(r["peers_aggregated"] > 0 for r in _records(out, "validator0", VALIDATOR_WINDOWS_FILE))
+        def lead_named_peers() -> bool:
+            """the lead to have run two windows (the second names the peers the next one aggregates)"""
+            return len(_records(out, "validator0", VALIDATOR_WINDOWS_FILE)) >= 2
 
-        _until(lead_stepped, 240)
+        _until(lead_named_peers, 240)
         assert net.kill("validator0") == -signal.SIGKILL
         killed_after = max(r["window"] for r in _records(out, "validator0", VALIDATOR_WINDOWS_FILE))
 

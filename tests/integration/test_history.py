@@ -39,10 +39,14 @@ pytestmark = pytest.mark.timeout(300)
 
 
 class LogLines(list):
-    """Loguru messages at WARNING and above while the context is open."""
+    """Loguru messages at `level` (WARNING) and above while the context is open."""
+
+    def __init__(self, level: str = "WARNING") -> None:
+        super().__init__()
+        self.level = level
 
     def __enter__(self) -> LogLines:
-        self.handler = logger.add(lambda m: self.append(m.record["message"]), level="WARNING")
+        self.handler = logger.add(lambda m: self.append(m.record["message"]), level=self.level)
         return self
 
     def __exit__(self, *exc) -> None:
@@ -362,3 +366,40 @@ def test_a_miner_that_started_before_the_lead_skips_the_windows_before_the_run_s
         await asyncio.gather(v.node.aclose(), miner.node.aclose())
 
     run_virtual(scenario())
+
+
+def test_a_miner_still_behind_after_its_join_says_so_and_is_active_only_once_caught_up(tmp_path, faults):
+    """A miner joins while the lead's inputs of the last window cannot be read (its route to the lead's
+    bucket resets): its catch-up stops before that window, and it says once that it is behind and what it
+    waits for, never `Active`; once the record can be read, it catches up and says its phase."""
+    from tests.faults import Fault
+
+    from templar.comms.keys import inputs_key
+
+    subnet = Subnet.create(tmp_path, {"lead": 100.0, "m0": 0.0, "late": 0.0}, checkpoint_frequency=100)
+
+    async def scenario():
+        v = Validator(await subnet.node("lead"))
+        m = Miner(await subnet.node("m0"))
+        for role in (v, m):
+            await role.start()
+        await _windows(v, [m], 3)
+        subnet.open_bucket = faults.open_bucket  # the late joiner's buckets, the lead's included
+        late = Miner(await subnet.node("late"))
+        reset = faults.add(Fault.ERROR, ops={"get"}, keys=inputs_key(v.state.window), message="connection reset")
+        with LogLines(level="INFO") as lines:
+            await late.start()
+            stuck = list(lines)
+            faults.remove(reset)
+            await late.join(own_state=False)
+        for role in (v, m, late):
+            await role.node.aclose()
+        return stuck, lines[len(stuck):], late, v.state
+
+    stuck, after, late, lead = run_virtual(scenario())
+    last = lead.window
+    said = [line for line in stuck if line.startswith("[SYNC] Still")]
+    assert len(said) == 1 and f"waiting for the update of window {last}" in said[0], stuck
+    assert not [line for line in stuck if "Active" in line or "Warm-up:" in line], stuck
+    assert any(line.startswith("[SYNC] Warm-up: training") for line in after), after
+    assert late.state.window >= last and late.state.global_step == lead.global_step  # the lead's model

@@ -144,6 +144,9 @@ class Miner:
                 # then look at the clock again (the replay itself may have taken time).
                 self.state = await catch_up(node, self.state, current - 1)
                 self.sync.record(self.state.window, self.state.global_step)
+                if self._stuck_at is not None and self.state.window >= node.clock.current_window() - 1:
+                    self._stuck_at = None  # the gap a join found is closed: now the phase can be said
+                    self._say_phase()
                 continue
             await self.run_window(current)
             done += 1
@@ -162,19 +165,22 @@ class Miner:
         self.phase = Phase.WARMUP if self.warmup_left else Phase.ACTIVE
         behind = node.clock.current_window() - 1 - self.state.window
         if behind > 0:  # the run's update of a window could not be had: said once per gap, never "Active"
-            self.phase = Phase.CATCHUP
             if self._stuck_at != self.state.window:
-                context(phase=self.phase).warning(
+                context(phase=Phase.CATCHUP).warning(
                     f"[SYNC] Still {behind} windows behind the run (at window {self.state.window}): waiting for the "
                     f"update of window {self.state.window + 1} (the [SYNC] line above names it)")
             self._stuck_at = self.state.window
-        elif self.warmup_left:
-            self._stuck_at = None
+            return
+        self._stuck_at = None
+        self._say_phase()
+
+    def _say_phase(self) -> None:
+        """The join's last line, once the miner holds the run's latest window: warm-up or active."""
+        if self.warmup_left:
             context(phase=self.phase).info(
                 f"[SYNC] Warm-up: training {self.warmup_left} windows to build the error-feedback buffer; "
                 "uploads carry weight 0")
         else:
-            self._stuck_at = None
             context(phase=self.phase).info("[SYNC] Active: full participation")
 
     def save(self) -> None:

@@ -135,6 +135,8 @@ class Validator:
         self.slot: int | None = None
         """Our slot in the succession this window (`check_slot`)."""
         self._start_copied = False
+        self._behind_at_start = False
+        """Whether `start` left the validator behind the run (its "Active" line waits for the gap to close)."""
         self.secret = load_or_create_secret(node.state_dir / SECRET_FILE)
         self.commits = CommitWatcher(node)
         self.sync = SyncCheck(node)
@@ -177,6 +179,9 @@ class Validator:
                 self.sync.record(self.state.window, self.state.global_step)
                 continue
             await self.run_window(window, evaluate=behind <= 1)
+            if self._behind_at_start and self.state.window >= node.clock.current_window() - 1:
+                self._behind_at_start = False  # the gap the start found is closed: now say it
+                context(phase=Phase.ACTIVE).info(f"[SYNC] Active as validator from window {self.state.window + 1}")
             done += 1
             if max_windows and done >= max_windows:
                 break
@@ -208,6 +213,7 @@ class Validator:
         target = await self.join(current, own=own)
         self.sync.record(self.state.window, self.state.global_step)
         behind = target - self.state.window
+        self._behind_at_start = behind > 0
         if behind > 0:
             context(phase=Phase.CATCHUP).warning(
                 f"[SYNC] Still {behind} windows behind the run (at window {self.state.window}, the run at "
