@@ -181,6 +181,10 @@ class FaultyBucket(Bucket):
         rule = await self._before("put", key, timeout, body=True)
         await self.inner.put(key, mangle(rule.fault, data) if rule else data, timeout=timeout)
 
+    async def create(self, key: str, data: bytes, *, timeout: float = DEFAULT_TIMEOUT) -> None:
+        rule = await self._before("put", key, timeout, body=True)
+        await self.inner.create(key, mangle(rule.fault, data) if rule else data, timeout=timeout)
+
     async def fetch(self, key: str, *, max_bytes: int, timeout: float = DEFAULT_TIMEOUT) -> Blob:
         rule = await self._before("get", key, timeout, body=True)
         blob = await self.inner.fetch(key, max_bytes=max_bytes, timeout=timeout)

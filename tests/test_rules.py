@@ -55,6 +55,9 @@ ALLOWED: dict[str, str] = {
     "wire/container.py:_ITEMSIZE": "bytes per element of the dtypes a payload may hold",
     "wire/container.py:_MAX_DOC_BYTES": "byte cap of a payload's signed metadata, checked before parsing",
     "wire/container.py:_MAX_SIGNATURE_HEX": "byte cap of a signature field",
+    "runtime/follow.py:APPLY_FETCH_SECONDS": "a node's own fetch budget for the payloads named by inputs it "
+                                             "established late: one that cannot fetch in time stops before the "
+                                             "window and catches up; it never changes θ",
     "wire/inputs.py:DIGEST_BYTES": "sha256's digest size",
     "wire/inputs.py:_MAX_DOCUMENT": "byte cap of an inputs record, from MAX_INPUTS",
     "wire/bundle.py:_MAX_DOCUMENT": "byte cap of a bundle's metadata, from MAX_INPUTS",
@@ -77,13 +80,11 @@ ALLOWED: dict[str, str] = {
     "compress/native.py:_ABI": "version of the native extension's ABI (a build check)",
     "compress/native.py:_MIN_PARALLEL_NUMEL": "below this the native kernels run on one thread (bit-identical)",
     "compress/select.py:_MAX_GROUP": "rows per pre-filter group of the top-k selection (a speed-up, exact result)",
-    "runtime/follow.py:POLL_SECONDS": "pause between reads of the lead's inputs until the window's apply deadline",
     "runtime/peers.py:PEER_LIST_SECONDS": "timeout of our read of the lead's peer list",
     "runtime/sync.py:CHECKPOINT_DOWNLOAD_SECONDS": "timeout of a checkpoint download",
     "runtime/sync.py:RETRY_SECONDS": "pause before catch-up retries a window it could not establish",
     "runtime/sync.py:SyncCheck.KEEP": "own fingerprints kept to compare with a late progress record; nothing to "
                                       "compare is no evidence, never a verdict",
-    "validator/lead.py:KEEP_CHECKPOINTS": "how many of its checkpoints the lead keeps in its bucket (retention)",
     "validator/lead.py:WindowPublisher.MAX_QUEUED": "bound of the lead's queue of held-back publications",
     "validator/loop.py:PUBLISH_MIN_SECONDS": "time a late lead still gives its own publications",
     "validator/loop.py:LATE_GATHER_SECONDS": "time a late validator still gives its gather (what counts is fixed by "

@@ -195,8 +195,15 @@ def test_set_weights_rejects_malformed_input(open_chains: dict, weights: dict) -
 
 
 def test_lead_validator_is_highest_stake_then_lowest_uid(dev_chain: DevChain, open_chains: dict) -> None:
+    """The succession order (`succession_of`): validators with a permit, stake and a committed bucket,
+    most stake first, the lower uid on ties; the lead is its first."""
+    assert open_chains["miner1"].lead_validator() is None  # no validator has committed a bucket yet
+    open_chains["val2"].commit_bucket("local:/tmp/val2")
+    assert open_chains["miner1"].lead_validator().uid == dev_chain.wallets["val2"].uid
+    open_chains["val1"].commit_bucket("local:/tmp/val1")
     lead = open_chains["miner1"].lead_validator()
     assert lead is not None and lead.uid == dev_chain.wallets["val1"].uid
+    assert [n.uid for n in open_chains["miner1"].succession()] == [dev_chain.wallets[v].uid for v in ("val1", "val2")]
     # Bring val2 level with val1: equal stake, so the lower uid (val1) still leads.
     dev_chain.fund("val2", 61.0)
     open_chains["val2"].add_stake(60.0)

@@ -194,5 +194,7 @@ def test_dev_chain_with_one_coldkey_and_many_hotkeys(tmp_path: Path) -> None:
     assert dev["lead"].coldkey == dev["miner-0"].coldkey
     assert (tmp_path / "wallets" / "localnet" / "hotkeys" / "miner-0").is_file()
     assert dev.flags("miner-0")[:4] == ["--wallet.name", "localnet", "--wallet.hotkey", "miner-0"]
+    with dev.connect("lead") as chain:
+        chain.commit_bucket("local:/tmp/lead")  # a validator leads once its bucket is committed
     with dev.connect("miner-0") as chain:
         assert chain.hotkey == hotkey and chain.lead_validator().uid == dev["lead"].uid

@@ -180,7 +180,7 @@ def test_records_of_another_run_are_refused(maker):
             await put_peers(b, 10, ["alice"], run=OTHER_RUN)
             await put_start_window(b, 5, run=OTHER_SUBNET)
             await put_progress(b, 10, 3, run=OTHER_RUN)
-            for read in (get_peers(b, 10, run=RUN), get_start_window(b, run=RUN), get_progress(b, run=RUN)):
+            for read in (get_peers(b, 10, run=RUN), get_start_window(b, run=RUN), get_progress(b, 10, run=RUN)):
                 with pytest.raises(RecordError, match="another run"):
                     await read
             assert await get_peers(b, 10, run=OTHER_RUN) == (10, ["alice"])

@@ -42,7 +42,12 @@ def test_clock_windows_and_put_window():
     assert t.commit_read == (genesis + 57.25, genesis + 59)
     block["now"] = 60
     assert clock.current_window() == 3
-    assert t.apply_deadline == genesis + 71.25 + 5.0  # followers hold the lead's inputs by then
+    # lead slots (handover 2 s, settle 0.5 s, 3 slots): slot 0's inputs stored by gather_deadline + 2 s, each
+    # next slot's 2 s after the one before settled (its deadline + skew 1 s + settle 0.5 s)
+    assert [t.slot_deadline(k) for k in range(3)] == [genesis + 73.25, genesis + 76.75, genesis + 80.25]
+    assert (t.slot_opens(0), t.slot_opens(1)) == (t.gather_start, t.slot_deadline(0))
+    assert t.slot_settled(0) == genesis + 73.25 + 1.0 + 0.5  # + skew + settle: a "not found" is definite
+    assert t.apply_deadline == t.slot_settled(2) + 5.0  # followers hold the window's inputs by then
 
 
 class _Now:

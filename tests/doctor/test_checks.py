@@ -201,6 +201,7 @@ def test_our_run_against_the_leads(subnet, tmp_path):
     hp = load_hparams("tiny")
     asyncio.run(put_start_window(LocalBucket(lead_bucket), 5, run=Run(NETUID, hp.digest())))
     assert check().status == Status.OK
+    (lead_bucket / "v2" / "start_window.json").unlink()  # (the lead's is create-only: another run's bucket)
     asyncio.run(put_start_window(LocalBucket(lead_bucket), 5, run=Run(NETUID, "ab" * 32)))
     other = check()
     assert other.status == Status.FAILED and "wrong_run" in other.summary and other.data["lead_run"] == "ab" * 32

@@ -37,6 +37,9 @@ FAST_WINDOWS = {
     "peer_replacement_frequency": 1,
     "warmup_windows": 1,
     "max_allowed_stale": 3,
+    "lead_cadence": 4,
+    "handover_seconds": 0.5,
+    "handover_settle_seconds": 0.25,
 }
 
 

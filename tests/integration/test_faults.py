@@ -15,7 +15,6 @@ from tests.faults import Fault, FaultPlan, between
 
 from templar.chain import verify_signature
 from templar.comms.keys import gradient_key
-from templar.comms.progress import progress_key
 from templar.core.clock import run_virtual
 from templar.core.schedule import learning_rate
 from templar.miner.hooks import MinerHooks
@@ -110,6 +109,9 @@ class Swarm:
         self.tasks: dict[str, asyncio.Task] = {}
         self.digests: dict[str, dict[int, list[str]]] = defaultdict(lambda: defaultdict(list))
         self.dead: list[Node] = []
+        self.lines: list[str] = []
+        """Every log message at INFO and above while the swarm runs (starting a node resets the log's
+        handlers: ours is put back after each start)."""
 
     def on_record(self, path, record) -> None:
         if path.name in (MINER_WINDOWS_FILE, VALIDATOR_WINDOWS_FILE):
@@ -118,6 +120,7 @@ class Swarm:
 
     async def start(self, name: str, *, hooks: MinerHooks | None = None) -> Miner | Validator:
         node = await self.subnet.node(name)
+        logger.add(lambda m: self.lines.append(m.record["message"]), level="INFO")
         role = Validator(node) if self.subnet.stakes[name] > 0 else Miner(node, hooks=hooks)
         self.roles[name] = role
         self.tasks[name] = asyncio.create_task(role.run(), name=name)
@@ -148,58 +151,158 @@ class Swarm:
             await node.aclose()
 
 
-def test_kill_9_of_the_lead_and_of_a_miner_at_every_phase_forks_nothing(tmp_path, faults: FaultPlan):
-    """kill -9 of a miner after training, in the put window and after its outer step; of the lead
-    before a gather and in the middle of its publications, then restarted two windows later, so it
-    replays behind its miners. Every window any honest node committed holds the same θ on all of
-    them, and no record has a window twice (the lead's: none missing either)."""
-    subnet = Subnet.create(tmp_path, {"lead": 100.0, "m0": 0.0, "m1": 0.0}, LIGHT, max_allowed_stale=6)
+def _windows_without_a_step(digests: dict[str, dict[int, list[str]]], since: int, last: int) -> list[int]:
+    """Windows in (since, last] whose committed θ equals the window before's."""
+    by_window: dict[int, set[str]] = defaultdict(set)
+    for windows in digests.values():
+        for window, seen in windows.items():
+            by_window[window].update(seen)
+    return [w for w in sorted(by_window) if since < w <= last and w - 1 in by_window and by_window[w] == by_window[w - 1]]
+
+
+def test_the_lead_killed_at_every_phase_hands_over_within_its_window_and_forks_nothing(tmp_path, faults: FaultPlan):
+    """Three validators (lead 100, v1 50, v2 20 of stake) and two miners, on their real loops; the succession's
+    own order resumes every 4 windows (`lead_cadence`), in between whoever led a window keeps the first slot.
+    A miner is killed -9 after training, in the put window and after its outer step. The lead is killed -9
+    before its inputs (v1, slot 1, leads the window, then keeps the first slot); between its inputs and its
+    aggregate while v1 is killed before the next window's inputs (the window goes to slot 2, v2); with v2 gone
+    for good (two validators left), during a checkpoint upload. Each time it comes back it catches up on what
+    the others published, rewrites nothing, and leads again from the first window whose slot it meets (the
+    next boundary, or slot 1 once the keeper is gone). Then a partition at a boundary: its inputs land in its
+    bucket after its slot closed: they count for nobody, v1 leads, the lead follows.
+    Throughout: every window any node committed holds the same θ on all of them, no record has a window
+    twice, every window had its outer step (a kill costs at most one without: here none), each window's
+    inputs are those of the lowest slot stored within its slot, and every node says in one `[LEAD]` line
+    who leads instead, and why."""
+    from templar.comms.keys import aggregate_key, checkpoint_prefix, inputs_key
+    from templar.runtime.follow import inputs_of
+
+    subnet = Subnet.create(tmp_path, {"lead": 100.0, "v1": 50.0, "v2": 20.0, "m0": 0.0, "m1": 0.0}, LIGHT,
+                           blocks_per_window=14, max_allowed_stale=6)
     swarm = Swarm(subnet)
     add_listener(swarm.on_record)
+    base = ("lead", "v1", "v2")
+    expect: dict[int, tuple[tuple[str, ...], str]] = {}
+    """Window → (its slots, who leads it), from the rule: the keeper first until a multiple of 4."""
+    stamps: dict[int, dict[str, float | None]] = {}
+    """When each validator's inputs of a window were stored (None: never), read before they are pruned."""
+
+    def snapshot(clock) -> None:
+        for window in expect:
+            if window not in stamps and clock.now() > clock.times(window).slot_settled(2):
+                files = {v: subnet.root / "buckets" / v / f"v2/inputs/{window}.safetensors" for v in base}
+                stamps[window] = {v: f.stat().st_mtime if f.exists() else None for v, f in files.items()}
+
+    async def until(clock, instant: float) -> None:
+        await clock.sleep_until(instant)
+        snapshot(clock)
 
     async def scenario():
-        await swarm.start("lead")
+        for name in base:
+            await swarm.start(name)
         await asyncio.sleep(0.5)
         await swarm.start("m0")
         first = (await swarm.start("m1")).node.clock.current_window() + 1
         clock = swarm.roles["lead"].node.clock
+        uid = {name: swarm.roles[name].node.uid for name in base}
         swarm.roles["m1"].hooks = KillAt("train", first)
         await swarm.wait_dead("m1")
         await swarm.start("m1", hooks=KillAt("upload", first + 1))
         await swarm.wait_dead("m1")
         await swarm.start("m1", hooks=KillAt("step", first + 2))
-        # the lead, in the same window: killed while it waits for the gather, restarted at once
-        await clock.sleep_until(clock.times(first + 1).gather_start - 0.5)
-        await swarm.kill("lead")
-        lead = await swarm.start("lead")
-        # ... then in the middle of window first+2's publications (its aggregate out, its progress
-        # not), and back a window later: it replays first+2 behind its miners.
-        lead.node.bucket = faults.wrap(lead.node.bucket)
-        faults.add(Fault.ERROR, ops={"put"}, keys=lambda key: key == progress_key(), skip=1, times=1,
-                   error=Killed, message="killed while writing it")
-        await asyncio.gather(swarm.wait_dead("m1"), swarm.wait_dead("lead"))
+        await swarm.wait_dead("m1")
         await swarm.start("m1")
-        await clock.sleep_until(clock.times(first + 3).start + 1.0)
-        await swarm.start("lead")
-        await clock.sleep_until(clock.times(first + 4).end)
-        await swarm.stop()
+        steady = first + 3
+        a = steady + 1 + (1 - steady - 1) % 4  # just after a boundary (a % 4 == 1)
+        v1_keeps, v2_keeps = ("v1", "lead", "v2"), ("v2", "lead", "v1")
 
+        # 1. the lead, killed as it is about to store its inputs; back during the next window's exchange
+        lead = swarm.roles["lead"]
+        lead.node.bucket = faults.wrap(lead.node.bucket)
+        faults.add(Fault.ERROR, ops={"put"}, keys=inputs_key(a), error=Killed, message="killed before its inputs")
+        await swarm.wait_dead("lead")
+        expect.update({a: (base, "v1"), a + 1: (v1_keeps, "v1"), a + 2: (v1_keeps, "v1")})
+        await until(clock, clock.times(a + 1).gather_start + 1.0)
+        await swarm.start("lead")  # catches up on a and a + 1; v1 keeps the first slot until the boundary
+
+        # 2. at the boundary it leads again, and is killed between its inputs and its aggregate; v1 before the
+        # next window's inputs: slot 2 leads, and keeps the first slot
+        b = a + 3
+        lead = swarm.roles["lead"]
+        lead.node.bucket = faults.wrap(lead.node.bucket)
+        faults.add(Fault.ERROR, ops={"put"}, keys=aggregate_key(b), error=Killed, message="killed before its aggregate")
+        await swarm.wait_dead("lead")
+        await until(clock, clock.times(b + 1).gather_start + 0.2)
+        await swarm.kill("v1")
+        expect.update({b: (base, "lead"), b + 1: (base, "v2"), b + 2: (v2_keeps, "v2"), b + 3: (v2_keeps, "lead")})
+        await until(clock, clock.times(b + 2).gather_start + 1.0)
+        await swarm.start("lead")
+        await swarm.start("v1")
+        await until(clock, clock.times(b + 3).gather_start - 0.2)  # v2 led b + 2 and keeps its slot: gone
+        await swarm.kill("v2")
+
+        # 3. two validators left: the lead, leading the boundary, killed during its checkpoint upload (its
+        # file transfer hangs) before the next window's gather: v1 leads that window
+        c = b + 4
+        lead = swarm.roles["lead"]
+        lead.node.bucket = faults.wrap(lead.node.bucket)
+        upload = faults.add(Fault.HANG, ops={"put"}, keys=f"{checkpoint_prefix()}{c}/")
+        await until(clock, clock.times(c + 1).gather_start - 0.3)
+        assert upload.fired, "the checkpoint upload never started"
+        await swarm.kill("lead")
+        faults.remove(upload)
+        expect.update({c: (base, "lead"), c + 1: (base, "v1"), c + 2: (v1_keeps, "v1"), c + 3: (v1_keeps, "v1")})
+        await until(clock, clock.times(c + 2).gather_start + 1.0)
+        lead = await swarm.start("lead")
+
+        # 4. a partition at the boundary: the lead's write of its inputs does not get through in its slot, and
+        # lands in its bucket after the slot closed (its bucket's server took it late)
+        d = c + 4
+        lead.node.bucket = faults.wrap(lead.node.bucket)
+        faults.add(Fault.ERROR, ops={"put"}, keys=inputs_key(d), times=1, message="connection reset (partition)")
+        t = clock.times(d)
+        await until(clock, t.slot_deadline(0) + t.skew + 0.5)
+        assert await lead.publisher.publish_inputs(inputs_of(d, lead.state.global_step, []), deadline=clock.now() + 5)
+        expect.update({d: (base, "v1"), d + 1: (v1_keeps, "v1"), d + 2: (v1_keeps, "v1"), d + 3: (v1_keeps, "v1"),
+                       d + 4: (base, "lead")})
+        await until(clock, clock.times(d + 5).end)
+        await swarm.stop()
+        return steady, d, uid, {w: clock.times(w) for w in expect}
 
     try:
-        run_virtual(scenario())
+        steady, partitioned, uid, times = run_virtual(scenario())
     finally:
         remove_listener(swarm.on_record)
-    lead_windows = [r["window"] for r in read_records(subnet.root / "nodes" / "lead" / VALIDATOR_WINDOWS_FILE)]
-    assert lead_windows == list(range(lead_windows[0], lead_windows[-1] + 1)), lead_windows
-    for name in ("m0", "m1"):
-        windows = [r["window"] for r in read_records(subnet.root / "nodes" / name / MINER_WINDOWS_FILE)]
+    lines = swarm.lines
+    nodes = subnet.root / "nodes"
+    for name, file in (("m0", MINER_WINDOWS_FILE), ("m1", MINER_WINDOWS_FILE), ("lead", VALIDATOR_WINDOWS_FILE),
+                       ("v1", VALIDATOR_WINDOWS_FILE), ("v2", VALIDATOR_WINDOWS_FILE)):
+        windows = [r["window"] for r in read_records(nodes / name / file)]
         assert windows == sorted(set(windows)), (name, windows)
     honest_windows = set().union(*(swarm.digests[n] for n in swarm.digests))
-    assert len(honest_windows) >= 5
     for window in sorted(honest_windows):
         seen = {d for n in swarm.digests for d in swarm.digests[n].get(window, [])}
         assert len(seen) == 1, f"window {window}: {len(seen)} different models " + str(
             {n: swarm.digests[n].get(window) for n in swarm.digests})
+    assert max(honest_windows) >= max(expect)
+    assert _windows_without_a_step(swarm.digests, steady, max(expect)) == [], "a kill cost a window without a step"
+    for window, (order, name) in sorted(expect.items()):  # the rule, read off the buckets
+        stored, t = stamps[window], times[window]
+        in_slot = [v for slot, v in enumerate(order) if stored[v] is not None
+                   and t.slot_opens(slot) - t.skew < stored[v] <= t.slot_deadline(slot) + t.skew]
+        assert in_slot[:1] == [name], (window, order, name, in_slot, stored)
+        if window == partitioned:  # the lead published, after its slot closed
+            assert stored["lead"] is not None and "lead" not in in_slot, (window, stored)
+        before = expect.get(window - 1, (base, "lead"))[1]
+        if before == name:
+            continue
+        says = [line for line in lines if line.startswith(f"[LEAD] window {window} is led by uid {uid[name]} ")]
+        assert len(says) >= 3, (window, name, says)  # every node that applied it live says it
+        slot = order.index(name)
+        if slot:
+            assert f"uid {uid[order[0]]} (slot 0): not published by its deadline" in says[0], says
+        else:
+            assert "the succession's own order resumes" in says[0], says
 
 
 # ------------------------------------------------------------------ storage, torn files, forks, hostile peers
@@ -279,7 +382,7 @@ def test_storage_outages_torn_files_a_foreign_model_and_a_hostile_peer_fork_noth
         hit = lead.state.window + 1
         with LogLines() as lines:
             await windows(1)
-        assert len([line for line in lines if "[SYNC] Our model differs from the lead's" in line]) == 2, lines
+        assert len([line for line in lines if "[SYNC] Our model differs from the run's" in line]) == 2, lines
         assert hit not in _committed_windows(follower.node.state_dir / VALIDATOR_WINDOWS_FILE), \
             "a forked validator scored a window"
         assert same_parameters(parameters(follower.node), parameters(lead.node)), "the follower did not re-sync"
@@ -320,7 +423,7 @@ def test_storage_outages_torn_files_a_foreign_model_and_a_hostile_peer_fork_noth
         roles["m0"] = Miner(await subnet.node("m0"))  # (starting a node resets the log handlers)
         with LogLines() as lines:
             await roles["m0"].start()
-        assert [line for line in lines if "[SYNC] The replayed model differs from the lead's" in line], lines
+        assert [line for line in lines if "[SYNC] The replayed model differs from the run's" in line], lines
         await windows(1)
         models = [parameters(r.node) for r in roles.values()]
         assert all(same_parameters(models[0], m) for m in models[1:])

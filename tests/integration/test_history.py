@@ -3,8 +3,9 @@
 - every node takes exactly the lead's step, also one whose clock lags and one whose gather saw
   another set than the lead's (the rule of `templar.runtime.follow`);
 - a lead restarted on an empty directory whose newest checkpoint is corrupt replays the run's own
-  published history from an older intact checkpoint and rewrites nothing; with no usable
-  checkpoint at all it stops with one line;
+  published history from an older intact checkpoint and rewrites nothing; unreadable history (a torn
+  start window, every checkpoint torn) is never taken for "no run yet": one line, and exit 8 where the
+  lead cannot go on;
 - one node per state directory; a state directory on a full disk or over a file-size limit costs
   one line per window, and three in a row stop the node with its own exit code.
 """
@@ -38,10 +39,14 @@ pytestmark = pytest.mark.timeout(300)
 
 
 class LogLines(list):
-    """Loguru messages at WARNING and above while the context is open."""
+    """Loguru messages at `level` (WARNING) and above while the context is open."""
+
+    def __init__(self, level: str = "WARNING") -> None:
+        super().__init__()
+        self.level = level
 
     def __enter__(self) -> LogLines:
-        self.handler = logger.add(lambda m: self.append(m.record["message"]), level="WARNING")
+        self.handler = logger.add(lambda m: self.append(m.record["message"]), level=self.level)
         return self
 
     def __exit__(self, *exc) -> None:
@@ -94,7 +99,9 @@ class Unreadable:
 def test_every_node_takes_the_leads_step_whatever_its_clock_or_its_gather_saw(tmp_path):
     """A miner whose clock is 1 s behind the chain (more than clock_skew_seconds) and a window in
     which the lead cannot read one top-G miner's payload that everyone else reads: every node
-    holds the same θ after every window, and the lagging node says once that its clock is off."""
+    holds the same θ after every window, and the lagging node says once that its clock is off.
+    Then its clock runs 4 s ahead: its commitment deadline passes by its own clock, and the line
+    says the clock is the cause, not the training."""
     from templar.comms.keys import gradient_key
 
     subnet = Subnet.create(tmp_path, {"lead": 100.0, "m0": 0.0, "m1": 0.0, "lag": 0.0})
@@ -124,6 +131,9 @@ def test_every_node_takes_the_leads_step_whatever_its_clock_or_its_gather_saw(tm
             aggregated = [names[hk] for hk in inputs.hotkeys]
             assert "m1" in aggregated and "m0" not in aggregated, aggregated
             seen += await _windows(v, miners, 2)
+            lag.node.clock = Clock(lag.node.hp.windows, lag.node.chain.block, lag.node.chain.block_timestamp,
+                                   Lagging(-4.0))
+            seen += await _windows(v, miners, 1)
         for role in (v, *miners):
             await role.node.aclose()
         return seen, lines
@@ -132,14 +142,16 @@ def test_every_node_takes_the_leads_step_whatever_its_clock_or_its_gather_saw(tm
     for window, thetas in enumerate(seen):
         assert len(set(thetas.values())) == 1, f"window {window}: {thetas}"
     clock_lines = [line for line in lines if line.startswith("[CLOCK]")]
-    assert len(clock_lines) == 1 and "behind" in clock_lines[0], lines
+    assert len(clock_lines) == 2 and "behind" in clock_lines[0] and "ahead of" in clock_lines[1], lines
+    late = [line for line in lines if line.startswith("commitment deadline passed")]
+    assert late and all("s ahead of the chain's: synchronise it" in line for line in late), late
 
 
 def _published(bucket_dir: Path) -> dict[str, bytes]:
-    """Every object of a past window in the lead's bucket (not the pointers that move on: progress,
-    the peer lists' index, checkpoints' latest.json)."""
+    """Every object of a past window in the lead's bucket (not the pointers that move on: the peer lists'
+    index, checkpoints' latest.json)."""
     return {str(p.relative_to(bucket_dir)): p.read_bytes() for p in bucket_dir.rglob("*") if p.is_file()
-            and "/checkpoint/" not in f"/{p.relative_to(bucket_dir)}" and p.name not in ("progress.json", "index.json")}
+            and "/checkpoint/" not in f"/{p.relative_to(bucket_dir)}" and p.name != "index.json"}
 
 
 def test_a_lead_restarted_on_an_empty_directory_replays_its_history_and_rewrites_nothing(tmp_path):
@@ -183,9 +195,25 @@ def test_a_lead_restarted_on_an_empty_directory_replays_its_history_and_rewrites
     assert all(len(set(t.values())) == 1 for t in seen), seen
 
 
-def test_a_lead_that_cannot_restore_the_run_stops_with_one_line(tmp_path):
-    subnet = Subnet.create(tmp_path, {"lead": 100.0, "m0": 0.0}, checkpoint_frequency=2)
+def test_unreadable_history_never_restarts_the_run(tmp_path):
+    """What a node reads at start, unreadable, is never taken for absent:
+    - the lead's start window torn while it was down: back on its own state it catches up and leads on,
+      names the object once, and publishes no new start window (it is never rewritten);
+    - every checkpoint torn, the lead's state directory lost: it stops with one line naming the
+      checkpoints and the fix (exit 8), and a joining miner waits instead of starting from θ_0;
+    - no checkpoint left at all and the start window torn: the lead stops naming the start window and
+      the fix, and a joining miner cannot restore either, never starting a run of its own."""
+    from templar.comms.keys import start_window_key
+    from templar.runtime.sync import ResyncError, restore
+
+    subnet = Subnet.create(tmp_path, {"lead": 100.0, "m0": 0.0, "m1": 0.0}, checkpoint_frequency=2)
     lead_bucket = tmp_path / "buckets" / "lead"
+    start = lead_bucket / start_window_key()
+
+    async def restart(v: Validator) -> Validator:
+        v.node.state_lock.release()
+        await v.node.aclose()
+        return Validator(await subnet.node("lead"))
 
     async def scenario():
         v = Validator(await subnet.node("lead"))
@@ -194,22 +222,42 @@ def test_a_lead_that_cannot_restore_the_run_stops_with_one_line(tmp_path):
             await role.start()
         await _windows(v, [m], 5)
         await v.checkpoints.wait()
-        v.node.state_lock.release()
-        await v.node.aclose()
+        start.write_bytes(start.read_bytes()[:20])  # torn while the lead was down
+        torn = start.read_bytes()
+        v = await restart(v)
+        with LogLines() as lines:
+            await v.start()
+            await _windows(v, [m], 1)
+        assert start.read_bytes() == torn, "the start window was written over"
+        assert [line for line in lines if f"our {start_window_key()} is unreadable" in line], lines
+        await v.checkpoints.wait()
+        # the lead's machine is lost and every checkpoint's model file torn
         for path in Path(v.node.state_dir).glob("*"):
             if path.is_file():
                 path.unlink()
         for model in (lead_bucket / checkpoint_prefix()).glob("*/model.safetensors"):
             model.write_bytes(b"torn")
-        v = Validator(await subnet.node("lead"))
-        with pytest.raises(LeadError, match="refusing to rebuild published history") as info:
+        v = await restart(v)
+        with pytest.raises(LeadError, match=r"refusing to rebuild published history\. Fix: put an intact") as torn_ckpt:
             await v.start()
-        for node in (v.node, m.node):
+        joiner = await subnet.node("m1")
+        with pytest.raises(ResyncError, match="unusable"):
+            await restore(joiner)
+        # ... and then no checkpoint at all
+        for path in sorted((lead_bucket / checkpoint_prefix()).rglob("*"), reverse=True):
+            path.unlink() if path.is_file() else path.rmdir()
+        v = await restart(v)
+        with pytest.raises(LeadError, match=r"start_window\.json is unreadable .*Fix: restore") as torn_start:
+            await v.start()
+        with pytest.raises(ResyncError, match=r"start_window\.json is unreadable"):
+            await restore(joiner)
+        for node in (v.node, m.node, joiner):
             await node.aclose()
-        return info.value
+        return torn_ckpt.value, torn_start.value
 
-    error = run_virtual(scenario())
-    assert error.exit_code == EXIT_HISTORY and "\n" not in str(error)
+    errors = run_virtual(scenario())
+    assert all(e.exit_code == EXIT_HISTORY and "\n" not in str(e) for e in errors), errors
+    assert start.read_bytes()[:20] == start.read_bytes(), "a new run was started over the torn start window"
 
 
 def test_one_node_per_state_directory(tmp_path):
@@ -318,3 +366,40 @@ def test_a_miner_that_started_before_the_lead_skips_the_windows_before_the_run_s
         await asyncio.gather(v.node.aclose(), miner.node.aclose())
 
     run_virtual(scenario())
+
+
+def test_a_miner_still_behind_after_its_join_says_so_and_is_active_only_once_caught_up(tmp_path, faults):
+    """A miner joins while the lead's inputs of the last window cannot be read (its route to the lead's
+    bucket resets): its catch-up stops before that window, and it says once that it is behind and what it
+    waits for, never `Active`; once the record can be read, it catches up and says its phase."""
+    from tests.faults import Fault
+
+    from templar.comms.keys import inputs_key
+
+    subnet = Subnet.create(tmp_path, {"lead": 100.0, "m0": 0.0, "late": 0.0}, checkpoint_frequency=100)
+
+    async def scenario():
+        v = Validator(await subnet.node("lead"))
+        m = Miner(await subnet.node("m0"))
+        for role in (v, m):
+            await role.start()
+        await _windows(v, [m], 3)
+        subnet.open_bucket = faults.open_bucket  # the late joiner's buckets, the lead's included
+        late = Miner(await subnet.node("late"))
+        reset = faults.add(Fault.ERROR, ops={"get"}, keys=inputs_key(v.state.window), message="connection reset")
+        with LogLines(level="INFO") as lines:
+            await late.start()
+            stuck = list(lines)
+            faults.remove(reset)
+            await late.join(own_state=False)
+        for role in (v, m, late):
+            await role.node.aclose()
+        return stuck, lines[len(stuck):], late, v.state
+
+    stuck, after, late, lead = run_virtual(scenario())
+    last = lead.window
+    said = [line for line in stuck if line.startswith("[SYNC] Still")]
+    assert len(said) == 1 and f"waiting for the update of window {last}" in said[0], stuck
+    assert not [line for line in stuck if "Active" in line or "Warm-up:" in line], stuck
+    assert any(line.startswith("[SYNC] Warm-up: training") for line in after), after
+    assert late.state.window >= last and late.state.global_step == lead.global_step  # the lead's model

@@ -1,6 +1,6 @@
-"""Storage faults stay inside their window: a stalled lead bucket delays no window and its
-publications go out late, and a miner whose own bucket refuses every write stops with one clear
-error after a bounded number of windows. On virtual time, with real nodes."""
+"""Storage faults stay inside their window: a lead bucket stalled after the window's inputs delays no
+window and its publications go out late, and a miner whose own bucket refuses every write stops with
+one clear error after a bounded number of windows. On virtual time, with real nodes."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import asyncio
 import pytest
 from tests.faults import Fault, FaultPlan
 
-from templar.comms.keys import aggregate_key
+from templar.comms.keys import aggregate_key, inputs_key, progress_key
 from templar.comms.progress import get_progress
 from templar.core.clock import run_virtual
 from templar.miner.loop import MAX_FAILED_UPLOADS, Miner
@@ -35,19 +35,20 @@ def test_a_stalled_lead_bucket_delays_no_window(tmp_path, faults: FaultPlan):
         for w in range(first, first + 2):
             await asyncio.gather(v.run_window(w), *(m.run_window(w) for m in miners))
         stalled = first + 2
-        stall = faults.add(Fault.HANG, ops={"put"})  # its server SIGSTOPped: every write waits
+        # its server SIGSTOPped once the window's inputs are out: every later write waits
+        stall = faults.add(Fault.HANG, ops={"put"}, keys=lambda key: key != inputs_key(stalled))
         await asyncio.gather(v.run_window(stalled), *(m.run_window(stalled) for m in miners))
         clock = v.node.clock
         bound = clock.times(stalled + 1).gather_start + PUBLISH_MIN_SECONDS
         assert clock.now() <= bound, "the validator's window overran because of its bucket"
         assert v.publisher.queued, "the stalled publications stay queued"
-        progress = await get_progress(faulty.inner, run=v.node.run)
-        assert progress is not None and progress.window == stalled - 1
+        assert await get_progress(faulty.inner, stalled - 1, run=v.node.run) is not None
+        assert await get_progress(faulty.inner, stalled, run=v.node.run) is None
         faults.remove(stall)
         await asyncio.gather(v.run_window(stalled + 1), *(m.run_window(stalled + 1) for m in miners))
         assert not v.publisher.queued
-        progress = await get_progress(faulty.inner, run=v.node.run)
-        assert progress.window == stalled + 1
+        assert await faulty.inner.head(progress_key(stalled + 1))
+        assert await get_progress(faulty.inner, stalled, run=v.node.run) is not None, "the late progress went out"
         assert await faulty.inner.head(aggregate_key(stalled)), "the late aggregate went out a window later"
         for m in miners:
             assert same_parameters(parameters(m.node), parameters(v.node))

@@ -1,5 +1,6 @@
-"""Every node takes exactly the step the lead took (`templar.runtime.follow`), on virtual time against
-real local buckets, real signed payloads and a real signed inputs record."""
+"""Every node takes exactly the step of the window's lead (`templar.runtime.follow`), on virtual time
+against real local buckets, real signed payloads and a real signed inputs record stored in the lead's
+slot (`templar.runtime.succession`)."""
 
 from __future__ import annotations
 
@@ -16,10 +17,11 @@ from templar.comms.keys import inputs_key
 from templar.core.clock import loop_time, run_virtual
 from templar.core.model import build_model, parameter_shapes
 from templar.runtime.compute import LocalCompute
-from templar.runtime.follow import FollowError, apply_inputs, follow_step, inputs_of, read_lead_inputs
+from templar.runtime.follow import FollowError, apply_inputs, follow_step, inputs_of, window_inputs
 from templar.runtime.node import Lead
 from templar.runtime.outer import outer_step, payload_reader
 from templar.runtime.state import NodeState
+from templar.runtime.succession import LeadHistory
 from templar.runtime.windows import Clock
 from templar.storage import LocalBucket
 from templar.wire import Run, write_gradient, write_inputs
@@ -27,6 +29,9 @@ from templar.wire import Run, write_gradient, write_inputs
 GENESIS = 1_700_000_000.0
 RUN = Run(netuid=7, digest="ab" * 32)
 WINDOW = 14
+IN_SLOT = GENESIS + 158
+"""Window 14 ends at GENESIS + 150; its gather runs from 155.25 to 159.25, and the lead's slot closes at
+161.25 (+ 1 s of clock-skew allowance): the tests start inside it."""
 
 
 
@@ -46,6 +51,7 @@ class Follower:
     buckets: dict
     stop: asyncio.Event = field(default_factory=asyncio.Event)
     run: Run = RUN
+    leads: LeadHistory = field(default_factory=LeadHistory)
 
     def __post_init__(self) -> None:
         self.compute = LocalCompute(self.model, self.hp)
@@ -54,15 +60,16 @@ class Follower:
     def shapes(self):
         return parameter_shapes(self.model)
 
-    async def lead(self) -> Lead:
-        return Lead(lead_neuron(self.lead_key.ss58_address), self.buckets["lead"])
+    async def candidates(self) -> list[Lead]:
+        return [Lead(lead_neuron(self.lead_key.ss58_address), self.buckets["lead"])]
 
     async def peer_buckets(self, hotkeys):
         return {hk: self.buckets[hk] for hk in hotkeys if hk in self.buckets}
 
 
 def _clock(hp, time) -> Clock:
-    cfg = hp.windows.model_copy(update={"blocks_per_window": 10, "block_time": 1.0, "gather_seconds": 4.0})
+    cfg = hp.windows.model_copy(update={"blocks_per_window": 10, "block_time": 1.0, "gather_seconds": 4.0,
+                                        "lead_slots": 1})
     return Clock(cfg, lambda: int(time.now() - GENESIS), lambda block: GENESIS + block, time)
 
 
@@ -118,7 +125,7 @@ def test_a_follower_takes_the_leads_step_whatever_its_own_gather_saw(hp, tmp_pat
         step = await follow_step(node, WINDOW, state, gathered)
         return node.model, state, step
 
-    model, state, step = run_virtual(scenario(), start=GENESIS + 150)
+    model, state, step = run_virtual(scenario(), start=IN_SLOT)
     assert step.peers == 3 and state.global_step == 4
     for (n, p), (_, q) in zip(model.named_parameters(), reference.named_parameters(), strict=True):
         assert torch.equal(p, q), n
@@ -140,7 +147,7 @@ def test_a_payload_that_is_not_the_one_the_lead_aggregated_is_refused(hp, tmp_pa
                                deadline=node.clock.now() + 5)
         return before, node.model
 
-    before, model = run_virtual(scenario(), start=GENESIS + 150)
+    before, model = run_virtual(scenario(), start=IN_SLOT)
     assert all(torch.equal(before[n], p) for n, p in model.named_parameters()), "the model changed"
 
 
@@ -155,7 +162,7 @@ def test_inputs_that_are_malformed_or_not_yet_there_are_never_an_empty_step(hp, 
         lead = node.buckets["lead"]
         await lead.put(inputs_key(WINDOW), b"\x00torn")
         with pytest.raises(FollowError, match=r"inputs/14\.safetensors is malformed \(not_safetensors"):
-            await read_lead_inputs(node, WINDOW, deadline=node.clock.now() + 2)
+            await window_inputs(node, WINDOW, deadline=node.clock.now() + 1)
         await lead.delete(inputs_key(WINDOW))
 
         async def publish_late():
@@ -165,14 +172,14 @@ def test_inputs_that_are_malformed_or_not_yet_there_are_never_an_empty_step(hp, 
 
         started = node.clock.now()
         task = asyncio.create_task(publish_late())
-        got = await read_lead_inputs(node, WINDOW, deadline=node.clock.now() + 3)
+        got = (await window_inputs(node, WINDOW, deadline=node.clock.now() + 3)).inputs
         await task
         waited = node.clock.now() - started
         with pytest.raises(FollowError, match="not published yet"):
-            await read_lead_inputs(node, WINDOW + 1, deadline=node.clock.now() + 1)
+            await window_inputs(node, WINDOW + 1, deadline=node.clock.now() + 1)
         return got, waited
 
-    got, waited = run_virtual(scenario(), start=GENESIS + 150)
+    got, waited = run_virtual(scenario(), start=IN_SLOT)
     assert got == inputs and waited >= 1.5
 
 
@@ -186,6 +193,6 @@ def test_inputs_signed_by_someone_else_are_refused(hp, tmp_path, signed_payloads
         await node.buckets["lead"].put(inputs_key(WINDOW), write_inputs(inputs, hotkey=mallory.ss58_address,
                                                                         run=RUN, sign=mallory.sign))
         with pytest.raises(FollowError, match="wrong_hotkey"):
-            await read_lead_inputs(node, WINDOW, deadline=node.clock.now() + 1)
+            await window_inputs(node, WINDOW, deadline=node.clock.now() + 1)
 
-    run_virtual(scenario(), start=GENESIS + 150)
+    run_virtual(scenario(), start=IN_SLOT)

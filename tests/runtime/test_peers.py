@@ -20,16 +20,18 @@ def _gradient(hotkey: str, tensors, *, warmup: bool = False) -> Gradient:
 
 def test_the_lead_chooses_the_inputs_and_every_node_follows_them(hp, real_peers):
     """The lead chooses a window's inputs from its gather with the one rule (the peers in effect that
-    arrived valid, warm-ups at weight 0); miners and follower validators take the lead's published
-    inputs through the same `follow_step`. The same list and results in any order give the same
-    inputs, the same weights and a bit-identical model."""
+    arrived valid, warm-ups at weight 0); miners and validators take the window's published inputs
+    through the same two functions (`window_inputs`, then `apply_inputs`: a miner's `follow_step`).
+    The same list and results in any order give the same inputs, the same weights and a bit-identical
+    model."""
     import templar.miner.loop as miner_loop
+    import templar.runtime.follow as follow
     import templar.validator.loop as validator_loop
-    from templar.runtime.follow import follow_step
     from templar.runtime.peers import aggregate_payloads
 
     assert validator_loop.aggregate_payloads is aggregate_payloads
-    assert miner_loop.follow_step is validator_loop.follow_step is follow_step
+    assert miner_loop.follow_step is follow.follow_step
+    assert validator_loop.window_inputs is follow.window_inputs and validator_loop.apply_inputs is follow.apply_inputs
     _, tensors = real_peers
     peer_list = ["a", "b", "c", "d", "e"]
     results = {

@@ -1,6 +1,7 @@
-"""Catch-up replays the lead's published aggregates with the same rule and the same apply
-function as the live outer step, waits for an aggregate that is late but still due, and skips a
-malformed one. Driven on virtual time against a real local bucket and real signatures."""
+"""Catch-up replays each window's published update, from the validator that led it (its inputs stored
+in its slot: `templar.runtime.succession`), with the same rule and the same apply function as the
+live outer step, waits for an aggregate that is late but still due, and never skips a malformed or
+unreadable one. Driven on virtual time against a real local bucket and real signatures."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from templar.runtime.compute import LocalCompute
 from templar.runtime.node import Lead
 from templar.runtime.outer import apply_update
 from templar.runtime.state import NodeState
+from templar.runtime.succession import LeadHistory
 from templar.runtime.sync import catch_up
 from templar.runtime.windows import Clock
 from templar.storage import Bucket, LocalBucket
@@ -48,6 +50,8 @@ class FollowerNode:
     lead_bucket: Bucket
     stop: asyncio.Event = field(default_factory=asyncio.Event)
     run: Run = RUN
+    leads: LeadHistory = field(default_factory=LeadHistory)
+    hotkey: str = "follower"
 
     def __post_init__(self) -> None:
         self.compute = LocalCompute(self.model, self.hp)
@@ -56,13 +60,24 @@ class FollowerNode:
     def shapes(self):
         return parameter_shapes(self.model)
 
-    async def lead(self) -> Lead:
-        return Lead(lead_neuron(self.lead_hotkey), self.lead_bucket)
+    async def candidates(self) -> list[Lead]:
+        return [Lead(lead_neuron(self.lead_hotkey), self.lead_bucket)]
+
+    async def peer_buckets(self, hotkeys):
+        return {}  # no miner's payload is reachable: only the lead's aggregate can resolve a window
 
 
 def _clock(hp, time: LoopTime) -> Clock:
     cfg = hp.windows.model_copy(update={"blocks_per_window": 10, "block_time": 1.0})
     return Clock(cfg, lambda: int(time.now() - GENESIS), lambda block: GENESIS + block, time)
+
+
+async def lead_inputs(node: FollowerNode, root, window: int, step: int, keypair, peers=(("miner", b"d" * 32),)) -> None:
+    """The lead's signed inputs of `window`, stored in its slot (at the window's gather deadline)."""
+    at = node.clock.times(window).gather_deadline
+    stamped = LocalBucket(root, now=lambda: at)
+    await stamped.put(inputs_key(window), write_inputs(StepInputs(window, step, tuple(peers)), hotkey=node.lead_hotkey,
+                                                       run=RUN, sign=keypair.sign))
 
 
 @pytest.fixture
@@ -82,11 +97,12 @@ def test_catch_up_replays_skips_and_waits_like_the_live_step(hp, keypair, tmp_pa
         time = loop_time()
         bucket = LocalBucket(tmp_path / "lead", now=time.now)
         node = FollowerNode(hp, build_model(hp), _clock(hp, time), lead, bucket)
+        for window, step in ((11, 2), (12, 3), (14, 4), (15, 5)):
+            await lead_inputs(node, tmp_path / "lead", window, step, keypair)
         await put_aggregate(bucket, 11, signed(11, 2))
         await put_aggregate(bucket, 12, signed(12, 3))
         # window 13: the lead stepped nothing (its signed inputs name no payload)
-        await bucket.put(inputs_key(13), write_inputs(StepInputs(13, 4, ()), hotkey=lead, run=RUN,
-                                                      sign=keypair.sign))
+        await lead_inputs(node, tmp_path / "lead", 13, 4, keypair, peers=())
         await bucket.put(aggregate_key(14), b"\x00garbage")  # a torn or hostile object: never skipped
 
         async def repair_14_then_publish_15_late():
@@ -128,6 +144,8 @@ def test_a_malformed_aggregate_stops_catch_up_before_its_window(hp, keypair, tmp
         time = loop_time()
         bucket = LocalBucket(tmp_path / "lead", now=time.now)
         node = FollowerNode(hp, build_model(hp), _clock(hp, time), lead, bucket)
+        for window, step in ((11, 2), (12, 3)):
+            await lead_inputs(node, tmp_path / "lead", window, step, keypair)
         await put_aggregate(bucket, 11, write_aggregate(published_signs[11], window=11, global_step=2,
                                                         learning_rate=1e-3, hotkey=lead, run=RUN, sign=keypair.sign))
         flipped = bytearray(write_aggregate(published_signs[12], window=12, global_step=3, learning_rate=1e-3,
@@ -153,6 +171,7 @@ def test_catch_up_takes_the_step_the_lead_signed(hp, keypair, tmp_path, publishe
         time = loop_time()
         bucket = LocalBucket(tmp_path / "lead", now=time.now)
         node = FollowerNode(hp, build_model(hp), _clock(hp, time), lead, bucket)
+        await lead_inputs(node, tmp_path / "lead", 11, 7, keypair)
         data = write_aggregate(published_signs[11], window=11, global_step=7, learning_rate=1e-3, hotkey=lead,
                                run=RUN, sign=keypair.sign)
         await put_aggregate(bucket, 11, data)
@@ -178,6 +197,7 @@ def test_an_unreadable_aggregate_is_never_taken_for_no_update(hp, keypair, tmp_p
         bucket = faults.wrap(LocalBucket(tmp_path / "lead", now=time.now))
         node = FollowerNode(hp, build_model(hp), _clock(hp, time), lead, bucket)
         for window, signs_of, step in ((11, 11, 2), (12, 12, 3), (13, 14, 4)):
+            await lead_inputs(node, tmp_path / "lead", window, step, keypair)
             await put_aggregate(bucket, window, signed(window, signs_of, step))
         await put_progress(bucket, 13, 5, run=RUN)
         reset = faults.add(Fault.ERROR, ops={"get"}, keys=aggregate_key(12), message="connection reset")
@@ -193,3 +213,60 @@ def test_an_unreadable_aggregate_is_never_taken_for_no_update(hp, keypair, tmp_p
         apply_update(reference, signs, step, hp)
     for (n, p), (_, q) in zip(model.named_parameters(), reference.named_parameters(), strict=True):
         assert torch.equal(p, q), n
+
+
+def test_an_unreadable_inputs_record_is_never_taken_for_no_update(hp, keypair, tmp_path, published_signs,
+                                                                  faults: FaultPlan):
+    """The lead's inputs of window 12 cannot be read (its server answers with an error): who led window 12,
+    and whether it had a step, cannot be told. Catch-up stops before it instead of taking it for a window
+    nobody led, and finishes once the record can be read."""
+    lead = keypair.ss58_address
+
+    async def scenario():
+        time = loop_time()
+        bucket = faults.wrap(LocalBucket(tmp_path / "lead", now=time.now))
+        node = FollowerNode(hp, build_model(hp), _clock(hp, time), lead, bucket)
+        for window, step in ((11, 2), (12, 3)):
+            await lead_inputs(node, tmp_path / "lead", window, step, keypair)
+            await put_aggregate(bucket, window, write_aggregate(published_signs[window], window=window,
+                                                                global_step=step, learning_rate=1e-3, hotkey=lead,
+                                                                run=RUN, sign=keypair.sign))
+        reset = faults.add(Fault.ERROR, ops={"get"}, keys=inputs_key(12), message="connection reset")
+        stuck = await catch_up(node, NodeState(window=10, global_step=2), until=12)
+        assert (stuck.window, stuck.global_step) == (11, 3), "window 12 was taken for one nobody led"
+        faults.remove(reset)
+        return await catch_up(node, stuck, until=12)
+
+    state = run_virtual(scenario(), start=GENESIS + 150)
+    assert (state.window, state.global_step) == (12, 4)
+
+
+def test_an_unreadable_progress_record_proves_nothing_and_is_named(hp, keypair, tmp_path, published_signs):
+    """Catch-up ends with the fingerprint check against the progress record of the window it reached; that
+    record is torn: the line names it, the replayed state stands (no re-sync on no evidence) and the next
+    window's check compares again."""
+    from loguru import logger
+
+    from templar.comms.keys import progress_key
+
+    lead = keypair.ss58_address
+    lines: list[str] = []
+
+    async def scenario():
+        time = loop_time()
+        bucket = LocalBucket(tmp_path / "lead", now=time.now)
+        node = FollowerNode(hp, build_model(hp), _clock(hp, time), lead, bucket)
+        await lead_inputs(node, tmp_path / "lead", 11, 2, keypair)
+        await put_aggregate(bucket, 11, write_aggregate(published_signs[11], window=11, global_step=2,
+                                                        learning_rate=1e-3, hotkey=lead, run=RUN, sign=keypair.sign))
+        await bucket.put(progress_key(11), b'{"protocol": 2, "netuid"')  # torn
+        return await catch_up(node, NodeState(window=10, global_step=2), until=11)
+
+    sink = logger.add(lambda m: lines.append(m.record["message"]), level="WARNING")
+    try:
+        state = run_virtual(scenario(), start=GENESIS + 150)
+    finally:
+        logger.remove(sink)
+    assert (state.window, state.global_step) == (11, 3)
+    named = [line for line in lines if "v2/progress/11.json is unreadable" in line]
+    assert len(named) == 1 and "the next window's check compares again" in named[0], lines

@@ -13,6 +13,7 @@ import pytest
 from templar.storage import (
     Bucket,
     InvalidKey,
+    ObjectExists,
     ObjectNotFound,
     ObjectTooLarge,
     ShortRead,
@@ -42,6 +43,44 @@ def test_put_get_head_overwrite_delete(maker) -> None:
                 await b.head("v1/gradient/7.safetensors")
             with pytest.raises(ObjectNotFound):
                 await b.get("v1/gradient/7.safetensors", max_bytes=100)
+
+    asyncio.run(body())
+
+
+def test_create_only_never_writes_over_an_object(maker) -> None:
+    """Published history is written create-only: S3's conditional PUT (`If-None-Match: *`, which the
+    bundled SeaweedFS honours), a directory's exclusive create. The refusal names the object, and
+    of concurrent creates of one key exactly one wins."""
+
+    async def body() -> None:
+        async with maker.open() as b:
+            await b.create("v2/inputs/7.safetensors", b"first")
+            with pytest.raises(ObjectExists, match=r"inputs/7\.safetensors"):
+                await b.create("v2/inputs/7.safetensors", b"second")
+            assert await b.get("v2/inputs/7.safetensors", max_bytes=100) == b"first"
+            results = await asyncio.gather(*(b.create("v2/inputs/8.safetensors", bytes([i]) * 8) for i in range(6)),
+                                           return_exceptions=True)
+            assert sum(r is None for r in results) == 1, results
+            assert all(isinstance(r, ObjectExists) for r in results if r is not None), results
+            winner = results.index(None)
+            assert await b.get("v2/inputs/8.safetensors", max_bytes=100) == bytes([winner]) * 8
+
+    asyncio.run(body())
+
+
+def test_not_found_says_when_by_the_servers_clock(maker) -> None:
+    """A not-found carries the storage server's clock (S3's Date header; a directory's: the machine's),
+    the clock that stamps its objects: whether an object was absent by a deadline is judged by it."""
+
+    async def body() -> None:
+        async with maker.open() as b:
+            before = time.time()
+            with pytest.raises(ObjectNotFound) as missing:
+                await b.get("v2/inputs/9.safetensors", max_bytes=100)
+            with pytest.raises(ObjectNotFound) as headless:
+                await b.head("v2/inputs/9.safetensors")
+            for exc in (missing.value, headless.value):
+                assert exc.server_time is not None and before - 2 <= exc.server_time <= time.time() + 2
 
     asyncio.run(body())
 

@@ -54,3 +54,22 @@ def test_the_book_travels_with_the_state(tmp_path):
     assert load_book(tmp_path, state, own=True) == book
     (tmp_path / BOOK_FILE).write_text("{}")  # the readable copy is never preferred to the state's book
     assert load_book(tmp_path, state, own=True) == book
+
+
+def test_an_unreadable_book_is_never_taken_for_an_empty_one(tmp_path):
+    """The book in the state file cannot be parsed: the readable copy is taken, with one line naming both;
+    a copy unreadable too is set aside (renamed, never deleted) and the line says the book starts empty."""
+    lines: list[str] = []
+    handler = logger.add(lambda m: lines.append(m.record["message"]), level="ERROR")
+    try:
+        book = ScoreBook()
+        book.get_or_create("hk", 3, 1)
+        book.save(tmp_path / BOOK_FILE)
+        state = NodeState(window=1, global_step=0, extra={"scorebook": "{torn"})
+        assert load_book(tmp_path, state, own=True) == book
+        assert len(lines) == 1 and "score book in the state file unreadable" in lines[0] and BOOK_FILE in lines[0]
+        (tmp_path / BOOK_FILE).write_text("{torn")
+        assert len(load_book(tmp_path, state, own=True)) == 0
+        assert "moved to scorebook.corrupt, starting empty" in lines[-1] and (tmp_path / "scorebook.corrupt").exists()
+    finally:
+        logger.remove(handler)

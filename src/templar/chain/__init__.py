@@ -28,6 +28,7 @@ from templar.chain.types import (
     WeightsSettings,
     is_miner,
     lead_of,
+    succession_of,
 )
 
 __all__ = [
@@ -53,5 +54,6 @@ __all__ = [
     "is_miner",
     "lead_of",
     "load_wallet",
+    "succession_of",
     "verify_signature",
 ]

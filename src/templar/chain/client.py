@@ -41,6 +41,7 @@ from templar.chain.types import (
     check_commitment,
     clean_commitment,
     lead_of,
+    succession_of,
 )
 
 T = TypeVar("T")
@@ -396,8 +397,12 @@ class Chain:
         return self._call("read weights", lambda c: c.weights.weights(netuid=self.netuid))
 
     def lead_validator(self) -> Neuron | None:
-        """The permit holder with the most stake (lowest uid on ties), or None (`lead_of`)."""
+        """The first of the succession order (`lead_of`), or None."""
         return lead_of(self.metagraph())
+
+    def succession(self) -> list[Neuron]:
+        """The validators able to lead, in the order they take over a window (`succession_of`)."""
+        return succession_of(self.metagraph())
 
     # -- writes ------------------------------------------------------------------------------
 

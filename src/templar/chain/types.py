@@ -67,7 +67,13 @@ class _Staked(Protocol):
     def validator_permit(self) -> bool: ...
 
 
+class _Candidate(_Staked, Protocol):
+    @property
+    def commitment(self) -> str | None: ...
+
+
 N = TypeVar("N", bound=_Staked)
+C = TypeVar("C", bound=_Candidate)
 
 
 def is_miner(neuron: _Staked) -> bool:
@@ -76,11 +82,21 @@ def is_miner(neuron: _Staked) -> bool:
     return not (neuron.validator_permit and neuron.stake > 0)
 
 
-def lead_of(neurons: Iterable[N]) -> N | None:
-    """THE rule for the lead validator (whose peer lists, aggregates and checkpoints everyone
-    follows): the permit holder with the most stake, the lowest uid on ties; None without one."""
-    validators = [n for n in neurons if n.validator_permit]
-    return min(validators, key=lambda n: (-n.stake, n.uid)) if validators else None
+def succession_of(neurons: Iterable[C]) -> list[C]:
+    """THE rule for who may lead the run, and in which order (docs/design.md §5): the validators able
+    to lead (a permit, stake above 0, a bucket committed for their publications), the most stake
+    first, the lowest uid on ties. From the chain alone, so every node derives the same order; the
+    first `lead_slots` of it may publish a window's inputs, each in its own slot
+    (`templar.runtime.succession`)."""
+    able = [n for n in neurons if n.validator_permit and n.stake > 0 and n.commitment is not None]
+    return sorted(able, key=lambda n: (-n.stake, n.uid))
+
+
+def lead_of(neurons: Iterable[C]) -> C | None:
+    """The first of the succession order (`succession_of`): the validator that leads every window it
+    publishes inputs for in time; None without one."""
+    order = succession_of(neurons)
+    return order[0] if order else None
 
 
 class ChainError(Exception):

@@ -15,6 +15,7 @@ from templar.comms.checkpoint import (
     checkpoint_windows,
     cleanup_checkpoints,
     download_latest_checkpoint,
+    latest_checkpoint_window,
     save_checkpoint,
 )
 from templar.comms.exchange import (
@@ -49,6 +50,7 @@ __all__ = [
     "get_inputs",
     "get_peers",
     "get_start_window",
+    "latest_checkpoint_window",
     "put_aggregate",
     "put_gradient",
     "put_new",

@@ -1,4 +1,4 @@
-"""Checkpoints in a bucket: files, then a sha256 manifest, then `latest.json`, in that order.
+"""Checkpoints in a bucket: files, then a sha256 manifest (create-only), then `latest.json`, in that order.
 
 A reader starts from `latest.json`, which is only written once the manifest and every file it
 lists are in place, so it never sees a half-written checkpoint. Downloads are resumable (a
@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, StringConstraints, field_validator
 
-from templar.comms.exchange import RecordError, _Record, dump_record, parse_record
+from templar.comms.exchange import RecordError, _Record, dump_record, parse_record, put_new
 from templar.comms.keys import (
     checkpoint_file_key,
     checkpoint_manifest_key,
@@ -125,7 +125,9 @@ async def save_checkpoint(bucket: Bucket, window: int, files: dict[str, Path], m
                               "already published (published history is append-only; latest.json never moves back)")
     for name, path in files.items():
         await bucket.put_file(checkpoint_file_key(window, name), Path(path), timeout=timeout)
-    await bucket.put(checkpoint_manifest_key(window), dump_record(manifest), timeout=timeout or 60.0)
+    if not await put_new(bucket, checkpoint_manifest_key(window), dump_record(manifest), timeout=timeout or 60.0):
+        raise CheckpointError(f"{bucket.name}/{checkpoint_manifest_key(window)}: already published (create-only): "
+                              "a checkpoint's manifest is never written over")
     await bucket.put(latest_checkpoint_key(), dump_record(Latest(protocol=PROTOCOL_VERSION, window=window)),
                      timeout=timeout or 60.0)
     total = sum(e.size for e in entries.values())
@@ -142,6 +144,20 @@ async def _latest_window(bucket: Bucket, timeout: float) -> int | None:
         return parse_record(data, Latest, f"{bucket.name} latest.json").window
     except (ObjectNotFound, RecordError):
         return None
+
+
+async def latest_checkpoint_window(bucket: Bucket, *, timeout: float = 60.0) -> int | None:
+    """The window `latest.json` names; None when the bucket has none. Unlike the publisher's own
+    look (`_latest_window`), a reader never takes an unreadable pointer for "no checkpoint":
+    `StorageError` when it cannot be read, `CheckpointError` when it is malformed."""
+    try:
+        data = await bucket.get(latest_checkpoint_key(), max_bytes=4096, timeout=timeout)
+    except ObjectNotFound:
+        return None
+    try:
+        return parse_record(data, Latest, f"{bucket.name} latest.json").window
+    except RecordError as exc:
+        raise CheckpointError(str(exc)) from exc
 
 
 async def _read_manifest(bucket: Bucket, remaining, window: int | None = None) -> Manifest | None:

@@ -24,7 +24,7 @@ from templar.comms.keys import (
     window_of,
 )
 from templar.core.config import PROTOCOL_VERSION
-from templar.storage.base import DEFAULT_TIMEOUT, Bucket, ObjectNotFound
+from templar.storage.base import DEFAULT_TIMEOUT, Bucket, ObjectExists, ObjectNotFound
 from templar.wire import Run
 
 MAX_RECORD_BYTES = 64 << 10
@@ -211,23 +211,24 @@ async def get_inputs(bucket: Bucket, window: int, *, max_bytes: int, timeout: fl
 
 async def put_new(bucket: Bucket, key: str, data: bytes, *, timeout: float = DEFAULT_TIMEOUT) -> bool:
     """Write `key` unless it already exists; True when written. The run's published history
-    (aggregates, inputs, peer lists, checkpoints of past windows) is append-only: a lead that
-    finds an object of a past window already published keeps it (followers may have applied it)
-    and never writes another over it. Only the lead writes its bucket, so the check and the write
-    do not race with another writer."""
+    (inputs, aggregates, progress records, peer lists, checkpoint manifests, the start window) is
+    append-only: a validator that finds an object of a past window already published keeps it
+    (followers may have applied it) and never writes another over it. The write is create-only
+    (`Bucket.create`: S3's conditional PUT), so the check and the write are one step."""
     try:
-        await bucket.head(key, timeout=timeout)
-    except ObjectNotFound:
-        await bucket.put(key, data, timeout=timeout)
-        return True
-    return False
+        await bucket.create(key, data, timeout=timeout)
+    except ObjectExists:
+        return False
+    return True
 
 
 # -- start window -----------------------------------------------------------------------------
 
 async def put_start_window(bucket: Bucket, window: int, *, run: Run, timeout: float = DEFAULT_TIMEOUT) -> None:
+    """Publish the run's start window, create-only: `ObjectExists` (naming the object) when the
+    bucket already holds one, which is never written over."""
     record = StartWindow(protocol=PROTOCOL_VERSION, netuid=run.netuid, run=run.digest, start_window=window)
-    await bucket.put(start_window_key(), dump_record(record), timeout=timeout)
+    await bucket.create(start_window_key(), dump_record(record), timeout=timeout)
 
 
 async def get_start_window(bucket: Bucket, *, run: Run, timeout: float = DEFAULT_TIMEOUT) -> int | None:

@@ -45,6 +45,11 @@ def inputs_key(window: int, version: int = PROTOCOL_VERSION) -> str:
     return f"{_root(version)}/inputs/{_window(window)}.safetensors"
 
 
+def progress_key(window: int, version: int = PROTOCOL_VERSION) -> str:
+    """The global_step and model fingerprint after `window`, by the validator that led it."""
+    return f"{_root(version)}/progress/{_window(window)}.json"
+
+
 def start_window_key(version: int = PROTOCOL_VERSION) -> str:
     """The run's first window (global_step 0)."""
     return f"{_root(version)}/start_window.json"

@@ -1,11 +1,11 @@
-"""`v{P}/progress.json`: the last window the lead validator finished, whether it stepped, and a
-fingerprint of its model after that window.
+"""`v{P}/progress/<w>.json`: the global_step and a fingerprint of the model after window `w`,
+published by the validator that led `w` (`templar.runtime.succession`), create-only like the rest
+of the run's history.
 
-Overwritten every window. It lets a joining node tell "no update that window" (the lead is past
-it and published no aggregate) from "not published yet" (wait), instead of waiting out a whole
-window for every window in which nobody was aggregated. Its `fingerprint` (θ in float32 at a few
-hundred public positions, `templar.runtime.fingerprint`) lets every node check that it holds the
-run's model (no silent forks: docs/architecture.md §4, "Proof of sync").
+Its `fingerprint` (θ in float32 at a few hundred public positions, `templar.runtime.fingerprint`)
+lets every node check that it holds the run's model (no silent forks: docs/architecture.md §4,
+"Proof of sync"). One record per window, so a reader asks the validator that led the window it
+holds, whoever led the windows around it.
 """
 
 from __future__ import annotations
@@ -17,16 +17,21 @@ from typing import Annotated
 import torch
 from pydantic import StringConstraints
 
-from templar.comms.exchange import RecordError, Window, _RunRecord, check_run, dump_record, parse_record
+from templar.comms.exchange import (
+    RecordError,
+    Window,
+    _RunRecord,
+    check_run,
+    dump_record,
+    parse_record,
+    put_new,
+)
+from templar.comms.keys import progress_key
 from templar.core.config import PROTOCOL_VERSION
 from templar.storage.base import DEFAULT_TIMEOUT, Bucket, ObjectNotFound
 from templar.wire import Run
 
 MAX_PROGRESS_BYTES = 4096
-
-
-def progress_key(version: int = PROTOCOL_VERSION) -> str:
-    return f"v{version}/progress.json"
 
 
 class Progress(_RunRecord):
@@ -57,20 +62,24 @@ def decode_fingerprint(text: str, count: int) -> torch.Tensor:
 
 
 async def put_progress(bucket: Bucket, window: int, global_step: int, *, run: Run,
-                       fingerprint: torch.Tensor | None = None, timeout: float = DEFAULT_TIMEOUT) -> None:
+                       fingerprint: torch.Tensor | None = None, timeout: float = DEFAULT_TIMEOUT) -> bool:
+    """Publish the progress record of `window`, unless one is already published (`put_new`: history
+    is append-only). True when written."""
     record = Progress(protocol=PROTOCOL_VERSION, netuid=run.netuid, run=run.digest, window=window,
                       global_step=global_step,
                       fingerprint=None if fingerprint is None else encode_fingerprint(fingerprint))
-    await bucket.put(progress_key(), dump_record(record), timeout=timeout)
+    return await put_new(bucket, progress_key(window), dump_record(record), timeout=timeout)
 
 
-async def get_progress(bucket: Bucket, *, run: Run, timeout: float = DEFAULT_TIMEOUT) -> Progress | None:
-    """The lead's progress in `run`, None if never published; `RecordError` if malformed or of
-    another run."""
+async def get_progress(bucket: Bucket, window: int, *, run: Run, timeout: float = DEFAULT_TIMEOUT) -> Progress | None:
+    """The progress record of `window` in `run`, None if never published; `RecordError` if
+    malformed, of another run or of another window."""
     try:
-        data = await bucket.get(progress_key(), max_bytes=MAX_PROGRESS_BYTES, timeout=timeout)
+        data = await bucket.get(progress_key(window), max_bytes=MAX_PROGRESS_BYTES, timeout=timeout)
     except ObjectNotFound:
         return None
-    record: Progress = parse_record(data, Progress, f"{bucket.name} progress")
-    check_run(record, run, f"{bucket.name} progress")
+    record: Progress = parse_record(data, Progress, f"{bucket.name} progress/{window}")
+    check_run(record, run, f"{bucket.name} progress/{window}")
+    if record.window != window:
+        raise RecordError(f"{bucket.name} progress/{window} claims window {record.window}")
     return record

@@ -27,13 +27,15 @@ def fsync_dir(directory: Path) -> None:
 
 
 def atomic_write(path: str | Path, content: bytes | Writer, *, mode: int | None = None,
-                 staging_dir: Path | None = None, stamp: float | None = None) -> None:
+                 staging_dir: Path | None = None, stamp: float | None = None, create_only: bool = False) -> None:
     """Replace `path` with `content` (bytes, or a function writing the file) atomically.
 
     `mode`: permission bits for the new file, set before it becomes visible (0o600 for secrets).
     `staging_dir`: where the temporary file lives (same file system as `path`; default its
     directory). `stamp`: the modification time to give the file (unix seconds), set before the
-    rename so no reader sees another one.
+    rename so no reader sees another one. `create_only`: never replace an existing `path`
+    (`FileExistsError`): the whole file appears by a hard link, which fails if the name is taken,
+    so the check and the write are one step (no other writer can slip in between).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -52,7 +54,10 @@ def atomic_write(path: str | Path, content: bytes | Writer, *, mode: int | None 
             os.fsync(fh.fileno())
         if stamp is not None:
             os.utime(tmp, (stamp, stamp))
-        os.replace(tmp, path)
+        if create_only:
+            os.link(tmp, path)
+        else:
+            os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
     fsync_dir(path.parent)

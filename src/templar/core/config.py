@@ -269,12 +269,30 @@ class WindowConfig(_Strict):
     peer_replacement_frequency: int = Field(gt=0)
     warmup_windows: int = Field(ge=0)
     max_allowed_stale: int = Field(gt=0)
+    lead_slots: int = Field(default=3, ge=1, le=16, description="how many validators of the succession order "
+                            "(templar.chain.succession_of) may publish a window's inputs, one slot each, in order")
+    lead_cadence: int = Field(default=16, ge=1, le=1024, description="windows between two returns to the "
+                              "succession's own order: the validator that led a window keeps the first slot of the "
+                              "next, except in a window that is a multiple of this (a returning lead takes its slot "
+                              "back there)")
+    handover_seconds: float = Field(default=5.0, gt=0, description="how long each lead slot is open for publishing: "
+                                    "the lead's inputs count only if stored by gather_deadline + this (plus the "
+                                    "clock-skew allowance), candidate k's by this long after slot k - 1 settled, and "
+                                    "none before the slot before closed (docs/design.md §5)")
+    handover_settle_seconds: float = Field(default=1.0, ge=0, description="after a slot's last acceptable "
+                                           "timestamp (with the clock-skew allowance), how long until a 'not found' "
+                                           "of that candidate's inputs is taken as definite by every reader")
+    retained_checkpoints: int = Field(default=3, ge=1, le=64, description="checkpoints each candidate of the "
+                                      "succession keeps; its published history before the oldest is deleted, so a "
+                                      "'not found' of an older window proves nothing (templar.runtime.windows."
+                                      "retained_windows)")
     settle_seconds: float = Field(default=0.25, ge=0, le=60, description="time for an upload stamped at the last "
                                   "acceptable instant to become visible to readers: the gather starts this long "
                                   "after put_window_seconds + clock_skew_seconds")
-    apply_seconds: float = Field(default=5.0, gt=0, description="how long past the gather deadline a node waits "
-                                 "for the lead's inputs of a window (at most gather_seconds) before it falls back "
-                                 "to the lead's aggregate")
+    apply_seconds: float = Field(default=5.0, gt=0, description="how long past the last lead slot a node that "
+                                 "could not establish a window's inputs keeps trying (and fetches the payloads they "
+                                 "name that its own gather lacks), at most gather_seconds, before it falls back to "
+                                 "catch-up")
     commit_read_seconds: float = Field(default=4.0, gt=0, description="how long validators have to read the "
                                        "window's commitments before any gradient can count (at most half the put "
                                        "window): a miner's commitment is due this long before the window ends")

@@ -241,17 +241,32 @@ class Localnet:
 
             self.s3 = LocalS3(self.out / "s3")
             self.s3.start()
+        for node in self.nodes:
+            self.spawn(node.name)
+        logger.info(f"started {len(self.procs)} neurons; logs under {self.out / 'nodes'}")
+
+    def spawn(self, name: str) -> None:
+        """Start the neuron `name` as its own process (again, after `kill`: from its state dir)."""
         base_env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
                     "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
                     "PYTHONUNBUFFERED": "1"}
-        for node in self.nodes:
-            cmd, env = self._command(node)
-            stdout = open(node.directory(self.out) / "stdout.log", "ab")  # noqa: SIM115 - owned by the child
-            self.procs[node.name] = subprocess.Popen(
-                cmd, stdout=stdout, stderr=subprocess.STDOUT, env={**base_env, **env},
-                cwd=REPO_ROOT, start_new_session=True,
-            )
-        logger.info(f"started {len(self.procs)} neurons; logs under {self.out / 'nodes'}")
+        node = next(n for n in self.nodes if n.name == name)
+        cmd, env = self._command(node)
+        stdout = open(node.directory(self.out) / "stdout.log", "ab")  # noqa: SIM115 - owned by the child
+        self.procs[node.name] = subprocess.Popen(
+            cmd, stdout=stdout, stderr=subprocess.STDOUT, env={**base_env, **env},
+            cwd=REPO_ROOT, start_new_session=True,
+        )
+
+    def kill(self, name: str) -> int:
+        """kill -9 of the neuron `name` and everything it started (a failover rehearsal); its exit code."""
+        proc = self.procs[name]
+        for rank_pid in torchrun_ranks(proc.pid).values():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(rank_pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        return proc.wait()
 
     # ---------------------------------------------------------------- run
     def _lead_windows(self) -> list[int]:

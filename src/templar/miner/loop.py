@@ -112,6 +112,8 @@ class Miner:
         self.failed_uploads = 0
         self.sync = SyncCheck(node)
         self.resync_pending = False
+        self._stuck_at: int | None = None
+        """The window a join last found the miner stuck at (the `[SYNC]` line says it once)."""
 
     # ------------------------------------------------------------------ life
     async def start(self) -> None:
@@ -130,9 +132,10 @@ class Miner:
             current = node.clock.current_window()
             behind = current - self.state.window - 1
             if behind > self.hp.windows.max_allowed_stale:
-                context(window=current, phase=self.phase).warning(
-                    f"[SYNC] {behind} windows behind (max {self.hp.windows.max_allowed_stale}): re-syncing from "
-                    "the lead's newest checkpoint")
+                if self._stuck_at != self.state.window:
+                    context(window=current, phase=self.phase).warning(
+                        f"[SYNC] {behind} windows behind (max {self.hp.windows.max_allowed_stale}): re-syncing from "
+                        "the newest checkpoint")
                 self.state, own = await restore_when_possible(node)
                 await self.join(own_state=own)
                 continue
@@ -141,6 +144,9 @@ class Miner:
                 # then look at the clock again (the replay itself may have taken time).
                 self.state = await catch_up(node, self.state, current - 1)
                 self.sync.record(self.state.window, self.state.global_step)
+                if self._stuck_at is not None and self.state.window >= node.clock.current_window() - 1:
+                    self._stuck_at = None  # the gap a join found is closed: now the phase can be said
+                    self._say_phase()
                 continue
             await self.run_window(current)
             done += 1
@@ -157,6 +163,19 @@ class Miner:
         self.save()
         self.warmup_left = 0 if own_state else self.hp.windows.warmup_windows
         self.phase = Phase.WARMUP if self.warmup_left else Phase.ACTIVE
+        behind = node.clock.current_window() - 1 - self.state.window
+        if behind > 0:  # the run's update of a window could not be had: said once per gap, never "Active"
+            if self._stuck_at != self.state.window:
+                context(phase=Phase.CATCHUP).warning(
+                    f"[SYNC] Still {behind} windows behind the run (at window {self.state.window}): waiting for the "
+                    f"update of window {self.state.window + 1} (the [SYNC] line above names it)")
+            self._stuck_at = self.state.window
+            return
+        self._stuck_at = None
+        self._say_phase()
+
+    def _say_phase(self) -> None:
+        """The join's last line, once the miner holds the run's latest window: warm-up or active."""
         if self.warmup_left:
             context(phase=self.phase).info(
                 f"[SYNC] Warm-up: training {self.warmup_left} windows to build the error-feedback buffer; "
@@ -313,7 +332,7 @@ class Miner:
         close = node.clock.times(window).commit_close
         left = close - node.clock.now()
         if left <= 0:
-            log.warning(f"commitment deadline passed {-left:.1f}s ago (training overran): this window's "
+            log.warning(f"commitment deadline passed {-left:.1f}s ago ({self._overran_because()}): this window's "
                         "upload will fail fast evaluation as 'uncommitted'")
             return
         try:
@@ -321,6 +340,17 @@ class Miner:
                              timeout=left)
         except StorageError as exc:
             log.warning(f"commitment upload failed: {exc}")
+
+    def _overran_because(self) -> str:
+        """Why a window's commitment came too late: this machine's clock when it is off the chain's by
+        more than the allowance (every deadline is then missed by that much; the `[CLOCK]` line),
+        else the window's work."""
+        clock = self.node.clock
+        off = clock.skew()
+        if abs(off) > self.hp.windows.clock_skew_seconds:
+            return (f"this machine's clock is {abs(off):.1f}s {'ahead of' if off > 0 else 'behind'} the chain's: "
+                    "synchronise it (NTP, chrony); see the [CLOCK] line")
+        return "training overran: fewer inner steps or a faster device fit the window"
 
     def pages(self, window: int) -> list[int]:
         """This window's assigned pages, plus `extra_pages` unassigned ones."""

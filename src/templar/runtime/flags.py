@@ -27,7 +27,8 @@ EXIT_HISTORY = 8
 """A neuron's exit codes for what its operator must fix (`templar.runtime.node.NodeError`; 5 is
 `templar.distributed.group.EXIT_RANK_LOST`): 2 not registered, 3 configuration, 4 our bucket
 refuses writes, 6 another process holds the state directory, 7 the state directory cannot be
-written, 8 a lead whose published history it cannot restore or must not overwrite."""
+written, 8 a validator of the first slot whose published history it cannot restore or must not
+overwrite. Each with its fix: docs/operating.md §8."""
 
 AUTO_DEVICE = "auto"
 """`--device` default: the first CUDA device when there is one, else the CPU (`node_device`)."""

@@ -1,16 +1,17 @@
-"""Every node takes the outer step the lead took: exactly the payloads the lead aggregated.
+"""Every node takes the outer step of the window's lead: exactly the payloads it aggregated.
 
-The consensus rule (docs/design.md §3): the lead validator decides a window's aggregate from its
-own gather and publishes its inputs (`templar.wire.inputs`: each payload's hotkey and digest, and
-the global_step) the moment that gather ends. Every node, the lead included, applies exactly those
-inputs (`apply_inputs`): the payloads its own gather returned when their digests match, the others
-fetched from their owners' buckets (signed, and checked against the lead's digest). A node's own
-gather decides only what it scores. So a node whose clock lags, whose gather saw another set, or
-that reads the lead's peer list late, still takes the run's step.
+The consensus rule (docs/design.md §3, §5): the validator that leads a window decides its aggregate
+from its own gather and publishes its inputs (`templar.wire.inputs`: each payload's hotkey and
+digest, and the global_step) the moment that gather ends. Who leads is the lowest slot of the
+succession whose inputs are present in time (`templar.runtime.succession`). Every node, the lead
+included, applies exactly those inputs (`apply_inputs`): the payloads its own gather returned when
+their digests match, the others fetched from their owners' buckets (signed, and checked against the
+lead's digest). A node's own gather decides only what it scores. So a node whose clock lags, whose
+gather saw another set, or that reads the peer list late, still takes the run's step.
 
-A follower that cannot read the inputs by the window's `apply_deadline`, or cannot fetch a payload
-they name, does not guess (`FollowError`): it stops before that window and catches up on the
-lead's published aggregate (`templar.runtime.sync.catch_up`), which names what it waited for.
+A follower that cannot establish the inputs by the window's `apply_deadline`, or cannot fetch a
+payload they name, does not guess (`FollowError`): it stops before that window and catches up on
+the published update (`templar.runtime.sync.catch_up`), which names what it waited for.
 """
 
 from __future__ import annotations
@@ -18,18 +19,18 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping
 
-from templar.chain import verify_signature
-from templar.comms import GatherResult, RecordError, get_inputs
-from templar.comms.keys import gradient_key, inputs_key
+from templar.comms import GatherResult
+from templar.comms.keys import gradient_key
 from templar.core.log import short
 from templar.runtime.node import Node
 from templar.runtime.outer import OuterStep, payload_reader, update_step
 from templar.runtime.state import NodeState
+from templar.runtime.succession import Decision, decide_window
 from templar.storage import StorageError
-from templar.wire import Gradient, PayloadError, StepInputs, max_gradient_bytes, max_inputs_bytes, read_inputs
+from templar.wire import Gradient, PayloadError, StepInputs, max_gradient_bytes
 
-POLL_SECONDS = 0.5
-"""Pause between two reads of the lead's inputs while they are not there yet."""
+APPLY_FETCH_SECONDS = 5.0
+"""Inputs established in the last instant still leave this long to fetch the payloads they name."""
 
 
 class FollowError(Exception):
@@ -38,32 +39,20 @@ class FollowError(Exception):
 
 
 def inputs_of(window: int, global_step: int, payloads: list[Gradient]) -> StepInputs:
-    """The inputs record of a step over `payloads` (the lead's own, before it publishes them)."""
+    """The inputs record of a step over `payloads` (a candidate's own, before it publishes them)."""
     return StepInputs(window=window, global_step=global_step, peers=tuple((g.hotkey, g.digest) for g in payloads))
 
 
-async def read_lead_inputs(node: Node, window: int, *, deadline: float) -> StepInputs:
-    """The lead's inputs of `window`, read until `deadline` (the node's clock). A record that is
-    absent, unreadable, malformed or not the lead's is retried until then, never taken for an
-    empty step; `FollowError` names what was wrong at the deadline."""
-    problem = "not readable: no lead validator with a readable bucket"
-    while True:
-        lead = await node.lead()
-        if lead is not None:
-            left = deadline - node.clock.now()
-            try:
-                data = await get_inputs(lead.bucket, window, max_bytes=max_inputs_bytes(), timeout=max(0.5, min(10.0, left)))
-                if data is not None:
-                    return read_inputs(data, run=node.run, verify=verify_signature, expected_hotkey=lead.hotkey,
-                                       expected_window=window)
-                problem = "not published yet"
-            except PayloadError as exc:
-                problem = f"malformed ({exc.reason}: {str(exc.detail)[:120]})"
-            except (StorageError, RecordError) as exc:
-                problem = f"unreadable ({str(exc)[:160]})"
-        if node.clock.now() >= deadline:  # a stop request finishes the window: no early exit here
-            raise FollowError(f"the lead's {inputs_key(window)} is {problem}")
-        await asyncio.sleep(POLL_SECONDS)
+async def window_inputs(node: Node, window: int, *, deadline: float) -> Decision:
+    """The window's applied inputs (`templar.runtime.succession.decide_window`), waited for until
+    `deadline` (the node's clock): a record that is absent before its slot settled, unreadable or
+    malformed is retried until then, never taken for an empty step; `FollowError` names what could
+    not be had at the deadline. The lead of the window is noted (one line when it changes)."""
+    decision = await decide_window(node, window, deadline=deadline)
+    if not decision.settled:
+        raise FollowError(decision.problem)
+    node.leads.applied(decision)
+    return decision
 
 
 async def collect_payloads(node: Node, window: int, inputs: StepInputs,
@@ -118,9 +107,13 @@ async def apply_inputs(node: Node, window: int, inputs: StepInputs, state: NodeS
 
 async def follow_step(node: Node, window: int, state: NodeState,
                       gathered: Mapping[str, GatherResult[Gradient]]) -> OuterStep | None:
-    """A follower's outer step of `window`: the lead's inputs, applied (`FollowError` if they
-    cannot be had by the window's `apply_deadline`)."""
+    """A follower's outer step of `window`: the inputs of the window's lead, applied; None when the
+    window has none (no candidate published in time, or its inputs name no payload). `FollowError`
+    if they cannot be had by the window's `apply_deadline`."""
     deadline = node.clock.times(window).apply_deadline
-    inputs = await read_lead_inputs(node, window, deadline=deadline)
-    step, _ = await apply_inputs(node, window, inputs, state, gathered, deadline=deadline)
+    decision = await window_inputs(node, window, deadline=deadline)
+    if decision.inputs is None:
+        return None
+    step, _ = await apply_inputs(node, window, decision.inputs, state, gathered,
+                                 deadline=max(deadline, node.clock.now() + APPLY_FETCH_SECONDS))
     return step

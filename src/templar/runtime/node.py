@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import os
 import signal
 from collections.abc import Awaitable, Callable
@@ -42,6 +43,7 @@ from templar.runtime.flags import (
 from templar.runtime.lock import StateDirLocked, StateLock
 from templar.runtime.metrics import start_metrics
 from templar.runtime.state import STATE_FILE, NodeState, StateWriteError
+from templar.runtime.succession import Lead, LeadHistory
 from templar.runtime.windows import Clock
 from templar.storage import Bucket, StorageError, open_bucket
 from templar.storage.locator import BucketLocator, Credentials, LocatorError
@@ -92,21 +94,6 @@ class OwnBucketError(NodeError):
     exit_code = EXIT_OWN_BUCKET
 
 
-@dataclass(frozen=True)
-class Lead:
-    """The run's lead validator as this node reaches it: who it is on chain (`templar.chain.lead_of`)
-    and the bucket it publishes the run's records in (start window, peer lists, inputs, aggregates,
-    progress with the model's fingerprint, checkpoints)."""
-
-    validator: Neuron
-    bucket: Bucket
-
-    @property
-    def hotkey(self) -> str:
-        """The hotkey that signs every record the lead publishes."""
-        return self.validator.hotkey
-
-
 @dataclass
 class Node:
     """A started neuron: chain, clock, model, data and its own bucket."""
@@ -140,6 +127,8 @@ class Node:
     """A validator's `--shadow`: it scores and reports as usual but writes nothing on chain (no
     weights, no bucket commitment), to try a machine next to the one that sets the weights."""
     failed_saves: int = 0
+    leads: LeadHistory = field(default_factory=LeadHistory)
+    """Who led the windows this node applied (`templar.runtime.succession`)."""
 
     def save_state(self, state: NodeState) -> bool:
         """A window's commit point: θ (and what the role keeps with it) in the state file. A local
@@ -211,16 +200,11 @@ class Node:
             out[hotkey] = bucket
         return out
 
-    async def lead(self) -> Lead | None:
-        """The lead validator (`Chain.lead_validator`) and its bucket; None when there is none or
-        its committed bucket cannot be opened."""
-        validator = await asyncio.to_thread(self.chain.lead_validator)
-        if validator is None:
-            return None
-        if validator.hotkey == self.hotkey:
-            return Lead(validator, self.bucket)
-        buckets = await self.peer_buckets([validator.hotkey])
-        return Lead(validator, buckets[validator.hotkey]) if validator.hotkey in buckets else None
+    async def candidates(self) -> list[Lead]:
+        """The succession order (`Chain.succession`) with each candidate's bucket (ours for us)."""
+        order = await asyncio.to_thread(self.chain.succession)
+        buckets = await self.peer_buckets([n.hotkey for n in order if n.hotkey != self.hotkey])
+        return [Lead(n, self.bucket if n.hotkey == self.hotkey else buckets.get(n.hotkey)) for n in order]
 
     def install_signal_handlers(self) -> None:
         """SIGINT/SIGTERM finish the current window, save, and exit."""
@@ -306,10 +290,11 @@ async def start_node(args: argparse.Namespace, role: str, *, time: TimeSource = 
     clock = Clock(hp.windows, chain.block, chain.block_timestamp, time)
     log.info(f"{role} uid {uid} ready: model {hp.name} on {device} (memory: {memory.name}), {pages.num_pages} pages, "
              f"state in {state_dir}")
+    # a peer's local bucket answers by the same clock as ours (an S3 server by its own)
     return Node(hp=hp, chain=chain, clock=clock, uid=uid, model=model, pages=pages, plan=plan, bucket=bucket,
                 state_dir=state_dir, device=device, compute=LocalCompute(model, hp, memory), state_lock=lock,
-                allow_private_endpoints=args.subtensor_network not in PUBLIC_NETWORKS, open_bucket=open_bucket,
-                shadow=shadow)
+                allow_private_endpoints=args.subtensor_network not in PUBLIC_NETWORKS,
+                open_bucket=functools.partial(open_bucket, now=time.now), shadow=shadow)
 
 
 async def _open_own_bucket(args: argparse.Namespace, chain: Chain, time: TimeSource,

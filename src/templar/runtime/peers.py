@@ -1,7 +1,8 @@
 """Which peers' payloads make a window's outer step, for every node kind.
 
-Two rules, each once: the top-G list in effect for a window (the lead's newest published list at
-or before it) and, of what a gather returned, the payloads that enter the aggregate. Miners and
+Two rules, each once: the top-G list in effect for a window (the newest list published at or
+before it by the validator that led the window before) and, of what a gather returned, the payloads
+that enter the aggregate. Miners and
 validators call the same functions, so two nodes handed the same list and the same gather
 results choose the same aggregate inputs (`tests/runtime/test_peers.py`).
 """
@@ -13,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from templar.comms import GatherResult, RecordError, get_peers
 from templar.core.log import context
 from templar.runtime.node import Node
+from templar.runtime.succession import Lead, decide_window
 from templar.storage import StorageError
 from templar.wire import Gradient
 
@@ -21,18 +23,37 @@ PEER_LIST_SECONDS = 5.0
 
 
 async def peers_in_effect(node: Node, window: int) -> list[str]:
-    """The lead's top-G in effect for `window` (its newest published list at or before it);
-    [] when there is no lead, no list yet, or the list cannot be read in `PEER_LIST_SECONDS`
-    (logged): the window then has no outer step."""
-    lead = await node.lead()
-    if lead is None:
-        return []
-    try:
-        found = await get_peers(lead.bucket, window, run=node.run, timeout=PEER_LIST_SECONDS)
-    except (StorageError, RecordError) as exc:
-        context(window=window, phase="peers").warning(f"peer list unavailable: {exc}")
-        return []
-    return found[1] if found else []
+    """The top-G in effect for `window`: the newest list at or before it of the validator that led
+    the window before (it names the next window's list with its publications), else of the first
+    candidate of the succession that has one. [] when there is none yet or it cannot be read in
+    `PEER_LIST_SECONDS` (logged). Nothing of consensus rests on it: every node applies the lead's
+    inputs, whatever it gathered; the list says which payloads to gather and score."""
+    before = await decide_window(node, window - 1) if window > 0 else None
+    first = before.lead if before is not None and before.lead is not None else None
+    found, problem = await _list_of(node, [first] if first is not None else [], window)
+    if found is None:  # the window before's lead named none: the first of the others that has one
+        others = [c for c in await node.candidates() if first is None or c.hotkey != first.hotkey]
+        found, more = await _list_of(node, others, window)
+        problem = problem or more
+    if found is None and problem:
+        context(window=window, phase="peers").warning(f"peer list unavailable: {problem}")
+    return found or []
+
+
+async def _list_of(node: Node, leads: Sequence[Lead], window: int) -> tuple[list[str] | None, str]:
+    """The list in effect at `window` of the first of `leads` that has one, and the last read error."""
+    problem = ""
+    for lead in leads:
+        if lead.bucket is None:
+            continue
+        try:
+            found = await get_peers(lead.bucket, window, run=node.run, timeout=PEER_LIST_SECONDS)
+        except (StorageError, RecordError) as exc:
+            problem = str(exc)
+            continue
+        if found:
+            return found[1], problem
+    return None, problem
 
 
 def aggregate_payloads(peer_list: Sequence[str], results: Mapping[str, GatherResult[Gradient]]) -> list[Gradient]:

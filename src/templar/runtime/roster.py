@@ -52,6 +52,12 @@ class NodeInfo:
         """A localnet registers its validators with stake and a permit, its miners with neither."""
         return self.role == "validator"
 
+    @property
+    def commitment(self) -> str | None:
+        """Whether it committed a bucket, as the chain's succession rule asks: a localnet's
+        validators commit theirs when they start, its miners too, so every node has one."""
+        return self.name
+
 
 def write_nodes(out: Path, nodes: Iterable[NodeInfo]) -> None:
     (out / NODES_FILE).write_text(json.dumps([asdict(n) for n in nodes], indent=2))

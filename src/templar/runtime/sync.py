@@ -2,14 +2,16 @@
 
 Phases, each announced by one `[SYNC]` line:
   1. registration check (in `templar.runtime.node.start_node`)
-  2. state download: own local state if recent, else the lead validator's newest intact
-     checkpoint (sha256-verified, resumable, progress bar), else θ_0 of the run if it has none
-  3. catch-up: replay the lead's published aggregates up to the current window, no uploads
+  2. state download: own local state if recent, else the newest intact checkpoint among the
+     candidates of the succession whose publisher led its window (sha256-verified, resumable,
+     progress bar), else θ_0 of the run if none was ever published
+  3. catch-up: replay each window's published update, from the validator that led it
+     (`templar.runtime.succession`), up to the current window, no uploads
   4. warm-up and 5. active are the roles' business.
 
 And, for as long as a node runs, proof that it still holds the run's model (`SyncCheck`): its own
-fingerprint after each window against the one the lead publishes with its progress; on a mismatch,
-one `[SYNC]` line and a re-sync by itself (`resync`: the lead's checkpoint, then replay).
+fingerprint after a window against the one the window's lead published with its progress; on a
+mismatch, one `[SYNC]` line and a re-sync by itself (`resync`: a checkpoint, then replay).
 """
 
 from __future__ import annotations
@@ -28,28 +30,28 @@ from templar.comms import (
     checkpoint_windows,
     download_latest_checkpoint,
     get_aggregate,
-    get_inputs,
     get_start_window,
+    latest_checkpoint_window,
 )
-from templar.comms.keys import aggregate_key, inputs_key
+from templar.comms.keys import aggregate_key, progress_key, start_window_key
 from templar.comms.progress import Progress, decode_fingerprint, get_progress
 from templar.compress.methods import rule_of
 from templar.core.log import context
 from templar.core.schedule import learning_rate
 from templar.runtime.fingerprint import model_in_sync, off_positions
+from templar.runtime.follow import FollowError, apply_inputs
 from templar.runtime.node import Lead, Node
 from templar.runtime.outer import peer_weight, update_step
 from templar.runtime.state import STATE_FILE, NodeState
+from templar.runtime.succession import Decision, decide_window
 from templar.runtime.windows import apply_span
 from templar.storage import StorageError
 from templar.wire import (
     PayloadError,
     max_aggregate_bytes,
     max_bundle_bytes,
-    max_inputs_bytes,
     read_aggregate,
     read_bundle,
-    read_inputs,
 )
 
 MODEL_FILE = "model.safetensors"
@@ -60,7 +62,12 @@ RETRY_SECONDS = 2.0
 
 class ResyncError(Exception):
     """A re-sync could not be made now (no lead, or its checkpoint could not be read): the node
-    stays out of sync and tries again later."""
+    stays out of sync and tries again later. `fix`: what an operator can do about it, when the
+    cause is known (a validator that must not wait says it in its exit line)."""
+
+    def __init__(self, message: str, *, fix: str | None = None) -> None:
+        super().__init__(message)
+        self.fix = fix
 
 
 class Phase(StrEnum):
@@ -74,14 +81,15 @@ class Phase(StrEnum):
 async def restore(node: Node, *, use_local: bool = True) -> tuple[NodeState, bool]:
     """Phase 2. Returns the state and whether it is this node's own (so its error feedback, if
     the node keeps one, was restored with θ and warm-up may be skipped). `use_local=False` (a
-    re-sync: our own model is known to differ from the run's) takes only the lead's checkpoints.
+    re-sync: our own model is known to differ from the run's) takes only published checkpoints.
 
-    The lead's newest intact checkpoint is taken (an unusable newest one is said to be unusable,
-    and older ones are tried). θ_0 and the run's start window are taken only when the lead has
-    published no checkpoint at all: a run whose checkpoints exist but cannot be used is never
-    restarted from θ_0, because the aggregates before the oldest kept checkpoint are gone and a
-    replay from θ_0 would not be the run's history. `ResyncError` when nothing usable can be read
-    now (the model is then untouched): the caller retries later."""
+    The newest intact checkpoint among the candidates of the succession is taken, if its publisher
+    led its window (an unusable one is said to be unusable, and older ones are tried). θ_0 and the
+    run's start window are taken only when no candidate ever published a checkpoint: a run whose
+    checkpoints exist but cannot be used is never restarted from θ_0, because the history before
+    the oldest kept checkpoint is gone and a replay from θ_0 would not be the run's history.
+    `ResyncError` when nothing usable can be read now (the model is then untouched, and the message
+    names the object at fault): the caller retries later."""
     hp, current = node.hp, node.clock.current_window()
     log = context(window=current, phase=Phase.DOWNLOAD)
     compute = node.compute
@@ -99,26 +107,23 @@ async def restore(node: Node, *, use_local: bool = True) -> tuple[NodeState, boo
             return local, True
         log.info(f"[SYNC] Local state is {current - local.window - 1} windows old; looking for a newer checkpoint")
 
-    lead = await node.lead()
-    if lead is None:
-        log.warning("[SYNC] No lead validator with a readable bucket yet")
+    candidates = [c for c in await node.candidates() if c.bucket is not None]
+    if not candidates:
+        log.warning("[SYNC] No validator able to lead has a readable bucket yet")
         if local is not None:
             return local, True
         if not use_local:
-            raise ResyncError("no lead validator with a readable bucket")
+            raise ResyncError("no validator able to lead has a readable bucket")
         log.info(f"[SYNC] No checkpoint yet: starting from the run's initial weights (start window {current})")
         return NodeState(window=current - 1, global_step=0), False
-    loaded = await _newest_intact_checkpoint(node, lead, newer_than=local.window if local is not None else -1)
+    loaded = await _newest_intact_checkpoint(node, candidates, newer_than=local.window if local is not None else -1)
     if isinstance(loaded, NodeState):
         return loaded, False
     if local is not None:
         return local, True
-    if loaded is not None:  # checkpoints exist, and none could be used
+    if loaded is not None:  # checkpoints exist (or may), and none could be used
         raise ResyncError(loaded)
-    try:
-        start = await get_start_window(lead.bucket, run=node.run)
-    except (StorageError, RecordError) as exc:
-        raise ResyncError(f"no checkpoint yet and the run's start window is unreadable ({exc})") from exc
+    start = await published_start(node, candidates)
     if start is None and not use_local:
         raise ResyncError("no checkpoint yet and no start window published")
     if not use_local:  # the model in memory is not θ_0: rebuild it (deterministic from init_seed)
@@ -128,48 +133,92 @@ async def restore(node: Node, *, use_local: bool = True) -> tuple[NodeState, boo
     return NodeState(window=start - 1, global_step=0), False
 
 
-async def _newest_intact_checkpoint(node: Node, lead: Lead, *, newer_than: int) -> NodeState | str | None:
-    """Load the lead's newest usable checkpoint newer than `newer_than` into the model. Returns its
-    state; else why none could be used (a `[SYNC]` line for each unusable one); None when the lead
-    has published no checkpoint (or none newer than `newer_than`)."""
-    log = context(window=node.clock.current_window(), phase=Phase.DOWNLOAD)
-    bucket = lead.bucket
-    log.info(f"[SYNC] Downloading the latest checkpoint from lead validator uid {lead.validator.uid}")
+async def published_start(node: Node, candidates: list[Lead] | None = None) -> int | None:
+    """The run's start window: the copy of the first candidate that has one. None only when every
+    candidate's bucket says it has none; a copy that cannot be read or parsed is never taken for
+    "no run yet": another candidate's is used (one line names the bad one), and with none readable
+    `ResyncError` names the object and what to do."""
+    candidates = candidates if candidates is not None else [c for c in await node.candidates() if c.bucket]
     problems: list[str] = []
-    candidates: list[int | None] = [None]  # latest.json first, then older manifests newest first
-    tried: set[int] = set()
-    while candidates:
-        window = candidates.pop(0)
-        if window is not None and (window in tried or window <= newer_than):
+    for lead in candidates:
+        try:
+            start = await get_start_window(lead.bucket, run=node.run)
+        except (StorageError, RecordError) as exc:
+            where = f"uid {lead.uid}'s {start_window_key()}"
+            problems.append(f"{where} is unreadable ({str(exc)[:160]})")
+            context(phase=Phase.DOWNLOAD).warning(f"[SYNC] {problems[-1]}; looking for the run's start window in "
+                                                  "another candidate's bucket")
             continue
+        if start is not None:
+            return start
+    if problems:
+        raise ResyncError("; ".join(problems) + ": the run's start window cannot be read, and no checkpoint "
+                          "was published to start from instead",
+                          fix=f"restore {start_window_key()} in that bucket from a backup (it is never "
+                          "rewritten, and a new run is never started over an existing one), then start again")
+    return None
+
+
+async def _newest_intact_checkpoint(node: Node, candidates: list[Lead], *, newer_than: int) -> NodeState | str | None:
+    """Load the newest usable checkpoint newer than `newer_than` into the model: of any candidate,
+    provided that candidate led the checkpoint's window (so a candidate that never led cannot make
+    joiners load a model of its own). Returns its state; else why none could be used (a `[SYNC]`
+    line for each unusable one); None when no candidate has published one (or none newer than
+    `newer_than`), every candidate's `latest.json` having said so."""
+    log = context(window=node.clock.current_window(), phase=Phase.DOWNLOAD)
+    problems: list[str] = []
+    queue: list[tuple[int, int, Lead]] = []  # (window, slot, publisher), newest first
+
+    async def older_manifests(slot: int, lead: Lead, below: float) -> None:
+        try:
+            queue.extend((w, slot, lead) for w in await checkpoint_windows(lead.bucket) if w < below)
+        except StorageError as exc:
+            problems.append(f"listing uid {lead.uid}'s checkpoints: {str(exc)[:160]}")
+
+    for slot, lead in enumerate(candidates):
+        try:
+            window = await latest_checkpoint_window(lead.bucket)
+        except (CheckpointError, StorageError) as exc:
+            problems.append(f"uid {lead.uid}'s latest.json: {str(exc)[:160]}")
+            log.warning(f"[SYNC] uid {lead.uid}'s latest checkpoint pointer is unusable: {str(exc)[:160]}")
+            await older_manifests(slot, lead, float("inf"))
+            continue
+        if window is not None:
+            queue.append((window, slot, lead))
+    tried: set[tuple[str, int]] = set()
+    while queue:
+        queue.sort(key=lambda item: (-item[0], item[1]))
+        window, slot, lead = queue.pop(0)
+        if window <= newer_than:
+            break
+        if (lead.hotkey, window) in tried:
+            continue
+        tried.add((lead.hotkey, window))
+        name = f"checkpoint {window} of uid {lead.uid}"
+        decision = await decide_window(node, window)
+        if not decision.settled or decision.lead is None or decision.lead.hotkey != lead.hotkey:
+            why = (f"who led window {window} cannot be told ({decision.problem})" if not decision.settled
+                   else f"uid {lead.uid} did not lead window {window}")
+            problems.append(f"{name}: {why}")
+            log.warning(f"[SYNC] {name} is not the run's: {why}")
+            continue
+        log.info(f"[SYNC] Downloading {name} (the validator that led window {window})")
         try:
             ckpt = await download_latest_checkpoint(
-                bucket, node.state_dir / "download", run=node.run, max_bytes=_checkpoint_cap(node.model),
+                lead.bucket, node.state_dir / "download", run=node.run, max_bytes=_checkpoint_cap(node.model),
                 deadline=node.clock.now() + CHECKPOINT_DOWNLOAD_SECONDS, progress=True, now=node.clock.now,
                 window=window)
             if ckpt is None:
-                if window is None:  # no latest.json: nothing was ever published
-                    return None
                 continue
-            tried.add(ckpt.window)
-            if ckpt.window <= newer_than:
-                return None
             await asyncio.to_thread(node.compute.load_model_file, ckpt.files[MODEL_FILE])
         except (CheckpointError, StorageError, KeyError) as exc:
-            name = "the latest checkpoint" if window is None else f"checkpoint {window}"
             problems.append(f"{name}: {str(exc)[:200]}")
-            log.warning(f"[SYNC] {name} of the lead is unusable: {str(exc)[:200]}")
-            if window is not None:
-                tried.add(window)
-            if window is None:
-                try:
-                    candidates += await checkpoint_windows(bucket)
-                except StorageError as list_exc:
-                    problems.append(f"listing its checkpoints: {list_exc}")
+            log.warning(f"[SYNC] {name} is unusable: {str(exc)[:200]}")
+            await older_manifests(slot, lead, window)
             continue
         log.info(f"[SYNC] Loaded checkpoint of window {ckpt.window} (global_step {ckpt.global_step})")
         return NodeState(window=ckpt.window, global_step=ckpt.global_step)
-    return "the lead's checkpoints are unusable (" + "; ".join(problems)[:600] + ")" if problems else None
+    return "the candidates' checkpoints are unusable (" + "; ".join(problems)[:600] + ")" if problems else None
 
 
 async def restore_when_possible(node: Node) -> tuple[NodeState, bool]:
@@ -226,122 +275,104 @@ def published_cap(node: Node) -> int:
         else max_bundle_bytes(node.shapes, node.hp)
 
 
-async def _window_update(node: Node, lead: Lead, window: int, cap: int) -> tuple[bool, Published | None, str]:
-    """One look at the lead's record of `window`: (resolved, published update or None, what is wrong).
-    Resolved means the update is known: its signed aggregate, or its inputs naming no payload
-    (the window had no outer step). Anything else (absent, unreadable, malformed, not signed by
-    the lead) is unresolved: never an empty window."""
+async def _window_update(node: Node, window: int, cap: int) -> tuple[Decision, Published | None, str]:
+    """One look at window `window`: its decision (`templar.runtime.succession`), and when it has an
+    update the lead's published one, or what is wrong. Resolved means the update is known: the
+    window has none (no candidate published in time, or its inputs name no payload), or its lead's
+    signed aggregate is read. Anything else (undecided, the aggregate absent, unreadable, malformed
+    or not signed by the lead) is unresolved: never an empty window."""
+    decision = await decide_window(node, window)
+    if not decision.settled or decision.no_step:
+        return decision, None, decision.problem
+    lead = decision.lead
+    assert lead is not None and lead.bucket is not None
+    name = f"uid {lead.uid}'s {aggregate_key(window)}"
     try:
         data = await get_aggregate(lead.bucket, window, max_bytes=cap, timeout=10.0)
-        if data is not None:
-            try:
-                return True, await asyncio.to_thread(read_published, node, data, lead.hotkey, window), ""
-            except PayloadError as exc:
-                return False, None, f"{aggregate_key(window)} is malformed ({exc.reason})"
-        data = await get_inputs(lead.bucket, window, max_bytes=max_inputs_bytes(), timeout=10.0)
-        if data is not None:
-            try:
-                inputs = read_inputs(data, run=node.run, verify=verify_signature, expected_hotkey=lead.hotkey,
-                                     expected_window=window)
-            except PayloadError as exc:
-                return False, None, f"{inputs_key(window)} is malformed ({exc.reason})"
-            if not inputs.peers:
-                return True, None, ""
-            return False, None, f"{aggregate_key(window)} is not published yet"
-        return False, None, f"{inputs_key(window)} is not published yet"
     except (StorageError, RecordError) as exc:
-        return False, None, f"the lead's records of window {window} are unreadable ({str(exc)[:160]})"
-
-
-async def _skip_to_run_start(node: Node, state: NodeState, until: int) -> NodeState:
-    """Windows before the run's start window (the lead's `start_window.json`) had no update: a node
-    still at θ_0 (global_step 0) moves past them without waiting for inputs the lead will never
-    publish. A node that started before the lead did (no start window readable yet) took its own
-    current window as the start; when the lead then starts a window later, that node would otherwise
-    wait for the lead's inputs of a window the run never had."""
-    if state.global_step != 0:
-        return state
-    lead = await node.lead()
-    if lead is None:
-        return state
+        return decision, None, f"{name} is unreadable ({str(exc)[:160]})"
+    if data is None:
+        return decision, None, f"{name} is not published yet"
     try:
-        start = await get_start_window(lead.bucket, run=node.run)
-    except (StorageError, RecordError):
-        return state  # unreadable: catch-up waits for the inputs as usual
-    if start is None or start - 1 <= state.window:
-        return state
-    first, state.window = state.window + 1, min(start - 1, until)
-    context(window=until, phase=Phase.CATCHUP).info(
-        f"[SYNC] The run starts at window {start}: windows {first}..{state.window} had no update")
-    return state
+        return decision, await asyncio.to_thread(read_published, node, data, lead.hotkey, window), ""
+    except PayloadError as exc:
+        return decision, None, f"{name} is malformed ({exc.reason})"
 
 
 async def catch_up(node: Node, state: NodeState, until: int, *, verify: bool = True) -> NodeState:
-    """Phase 3: apply the lead's published aggregates for windows (state.window, until].
+    """Phase 3: apply each window's published update for windows (state.window, until], read from
+    the validator that led it.
 
-    A window counts as one without an update only when the lead's signed inputs of it name no
-    payload. An aggregate that cannot be had (not published yet, a stalled bucket, a malformed or
-    unsigned object) is waited for until one window after its own; then catch-up stops *before*
-    that window, never assuming it was empty (that would fork this node from the run for good),
-    names the object in its `[SYNC]` line and returns: the caller retries, and past
-    `max_allowed_stale` re-syncs from the lead's newest checkpoint (one at or after the bad window
-    ends the wait).
+    A window counts as one without an update only when the succession's rule says so: no candidate
+    published inputs in its slot, or the lead's signed inputs name no payload. An update that cannot
+    be had (not published yet, a stalled bucket, a malformed or unsigned object, a lead that could
+    not be told) is waited for until one window after its own; a lead that stopped between its
+    inputs and its aggregate leaves the payloads its inputs name, which are fetched and stepped like
+    the live step did. Failing all that, catch-up stops *before* that window, never assuming it was
+    empty (that would fork this node from the run for good), names the object in its `[SYNC]` line
+    and returns: the caller retries, and past `max_allowed_stale` re-syncs from a newer checkpoint.
 
-    With `verify`, the replayed model is then compared with the fingerprint the lead published
-    for the window it ends at (when the lead's progress names that window): a fork never heals by
-    itself (the same later updates keep two models apart), so one check at the end proves every
-    replayed window. On a mismatch (our starting state was not the run's) it re-syncs from the
-    lead's checkpoint (`resync`).
+    With `verify`, the replayed model is then compared with the fingerprint published by the lead
+    of the window it ends at: a fork never heals by itself (the same later updates keep two models
+    apart), so one check at the end proves every replayed window. On a mismatch (our starting state
+    was not the run's) it re-syncs from a checkpoint (`resync`).
     """
     if state.window >= until:
         return state
     log = context(window=until, phase=Phase.CATCHUP)
-    state = await _skip_to_run_start(node, state, until)
-    if state.window >= until:
-        return state
-    log.info(f"[SYNC] Synchronising weights with the lead validator. No uploads in this phase. "
+    log.info(f"[SYNC] Synchronising weights with the run's published history. No uploads in this phase. "
              f"Replaying windows {state.window + 1}..{until}")
     started, applied, first = time.perf_counter(), 0, state.window
     cap = published_cap(node)
     for window in range(state.window + 1, until + 1):
         if node.stop.is_set():
             break
-        # Due by the end of the next window; a node that reaches it later still looks for a while
-        # (a lead whose bucket was stalled publishes what it held back as soon as it can).
-        publish_by = max(node.clock.times(window + 1).end,
-                         node.clock.now() + apply_span(node.hp.windows))
-        resolved, agg, problem = False, None, "not readable: no lead validator with a readable bucket"
+        # Due by the end of the next window (or once every slot settled, if later); a node that reaches
+        # it later still looks for a while (a lead whose bucket was stalled publishes what it held back
+        # as soon as it can).
+        span = apply_span(node.hp.windows)
+        times = node.clock.times(window)
+        publish_by = max(node.clock.times(window + 1).end, times.apply_deadline, node.clock.now() + span)
+        tries = 0  # looks at the payloads the inputs name (at once, and once more at the end)
         while True:
-            lead = await node.lead()
-            if lead is not None:
-                resolved, agg, problem = await _window_update(node, lead, window, cap)
-                if resolved:
-                    break
-            if node.clock.now() > publish_by or node.stop.is_set():
+            decision, agg, problem = await _window_update(node, window, cap)
+            resolved = decision.settled and (decision.no_step or agg is not None)
+            late = node.clock.now() > publish_by or node.stop.is_set()
+            if not resolved and decision.settled and tries < 1 + late:
+                tries = 2 if late else 1
+                try:  # the lead's inputs without its aggregate (not out yet, or its lead stopped before it):
+                    # the payloads they name, as the live step took them
+                    await apply_inputs(node, window, decision.inputs, state, {}, deadline=node.clock.now() + span)
+                    resolved, agg = True, None
+                    applied += 1
+                except FollowError as exc:
+                    problem = f"{problem}, and the payloads its inputs name cannot be had ({exc})"
+            if resolved or late:
                 break
             await asyncio.sleep(0.5)
-        if not resolved:
-            if not node.stop.is_set():
-                log.warning(f"[SYNC] The lead's update of window {window} cannot be established: {problem}; not "
-                            f"assuming there was none: caught up to window {state.window}, retrying")
-                await node.clock.sleep_until(node.clock.now() + RETRY_SECONDS, node.stop)
-            break
         if agg is not None:
             step = update_step(state.global_step, published=agg.global_step)
             await asyncio.to_thread(node.compute.apply_update, agg.update, step)
             state.global_step = step + 1
             applied += 1
+        if not resolved:
+            if not node.stop.is_set():
+                log.warning(f"[SYNC] The update of window {window} cannot be established: {problem}; not "
+                            f"assuming there was none: caught up to window {state.window}, retrying")
+                await node.clock.sleep_until(node.clock.now() + RETRY_SECONDS, node.stop)
+            break
+        node.leads.applied(decision)
         state.window = window
     seconds = time.perf_counter() - started
     rate = (state.window - first) / seconds if seconds > 0 else 0.0
-    log.info(f"[SYNC] Caught up to window {state.window}: {applied} aggregates applied in {seconds:.1f}s "
+    log.info(f"[SYNC] Caught up to window {state.window}: {applied} updates applied in {seconds:.1f}s "
              f"({rate:.1f} windows/s), global_step {state.global_step}")
     if verify and state.window > first and not node.stop.is_set():
         problem = await fingerprint_problem(node, state)
         if problem is not None:
             context(window=state.window, phase=Phase.CATCHUP).warning(
-                f"[SYNC] The replayed model differs from the lead's at window {state.window} ({problem}): "
-                "our starting state was not the run's; re-syncing from the lead's checkpoint")
+                f"[SYNC] The replayed model differs from the run's at window {state.window} ({problem}): "
+                "our starting state was not the run's; re-syncing from a checkpoint")
             try:
                 return await resync(node)
             except ResyncError as exc:
@@ -351,21 +382,24 @@ async def catch_up(node: Node, state: NodeState, until: int, *, verify: bool = T
 
 
 async def fingerprint_problem(node: Node, state: NodeState) -> str | None:
-    """What differs between our model (holding `state.window`) and the lead's published
-    fingerprint of that window; None when they agree or there is nothing to compare with (no
-    lead, no progress, or the progress names another window)."""
-    lead = await node.lead()
-    progress = await _read_progress(node, lead.bucket) if lead is not None else None
-    if progress is None or progress.window != state.window or progress.fingerprint is None:
+    """What differs between our model (holding `state.window`) and the fingerprint published by the
+    validator that led that window; None when they agree or there is nothing to compare with (who led
+    it cannot be told, nobody led it, or its progress record is not there or unreadable: then a
+    line names the record, and the next window's check compares again)."""
+    decision = await decide_window(node, state.window)
+    if not decision.settled or decision.lead is None or decision.lead.bucket is None:
+        return None
+    progress = await _read_progress(node, decision.lead, state.window)
+    if progress is None or progress.fingerprint is None:
         return None
     own = await asyncio.to_thread(node.compute.fingerprint, state.window)
     return compare_with_lead(node, progress, state.global_step, own)
 
 
 async def resync(node: Node) -> NodeState:
-    """Checkpoint + replay, never from our own state: the lead's newest intact checkpoint (or θ_0
-    and the run's start window when it has published none), then its aggregates up to the last
-    finished window, then the fingerprint check. Error feedback (a miner's own residual, not part
+    """Checkpoint + replay, never from our own state: the newest intact checkpoint of a candidate
+    that led its window (or θ_0 and the run's start window when none was published), then the
+    published updates up to the last finished window, then the fingerprint check. Error feedback (a miner's own residual, not part
     of the run's model) is kept. `ResyncError` when the lead or its checkpoint cannot be read now,
     or when the re-synced model still differs from the lead's fingerprint (the object at fault is
     named): the node stays out of sync and retries."""
@@ -373,16 +407,20 @@ async def resync(node: Node) -> NodeState:
     state = await catch_up(node, state, node.clock.current_window() - 1, verify=False)
     problem = await fingerprint_problem(node, state)
     if problem is not None:
-        raise ResyncError(f"the lead's checkpoint replayed to window {state.window} still differs from the lead's "
-                          f"fingerprint ({problem})")
+        raise ResyncError(f"the checkpoint replayed to window {state.window} still differs from the fingerprint of "
+                          f"that window's lead ({problem})")
     return state
 
 
-async def _read_progress(node: Node, bucket) -> Progress | None:
+async def _read_progress(node: Node, lead: Lead, window: int) -> Progress | None:
+    """`lead`'s progress record of `window`; None when it has none or it cannot be read (a line names
+    it: nothing can be checked against it, which is no evidence either way)."""
     try:
-        return await get_progress(bucket, run=node.run, timeout=10.0)
+        return await get_progress(lead.bucket, window, run=node.run, timeout=10.0)
     except (StorageError, RecordError) as exc:
-        context(phase="sync").debug(f"lead's progress unreadable: {str(exc)[:160]}")
+        context(window=window, phase="sync").warning(
+            f"[SYNC] uid {lead.uid}'s {progress_key(window)} is unreadable ({str(exc)[:160]}): the model cannot be "
+            "checked against it; the next window's check compares again")
         return None
 
 
@@ -407,9 +445,9 @@ def compare_with_lead(node: Node, progress: Progress, global_step: int, own: tor
 
 
 class SyncCheck:
-    """A node's own fingerprints of its last few windows, compared with the one the lead publishes
-    with its progress. A check is made against whatever window the lead's progress names, so a lead
-    publishing late (or a node checking early) still compares like with like."""
+    """A node's own fingerprints of its last few windows, compared with the one published by the
+    validator that led the window (its progress record of it). The newest window the node holds is
+    compared first; its lead may not have published yet, so the one before it is the fallback."""
 
     KEEP = 8
 
@@ -426,27 +464,33 @@ class SyncCheck:
             del self.own[old]
 
     async def check(self, window: int, state: NodeState) -> bool:
-        """False only on evidence of a fork (logged in one `[SYNC]` line): the lead's progress names
-        the window our model holds (`state`: then the model itself is fingerprinted now, so damage
-        since that window's step shows too) or one we hold a fingerprint of, and ours differs.
-        Nothing to compare (no lead, an unreadable or late progress record) is not evidence: True.
-        `window` is the one we are in (for the log)."""
+        """False only on evidence of a fork (logged in one `[SYNC]` line): the validator that led the
+        window our model holds (`state`: then the model itself is fingerprinted now, so damage since
+        that window's step shows too), or the one before, published a fingerprint of it, and ours
+        differs. Who led is decided again here, a window after the live decision, so a node that took
+        another slot's inputs than the run did (a write that became visible late) finds out. Nothing
+        to compare (we led it, nobody did, an unreadable or late progress record) is not evidence:
+        True. `window` is the one we are in (for the log)."""
         node = self.node
-        lead = await node.lead()
-        if lead is None or lead.hotkey == node.hotkey:
-            return True
-        progress = await _read_progress(node, lead.bucket)
-        if progress is None:
-            return True
-        if progress.window == state.window:
-            self.record(state.window, state.global_step)
-        if progress.window not in self.own:
-            return True
-        global_step, own = self.own[progress.window]
-        problem = compare_with_lead(node, progress, global_step, own)
-        if problem is None:
-            return True
-        context(window=window, phase="sync").warning(
-            f"[SYNC] Our model differs from the lead's after window {progress.window} ({problem}): not uploading "
-            "as active; re-syncing from the lead's checkpoint")
-        return False
+        for held in (state.window, state.window - 1):
+            if held < 0 or (held != state.window and held not in self.own):
+                continue
+            decision = await decide_window(node, held)
+            if not decision.settled or decision.lead is None or decision.lead.bucket is None:
+                continue
+            if decision.lead.hotkey == node.hotkey:
+                return True  # we led it: we are the reference
+            progress = await _read_progress(node, decision.lead, held)
+            if progress is None:
+                continue
+            if held == state.window:
+                self.record(state.window, state.global_step)
+            global_step, own = self.own[held]
+            problem = compare_with_lead(node, progress, global_step, own)
+            if problem is None:
+                return True
+            context(window=window, phase="sync").warning(
+                f"[SYNC] Our model differs from the run's after window {held} (uid {decision.lead.uid} led it; "
+                f"{problem}): not uploading as active; re-syncing from a checkpoint")
+            return False
+        return True

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from loguru import logger
 
 from templar.core.clock import SYSTEM_TIME, TimeSource, sleep_until
-from templar.core.config import WindowConfig
+from templar.core.config import HParams, WindowConfig
 
 STOP_SAVE_SECONDS = 120.0
 """Allowed, in a stop timeout, for the outer step and the state file's write after a window's last
@@ -41,6 +41,16 @@ def stop_timeout_seconds(cfg: WindowConfig, role: str) -> int:
     return int(-(-seconds // 60) * 60)
 
 
+def retained_windows(hp: HParams) -> int:
+    """How many windows back every candidate keeps its published history (inputs, aggregates,
+    progress records): what its oldest kept checkpoint needs, and at least what a node resuming from
+    its own state may replay (`max_allowed_stale`) and what tells the slots of a window (the windows
+    back to the last multiple of `lead_cadence`). A "not found" of an older window proves nothing
+    (it may have been deleted), so no reader takes one for absent (`templar.runtime.succession`)."""
+    return max(hp.windows.retained_checkpoints * hp.windows.checkpoint_frequency, hp.windows.max_allowed_stale + 2,
+               hp.windows.lead_cadence + 1)
+
+
 @dataclass(frozen=True)
 class WindowTimes:
     """Wall-clock landmarks (unix seconds) of one window `w`."""
@@ -53,8 +63,29 @@ class WindowTimes:
     gather_deadline: float  # gather_start + gather_seconds: nobody waits past this
     commit_close: float     # end − clock skew − read span: a miner's commitment is written by then
     skew: float             # the clock-skew allowance these landmarks were computed with
-    apply_deadline: float   # gather_deadline + apply span: followers hold the lead's inputs by then
-    settle: float           # how long an upload takes to become visible to readers (`settle_seconds`)
+    apply_deadline: float   # the last slot settled + apply span: followers hold the window's inputs by then
+    settle: float = 0.0     # how long an upload takes to become visible to readers (`settle_seconds`)
+    handover: float = 0.0   # length of one lead slot (`handover_seconds`)
+    handover_settle: float = 0.0  # a slot's "not found" is definite this long after its widened deadline
+
+    def slot_deadline(self, slot: int) -> float:
+        """The last instant at which candidate `slot` of the succession may store this window's
+        inputs (chain time; a storage timestamp gets the clock-skew allowance on top): slot 0 has
+        until `gather_deadline + handover`, each next one `handover` after the slot before settled
+        (`slot_settled`), so every candidate gets a whole `handover` to publish in."""
+        return self.gather_deadline + self.handover + slot * (self.handover + self.skew + self.handover_settle)
+
+    def slot_opens(self, slot: int) -> float:
+        """From when candidate `slot`'s inputs may be stored: the window's gather start for the
+        lead, the deadline of the slot before for every other one (so a lower candidate's inputs
+        published while the slot before is open count for nothing)."""
+        return self.gather_start if slot == 0 else self.slot_deadline(slot - 1)
+
+    def slot_settled(self, slot: int) -> float:
+        """When a "not found" of candidate `slot`'s inputs is definite: its deadline widened by the
+        clock-skew allowance, plus the settle allowance for a write stamped at that instant to
+        become visible. Candidate `slot + 1` publishes only after this."""
+        return self.slot_deadline(slot) + self.skew + self.handover_settle
 
     @property
     def put_window(self) -> tuple[float, float]:
@@ -137,19 +168,22 @@ def window_times(cfg: WindowConfig, window: int, start: float, end: float) -> Wi
     """The one rule for a window's landmarks, given the timestamps of its first block (`start`) and
     of the next window's (`end`). The commitment is due `commit_read_seconds` (at most half the put
     window, so runs with short windows, tests and `tiny`, leave miners time to train) before the
-    earliest instant a gradient can count; the lead's inputs are waited for `apply_seconds` (at
-    most `gather_seconds`) past the gather deadline: it publishes them the moment its gather ends."""
+    earliest instant a gradient can count; each of the `lead_slots` candidates gets a slot after the
+    gather deadline (`WindowTimes.slot_deadline`), and a node that could not establish the window's
+    inputs keeps trying `apply_seconds` (at most `gather_seconds`) past the last slot's settling."""
     put_close = end + cfg.put_window_seconds
     gather_start = put_close + cfg.clock_skew_seconds + cfg.settle_seconds
     skew = cfg.clock_skew_seconds
     commit_close = end - skew - min(cfg.commit_read_seconds, cfg.put_window_seconds / 2)
     gather_deadline = gather_start + cfg.gather_seconds
-    apply_deadline = gather_deadline + apply_span(cfg)
+    last_settled = gather_deadline + cfg.lead_slots * (cfg.handover_seconds + skew + cfg.handover_settle_seconds)
+    apply_deadline = last_settled + apply_span(cfg)
     return WindowTimes(window, start, end, put_close, gather_start, gather_deadline, commit_close, skew,
-                       apply_deadline, cfg.settle_seconds)
+                       apply_deadline, cfg.settle_seconds, cfg.handover_seconds, cfg.handover_settle_seconds)
 
 
 def apply_span(cfg: WindowConfig) -> float:
-    """How long past a gather deadline a node waits for the lead's inputs (and fetches the payloads
-    its own gather lacks) before it falls back to the lead's aggregate."""
+    """How long past the last lead slot a node that could not establish a window's inputs keeps
+    trying (and fetches the payloads they name that its own gather lacks) before it falls back to
+    catch-up: the lead publishes its inputs the moment its gather ends."""
     return min(cfg.apply_seconds, cfg.gather_seconds)

@@ -28,7 +28,18 @@ class StorageError(Exception):
 
 
 class ObjectNotFound(StorageError):
-    """The key does not exist in the bucket."""
+    """The key does not exist in the bucket. `server_time`: the storage server's clock when it said
+    so (unix seconds; an S3 response's `Date`), None when unknown: a reader that must know whether
+    an object was absent *by a deadline* judges by the clock that stamps the objects, not its own."""
+
+    def __init__(self, message: str = "", *, server_time: float | None = None) -> None:
+        super().__init__(message)
+        self.server_time = server_time
+
+
+class ObjectExists(StorageError):
+    """A create-only write found the key taken: the object already published stays as it is (the
+    message names it)."""
 
 
 class ObjectTooLarge(StorageError):
@@ -119,6 +130,12 @@ class Bucket(ABC):
     @abstractmethod
     async def put(self, key: str, data: bytes, *, timeout: float = DEFAULT_TIMEOUT) -> None:
         """Store `data` under `key` atomically (a reader sees the old or the new object)."""
+
+    @abstractmethod
+    async def create(self, key: str, data: bytes, *, timeout: float = DEFAULT_TIMEOUT) -> None:
+        """Store `data` under `key` only if no object has that key, in one step (S3: a conditional
+        PUT with `If-None-Match: *`; a directory: an exclusive create). `ObjectExists`, naming the
+        object, when it has one: published history is written once and never over."""
 
     @abstractmethod
     async def fetch(self, key: str, *, max_bytes: int, timeout: float = DEFAULT_TIMEOUT) -> Blob:

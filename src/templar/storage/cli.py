@@ -30,7 +30,6 @@ READ_KEY_ID_ENV = "TEMPLAR_BUCKET_READ_KEY_ID"
 READ_SECRET_ENV = "TEMPLAR_BUCKET_READ_SECRET"
 PUBLIC_NETWORKS = ("finney", "test")
 PUBLISHED = {
-    "v2/progress.json": "lead: progress (last window finished)",
     "v2/start_window.json": "lead: the run's start window",
     "v2/peers/index.json": "lead: peer lists",
     "v2/checkpoint/latest.json": "lead: newest checkpoint",

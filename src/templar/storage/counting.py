@@ -87,6 +87,10 @@ class CountingBucket(Bucket):
         self._count("put", key, len(data))
         await self.inner.put(key, data, timeout=timeout)
 
+    async def create(self, key: str, data: bytes, *, timeout: float = DEFAULT_TIMEOUT) -> None:
+        self._count("put", key, len(data))
+        await self.inner.create(key, data, timeout=timeout)
+
     async def fetch(self, key: str, *, max_bytes: int, timeout: float = DEFAULT_TIMEOUT) -> Blob:
         try:
             blob = await self.inner.fetch(key, max_bytes=max_bytes, timeout=timeout)

@@ -12,6 +12,7 @@ import asyncio
 import os
 import shutil
 import stat
+import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import TypeVar
@@ -23,6 +24,7 @@ from templar.storage.base import (
     Blob,
     Bucket,
     ObjectChanged,
+    ObjectExists,
     ObjectInfo,
     ObjectNotFound,
     ObjectTooLarge,
@@ -53,7 +55,8 @@ class LocalBucket(Bucket):
     `create=True` (our own bucket) creates the directory if missing; a peer's bucket is only
     ever read, and nothing is created on disk from a peer's locator. `now` (unix seconds)
     stamps each written object's modification time, so nodes on virtual time judge put windows
-    by the same clock; by default the file system stamps it.
+    by the same clock; by default the file system stamps it. It is also this "server's" time on a
+    not-found (`ObjectNotFound.server_time`).
     """
 
     def __init__(self, root: str | Path, *, create: bool = True, now: Callable[[], float] | None = None):
@@ -62,6 +65,10 @@ class LocalBucket(Bucket):
         self._now = now
         if create:
             (self.root / _STAGING).mkdir(parents=True, exist_ok=True)
+
+    def _clock(self) -> float:
+        """This "server's" clock: the one that stamps its objects (`now`, else the file system's)."""
+        return self._now() if self._now else time.time()
 
     def _path(self, key: str) -> Path:
         return self.root / validate_key(key)
@@ -73,7 +80,9 @@ class LocalBucket(Bucket):
         except TimeoutError as exc:
             raise StorageTimeout(f"{self.name}/{key}: no answer within {timeout}s") from exc
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError) as exc:
-            raise ObjectNotFound(f"{self.name}/{key}") from exc
+            raise ObjectNotFound(f"{self.name}/{key}", server_time=self._clock()) from exc
+        except ObjectNotFound as exc:
+            raise ObjectNotFound(str(exc), server_time=self._clock()) from exc
         except PermissionError as exc:
             raise AccessDenied(f"{self.name}/{key}: {exc.strerror}") from exc
         except OSError as exc:
@@ -81,20 +90,32 @@ class LocalBucket(Bucket):
 
     # -- writes ------------------------------------------------------------------------------
 
-    def _commit(self, key: str, write: Callable[[Path], None]) -> None:
-        """Write via `write` to a staging file, then atomically over `key` (`templar.core.atomic`)."""
+    def _commit(self, key: str, write: Callable[[Path], None], *, create_only: bool = False) -> None:
+        """Write via `write` to a staging file, then atomically over `key` (`templar.core.atomic`);
+        `create_only`: only if `key` is not taken (`ObjectExists`)."""
         dest = self._path(key)
         staging = self.root / _STAGING
         staging.mkdir(parents=True, exist_ok=True)
+        if create_only and dest.is_file():
+            raise ObjectExists(f"{self.name}/{key}: already published (create-only)")
         try:
-            atomic_write(dest, write, staging_dir=staging, stamp=self._now() if self._now else None)
-        except (FileExistsError, NotADirectoryError, IsADirectoryError) as exc:
+            atomic_write(dest, write, staging_dir=staging, stamp=self._now() if self._now else None,
+                         create_only=create_only)
+        except FileExistsError as exc:
+            if create_only and dest.is_file():
+                raise ObjectExists(f"{self.name}/{key}: already published (create-only)") from exc
+            raise StorageError(f"{self.name}/{key}: key collides with an existing key or prefix") from exc
+        except (NotADirectoryError, IsADirectoryError) as exc:
             # A directory can't also be a file: "a" and "a/b" cannot both be keys here.
             raise StorageError(f"{self.name}/{key}: key collides with an existing key or prefix") from exc
 
     async def put(self, key: str, data: bytes, *, timeout: float = DEFAULT_TIMEOUT) -> None:
         validate_key(key)
         await self._run(lambda: self._commit(key, lambda p: p.write_bytes(data)), key, timeout)
+
+    async def create(self, key: str, data: bytes, *, timeout: float = DEFAULT_TIMEOUT) -> None:
+        validate_key(key)
+        await self._run(lambda: self._commit(key, lambda p: p.write_bytes(data), create_only=True), key, timeout)
 
     async def put_file(self, key: str, path: Path, *, timeout: float | None = None) -> None:
         validate_key(key)

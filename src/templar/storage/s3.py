@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import email.utils
 from collections.abc import AsyncIterator
 from datetime import datetime
 from pathlib import Path
@@ -29,6 +30,7 @@ from templar.storage.base import (
     BucketUnreachable,
     InvalidKey,
     ObjectChanged,
+    ObjectExists,
     ObjectInfo,
     ObjectNotFound,
     ObjectTooLarge,
@@ -66,6 +68,15 @@ def r2_endpoint(account_id: str) -> str:
     return f"https://{account_id}.r2.cloudflarestorage.com"
 
 
+def _server_time(response: dict[str, Any]) -> float | None:
+    """The server's clock from a response's `Date` header (1 s resolution), None if absent or mangled."""
+    header = response.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("date")
+    try:
+        return email.utils.parsedate_to_datetime(header).timestamp() if isinstance(header, str) else None
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+
+
 def _translate(exc: BaseException, where: str) -> StorageError:
     """Map a botocore/aiohttp failure onto the storage error hierarchy."""
     if isinstance(exc, ClientError):
@@ -82,7 +93,7 @@ def _translate(exc: BaseException, where: str) -> StorageError:
         if code in _UNUSABLE or status in _UNUSABLE:
             return BucketUnreachable(detail)
         if code in _NOT_FOUND or status in _NOT_FOUND:
-            return ObjectNotFound(detail)
+            return ObjectNotFound(detail, server_time=_server_time(exc.response))
         return StorageError(detail)
     if isinstance(exc, ReadTimeoutError | TimeoutError):
         return StorageTimeout(f"{where}: read timed out")
@@ -192,6 +203,20 @@ class S3Bucket(Bucket):
         async with self._op(key, timeout):
             client = await self._get_client()
             await client.put_object(Bucket=self.bucket, Key=key, Body=data, ContentLength=len(data))
+
+    async def create(self, key: str, data: bytes, *, timeout: float = DEFAULT_TIMEOUT) -> None:
+        validate_key(key)
+        try:
+            async with self._op(key, timeout):
+                client = await self._get_client()
+                await client.put_object(Bucket=self.bucket, Key=key, Body=data, ContentLength=len(data),
+                                        IfNoneMatch="*")
+        except ObjectChanged as exc:  # 412 PreconditionFailed: the key is taken
+            raise ObjectExists(f"{self.name}/{key}: already published (create-only)") from exc
+        except StorageError as exc:
+            if "ConditionalRequestConflict" in str(exc):  # AWS: a concurrent conditional write won (409)
+                raise ObjectExists(f"{self.name}/{key}: already published (create-only)") from exc
+            raise
 
     async def delete(self, key: str, *, timeout: float = DEFAULT_TIMEOUT) -> None:
         validate_key(key)

@@ -8,8 +8,10 @@ rules the nodes follow (the steady state of an active node; start-up, catch-up a
 
 miner, each window
   own bucket     PUT gradient, PUT commitment; DELETE the gradient `max_allowed_stale + 2` windows old
-  lead's bucket  GET progress (the sync check), GET the peer list of the window (one request: the lead
-                 names a list every window, `comms.exchange.get_peers`)
+  lead's bucket  GET its inputs of the window (the step every node takes; a few more while its gather
+                 runs), GET progress (the sync check), GET the peer list of the window (one request: the
+                 lead names a list every window, `comms.exchange.get_peers`). With the lead down, one GET
+                 more per slot looked at (`runtime.succession`)
   peers          HEAD + GET of each top-G gradient
   data bucket    one ranged GET per assigned page (each page read once, then cached)
 validator, each window
@@ -18,12 +20,13 @@ validator, each window
   data bucket    ranged GETs of `eval_pages` pages for each of the `uids_per_window` evaluated peers, and
                  of `eval_pages` random pages
 lead validator, in addition
-  own bucket     PUT aggregate, PUT peer list, GET + PUT of the peer index, PUT progress, GET its own
-                 peer list (instead of the lead's bucket above; the lead checks no sync); every
-                 `checkpoint_frequency` windows a checkpoint (multipart PUT of the model, manifest,
-                 latest.json), its cleanup (GET latest.json, two LISTs, DELETEs of old files)
+  own bucket     PUT (create-only) inputs, aggregate, peer list and progress, GET + PUT of the peer index,
+                 GET its own inputs (the window's decision) and peer list (instead of the lead's bucket
+                 above; the lead checks no sync); every `checkpoint_frequency` windows a checkpoint
+                 (multipart PUT of the model, manifest, latest.json), its cleanup (GET latest.json, four
+                 LISTs, DELETEs of old files)
 
-No request is a LIST in the steady state: the two LISTs are the lead's cleanup after each checkpoint.
+No request is a LIST in the steady state: the four LISTs are the lead's cleanup after each checkpoint.
 `tests/integration/test_bucket_operations.py` counts a localnet window's real requests against this.
 
 Prices are the providers' published list prices (Cloudflare R2 Standard; AWS S3 Standard in
@@ -36,6 +39,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from templar.core.config import HParams
+from templar.runtime.windows import retained_windows
 
 MIB = 1 << 20
 MULTIPART_THRESHOLD = 64 * MIB  # templar.storage.s3: files above this upload in parts
@@ -148,21 +152,22 @@ def made(hp: HParams, sizes: Sizes, role: str, *, miners: int) -> dict[str, Requ
     }
     if role == "lead":  # publishes, and reads its own peer list (no sync check: it is the reference)
         del out["lead"]
-        # inputs, aggregate, peer list, its index, progress; a HEAD before each object of the window's
-        # history (inputs, aggregate, peer list: written only if absent); the peer list and its index read
-        out["own"] = Requests(put=5, head=3, get=2,
+        # inputs, aggregate, peer list, progress (each create-only: one conditional PUT), the peer index;
+        # its inputs (the window's decision), the peer list and its index read
+        out["own"] = Requests(put=5, get=3,
                               bytes_up=inputs_record(hp) + sizes.aggregate + PROGRESS_RECORD + 2 * SMALL_RECORD,
-                              bytes_down=2 * SMALL_RECORD) + checkpoint(hp, sizes).scaled(1 / hp.windows.checkpoint_frequency)
+                              bytes_down=inputs_record(hp) + 2 * SMALL_RECORD) + checkpoint(hp, sizes).scaled(
+                                  1 / hp.windows.checkpoint_frequency)
     return out
 
 
 def checkpoint(hp: HParams, sizes: Sizes) -> Requests:
     """One checkpoint and its cleanup (`comms.checkpoint`, `validator.lead`): uploads, then the old
-    checkpoint's two files and the aggregates no joiner can replay any more are deleted."""
-    aggregates_kept = 3 * hp.windows.checkpoint_frequency
-    listings = max(1, -(-aggregates_kept // 1000))  # 1,000 keys per LIST page, aggregates and inputs alike
-    return Requests(put=_put_requests(sizes.checkpoint) + 2, get=1, list=1 + 2 * listings,
-                    delete=2 + 2 * hp.windows.checkpoint_frequency, bytes_up=sizes.checkpoint + 2 * SMALL_RECORD,
+    checkpoint's two files and the history no joiner can replay any more (aggregates, inputs and
+    progress records older than `runtime.succession.retained_windows`) are deleted."""
+    listings = max(1, -(-retained_windows(hp) // 1000))  # 1,000 keys per LIST page, per kind of record
+    return Requests(put=_put_requests(sizes.checkpoint) + 2, get=1, list=1 + 3 * listings,
+                    delete=2 + 3 * hp.windows.checkpoint_frequency, bytes_up=sizes.checkpoint + 2 * SMALL_RECORD,
                     bytes_down=SMALL_RECORD)
 
 

@@ -1,5 +1,7 @@
-"""What only the lead (highest-stake) validator publishes, so that everyone else can follow:
-the start window, the top-G peer list, each window's aggregate (for catch-up) and checkpoints."""
+"""What the validator that leads a window publishes, so that everyone else can follow: its inputs (in
+its slot of the succession, `templar.runtime.succession`), then the window's aggregate (for
+catch-up), progress with the model's fingerprint, the top-G peer list of the next window and, when
+due, a checkpoint; and the run's start window. Every history object is written create-only."""
 
 from __future__ import annotations
 
@@ -20,14 +22,15 @@ from templar.comms import (
     put_start_window,
     save_checkpoint,
 )
-from templar.comms.keys import aggregate_key, inputs_key, window_of
+from templar.comms.keys import aggregate_key, inputs_key, progress_key, window_of
 from templar.comms.progress import put_progress
 from templar.core.log import context
 from templar.runtime.flags import EXIT_HISTORY
 from templar.runtime.node import Node, NodeError
 from templar.runtime.outer import OuterStep, aggregation_weights
 from templar.runtime.sync import MODEL_FILE
-from templar.storage import StorageError
+from templar.runtime.windows import retained_windows
+from templar.storage import ObjectExists, StorageError
 from templar.wire import (
     Gradient,
     PayloadError,
@@ -39,66 +42,70 @@ from templar.wire import (
     write_inputs,
 )
 
-KEEP_CHECKPOINTS = 3
-
 
 class LeadError(NodeError):
-    """The lead's own published history is in a state it must not write over: it stops."""
+    """The run's published history is in a state this validator must not write over, or cannot
+    restore: it stops, with one line naming the object and the fix (exit 8)."""
 
     exit_code = EXIT_HISTORY
 
 
 async def publish_start_window(node: Node, window: int) -> None:
+    """The run's start window, create-only. A bucket that already holds one means a run exists that
+    our start-up read did not see: never a second start over it."""
     try:
         await put_start_window(node.bucket, window, run=node.run)
         context(window=window, phase="lead").info(f"published the run's start window {window}")
+    except ObjectExists as exc:
+        raise LeadError(f"{exc}: a run already started in our bucket. Fix: start again (the validator then "
+                        "catches up on that run)") from exc
     except StorageError as exc:
         context(window=window, phase="lead").warning(f"could not publish the start window: {exc}")
 
 
 class WindowPublisher:
-    """The lead's per-window publications (aggregate, peer list, progress with the model's
-    fingerprint, `templar.runtime.fingerprint`), each upload bounded by
-    a deadline so a slow or stalled bucket never delays the next window. What misses its deadline
-    stays queued, is logged, and goes out first at the next window (oldest first; a newer progress
-    record replaces a queued one). Followers wait for a late aggregate until its publish deadline
-    (one window after its own), so a publication retried one window later still serves them."""
+    """The lead's per-window publications (inputs; then aggregate, peer list, progress with the
+    model's fingerprint, `templar.runtime.fingerprint`), each upload bounded by a deadline so a slow
+    or stalled bucket never delays the next window. What misses its deadline (but the inputs) stays
+    queued, is logged, and goes out first at the next window (oldest first). Followers wait for a late
+    aggregate until its publish deadline (one window after its own), so a publication retried one
+    window later still serves them."""
 
     MAX_QUEUED = 32
 
     def __init__(self, node: Node) -> None:
         self.node = node
         self.queued: dict[str, Callable[[], Awaitable[object]]] = {}
-        self.published_progress = -1
-        """The newest window our progress record names: it never moves back (a replaying lead)."""
 
-    async def publish_inputs(self, inputs: StepInputs, *, deadline: float) -> StepInputs:
-        """The inputs of this window's step, published ahead of everything else (followers wait for
-        them to take the step). A restarted lead that already published inputs for the window takes
-        those, never another set (published history is append-only): returns the inputs in force.
-        If the bucket cannot be read or written by `deadline`, the inputs stay queued (followers fall
-        back to catch-up, which waits for them) and the lead takes its own."""
+    async def publish_inputs(self, inputs: StepInputs, *, deadline: float) -> StepInputs | None:
+        """The inputs of this window's step, published create-only ahead of everything else (every
+        node waits for them to take the step), by `deadline` (our slot's). A restarted validator that
+        already published inputs for the window keeps those, never another set (published history
+        is append-only): returns the inputs in our bucket. None when they could not be written in
+        time: they are never retried, as inputs stored after our slot count for nobody; the window
+        then goes to the next slot (or has no step), and we follow it like everyone."""
         node, window = self.node, inputs.window
         log = context(window=window, phase="lead")
         data = write_inputs(inputs, hotkey=node.hotkey, run=node.run, sign=node.chain.sign)
         try:
-            async with asyncio.timeout(max(0.5, deadline - node.clock.now())):
+            async with asyncio.timeout(max(0.1, deadline - node.clock.now())):
                 if await put_new(node.bucket, inputs_key(window), data):
                     return inputs
                 published = await get_inputs(node.bucket, window, max_bytes=max_inputs_bytes())
         except (TimeoutError, StorageError) as exc:
-            log.warning(f"publishing the inputs of window {window} failed ({type(exc).__name__}: {exc}); "
-                        "retrying with the window's other objects")
-            self.queued[f"inputs/{window}"] = partial(put_new, node.bucket, inputs_key(window), data)
-            return inputs
+            log.warning(f"publishing the inputs of window {window} failed ({type(exc).__name__}: {str(exc)[:160]}): "
+                        "the window goes to the next slot of the succession")
+            return None
         try:
             if published is None:
                 raise PayloadError("not_safetensors", "deleted between our check and our read")
             kept = read_inputs(published, run=node.run, verify=verify_signature, expected_hotkey=node.hotkey,
                                expected_window=window)
         except PayloadError as exc:
-            raise LeadError(f"our published {inputs_key(window)} is malformed ({exc.reason}); published history is "
-                            "append-only: not overwriting it") from exc
+            raise LeadError(f"our published {inputs_key(window)} is malformed ({exc.reason}): no node can apply it, "
+                            "and published history is never written over. Fix: check that this bucket's copy is "
+                            f"torn (not a transfer fault), delete {inputs_key(window)} from it (window {window} then "
+                            "has no outer step for anyone), then start again") from exc
         if kept != inputs:
             log.warning(f"inputs of window {window} were already published ({len(kept.peers)} payloads): applying "
                         "those (published history is append-only)")
@@ -122,20 +129,15 @@ class WindowPublisher:
             self.queued[f"aggregate/{window}"] = partial(put_aggregate, node.bucket, window, data)
         if next_peers is not None:
             self.queued[f"peers/{window + 1}"] = partial(put_peers, node.bucket, window + 1, next_peers, run=run)
-        self.queued.pop("progress", None)  # re-queued last: it promises everything before it
-        if window > self.published_progress:
-            # θ after this window's step, so every node can check that it holds the run's model.
-            fingerprint = node.compute.fingerprint(window)
-            self.queued["progress"] = partial(self._put_progress, window, global_step, fingerprint)
+        # θ after this window's step, so every node can check that it holds the run's model.
+        fingerprint = node.compute.fingerprint(window)
+        self.queued[f"progress/{window}"] = partial(put_progress, node.bucket, window, global_step, run=run,
+                                                    fingerprint=fingerprint)
         while len(self.queued) > self.MAX_QUEUED:
             dropped = next(iter(self.queued))
             del self.queued[dropped]
             context(window=window, phase="lead").warning(f"dropping {dropped}: never published in time")
         return await self.flush(window, deadline)
-
-    async def _put_progress(self, window: int, global_step: int, fingerprint) -> None:
-        await put_progress(self.node.bucket, window, global_step, run=self.node.run, fingerprint=fingerprint)
-        self.published_progress = max(self.published_progress, window)
 
     async def flush(self, window: int, deadline: float) -> bool:
         """Upload what is queued, oldest first, until `deadline`; True when nothing is left."""
@@ -195,7 +197,7 @@ class CheckpointPublisher:
             async with asyncio.timeout(budget):
                 await save_checkpoint(node.bucket, window, {MODEL_FILE: path},
                                       {"global_step": global_step, "hparams": node.hp.name}, run=node.run)
-                await cleanup_checkpoints(node.bucket, keep=KEEP_CHECKPOINTS)
+                await cleanup_checkpoints(node.bucket, keep=node.hp.windows.retained_checkpoints)
         except TimeoutError:
             log.warning(f"checkpoint upload did not finish within {budget:.0f}s; the next one will be tried")
             return
@@ -204,7 +206,7 @@ class CheckpointPublisher:
             return
         finally:
             path.unlink(missing_ok=True)
-        await _delete_aggregates_before(node, window - KEEP_CHECKPOINTS * node.hp.windows.checkpoint_frequency)
+        await _delete_history_before(node, window - retained_windows(node.hp))
 
     async def wait(self) -> None:
         """Let an upload under way finish (or time out): called when the validator stops."""
@@ -212,14 +214,16 @@ class CheckpointPublisher:
             await asyncio.gather(self.task, return_exceptions=True)
 
 
-async def _delete_aggregates_before(node: Node, oldest_needed: int) -> None:
-    """Aggregates (and the inputs records beside them) older than the oldest kept checkpoint can no
-    longer be replayed by anyone: every node replays from a kept checkpoint on."""
-    for key_of in (aggregate_key, inputs_key):
+async def _delete_history_before(node: Node, oldest_needed: int) -> None:
+    """Aggregates (and the inputs and progress records beside them) older than the history every
+    candidate keeps (`retained_windows`: the oldest kept checkpoint's) can no longer be replayed by
+    anyone: every node replays from a kept checkpoint on, and no reader takes a missing record of
+    such a window for absent."""
+    for key_of, suffix in ((aggregate_key, ".safetensors"), (inputs_key, ".safetensors"), (progress_key, ".json")):
         prefix = key_of(0).rsplit("/", 1)[0] + "/"
         try:
             for obj in await node.bucket.list(prefix):
-                window = window_of(obj.key, prefix, ".safetensors")
+                window = window_of(obj.key, prefix, suffix)
                 if window is not None and window < oldest_needed:
                     await node.bucket.delete(obj.key)
         except StorageError as exc:

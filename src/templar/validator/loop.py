@@ -7,10 +7,12 @@ paper) as named phases:
     → scoring (`templar.gauntlet.score_window`) → outer step → lead's publications
     → held-out loss → weights → checkpoint → records → save (the commit point)
 
-What differs between the lead and a follower is one `Role` each (`LeadRole`, `FollowerRole`):
-how the validator joins, proves it holds the run's model, obtains the window's step, and what it
-publishes. The phases call the role in force; which one is in force is decided by stake at every
-window (`Validator.check_lead`).
+Who leads a window is the succession's rule (`templar.runtime.succession`): a validator among the
+first `lead_slots` of the order publishes the window's inputs in its own slot, once those before it
+are confirmed absent (`Validator.candidate`). Then every validator takes the window's decision, and
+the window runs in one `Role`: `LeadRole` when its own inputs are the ones that apply (it steps with
+them and publishes the window's aggregate, progress, next peer list and checkpoint), `FollowerRole`
+otherwise (it takes the lead's step and publishes nothing).
 
 The scoring rule is `score_window`, shared with the subnet simulator; the commitment reader runs
 beside the windows (`templar.validator.commits`); the records are `templar.validator.report`'s.
@@ -19,6 +21,7 @@ beside the windows (`templar.validator.commits`); the records are `templar.valid
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import time
 from collections.abc import Mapping
@@ -26,8 +29,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from templar.comms import GatherResult, GatherStatus, RecordError, get_start_window
-from templar.comms.progress import get_progress
+from templar.comms import GatherResult, GatherStatus, RecordError, get_start_window, put_start_window
+from templar.comms.keys import inputs_key, start_window_key
 from templar.compress.methods import rule_of
 from templar.core.log import context, short
 from templar.core.schedule import learning_rate
@@ -41,19 +44,20 @@ from templar.gauntlet import (
     score_window,
     select_eval_pages,
 )
-from templar.runtime.follow import FollowError, apply_inputs, follow_step, inputs_of
+from templar.runtime.follow import FollowError, apply_inputs, inputs_of, window_inputs
 from templar.runtime.node import Node
 from templar.runtime.outer import OuterStep, aggregation_weights, gather_gradients
 from templar.runtime.peers import aggregate_payloads, peers_in_effect
 from templar.runtime.records import SCORES_FILE, VALIDATOR_WINDOWS_FILE, drop_uncommitted_records
 from templar.runtime.state import NodeState
+from templar.runtime.succession import Decision, decide_window, window_order
 from templar.runtime.sync import (
     RETRY_SECONDS,
     Phase,
     ResyncError,
     SyncCheck,
     catch_up,
-    fingerprint_problem,
+    published_start,
     restore,
     restore_when_possible,
     resync,
@@ -76,7 +80,7 @@ from templar.validator.state import (
     with_book,
 )
 from templar.validator.weights import WeightSetter
-from templar.wire import Gradient, StepInputs
+from templar.wire import Gradient
 
 PUBLISH_MIN_SECONDS = 5.0
 """A lead already behind still gets this long to publish a window before it moves on."""
@@ -106,6 +110,8 @@ class ValidatorWindow:
     verdicts: dict[str, FastVerdict] = field(default_factory=dict)
     losses: dict[str, LossScores] = field(default_factory=dict)
     scores: WindowScores | None = None
+    decision: Decision | None = None
+    """The window's applied inputs and who led it (`templar.runtime.succession`)."""
     step: OuterStep | None = None
     applied: list[Gradient] = field(default_factory=list)
     holdout_loss: float = 0.0
@@ -129,7 +135,13 @@ class Validator:
         self.holdout = node.pages.empty  # filled in start(): pages come from the data bucket
         self.publisher = WindowPublisher(node)
         self.checkpoints = CheckpointPublisher(node)
-        self.role: Role = FollowerRole(self)
+        self.leading, self.following = LeadRole(self), FollowerRole(self)
+        self.role: Role = self.following
+        self.slot: int | None = None
+        """Our slot in the succession this window (`check_slot`)."""
+        self._start_copied = False
+        self._behind_at_start = False
+        """Whether `start` left the validator behind the run (its "Active" line waits for the gap to close)."""
         self.secret = load_or_create_secret(node.state_dir / SECRET_FILE)
         self.commits = CommitWatcher(node)
         self.sync = SyncCheck(node)
@@ -139,6 +151,7 @@ class Validator:
 
     @property
     def is_lead(self) -> bool:
+        """Whether this validator led the last window it ran."""
         return self.role.is_lead
 
     def eval_seed(self, window: int) -> int:
@@ -166,46 +179,108 @@ class Validator:
         while not node.stop.is_set():
             window = self.state.window + 1
             behind = node.clock.current_window() - window
-            if behind > self.hp.windows.max_allowed_stale and await self.role.catch_up_when_behind():
+            if behind > self.hp.windows.max_allowed_stale:
+                self.state = await catch_up(node, self.state, node.clock.current_window() - 1)
+                self.sync.record(self.state.window, self.state.global_step)
                 continue
             await self.run_window(window, evaluate=behind <= 1)
+            if self._behind_at_start and self.state.window >= node.clock.current_window() - 1:
+                self._behind_at_start = False  # the gap the start found is closed: now say it
+                context(phase=Phase.ACTIVE).info(f"[SYNC] Active as validator from window {self.state.window + 1}")
             done += 1
             if max_windows and done >= max_windows:
                 break
 
     async def start(self) -> None:
-        """Load the score book and state; the role in force joins (the lead publishes the start
-        window or replays its own published history, a follower catches up)."""
+        """Load the score book and state, then join: the first of the succession starts the run
+        when nothing of it was ever published; every other validator, and a lead coming back,
+        catches up on the run's published history (never rebuilt by gathering again)."""
         node = self.node
-        await self.check_lead(node.clock.current_window())
+        current = node.clock.current_window()
+        await self.check_slot(current)
         try:
             self.state, own = await restore(node)
         except ResyncError as exc:
-            self.role.cannot_restore(exc)
+            if self.slot == 0:
+                fix = exc.fix or ("put an intact checkpoint back into a candidate's bucket (or this validator's "
+                                  "state.safetensors into its state directory), then start again")
+                raise LeadError(f"cannot restore the run's state: {exc}; refusing to rebuild published history. "
+                                f"Fix: {fix}") from exc
             context(phase=Phase.DOWNLOAD).warning(f"[SYNC] Cannot restore the run's state yet ({exc})")
             self.state, own = await restore_when_possible(node)
-        self.book = load_book(node.state_dir, self.state, own, lead=self.is_lead)
+        self.book = load_book(node.state_dir, self.state, own, lead=self.slot == 0)
         self.replays = load_replays(self.state, own, self.hp.gauntlet.replay_windows)
         drop_uncommitted_records(node.state_dir, [SCORES_FILE, VALIDATOR_WINDOWS_FILE], self.state.window)
         self.holdout = (await node.pages.fetch(node.plan.holdout_pages()[:self.hp.data.holdout_eval_pages])).batch
         current = node.clock.current_window()
-        await self.check_lead(current)
-        await self.role.join(current)
+        await self.check_slot(current)
+        target = await self.join(current, own=own)
         self.sync.record(self.state.window, self.state.global_step)
-        context(phase=Phase.ACTIVE).info(
-            f"[SYNC] Active as {'lead ' if self.is_lead else ''}validator from window {self.state.window + 1}")
+        behind = target - self.state.window
+        self._behind_at_start = behind > 0
+        if behind > 0:
+            context(phase=Phase.CATCHUP).warning(
+                f"[SYNC] Still {behind} windows behind the run (at window {self.state.window}, the run at "
+                f"{target}): catching up before validating")
+        else:
+            context(phase=Phase.ACTIVE).info(
+                f"[SYNC] Active as validator{'' if self.slot is None else f' (slot {self.slot} of the windows)'} "
+                f"from window {self.state.window + 1}")
 
-    async def check_lead(self, window: int) -> bool:
-        """Whether we are the lead now, and the role to match: stake can move, and the new lead must
-        take over at once."""
-        lead = await self.node.lead()
-        is_lead = lead is not None and lead.hotkey == self.node.hotkey
-        if is_lead != self.is_lead:
-            context(window=window, phase="lead").info(
-                "this validator is now the lead: publishing peer lists, aggregates and checkpoints"
-                if is_lead else "this validator is no longer the lead: following the lead's peer lists")
-            self.role = LeadRole(self) if is_lead else FollowerRole(self)
-        return is_lead
+    async def join(self, current: int, *, own: bool) -> int:
+        """Bring `state` to the last window that can no longer be run live (the one before
+        `current`, or the one before that while its gather has not started: then it is run, and
+        possibly led, as usual): a new run when nothing of it exists, else catch-up on the published
+        history. Returns the window it was to reach."""
+        node = self.node
+        if self.slot == 0 and not own and self.state.global_step == 0 and await self._new_run():
+            self.state.window = current - 1
+            await publish_start_window(node, current)
+            return current - 1
+        target = current - 1
+        if node.clock.now() < node.clock.times(target).gather_start:
+            target -= 1
+        self.state = await catch_up(node, self.state, target)
+        return target
+
+    async def _new_run(self) -> bool:
+        """Whether the run has not started: no candidate published a start window (every bucket says
+        so: an unreadable copy is never "no run") and our own bucket holds no inputs of any window.
+        What cannot be told stops the validator with one line naming the object and the fix."""
+        node = self.node
+        try:
+            if await published_start(node) is not None:
+                return False
+            history = await node.bucket.list(inputs_key(0).rsplit("/", 1)[0] + "/", limit=1)
+        except ResyncError as exc:
+            raise LeadError(f"{exc}. Fix: {exc.fix}") from exc
+        except StorageError as exc:
+            raise LeadError(f"cannot tell whether our bucket holds the run's history ({exc}). Fix: check the "
+                            "bucket's endpoint and keys, then start again; a new run is never started blind") from exc
+        if history:
+            context(phase=Phase.STARTUP).warning(
+                f"[SYNC] no readable start window, but our bucket holds published inputs ({history[0].key}): "
+                "the run exists; catching up on it instead of starting a new one")
+            return False
+        return True
+
+    async def check_slot(self, window: int) -> int | None:
+        """Our slot in this window (`templar.runtime.succession.window_order`; None: not among its
+        slots, or they cannot be told): stake can move, and a candidate takes its slot at once. One
+        line when it changes."""
+        order = await window_order(self.node, window)
+        hotkeys = [] if isinstance(order, str) else [lead.hotkey for lead in order]
+        slot = hotkeys.index(self.node.hotkey) if self.node.hotkey in hotkeys else None
+        if slot != self.slot:
+            if slot == 0:
+                said = "now holds the first slot: it leads every window it publishes inputs for in time"
+            elif slot is not None:
+                said = f"now holds slot {slot}: it publishes a window's inputs when every slot before it published none"
+            else:
+                said = "holds no slot of the windows: it follows every window"
+            context(window=window, phase="lead").info(f"this validator {said}")
+            self.slot = slot
+        return slot
 
     # ------------------------------------------------------------------ one window
     async def run_window(self, window: int, *, evaluate: bool = True) -> None:
@@ -214,7 +289,7 @@ class Validator:
         node = self.node
         times = node.clock.times(window)
         await asyncio.to_thread(node.clock.check_skew)
-        await self.role.before_gather(window, times)
+        await self.flush_publications(window, times)
         if not await node.clock.sleep_until(times.gather_start, node.stop):
             return
         started = time.perf_counter()
@@ -222,14 +297,14 @@ class Validator:
                        node.clock.now() + min(self.hp.windows.gather_seconds, LATE_GATHER_SECONDS))
         # A window reached after its gather deadline is a replay: it is stepped, never scored.
         evaluate = evaluate and node.clock.now() < times.gather_deadline
-        await self.check_lead(window)
-        in_sync = await self.role.in_sync(window)
+        await self.check_slot(window)
+        in_sync = await self.in_sync(window)
         if in_sync is None:
             return  # re-synced instead of this window
         work = ValidatorWindow(window, times, started, evaluate=evaluate and in_sync)
         await self.registry(work)
         await self.gather(work, deadline)
-        await self.role.decide(work)
+        await self.candidate(work, in_sync=in_sync)
         await self.evaluate(work)
         self.score(work)
         await self.step(work)
@@ -242,6 +317,77 @@ class Validator:
         # (a crash before it redoes the window; its uncommitted records are dropped at the restart).
         await asyncio.to_thread(self._save)
         self._log_done(work)
+
+    async def ensure_start_window(self, window: int) -> None:
+        """A validator that leads keeps a copy of the run's start window in its bucket (create-only,
+        looked at once per start), so the run's start stays readable whichever candidate's bucket
+        goes away. A copy of ours that cannot be read is said once, with the fix."""
+        if self._start_copied:
+            return
+        node, log = self.node, context(window=window, phase="lead")
+        self._start_copied = True
+        try:
+            if await get_start_window(node.bucket, run=node.run) is not None:
+                return
+        except RecordError as exc:
+            log.warning(f"our {start_window_key()} is unreadable ({str(exc)[:160]}): joiners take the run's start "
+                        "window from another candidate's bucket. Fix: delete it; this validator then publishes a "
+                        "readable copy the next time it starts and leads")
+            return
+        except StorageError:
+            self._start_copied = False
+            return
+        try:
+            start = await published_start(node)
+        except ResyncError:
+            self._start_copied = False
+            return
+        if start is not None:
+            with contextlib.suppress(StorageError):  # ObjectExists: another start wrote it meanwhile
+                await put_start_window(node.bucket, start, run=node.run)
+
+    async def flush_publications(self, window: int, times: WindowTimes) -> None:
+        """What a stalled bucket held back of windows we led goes out first."""
+        if self.publisher.queued:
+            clock = self.node.clock
+            await self.publisher.flush(window, deadline=max(times.gather_start, clock.now() + PUBLISH_MIN_SECONDS))
+
+    async def in_sync(self, window: int) -> bool | None:
+        """The proof that it holds the run's model. True: in sync (or nothing to check against);
+        None: it was not and has re-synced instead of this window (a forked validator would score
+        every honest miner desync); False: it is not and cannot re-sync now, so the window runs
+        without evaluating anyone (and without publishing inputs)."""
+        if await self.sync.check(window, self.state):
+            return True
+        try:
+            self.state = await resync(self.node)
+        except ResyncError as exc:
+            context(window=window, phase="validate").warning(
+                f"[SYNC] Re-sync not possible now ({exc}); not evaluating this window")
+            return False
+        self.sync.record(self.state.window, self.state.global_step)
+        await asyncio.to_thread(self._save)
+        return None
+
+    async def candidate(self, work: ValidatorWindow, *, in_sync: bool) -> None:
+        """A validator of the succession's slots publishes the window's inputs, chosen from its own
+        gather, in its slot: at once in slot 0, else once every slot before it is confirmed absent.
+        Only while it holds the run's model (the window before applied, in sync) and before its
+        slot closes: late inputs would count for nobody. A set it already published for this window
+        (a restart) stands."""
+        slot, window, times = self.slot, work.window, work.times
+        if slot is None or not in_sync or self.state.window != window - 1:
+            return
+        clock = self.node.clock
+        if slot > 0:
+            before = await decide_window(self.node, window, deadline=times.slot_deadline(slot), slots=slot)
+            if not before.settled or before.lead is not None:
+                return  # a slot before ours leads the window, or we cannot tell: never publish over it
+        if clock.now() >= times.slot_deadline(slot):
+            return
+        eligible, _ = aggregation_weights(aggregate_payloads(work.peer_list, work.results), self.hp)
+        await self.publisher.publish_inputs(inputs_of(window, self.state.global_step, eligible),
+                                            deadline=times.slot_deadline(slot))
 
     async def registry(self, work: ValidatorWindow) -> None:
         """The subnet's miners (the book follows the registry), the peer list in effect and the
@@ -283,7 +429,16 @@ class Validator:
              for hk, s in work.losses.items()})
 
     async def step(self, work: ValidatorWindow) -> None:
-        """The outer step: every node, the lead included, takes exactly the inputs the lead published."""
+        """The outer step: every node, the lead included, takes exactly the window's applied inputs
+        (`window_inputs`). The window's role follows from who led it: ours (`LeadRole`) or not."""
+        try:
+            work.decision = await window_inputs(self.node, work.window, deadline=work.times.apply_deadline)
+        except FollowError as exc:
+            context(window=work.window, phase="sync").warning(
+                f"[SYNC] {exc}: not guessing the window's step; catching up on its published update")
+        led = work.decision is not None and work.decision.lead is not None \
+            and work.decision.lead.hotkey == self.node.hotkey
+        self.role = self.leading if led else self.following
         work.step, work.applied = await self.role.step(work)
         self.state.window = max(self.state.window, work.window)
         self.sync.record(self.state.window, self.state.global_step)
@@ -378,37 +533,14 @@ class Validator:
 
 
 class Role:
-    """What differs between the lead validator and a follower, behind one interface: how it joins
-    the run, proves it holds the run's model, obtains each window's step, and what it publishes.
-    The window's phases (`Validator.run_window`) call the role in force at the named points."""
+    """What differs between the validator that led a window and one that followed it: how it takes
+    the window's step and what it publishes. The window's phases (`Validator.run_window`) call the
+    role in force, chosen once the window's decision is known (`Validator.step`)."""
 
     is_lead = False
 
     def __init__(self, validator: Validator) -> None:
         self.v = validator
-
-    def cannot_restore(self, exc: ResyncError) -> None:
-        """The run's state could not be restored at start; returning means: wait until it can."""
-
-    async def join(self, current: int) -> None:
-        """Bring `state` to the window before `current` (start-up, after the state was restored)."""
-        raise NotImplementedError
-
-    async def catch_up_when_behind(self) -> bool:
-        """More than `max_allowed_stale` windows behind: True when the role caught up instead of
-        running the next window."""
-        return False
-
-    async def before_gather(self, window: int, times: WindowTimes) -> None:
-        """Anything due before the window's gather starts."""
-
-    async def in_sync(self, window: int) -> bool | None:
-        """True: evaluate as usual; False: run the window without evaluating anyone; None: the
-        window was replaced by a re-sync (skip it)."""
-        return True
-
-    async def decide(self, work: ValidatorWindow) -> None:
-        """Called once the gather is done, before evaluation."""
 
     async def step(self, work: ValidatorWindow) -> tuple[OuterStep | None, list[Gradient]]:
         """The window's outer step (None when it had none) and the payloads it aggregated."""
@@ -422,86 +554,31 @@ class Role:
 
 
 class LeadRole(Role):
-    """The highest-stake validator: decides each window's step from its own gather and publishes
-    the run's records (inputs at once, then aggregate, progress, peer list and checkpoints)."""
+    """The validator whose inputs a window applies: it steps with them (keeping the signs it
+    publishes) and publishes the window's records (aggregate, progress, the next peer list,
+    checkpoints), each create-only in its own bucket."""
 
     is_lead = True
 
-    def __init__(self, validator: Validator) -> None:
-        super().__init__(validator)
-        self.inputs: StepInputs | None = None
-
-    def cannot_restore(self, exc: ResyncError) -> None:
-        raise LeadError(f"cannot restore the run's state: {exc}; refusing to rebuild published history "
-                        "(restore a checkpoint into the bucket or the state directory)") from exc
-
-    async def join(self, current: int) -> None:
-        """A new run publishes its start window; a run with published history is replayed from it
-        (its own inputs and aggregates up to its last published progress), never rebuilt by
-        gathering again, and must land on its own published fingerprint."""
-        v, node = self.v, self.v.node
-        start = await self._published_start()
-        if start is None:
-            v.state.window = current - 1
-            await publish_start_window(node, current)
-            return
-        try:
-            progress = await get_progress(node.bucket, run=node.run)
-        except (StorageError, RecordError) as exc:
-            raise LeadError(f"cannot read our own published progress ({exc}): not resuming the run blind") from exc
-        v.publisher.published_progress = progress.window if progress is not None else -1
-        if progress is None or progress.window <= v.state.window:
-            return
-        v.state = await catch_up(node, v.state, progress.window, verify=False)
-        if v.state.window < progress.window:
-            raise LeadError(f"cannot replay our own published history to window {progress.window} (stopped at "
-                            f"{v.state.window}; see the [SYNC] line above)")
-        problem = await fingerprint_problem(node, v.state)
-        if problem is not None:
-            raise LeadError(f"our replayed history differs from our own published fingerprint at window "
-                            f"{v.state.window} ({problem})")
-
-    async def _published_start(self) -> int | None:
-        try:
-            return await get_start_window(self.v.node.bucket, run=self.v.node.run)
-        except (StorageError, RecordError):
-            return None
-
-    async def before_gather(self, window: int, times: WindowTimes) -> None:
-        """What a stalled bucket held back goes out first."""
-        v, clock = self.v, self.v.node.clock
-        if v.publisher.queued:
-            await v.publisher.flush(window, deadline=max(times.gather_start, clock.now() + PUBLISH_MIN_SECONDS))
-
-    async def decide(self, work: ValidatorWindow) -> None:
-        """The lead decides the window's step from its own gather: the peers in effect whose payloads
-        arrived valid and may be aggregated. It publishes that set at once, ahead of scoring, so
-        followers can take the step; a set it already published for this window (a restart) stands."""
-        v = self.v
-        eligible, _ = aggregation_weights(aggregate_payloads(work.peer_list, work.results), v.hp)
-        chosen = inputs_of(work.window, v.state.global_step, eligible)
-        self.inputs = await v.publisher.publish_inputs(
-            chosen, deadline=v.node.clock.times(work.window).apply_deadline)
-
     async def step(self, work: ValidatorWindow) -> tuple[OuterStep | None, list[Gradient]]:
         v, clock = self.v, self.v.node.clock
-        inputs, self.inputs = self.inputs, None
-        assert inputs is not None and inputs.window == work.window, "the lead decides a window before stepping it"
-        return await apply_inputs(v.node, work.window, inputs, v.state, work.results, keep_signs=True,
+        assert work.decision is not None and work.decision.inputs is not None
+        return await apply_inputs(v.node, work.window, work.decision.inputs, v.state, work.results, keep_signs=True,
                                   deadline=max(work.times.apply_deadline, clock.now() + PUBLISH_MIN_SECONDS))
 
     async def publish(self, work: ValidatorWindow) -> None:
         """The window's aggregate, progress and the peer list in effect from the next window: the
         top-G when a replacement is due (or none is in effect), else the list in effect named again,
-        so every reader finds its window's list with one GET, never a LIST. Replaying windows it
-        missed, the lead never names peers for a window whose gather has begun: the miners gathered
-        it with the list in effect then."""
+        so every reader finds its window's list with one GET, never a LIST. Reaching the window late,
+        the lead never names peers for a window whose gather has begun: the miners gathered it with
+        the list in effect then."""
         v, window, peer_list = self.v, work.window, work.peer_list
         clock, hp = v.node.clock, v.hp
         assert work.scores is not None
         in_time = clock.now() < clock.times(window + 1).gather_start
         due = in_time and (window % hp.windows.peer_replacement_frequency == 0 or not peer_list)
         again = peer_list if in_time and peer_list else None
+        await v.ensure_start_window(window)
         await v.publisher.publish(window, work.step, work.scores.top_g if due else again, v.state.global_step,
                                   applied=work.applied,
                                   deadline=max(clock.times(window + 1).gather_start, clock.now() + PUBLISH_MIN_SECONDS))
@@ -513,48 +590,26 @@ class LeadRole(Role):
 
 
 class FollowerRole(Role):
-    """Any other validator: proves it holds the run's model, takes the lead's published step, and
-    publishes nothing (only its weights, like every validator)."""
-
-    async def join(self, current: int) -> None:
-        v = self.v
-        v.state = await catch_up(v.node, v.state, current - 1)
-
-    async def catch_up_when_behind(self) -> bool:
-        v = self.v
-        v.state = await catch_up(v.node, v.state, v.node.clock.current_window() - 1)
-        v.sync.record(v.state.window, v.state.global_step)
-        return True
-
-    async def in_sync(self, window: int) -> bool | None:
-        """The proof that it holds the run's model. True: in sync (or nothing to check against);
-        None: it was not and has re-synced instead of this window (a forked validator would score
-        every honest miner desync); False: it is not and cannot re-sync now, so the window runs
-        without evaluating anyone."""
-        v = self.v
-        if await v.sync.check(window, v.state):
-            return True
-        try:
-            v.state = await resync(v.node)
-        except ResyncError as exc:
-            context(window=window, phase="validate").warning(
-                f"[SYNC] Re-sync not possible now ({exc}); not evaluating this window")
-            return False
-        v.sync.record(v.state.window, v.state.global_step)
-        await asyncio.to_thread(v._save)
-        return None
+    """A window another validator led (or nobody did): take its step, publish nothing (only its
+    weights, like every validator)."""
 
     async def step(self, work: ValidatorWindow) -> tuple[OuterStep | None, list[Gradient]]:
-        """The lead's inputs (`follow_step`). When they cannot be had in time the follower does not
-        guess: it waits for the lead's published update of this window (catch-up), re-syncing from
-        the lead's newest checkpoint once it is `max_allowed_stale` windows behind, so the model it
-        saves always holds this window's update."""
+        """The window's inputs, applied. When they cannot be had in time the validator does not
+        guess: it waits for the window's published update (catch-up), re-syncing from a checkpoint
+        once it is `max_allowed_stale` windows behind, so the model it saves always holds this
+        window's update."""
         v, node, window = self.v, self.v.node, work.window
-        try:
-            return await follow_step(node, window, v.state, work.results), []
-        except FollowError as exc:
-            context(window=window, phase="sync").warning(
-                f"[SYNC] {exc}: not guessing the window's step; catching up on the lead's published update")
+        decision = work.decision
+        if decision is not None:
+            if decision.inputs is None:
+                return None, []
+            try:
+                step, _ = await apply_inputs(node, window, decision.inputs, v.state, work.results,
+                                             deadline=max(work.times.apply_deadline, node.clock.now() + PUBLISH_MIN_SECONDS))
+                return step, []
+            except FollowError as exc:
+                context(window=window, phase="sync").warning(
+                    f"[SYNC] {exc}: not guessing the window's step; catching up on its published update")
         while v.state.window < window and not node.stop.is_set():
             if node.clock.current_window() - window > v.hp.windows.max_allowed_stale:
                 try:

@@ -59,8 +59,8 @@ def load_book(state_dir: Path, state: NodeState, own: bool, *, lead: bool = Fals
     if isinstance(saved, str):
         try:
             return ScoreBook.from_json(saved)
-        except ScoreBookError as exc:
-            log.error(f"score book in the state file unreadable: {exc}")
+        except ScoreBookError as exc:  # unreadable is never "no book": the readable copy, said out loud
+            log.error(f"score book in the state file unreadable ({exc}); taking its readable copy {BOOK_FILE}")
     path = state_dir / BOOK_FILE
     if not own:
         if path.exists():
