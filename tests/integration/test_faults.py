@@ -17,6 +17,7 @@ from templar.chain import verify_signature
 from templar.comms.keys import gradient_key
 from templar.comms.progress import progress_key
 from templar.core.clock import run_virtual
+from templar.core.config import load_hparams, overlapped
 from templar.core.schedule import learning_rate
 from templar.miner.hooks import MinerHooks
 from templar.miner.loop import Miner
@@ -34,7 +35,7 @@ from templar.validator.loop import Validator
 from templar.validator.state import BOOK_FILE
 from templar.wire import read_gradient
 
-from .harness import Subnet, parameters, same_parameters
+from .harness import Subnet, parameters, same_parameters, untrained_windows
 
 # `slow` only orders the suite (long tests first, one per xdist worker; tests/conftest.py): both run always.
 pytestmark = [pytest.mark.slow(seconds=8), pytest.mark.timeout(240)]
@@ -216,9 +217,11 @@ class Digests:
             name = path.parent.name
             self.seen[record.window][name].append(model_digest(self.roles[name].node.model))
 
-    def check(self) -> None:
+    def check(self, forked: frozenset[tuple[str, int]] = frozenset()) -> None:
+        """`forked`: (node, window) records made on a model the test forked, before the node could tell."""
         for window, by_node in sorted(self.seen.items()):
-            assert len({d for ds in by_node.values() for d in ds}) == 1, f"window {window}: models differ {by_node}"
+            models = {d for name, ds in by_node.items() if (name, window) not in forked for d in ds}
+            assert len(models) == 1, f"window {window}: models differ {by_node}"
 
 
 def foreign_update(role: Miner | Validator) -> None:
@@ -277,16 +280,19 @@ def test_storage_outages_torn_files_a_foreign_model_and_a_hostile_peer_fork_noth
         foreign_update(victim)
         foreign_update(follower)
         hit = lead.state.window + 1
+        # An overlapped miner had encoded its next payload before the fork (its compute half runs while
+        # the window before is exchanged): the payload after it is the first its check can refuse.
+        shown = hit + (1 if overlapped(victim.hp.inner) else 0)
         with LogLines() as lines:
-            await windows(1)
+            await windows(1 + shown - hit)
         assert len([line for line in lines if "[SYNC] Our model differs from the lead's" in line]) == 2, lines
         assert hit not in _committed_windows(follower.node.state_dir / VALIDATOR_WINDOWS_FILE), \
             "a forked validator scored a window"
         assert same_parameters(parameters(follower.node), parameters(lead.node)), "the follower did not re-sync"
         dead = [roles.pop("follower").node]
-        payload = (subnet.root / "buckets" / "victim" / gradient_key(hit)).read_bytes()
+        payload = (subnet.root / "buckets" / "victim" / gradient_key(shown)).read_bytes()
         gradient = read_gradient(payload, victim.node.shapes, victim.hp, run=victim.node.run,
-                                 verify=verify_signature, expected_hotkey=victim.node.hotkey, expected_window=hit)
+                                 verify=verify_signature, expected_hotkey=victim.node.hotkey, expected_window=shown)
         assert gradient.warmup, "an out-of-sync miner uploaded as active"
         assert same_parameters(parameters(victim.node), parameters(lead.node)), "not re-synced"
 
@@ -326,13 +332,15 @@ def test_storage_outages_torn_files_a_foreign_model_and_a_hostile_peer_fork_noth
         assert all(same_parameters(models[0], m) for m in models[1:])
         for node in [*(r.node for r in roles.values()), *dead, hostile]:
             await node.aclose()
-        return hit, hostile.uid
+        return shown, hostile.uid
 
     try:
-        hit, hostile_uid = run_virtual(scenario())
+        shown, hostile_uid = run_virtual(scenario())
+        shown_late = overlapped(load_hparams(subnet.hparams).inner)
     finally:
         remove_listener(digests)
-    digests.check()
+    # an overlapped victim committed the window of the foreign update before its next check could tell
+    digests.check(forked=frozenset({("victim", w) for w in range(shown - 1, shown) if shown_late}))
     nodes = subnet.root / "nodes"
     lead_windows = _committed_windows(nodes / "lead" / VALIDATOR_WINDOWS_FILE)
     assert lead_windows == list(range(lead_windows[0], lead_windows[-1] + 1)), lead_windows
@@ -340,8 +348,15 @@ def test_storage_outages_torn_files_a_foreign_model_and_a_hostile_peer_fork_noth
         recorded = _committed_windows(nodes / name / file)
         assert recorded == sorted(set(recorded)), (name, recorded)
     victim_records = {r["window"]: r for r in read_records(nodes / "victim" / MINER_WINDOWS_FILE)}
-    assert victim_records[hit]["phase"] == "catchup" and victim_records[hit + 1]["phase"] == "active"
-    assert victim_records[hit]["uploaded"]
+    # trained again, as active, once re-synced (a delayed run steps the window after a re-sync untrained:
+    # θ is past that window's base)
+    after = [r for w, r in sorted(victim_records.items()) if w > shown]
+    assert all(r["phase"] == "catchup" and not r["uploaded"] for r in after if r["loss"] is None)
+    assert victim_records[shown]["phase"] == "catchup" and next(r for r in after if r["loss"] is not None)["phase"] == "active"
+    assert victim_records[shown]["uploaded"]
     assert len(digests.seen) >= 8
     hostile = {r["status"] for r in read_records(nodes / "lead" / SCORES_FILE) if r["uid"] == hostile_uid}
-    assert hostile and hostile <= {"missing", "unreachable"}, hostile  # never a crash, never another's fault
+    # never a crash, never another's fault (a delayed run's lead scores nobody in its first window after its
+    # restart: `not-sampled`)
+    unscored = {"not-sampled"} if untrained_windows(load_hparams(subnet.hparams)) else set()
+    assert hostile and hostile - {"missing", "unreachable"} <= unscored, hostile

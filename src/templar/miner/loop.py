@@ -61,6 +61,9 @@ from templar.wire import document_digest, max_gradient_bytes, write_gradient
 
 MAX_FAILED_UPLOADS = 5
 """Consecutive windows whose upload our own bucket refused before the miner stops (`OwnBucketError`)."""
+ENCODE_MARGIN_SECONDS = 1.0
+"""The least time before its commitment deadline a trained window starts encoding, even when the
+exchange of the window before is not finished (twice the last encoding's time when that is more)."""
 
 
 @dataclass
@@ -178,6 +181,11 @@ class Miner:
         self.own_update: tuple[int, dict[str, Compressed]] | None = None
         """Eager: our last payload's window and its coefficients (the proxy of that window's step)."""
         self._group: asyncio.TaskGroup | None = None
+        self.saved_through = -1
+        """The window the state file's θ holds (`note_saved`)."""
+        self._saved = asyncio.Event()
+        self.encode_seconds = 0.0
+        """How long the last payload took to compress and encode (the margin before its commitment)."""
 
     # ------------------------------------------------------------------ life
     async def start(self) -> None:
@@ -238,6 +246,7 @@ class Miner:
         self.state = await catch_up(node, self.state, node.clock.current_window() - 1)
         self.sync.record(self.state.window, self.state.global_step)
         self.save()
+        self.note_saved()
         self.warmup_left = 0 if own_state else self.hp.windows.warmup_windows
         self.phase = Phase.WARMUP if self.warmup_left else Phase.ACTIVE
         if self.warmup_left:
@@ -397,25 +406,43 @@ class Miner:
         with work.busy():
             for part in window_parts(batch, hp.inner):
                 await asyncio.to_thread(self.compute.inner_step, part)
-        if training.lands and not training.landed.is_set():
-            left = work.times.commit_close - self.node.clock.now()
-            try:
-                async with asyncio.timeout(max(0.0, left)):
-                    await training.landed.wait()
-            except TimeoutError:
+        deadline = work.times.commit_close - max(ENCODE_MARGIN_SECONDS, 2 * self.encode_seconds)
+        if not await self.exchanged(window - 1, deadline):
+            if training.lands and not training.landed.is_set():
                 context(window=window, phase=self.phase).warning(
-                    f"[SYNC] window {window - 1}'s step did not land before the commitment deadline: window "
-                    f"{window}'s update has no base to be formed against; not sending it")
+                    f"[SYNC] window {window - 1}'s step did not land in time for window {window}'s commitment: its "
+                    "update has no base to be formed against; not sending it")
                 await asyncio.to_thread(self.compute.end_window)
                 return False
+            context(window=window, phase=self.phase).warning(
+                f"window {window - 1}'s exchange is not finished; encoding window {window} before it, so that "
+                "its commitment is in time")
         with work.busy():
             work.stats = await asyncio.to_thread(self.compute.end_window)
             await self.encode_and_commit(work)
         return True
 
+    async def exchanged(self, window: int, deadline: float) -> bool:
+        """Wait until `window`'s exchange is saved (θ holds its step, its record and state written),
+        at most until `deadline` (the node's clock): a window's payload is encoded after the window
+        before it is committed, so the state file never holds error feedback of a window after its
+        own (a restart redoes that window with the error feedback it began with). Eager: that step
+        is also the one its proxy stood for. True when it is."""
+        while self.saved_through < window:
+            left = deadline - self.node.clock.now()
+            if left <= 0:
+                return False
+            try:
+                async with asyncio.timeout(left):
+                    await self._saved.wait()
+            except TimeoutError:
+                return False
+        return True
+
     async def encode_and_commit(self, work: MinerWindow) -> None:
         """Compress and sign the pseudo-gradient, then commit to it before the commitment deadline.
         A node that cannot show it holds the run's model uploads with weight 0 (a warm-up payload)."""
+        started = time.perf_counter()
         window = work.window
         work.in_sync = not self.hooks.checks_sync or (not self.resync_pending
                                                       and await self.sync.check(window, self.state))
@@ -423,6 +450,7 @@ class Miner:
             work.base_step = self.state.global_step
             work.probes = await asyncio.to_thread(self.compute.probes, window)
         payload = await asyncio.to_thread(self._compress_and_encode, work, not work.in_sync)
+        self.encode_seconds = time.perf_counter() - started
         work.payload = await self.hooks.before_commit(self, window, payload)
         await self._commit(window, work.payload)
 
@@ -496,6 +524,13 @@ class Miner:
         append_record(self.node.state_dir / MINER_WINDOWS_FILE, work.record(phase, self.hooks.name,
                                                                             self.state.global_step))
         await asyncio.to_thread(self.save)
+        self.note_saved()
+
+    def note_saved(self) -> None:
+        """The state file holds θ after `state.window`: a compute half waiting on it may encode."""
+        self.saved_through = self.state.window
+        saved, self._saved = self._saved, asyncio.Event()
+        saved.set()
 
     async def _resync(self, window: int) -> bool:
         """Checkpoint + replay up to the last finished window (this one: its aggregate is the lead's).
