@@ -68,9 +68,11 @@ class Killed(Exception):
 
 
 class KillAt(MinerHooks):
-    """Kills its miner once, in `phase` of `window`: "train" (after training, the error feedback
-    already spent), "upload" (the put window open, nothing uploaded) or "step" (the outer step
-    applied in memory, neither recorded nor saved)."""
+    """Kills its miner once, in `phase` of `window`: "ahead" (its inner steps begin: an overlapped
+    miner's while the window before is uploaded, gathered and stepped), "train" (after training, the
+    error feedback already spent; overlapped: the window before already saved), "upload" (the put
+    window open, nothing uploaded; overlapped: the next window training) or "step" (the outer step
+    applied in memory, neither recorded nor saved; overlapped: the next window training)."""
 
     def __init__(self, phase: str, window: int) -> None:
         self.phase, self.window = phase, window
@@ -78,6 +80,10 @@ class KillAt(MinerHooks):
     def _maybe(self, phase: str, window: int) -> None:
         if (phase, window) == (self.phase, self.window):
             raise Killed(f"{phase} of window {window}")
+
+    def batch(self, miner, window, batch):
+        self._maybe("ahead", window)
+        return batch
 
     def transform(self, miner, window, values):
         self._maybe("train", window)
@@ -150,10 +156,11 @@ class Swarm:
 
 
 def test_kill_9_of_the_lead_and_of_a_miner_at_every_phase_forks_nothing(tmp_path, faults: FaultPlan):
-    """kill -9 of a miner after training, in the put window and after its outer step; of the lead
-    before a gather and in the middle of its publications, then restarted two windows later, so it
-    replays behind its miners. Every window any honest node committed holds the same θ on all of
-    them, and no record has a window twice (the lead's: none missing either)."""
+    """kill -9 of a miner after training, in the put window, after its outer step and as its inner
+    steps begin (on the overlapped protocol: while the window before is in flight, or just saved);
+    of the lead before a gather and in the middle of its publications, then restarted two windows
+    later, so it replays behind its miners. Every window any honest node committed holds the same θ
+    on all of them, and no record has a window twice (the lead's: none missing either)."""
     subnet = Subnet.create(tmp_path, {"lead": 100.0, "m0": 0.0, "m1": 0.0}, LIGHT, max_allowed_stale=6)
     swarm = Swarm(subnet)
     add_listener(swarm.on_record)
@@ -179,10 +186,14 @@ def test_kill_9_of_the_lead_and_of_a_miner_at_every_phase_forks_nothing(tmp_path
         faults.add(Fault.ERROR, ops={"put"}, keys=lambda key: key == progress_key(), skip=1, times=1,
                    error=Killed, message="killed while writing it")
         await asyncio.gather(swarm.wait_dead("m1"), swarm.wait_dead("lead"))
-        await swarm.start("m1")
+        # ... and the miner again, as its next window's inner steps begin (overlapped: with the window
+        # before in flight, its upload, gather and step to come)
+        await swarm.start("m1", hooks=KillAt("ahead", first + 5))
         await clock.sleep_until(clock.times(first + 3).start + 1.0)
         await swarm.start("lead")
-        await clock.sleep_until(clock.times(first + 4).end)
+        await swarm.wait_dead("m1")
+        await swarm.start("m1")
+        await clock.sleep_until(clock.times(first + 7).end)
         await swarm.stop()
 
 
