@@ -20,7 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from .harness import MICRO_GAUNTLET_PRESET
+from templar.core.config import load_hparams
+
+from .harness import MICRO_GAUNTLET_PRESET, untrained_windows
 
 ADVERSARIES = ["copycat", "scaled", "signflip", "noise", "freerider", "lazy", "late", "desync", "duplicate",
                "replay", "moredata", "overfit"]
@@ -57,6 +59,13 @@ def _localnet_in_this_process(out: Path, adversaries: list[str], *, miners: int,
         setup_logging()
 
 
+def passed_but_the_untrained(statuses: dict[str, int]) -> bool:
+    """An honest miner's fast evaluations: each passed, but for the windows it steps untrained after it
+    starts (a delayed run's first: its base has gone by), which validators find `missing`."""
+    untrained = untrained_windows(load_hparams(MICRO_GAUNTLET_PRESET))
+    return set(statuses) - {"missing"} <= {"ok", "warmup", "not-sampled"} and statuses.get("missing", 0) <= untrained
+
+
 def _loss_at_step(out: Path) -> dict[int, float]:
     """Held-out loss by global_step (runs start at different windows; steps are comparable)."""
     lead = out / "nodes" / "validator0" / "validator_windows.jsonl"
@@ -88,7 +97,7 @@ def test_localnet_pays_honest_work_and_nothing_else(tmp_path):
     # `overfit` (honest work at 4× the inner learning rate) fits its assigned sequences harder; the
     # trial step is the update's sign, so that buys no larger gap: it is paid like an honest miner. A
     # proof that rewarded memorising the assignment would pay it several times the best one (μ²).
-    assert set(miners["overfit0"]["statuses"]) <= {"ok", "warmup", "not-sampled"}, summary
+    assert passed_but_the_untrained(miners["overfit0"]["statuses"]), summary
     assert weight["overfit0"] < 2 * max(honest), summary
     # The pair's twin works honestly, so it is paid like any honest miner (sometimes the best one);
     # the copy must earn nothing, so together the pair earns what one honest miner does.
@@ -97,7 +106,7 @@ def test_localnet_pays_honest_work_and_nothing_else(tmp_path):
     # `moredata` (--extra-pages, the same H inner steps on twice the pages) is honest work and is never
     # refused; it is not paid more here: its assigned pages' share of each step halves, and the proof of
     # computation by size pays the gap it measures (docs/scoring.md §4, "Extra pages").
-    assert set(miners["moredata0"]["statuses"]) <= {"ok", "warmup", "not-sampled"}, summary
+    assert passed_but_the_untrained(miners["moredata0"]["statuses"]), summary
     assert miners["moredata0"]["final_rating"] >= 25.0, summary  # its held-out improvement is at least typical
 
     _dashboard_shows_the_run(adversarial)

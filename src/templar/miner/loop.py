@@ -147,6 +147,9 @@ class Training:
     """Eager: it began on a proxy of the previous window's step and forms its pseudo-gradient only
     once that step has landed (`Miner.advanced`)."""
     landed: asyncio.Event = field(default_factory=asyncio.Event)
+    released: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set once the window's update is compressed: the GPU is free for the next window's inner steps
+    while the payload is encoded, signed and committed."""
     task: asyncio.Task[bool] | None = None
     """True once the payload is encoded and committed; False when the window's work was dropped."""
 
@@ -271,14 +274,14 @@ class Miner:
             if not await self.ensure_base(window):
                 return
             training = await self.begin(window) if self.may_begin(window) else None
-        work = MinerWindow(window, times)
+        work = training.work if training is not None else MinerWindow(window, times)
+        if self.overlapped and not self.node.stop.is_set():
+            if training is not None:
+                await self._released(training)
+            await self.read_ahead(window + 1)  # the GPU goes on with the next window at once
         if training is not None:
-            work = training.work
             assert training.task is not None
-            if not await training.task:
-                training = None
-        if self.overlapped and work.in_sync and not self.node.stop.is_set():
-            await self.read_ahead(window + 1)
+            await training.task
         if work.stats is not None:
             await self.upload(work)
         if not work.in_sync and await self._resync(window):
@@ -367,6 +370,16 @@ class Miner:
         training.task = self._spawn(self.train(training), name=f"train-{window}")
         return training
 
+    @staticmethod
+    async def _released(training: Training) -> None:
+        """Until `training` has compressed its update (or ended without one)."""
+        assert training.task is not None
+        released = asyncio.ensure_future(training.released.wait())
+        try:
+            await asyncio.wait({released, training.task}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            released.cancel()
+
     def _spawn(self, coro: Coroutine[Any, Any, bool], *, name: str) -> asyncio.Task[bool]:
         return self._group.create_task(coro, name=name) if self._group is not None else \
             asyncio.create_task(coro, name=name)
@@ -419,7 +432,10 @@ class Miner:
                 "its commitment is in time")
         with work.busy():
             work.stats = await asyncio.to_thread(self.compute.end_window)
-            await self.encode_and_commit(work)
+            compressed = await self.compress(work)
+        training.released.set()  # the GPU's part is done: the next window's inner steps may begin
+        with work.busy():
+            await self.encode_and_commit(work, compressed)
         return True
 
     async def exchanged(self, window: int, deadline: float) -> bool:
@@ -439,18 +455,29 @@ class Miner:
                 return False
         return True
 
-    async def encode_and_commit(self, work: MinerWindow) -> None:
-        """Compress and sign the pseudo-gradient, then commit to it before the commitment deadline.
-        A node that cannot show it holds the run's model uploads with weight 0 (a warm-up payload)."""
+    async def compress(self, work: MinerWindow) -> dict[str, Compressed]:
+        """The pseudo-gradient through the error feedback (the GPU's last op of the window), and the
+        base's probes if θ holds the base only now (blocking; eager once landed)."""
+        started = time.perf_counter()
+        assert work.stats is not None
+        compressed = await asyncio.to_thread(self.compute.compress, work.stats.scale)
+        if self.hp.inner.overlap == "eager":
+            self.own_update = (work.window, compressed)  # the proxy of this window's step, for the next window
+        if work.base_step is None:
+            work.base_step = self.state.global_step
+            work.probes = await asyncio.to_thread(self.compute.probes, work.window)
+        self.encode_seconds = time.perf_counter() - started
+        return compressed
+
+    async def encode_and_commit(self, work: MinerWindow, compressed: dict[str, Compressed]) -> None:
+        """Sign the compressed pseudo-gradient, then commit to it before the commitment deadline. A
+        node that cannot show it holds the run's model uploads with weight 0 (a warm-up payload)."""
         started = time.perf_counter()
         window = work.window
         work.in_sync = not self.hooks.checks_sync or (not self.resync_pending
                                                       and await self.sync.check(window, self.state))
-        if work.base_step is None:  # θ holds the base now (blocking; eager once landed)
-            work.base_step = self.state.global_step
-            work.probes = await asyncio.to_thread(self.compute.probes, window)
-        payload = await asyncio.to_thread(self._compress_and_encode, work, not work.in_sync)
-        self.encode_seconds = time.perf_counter() - started
+        payload = await asyncio.to_thread(self._encode, work, compressed, not work.in_sync)
+        self.encode_seconds += time.perf_counter() - started
         work.payload = await self.hooks.before_commit(self, window, payload)
         await self._commit(window, work.payload)
 
@@ -582,18 +609,15 @@ class Miner:
             except StorageError as exc:
                 context(window=window, phase="cleanup").debug(f"could not delete gradient {old}: {exc}")
 
-    def _compress_and_encode(self, work: MinerWindow, weight_zero: bool = False) -> bytes:
+    def _encode(self, work: MinerWindow, compressed: dict[str, Compressed], weight_zero: bool = False) -> bytes:
         """The payload: the compressed pseudo-gradient, the base's probes and the base's global_step."""
         hp, node, window = self.hp, self.node, work.window
-        assert work.stats is not None and work.probes is not None and work.base_step is not None
-        compressed = self.compute.compress(work.stats.scale)
+        assert work.probes is not None and work.base_step is not None
         values = self.hooks.transform(self, window, {k: c.values for k, c in compressed.items()})
         rule = rule_of(hp.optimizer.method)  # what a hook changed goes back onto the method's value grid
         compressed = {k: type(c)(indices=c.indices, values=rule.wire_values(values[k].float()), shape=c.shape,
                                  chunk=c.chunk)
                       for k, c in compressed.items()}
-        if hp.inner.overlap == "eager":
-            self.own_update = (window, compressed)
         return write_gradient(compressed, work.probes, window=window, global_step=work.base_step,
                               hotkey=node.hotkey, hp=hp, run=node.run, sign=node.chain.sign,
                               warmup=work.warmup or weight_zero)

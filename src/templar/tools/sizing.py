@@ -153,7 +153,7 @@ def ranks_table(hp: HParams, ranks: Sequence[int]) -> str:
     mb, seq = hp.optimizer.micro_batch_size, hp.data.sequence_length
     lines = [f"Miner memory per GPU in GB (micro-batch {mb} × {seq} tokens, bf16 compute, float32 θ; host memory "
              "per node):", "",
-             "| model | params | GPUs | θ | gradients | error feedback | θ_t snapshot + AdamW moments | "
+             "| model | params | GPUs | θ | gradients | error feedback | θ_t snapshot + working model + AdamW moments | "
              "activations and transients (peak) | sum | with checkpointing | offload + checkpointing: GPU, host |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, shape in [(hp.name, ModelShape.of(hp.model)), *SHAPES.items()]:
@@ -161,7 +161,7 @@ def ranks_table(hp: HParams, ranks: Sequence[int]) -> str:
             m, both = (model_memory(hp, "miner", setting, n, shape=shape) for setting in (SETTINGS[0], SETTINGS[2]))
             checkpointed = model_memory(hp, "miner", MemorySettings(checkpoint_activations=True), n, shape=shape)
             g = {k: v / 1e9 for k, v in m.gpu.items()}
-            kept = g.get("θ_t snapshot", 0.0) + g.get("AdamW moments", 0.0)
+            kept = g.get("θ_t snapshot", 0.0) + g.get("working model (overlap)", 0.0) + g.get("AdamW moments", 0.0)
             lines.append(f"| {name} | {shape.parameters / 1e9:.2f} B | {n} | {g['θ']:.2f} | {g['gradients']:.2f} | "
                          f"{g.get('error feedback', 0.0):.2f} | {kept:.2f} | "
                          f"{g['activations and transients (peak)']:.2f} | **{m.gpu_bytes / 1e9:.1f}** | "
