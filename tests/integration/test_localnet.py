@@ -180,10 +180,11 @@ def test_localnet_runs_every_neuron_as_its_own_process(tmp_path):
     preset = tmp_path / "fast.json"
     from templar.core.config import PRESETS_DIR
 
-    # 12-second windows: a miner starts training when the previous window's gather is done (put 3 s +
-    # skew 1 s after its end) and must commit 2.5 s before this one ends, which leaves it 5.5 s. With
-    # 10 blocks and tiny's 4 s put window that was 2 s, too little for a 2-rank miner on a loaded
-    # 2-core machine: it missed its commitment deadline (`uncommitted`) and earned nothing.
+    # 12-second windows: blocking, a miner started training when the previous window's gather was done
+    # (put 3 s + skew 1 s after its end) and had to commit 2.5 s before this one ended, 5.5 s; with 10
+    # blocks and tiny's 4 s put window that was 2 s, too little for a 2-rank miner on a loaded 2-core
+    # machine. Overlapped (tiny's delayed mode), its inner steps begin as the previous window's update
+    # is compressed, about a window earlier.
     preset.write_text(json.dumps({"base": str(PRESETS_DIR / "tiny.json"), "name": "tiny-e2e",
                                   "windows": {"blocks_per_window": 12, "put_window_seconds": 3.0}}))
     out = tmp_path / "e2e"
