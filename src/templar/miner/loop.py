@@ -147,6 +147,8 @@ class Training:
     """Eager: it began on a proxy of the previous window's step and forms its pseudo-gradient only
     once that step has landed (`Miner.advanced`)."""
     landed: asyncio.Event = field(default_factory=asyncio.Event)
+    given_up: bool = False
+    """Eager: the step it waited for did not land in time; its inner steps are ended, unsent."""
     released: asyncio.Event = field(default_factory=asyncio.Event)
     """Set once the window's update is compressed: the GPU is free for the next window's inner steps
     while the payload is encoded, signed and committed."""
@@ -360,9 +362,13 @@ class Miner:
         lr = self.hooks.learning_rate(
             self, window, inner_lr(hp.inner, learning_rate(self.state.global_step, hp.optimizer), hp.optimizer))
         lands = hp.inner.overlap == "eager" and self.state.window == window - 2
-        proxy = self._proxy(window - 1) if lands else None
-        await asyncio.to_thread(self.compute.begin_window, lr, hp.optimizer.micro_batch_size, hp.optimizer.grad_clip,
-                                proxy=proxy, proxy_step=self.state.global_step)
+        step = self.state.global_step
+
+        def begin_window() -> None:  # the proxy's dense update is made here, off the event loop
+            self.compute.begin_window(lr, hp.optimizer.micro_batch_size, hp.optimizer.grad_clip,
+                                      proxy=self._proxy(window - 1) if lands else None, proxy_step=step)
+
+        await asyncio.to_thread(begin_window)
         if self.state.window == window - self.lag:
             work.base_step = self.state.global_step
             work.probes = await asyncio.to_thread(self.compute.probes, window)
@@ -397,6 +403,8 @@ class Miner:
         training = self.training
         if training is None or self.state.window < training.window - 1:
             return
+        if training.given_up:
+            return
         if training.lands and not training.landed.is_set():
             if self.state.window == training.window - 1:
                 await asyncio.to_thread(self.compute.land)  # its base (and probes) are θ's from now to its encoding
@@ -425,6 +433,7 @@ class Miner:
                 context(window=window, phase=self.phase).warning(
                     f"[SYNC] window {window - 1}'s step did not land in time for window {window}'s commitment: its "
                     "update has no base to be formed against; not sending it")
+                training.given_up = True  # a step that lands from now on has no inner steps to move
                 await asyncio.to_thread(self.compute.end_window)
                 return False
             context(window=window, phase=self.phase).warning(
