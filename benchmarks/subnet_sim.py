@@ -249,6 +249,7 @@ def simulate(cfg: SimConfig, *, keep_series: bool = False) -> Outcome:
     lead_weight_hist = np.zeros((cfg.windows, cfg.uids))
     agreement_hist: list[float] = []
     vtrust_hist = np.zeros((cfg.windows, cfg.validators))
+    first_penalty: dict[str, int] = {}  # the first window a validator failed each peer's fast evaluation
     for window in range(cfg.windows):
         candidates = sorted(p.hotkey for p in miners if p.joins <= window)
         weights = np.zeros((cfg.uids, cfg.uids))
@@ -258,6 +259,9 @@ def simulate(cfg: SimConfig, *, keep_series: bool = False) -> Outcome:
             seed = secrets[v] ^ window  # the validator keys blake2b(window) with its secret; any private seed will do
             drawn = draw_window(book, rules, seed, window, registry, peer_list)
             verdicts = {hk: fast_verdict(by_hotkey[hk]) for hk in drawn.fast}
+            for hk, verdict in verdicts.items():
+                if not verdict.passed:
+                    first_penalty.setdefault(hk, window)
             noise = cfg.noise * math.exp(rng.gauss(0.0, cfg.window_noise)) if cfg.window_noise else cfg.noise
             losses = {hk: draw(by_hotkey[hk].strategy, rng, noise, cfg.freak_rate, cfg.freak_scale)
                       for hk in drawn.primary(verdicts)}
@@ -281,14 +285,17 @@ def simulate(cfg: SimConfig, *, keep_series: bool = False) -> Outcome:
             bonds = result.bonds
         incentive_hist[window] = result.incentive
         vtrust_hist[window] = result.validator_trust[: cfg.validators]
-    return Outcome(asdict(cfg), metrics(cfg, peers, incentive_hist, agreement_hist, vtrust_hist, lead_weight_hist),
+    return Outcome(asdict(cfg), metrics(cfg, peers, incentive_hist, agreement_hist, vtrust_hist, lead_weight_hist,
+                                        first_penalty),
                    series(cfg, peers, incentive_hist, agreement_hist) if keep_series else {})
 
 
 def metrics(cfg: SimConfig, peers: list[Peer], inc: np.ndarray, agreement: list[float], vtrust: np.ndarray,
-            lead_weights: np.ndarray) -> dict:
+            lead_weights: np.ndarray, first_penalty: dict[str, int] | None = None) -> dict:
     """`inc`: incentive after Yuma per window (held between epochs); `lead_weights`: the lead
-    validator's own weight vector per window (what the subnet's rules decide, before the chain's tempo)."""
+    validator's own weight vector per window (what the subnet's rules decide, before the chain's tempo);
+    `first_penalty`: the first window any validator failed each peer's fast evaluation (how soon a
+    copycat is told)."""
     last = inc[-LAST:].mean(axis=0)
     uids = {s: [p.uid for p in peers if p.strategy == s] for s in STRATEGIES}
     honest = [float(last[u]) for u in uids["honest"]]
@@ -320,7 +327,11 @@ def metrics(cfg: SimConfig, peers: list[Peer], inc: np.ndarray, agreement: list[
         return float(max(horizon if v is None else v for v in values))
 
     tail = max(1, len(agreement) // 3)
+    penalties = first_penalty or {}
+    told = [penalties.get(p.hotkey, cfg.windows) - p.joins for p in peers if p.strategy == "copycat"]
     return {
+        "copycat_first_penalty_windows": float(statistics.median(told)) if told else math.nan,
+        "copycat_first_penalty_windows_worst": float(max(told)) if told else math.nan,
         "newcomer_first_weight_windows": typical(first_weight),
         "newcomer_first_lead_weight_windows": typical(first_vote),
         "newcomer_honest_median_windows": typical(reach_median),

@@ -59,19 +59,23 @@ def computed() -> list[tuple[str, str]]:
     w, d, gl = hp.windows, hp.data, hp.gauntlet
     window = w.blocks_per_window * w.block_time
     sizing = window_sizing(hp)  # templar hparams' figures (tools.sizing)
+    blocking = window_sizing(hp.model_copy(update={"inner": hp.inner.model_copy(update={"overlap": "blocking"})}))
     times = window_times(w, 0, 0.0, window)  # one window, from its first block
-    gather_start = times.gather_start - window  # after the window ends
     commit_close = window - times.commit_close  # before the window ends
     tail = times.apply_deadline - window
     page_kib = d.sequences_per_page * d.sequence_length * 2 // 1024  # uint16 tokens
     mining = [
         # §1 time budget (templar.runtime.windows)
         f"A finney window is {w.blocks_per_window} blocks × {g(w.block_time)} s = {g(window)} s",
-        f"at `gather_start`, {g(gather_start)} s after `w` ends ({g(w.put_window_seconds)} s put window + "
-        f"{g(w.clock_skew_seconds)} s clock-skew allowance + {g(w.settle_seconds)} s",
-        f"the gather deadline ({g(w.gather_seconds)} s more)",
-        f"That leaves {sizing['miner_compute_span_seconds']:.1f} s for training",
-        f"and {g(sizing['miner_compute_span_min_seconds'])} s when it runs to its deadline",
+        f"as `w` ends ({g(w.put_window_seconds)} s, plus the {g(w.clock_skew_seconds)} s clock-skew allowance and "
+        f"{g(w.settle_seconds)} s for the last uploads to become visible), the gather takes up to "
+        f"{g(w.gather_seconds)} s more",
+        f"at the latest {g(tail)} s after `w` ends, when the first {({3: 'two'})[w.lead_slots]} lead slots",
+        f"an estimated {100 * sizing['miner_compute_utilisation']:.0f} % at 1.2B on an H100 with the overlapped window",
+        f"copies the state file off for its save: {sizing['miner_gpu_overhead_seconds']:.1f} s a window at 1.2B, which "
+        f"leaves {sizing['miner_compute_span_seconds']:.1f} s for training",
+        f"save before it trained `w+1`: {blocking['miner_compute_span_seconds']:.2f} s for training, "
+        f"{blocking['miner_compute_span_min_seconds']:.2f} s when the gather runs to its deadline",
         f"(`commit_close`, {g(commit_close)} s before `w+1` ends)",
         # §6 data
         f"`--data.cache_gb`, default {g(DEFAULT_CACHE_GB)}",
@@ -189,17 +193,19 @@ def _torchrun_grace() -> int:
 
 
 def test_the_exit_code_tables_are_the_codes():
-    codes = {flags.EXIT_NOT_REGISTERED: "hotkey not registered", flags.EXIT_CONFIG: "configuration",
+    """operating.md §8 holds the table of exit codes (mining.md's §10 names them and points there)."""
+    codes = {flags.EXIT_NOT_REGISTERED: "hotkey is not registered", flags.EXIT_CONFIG: "configuration",
              flags.EXIT_OWN_BUCKET: "our own bucket refused", flags.EXIT_STATE_LOCKED: "another process holds",
              flags.EXIT_STATE_DISK: "the state directory could not be written"}
-    mining = text("mining.md")
+    operating, mining = text("operating.md"), text("mining.md")
     for code, words in codes.items():
-        assert re.search(rf"^\| {code} \| [^|]*{re.escape(words)}", mining, re.M), (code, words)
+        assert re.search(rf"^\| {code} \| [^|]*{re.escape(words)}", operating, re.M), (code, words)
+        assert re.search(rf"\b{code} [a-z]", mining), code
     from templar.miner.loop import MAX_FAILED_UPLOADS
     from templar.runtime.node import MAX_FAILED_SAVES
 
-    assert f"refused {MAX_FAILED_UPLOADS} uploads in a row" in mining
-    assert {3: "three"}[MAX_FAILED_SAVES] + " windows in a row" in mining
+    assert f"refused {MAX_FAILED_UPLOADS} uploads in a row" in operating
+    assert {3: "three"}[MAX_FAILED_SAVES] + " windows in a row" in operating
     assert "`0 kB in 0.00s`" in mining and "(1 kB = 1,000 bytes)" in mining
     assert re.search(r"_bytes / 1e3:\.0f\} kB", (REPO_ROOT / "src" / "templar" / "miner" / "loop.py").read_text())
 

@@ -126,7 +126,8 @@ def miner_window(state_dir: Path, window: int, idx: int, strategy: str, rng: ran
         loss=round(9.0 - 0.22 * idx + rng.uniform(-0.05, 0.05), 4),
         tokens_per_second=round(rng.uniform(2400, 3100), 1), pages=2, uploaded=strategy != "late" or idx % 2 == 0,
         upload_bytes=rng.randint(150_000, 170_000), upload_seconds=round(rng.uniform(0.05, 0.4), 3),
-        peers_aggregated=0 if idx == 0 else 4, overhead_share=round(rng.uniform(0.12, 0.3), 3)))
+        peers_aggregated=0 if idx == 0 else 4, overhead_share=round(rng.uniform(0.12, 0.3), 3),
+        train_seconds=(seconds := round(rng.uniform(17.0, 19.0), 2)), utilisation=seconds / 20.0))
 
 
 def build_run(out: Path, *, windows: int = WINDOWS) -> Run:

@@ -47,7 +47,7 @@ def test_pages_render_the_run_and_the_api_matches_the_score_book(run: Run, dashb
                              "retrying in 1s", f"set w{run.last_window - run.last_window % 2}"]),
                        ("peers", ["miner0", "copycat0", "late0", "δ assigned", "1 hotkey without a bucket not shown"]),
                        (f"peers/{lazy}", ["no proof of its assigned work", "miner / lazy"]),
-                       ("miners", ["miner3", "tok/s"]), ("miners/miner0", ["[SYNC] Active", "Upload size"])):
+                       ("miners", ["miner3", "tok/s", "busy", "the GPU's compute utilisation"]), ("miners/miner0", ["[SYNC] Active", "Upload size", "Busy: training; overhead"])):
         status, headers, html = get(dashboard.url + path)
         assert status == 200, path
         for text in must:

@@ -100,3 +100,45 @@ def test_inner_adamw_over_the_ranks_matches_one_process_and_survives_a_restart(t
     assert all(torch.equal(a[n].values, b[n].values) and torch.equal(a[n].indices, b[n].indices) for n in a)
     sharded.stop()
     restarted.stop()
+
+
+def test_an_overlapped_window_over_the_ranks_matches_one_process() -> None:
+    """Eager over the ranks: the working model is sharded as θ, the proxy and the landing reach each
+    rank's rows, and the payload matches the 1-process node's; a delayed validator's kept base gives
+    the 1-process probes."""
+    from templar.core.config import InnerConfig
+    from templar.runtime.compute import LocalCompute
+    from templar.runtime.train import window_parts
+
+    hp = load_hparams("tiny")
+    hp = hp.model_copy(update={"inner": InnerConfig(steps=2, optimizer="adamw", learning_rate=1e-3,
+                                                    overlap="eager")})
+    batch = torch.randint(0, hp.model.vocab_size, (4, hp.data.sequence_length), generator=torch.Generator().manual_seed(3))
+    g = torch.Generator().manual_seed(4)
+    proxy, real = ({n: torch.randint(0, 2, p.shape, generator=g).float() * 2 - 1
+                    for n, p in build_model(hp).named_parameters()} for _ in range(2))
+    sharded = NodeCompute.lead(build_model(hp), hp, init_group("cpu"), role="miner")
+    plain = LocalCompute(build_model(hp), hp)
+    plain.enable_error_feedback()
+    assert sharded.work is not sharded.model
+    sent = []
+    for compute in (sharded, plain):
+        compute.begin_window(1e-3, 2, hp.optimizer.grad_clip, proxy=proxy, proxy_step=0)
+        first, second = window_parts(batch, hp.inner)
+        compute.inner_step(first)
+        compute.apply_update(real, 0)
+        compute.land()
+        compute.inner_step(second)
+        sent.append(compute.compress(compute.end_window().scale))
+    a, b = sent
+    for n in a:
+        assert torch.equal(a[n].indices, b[n].indices) and torch.allclose(a[n].values, b[n].values, atol=1e-6), n
+    for n, p in sharded.model.named_parameters():
+        assert torch.equal(p.full_tensor(), dict(plain.model.named_parameters())[n]), n
+    sharded.keep_base()
+    plain.keep_base()
+    sharded.apply_update(proxy, 1)
+    base_probes, own = sharded.base_probes(9), plain.base_probes(9)
+    assert all(torch.equal(base_probes[n], own[n]) for n in own)
+    assert not all(torch.equal(sharded.probes(9)[n], own[n]) for n in own)  # θ moved on, its base did not
+    sharded.stop()

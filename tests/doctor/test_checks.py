@@ -40,8 +40,10 @@ def _sdk_caches(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.Mo
 def subnet(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A lead validator (100 τ), a miner and a staked "miner"; "stranger" has keys but no uid."""
     root = tmp_path_factory.mktemp("doctor")
-    create_dev_chain(root / "chain.sqlite", netuid=NETUID, block_time=1.0, weights_rate_limit=10,
-                     hotkeys={"lead": 100.0, "miner": 0.0, "staked": 5.0}, wallet_path=root / "wallets")
+    with create_dev_chain(root / "chain.sqlite", netuid=NETUID, block_time=1.0, weights_rate_limit=10,
+                          hotkeys={"lead": 100.0, "miner": 0.0, "staked": 5.0},
+                          wallet_path=root / "wallets").connect("lead") as chain:
+        chain.commit_bucket(f"local:{root / 'buckets' / 'lead'}")  # the succession counts committed validators
     from templar.chain import load_wallet
 
     load_wallet("stranger", "default", root / "wallets", create=True)

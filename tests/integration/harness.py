@@ -20,7 +20,7 @@ import torch
 
 from templar.chain import create_dev_chain
 from templar.core.clock import loop_time
-from templar.core.config import load_hparams
+from templar.core.config import HParams, base_lag, load_hparams
 from templar.runtime.flags import add_node_args
 from templar.runtime.node import Node, start_node
 from templar.storage import Bucket, open_bucket
@@ -112,6 +112,12 @@ class Subnet:
     async def node(self, name: str, *extra: str) -> Node:
         """A started node on the running loop's time (virtual under `run_virtual`)."""
         return await start_node(self.args(name, *extra), "test", time=loop_time(), open_bucket=self.open_bucket)
+
+
+def untrained_windows(hp: HParams) -> int:
+    """Windows a freshly started miner steps without training: a delayed run's first (its base, θ
+    after the window before last, has gone by: `templar.miner.loop.Miner.may_begin`), none else."""
+    return base_lag(hp.inner) - 1
 
 
 def parameters(node_or_model) -> dict[str, torch.Tensor]:

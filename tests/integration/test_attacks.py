@@ -13,7 +13,7 @@ from templar.miner.loop import Miner
 from templar.runtime.records import SCORES_FILE, read_records
 from templar.validator.loop import Validator
 
-from .harness import Subnet, parameters, same_parameters
+from .harness import Subnet, parameters, same_parameters, untrained_windows
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -36,7 +36,7 @@ def test_a_step_pumper_in_the_top_g_changes_nothing(tmp_path):
         steps_applied = 0
         both = sorted([m0.node.hotkey, pump.node.hotkey])
         await put_peers(v.node.bucket, first, both, run=v.node.run)
-        for w in range(first, first + 5):
+        for w in range(first, first + 5 + untrained_windows(v.hp)):
             before = v.state.global_step
             await asyncio.gather(v.run_window(w), m0.run_window(w), pump.run_window(w))
             await put_peers(v.node.bucket, w + 1, both, run=v.node.run)
@@ -76,12 +76,13 @@ def test_work_borrowed_from_the_window_s_uploads_is_uncommitted(tmp_path):
         watcher.cancel()
         for node in (v.node, m0.node, partial.node):
             await node.aclose()
-        return v, m0, partial
+        return v, m0, partial, first
 
-    v, m0, partial = run_virtual(scenario())
+    v, m0, partial, first = run_virtual(scenario())
     records = list(read_records(v.node.state_dir / SCORES_FILE))
-    statuses = {hk: {r["status"] for r in records if r["hotkey"] == hk} for hk in (m0.node.hotkey,
-                                                                                   partial.node.hotkey)}
+    skipped = untrained_windows(v.hp)  # a delayed run's first window after a start is not trained
+    statuses = {hk: {r["status"] for r in records if r["hotkey"] == hk and r["window"] >= first + skipped}
+                for hk in (m0.node.hotkey, partial.node.hotkey)}
     assert statuses[partial.node.hotkey] == {"uncommitted"}, statuses
     assert statuses[m0.node.hotkey] <= {"ok", "warmup"}, statuses
 
@@ -122,6 +123,13 @@ def test_a_miner_re_posting_its_own_earlier_upload_is_replay_across_a_restart(tm
     v, m0, cheat, first = run_virtual(scenario())
     records = list(read_records(v.node.state_dir / SCORES_FILE))
     status = {(r["hotkey"], r["window"]): r["status"] for r in records}
-    assert {status[(m0.node.hotkey, w)] for w in range(first, first + 6)} <= {"ok", "warmup"}, status
-    assert {status[(cheat.node.hotkey, w)] for w in range(first, first + 2)} <= {"ok", "warmup"}, status
-    assert [status[(cheat.node.hotkey, w)] for w in range(first + 2, first + 6)] == ["replay"] * 4, status
+    # A delayed run: the miners' first window is not trained, and a restarted lead scores its first window
+    # only if it holds that window's base (θ before its last step: θ_0 while no step was taken).
+    skipped = untrained_windows(v.hp)
+    unscored = {w for w in range(first, first + 6) if status[(m0.node.hotkey, w)] == "not-sampled"}
+    assert unscored <= ({first + 3} if skipped else set()), status
+    scored = [w for w in range(first + skipped, first + 6) if w not in unscored]
+    assert {status[(m0.node.hotkey, w)] for w in scored} <= {"ok", "warmup"}, status
+    assert {status[(cheat.node.hotkey, w)] for w in scored[:2]} <= {"ok", "warmup"}, status
+    assert [status[(cheat.node.hotkey, w)] for w in scored[2:]] == ["replay"] * len(scored[2:]), status
+    assert first + 4 in scored[2:]  # re-posting its upload of first + 2, which the lead saw before its restart

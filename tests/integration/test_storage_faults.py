@@ -16,7 +16,7 @@ from templar.miner.loop import MAX_FAILED_UPLOADS, Miner
 from templar.runtime.node import OwnBucketError
 from templar.validator.loop import PUBLISH_MIN_SECONDS, Validator
 
-from .harness import Subnet, parameters, same_parameters
+from .harness import Subnet, parameters, same_parameters, untrained_windows
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -31,7 +31,9 @@ def test_a_stalled_lead_bucket_delays_no_window(tmp_path, faults: FaultPlan):
         for m in miners:
             await m.start()
         faulty = v.node.bucket = faults.wrap(v.node.bucket)
-        first = v.state.window + 1
+        first = v.state.window + 1 + untrained_windows(v.hp)  # a delayed run's first window has no payloads
+        for w in range(v.state.window + 1, first):
+            await asyncio.gather(v.run_window(w), *(m.run_window(w) for m in miners))
         for w in range(first, first + 2):
             await asyncio.gather(v.run_window(w), *(m.run_window(w) for m in miners))
         stalled = first + 2
@@ -69,7 +71,7 @@ def test_a_miner_whose_bucket_refuses_writes_stops_with_one_clear_error(tmp_path
         m.node.bucket = faults.wrap(m.node.bucket)
         faults.add(Fault.ERROR, ops={"put"}, message="AccessDenied")  # a revoked write key
         w = v.state.window + 1
-        for _ in range(MAX_FAILED_UPLOADS - 1):
+        for _ in range(MAX_FAILED_UPLOADS - 1 + untrained_windows(v.hp)):  # a delayed run's first: no upload
             await asyncio.gather(v.run_window(w), m.run_window(w))
             w += 1
         with pytest.raises(OwnBucketError, match="refused 5 uploads in a row"):

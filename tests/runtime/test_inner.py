@@ -10,8 +10,9 @@ from templar.compress import DCTCompressor, DeMo
 from templar.core.config import HParams, InnerConfig, load_hparams
 from templar.core.model import build_model
 from templar.runtime.compute import LocalCompute
+from templar.runtime.outer import apply_update
 from templar.runtime.state import NodeState
-from templar.runtime.train import accumulate_gradients, gradients, inner_lr, inner_parts
+from templar.runtime.train import accumulate_gradients, gradients, inner_lr, inner_parts, window_parts
 
 
 def _batch(hp: HParams, n: int, seed: int = 1) -> torch.Tensor:
@@ -121,3 +122,82 @@ def test_inner_steps_cannot_outnumber_the_windows_sequences(tmp_path):
                                   "inner": {"steps": sequences + 1}}))
     with pytest.raises(HParamsError, match=r"inner\.steps \(9\) exceeds the window's sequences \(8"):
         load_hparams(preset)
+
+
+def _signs(hp: HParams, seed: int) -> dict[str, torch.Tensor]:
+    """A made-up outer update: ±1 on every coordinate (what the signed rule applies)."""
+    g = torch.Generator().manual_seed(seed)
+    return {n: torch.randint(0, 2, s, generator=g).float() * 2 - 1 for n, s in
+            ((n, p.shape) for n, p in build_model(hp).named_parameters())}
+
+
+def test_an_overlapped_window_trains_a_working_model_while_theta_takes_its_step(hp):
+    """Delayed: the window's inner steps run on a working copy of θ, so the outer step of the window
+    before can land on θ between two of them. The pseudo-gradient is the one a blocking node computes
+    from the same θ, bit for bit, and θ holds exactly that outer step."""
+    hp = _with_inner(hp, steps=2, optimizer="adamw", learning_rate=1e-3, overlap="delayed")
+    blocking = _with_inner(hp, steps=2, optimizer="adamw", learning_rate=1e-3)
+    batch, signs = _batch(hp, 4), _signs(hp, 5)
+    overlapped = LocalCompute(build_model(hp), hp)
+    overlapped.enable_error_feedback()
+    assert overlapped.work is not overlapped.model
+    reference = LocalCompute(build_model(blocking), blocking)
+    reference.enable_error_feedback()
+    overlapped.begin_window(1e-3, 2, hp.optimizer.grad_clip)
+    first, second = window_parts(batch, hp.inner)
+    overlapped.inner_step(first)
+    overlapped.apply_update(signs, 0)  # the previous window's step lands mid-window, on θ alone
+    overlapped.inner_step(second)
+    sent = overlapped.compress(overlapped.end_window().scale)
+    expected = reference.compress(reference.train(batch, 2, hp.optimizer.grad_clip, 1e-3).scale)
+    for name, c in expected.items():
+        assert torch.equal(sent[name].indices, c.indices) and torch.equal(sent[name].values, c.values), name
+    reference.apply_update(signs, 0)
+    assert all(torch.equal(p, q) for p, q in zip(overlapped.model.parameters(), reference.model.parameters(),
+                                                 strict=True))
+
+
+def test_eager_swaps_its_proxy_for_the_step_that_lands(hp):
+    """Eager (arXiv 2502.12996): the inner steps start from θ with the node's own last update applied
+    as a proxy; when the real step lands on θ the working model moves by θ − its start (its progress
+    kept), and the pseudo-gradient is formed against θ: the base a blocking node computes from."""
+    hp = _with_inner(hp, steps=2, optimizer="adamw", learning_rate=1e-3, overlap="eager")
+    batch, proxy, real = _batch(hp, 4), _signs(hp, 5), _signs(hp, 6)
+    compute = LocalCompute(build_model(hp), hp)
+    compute.enable_error_feedback()
+    theta = {n: p.detach().clone() for n, p in compute.model.named_parameters()}
+    compute.begin_window(1e-3, 2, None, proxy=proxy, proxy_step=0)
+    first, second = window_parts(batch, hp.inner)
+    compute.inner_step(first)
+    before_landing = {n: p.detach().clone() for n, p in compute.work.named_parameters()}
+    compute.apply_update(real, 0)
+    compute.land()
+    # the same by hand: the proxy's start, one step, then the shift of the landing
+    start = {n: t.clone() for n, t in theta.items()}
+    apply_update(start, proxy, 0, hp)
+    landed = {n: t.clone() for n, t in theta.items()}
+    apply_update(landed, real, 0, hp)
+    for n, p in compute.work.named_parameters():
+        assert torch.allclose(p, before_landing[n] + (landed[n] - start[n]), atol=1e-6), n
+    compute.inner_step(second)
+    final = {n: p.detach().clone() for n, p in compute.work.named_parameters()}
+    stats = compute.end_window()
+    assert stats.scale == 1.0 and stats.tokens == batch.numel()
+    for n, p in compute.work.named_parameters():
+        assert torch.equal(p.grad, landed[n] - final[n]), n
+        assert torch.equal(p, landed[n]), n  # the working model ends at its base
+    assert all(torch.equal(p, landed[n]) for n, p in compute.model.named_parameters())  # θ: the real step only
+
+
+def test_eager_needs_inner_adamw(tmp_path):
+    import json
+
+    import pytest
+
+    from templar.core.config import PRESETS_DIR, HParamsError, base_lag
+
+    preset = tmp_path / "eager-sgd.json"
+    preset.write_text(json.dumps({"base": str(PRESETS_DIR / "tiny-paper.json"), "inner": {"overlap": "eager"}}))
+    with pytest.raises(HParamsError, match="eager"):
+        load_hparams(preset)
+    assert [base_lag(InnerConfig(overlap=mode)) for mode in ("blocking", "delayed", "eager")] == [1, 2, 1]

@@ -12,7 +12,7 @@ from tests.rules import gauntlet_rules
 from templar.comms import GatherResult, GatherStatus
 from templar.compress import Compressed, DCTCompressor
 from templar.core.config import GauntletConfig
-from templar.validator.fast_eval import failure_verdict, fast_evaluate
+from templar.validator.fast_eval import OtherBase, failure_verdict, fast_evaluate
 from templar.validator.replays import Sighting
 from templar.wire import (
     Gradient,
@@ -124,6 +124,36 @@ def test_a_payload_claiming_another_step_is_wrong_step(real_peers, probes):
                              rules=_rules(duplicate_threshold=0.98), salt=7, expected_step=2)
     assert verdicts["honest"].passed
     assert verdicts["pump"].status == "wrong_step" and not verdicts["pump"].passed
+
+
+def test_an_update_computed_from_the_other_base_is_wrong_base(real_peers, probes):
+    """The window's base is θ after window w − base_lag (`inner.overlap`): an update that declares
+    the run's other candidate base (one window newer or older) is `wrong_base`, as is one declaring
+    the right step whose probes lie nearer the other base's model; any other claim stays `wrong_step`.
+    Where the two bases are one model (no step between them), nothing is wrong."""
+    _, peers = real_peers
+    newer = {n: p + LR for n, p in probes.items()}  # θ one outer step on from the base
+    honest = _gradient(peers[0], probes, hotkey="honest")
+    blocking = Gradient(**{**honest.__dict__, "hotkey": "blocking", "global_step": 3, "probes": newer,
+                           "tensors": peers[1], "digest": b"blocking"})
+    disguised = Gradient(**{**honest.__dict__, "hotkey": "disguised", "probes": newer, "tensors": peers[2],
+                            "digest": b"disguised"})
+    pumped = Gradient(**{**honest.__dict__, "hotkey": "pump", "global_step": 9, "tensors": peers[3],
+                         "digest": b"pump"})
+    results = {hk: _ok(g, 100.0 + i) for i, (hk, g) in enumerate(
+        [("honest", honest), ("blocking", blocking), ("disguised", disguised), ("pump", pumped)])}
+    verdicts = fast_evaluate(results, probes, LR, rules=_rules(duplicate_threshold=0.98), salt=7, expected_step=2,
+                             other_base=OtherBase(3, probes=newer))
+    assert {hk: v.status for hk, v in verdicts.items()} == {
+        "honest": "ok", "blocking": "wrong_base", "disguised": "wrong_base", "pump": "wrong_step"}
+    assert not verdicts["disguised"].passed and verdicts["disguised"].sync_steps == pytest.approx(1.0, rel=1e-4)
+    # the claim alone decides when the validator holds no probes of the other base (blocking, eager)
+    by_step = fast_evaluate({"blocking": results["blocking"]}, probes, LR, rules=_rules(duplicate_threshold=0.98),
+                            salt=7, expected_step=2, other_base=OtherBase(3))
+    assert by_step["blocking"].status == "wrong_base"
+    same = fast_evaluate({"honest": results["honest"]}, probes, LR, rules=_rules(duplicate_threshold=0.98), salt=7,
+                         expected_step=2, other_base=OtherBase(2, probes=probes))
+    assert same["honest"].passed
 
 
 def test_a_payload_other_than_its_commitment_is_uncommitted(real_peers, probes):

@@ -116,6 +116,14 @@ class InnerConfig(_Strict):
     beta2: float = Field(default=0.95, ge=0, lt=1)
     eps: float = Field(default=1e-8, gt=0)
     weight_decay: float = Field(default=0.0, ge=0, description="adamw: decoupled weight decay of the inner steps")
+    overlap: Literal["blocking", "delayed", "eager"] = Field(
+        default="blocking", description="what window w's update is computed from, and so whether a miner's next "
+        "inner steps wait for the exchange (docs/architecture.md §2, `base_lag`): blocking = from θ after window "
+        "w−1's outer step (the paper; the GPU idles through the put window, gather and step); delayed = from θ "
+        "after w−2's step, the newest θ a miner holds when w's inner steps start the moment its w−1 payload is "
+        "committed; eager (arXiv 2502.12996, inner adamw) = the inner steps start from that θ with the miner's own "
+        "w−1 update applied as a proxy, swapped for the real step when it lands: computed from θ after w−1 as "
+        "blocking")
 
 
 class DemoConfig(_Strict):
@@ -325,6 +333,13 @@ class HParams(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _eager_needs_pseudo_gradients(self) -> HParams:
+        if self.inner.overlap == "eager" and self.inner.optimizer != "adamw":
+            raise ValueError("inner.overlap eager swaps a proxy for the real step inside the inner steps and forms "
+                             "θ − θ_H: it needs inner.optimizer adamw")
+        return self
+
+    @model_validator(mode="after")
     def _inner_steps_fit(self) -> HParams:
         sequences = self.data.pages_per_window * self.data.sequences_per_page
         if self.inner.steps > sequences:
@@ -338,6 +353,18 @@ class HParams(_Strict):
         which is included, makes their bytes identical)."""
         body = self.model_dump(exclude={"name": True, "data": {"corpus", "corpus_prefix"}})
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def base_lag(inner: InnerConfig) -> int:
+    """How many windows before its own window the θ an update is computed from lies: window w's update
+    is computed from θ after window w − `base_lag`'s outer step (its base, whose global_step the payload
+    declares): 1 for blocking and eager, 2 for delayed (`InnerConfig.overlap`)."""
+    return 2 if inner.overlap == "delayed" else 1
+
+
+def overlapped(inner: InnerConfig) -> bool:
+    """Whether a miner's inner steps of window w+1 run while window w's exchange is in flight."""
+    return inner.overlap != "blocking"
 
 
 class HParamsError(ValueError):

@@ -35,7 +35,10 @@ tensor (three float32 copies: its DCT coefficients, the selection scratch, the d
 offload its streamed buffer too; under torchrun the owner's gathered full gradients), and with
 offload one parameter group's moments during its AdamW step. A validator holds θ, the copy of θ_t
 it restores after each trial step, and one no-grad forward: the head's logits (10·T·V as above),
-the MLP's gate, up and product in bf16 (6·T·f) and two float32 hidden states (8·T·d). Host memory
+the MLP's gate, up and product in bf16 (6·T·f) and two float32 hidden states (8·T·d). An overlapped
+run (`HParams.inner.overlap`) adds one float32 copy of θ on the GPU: a miner's working model, which its
+inner steps train while θ takes the previous window's outer step, and a delayed run's validator's θ
+one window older, the base it evaluates the window's updates against. Host memory
 counts the state file's save (the tensors copied off the GPU) and load (the whole file is read), the
 outer step's dense update (float32, on the host), and `HOST_PROCESS_BYTES` for the process itself.
 """
@@ -183,13 +186,17 @@ class StateCopies:
     snapshot: int = 0       # θ_t, kept through a window's inner steps
     moments: int = 0        # the inner optimizer's
     outer: int = 0          # the outer rule's own state (`OuterRule.state_copies`), on every node
+    working: int = 0        # an overlapped miner's working model: the inner steps train it while θ takes outer steps
+    base: int = 0           # a delayed run's validator: θ one window older, the base its updates are evaluated against
 
     @classmethod
-    def of(cls, role: str, *, inner_optimizer: str, inner_steps: int, outer: int) -> StateCopies:
+    def of(cls, role: str, *, inner_optimizer: str, inner_steps: int, outer: int,
+           overlap: str = "blocking") -> StateCopies:
         if role != "miner":
-            return cls(outer=outer)
+            return cls(outer=outer, base=1 if overlap == "delayed" else 0)
         return cls(error_feedback=1, snapshot=1 if inner_optimizer != "sgd" or inner_steps > 1 else 0,
-                   moments=2 if inner_optimizer == "adamw" else 0, outer=outer)
+                   moments=2 if inner_optimizer == "adamw" else 0, outer=outer,
+                   working=0 if overlap == "blocking" else 1)
 
     @property
     def offloadable(self) -> int:
@@ -239,6 +246,10 @@ def node_memory(shape: ModelShape, copies: StateCopies, *, role: str, setting: M
     host: dict[str, float] = {}
     if copies.outer:
         gpu["outer rule state"] = 4 * copies.outer * n * per
+    if copies.working:
+        gpu["working model (overlap)"] = 4 * copies.working * n * per
+    if copies.base:
+        gpu["θ base (delayed)"] = 4 * copies.base * n * per
     # per GPU (error feedback: its owner's whole tensors), or in the node's host memory (all ranks)
     offloadable = {"error feedback": (copies.error_feedback, owned), "θ_t snapshot": (copies.snapshot, n * per),
                    "AdamW moments": (copies.moments, n * per)}

@@ -32,6 +32,7 @@ class Status(StrEnum):
     UNCOMMITTED = "uncommitted"    # not the payload it committed to before the window's uploads were readable
     REPLAY = "replay"              # its gradient tensors repeat an upload of an earlier window (any hotkey's)
     WRONG_STEP = "wrong_step"      # claims a global_step other than the validator's
+    WRONG_BASE = "wrong_base"      # computed from another θ than the run's base for the window (inner.overlap)
     DESYNC = "desync"              # its probes are further than sync_max_steps from the validator's model
     COPY = "copy"                  # shares its work with an earlier upload by another hotkey
     SCALE = "scale"                # its values' norm is far above the window's median
@@ -76,6 +77,8 @@ _MEANING = {
     Status.UNCOMMITTED: "not the payload committed before the window's uploads were readable",
     Status.REPLAY: "its gradient repeats, byte for byte, an upload of an earlier window (its own or another's)",
     Status.WRONG_STEP: "claims a global_step other than the validator's",
+    Status.WRONG_BASE: "computed from another model than the run's base for the window (the overlap mode: an "
+                       "update of window w starts from θ after window w−1, or w−2 when delayed)",
     Status.DESYNC: "sync score above sync_max_steps: its model drifted from the run's",
     Status.COPY: "shares its work with an earlier upload by another hotkey",
     Status.SCALE: "update norm far above the window's median",

@@ -292,6 +292,10 @@ class SyncLine:
     text: str
 
 
+BUSY_WINDOWS = 10
+"""Windows a miner's busy fraction is averaged over (the Miners page)."""
+
+
 class MinerSource:
     """One miner's state dir: its window records and join state."""
 
@@ -360,6 +364,14 @@ class MinerSource:
                 break
             out.append(r)
         return out[::-1]
+
+    @property
+    def busy(self) -> float | None:
+        """The measured busy fraction: training seconds over the windows' wall-clock seconds, the mean
+        `utilisation` of the last `BUSY_WINDOWS` windows it trained (None before any, or from records
+        that predate the field)."""
+        trained = [w.utilisation for w in self.windows if w.train_seconds > 0][-BUSY_WINDOWS:]
+        return sum(trained) / len(trained) if trained else None
 
     def phase(self) -> str:
         if self.windows:

@@ -82,15 +82,17 @@ def _gather_sharded(t: torch.Tensor, p: torch.Tensor, group: Group, dst: int) ->
 
 
 def save_sharded_state(path: Path, model: nn.Module, demo: ShardedDeMo | None, state: NodeState,
-                       group: Group, inner: torch.optim.Optimizer | None = None) -> None:
+                       group: Group, inner: torch.optim.Optimizer | None = None,
+                       inner_model: nn.Module | None = None) -> None:
     """Collective: rank 0 writes the node's state file (see module doc); `demo` None: no error
     feedback (a validator's state); `inner`: the miner's inner optimizer, whose moments are
-    gathered like θ's rows. Rank 0 streams each tensor to disk as it arrives, so it never holds
-    more than one of them."""
+    gathered like θ's rows (its parameters are `inner_model`'s: θ's, or an overlapped miner's
+    working model). Rank 0 streams each tensor to disk as it arrives, so it never holds more than
+    one of them."""
     entries = [(MODEL_PREFIX + k, v.dtype, tuple(v.shape)) for k, v in model.state_dict().items()]
     names = list(demo.shapes) if demo is not None else []
     entries += [(EF_PREFIX + n, torch.float32, tuple(demo.shapes[n])) for n in names]
-    moments = _inner_params(model, inner)
+    moments = _inner_params(inner_model or model, inner)
     for name, p in moments:
         entries += [(f"{INNER_PREFIX}{name}.step", torch.float32, (1,)),
                     (f"{INNER_PREFIX}{name}.exp_avg", torch.float32, tuple(p.shape)),
@@ -206,7 +208,8 @@ def _check_file(path: Path, model: nn.Module, demo: ShardedDeMo | None,
 
 @torch.no_grad()
 def load_sharded_state(path: Path, model: nn.Module, demo: ShardedDeMo | None, group: Group,
-                       inner: torch.optim.Optimizer | None = None) -> NodeState | None:
+                       inner: torch.optim.Optimizer | None = None,
+                       inner_model: nn.Module | None = None) -> NodeState | None:
     """Collective: restore θ, the error feedback and (when saved) the inner optimizer's state from
     rank 0's `path`; None when it has no file.
 
@@ -248,7 +251,7 @@ def load_sharded_state(path: Path, model: nn.Module, demo: ShardedDeMo | None, g
         for name in ef_names:
             demo.load_from(name, handle.get_tensor(EF_PREFIX + name) if handle is not None else None)
         if info["inner"] and inner is not None:
-            for name, p in model.named_parameters():
+            for name, p in (inner_model or model).named_parameters():
                 if not p.requires_grad:
                     continue
                 saved = {key: handle.get_tensor(f"{INNER_PREFIX}{name}.{key}") if handle is not None else None

@@ -31,7 +31,7 @@ from templar.comms import CheckpointError
 from templar.compress import Compressed
 from templar.compress.methods import rule_of
 from templar.core.atomic import atomic_write
-from templar.core.config import HParams
+from templar.core.config import HParams, overlapped
 from templar.core.memory import MemorySettings
 from templar.core.model import build_model
 from templar.core.schedule import learning_rate
@@ -46,7 +46,7 @@ from templar.runtime.model_file import check_model_file
 from templar.runtime.offload import HostStore
 from templar.runtime.outer import OuterStep, apply_update
 from templar.runtime.state import NodeState, load_node_state_or_previous
-from templar.runtime.train import TrainStats, inner_steps, make_inner_optimizer
+from templar.runtime.train import InnerWindow, TrainStats, make_inner_optimizer, window_parts
 from templar.wire import Gradient
 
 __all__ = ["NodeCompute"]
@@ -68,15 +68,31 @@ class NodeCompute:
         self.group = group
         self.role = role
         offload = miner and self.memory.offload
+        self.work = self._twin() if miner and overlapped(hp.inner) else self.model
+        """The model the inner steps train: θ itself (blocking), or a working copy sharded as θ is
+        (overlapped: `HParams.inner.overlap`), so θ can take outer steps between two inner steps."""
         compressor = rule_of(hp.optimizer.method).compressor(hp.demo.target_chunk, hp.demo.topk)
-        self.demo = ShardedDeMo(self.model, group, compressor=compressor, decay=hp.demo.momentum_decay,
+        self.demo = ShardedDeMo(self.work, group, compressor=compressor, decay=hp.demo.momentum_decay,
                                 offload=offload) if miner else None
-        self.inner_optimizer = make_inner_optimizer(self.model, hp.inner, offload=offload) if miner else None
+        self.inner_optimizer = make_inner_optimizer(self.work, hp.inner, offload=offload) if miner else None
         self.snapshot = HostStore() if offload else None
+        self.window: InnerWindow | None = None
         self.sharded_evaluator = ShardedEvaluator(self.model, hp.optimizer.micro_batch_size, group,
                                                   position_ranges=hp.gauntlet.position_ranges)
+        self.base_model: nn.Module | None = None
+        """A delayed run's validator: θ before its latest outer step, sharded as θ (`keep_base`)."""
+        self._base_scorer: ShardedEvaluator | None = None
         self._lock = threading.Lock()  # one op at a time, in the order the followers see them
         self._stopped = False
+
+    def _twin(self) -> nn.Module:
+        """A second model of the run's architecture, sharded as θ is, holding θ's values (every rank
+        builds θ_0 and keeps its rows, as for θ)."""
+        miner = self.role == "miner"
+        twin = shard_model(build_model(self.hp), self.group,
+                           checkpoint_activations=miner and self.memory.checkpoint_activations)
+        _copy_local(twin, self.model)
+        return twin
 
     @property
     def world_size(self) -> int:
@@ -136,7 +152,8 @@ class NodeCompute:
         try:
             return getattr(self, "_" + op)(**kwargs)
         finally:
-            reshard(self.model)  # between ops, parameters are always the shards
+            for model in {id(m): m for m in (self.model, self.work, self.base_model) if m is not None}.values():
+                reshard(model)  # between ops, parameters are always the shards
 
     def stop(self) -> None:
         """Rank 0: release the followers (they exit `follow`). A follower already gone (the node
@@ -168,10 +185,60 @@ class NodeCompute:
     def _train(self, batch: torch.Tensor, micro_batch_size: int, grad_clip: float | None, lr: float) -> TrainStats:
         """The window's inner steps (`runtime.train.inner_steps`), each over all ranks' shares of
         its part of the pages; the inner optimizer steps each rank's shards (AdamW is element-wise)."""
-        return inner_steps(self.model, batch, micro_batch_size, grad_clip, inner=self.hp.inner,
-                           optimizer=self.inner_optimizer, lr=lr, snapshot=self.snapshot,
-                           accumulate=lambda part: accumulate_sharded(self.model, part, micro_batch_size, self.group,
-                                                                      grad_clip))
+        self._begin_window(lr, micro_batch_size, grad_clip)
+        for part in window_parts(batch, self.hp.inner):
+            self._inner_step(part)
+        return self._end_window()
+
+    def begin_window(self, lr: float, micro_batch_size: int, grad_clip: float | None, *,
+                     proxy: dict[str, torch.Tensor] | None = None, proxy_step: int = 0) -> None:
+        """`Compute.begin_window` over the ranks; `proxy` (rank 0's dense update) reaches each rank as
+        its rows, as a catch-up update does (`apply_update`)."""
+        self._call("begin_window", {"proxy": proxy}, lr=lr, micro_batch_size=micro_batch_size,
+                   grad_clip=grad_clip, proxy_step=proxy_step, has_proxy=proxy is not None)
+
+    @torch.no_grad()
+    def _begin_window(self, lr: float, micro_batch_size: int, grad_clip: float | None, proxy_step: int = 0,
+                      has_proxy: bool = False, proxy: dict[str, torch.Tensor] | None = None) -> None:
+        if self.work is not self.model:
+            _copy_local(self.work, self.model)
+            if has_proxy:
+                self._apply_rows(self.work, proxy_step, proxy)
+        elif has_proxy:
+            raise ValueError("a proxy step needs the working model of an overlapped run")
+        work = self.work
+        self.window = InnerWindow(work, micro_batch_size, grad_clip, inner=self.hp.inner,
+                                  optimizer=self.inner_optimizer, lr=lr, snapshot=self.snapshot,
+                                  accumulate=lambda part: accumulate_sharded(work, part, micro_batch_size, self.group,
+                                                                             grad_clip))
+        self.window.begin()
+
+    def inner_step(self, part: torch.Tensor) -> None:
+        self._call("inner_step", part=part)
+
+    def _inner_step(self, part: torch.Tensor) -> None:
+        self._current().step(part)
+
+    def land(self) -> None:
+        self._call("land")
+
+    def _land(self) -> None:
+        if self.work is self.model:
+            raise ValueError("land() needs the working model of an overlapped run")
+        self._current().land([p.detach() for p in self.model.parameters() if p.requires_grad])
+
+    def end_window(self) -> TrainStats:
+        return self._call("end_window")
+
+    def _end_window(self) -> TrainStats:
+        stats = self._current().end()
+        self.window = None
+        return stats
+
+    def _current(self) -> InnerWindow:
+        if self.window is None:
+            raise RuntimeError("no window's inner steps begun (begin_window)")
+        return self.window
 
     def compress(self, scale: float) -> dict[str, Compressed]:
         """The node's DeMo step on the pending pseudo-gradient times `scale` (error feedback split
@@ -181,9 +248,9 @@ class NodeCompute:
     def _compress(self, scale: float) -> dict[str, Compressed]:
         assert self.demo is not None, "compress() is a miner's op"
         try:
-            return self.demo.step(self.model, scale)
+            return self.demo.step(self.work, scale)
         finally:
-            self.model.zero_grad(set_to_none=True)
+            self.work.zero_grad(set_to_none=True)
 
     # ------------------------------------------------------------------ θ
     def probes(self, window: int) -> dict[str, torch.Tensor]:
@@ -234,10 +301,16 @@ class NodeCompute:
 
     @torch.no_grad()
     def _apply_update(self, step: int, signs: dict[str, torch.Tensor] | None = None) -> float:
+        return self._apply_rows(self.model, step, signs)
+
+    @torch.no_grad()
+    def _apply_rows(self, model: nn.Module, step: int, signs: dict[str, torch.Tensor] | None) -> float:
+        """`apply_update` of rank 0's dense `signs` to `model` (θ, or the working model's proxy):
+        each rank receives its rows of each tensor and applies the one rule to them."""
         names = None
         if self.group.is_leader:
             assert signs is not None
-            params = dict(self.model.named_parameters())
+            params = dict(model.named_parameters())
             for name, s in signs.items():  # the checks of apply_signed_update, before any change
                 if name not in params or tuple(s.shape) != tuple(params[name].shape):
                     names = ValueError(f"sign for unknown parameter or of another shape: {name}")
@@ -246,7 +319,7 @@ class NodeCompute:
         names = self.group.broadcast_object(names)
         if isinstance(names, Exception):
             raise names
-        params = dict(self.model.named_parameters())
+        params = dict(model.named_parameters())
         lr = learning_rate(step, self.hp.optimizer)
         # a sign fits in int8 (a quarter of the bytes to scatter); another method's update is float32
         dtype = torch.int8 if self.hp.optimizer.method == "signed" else torch.float32
@@ -257,6 +330,31 @@ class NodeCompute:
             start, end = local_rows(p.shape, self.group)
             lr = apply_update({name: local(p)}, {name: rows[: end - start]}, step, self.hp)
         return lr
+
+    def keep_base(self) -> None:
+        """`Compute.keep_base`: θ's rows into the base model's (every rank its own)."""
+        self._call("keep_base")
+
+    def _keep_base(self) -> None:
+        if self.base_model is None:
+            self.base_model = self._twin()
+            self._base_scorer = ShardedEvaluator(self.base_model, self.hp.optimizer.micro_batch_size, self.group,
+                                                 position_ranges=self.hp.gauntlet.position_ranges)
+        else:
+            _copy_local(self.base_model, self.model)
+
+    def base_probes(self, window: int) -> dict[str, torch.Tensor]:
+        return self._call("base_probes", window=window)
+
+    def _base_probes(self, window: int) -> dict[str, torch.Tensor]:
+        if self.base_model is None:
+            raise RuntimeError("no base model kept (keep_base)")
+        return collect_probes_sharded(self.base_model, window, self.hp, self.group)
+
+    @property
+    def base_evaluator(self) -> _BaseScorer:
+        """`score_peers` over all ranks against the base model (`keep_base`)."""
+        return _BaseScorer(self)
 
     # ------------------------------------------------------------------ evaluation (validators)
     def evaluate_loss(self, batch: torch.Tensor) -> float:
@@ -275,9 +373,12 @@ class NodeCompute:
 
     def _score_peers(self, peers: list[str], assigned: dict[str, torch.Tensor], random_batch: torch.Tensor,
                      beta: float, page_sequences: int | None = None,
-                     signs_by_peer: dict[str, dict[str, torch.Tensor]] | None = None) -> dict:
+                     signs_by_peer: dict[str, dict[str, torch.Tensor]] | None = None, base: bool = False) -> dict:
         signs = signs_by_peer if signs_by_peer is not None else {p: {} for p in peers}
-        return self.sharded_evaluator.score_peers(signs, assigned, random_batch, beta, page_sequences)
+        evaluator = self._base_scorer if base else self.sharded_evaluator
+        if evaluator is None:
+            raise RuntimeError("no base model kept (keep_base)")
+        return evaluator.score_peers(signs, assigned, random_batch, beta, page_sequences)
 
     # ------------------------------------------------------------------ files
     def save_state(self, path: Path, state: NodeState) -> None:
@@ -287,7 +388,7 @@ class NodeCompute:
 
     def _save_state(self, path: str, state: NodeState | None = None) -> None:
         save_sharded_state(Path(path), self.model, self.demo, state or NodeState(-1, 0), self.group,
-                           inner=self.inner_optimizer)
+                           inner=self.inner_optimizer, inner_model=self.work)
 
     def load_state(self, path: Path) -> tuple[NodeState | None, str]:
         """`templar.runtime.state.load_node_state_or_previous`, sharded: every rank runs the same
@@ -297,7 +398,8 @@ class NodeCompute:
 
     def _load_state(self, path: str) -> tuple[NodeState | None, str]:
         def load(file: Path) -> tuple[NodeState, dict[str, torch.Tensor]] | None:
-            state = load_sharded_state(file, self.model, self.demo, self.group, inner=self.inner_optimizer)
+            state = load_sharded_state(file, self.model, self.demo, self.group, inner=self.inner_optimizer,
+                                       inner_model=self.work)
             return None if state is None else (state, {})
 
         loaded, source = load_node_state_or_previous(Path(path), self.model, load=load)
@@ -341,3 +443,26 @@ class NodeCompute:
         finally:
             for _ in tensors:  # take part in every gather (rank 0 too, if its write failed early)
                 pass
+
+
+class _BaseScorer:
+    """`PeerScorer` against the node's base model (`NodeCompute.keep_base`), over all ranks."""
+
+    def __init__(self, compute: NodeCompute) -> None:
+        self.compute = compute
+
+    def score_peers(self, signs_by_peer: dict[str, dict[str, torch.Tensor]], assigned: dict[str, torch.Tensor],
+                    random_batch: torch.Tensor, beta: float, page_sequences: int | None = None) -> dict:
+        return self.compute._call("score_peers", {"signs_by_peer": signs_by_peer}, peers=sorted(signs_by_peer),
+                                  assigned=assigned, random_batch=random_batch, beta=beta,
+                                  page_sequences=page_sequences, base=True)
+
+
+@torch.no_grad()
+def _copy_local(into: nn.Module, source: nn.Module) -> None:
+    """Every rank: `into`'s rows of each trainable parameter ← `source`'s (sharded alike)."""
+    for (name, p), (other, q) in zip(into.named_parameters(), source.named_parameters(), strict=True):
+        if name != other:
+            raise ValueError(f"twin models differ: {name} against {other}")
+        if p.requires_grad:
+            local(p).copy_(local(q))

@@ -4,9 +4,10 @@ registration and stake, the subnet's weight settings, and the run the lead publi
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 
-from templar.chain import ChainError, connect, is_miner, lead_of, load_wallet
+from templar.chain import ChainError, connect, is_miner, load_wallet, succession_of
 from templar.core.config import HParamsError, load_hparams
 from templar.doctor.context import Doctor
 from templar.doctor.result import CheckResult, failed, ok, skipped, warning
@@ -108,16 +109,29 @@ async def check_registration(d: Doctor) -> CheckResult:
         return failed("registration", f"hotkey {d.chain.hotkey} is not registered on netuid {netuid} "
                       f"of {d.network}", d.register_hint())
     d.uid = me.uid
-    lead = lead_of(d.neurons)  # the chain's rule, as every node applies it
-    data = {"uid": me.uid, "stake": me.stake, "permit": me.validator_permit,
-            "lead": lead is not None and lead.uid == me.uid}
+    # The chain's rule, as every node applies it; a validator commits its bucket when it starts, so
+    # it is counted as having one.
+    neurons = d.neurons
+    if d.role == "validator" and me.commitment is None:
+        neurons = [dataclasses.replace(n, commitment="(committed at start)") if n is me else n for n in neurons]
+    order = succession_of(neurons)
+    slot = next((i for i, n in enumerate(order) if n.uid == me.uid), None)
+    lead = order[0] if order else None
+    data = {"uid": me.uid, "stake": me.stake, "permit": me.validator_permit, "lead": slot == 0, "slot": slot}
     line = f"uid {me.uid} on netuid {netuid}, stake {me.stake:,.2f} τ"
     if d.role == "validator":
-        if me.stake <= 0 or not me.validator_permit:
+        if me.stake <= 0 or not me.validator_permit or lead is None:
             return failed("registration", f"{line}, {'a' if me.validator_permit else 'no'} validator permit: "
                           "weights would be refused", "stake on this hotkey (btcli stake add; on a dev chain "
                           "`templar chain register --stake 100`) and wait for the permit", **data)
-        role = "the lead (highest stake): it publishes the run" if data["lead"] else f"lead is uid {lead.uid}"
+        slots = d.hp.windows.lead_slots if d.hp is not None else None
+        if slot == 0:
+            role = "first of the succession (most stake): it leads the run"
+        elif slot is not None and (slots is None or slot < slots):
+            role = f"slot {slot} of the succession: it leads a window whose earlier slots publish nothing; " \
+                   f"lead is uid {lead.uid}"
+        else:
+            role = f"lead is uid {lead.uid}"
         return ok("registration", f"{line}, validator permit; {role}", **data)
     if not is_miner(me):
         return warning("registration", f"{line} with a validator permit: validators take this hotkey for a "

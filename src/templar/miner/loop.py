@@ -2,8 +2,21 @@
 
 `Miner.run` is the whole life of a miner; `run_window` is one window, as named phases:
 
-    ensure_base → train → encode_and_commit → upload (inside the put window)
-    → step (gather the peers in effect, take the lead's step) → finish (record, save: the commit point)
+    train (its `Training`: begin → inner steps → encode_and_commit) → read_ahead (overlapped runs)
+    → upload (inside the put window) → step (gather the peers in effect, take the lead's step)
+    → finish (record, save: the commit point)
+
+A window has two halves. Its compute half (`Training`: the inner steps on the window's pages, then
+the payload encoded, signed and committed to) runs on the node's compute; its exchange half (upload,
+gather, outer step, record, save) mostly waits on the network. In a blocking run
+(`HParams.inner.overlap`) the halves follow each other and the GPU idles through the exchange. In
+an overlapped run the next window's compute half begins the moment this window's payload is
+committed (`read_ahead`), and this window's exchange runs while it trains: on a working model, so
+the outer step that lands on the run's θ meanwhile never touches a tensor the inner steps use
+(`templar.runtime.compute`). Window w's update is computed from θ after window w − `base_lag`'s
+step, its base, whose global_step the payload declares (docs/architecture.md §2): delayed trains
+from that θ as it is; eager starts from the newest θ with the miner's own last update applied as a
+proxy, and swaps the proxy for the real step when it lands (`Compute.land`).
 
 Each phase is a method; what one hands to the next is a `MinerWindow`, which also builds the
 window's record.
@@ -13,14 +26,19 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
+
+import torch
 
 from templar.comms import put_gradient
 from templar.comms.commit import put_commit
 from templar.comms.keys import gradient_key
+from templar.compress import Compressed
 from templar.compress.methods import rule_of
+from templar.core.config import base_lag, overlapped
 from templar.core.log import context
 from templar.core.schedule import learning_rate
 from templar.miner.hooks import MinerHooks
@@ -36,13 +54,16 @@ from templar.runtime.records import (
 )
 from templar.runtime.state import NodeState
 from templar.runtime.sync import Phase, ResyncError, SyncCheck, catch_up, restore_when_possible, resync
-from templar.runtime.train import TrainStats, inner_lr
+from templar.runtime.train import TrainStats, inner_lr, window_parts
 from templar.runtime.windows import WindowTimes
 from templar.storage import StorageError
 from templar.wire import document_digest, max_gradient_bytes, write_gradient
 
 MAX_FAILED_UPLOADS = 5
 """Consecutive windows whose upload our own bucket refused before the miner stops (`OwnBucketError`)."""
+ENCODE_MARGIN_SECONDS = 1.0
+"""The least time before its commitment deadline a trained window starts encoding, even when the
+exchange of the window before is not finished (twice the last encoding's time when that is more)."""
 
 
 @dataclass
@@ -53,6 +74,13 @@ class MinerWindow:
     times: WindowTimes
     pages: list[int] = field(default_factory=list)
     stats: TrainStats | None = None
+    """The inner steps' figures; None for a window this node did not train (its step alone)."""
+    base_step: int | None = None
+    """The global_step of the θ the update was computed from (its base): what the payload declares."""
+    probes: dict[str, torch.Tensor] | None = None
+    """The base's values at the window's probe positions (taken while θ holds the base)."""
+    warmup: bool = False
+    """One of the first `warmup_windows` windows trained after joining: its payload weighs 0."""
     in_sync: bool = True
     payload: bytes = b""
     uploaded: bool = False
@@ -73,24 +101,63 @@ class MinerWindow:
             self.busy_seconds += time.perf_counter() - started
 
     @property
+    def wall_seconds(self) -> float:
+        """The window's wall-clock length (its first block to the next window's)."""
+        return self.times.end - self.times.start
+
+    @property
+    def utilisation(self) -> float:
+        """Compute utilisation: the window's training seconds (forward, backward, inner optimizer)
+        over its wall-clock seconds. An overlapped miner trains window w+1 while w's exchange runs,
+        so its training of a window may reach the whole window; a blocking one's stops for the
+        exchange (docs/mining.md, "Sizing")."""
+        return self.stats.seconds / self.wall_seconds if self.stats is not None and self.wall_seconds > 0 else 0.0
+
+    @property
     def overhead_share(self) -> float:
         """Share of the window spent busy outside forward/backward (0 for a window not stepped)."""
         if not self.stepped or self.stats is None:
             return 0.0
-        return max(0.0, self.busy_seconds - self.stats.seconds) / (self.times.end - self.times.start)
+        return max(0.0, self.busy_seconds - self.stats.seconds) / self.wall_seconds
 
     def record(self, phase: Phase, strategy: str, global_step: int) -> MinerWindowRecord:
         """The window's record. One stopped before its step records its loss and upload but no
         peers aggregated, no overhead and no `tokens`: those count the windows this node completed
-        (the localnet report's trained tokens)."""
+        (the localnet report's trained tokens). One not trained (its step alone) records no loss."""
         stats = self.stats
-        assert stats is not None, "a window is recorded only after it trained"
         return MinerWindowRecord(
-            window=self.window, phase=str(phase), strategy=strategy, global_step=global_step, loss=stats.loss,
-            tokens_per_second=stats.tokens_per_second, pages=len(self.pages), uploaded=self.uploaded,
-            upload_bytes=self.upload_bytes, upload_seconds=self.upload_seconds,
+            window=self.window, phase=str(phase), strategy=strategy, global_step=global_step,
+            loss=stats.loss if stats is not None else None,
+            tokens_per_second=stats.tokens_per_second if stats is not None else 0.0, pages=len(self.pages),
+            uploaded=self.uploaded, upload_bytes=self.upload_bytes, upload_seconds=self.upload_seconds,
             peers_aggregated=self.peers_aggregated if self.stepped else 0, overhead_share=self.overhead_share,
-            tokens=stats.tokens if self.stepped else 0)
+            tokens=stats.tokens if self.stepped and stats is not None else 0,
+            train_seconds=stats.seconds if stats is not None else 0.0, utilisation=self.utilisation)
+
+
+@dataclass
+class Training:
+    """The compute half of one window (inner steps, then the payload encoded and committed), as a
+    task that may run while the previous window's exchange is in flight."""
+
+    work: MinerWindow
+    base_window: int
+    """The window whose outer step θ held when the inner steps began."""
+    lands: bool
+    """Eager: it began on a proxy of the previous window's step and forms its pseudo-gradient only
+    once that step has landed (`Miner.advanced`)."""
+    landed: asyncio.Event = field(default_factory=asyncio.Event)
+    given_up: bool = False
+    """Eager: the step it waited for did not land in time; its inner steps are ended, unsent."""
+    released: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set once the window's update is compressed: the GPU is free for the next window's inner steps
+    while the payload is encoded, signed and committed."""
+    task: asyncio.Task[bool] | None = None
+    """True once the payload is encoded and committed; False when the window's work was dropped."""
+
+    @property
+    def window(self) -> int:
+        return self.work.window
 
 
 class Miner:
@@ -114,6 +181,18 @@ class Miner:
         self.resync_pending = False
         self._stuck_at: int | None = None
         """The window a join last found the miner stuck at (the `[SYNC]` line says it once)."""
+        self.lag = base_lag(self.hp.inner)
+        self.overlapped = overlapped(self.hp.inner)
+        self.training: Training | None = None
+        """The window whose compute half is under way or done and not yet exchanged (overlapped)."""
+        self.own_update: tuple[int, dict[str, Compressed]] | None = None
+        """Eager: our last payload's window and its coefficients (the proxy of that window's step)."""
+        self._group: asyncio.TaskGroup | None = None
+        self.saved_through = -1
+        """The window the state file's θ holds (`note_saved`)."""
+        self._saved = asyncio.Event()
+        self.encode_seconds = 0.0
+        """How long the last payload took to compress and encode (the margin before its commitment)."""
 
     # ------------------------------------------------------------------ life
     async def start(self) -> None:
@@ -124,7 +203,21 @@ class Miner:
         await self.join(own_state=own)
 
     async def run(self, max_windows: int = 0) -> None:
-        """Join, then run windows until stopped (or `max_windows` windows, if not 0)."""
+        """Join, then run windows until stopped (or `max_windows` windows, if not 0). The compute
+        half read ahead runs in a task group with the loop: when either fails, the other stops where
+        it is, as a process would."""
+        try:
+            async with asyncio.TaskGroup() as group:
+                self._group = group
+                await self._run(max_windows)
+        except BaseExceptionGroup as group_error:  # one failure, raised as itself
+            raise group_error.exceptions[0] from None
+        finally:
+            self._group = None
+        self.save()
+        context(phase="stopped").info("miner stopped cleanly")
+
+    async def _run(self, max_windows: int) -> None:
         node = self.node
         await self.start()
         done = 0
@@ -136,14 +229,18 @@ class Miner:
                     context(window=current, phase=self.phase).warning(
                         f"[SYNC] {behind} windows behind (max {self.hp.windows.max_allowed_stale}): re-syncing from "
                         "the newest checkpoint")
+                await self.drop_training("re-syncing")
                 self.state, own = await restore_when_possible(node)
                 await self.join(own_state=own)
                 continue
             if behind > 0:
                 # A window's processing overran: replay what we missed rather than train on stale θ,
                 # then look at the clock again (the replay itself may have taken time).
+                if self.training is not None and self.training.window < current:
+                    await self.drop_training(f"window {current} has begun")
                 self.state = await catch_up(node, self.state, current - 1)
                 self.sync.record(self.state.window, self.state.global_step)
+                await self.advanced()
                 if self._stuck_at is not None and self.state.window >= node.clock.current_window() - 1:
                     self._stuck_at = None  # the gap a join found is closed: now the phase can be said
                     self._say_phase()
@@ -152,15 +249,16 @@ class Miner:
             done += 1
             if max_windows and done >= max_windows:
                 break
-        self.save()
-        context(phase="stopped").info("miner stopped cleanly")
+        await self.drop_training("stopping")
 
     async def join(self, *, own_state: bool) -> None:
         node = self.node
         self.phase = Phase.CATCHUP
+        await self.drop_training("joining")
         self.state = await catch_up(node, self.state, node.clock.current_window() - 1)
         self.sync.record(self.state.window, self.state.global_step)
         self.save()
+        self.note_saved()
         self.warmup_left = 0 if own_state else self.hp.windows.warmup_windows
         self.phase = Phase.WARMUP if self.warmup_left else Phase.ACTIVE
         behind = node.clock.current_window() - 1 - self.state.window
@@ -189,59 +287,226 @@ class Miner:
     # ------------------------------------------------------------------ one window
     async def run_window(self, window: int) -> None:
         """One window as its phases; a window that cannot take the run's step stops before it (its
-        record says `catchup`) and the run loop catches up."""
+        record says `catchup`) and the run loop catches up. A window whose base θ has gone by (a
+        delayed run's first window after a start) is not trained: it takes its step alone."""
         times = self.node.clock.times(window)
         await asyncio.to_thread(self.node.clock.check_skew)
-        if not await self.ensure_base(window):
-            return
-        work = MinerWindow(window, times)
-        with work.busy():
-            await self.train(work)
-            await self.encode_and_commit(work)
-        await self.upload(work)
+        training = self.take_training(window)
+        if training is None:
+            if not await self.ensure_base(window):
+                return
+            training = await self.begin(window) if self.may_begin(window) else None
+        work = training.work if training is not None else MinerWindow(window, times)
+        if self.overlapped and not self.node.stop.is_set():
+            if training is not None:
+                await self._released(training)
+            await self.read_ahead(window + 1)  # the GPU goes on with the next window at once
+        if training is not None:
+            assert training.task is not None
+            await training.task
+        if work.stats is not None:
+            await self.upload(work)
         if not work.in_sync and await self._resync(window):
             await self.finish(work, Phase.CATCHUP)
             return
         if not await self.step(work):
             await self.finish(work, Phase.CATCHUP)
             return
-        self.advance_warmup(window)
-        self.log_window(work)
-        await self.finish(work, self.phase)
+        if work.stats is not None:
+            self.advance_warmup(work)
+            self.log_window(work)
+        await self.finish(work, self.phase if work.stats is not None else Phase.CATCHUP)
+
+    def take_training(self, window: int) -> Training | None:
+        """The compute half of `window` read ahead, if that is the window it trains."""
+        training, self.training = self.training, None
+        if training is not None and training.window != window:
+            self._cancel(training, f"window {window} runs instead")
+            return None
+        return training
+
+    async def drop_training(self, why: str) -> None:
+        """Give up the compute half read ahead (θ moved under it, or the node stops): its inner
+        steps are dropped, and the window is redone or skipped, never its step."""
+        training, self.training = self.training, None
+        if training is not None:
+            self._cancel(training, why)
+            await asyncio.gather(training.task, return_exceptions=True)
+
+    def _cancel(self, training: Training, why: str) -> None:
+        if training.task is not None and not training.task.done():
+            context(window=training.window, phase=self.phase).info(f"dropping window {training.window}'s training: "
+                                                                   f"{why}")
+            training.task.cancel()
+        if training.work.warmup:
+            self.warmup_left += 1  # that warm-up window is still to be trained
 
     async def ensure_base(self, window: int) -> bool:
-        """Whether θ holds the previous window's update, catching up on it first: the last window
-        may have stopped before its step (the lead's was not to be had), and a miner never trains on
-        a model that does not hold it."""
-        if self.state.window >= window - 1:
+        """Whether θ holds at least `window`'s base (θ after window − `base_lag`), catching up on it
+        first: the last window may have stopped before its step (the lead's was not to be had), and
+        a miner never trains on a model older than its base."""
+        base = window - self.lag
+        if self.state.window >= base:
             return True
-        self.state = await catch_up(self.node, self.state, window - 1)
-        self.sync.record(self.state.window, self.state.global_step)
-        if self.state.window < window - 1:
+        self.state = await catch_up(self.node, self.state, base)
+        await self.advanced()
+        if self.state.window < base:
             context(window=window, phase=self.phase).warning(
-                f"[SYNC] still before window {window - 1}: not training window {window}")
+                f"[SYNC] still before window {base}: not training window {window}")
             return False
         return True
 
-    async def train(self, work: MinerWindow) -> None:
-        """The inner steps on this window's pages (the next window's read ahead)."""
-        hp, window = self.hp, work.window
+    def may_begin(self, window: int) -> bool:
+        """Whether `window`'s inner steps can begin now: θ holds its base (delayed: exactly; eager:
+        its base, or the window before with the proxy standing in for the step in flight)."""
+        held = self.state.window
+        if self.hp.inner.overlap == "delayed":
+            return held == window - 2
+        if self.hp.inner.overlap == "eager":
+            return held in (window - 1, window - 2)
+        return held == window - 1
+
+    async def read_ahead(self, window: int) -> None:
+        """Begin `window`'s compute half now, while the window before it goes through its exchange:
+        the GPU does not wait for the put window, the gather and the step."""
+        if self.training is None and self.may_begin(window):
+            self.training = await self.begin(window)
+
+    async def begin(self, window: int) -> Training:
+        """Begin `window`'s inner steps from θ as it is now (in a task: `train`). Delayed: θ is the
+        base, and its probes are taken now, before the step in flight moves θ. Eager on the window
+        before its base: the proxy (our last update) is applied to the working model."""
+        hp = self.hp
+        work = MinerWindow(window, self.node.clock.times(window), warmup=self.warmup_left > 0)
+        self.warmup_left -= work.warmup  # counted when begun: whether the window before is exchanged yet or not
+        lr = self.hooks.learning_rate(
+            self, window, inner_lr(hp.inner, learning_rate(self.state.global_step, hp.optimizer), hp.optimizer))
+        lands = hp.inner.overlap == "eager" and self.state.window == window - 2
+        step = self.state.global_step
+
+        def begin_window() -> None:  # the proxy's dense update is made here, off the event loop
+            self.compute.begin_window(lr, hp.optimizer.micro_batch_size, hp.optimizer.grad_clip,
+                                      proxy=self._proxy(window - 1) if lands else None, proxy_step=step)
+
+        await asyncio.to_thread(begin_window)
+        if self.state.window == window - self.lag:
+            work.base_step = self.state.global_step
+            work.probes = await asyncio.to_thread(self.compute.probes, window)
+        training = Training(work, base_window=self.state.window, lands=lands)
+        training.task = self._spawn(self.train(training), name=f"train-{window}")
+        return training
+
+    @staticmethod
+    async def _released(training: Training) -> None:
+        """Until `training` has compressed its update (or ended without one)."""
+        assert training.task is not None
+        released = asyncio.ensure_future(training.released.wait())
+        try:
+            await asyncio.wait({released, training.task}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            released.cancel()
+
+    def _spawn(self, coro: Coroutine[Any, Any, bool], *, name: str) -> asyncio.Task[bool]:
+        return self._group.create_task(coro, name=name) if self._group is not None else \
+            asyncio.create_task(coro, name=name)
+
+    def _proxy(self, window: int) -> dict[str, torch.Tensor] | None:
+        """Our own update of `window` as the outer rule would apply it alone (eager's stand-in for
+        that window's step); None without one (we sent nothing for it)."""
+        if self.own_update is None or self.own_update[0] != window:
+            return None
+        return rule_of(self.hp.optimizer.method).trial(self.own_update[1], self.node.shapes)
+
+    async def advanced(self) -> None:
+        """θ moved on (a step, a catch-up): an eager window begun on a proxy of the step θ now holds
+        lands; one whose base θ has gone past is dropped."""
+        training = self.training
+        if training is None or self.state.window < training.window - 1:
+            return
+        if training.given_up:
+            return
+        if training.lands and not training.landed.is_set():
+            if self.state.window == training.window - 1:
+                await asyncio.to_thread(self.compute.land)  # its base (and probes) are θ's from now to its encoding
+                training.landed.set()
+            else:
+                await self.drop_training(f"θ went past window {training.window - 1}")
+        elif self.state.window >= training.window:
+            await self.drop_training(f"θ already holds window {training.window}")
+
+    async def train(self, training: Training) -> bool:
+        """The compute half: the inner steps on this window's pages (the next window's read ahead),
+        one op each, then the payload encoded and committed. Eager: the pseudo-gradient waits for the
+        previous window's step to land (until the commitment deadline: else the window is dropped)."""
+        hp, work = self.hp, training.work
+        window = work.window
         pages = self.hooks.pages(self, window, self.pages(window))
         batch, work.pages = await self.node.pages.fetch(  # only these pages' bytes
             pages, prefetch=self.hooks.pages(self, window + 1, self.pages(window + 1)))
         batch = self.hooks.batch(self, window, batch)
-        lr = self.hooks.learning_rate(
-            self, window, inner_lr(hp.inner, learning_rate(self.state.global_step, hp.optimizer), hp.optimizer))
-        work.stats = await asyncio.to_thread(self.compute.train, batch, hp.optimizer.micro_batch_size,
-                                             hp.optimizer.grad_clip, lr)
+        with work.busy():
+            for part in window_parts(batch, hp.inner):
+                await asyncio.to_thread(self.compute.inner_step, part)
+        deadline = work.times.commit_close - max(ENCODE_MARGIN_SECONDS, 2 * self.encode_seconds)
+        if not await self.exchanged(window - 1, deadline):
+            if training.lands and not training.landed.is_set():
+                context(window=window, phase=self.phase).warning(
+                    f"[SYNC] window {window - 1}'s step did not land in time for window {window}'s commitment: its "
+                    "update has no base to be formed against; not sending it")
+                training.given_up = True  # a step that lands from now on has no inner steps to move
+                await asyncio.to_thread(self.compute.end_window)
+                return False
+            context(window=window, phase=self.phase).warning(
+                f"window {window - 1}'s exchange is not finished; encoding window {window} before it, so that "
+                "its commitment is in time")
+        with work.busy():
+            work.stats = await asyncio.to_thread(self.compute.end_window)
+            compressed = await self.compress(work)
+        training.released.set()  # the GPU's part is done: the next window's inner steps may begin
+        with work.busy():
+            await self.encode_and_commit(work, compressed)
+        return True
 
-    async def encode_and_commit(self, work: MinerWindow) -> None:
-        """Compress and sign the pseudo-gradient, then commit to it before the commitment deadline.
-        A node that cannot show it holds the run's model uploads with weight 0 (a warm-up payload)."""
+    async def exchanged(self, window: int, deadline: float) -> bool:
+        """Wait until `window`'s exchange is saved (θ holds its step, its record and state written),
+        at most until `deadline` (the node's clock): a window's payload is encoded after the window
+        before it is committed, so the state file never holds error feedback of a window after its
+        own (a restart redoes that window with the error feedback it began with). Eager: that step
+        is also the one its proxy stood for. True when it is."""
+        while self.saved_through < window:
+            left = deadline - self.node.clock.now()
+            if left <= 0:
+                return False
+            try:
+                async with asyncio.timeout(left):
+                    await self._saved.wait()
+            except TimeoutError:
+                return False
+        return True
+
+    async def compress(self, work: MinerWindow) -> dict[str, Compressed]:
+        """The pseudo-gradient through the error feedback (the GPU's last op of the window), and the
+        base's probes if θ holds the base only now (blocking; eager once landed)."""
+        started = time.perf_counter()
+        assert work.stats is not None
+        compressed = await asyncio.to_thread(self.compute.compress, work.stats.scale)
+        if self.hp.inner.overlap == "eager":
+            self.own_update = (work.window, compressed)  # the proxy of this window's step, for the next window
+        if work.base_step is None:
+            work.base_step = self.state.global_step
+            work.probes = await asyncio.to_thread(self.compute.probes, work.window)
+        self.encode_seconds = time.perf_counter() - started
+        return compressed
+
+    async def encode_and_commit(self, work: MinerWindow, compressed: dict[str, Compressed]) -> None:
+        """Sign the compressed pseudo-gradient, then commit to it before the commitment deadline. A
+        node that cannot show it holds the run's model uploads with weight 0 (a warm-up payload)."""
+        started = time.perf_counter()
         window = work.window
         work.in_sync = not self.hooks.checks_sync or (not self.resync_pending
                                                       and await self.sync.check(window, self.state))
-        payload = await asyncio.to_thread(self._compress_and_encode, window, work.stats.scale, not work.in_sync)
+        payload = await asyncio.to_thread(self._encode, work, compressed, not work.in_sync)
+        self.encode_seconds += time.perf_counter() - started
         work.payload = await self.hooks.before_commit(self, window, payload)
         await self._commit(window, work.payload)
 
@@ -272,6 +537,13 @@ class Miner:
         guess, the model stays before this window and the run loop catches up on the lead's
         published update of it (waiting for it, re-syncing once too far behind)."""
         window = work.window
+        if self.state.window < window - 1:  # the window before is not applied yet (a delayed run's start)
+            self.state = await catch_up(self.node, self.state, window - 1)
+            await self.advanced()
+            if self.state.window < window - 1:
+                context(window=window, phase=self.phase).warning(
+                    f"[SYNC] still before window {window - 1}: not stepping window {window}")
+                return False
         await self.node.clock.sleep_until(work.times.gather_start)
         with work.busy():
             try:
@@ -283,24 +555,24 @@ class Miner:
             self.hooks.after_step(self, window)
             self.state.window = window
             self.sync.record(window, self.state.global_step)
+            await self.advanced()
             await self._delete_stale_gradient(window)
         work.stepped = True
         return True
 
-    def advance_warmup(self, window: int) -> None:
-        """One more warm-up window done; the last one makes the miner active."""
-        if self.phase == Phase.WARMUP:
-            self.warmup_left -= 1
-            if self.warmup_left <= 0:
-                self.phase = Phase.ACTIVE
-                context(window=window, phase=self.phase).info("[SYNC] Warm-up done: active")
+    def advance_warmup(self, work: MinerWindow) -> None:
+        """One more warm-up window exchanged; the last one makes the miner active."""
+        if self.phase == Phase.WARMUP and work.warmup and self.warmup_left <= 0:
+            self.phase = Phase.ACTIVE
+            context(window=work.window, phase=self.phase).info("[SYNC] Warm-up done: active")
 
     def log_window(self, work: MinerWindow) -> None:
         stats = work.stats
         context(window=work.window, phase=self.phase).info(
             f"loss {stats.loss:.4f} | {stats.tokens_per_second:,.0f} tok/s | {len(work.pages)} pages | "
             f"upload {work.upload_bytes / 1e3:.0f} kB in {work.upload_seconds:.2f}s | aggregated "
-            f"{work.peers_aggregated} | step {self.state.global_step} | overhead {work.overhead_share:.1%}")
+            f"{work.peers_aggregated} | step {self.state.global_step} | trained {work.utilisation:.0%} of the window | "
+            f"overhead {work.overhead_share:.1%}")
 
     async def finish(self, work: MinerWindow, phase: Phase) -> None:
         """The commit point: the window's record is written first, so a crash before the save redoes
@@ -308,10 +580,18 @@ class Miner:
         append_record(self.node.state_dir / MINER_WINDOWS_FILE, work.record(phase, self.hooks.name,
                                                                             self.state.global_step))
         await asyncio.to_thread(self.save)
+        self.note_saved()
+
+    def note_saved(self) -> None:
+        """The state file holds θ after `state.window`: a compute half waiting on it may encode."""
+        self.saved_through = self.state.window
+        saved, self._saved = self._saved, asyncio.Event()
+        saved.set()
 
     async def _resync(self, window: int) -> bool:
         """Checkpoint + replay up to the last finished window (this one: its aggregate is the lead's).
         False when it cannot be made now: the window goes on as usual and the next one retries."""
+        await self.drop_training("re-syncing")  # begun on the model found to differ from the run's
         try:
             self.state = await resync(self.node)
         except ResyncError as exc:
@@ -369,17 +649,18 @@ class Miner:
             except StorageError as exc:
                 context(window=window, phase="cleanup").debug(f"could not delete gradient {old}: {exc}")
 
-    def _compress_and_encode(self, window: int, scale: float, weight_zero: bool = False) -> bytes:
-        hp, node = self.hp, self.node
-        compressed = self.compute.compress(scale)
+    def _encode(self, work: MinerWindow, compressed: dict[str, Compressed], weight_zero: bool = False) -> bytes:
+        """The payload: the compressed pseudo-gradient, the base's probes and the base's global_step."""
+        hp, node, window = self.hp, self.node, work.window
+        assert work.probes is not None and work.base_step is not None
         values = self.hooks.transform(self, window, {k: c.values for k, c in compressed.items()})
         rule = rule_of(hp.optimizer.method)  # what a hook changed goes back onto the method's value grid
         compressed = {k: type(c)(indices=c.indices, values=rule.wire_values(values[k].float()), shape=c.shape,
                                  chunk=c.chunk)
                       for k, c in compressed.items()}
-        return write_gradient(compressed, self.compute.probes(window), window=window,
-                              global_step=self.state.global_step, hotkey=node.hotkey, hp=hp, run=node.run,
-                              sign=node.chain.sign, warmup=self.phase == Phase.WARMUP or weight_zero)
+        return write_gradient(compressed, work.probes, window=window, global_step=work.base_step,
+                              hotkey=node.hotkey, hp=hp, run=node.run, sign=node.chain.sign,
+                              warmup=work.warmup or weight_zero)
 
     async def _aggregate(self, window: int) -> int:
         """Take the window's outer step: the lead's inputs (`templar.runtime.follow`), from the

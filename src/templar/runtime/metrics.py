@@ -88,6 +88,8 @@ class NeuronMetrics:
         self.tokens = Gauge("templar_tokens_per_second", "Miner: training throughput of the last window", registry=m)
         self.overhead = Gauge("templar_overhead_share", "Miner: share of the window spent outside forward/backward",
                               registry=m)
+        self.utilisation = Gauge("templar_compute_utilisation", "Miner: training seconds of the last window trained "
+                                 "over its wall-clock seconds", registry=m)
         self.upload_bytes = Gauge("templar_upload_bytes", "Miner: size of the last upload", registry=m)
         self.upload_seconds = Gauge("templar_upload_seconds", "Miner: duration of the last upload (put)", registry=m)
         self.uploads = Counter("templar_uploads", "Miner: uploads by result", ["result"], registry=m)
@@ -199,6 +201,8 @@ class NeuronMetrics:
             self.loss.set(rec.loss)
         self.tokens.set(rec.tokens_per_second)
         self.overhead.set(rec.overhead_share)
+        if rec.train_seconds > 0:
+            self.utilisation.set(rec.utilisation)
         self.upload_bytes.set(rec.upload_bytes)
         self.upload_seconds.set(rec.upload_seconds)
         self.uploads.labels("ok" if rec.uploaded else "failed").inc()

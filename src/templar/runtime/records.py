@@ -84,6 +84,8 @@ class MinerWindowRecord:
     peers_aggregated: int
     overhead_share: float     # share of the window spent outside forward/backward
     tokens: int = 0           # tokens trained on this window (forward and backward)
+    train_seconds: float = 0.0  # the window's training: forward, backward and inner optimizer steps
+    utilisation: float = 0.0  # compute utilisation: train_seconds over the window's wall-clock seconds
 
 
 RecordListener = Callable[[Path, object], None]

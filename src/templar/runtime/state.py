@@ -37,8 +37,8 @@ _INNER_FIELDS = ("step", "exp_avg", "exp_avg_sq")
 
 
 def inner_tensors(optimizer: torch.optim.Optimizer | None, model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The inner optimizer's state as named tensors (`inner.<param>.<field>`), {} when it keeps
-    none yet (no step taken) or there is no inner optimizer."""
+    """The inner optimizer's state as named tensors (`inner.<param>.<field>`), host copies of their
+    own, {} when it keeps none yet (no step taken) or there is no inner optimizer."""
     if optimizer is None:
         return {}
     out = {}
@@ -50,7 +50,7 @@ def inner_tensors(optimizer: torch.optim.Optimizer | None, model: torch.nn.Modul
         for key in _INNER_FIELDS:
             value = state[key]
             value = value if isinstance(value, torch.Tensor) else torch.tensor(float(value))
-            value = value.detach().to("cpu", torch.float32)
+            value = value.detach().to("cpu", torch.float32, copy=True)  # not the live moments: see state_tensors
             out[f"{INNER_PREFIX}{name}.{key}"] = (value.reshape(1) if key == "step" else value).contiguous()
     return out
 
@@ -89,9 +89,21 @@ class NodeState:
 def save_node_state(path: Path, model: torch.nn.Module, error_feedback: dict[str, torch.Tensor],
                     state: NodeState, inner: dict[str, torch.Tensor] | None = None) -> None:
     """θ, the error feedback and the inner optimizer's state (`inner_tensors`) in one atomic file."""
-    tensors = {_MODEL + k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
-    tensors.update({_EF + k: v.detach().to("cpu").contiguous() for k, v in error_feedback.items()})
-    tensors.update(inner or {})
+    write_state_tensors(path, state_tensors(model, error_feedback, inner), state)
+
+
+def state_tensors(model: torch.nn.Module, error_feedback: dict[str, torch.Tensor],
+                  inner: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    """The state file's tensors as host copies of their own: what the node computes next (an inner
+    step, an outer step) cannot change them while the file is written."""
+    tensors = {_MODEL + k: v.detach().to("cpu", copy=True).contiguous() for k, v in model.state_dict().items()}
+    tensors.update({_EF + k: v.detach().to("cpu", copy=True).contiguous() for k, v in error_feedback.items()})
+    tensors.update(inner or {})  # `inner_tensors` are copies already
+    return tensors
+
+
+def write_state_tensors(path: Path, tensors: dict[str, torch.Tensor], state: NodeState) -> None:
+    """`state_tensors` into the state file (`write_state_file`: `.prev` kept, atomic)."""
     write_state_file(path, lambda tmp: save_file(tensors, str(tmp), metadata=state_metadata(state)))
 
 

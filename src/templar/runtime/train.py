@@ -6,7 +6,7 @@ Kept apart from the miner so the convergence benchmark and tests train exactly t
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 
@@ -97,64 +97,158 @@ def inner_parts(batch: torch.Tensor, steps: int) -> list[torch.Tensor]:
     return [batch[i::steps] for i in range(steps)]
 
 
+def window_parts(batch: torch.Tensor, inner: InnerConfig) -> list[torch.Tensor]:
+    """The batches of a window's inner steps, in order: the whole batch for the paper's window (H = 1
+    with SGD: one gradient of all the pages), else `inner_parts` without the empty ones."""
+    if paper_window(inner):
+        return [batch]
+    return [part for part in inner_parts(batch, inner.steps) if part.size(0)]
+
+
+def paper_window(inner: InnerConfig) -> bool:
+    """H = 1 with SGD: the window is one gradient, its rate the scale (no θ_t kept aside)."""
+    return inner.steps == 1 and inner.optimizer == "sgd"
+
+
+class InnerWindow:
+    """A miner's window of inner steps, one step at a time (`begin`, `step` per part of
+    `window_parts`, `end`), so a node can do other work between two steps: the overlapped miner takes
+    the previous window's outer step there, on the run's θ, while this window trains a working model
+    (docs/architecture.md §2). `inner_steps` runs all of it at once; the results are the same bit for
+    bit.
+
+    `begin` keeps the model as it is (θ_start) aside; `end` leaves the pseudo-gradient of the steps in
+    `p.grad` and θ_start in the model. H = 1 with SGD is the paper's window, computed as it always was:
+    the mean gradient of all the pages in `p.grad` and the rate as the scale (so the error feedback
+    folds in exactly lr·g, bit for bit). Otherwise `p.grad` becomes Δ (SGD: Σ g_i with scale lr; AdamW:
+    θ_start − θ_H with scale 1). `land` (the eager overlap) moves the model and θ_start by the same
+    shift mid-window: the pseudo-gradient is then taken against the new θ_start. `step` and
+    `accumulate` let a sharded node run the same loop over its ranks; `snapshot` keeps θ_start in host
+    memory (`--memory.offload`) instead of on the device, the same values coming back one parameter
+    at a time."""
+
+    def __init__(self, model: torch.nn.Module, micro_batch_size: int, grad_clip: float | None, *,
+                 inner: InnerConfig, optimizer: torch.optim.Optimizer | StreamedOptimizer | None, lr: float,
+                 step: Callable[[], None] | None = None,
+                 accumulate: Callable[[torch.Tensor], TrainStats] | None = None,
+                 snapshot: HostStore | None = None) -> None:
+        self.model = model
+        self.inner = inner
+        self.optimizer = optimizer
+        self.lr = lr
+        self.stepper = step
+        self.accumulate = accumulate or (lambda part: accumulate_gradients(model, part, micro_batch_size, grad_clip))
+        self.snapshot = snapshot
+        self.paper = paper_window(inner)
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.theta: list[torch.Tensor] | None = None
+        self.summed: list[torch.Tensor] | None = None
+        self.losses: list[tuple[float, int]] = []
+        self.tokens = 0
+        self.seconds = 0.0
+        self.last: TrainStats | None = None
+
+    def begin(self) -> None:
+        """Keep θ_start aside and set the inner rate (nothing to keep for the paper's window)."""
+        if self.paper:
+            return
+        started = time.perf_counter()
+        with torch.no_grad():
+            if self.snapshot is None:
+                self.theta = [p.detach().clone() for p in self.params]
+            else:
+                self.snapshot.put([p.detach() for p in self.params])
+            if self.inner.optimizer == "sgd":
+                self.summed = [torch.zeros_like(p, dtype=torch.float32) for p in self.params]
+        if self.optimizer is not None:
+            for group in self.optimizer.param_groups:
+                group["lr"] = self.lr
+        self.seconds += time.perf_counter() - started
+
+    def step(self, part: torch.Tensor) -> None:
+        """One inner step on `part` (the paper's window: its one gradient, of the whole batch)."""
+        started = time.perf_counter()
+        stats = self.accumulate(part)
+        self.last = stats
+        if self.paper:
+            self.seconds += stats.seconds
+            return
+        self.losses.append((stats.loss, part.size(0)))
+        self.tokens += stats.tokens
+        with torch.no_grad():
+            if self.summed is not None:
+                for p, total in zip(self.params, self.summed, strict=True):
+                    if p.grad is not None:
+                        total.add_(p.grad)
+                        p.add_(p.grad, alpha=-self.lr)
+            elif self.stepper is not None:
+                self.stepper()
+            else:
+                self.optimizer.step()
+        self.seconds += time.perf_counter() - started
+
+    @torch.no_grad()
+    def land(self, now: Sequence[torch.Tensor]) -> None:
+        """The run's θ moved while this window trained (eager: its previous outer step landed, and
+        θ_start was the node's guess of it): add `now` − θ_start to the model, and `now` becomes
+        θ_start. `now`: this rank's values of every trainable parameter, in the model's order."""
+        if self.paper:
+            raise ValueError("the paper's window (H = 1 SGD) has no inner steps to land between")
+        started = time.perf_counter()
+        for i, (p, new) in enumerate(zip(self.params, now, strict=True)):
+            start = self._start(i, p)
+            p.add_(new.to(p.device, p.dtype) - start)
+            if self.theta is not None:
+                self.theta[i].copy_(new)
+            else:
+                self.snapshot.buffers[i].copy_(_host(new))
+            del start
+        self.seconds += time.perf_counter() - started
+
+    def _start(self, i: int, p: torch.Tensor) -> torch.Tensor:
+        return self.theta[i] if self.theta is not None else self.snapshot.get(i, p)
+
+    def end(self) -> TrainStats:
+        """The window's pseudo-gradient into `p.grad` and θ_start back into the model; the stats."""
+        if self.paper:
+            stats = self.last if self.last is not None else TrainStats(loss=float("nan"), tokens=0, seconds=0.0)
+            return TrainStats(loss=stats.loss, tokens=stats.tokens, seconds=self.seconds, scale=self.lr)
+        started = time.perf_counter()
+        with torch.no_grad():
+            for i, p in enumerate(self.params):
+                start = self._start(i, p)
+                delta = self.summed[i] if self.summed is not None else (start - p.detach()).float()
+                p.copy_(start)
+                p.grad = delta.to(p.dtype)
+                del start
+        self.theta = None
+        n = sum(size for _, size in self.losses)
+        loss = sum(value * size for value, size in self.losses) / n if n else float("nan")
+        self.seconds += time.perf_counter() - started
+        return TrainStats(loss=loss, tokens=self.tokens, seconds=self.seconds,
+                          scale=self.lr if self.summed is not None else 1.0)
+
+
+def _host(t: torch.Tensor) -> torch.Tensor:
+    local = t.to_local() if hasattr(t, "to_local") else t
+    return local.detach().cpu()
+
+
 def inner_steps(model: torch.nn.Module, batch: torch.Tensor, micro_batch_size: int, grad_clip: float | None, *,
                 inner: InnerConfig, optimizer: torch.optim.Optimizer | StreamedOptimizer | None, lr: float,
                 step: Callable[[], None] | None = None,
                 accumulate: Callable[[torch.Tensor], TrainStats] | None = None,
                 snapshot: HostStore | None = None) -> TrainStats:
     """A miner's window: H inner steps from θ_t on `batch` (its sequences dealt into H parts,
-    `inner_parts`), leaving the pseudo-gradient in `p.grad` and θ_t in the model. `lr`: the inner rate of
-    this window (`inner_lr`). The returned `scale` is what the compressor multiplies `p.grad` by.
-
-    H = 1 with SGD is the paper's window, computed as it always was: the mean gradient of all the
-    pages in `p.grad` and the rate as the scale (so the error feedback folds in exactly lr·g, bit for
-    bit). Otherwise θ_t is kept aside, the steps run, `p.grad` becomes Δ (SGD: Σ g_i with scale lr;
-    AdamW: θ_t − θ_H with scale 1) and θ_t is put back. `step` and `accumulate` let a sharded node run
-    the same loop over its ranks. `snapshot`: keep θ_t there (host memory, `--memory.offload`)
-    instead of on the device; the same values come back, one parameter at a time."""
-    accumulate = accumulate or (lambda part: accumulate_gradients(model, part, micro_batch_size, grad_clip))
-    if inner.steps == 1 and inner.optimizer == "sgd":
-        stats = accumulate(batch)
-        return TrainStats(loss=stats.loss, tokens=stats.tokens, seconds=stats.seconds, scale=lr)
-    params = [p for p in model.parameters() if p.requires_grad]
-    started = time.perf_counter()
-    with torch.no_grad():
-        if snapshot is None:
-            theta = [p.detach().clone() for p in params]
-        else:
-            snapshot.put([p.detach() for p in params])
-            theta = None
-        summed = [torch.zeros_like(p, dtype=torch.float32) for p in params] if inner.optimizer == "sgd" else None
-    if optimizer is not None:
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-    losses, tokens = [], 0
-    parts = [part for part in inner_parts(batch, inner.steps) if part.size(0)]
-    for part in parts:
-        stats = accumulate(part)
-        losses.append((stats.loss, part.size(0)))
-        tokens += stats.tokens
-        with torch.no_grad():
-            if summed is not None:
-                for p, total in zip(params, summed, strict=True):
-                    if p.grad is not None:
-                        total.add_(p.grad)
-                        p.add_(p.grad, alpha=-lr)
-            elif step is not None:
-                step()
-            else:
-                optimizer.step()
-    with torch.no_grad():
-        for i, p in enumerate(params):
-            start = theta[i] if theta is not None else snapshot.get(i, p)
-            delta = summed[i] if summed is not None else (start - p.detach()).float()
-            p.copy_(start)
-            p.grad = delta.to(p.dtype)
-            del start
-    n = sum(size for _, size in losses)
-    loss = sum(value * size for value, size in losses) / n if n else float("nan")
-    return TrainStats(loss=loss, tokens=tokens, seconds=time.perf_counter() - started,
-                      scale=lr if summed is not None else 1.0)
+    `inner_parts`), leaving the pseudo-gradient in `p.grad` and θ_t in the model (`InnerWindow`, all
+    its steps at once). `lr`: the inner rate of this window (`inner_lr`). The returned `scale` is what
+    the compressor multiplies `p.grad` by."""
+    window = InnerWindow(model, micro_batch_size, grad_clip, inner=inner, optimizer=optimizer, lr=lr, step=step,
+                         accumulate=accumulate, snapshot=snapshot)
+    window.begin()
+    for part in window_parts(batch, inner):
+        window.step(part)
+    return window.end()
 
 
 def gradients(model: torch.nn.Module) -> dict[str, torch.Tensor]:

@@ -12,11 +12,17 @@ Estimates, stated with their formulas so they can be checked:
   setting fits a GPU when its estimated peak is at most `USABLE_SHARE` of the GPU's memory. What a
   setting costs in time: the offload's host↔GPU bytes at `PCIE_BYTES_PER_SECOND`, checkpointing's
   recomputed forward (a third of the training FLOPs).
-* Compute utilisation: the share of the time a window leaves for compute that training fills. A
-  miner trains window w+1 from the moment it holds w's step (the gather starts at `gather_start`
-  and takes the top-G payloads at `ASSUMED_BANDWIDTH` plus `ASSUMED_STEP_SECONDS` for the step) until
-  its commitment is due (`commit_close`); at the least (a gather that runs to its deadline), from
-  the gather deadline. A validator evaluates within its window.
+* Compute utilisation: training seconds (forward, backward, the inner optimizer) over the window's
+  wall-clock seconds, the figure a miner paying for GPU-hours cares about (the miner's window record
+  measures the same: `utilisation`). Beside it, the span a window leaves for training and the share
+  of it training fills. A blocking miner (`inner.overlap` blocking) trains window w+1 from the moment
+  it holds w's step (the gather starts at `gather_start` and takes the top-G payloads at
+  `ASSUMED_BANDWIDTH` plus `ASSUMED_STEP_SECONDS` for the step) until its commitment is due
+  (`commit_close`); at the least (a gather that runs to its deadline), from the gather deadline. An
+  overlapped miner trains w+1 from w's commitment to w+1's, the whole window, while w's put window,
+  gather and step run; the GPU stops training only for its other work (`gpu_overhead_seconds`:
+  compressing the update, the outer step, the state file's copy off the GPU). A validator evaluates
+  within its window.
 * Network: pages in (ranged GETs), one compressed gradient out, the top-G gradients in
   (the wire format's upper bound `max_gradient_bytes`); validators read `fast_eval_uids`.
 * Disk: the window's pages land in the page cache (bounded by --data.cache_gb); the state file
@@ -28,7 +34,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from templar.core.config import HParams
+from templar.core.config import HParams, overlapped
 from templar.core.memory import (
     GIB,
     SETTINGS,
@@ -52,6 +58,9 @@ ASSUMED_BANDWIDTH = 125e6
 """Bytes per second a miner downloads the top-G payloads at (1 Gbit/s)."""
 ASSUMED_STEP_SECONDS = 1.0
 """The outer step over the top-G on a GPU (decode, aggregate, apply)."""
+ASSUMED_COMPRESS_SECONDS = 1.0
+"""The DeMo step over the whole model on a GPU (each chunk's transform and top-k, the error feedback
+updated): what a window's compute half does after its inner steps, before the next window's begin."""
 CARDS_GB = (24, 40, 80)
 """The GPU sizes the memory table answers for, as sold (GiB of memory: 24 GB is 25.8 × 10⁹ bytes)."""
 USABLE_SHARE = 0.90
@@ -77,7 +86,7 @@ def state_copies(hp: HParams, role: str) -> StateCopies:
     from templar.compress.methods import rule_of
 
     return StateCopies.of(role, inner_optimizer=hp.inner.optimizer, inner_steps=hp.inner.steps,
-                          outer=rule_of(hp.optimizer.method).state_copies)
+                          outer=rule_of(hp.optimizer.method).state_copies, overlap=hp.inner.overlap)
 
 
 def model_memory(hp: HParams, role: str, setting: MemorySettings = SETTINGS[0], ranks: int = 1, *,
@@ -144,7 +153,7 @@ def ranks_table(hp: HParams, ranks: Sequence[int]) -> str:
     mb, seq = hp.optimizer.micro_batch_size, hp.data.sequence_length
     lines = [f"Miner memory per GPU in GB (micro-batch {mb} × {seq} tokens, bf16 compute, float32 θ; host memory "
              "per node):", "",
-             "| model | params | GPUs | θ | gradients | error feedback | θ_t snapshot + AdamW moments | "
+             "| model | params | GPUs | θ | gradients | error feedback | θ_t snapshot + working model + AdamW moments | "
              "activations and transients (peak) | sum | with checkpointing | offload + checkpointing: GPU, host |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, shape in [(hp.name, ModelShape.of(hp.model)), *SHAPES.items()]:
@@ -152,7 +161,7 @@ def ranks_table(hp: HParams, ranks: Sequence[int]) -> str:
             m, both = (model_memory(hp, "miner", setting, n, shape=shape) for setting in (SETTINGS[0], SETTINGS[2]))
             checkpointed = model_memory(hp, "miner", MemorySettings(checkpoint_activations=True), n, shape=shape)
             g = {k: v / 1e9 for k, v in m.gpu.items()}
-            kept = g.get("θ_t snapshot", 0.0) + g.get("AdamW moments", 0.0)
+            kept = g.get("θ_t snapshot", 0.0) + g.get("working model (overlap)", 0.0) + g.get("AdamW moments", 0.0)
             lines.append(f"| {name} | {shape.parameters / 1e9:.2f} B | {n} | {g['θ']:.2f} | {g['gradients']:.2f} | "
                          f"{g.get('error feedback', 0.0):.2f} | {kept:.2f} | "
                          f"{g['activations and transients (peak)']:.2f} | **{m.gpu_bytes / 1e9:.1f}** | "
@@ -179,21 +188,46 @@ def memory_rows(hp: HParams, train_seconds: float) -> list[dict[str, Any]]:
     return out
 
 
+def gpu_overhead_seconds(hp: HParams) -> float:
+    """GPU seconds a window spends outside its inner steps that an overlapped miner cannot hide behind
+    the exchange: compressing its update (`ASSUMED_COMPRESS_SECONDS`), the outer step over the top-G
+    (`ASSUMED_STEP_SECONDS`) and copying the state file off the GPU (at `PCIE_BYTES_PER_SECOND`; the
+    disk write runs beside the training). The outer step and the copy run between two inner steps."""
+    return ASSUMED_COMPRESS_SECONDS + ASSUMED_STEP_SECONDS + state_file_bytes(hp, "miner") / PCIE_BYTES_PER_SECOND
+
+
 def compute_span(hp: HParams, gradient_bytes: int, *, gather_to_deadline: bool = False) -> float:
-    """Seconds a window leaves a miner for training: from holding the previous window's step to the
-    commitment deadline (`templar.runtime.windows`: commit_close − gather_start, measured from the
-    previous window's end, minus the gather and the step). `gather_to_deadline`: the least it
-    leaves, when the gather runs until its deadline (`gather_seconds`)."""
+    """Seconds a window leaves a miner for its inner steps (`templar.runtime.windows`' landmarks).
+    Blocking: from holding the previous window's step to the commitment deadline (commit_close −
+    gather_start, measured from the previous window's end, minus the gather and the step);
+    `gather_to_deadline`: the least it leaves, when the gather runs until its deadline
+    (`gather_seconds`). Overlapped: from the previous window's commitment to this one's, the whole
+    window, less the GPU's other work (`gpu_overhead_seconds`); the gather's length does not enter
+    (the step lands before this window's payload is due: `exchange_slack`)."""
     from templar.runtime.windows import window_times
 
     w = hp.windows
     window_s = w.window_seconds
+    if overlapped(hp.inner):
+        return max(0.0, window_s - gpu_overhead_seconds(hp))
     previous, this = window_times(w, -1, -window_s, 0.0), window_times(w, 0, 0.0, window_s)
     if gather_to_deadline:
         gather = w.gather_seconds
     else:
         gather = hp.gauntlet.top_g * gradient_bytes / ASSUMED_BANDWIDTH + ASSUMED_STEP_SECONDS
     return max(0.0, this.commit_close - previous.gather_start - gather)
+
+
+def exchange_slack(hp: HParams) -> float:
+    """Seconds between the latest a window's outer step lands (its apply deadline) and the next
+    window's commitment deadline: an overlapped miner encodes the next window's payload after the
+    step (eager: against it), so this must be positive."""
+    from templar.runtime.windows import window_times
+
+    w = hp.windows
+    window_s = w.window_seconds
+    previous, this = window_times(w, -1, -window_s, 0.0), window_times(w, 0, 0.0, window_s)
+    return this.commit_close - previous.apply_deadline
 
 
 def window_sizing(hp: HParams, *, mfu: float = DEFAULT_MFU) -> dict[str, Any]:
@@ -221,6 +255,7 @@ def window_sizing(hp: HParams, *, mfu: float = DEFAULT_MFU) -> dict[str, Any]:
     eval_s = eval_flops / (H100_BF16_FLOPS * mfu)
     span = compute_span(hp, grad_bytes)
     memory = memory_rows(hp, train_s)
+    blocking = hp.model_copy(update={"inner": hp.inner.model_copy(update={"overlap": "blocking"})})
     return {
         "parameters": n,
         "page_tokens": page_tokens,
@@ -233,9 +268,15 @@ def window_sizing(hp: HParams, *, mfu: float = DEFAULT_MFU) -> dict[str, Any]:
         "inner_steps": hp.inner.steps,
         "inner_optimizer": hp.inner.optimizer,
         "tokens_per_inner_step": tokens // hp.inner.steps,
+        "overlap": hp.inner.overlap,
         "miner_compute_span_seconds": span,
         "miner_compute_span_min_seconds": compute_span(hp, grad_bytes, gather_to_deadline=True),
-        "miner_compute_utilisation": min(1.0, train_s / span) if span > 0 else 0.0,
+        "miner_compute_utilisation": min(train_s, span) / window_s,
+        "miner_span_share": min(1.0, train_s / span) if span > 0 else 0.0,
+        "miner_fits_span": train_s <= span,
+        "miner_gpu_overhead_seconds": gpu_overhead_seconds(hp),
+        "miner_blocking_span_seconds": compute_span(blocking, grad_bytes),
+        "exchange_slack_seconds": exchange_slack(hp),
         "miner_sustained_tflops_needed": train_flops / span / 1e12 if span > 0 else float("inf"),
         "validator_eval_tokens_per_window": eval_tokens,
         "validator_eval_flops_per_window": eval_flops,
@@ -270,9 +311,9 @@ def format_sizing(s: dict[str, Any]) -> str:
         ("training FLOPs per window", f"{s['train_flops_per_window']:.3g}"),
         (f"H100 training time at {s['mfu_assumed']:.0%} MFU", f"{s['h100_train_seconds']:.2f} s"),
         ("inner steps", f"{s['inner_steps']} × {s['tokens_per_inner_step']:,} tokens ({s['inner_optimizer']})"),
-        ("miner compute utilisation", f"{s['miner_compute_utilisation']:.0%} of the {s['miner_compute_span_seconds']:.1f} s "
-                                      f"a window leaves for training ({s['miner_compute_span_min_seconds']:.2f} s "
-                                      "if the gather runs to its deadline)"),
+        ("miner compute utilisation", f"{s['miner_compute_utilisation']:.0%} of the window's wall-clock (training "
+                                      f"seconds over the window's; {s['overlap']} exchange)"),
+        ("span a window leaves for training", _span(s)),
         ("sustained training throughput needed", f"{s['miner_sustained_tflops_needed']:.0f} TFLOP/s"),
         ("validator eval tokens per window", f"{s['validator_eval_tokens_per_window']:,}"),
         (f"H100 validator eval time at {s['mfu_assumed']:.0%} MFU", f"{s['h100_validator_eval_seconds']:.2f} s"),
@@ -286,6 +327,17 @@ def format_sizing(s: dict[str, Any]) -> str:
     ]
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"  {k:<{width}}  {v}" for k, v in rows) + "\n\n" + format_memory(s)
+
+
+def _span(s: dict[str, Any]) -> str:
+    """The span a window leaves for training, and what bounds it."""
+    share = f"{s['miner_compute_span_seconds']:.1f} s, training fills {s['miner_span_share']:.0%}" + (
+        "" if s["miner_fits_span"] else " (too much for it: the commitment would be late)")
+    if s["overlap"] == "blocking":
+        return f"{share} ({s['miner_compute_span_min_seconds']:.2f} s if the gather runs to its deadline)"
+    return (f"{share} (the window less the GPU's other work, {s['miner_gpu_overhead_seconds']:.1f} s; a blocking "
+            f"exchange would leave {s['miner_blocking_span_seconds']:.1f} s; the step lands at the latest "
+            f"{s['exchange_slack_seconds']:.1f} s before the next payload is due)")
 
 
 def _fits(row: dict[str, Any]) -> str:

@@ -4,8 +4,10 @@ A peer passes when its upload arrived inside the put window, decoded cleanly, is
 committed to before any gradient of the window was readable (`uncommitted` otherwise: its document
 digest covers every tensor, probes included, and the signed metadata), does not repeat an upload of
 an earlier window (`replay`: `templar.validator.replays`), claims the
-global_step we hold (`templar.runtime.outer.update_step`: a claim is checked, never adopted), is in sync with our
-model (mean |θ_val − θ_peer| / α over this window's probes ≤ `sync_max_steps`), is not a copy
+global_step of the window's base (the θ the run computes the window's update from, `inner.overlap`: a claim is
+checked, never adopted; the global_step of the run's other candidate base is `wrong_base`), is in sync with that
+base (mean |θ_val − θ_peer| / α over this window's probes ≤ `sync_max_steps`; probes nearer the other candidate
+base than this one are `wrong_base`), is not a copy
 of an earlier upload by another hotkey, and is not shouting: the L2 norm of its values is at most
 `max_norm_ratio` times the window's median. Only the upper side is checked: error-feedback
 buffers grow with a miner's age (up to 1/(1 − decay) = 1000×), so a new honest miner is quiet. Aggregation normalises every peer, so a rescaled update
@@ -54,6 +56,17 @@ class PoolBaselines:
         """Empty memories under the run's rules (a restarted validator starts with none)."""
         return cls(PairBaseline(Typical(rules.typical_ceiling_cosine, rules.typical_ceiling_shared), rules.pair_history),
                    PairBaseline(Typical(rules.confirm_ceiling_cosine, rules.confirm_ceiling_shared), rules.pair_history))
+
+
+@dataclass(frozen=True)
+class OtherBase:
+    """The θ a window's updates are not computed from but a miner could mistake for their base: the
+    run's model one window newer or older than the base (what the other overlap mode would compute
+    from, docs/scoring.md §2). Its global_step, and its values at the window's probe positions when
+    the validator holds it (None: judged by the step alone)."""
+
+    global_step: int
+    probes: Mapping[str, torch.Tensor] | None = None
 
 
 def failure_verdict(res: GatherResult) -> FastVerdict:
@@ -111,10 +124,14 @@ def fast_evaluate(
     replayed: Mapping[str, Sighting] | None = None,
     earlier: Mapping[int, Mapping[str, Gradient]] | None = None,
     baseline: PoolBaselines | None = None,
+    other_base: OtherBase | None = None,
 ) -> dict[str, FastVerdict]:
     """A verdict for every gathered peer; pure given the gather results, our probes, the run's
     `rules` (`HParams.gauntlet`: thresholds, samples, margins) and `baseline`.
-    `expected_step`: our global_step for the window; a payload claiming another is `wrong_step`.
+    `expected_step`: the global_step of the window's base (the θ its updates are computed from); a
+    payload claiming another is `wrong_step`, or `wrong_base` when it is the step of `other_base` (the
+    θ the run's other overlap mode would compute from: a miner computing from the wrong model), as is
+    a payload whose probes lie nearer `other_base`'s than the base's.
     `commitments`: the document digests read before the window's gradients were readable
     (`templar.comms.commit`; b"": none); a payload whose `Gradient.document_digest` differs is
     `uncommitted`. A peer absent from it (its bucket could not be read in time), or None for all, is
@@ -138,9 +155,14 @@ def fast_evaluate(
             verdicts[hotkey] = FastVerdict(Status.REPLAY, copied_from=replayed[hotkey].hotkey)
             continue
         if expected_step is not None and g.global_step != expected_step:
-            verdicts[hotkey] = FastVerdict(Status.WRONG_STEP)
+            other = other_base is not None and g.global_step == other_base.global_step
+            verdicts[hotkey] = FastVerdict(Status.WRONG_BASE if other else Status.WRONG_STEP)
             continue
         steps = probe_sync_steps(own_probes, g.probes, lr)
+        if other_base is not None and other_base.probes is not None and \
+                probe_sync_steps(other_base.probes, g.probes, lr) < steps:
+            verdicts[hotkey] = FastVerdict(Status.WRONG_BASE, sync_steps=steps)
+            continue
         if not is_synced(steps, rules.sync_max_steps):
             verdicts[hotkey] = FastVerdict(Status.DESYNC, sync_steps=steps)
             continue

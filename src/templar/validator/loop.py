@@ -25,7 +25,7 @@ import contextlib
 import hashlib
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -44,6 +44,7 @@ from templar.gauntlet import (
     score_window,
     select_eval_pages,
 )
+from templar.runtime.compute import PeerScorer
 from templar.runtime.follow import FollowError, apply_inputs, inputs_of, window_inputs
 from templar.runtime.node import Node
 from templar.runtime.outer import OuterStep, aggregation_weights, gather_gradients
@@ -64,6 +65,7 @@ from templar.runtime.sync import (
 )
 from templar.runtime.windows import WindowTimes
 from templar.storage import StorageError
+from templar.validator.base import Base, BaseKeeper
 from templar.validator.commits import CommitWatcher
 from templar.validator.evaluate import Evaluator, LossScores
 from templar.validator.fast_eval import PoolBaselines, fast_evaluate
@@ -148,6 +150,8 @@ class Validator:
         self.weights = WeightSetter(node)
         self.public = PublicWork(self.hp.gauntlet.public_windows)  # aggregated uploads, for the borrowed-work check
         self.pair_baseline = PoolBaselines.of(self.hp.gauntlet)  # earlier windows' typical pairs, for the pool check
+        self.bases = BaseKeeper(self.compute, self.hp.inner)  # what each window's updates are computed from
+        self._base_evaluator: Evaluator | None = None
 
     @property
     def is_lead(self) -> bool:
@@ -409,15 +413,24 @@ class Validator:
         work.replayed = self.replays.observe(window, work.results)
 
     async def evaluate(self, work: ValidatorWindow) -> None:
-        """Fast evaluation of F_t, then primary evaluation of S_t (when this window is scored)."""
+        """Fast evaluation of F_t, then primary evaluation of S_t (when this window is scored), both
+        against the base of the window's updates (`templar.validator.base`)."""
         if not work.evaluate:
             return
         window, draw = work.window, work.draw
         assert draw is not None
+        base = self.bases.of(window, self.state)
+        if base is None:
+            work.evaluate = False
+            context(window=window, phase="validate").info(
+                f"not scoring window {window}: its updates are computed from θ after window {window - 2} "
+                "(inner.overlap delayed), which this validator did not hold (it started or caught up since)")
+            return
+        work.learning_rate = learning_rate(base.global_step, self.hp.optimizer)
         work.verdicts = await self._fast_evaluate(window, {hk: work.results[hk] for hk in draw.fast},
-                                                  work.learning_rate, work.replayed)
+                                                  work.learning_rate, work.replayed, base)
         work.losses = await self._primary(window, work.miners, draw.primary(work.verdicts), work.results,
-                                          work.learning_rate)
+                                          work.learning_rate, base)
 
     def score(self, work: ValidatorWindow) -> None:
         """The Gauntlet's window (`score_window`); the aggregated uploads are remembered for the
@@ -439,6 +452,7 @@ class Validator:
         led = work.decision is not None and work.decision.lead is not None \
             and work.decision.lead.hotkey == self.node.hotkey
         self.role = self.leading if led else self.following
+        await asyncio.to_thread(self.bases.before_step, self.state)
         work.step, work.applied = await self.role.step(work)
         self.state.window = max(self.state.window, work.window)
         self.sync.record(self.state.window, self.state.global_step)
@@ -479,15 +493,32 @@ class Validator:
         return results
 
     async def _fast_evaluate(self, window: int, results: dict[str, GatherResult[Gradient]],
-                             lr: float, replayed: Mapping[str, Sighting]) -> dict[str, FastVerdict]:
-        own_probes = await asyncio.to_thread(self.compute.probes, window)
+                             lr: float, replayed: Mapping[str, Sighting], base: Base) -> dict[str, FastVerdict]:
+        other = base.other
+        if base.kept:  # the kept model is the base, the live θ the other candidate
+            own_probes = await asyncio.to_thread(self.compute.base_probes, window)
+            other = replace(other, probes=await asyncio.to_thread(self.compute.probes, window)) if other else None
+        else:
+            own_probes = await asyncio.to_thread(self.compute.probes, window)
         return await asyncio.to_thread(
             fast_evaluate, results, own_probes, lr, rules=self.hp.gauntlet, salt=self.eval_seed(window),
-            expected_step=self.state.global_step, commitments=self.commits.pop(window), replayed=replayed,
-            earlier=self.public.before(window), baseline=self.pair_baseline)
+            expected_step=base.global_step, commitments=self.commits.pop(window), replayed=replayed,
+            earlier=self.public.before(window), baseline=self.pair_baseline, other_base=other)
+
+    def _evaluator(self, base: Base) -> PeerScorer:
+        """LossScores against the base: the node's own evaluator on θ, or on the kept model."""
+        if not base.kept:
+            return self.evaluator
+        scorer = self.compute.base_evaluator
+        if scorer is not None:
+            return scorer
+        if self._base_evaluator is None:
+            self._base_evaluator = Evaluator(self.compute.base_model, self.hp.optimizer.micro_batch_size,
+                                             position_ranges=self.hp.gauntlet.position_ranges)
+        return self._base_evaluator
 
     async def _primary(self, window: int, miners: Mapping[str, int], chosen: list[str],
-                       results: Mapping[str, GatherResult[Gradient]], lr: float) -> dict[str, LossScores]:
+                       results: Mapping[str, GatherResult[Gradient]], lr: float, base: Base) -> dict[str, LossScores]:
         """LossScore on assigned vs unassigned data for S_t (`chosen`, paper §3.1): each peer's
         evaluated pages among its assigned ones and the random pages, drawn with our secret."""
         hp, node = self.hp, self.node
@@ -510,7 +541,7 @@ class Validator:
             prefetch=node.plan.random_pages(window + 1, hp.data.eval_pages,
                                             salt=self.eval_seed(window + 1) % node.plan.pool))).batch
         beta = hp.gauntlet.eval_lr_factor * lr
-        return await asyncio.to_thread(self.evaluator.score_peers, signs, assigned, random_batch, beta,
+        return await asyncio.to_thread(self._evaluator(base).score_peers, signs, assigned, random_batch, beta,
                                        hp.data.sequences_per_page)
 
     def _save(self) -> None:
