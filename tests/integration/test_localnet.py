@@ -159,14 +159,18 @@ def test_partial_pooled_and_thin_work_earn_less_than_honest_work(tmp_path, setti
     print(summary)  # the numbers behind benchmarks/LOG.md §4 (pytest -s)
     honest = [name for name in weight if miners[name]["strategy"] == "honest"]
     weakest = min(weight[name] for name in honest)
+
+    def tokens_per_window(name: str) -> float:  # one miner may train a window more than another in the run
+        return miners[name]["trained_tokens"] / max(1, miners[name]["trained_windows"])
+
     assert weakest > 0, summary  # honest work is paid
     assert weight["partial0"] < weakest, summary
     assert sum(w for name, w in weight.items() if miners[name]["strategy"] == "pooled") < weakest, summary
     assert miners["partial0"]["statuses"].get("uncommitted", 0) >= 2, summary
-    assert miners["thin0"]["trained_tokens"] * 4 == miners[honest[0]]["trained_tokens"], summary
+    assert tokens_per_window("thin0") * 4 == tokens_per_window(honest[0]), summary
     assert weight["thin0"] < weakest, summary
     assert per_token["thin0"] < min(per_token[name] for name in honest), summary
-    assert miners["short0"]["trained_tokens"] * 4 == miners[honest[0]]["trained_tokens"], summary
+    assert tokens_per_window("short0") * 4 == tokens_per_window(honest[0]), summary
     assert weight["short0"] < weakest, summary
     assert per_token["short0"] < min(per_token[name] for name in honest), summary
 

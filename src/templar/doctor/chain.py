@@ -182,7 +182,12 @@ async def check_lead_run(d: Doctor) -> CheckResult:
         return failed("lead-run", f"cannot read the lead validator: {exc}", "check the chain")
     ours = d.hp.digest()
     if lead is None:
-        return warning("lead-run", "no lead validator yet (no validator permit holder)", "wait for the subnet's lead")
+        me = next((n for n in d.neurons if n.hotkey == d.hotkey), None)
+        if d.role == "validator" and me is not None and me.validator_permit and me.stake > 0:
+            return ok("lead-run", "no validator has committed a bucket yet: this one leads the run once it starts, "
+                      f"and its hparams define it ({ours[:16]}…)", run=ours)
+        return warning("lead-run", "no lead validator yet (none with a validator permit, stake and a committed "
+                       "bucket)", "wait for the subnet's lead")
     if d.hotkey == lead.hotkey:
         return ok("lead-run", f"this validator is the lead: its hparams define the run ({ours[:16]}…)", run=ours)
     raw = locators.get(lead.hotkey)

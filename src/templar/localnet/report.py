@@ -42,6 +42,7 @@ def build_report(out: Path) -> dict:
             "strategy": node.strategy,
             "windows_uploaded": sum(1 for r in own if r.get("uploaded")),
             "trained_tokens": sum(int(r.get("tokens", 0)) for r in own),
+            "trained_windows": sum(1 for r in own if int(r.get("tokens", 0)) > 0),
             "statuses": dict(Counter(r["status"] for r in history)),
             "final_mu": last["mu"] if last else 0.0,
             "final_rating": last["rating"] if last else 0.0,
