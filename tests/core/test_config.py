@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from templar.core.config import REPO_ROOT, HParamsError, load_hparams, resolve_hparams_path
+from templar.core.config import REPO_ROOT, HParams, HParamsError, load_hparams, resolve_hparams_path
 
 
 def test_production_and_tiny_validate():
@@ -97,3 +97,14 @@ def test_a_missing_bare_preset_names_its_file_and_where_to_read_how(tmp_path, mo
         load_hparams("local")
     assert "Save it as `hparams/local.json` and pass `--hparams local`" in (
         REPO_ROOT / "docs" / "mining.md").read_text()
+
+
+def test_an_overlapped_run_whose_step_lands_after_the_next_commitment_is_refused():
+    """An overlapped miner encodes the next payload once the window's step landed: the lead's first
+    slot must close before the next window's commitment deadline, or every miner misses it."""
+    tiny = load_hparams("tiny")
+    late = tiny.windows.model_dump() | {"blocks_per_window": 12, "put_window_seconds": 3.0}  # slot 12.25 s > 9.5 s
+    with pytest.raises(ValueError, match="after the next window's commitment deadline"):
+        HParams.model_validate(tiny.model_dump() | {"windows": late})
+    blocking = tiny.inner.model_dump() | {"overlap": "blocking"}
+    assert HParams.model_validate(tiny.model_dump() | {"windows": late, "inner": blocking}).inner.overlap == "blocking"

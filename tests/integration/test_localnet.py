@@ -184,13 +184,14 @@ def test_localnet_runs_every_neuron_as_its_own_process(tmp_path):
     preset = tmp_path / "fast.json"
     from templar.core.config import PRESETS_DIR
 
-    # 12-second windows: blocking, a miner started training when the previous window's gather was done
-    # (put 3 s + skew 1 s after its end) and had to commit 2.5 s before this one ended, 5.5 s; with 10
-    # blocks and tiny's 4 s put window that was 2 s, too little for a 2-rank miner on a loaded 2-core
-    # machine. Overlapped (tiny's delayed mode), its inner steps begin as the previous window's update
-    # is compressed, about a window earlier.
+    # 14-second windows, overlapped (tiny's delayed mode): a miner's inner steps of the next window begin
+    # as this window's update is compressed, and it encodes that next payload once this window's step
+    # has landed: the gather ends 6.25 s after the window (put 3 s, skew 1 s, settle 0.25 s, gather 2 s),
+    # the lead's first slot 1 s later, and the next commitment is due 11.5 s after it (HParams refuses an
+    # overlapped run whose first slot closes after it). tiny's 20-second windows would cost a minute more.
     preset.write_text(json.dumps({"base": str(PRESETS_DIR / "tiny.json"), "name": "tiny-e2e",
-                                  "windows": {"blocks_per_window": 12, "put_window_seconds": 3.0}}))
+                                  "windows": {"blocks_per_window": 14, "put_window_seconds": 3.0,
+                                              "gather_seconds": 2.0, "handover_seconds": 1.0}}))
     out = tmp_path / "e2e"
     proc = _localnet(out, ["copycat", "moredata"], 2, "--hparams", str(preset), "--miner-ranks", "2", windows=3,
                      in_process=False)
