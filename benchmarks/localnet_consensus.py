@@ -11,7 +11,7 @@ relative LossRating, stale-first selection, μ ramp k = 0, the proof of computat
 production's inner loop (H = 2 inner AdamW steps here) on the `micro` model with 8 pages per window
 and evaluation, four times `tiny`'s tokens. 32 windows by default: with every peer evaluated each
 window, 16 windows give each μ about 15 evaluations, too few to hold identical honest miners within
-1.5× at every seed (benchmarks/LOG.md §8). `benchmarks/presets/micro_production_gauntlet_8pages.json`
+1.5× at every seed (benchmarks/LOG.md §8). `benchmarks/presets/micro_sgd_sign_proof_8pages.json`
 is the same localnet before inner steps and the proof by size (one SGD step, the paper's sign;
 benchmarks/LOG.md §6).
 Each run is its own process with one torch thread, so `--jobs` runs share the cores; three
