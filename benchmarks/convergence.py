@@ -82,9 +82,8 @@ from _common import RESULTS_DIR, Tiny, emit, load_tiny, setup_torch, write_resul
 from templar.compress import Compressed, DeMo
 from templar.compress.methods import rule_of
 from templar.compress.sparseloco import SparseLoCoCompressor
-from templar.core.config import HParams, OptimizerConfig, load_hparams
+from templar.core.config import HParams, load_hparams
 from templar.core.model import build_model, parameter_shapes
-from templar.core.schedule import learning_rate
 from templar.data import PagePlan
 from templar.runtime.outer import apply_update, collect_probes, new_outer_momentum, outer_step
 from templar.runtime.state import NodeState
@@ -195,7 +194,7 @@ class Spec:
     sequences: int | None = None  # per peer per window when not whole pages (the overlap's wall-clock window)
     aggregate: str = "wire"       # "exact": float32 values outside the wire (SparseLoCo; an upper bound);
                                   # "vote": the peers' signs averaged (signed; a step that shrinks as they disagree)
-    schedule: str = "cosine"      # "constant": α warms up, then stays; the inner rate alone decays (DiLoCo's)
+    schedule: str = "cosine"      # of α (`optimizer.outer_schedule`): "constant" after the warm-up (DiLoCo's)
     model: str = "tiny"
     tag: str = "sweep"            # sweep, refine, variant, overlap, small, extra (a targeted point)
 
@@ -254,7 +253,7 @@ def hparams_for(spec: Spec) -> HParams:
     if spec.schedule == "constant":
         if spec.kind == "dp":
             raise ValueError(f"{spec.name()}: a DP run has one schedule")
-        optimizer["min_lr_factor"] = 1.0  # α: warm-up, then the peak; the inner rate: `inner_schedule`
+        optimizer["outer_schedule"] = "constant"  # α: warm-up, then the peak; the inner rate anneals
     demo = {k: v for k, v in (("topk", spec.topk), ("momentum_decay", spec.decay)) if v is not None}
     body = base.model_dump()
     body["name"] = f"{base.name}-{spec.name()}"
@@ -277,15 +276,6 @@ def hparams_for(spec: Spec) -> HParams:
     if spec.schedule not in ("cosine", "constant"):
         raise ValueError(f"{spec.name()}: schedule {spec.schedule!r}")
     return hp
-
-
-def inner_schedule(hp: HParams, spec: Spec) -> OptimizerConfig:
-    """The schedule the inner rate follows: the run's own, except under a constant α, where it
-    keeps the cosine to `min_lr` (0.1 unless set)."""
-    if spec.schedule == "cosine":
-        return hp.optimizer
-    floor = spec.min_lr if spec.min_lr is not None else load_hparams(spec.preset).optimizer.min_lr_factor
-    return hp.optimizer.model_copy(update={"min_lr_factor": floor})
 
 
 @lru_cache(maxsize=1)
@@ -342,7 +332,6 @@ class SubnetRun:
         self.rule = rule_of(hp.optimizer.method)
         self.exact = spec.aggregate == "exact"
         self.vote = spec.aggregate == "vote"
-        self.schedule = inner_schedule(hp, spec)
         def compressor():
             if self.exact:
                 return _ExactCompressor(hp.demo.target_chunk, hp.demo.topk)
@@ -367,7 +356,7 @@ class SubnetRun:
     def window(self, window: int, batches: list[torch.Tensor]) -> float:
         hp = self.hp
         step = self.state.global_step
-        lr = inner_lr(hp.inner, learning_rate(step, self.schedule), self.schedule)
+        lr = inner_lr(hp.inner, step, hp.optimizer)
         theta = self._theta()  # θ_w: the run's model before this window's outer step
         received, losses = [], []
         for k, (demo, optimizer, batch) in enumerate(zip(self.demos, self.optimizers, batches, strict=True)):
@@ -495,7 +484,7 @@ class DataParallelRun:
 
     def window(self, window: int, batches: list[torch.Tensor]) -> float:
         hp = self.hp
-        lr = inner_lr(hp.inner, learning_rate(self.global_step, hp.optimizer), hp.optimizer)
+        lr = inner_lr(hp.inner, self.global_step, hp.optimizer)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         parts = [inner_parts(batch, hp.inner.steps) for batch in batches]
@@ -541,8 +530,7 @@ def train(spec: Spec, eval_every: int, threads: int) -> dict[str, Any]:
             "inner": hp.inner.model_dump(), "outer_lr_peak": hp.optimizer.learning_rate if spec.kind == "subnet"
             else None, "outer_momentum": hp.optimizer.outer_momentum if spec.kind == "subnet" else None,
             "warmup_windows": hp.optimizer.warmup_steps, "total_windows": hp.optimizer.total_steps,
-            "min_lr_factor": hp.optimizer.min_lr_factor,
-            "inner_min_lr_factor": inner_schedule(hp, spec).min_lr_factor if spec.kind == "subnet" else None,
+            "min_lr_factor": hp.optimizer.min_lr_factor, "outer_schedule": hp.optimizer.outer_schedule,
             "outer_weight_decay": hp.optimizer.weight_decay
             if spec.kind == "subnet" else None, "topk": hp.demo.topk, "target_chunk": hp.demo.target_chunk,
             "momentum_decay": hp.demo.momentum_decay, "pages_per_window": spec.pages,
@@ -786,7 +774,7 @@ def _row(r: dict[str, Any], reference: dict[str, Any] | None, label: str) -> dic
     return {"name": r["name"], "method": s["method"], "label": label, "tag": s["tag"], "mode": s["mode"],
             "inner_lr": s["inner_lr"], "outer_lr": s["outer_lr"], "momentum": s["momentum"],
             "topk": r["settings"]["topk"], "decay": r["settings"]["momentum_decay"],
-            "min_lr": r["settings"]["inner_min_lr_factor"] or r["settings"]["min_lr_factor"], "aggregate": s["aggregate"], "schedule": s["schedule"],
+            "min_lr": r["settings"]["min_lr_factor"], "aggregate": s["aggregate"], "schedule": s["schedule"],
             "steps": s["steps"],
             "sequences": r["settings"]["sequences_per_peer"], "model": s["model"],
             "equal": "wall-clock" if s["sequences"] is not None else "tokens", "final_loss": r["final_loss"],

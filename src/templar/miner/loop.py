@@ -14,7 +14,6 @@ from templar.comms.commit import put_commit
 from templar.comms.keys import gradient_key
 from templar.compress.methods import rule_of
 from templar.core.log import context
-from templar.core.schedule import learning_rate
 from templar.miner.hooks import MinerHooks
 from templar.runtime.follow import FollowError, follow_step
 from templar.runtime.node import Node, OwnBucketError
@@ -130,8 +129,7 @@ class Miner:
         batch, pages = await node.pages.fetch(  # only these pages' bytes; the next window's read ahead
             pages, prefetch=self.hooks.pages(self, window + 1, self.pages(window + 1)))
         batch = self.hooks.batch(self, window, batch)
-        lr = self.hooks.learning_rate(
-            self, window, inner_lr(hp.inner, learning_rate(self.state.global_step, hp.optimizer), hp.optimizer))
+        lr = self.hooks.learning_rate(self, window, inner_lr(hp.inner, self.state.global_step, hp.optimizer))
         stats = await asyncio.to_thread(self.compute.train, batch, hp.optimizer.micro_batch_size,
                                         hp.optimizer.grad_clip, lr)
         # A node that cannot show it holds the run's model uploads with weight 0 (a warm-up payload).
