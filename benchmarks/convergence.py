@@ -13,11 +13,12 @@ method runs exactly what a miner and the aggregator run: `inner_steps` (each pee
 optimizer from `make_inner_optimizer`, at `inner_lr` of the window's α, and its own error feedback,
 both kept across windows), `DeMo.step(grads, stats.scale)` with the method's compressor, the payload
 written with `write_gradient` and read back with `read_gradient` (the wire's codec and its
-quantisation), and `runtime.outer.outer_step`: the method's `aggregate` with weights 1/G, through the
-outer Nesterov momentum when the run has one (`optimizer.outer_momentum`), and its `apply` at
-α = `learning_rate(global_step, optimizer)`. Each run's settings are a validated `HParams` built from
-a preset (`tiny`, `tiny-sparseloco`), so every measured point is a run a subnet could configure
-(except the `values=exact` variant, below).
+quantisation), and `runtime.outer.outer_step`: the method's `aggregate` with weights 1/G and its
+`apply` at α = `learning_rate(global_step, optimizer)`. Each run's settings are a validated `HParams`
+built from a preset (`tiny`, `tiny-sparseloco`), so every measured point is a run a subnet could
+configure, except three variants no rule offers, which the benchmark computes itself around
+production's aggregate and apply: DiLoCo's outer Nesterov momentum (`momentum` μ: m ← μ·m + Δ,
+θ ← θ − α·(Δ + μ·m)), exact values and the signed vote (`aggregate`, below).
 
 The reference is AdamW data-parallel on the same tokens: H steps per window, step i on the union of
 the peers' i-th H-th of their pages (the same optimizer steps as H inner steps). Every run has
@@ -53,9 +54,12 @@ The plan (`--stages`, each stage needs the ones before it; `--cache` keeps finis
 Bytes per token: the mean size of the payloads the peers actually wrote (`write_gradient`) over the
 tokens each trained on in the window; the reference ("dense") is the same window's pseudo-gradient
 sent as dense fp32, 4 bytes per parameter per window, and a data-parallel run sends a dense fp32
-gradient per optimizer step (H per window). `values=exact` (SparseLoCo only) keeps the top-k values
+gradient per optimizer step (H per window). `aggregate=exact` (SparseLoCo only) keeps the top-k values
 as float32 and aggregates them with the same median clip in float64, outside the wire (no codec
 carries them): an upper bound on what more value bits could buy, not a configurable run.
+`aggregate=vote` (signed only) averages the peers' signs (each peer's own signed update, the rule's
+`trial`): a coordinate moves α where every peer agrees and less where they disagree, an outer step
+that shrinks as the peers' updates turn to noise late in a run.
 
 Results: `benchmarks/results/convergence.json` (every run's curve and settings, the tables, the
 goals), `convergence_tokens.png` (held-out loss of each method's best), `convergence_ratio.png`
@@ -85,7 +89,7 @@ from templar.compress.sparseloco import SparseLoCoCompressor
 from templar.core.config import HParams, load_hparams
 from templar.core.model import build_model, parameter_shapes
 from templar.data import PagePlan
-from templar.runtime.outer import apply_update, collect_probes, new_outer_momentum, outer_step
+from templar.runtime.outer import aggregation_weights, apply_update, collect_probes, outer_step
 from templar.runtime.state import NodeState
 from templar.runtime.train import (
     TrainStats,
@@ -246,8 +250,6 @@ def hparams_for(spec: Spec) -> HParams:
         optimizer["learning_rate"] = spec.outer_lr
     elif spec.kind == "dp":  # the schedule's peak is the DP rate itself: inner_lr() is then the schedule
         optimizer["learning_rate"] = spec.inner_lr
-    if spec.momentum is not None:
-        optimizer["outer_momentum"] = spec.momentum
     if spec.min_lr is not None:
         optimizer["min_lr_factor"] = spec.min_lr
     if spec.schedule == "constant":
@@ -273,6 +275,8 @@ def hparams_for(spec: Spec) -> HParams:
     if spec.aggregate not in AGGREGATES[hp.optimizer.method]:
         raise ValueError(f"{spec.name()}: aggregate {spec.aggregate!r} is not one of {hp.optimizer.method}'s "
                          f"{AGGREGATES[hp.optimizer.method]}")
+    if spec.momentum is not None and hp.optimizer.method != "sparseloco":
+        raise ValueError(f"{spec.name()}: the outer momentum is a SparseLoCo variant (a signed step is α·sign)")
     if spec.schedule not in ("cosine", "constant"):
         raise ValueError(f"{spec.name()}: schedule {spec.schedule!r}")
     return hp
@@ -339,7 +343,8 @@ class SubnetRun:
         self.demos = [DeMo(self.model, compressor=compressor(), decay=hp.demo.momentum_decay) for _ in range(PEERS)]
         self.optimizers = [make_inner_optimizer(self.model, hp.inner) for _ in range(PEERS)]
         self.state = NodeState(window=-1, global_step=0)
-        self.momentum = new_outer_momentum(self.model, hp)
+        self.momentum = {n: torch.zeros(p.shape) for n, p in zip(self.names, self.params, strict=True)} \
+            if spec.momentum else None
         self.payload_bytes: list[int] = []
         self.before: _Before | None = None      # the last outer step's start (delayed, eager)
         self.own: list[dict[str, torch.Tensor]] = []  # eager: each peer's own last update, as the rule applies it
@@ -373,18 +378,40 @@ class SubnetRun:
             losses.append(stats.loss)
         momentum = {n: m.clone() for n, m in self.momentum.items()} if self.momentum is not None else None
         before = _Before(theta, momentum, step)
-        if self.exact or self.vote:
-            update = _clipped_mean_exact([g.tensors for g in received], self.shapes) if self.exact else \
-                self._vote([g.tensors for g in received])
-            apply_update(self.model, update, step, hp, self.momentum)
-            self.state.global_step = step + 1
+        if self.momentum is None and not (self.exact or self.vote):
+            outer_step(self.model, received, self.state, hp)  # what every node runs
         else:
-            outer_step(self.model, received, self.state, hp, momentum=self.momentum)
+            self._apply(self.model, self._aggregate(received), step, self.momentum)
+            self.state.global_step = step + 1
         if self.spec.mode == "eager":
             self.own = [self._own_update(g.tensors) for g in received]
         self.before = before
         self.state.window = window
         return sum(losses) / len(losses)
+
+    def _aggregate(self, received: list[Any]) -> dict[str, torch.Tensor]:
+        """The window's update: production's `outer_step` aggregate (`aggregation_weights`, the rule's
+        `aggregate`), or the exact-values or vote variant's."""
+        if self.exact:
+            return _clipped_mean_exact([g.tensors for g in received], self.shapes)
+        if self.vote:
+            return self._vote([g.tensors for g in received])
+        eligible, weights = aggregation_weights(received, self.hp)
+        return self.rule.aggregate([g.tensors for g in eligible], weights, self.shapes)
+
+    def _apply(self, params: torch.nn.Module | dict[str, torch.Tensor], update: dict[str, torch.Tensor], step: int,
+               momentum: dict[str, torch.Tensor] | None) -> None:
+        """Production's `apply_update` (θ ← θ − α·update by the run's rule), through DiLoCo's outer
+        Nesterov momentum first when the spec has one: m ← μ·m + Δ, update Δ + μ·m (each a float32
+        operation of its own, as a consensus rule would need)."""
+        if momentum is not None:
+            mu = self.spec.momentum
+            nesterov = {}
+            for name, u in update.items():
+                momentum[name].mul_(mu).add_(u)
+                nesterov[name] = (momentum[name] * mu).add_(u)
+            update = nesterov
+        apply_update(params, update, step, self.hp)
 
     def _vote(self, payloads: list[dict[str, Compressed]]) -> dict[str, torch.Tensor]:
         """Σ_p (1/G)·sign_p, sign_p the signed rule's update of peer p alone (`trial`): α per
@@ -421,7 +448,7 @@ class SubnetRun:
         assert before is not None
         params = {n: t.clone() for n, t in zip(self.names, before.theta, strict=True)}
         momentum = {n: m.clone() for n, m in before.momentum.items()} if before.momentum is not None else None
-        apply_update(params, self.own[k], before.step, self.hp, momentum)
+        self._apply(params, self.own[k], before.step, momentum)
         return [params[n] for n in self.names]
 
     def _eager(self, theta: list[torch.Tensor], proxy: list[torch.Tensor], batch: torch.Tensor,
@@ -528,7 +555,7 @@ def train(spec: Spec, eval_every: int, threads: int) -> dict[str, Any]:
         "settings": {
             "method": hp.optimizer.method if spec.kind == "subnet" else "adamw-dp",
             "inner": hp.inner.model_dump(), "outer_lr_peak": hp.optimizer.learning_rate if spec.kind == "subnet"
-            else None, "outer_momentum": hp.optimizer.outer_momentum if spec.kind == "subnet" else None,
+            else None, "outer_momentum": spec.momentum,
             "warmup_windows": hp.optimizer.warmup_steps, "total_windows": hp.optimizer.total_steps,
             "min_lr_factor": hp.optimizer.min_lr_factor, "outer_schedule": hp.optimizer.outer_schedule,
             "outer_weight_decay": hp.optimizer.weight_decay

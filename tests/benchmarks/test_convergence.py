@@ -73,7 +73,7 @@ def test_hparams_of_a_run_are_validated_settings(convergence) -> None:
     with pytest.raises(ValueError, match="vote"):
         convergence.hparams_for(convergence.Spec("sparseloco_h", "subnet", "tiny-sparseloco", 1e-3, 1.0, 4, 2, 60,
                                                  aggregate="vote"))
-    with pytest.raises(ValueError, match="outer_momentum applies to the sparseloco"):
+    with pytest.raises(ValueError, match="outer momentum is a SparseLoCo variant"):
         convergence.hparams_for(convergence.Spec("signed_h", "subnet", "tiny", 1e-3, 3e-3, 4, 2, 60, momentum=0.9))
 
     from templar.core.schedule import learning_rate

@@ -93,10 +93,6 @@ class OptimizerConfig(_Strict):
         default="cosine", description="α_t: the warm-up and cosine the inner rate follows, or constant after "
         "the warm-up (DiLoCo's outer SGD: the inner rate alone anneals; templar.core.schedule.learning_rate)")
     weight_decay: float = Field(ge=0)
-    outer_momentum: float = Field(
-        default=0.0, ge=0, lt=1, description="sparseloco: μ of the outer Nesterov momentum (DiLoCo's outer "
-        "optimiser, templar.runtime.outer.momentum_direction_): m ← μ·m + Δ, θ ← θ − α·(Δ + μ·m), m a buffer "
-        "every node keeps with θ; 0 is plain outer SGD")
     micro_batch_size: int = Field(gt=0, description="sequences per forward/backward (grad accumulation)")
     grad_clip: float = Field(gt=0)
 
@@ -220,13 +216,6 @@ class HParams(_Strict):
         if self.optimizer.method == "sparseloco" and self.inner.optimizer != "adamw":
             raise ValueError("optimizer.method sparseloco applies the mean pseudo-gradient at an outer rate of about "
                              "1: it needs inner.optimizer adamw (an SGD window's gradient is scaled by that rate)")
-        return self
-
-    @model_validator(mode="after")
-    def _momentum_is_sparseloco(self) -> HParams:
-        if self.optimizer.outer_momentum and self.optimizer.method != "sparseloco":
-            raise ValueError("optimizer.outer_momentum applies to the sparseloco mean: the signed rule's step is "
-                             "exactly α per coordinate, which the sync score reads as a count of outer steps")
         return self
 
     @model_validator(mode="after")

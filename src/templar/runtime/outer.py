@@ -44,59 +44,16 @@ def update_step(own: int, published: int | None = None) -> int:
     return own if published is None else published
 
 
-OuterMomentum = dict[str, torch.Tensor]
-"""The outer Nesterov momentum buffer m per parameter (float32, θ's shapes or a rank's rows of
-them): consensus state like θ itself, kept by every node of a run whose `optimizer.outer_momentum`
-is non-zero."""
-
-
-def new_outer_momentum(params: torch.nn.Module | Mapping[str, torch.Tensor], hp: HParams) -> OuterMomentum | None:
-    """Zero buffers for `params` (the run's start: m_0 = 0), or None when the run has no outer momentum."""
-    if not hp.optimizer.outer_momentum:
-        return None
-    named = {n: p for n, p in params.named_parameters() if p.requires_grad} if isinstance(params, torch.nn.Module) \
-        else dict(params)
-    return {name: torch.zeros(p.shape, dtype=torch.float32, device=p.device) for name, p in named.items()}
-
-
-@torch.no_grad()
-def momentum_direction_(momentum: OuterMomentum, update: Mapping[str, torch.Tensor], mu: float,
-                        ) -> dict[str, torch.Tensor]:
-    """DiLoCo's outer Nesterov momentum on the aggregate Δ: m ← μ·m + Δ in place, and the direction
-    the rule then applies, Δ + μ·m (θ ← θ − α·(Δ + μ·m)).
-
-    Every operation is one correctly rounded float32 operation of its own (multiply, then add; no
-    fused multiply-add), element-wise, so any device and any split of the rows gives the same bits:
-    replaying the same aggregates from the same m gives the same m. ValueError on a missing or
-    misshapen buffer, before any buffer changes."""
-    for name, u in update.items():
-        m = momentum.get(name)
-        if m is None or m.shape != u.shape:
-            raise ValueError(f"{name}: no outer momentum buffer of shape {tuple(u.shape)}")
-    out = {}
-    for name, u in update.items():
-        m = momentum[name]
-        u = u.to(device=m.device, dtype=torch.float32)
-        m.mul_(mu).add_(u)
-        out[name] = (m * mu).add_(u)
-    return out
-
-
 def apply_update(model: torch.nn.Module | Mapping[str, torch.Tensor], signs: Mapping[str, torch.Tensor], step: int,
-                 hp: HParams, momentum: OuterMomentum | None = None) -> float:
+                 hp: HParams) -> float:
     """θ ← θ − α(step)·update, the run's method's own rule (`OuterRule.apply`: the signed one with
-    decoupled weight decay), through the outer Nesterov momentum `momentum` when the run has one
-    (`momentum_direction_`, which updates it): the one way any node applies an outer update, live
-    or replayed. Returns the learning rate used.
+    decoupled weight decay): the one way any node applies an outer update, live or replayed.
+    Returns the learning rate used.
 
     `model` may also be a mapping of parameter tensors with `signs` of the same shapes: a
-    sharded node (`templar.distributed`) passes each rank's rows of θ, of the signs and of the
-    momentum. The update is element-wise, so the rows come out bit-identical to the 1-process update."""
+    sharded node (`templar.distributed`) passes each rank's rows of θ and of the signs. The
+    update is element-wise, so the rows come out bit-identical to the 1-process update."""
     lr = learning_rate(step, hp.optimizer)
-    if hp.optimizer.outer_momentum:
-        if momentum is None:
-            raise ValueError("this run's outer step has momentum (optimizer.outer_momentum): pass the node's buffers")
-        signs = momentum_direction_(momentum, signs, hp.optimizer.outer_momentum)
     rule_of(hp.optimizer.method).apply(model, signs, lr, hp.optimizer.weight_decay)
     return lr
 
@@ -110,7 +67,7 @@ def aggregation_weights(gradients: Sequence[Gradient], hp: HParams) -> tuple[lis
 
 
 def outer_step(model: torch.nn.Module, gradients: Sequence[Gradient], state: NodeState, hp: HParams,
-               *, apply: bool = True, momentum: OuterMomentum | None = None) -> OuterStep | None:
+               *, apply: bool = True) -> OuterStep | None:
     """Aggregate the eligible payloads (`aggregation_weights`), sign, and apply θ ← θ − α·sign(Δ).
 
     Returns None when nothing is eligible: the window passes without a step (never stalls).
@@ -122,7 +79,7 @@ def outer_step(model: torch.nn.Module, gradients: Sequence[Gradient], state: Nod
     step = update_step(state.global_step)
     signs = rule_of(hp.optimizer.method).aggregate([g.tensors for g in eligible], weights, shapes)
     if apply:
-        lr = apply_update(model, signs, step, hp, momentum)
+        lr = apply_update(model, signs, step, hp)
         state.global_step = step + 1
     else:
         lr = learning_rate(step, hp.optimizer)
