@@ -31,8 +31,9 @@ schedule), so a gap that widens as the run matures shows.
 The plan (`--stages`, each stage needs the ones before it; `--cache` keeps finished runs):
 - `sweep`: each method's coarse log grid of peak rates (`Method.inner`, `Method.outer`) on the
   whole horizon (no early stopping);
-- `refine`: one point per swept axis around each method's best: half a grid step towards the better
-  neighbour when the best is inside the grid, one grid step beyond it when it is on an edge;
+- `refine`: two rounds of one point per swept axis around each method's best: half a step towards
+  the better neighbour when the best is inside the rates run along that axis, one step beyond it
+  when it is on an edge;
 - `variants`: at each method's best so far, one setting changed at a time (`Method.variants`:
   outer momentum, error-feedback decay, density, value bits, the schedule's floor); a variant
   that beats the best becomes the method's best (what works is kept);
@@ -129,6 +130,7 @@ MODELS: dict[str, dict[str, int]] = {
 }
 SMALL_METHODS = ("sparseloco_h", "sparseloco_c", "signed_h")
 STAGES = ("sweep", "refine", "variants", "overlap", "small")
+REFINE_ROUNDS = 2
 
 
 @dataclass(frozen=True)
@@ -650,18 +652,19 @@ def best_runs(results: list[dict[str, Any]], windows: int) -> dict[str, dict[str
     return best
 
 
-def _axis_value(grid: tuple[float, ...], best: float, loss_of: dict[float, float]) -> float | None:
-    """The refine point of one axis: one grid step beyond an edge best, half a step towards the
-    better neighbour of an inner best (None for a one-point axis)."""
-    if len(grid) < 2 or best not in grid:
+def _axis_value(line: tuple[float, ...], best: float, loss_of: dict[float, float]) -> float | None:
+    """The refine point of one axis, from the rates run along it through the best point (`line`,
+    ascending): one step beyond an edge best (the ratio of its two nearest rates), the geometric
+    midpoint towards the better neighbour of an inner best (None for a one-point line)."""
+    if len(line) < 2 or best not in line:
         return None
-    i = grid.index(best)
+    i = line.index(best)
     if i == 0:
-        value = best * grid[0] / grid[1]
-    elif i == len(grid) - 1:
-        value = best * grid[-1] / grid[-2]
+        value = best * line[0] / line[1]
+    elif i == len(line) - 1:
+        value = best * line[-1] / line[-2]
     else:
-        lower, upper = grid[i - 1], grid[i + 1]
+        lower, upper = line[i - 1], line[i + 1]
         towards = lower if loss_of.get(lower, math.inf) <= loss_of.get(upper, math.inf) else upper
         value = math.sqrt(best * towards)
     return float(f"{value:.3g}")
@@ -669,19 +672,23 @@ def _axis_value(grid: tuple[float, ...], best: float, loss_of: dict[float, float
 
 def refine_specs(results: list[dict[str, Any]], table: dict[str, Method], windows: int, pages: int,
                  only: set[str] | None) -> list[Spec]:
-    best = best_runs(results, windows)
+    """One round of refinement: per method and swept axis, `_axis_value` along the line of grid and
+    refine points through the method's best of them (a rate already run is not run again)."""
+    searched = [r for r in results if r["spec"]["tag"] in ("sweep", "refine")]
+    best = best_runs(searched, windows)
     specs = []
     for m in table.values():
         if not _wanted(m, only) or m.key not in best:
             continue
         b = best[m.key]["spec"]
-        runs = [r for r in results if _is_main(r, windows) and r["spec"]["method"] == m.key
-                and r["spec"]["tag"] == "sweep"]
+        runs = [r for r in searched if _is_main(r, windows) and r["spec"]["method"] == m.key]
         for axis, grid in (("inner_lr", m.inner), ("outer_lr", m.outer)):
+            if len(grid) < 2:
+                continue  # an axis the method does not sweep
             other = "outer_lr" if axis == "inner_lr" else "inner_lr"
             loss_of = {r["spec"][axis]: r["final_loss"] for r in runs if r["spec"][other] == b[other]}
-            value = _axis_value(grid, b[axis], loss_of)
-            if value is not None:
+            value = _axis_value(tuple(sorted(loss_of)), b[axis], loss_of)
+            if value is not None and not any(math.isclose(value, v, rel_tol=0.02) for v in loss_of):
                 rates = {"inner_lr": b["inner_lr"], "outer_lr": b["outer_lr"], axis: value}
                 specs.append(_spec(m, rates["inner_lr"], rates["outer_lr"], windows, pages, tag="refine"))
     return specs
@@ -1023,8 +1030,9 @@ def main(argv: list[str] | None = None) -> int:
     else:
         for stage, make in (("refine", refine_specs), ("variants", variant_specs), ("overlap", overlap_specs),
                             ("small", small_specs)):
-            if stage in stages:
-                results += go(make(results, table, windows, pages, only))
+            for _ in range(REFINE_ROUNDS if stage == "refine" else 1):
+                if stage in stages:
+                    results += go(make(results, table, windows, pages, only))
     stem = "convergence_quick" if args.quick else "convergence"  # a quick run never overwrites the full figures
     report(results, args.inner_steps, windows, args.out or RESULTS_DIR, stem)
     return 0

@@ -107,6 +107,13 @@ def test_refine_steps_beyond_an_edge_best_and_halfway_towards_the_better_neighbo
     # DP: 2e-3 inside the grid, 4e-3 the better neighbour; signed: (6e-3, 3e-3) is on the inner axis's
     # upper edge (one step beyond: 1.2e-2) and the outer axis's lower edge (one step below: 1.5e-3)
     assert specs == {("adamw_dp_h", 2.83e-3, None), ("signed_h", 1.2e-2, 3e-3), ("signed_h", 6e-3, 1.5e-3)}
+    # the second round reads the first's points as part of the line: DP between 2e-3 and 2.83e-3 now;
+    # signed's new best (1.2e-2, 3e-3) on the inner line's edge again, and its outer line has one point
+    results += [r("adamw_dp_h", 2.83e-3, None, 5.85, tag="refine"), r("signed_h", 1.2e-2, 3e-3, 6.8, tag="refine"),
+                r("signed_h", 6e-3, 1.5e-3, 7.2, tag="refine")]
+    second = {(s.method, s.inner_lr, s.outer_lr) for s in convergence.refine_specs(results, convergence.methods(4),
+                                                                                    30, 2, {"adamw_dp_h", "signed_h"})}
+    assert second == {("adamw_dp_h", 2.38e-3, None), ("signed_h", 2.4e-2, 3e-3)}
 
 
 def test_variants_run_at_the_best_of_their_family_and_the_overlap_at_its_targets(convergence) -> None:
