@@ -31,13 +31,14 @@ schedule), so a gap that widens as the run matures shows.
 The plan (`--stages`, each stage needs the ones before it; `--cache` keeps finished runs):
 - `sweep`: each method's coarse log grid of peak rates (`Method.inner`, `Method.outer`) on the
   whole horizon (no early stopping);
-- `refine`: two rounds of one point per swept axis around each method's best: half a step towards
-  the better neighbour when the best is inside the rates run along that axis, one step beyond it
-  when it is on an edge;
+- `refine`: one point per swept axis around each method's best: half a step towards the better
+  neighbour when the best is inside the rates run along that axis, one step beyond it when it is
+  on an edge; a second round for the baseline and each family's best member;
 - `variants`: at each method's best so far, one setting changed at a time (`Method.variants`:
   outer momentum, error-feedback decay, density, value bits, the schedule's floor); a variant
   that beats the best becomes the method's best (what works is kept);
-- `overlap`: the overlapped exchange at the best of `OVERLAP_TARGETS`, in three modes:
+- `overlap` (beside the variants, from the best after the refine): the overlapped exchange at the
+  best of `OVERLAP_TARGETS`, in three modes:
   blocking (today: window w's update is computed from θ_w, the model after window w−1's outer step),
   delayed (from θ_{w−1}, one outer step older, the newest model a miner holds when window w's
   inner steps start; window w's aggregate is applied to θ_w as always) and eager (arXiv 2502.12996:
@@ -48,9 +49,9 @@ The plan (`--stages`, each stage needs the ones before it; `--cache` keeps finis
   same H and pages. Equal wall-clock: production's blocking miner computes 42.6 s of an 84 s window
   (51 %), an overlapped one about 90 %, 1.76× as much; on tiny that is H = 7 inner steps on 14
   sequences (2 per step, as blocking's 4 on 8), 1.75× (`WALL_CLOCK`);
-- `small`: the conclusion checked on a larger model (`MODELS["small"]`, 2.7× tiny's parameters):
-  AdamW DP at its tiny best rate and half of it, and the best of each decentralised method at its
-  tiny rates (fewer points; the asymmetry favours DP).
+- `small` (beside the variants too): the conclusion checked on a larger model (`MODELS["small"]`, 2.7× tiny's parameters):
+  AdamW DP at its tiny best rate and half of it, and the best SparseLoCo and signed runs at their
+  tiny settings (fewer points; the asymmetry favours DP).
 
 Bytes per token: the mean size of the payloads the peers actually wrote (`write_gradient`) over the
 tokens each trained on in the window; the reference ("dense") is the same window's pseudo-gradient
@@ -128,9 +129,11 @@ MODELS: dict[str, dict[str, int]] = {
     "tiny": {},
     "small": {"hidden_size": 256, "intermediate_size": 1024},  # 8.4M parameters against tiny's 3.1M
 }
-SMALL_METHODS = ("sparseloco_h", "sparseloco_c", "signed_h")
+SMALL_TARGETS = ("sparseloco", "signed_h")
+"""The small stage's decentralised runs, as `OVERLAP_TARGETS`: a family's best or a method's best."""
 STAGES = ("sweep", "refine", "variants", "overlap", "small")
 REFINE_ROUNDS = 2
+SEARCH = ("sweep", "refine")  # the tags of the rate search (the variants change other settings)
 
 
 @dataclass(frozen=True)
@@ -153,7 +156,7 @@ class Method:
 
 FLOOR = (("min_lr", 0.0),)  # the cosine to 0 instead of 0.1 of the peak
 FAMILY_VARIANTS: dict[str, tuple[tuple[tuple[str, Any], ...], ...]] = {
-    "sparseloco": ((("decay", 0.9),), (("decay", 0.99),), (("decay", 0.999),), (("topk", 32),), (("topk", 96),),
+    "sparseloco": ((("decay", 0.9),), (("decay", 0.99),), (("topk", 32),), (("topk", 96),),
                    (("aggregate", "exact"),), (("aggregate", "exact"), ("topk", 4096)), FLOOR),
 }
 """Variant keys are `Spec` fields, or `inner_factor` / `outer_factor` (the best's rate times this)."""
@@ -165,7 +168,7 @@ def methods(h: int) -> dict[str, Method]:
     momentum) and their variants."""
     sparse = "tiny-sparseloco"
     return {m.key: m for m in (
-        Method(BASELINE, f"AdamW DP, {h} steps/window", "dp", "tiny", h, (1e-3, 2e-3, 4e-3), (), variants=(FLOOR,)),
+        Method(BASELINE, f"AdamW DP, {h} steps/window", "dp", "tiny", h, (1e-3, 2e-3, 4e-3), ()),
         Method("adamw_dp_1", "AdamW DP, 1 step/window", "dp", "tiny", 1, (3e-3, 6e-3), (), in_plan=False),
         Method("signed_h1", "signed, 1 SGD step (paper)", "subnet", "tiny", 1, (), (3e-3, 6e-3), in_plan=False),
         Method("signed_h", f"signed, {h} inner AdamW", "subnet", "tiny", h, (3e-3, 6e-3), (3e-3, 6e-3),
@@ -639,6 +642,11 @@ def _is_main(r: dict[str, Any], windows: int) -> bool:
     return s["mode"] == "blocking" and s["model"] == "tiny" and s["sequences"] is None and s["windows"] == windows
 
 
+def searched_best(results: list[dict[str, Any]], windows: int) -> dict[str, dict[str, Any]]:
+    """Each method's best of its grid and refine points: where the overlap and small stages start."""
+    return best_runs([r for r in results if r["spec"]["tag"] in SEARCH], windows)
+
+
 def best_runs(results: list[dict[str, Any]], windows: int) -> dict[str, dict[str, Any]]:
     """Each method's best run of the equal-tokens comparison (lowest final held-out loss): over its
     grid, refine and variant points; a targeted extra point never stands for its method."""
@@ -671,14 +679,17 @@ def _axis_value(line: tuple[float, ...], best: float, loss_of: dict[float, float
 
 
 def refine_specs(results: list[dict[str, Any]], table: dict[str, Method], windows: int, pages: int,
-                 only: set[str] | None) -> list[Spec]:
+                 only: set[str] | None, leaders_only: bool = False) -> list[Spec]:
     """One round of refinement: per method and swept axis, `_axis_value` along the line of grid and
-    refine points through the method's best of them (a rate already run is not run again)."""
-    searched = [r for r in results if r["spec"]["tag"] in ("sweep", "refine")]
+    refine points through the method's best of them (a rate already run is not run again).
+    `leaders_only` (the second round): of a family, only its best member."""
+    searched = [r for r in results if r["spec"]["tag"] in SEARCH]
     best = best_runs(searched, windows)
     specs = []
     for m in table.values():
         if not _wanted(m, only) or m.key not in best:
+            continue
+        if leaders_only and m.family is not None and family_best(best, table, m.family) is not best[m.key]:
             continue
         b = best[m.key]["spec"]
         runs = [r for r in searched if _is_main(r, windows) and r["spec"]["method"] == m.key]
@@ -734,7 +745,7 @@ def overlap_specs(results: list[dict[str, Any]], table: dict[str, Method], windo
     h, sequences = WALL_CLOCK
     wide_pages = -(-sequences // 4)
     specs = []
-    for i, target in enumerate(overlap_targets(best_runs(results, windows), table, only)):
+    for i, target in enumerate(overlap_targets(searched_best(results, windows), table, only)):
         for mode in MODES[1:]:
             specs.append(_at_best(target, windows, pages, table, mode=mode, tag="overlap"))
             if wall_clock and i == 0:
@@ -756,17 +767,18 @@ def overlap_targets(best: dict[str, dict[str, Any]], table: dict[str, Method],
 
 def small_specs(results: list[dict[str, Any]], table: dict[str, Method], windows: int, pages: int,
                 only: set[str] | None) -> list[Spec]:
-    """The larger model: AdamW DP at its tiny best rate and half of it; each of `SMALL_METHODS` at its
+    """The larger model: AdamW DP at its tiny best rate and half of it; each of `SMALL_TARGETS` at its
     tiny best settings."""
-    best = best_runs(results, windows)
+    best = searched_best(results, windows)
     specs = []
     if BASELINE in best and (not only or BASELINE in only):
         b = best[BASELINE]
         specs += [replace(_at_best(b, windows, pages, table, model="small", tag="small"),
                           inner_lr=b["spec"]["inner_lr"] * factor) for factor in (1.0, 0.5)]
-    for key in SMALL_METHODS:
-        if key in best and (not only or key in only):
-            specs.append(_at_best(best[key], windows, pages, table, model="small", tag="small"))
+    for target in SMALL_TARGETS:
+        run = best.get(target) if target in table else family_best(best, table, target)
+        if run is not None and (not only or run["spec"]["method"] in only):
+            specs.append(_at_best(run, windows, pages, table, model="small", tag="small"))
     return specs
 
 
@@ -863,7 +875,7 @@ def report(results: list[dict[str, Any]], h: int, windows: int, out_dir: Path, s
                 f"{table[BASELINE].label}", tokens)
 
     overlap = []
-    for target in overlap_targets(best, table):
+    for target in overlap_targets(searched_best(results, windows), table):
         key, spec = target["spec"]["method"], target["spec"]
         same = [r for r in results if r["spec"]["method"] == key and r["spec"]["model"] == "tiny"
                 and r["spec"]["windows"] == windows and r["spec"]["mode"] != "blocking"
@@ -1028,11 +1040,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         results += go(overlap_specs(results, table, windows, pages, only, wall_clock=False))
     else:
-        for stage, make in (("refine", refine_specs), ("variants", variant_specs), ("overlap", overlap_specs),
-                            ("small", small_specs)):
-            for _ in range(REFINE_ROUNDS if stage == "refine" else 1):
-                if stage in stages:
-                    results += go(make(results, table, windows, pages, only))
+        if "refine" in stages:
+            for round_ in range(REFINE_ROUNDS):
+                results += go(refine_specs(results, table, windows, pages, only, leaders_only=round_ > 0))
+        # the last three stages start from the best after the refine, side by side (one pool, the
+        # longest runs first): the overlap and the larger model do not wait for the variants
+        later = [s for stage, make in (("variants", variant_specs), ("overlap", overlap_specs), ("small", small_specs))
+                 if stage in stages for s in make(results, table, windows, pages, only)]
+        results += go(sorted(later, key=lambda s: -s.sequences_per_peer * s.steps * (3 if s.model == "small" else 1)))
     stem = "convergence_quick" if args.quick else "convergence"  # a quick run never overwrites the full figures
     report(results, args.inner_steps, windows, args.out or RESULTS_DIR, stem)
     return 0

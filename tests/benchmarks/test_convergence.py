@@ -129,7 +129,7 @@ def test_variants_run_at_the_best_of_their_family_and_the_overlap_at_its_targets
     family = [s for s in variants if s.method == "sparseloco_c"]
     assert len(family) == len(convergence.FAMILY_VARIANTS["sparseloco"])
     assert all((s.inner_lr, s.outer_lr, s.schedule) == (6e-3, 2.0, "constant") for s in family)
-    assert {s.decay for s in family} >= {0.9, 0.99, 0.999}
+    assert {s.decay for s in family} == {0.9, 0.99, None}
     nesterov = [s for s in variants if s.method == "sparseloco_m"]
     assert [(s.momentum, s.outer_lr) for s in nesterov] == [(0.5, 0.5)]
 
