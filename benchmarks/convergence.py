@@ -6,6 +6,7 @@ exchange (a miner computing window w+1 while window w's outer step is being made
     python benchmarks/convergence.py --quick                     # 3 windows, one point per method and mode
     python benchmarks/convergence.py --stages sweep --only adamw_dp_h      # one stage of one method
     python benchmarks/convergence.py --point sparseloco_m:inner=3e-3,outer=0.7,momentum=0.9,decay=0.99
+    python benchmarks/convergence.py --report-only --cache /tmp/convergence   # the report of the runs so far
 
 K = 4 simulated peers start from the same θ_0 (`build_model`) and stay in sync (G = 4); peer k
 trains on `assigned_pages(k, window, P)` (P pages of 4 sequences of 128 tokens). A decentralised
@@ -77,7 +78,7 @@ import math
 import multiprocessing
 import sys
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import MISSING, asdict, dataclass, fields, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -532,6 +533,23 @@ class DataParallelRun:
         return sum(losses) / sum(sizes)
 
 
+def run_settings(spec: Spec, hp: HParams) -> dict[str, Any]:
+    """The settings a run's result records: what its `HParams` resolved the spec to."""
+    return {
+        "method": hp.optimizer.method if spec.kind == "subnet" else "adamw-dp",
+        "inner": hp.inner.model_dump(), "outer_lr_peak": hp.optimizer.learning_rate if spec.kind == "subnet"
+        else None, "outer_momentum": spec.momentum,
+        "warmup_windows": hp.optimizer.warmup_steps, "total_windows": hp.optimizer.total_steps,
+        "min_lr_factor": hp.optimizer.min_lr_factor, "outer_schedule": hp.optimizer.outer_schedule,
+        "outer_weight_decay": hp.optimizer.weight_decay
+        if spec.kind == "subnet" else None, "topk": hp.demo.topk, "target_chunk": hp.demo.target_chunk,
+        "momentum_decay": hp.demo.momentum_decay, "pages_per_window": spec.pages,
+        "sequences_per_peer": spec.sequences_per_peer, "grad_clip": hp.optimizer.grad_clip,
+        "micro_batch_size": hp.optimizer.micro_batch_size, "mode": spec.mode, "aggregate": spec.aggregate,
+        "schedule": spec.schedule, "model": spec.model,
+    }
+
+
 def train(spec: Spec, eval_every: int, threads: int) -> dict[str, Any]:
     """One run from θ_0; its held-out curve, train losses, time and bytes per token."""
     torch.set_num_threads(threads)
@@ -557,19 +575,7 @@ def train(spec: Spec, eval_every: int, threads: int) -> dict[str, Any]:
         sent = 4.0 * n_params * spec.steps  # a dense fp32 gradient per step
     result = {
         "spec": asdict(spec), "name": spec.name(), "key": spec.key(), "hparams_name": hp.name,
-        "settings": {
-            "method": hp.optimizer.method if spec.kind == "subnet" else "adamw-dp",
-            "inner": hp.inner.model_dump(), "outer_lr_peak": hp.optimizer.learning_rate if spec.kind == "subnet"
-            else None, "outer_momentum": spec.momentum,
-            "warmup_windows": hp.optimizer.warmup_steps, "total_windows": hp.optimizer.total_steps,
-            "min_lr_factor": hp.optimizer.min_lr_factor, "outer_schedule": hp.optimizer.outer_schedule,
-            "outer_weight_decay": hp.optimizer.weight_decay
-            if spec.kind == "subnet" else None, "topk": hp.demo.topk, "target_chunk": hp.demo.target_chunk,
-            "momentum_decay": hp.demo.momentum_decay, "pages_per_window": spec.pages,
-            "sequences_per_peer": spec.sequences_per_peer, "grad_clip": hp.optimizer.grad_clip,
-            "micro_batch_size": mbs, "mode": spec.mode, "aggregate": spec.aggregate, "schedule": spec.schedule,
-            "model": spec.model,
-        },
+        "settings": run_settings(spec, hp),
         "eval_windows": evals, "holdout_loss": curve, "final_loss": curve[-1], "train_loss": train_loss,
         "seconds": seconds, "tokens_per_peer_window": tokens, "bytes_per_window": sent,
         "bytes_per_token": sent / tokens if sent is not None else None,
@@ -604,6 +610,28 @@ def run_all(specs: list[Spec], eval_every: int, jobs: int, cache: str | None,
         return [_job(w) for w in work]
     with multiprocessing.get_context("spawn").Pool(jobs) as pool:
         return pool.map(_job, work, chunksize=1)
+
+
+def cached_runs(cache: str | Path) -> list[dict[str, Any]]:
+    """Every finished run in a `--cache` folder, each with its tag as first run (sorted by name), its
+    spec and settings completed where it predates a key (`complete_run`)."""
+    return [complete_run(json.loads(path.read_text())) for path in sorted(Path(cache).glob("*.json"))]
+
+
+def complete_run(run: dict[str, Any]) -> dict[str, Any]:
+    """A cached run as the report reads it: a spec field the run lacks takes `Spec`'s default, a
+    setting it lacks takes what its spec resolves to now (`hparams_for`, `run_settings`: the
+    preset's value unless the spec sets it); keys no longer used are kept, unread."""
+    declared = {f.name: f for f in fields(Spec)}
+    spec = dict(run["spec"])
+    for name, field in declared.items():
+        if name not in spec and field.default is not MISSING:
+            spec[name] = field.default
+    settings = dict(run.get("settings", {}))
+    resolved = Spec(**{k: v for k, v in spec.items() if k in declared})
+    for key, value in run_settings(resolved, hparams_for(resolved)).items():
+        settings.setdefault(key, value)
+    return {**run, "spec": spec, "settings": settings, "name": run.get("name", resolved.name())}
 
 
 # --- the plan's stages --------------------------------------------------------------------------
@@ -881,6 +909,8 @@ def report(results: list[dict[str, Any]], h: int, windows: int, out_dir: Path, s
                 and r["spec"]["windows"] == windows and r["spec"]["mode"] != "blocking"
                 and all(r["spec"][f] == spec[f] for f in ("inner_lr", "outer_lr", "topk", "decay", "momentum",
                                                           "min_lr", "aggregate", "schedule"))]
+        if not same:
+            continue  # the overlap stage has not run at this target
         overlap.append(_row(target, reference, f"{table[key].label}: blocking"))
         for r in sorted(same, key=lambda r: (r["spec"]["sequences"] or 0, MODES.index(r["spec"]["mode"]))):
             wide = " (equal wall-clock)" if r["spec"]["sequences"] is not None else ""
@@ -1019,9 +1049,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=None, help="torch threads per run (default 2 // jobs)")
     parser.add_argument("--cache", default=None, help="folder of finished runs (skipped when rerun)")
     parser.add_argument("--out", type=Path, default=None, help="results folder (default benchmarks/results)")
+    parser.add_argument("--report-only", action="store_true", help="run nothing: the report (tables, goals, "
+                        "JSON, plots) of the finished runs in --cache")
     args = parser.parse_args(argv)
     setup_torch()
     windows = args.windows or (3 if args.quick else WINDOWS)
+    stem = "convergence_quick" if args.quick else "convergence"  # a quick run never overwrites the full figures
+    if args.report_only:
+        if not args.cache:
+            parser.error("--report-only reads the runs of --cache")
+        table = methods(args.inner_steps)
+        results = [r for r in cached_runs(args.cache) if r["spec"]["method"] in table]
+        print(f"{len(results)} finished runs in {args.cache}")
+        report(results, args.inner_steps, windows, args.out or RESULTS_DIR, stem)
+        return 0
     eval_every = args.eval_every or (windows if args.quick else 5)
     pages = args.pages or load_hparams("tiny").data.pages_per_window
     if pages * args.inner_steps > MAX_PAGES:
@@ -1048,7 +1089,6 @@ def main(argv: list[str] | None = None) -> int:
         later = [s for stage, make in (("variants", variant_specs), ("overlap", overlap_specs), ("small", small_specs))
                  if stage in stages for s in make(results, table, windows, pages, only)]
         results += go(sorted(later, key=lambda s: -s.sequences_per_peer * s.steps * (3 if s.model == "small" else 1)))
-    stem = "convergence_quick" if args.quick else "convergence"  # a quick run never overwrites the full figures
     report(results, args.inner_steps, windows, args.out or RESULTS_DIR, stem)
     return 0
 

@@ -174,3 +174,58 @@ def test_eager_swaps_the_proxy_for_the_aggregate_and_sends_the_update_from_it(co
 def _relative_gap(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
     gap = sum(float((x - y).square().sum()) for x, y in zip(a, b, strict=True))
     return (gap / sum(float(y.square().sum()) for y in b)) ** 0.5
+
+
+def _cached_run(convergence, method: str, inner: float | None, outer: float | None, curve: list[float],
+                tag: str = "sweep", **extra) -> dict:
+    """A finished run as `train` records it (the schema `_job` caches), with a given held-out curve."""
+    from dataclasses import asdict
+
+    m = convergence.methods(4)[method]
+    spec = convergence._spec(m, inner, outer, 2, 2, tag=tag, **extra)
+    subnet = spec.kind == "subnet"
+    return {"spec": asdict(spec), "name": spec.name(), "key": spec.key(), "hparams_name": spec.name(),
+            "settings": convergence.run_settings(spec, convergence.hparams_for(spec)),
+            "eval_windows": [0, 1, 2], "holdout_loss": curve, "final_loss": curve[-1], "train_loss": curve[1:],
+            "seconds": 1.0, "tokens_per_peer_window": 1024, "bytes_per_window": 80.0 * 1024 if subnet else 1e7,
+            "bytes_per_token": 80.0 if subnet else 1e7 / 1024, "dense_bytes_per_token": 12_000.0,
+            "parameters": 3_000_000}
+
+
+def test_report_only_reads_the_cache_and_completes_runs_that_predate_a_key(convergence, tmp_path,
+                                                                            monkeypatch) -> None:
+    """`--report-only` trains nothing: the tables, goals, JSON and plots come from the cached runs,
+    the ratios are each method's best over AdamW DP's best at each of `RATIO_AT`, and a run cached
+    before a spec field or a setting existed gets the default its spec resolves to."""
+    monkeypatch.setattr(convergence, "RATIO_AT", (1, 2))
+    monkeypatch.setattr(convergence, "train", lambda *a, **k: pytest.fail("report-only trained a run"))
+    r = lambda *a, **k: _cached_run(convergence, *a, **k)  # noqa: E731
+    runs = [r("adamw_dp_h", 2e-3, None, [9.0, 6.0, 5.0]), r("adamw_dp_h", 4e-3, None, [9.0, 6.2, 5.2]),
+            r("sparseloco_c", 6e-3, 2.0, [9.0, 6.3, 5.5], tag="refine"),
+            r("sparseloco_h", 6e-3, 2.0, [9.0, 6.4, 5.8]), r("signed_h", 3e-3, 3e-3, [9.0, 6.6, 5.6])]
+    old = runs[-1]  # a signed run from before `aggregate` and `min_lr_factor` were recorded
+    del old["spec"]["aggregate"], old["settings"]["min_lr_factor"], old["settings"]["sequences_per_peer"]
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    for i, run in enumerate(runs):
+        (cache / f"{run['name']}_{i}.json").write_text(json.dumps(run))
+
+    assert convergence.main(["--report-only", "--cache", str(cache), "--windows", "2", "--out", str(tmp_path)]) == 0
+    body = json.loads((tmp_path / "convergence.json").read_text())
+    for plot in ("tokens", "ratio"):
+        assert (tmp_path / f"convergence_{plot}.png").stat().st_size > 0
+    rows = {row["method"]: row for row in body["equal_tokens"]}
+    assert rows["adamw_dp_h"]["inner_lr"] == 2e-3 and rows["adamw_dp_h"]["ratio"] == {"1": 1.0, "2": 1.0}
+    assert rows["sparseloco_c"]["ratio"] == pytest.approx({"1": 6.3 / 6.0, "2": 5.5 / 5.0})
+    assert rows["signed_h"]["ratio"] == pytest.approx({"1": 6.6 / 6.0, "2": 5.6 / 5.0})
+    assert (rows["signed_h"]["aggregate"], rows["signed_h"]["min_lr"], rows["signed_h"]["sequences"]) == \
+        ("wire", 0.1, 8)
+    assert body["overlap"] == [] and body["small"] == []
+    goals = body["goals"]
+    assert goals["equal_tokens_best"]["name"] == "sparseloco_c_in0.006_out2_constant"
+    assert goals["equal_tokens_best"]["dense_over_sent"] == pytest.approx(150.0)
+    assert {k: goals["equal_tokens_best"][k] for k in ("within_1.05", "within_1.03", "not_widening",
+                                                        "fewer_bytes_100x")} == \
+        {"within_1.05": False, "within_1.03": False, "not_widening": False, "fewer_bytes_100x": True}
+    assert goals["signed_within_1pct_of_best"] is False
+    assert not any(key.startswith("overlap_") for key in goals)
