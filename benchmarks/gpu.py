@@ -227,9 +227,9 @@ def measure_window(b: Bench, hp: HParams, steps_per_window: int, *, timed_micro_
         update={"steps": steps_per_window, "optimizer": "sgd" if steps_per_window == 1 else "adamw"})
     inner_opt = make_inner_optimizer(model, inner)
     b.reset_peak()
+    rate = inner_lr(inner, hp.optimizer.warmup_steps, hp.optimizer)  # the peak, as `lr` is α's
     stats, out["train_seconds"] = b.timed(lambda: inner_steps(model, batch, mb, hp.optimizer.grad_clip, inner=inner,
-                                                              optimizer=inner_opt,
-                                                              lr=inner_lr(inner, lr, hp.optimizer)))
+                                                              optimizer=inner_opt, lr=rate))
     out["train_loss"] = stats.loss
     out["inner_optimizer"] = inner.optimizer
     grads = gradients(model)
@@ -318,7 +318,7 @@ def phase_memory(b: Bench) -> dict[str, Any]:
         optimizer = make_inner_optimizer(model, inner, offload=setting.offload)
         snapshot = HostStore() if setting.offload else None
         stats, train_s = b.timed(inner_steps, model, batch, mb, hp.optimizer.grad_clip, inner=inner,
-                                 optimizer=optimizer, lr=inner_lr(inner, peak_lr(hp), hp.optimizer), snapshot=snapshot)
+                                 optimizer=optimizer, lr=inner_lr(inner, hp.optimizer.warmup_steps, hp.optimizer), snapshot=snapshot)
         sent, compress_s = b.timed(demo.step, gradients(model), stats.scale)
         model.zero_grad(set_to_none=True)
         row: dict[str, Any] = {"flags": list(setting.flags), "peak_memory_gb": b.peak_gb(),
@@ -458,7 +458,7 @@ def phase_noise(b: Bench) -> dict[str, Any]:
         # the run's own window: its inner steps (fresh moments, as a newly joined miner), then DeMo
         stats = inner_steps(model, b.pages(pages), hp.optimizer.micro_batch_size, hp.optimizer.grad_clip,
                             inner=hp.inner, optimizer=make_inner_optimizer(model, hp.inner),
-                            lr=inner_lr(hp.inner, lr, hp.optimizer))
+                            lr=inner_lr(hp.inner, hp.optimizer.warmup_steps, hp.optimizer))
         compressed = b.demo().step(gradients(model), stats.scale)
         model.zero_grad(set_to_none=True)
         signs[peer] = {n: t.to(torch.int8) for n, t in aggregate([compressed], [1.0], b.shapes).items()}

@@ -1,10 +1,13 @@
-"""`benchmarks/convergence.py` stays runnable: one window of every method through production's code paths."""
+"""`benchmarks/convergence.py` stays runnable and its plan does what its docstring says: every
+method and every exchange mode through production's code paths, the stages' points chosen from the
+results before them."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
+import torch
 
 
 @pytest.fixture(scope="module")
@@ -12,72 +15,217 @@ def convergence(benchmark_module):
     return benchmark_module("convergence")
 
 
-@pytest.mark.slow(seconds=15)
-def test_every_method_learns_and_the_summary_reports_both_comparisons(convergence, tmp_path, assets_dir,
-                                                                     monkeypatch) -> None:
-    """H = 2 on P = 1 page, one window each at the grid's centres, plus one targeted point (about 10 s
-    of CPU, mostly the eight windows' forward and backward passes): every run lowers the
-    held-out loss, payloads are real wire bytes far below dense, and the JSON holds both tables."""
+@pytest.mark.slow(seconds=25)
+def test_every_method_and_mode_learns_and_the_summary_reports_them(convergence, tmp_path, assets_dir,
+                                                                  monkeypatch) -> None:
+    """H = 2 on P = 1 page, two windows of each planned method at its grid's centre, delayed and eager
+    at the two overlap targets, and two extra points (exact values; the signed vote): every run
+    lowers the held-out loss, payloads are real wire bytes far below dense, an overlapped run
+    computes something else than blocking once an outer step is in flight, and the JSON holds
+    the tables."""
     monkeypatch.setattr(convergence, "HOLDOUT_PAGES", 2)  # 8 held-out sequences: enough to see a step
+    monkeypatch.setattr(convergence, "RATIO_AT", (1, 2))
     monkeypatch.setattr(convergence, "_data", convergence._data.__wrapped__)
-    argv = ["--quick", "--windows", "1", "--inner-steps", "2", "--pages", "1", "--threads", "1", "--out", str(tmp_path),
-            "--point", "sparseloco_h:inner=1e-3,outer=1,topk=128,decay=0.9"]
+    argv = ["--quick", "--windows", "2", "--eval-every", "1", "--inner-steps", "2", "--pages", "1", "--threads", "1",
+            "--out", str(tmp_path), "--point", "sparseloco_h:inner=3e-3,outer=1,aggregate=exact,topk=128",
+            "--point", "signed_h:inner=3e-3,outer=3e-3,aggregate=vote"]
     assert convergence.main(argv) == 0
     body = json.loads((tmp_path / "convergence_quick.json").read_text())
-    assert (tmp_path / "convergence_quick_tokens.png").stat().st_size > 0
-    assert (tmp_path / "convergence_quick_windows.png").stat().st_size > 0
+    for plot in ("tokens", "ratio", "overlap"):
+        assert (tmp_path / f"convergence_quick_{plot}.png").stat().st_size > 0
 
-    assert set(body["best"]) == set(convergence.methods(2))
-    for key, run in body["best"].items():
-        assert run["holdout_loss"][-1] < run["holdout_loss"][0], key  # one step at peak rate helps
-        assert run["eval_windows"] == [0, 1]
-    tokens = {r["method"]: r for r in body["comparisons"]["tokens"]["rows"]}
-    windows = {r["method"]: r for r in body["comparisons"]["windows"]["rows"]}
-    assert tokens[convergence.BASELINE]["ratio"] == 1.0 and windows[convergence.PAPER]["ratio"] == 1.0
-    assert set(tokens) == {"adamw_dp_h", "adamw_dp_1", "signed_h1", "signed_h", "sparseloco_h"}
-    assert set(windows) == {"signed_h1", "signed_h_wide", "sparseloco_h_wide"}
-
-    best = body["best"]
-    # the settings are the run's: H inner AdamW steps on P pages (the wide runs on H·P), the method's rule
-    assert best["signed_h"]["settings"]["inner"]["steps"] == 2
-    assert best["signed_h"]["settings"]["inner"]["optimizer"] == "adamw"
-    assert (best["signed_h1"]["settings"]["inner"]["steps"], best["signed_h1"]["settings"]["inner"]["optimizer"]) \
-        == (1, "sgd")
-    assert best["sparseloco_h_wide"]["settings"]["pages_per_window"] == 2 * best["sparseloco_h"]["settings"][
-        "pages_per_window"]
-    assert best["sparseloco_h"]["settings"]["method"] == "sparseloco"
+    table = convergence.methods(2)
+    planned = {k for k, m in table.items() if m.in_plan}
+    assert {r["method"] for r in body["equal_tokens"]} == planned
+    for run in body["runs"]:
+        assert run["holdout_loss"][-1] < run["holdout_loss"][0], run["name"]
+        assert run["eval_windows"] == [0, 1, 2]
+    rows = {r["method"]: r for r in body["equal_tokens"]}
+    assert rows[convergence.BASELINE]["ratio"] == {"1": 1.0, "2": 1.0}
+    assert set(rows["sparseloco_c"]["ratio"]) == {"1", "2"}
     # the wire: signed payloads (DCT top-32, int8) and SparseLoCo's (top-64, 2-bit) are > 100x below dense fp32
-    assert body["goals"]["fewer_bytes_than_dense"]["min"] > 100
-    assert best["adamw_dp_h"]["bytes_per_token"] == pytest.approx(2 * best["adamw_dp_1"]["bytes_per_token"])
-    extra = [r for r in body["sweep"]["sparseloco_h"] if r["tag"] == "extra"]
-    assert [(r["topk"], r["decay"]) for r in extra] == [(128, 0.9)]
-    assert best["sparseloco_h"]["spec"]["tag"] == "sweep"  # extra points never stand for the method
+    assert all(r["dense_over_sent"] > 100 for r in body["equal_tokens"] if r["method"] != convergence.BASELINE)
+    extra = {r["spec"]["aggregate"]: r for r in body["runs"] if r["spec"]["tag"] == "extra"}
+    assert set(extra) == {"exact", "vote"} and extra["exact"]["bytes_per_token"] is None
+
+    overlap = body["overlap"]
+    modes = [(r["method"], r["mode"]) for r in overlap]
+    family = min((r for r in body["equal_tokens"] if table[r["method"]].family == "sparseloco"),
+                 key=lambda r: r["final_loss"])["method"]
+    assert modes == [(family, "blocking"), (family, "delayed"), (family, "eager"),
+                     ("signed_h", "blocking"), ("signed_h", "delayed"), ("signed_h", "eager")]
+    for i in (0, 3):  # one outer step was in flight in window 2: the modes computed different updates
+        losses = {r["final_loss"] for r in overlap[i:i + 3]}
+        assert len(losses) == 3, overlap[i:i + 3]
+    assert set(body["goals"][f"overlap_{family}"]) == {"delayed", "eager"}
 
 
 def test_hparams_of_a_run_are_validated_settings(convergence) -> None:
     """A run's settings go through HParams validation (more inner steps than sequences is refused)
-    and carry the swept rates and a schedule matched to the run's length."""
+    and carry the swept rates and a schedule matched to the run's length; under a constant α the
+    outer rate stays at its peak after the warm-up while the inner rate follows the cosine."""
     spec = convergence.Spec("sparseloco_h", "subnet", "tiny-sparseloco", 1e-3, 1.0, 16, 2, 60)
     with pytest.raises(ValueError, match="exceeds the window's sequences"):
         convergence.hparams_for(spec)
     hp = convergence.hparams_for(convergence.Spec("signed_h", "subnet", "tiny", 1e-3, 3e-3, 4, 2, 60))
     assert (hp.optimizer.learning_rate, hp.optimizer.warmup_steps, hp.optimizer.total_steps) == (3e-3, 6, 60)
     assert (hp.inner.steps, hp.inner.optimizer, hp.inner.learning_rate) == (4, "adamw", 1e-3)
+    with pytest.raises(ValueError, match="vote"):
+        convergence.hparams_for(convergence.Spec("sparseloco_h", "subnet", "tiny-sparseloco", 1e-3, 1.0, 4, 2, 60,
+                                                 aggregate="vote"))
+    with pytest.raises(ValueError, match="outer momentum is a SparseLoCo variant"):
+        convergence.hparams_for(convergence.Spec("signed_h", "subnet", "tiny", 1e-3, 3e-3, 4, 2, 60, momentum=0.9))
+
+    from templar.core.schedule import learning_rate
+    from templar.runtime.train import inner_lr
+
+    spec = convergence.Spec("sparseloco_c", "subnet", "tiny-sparseloco", 2e-3, 1.0, 4, 2, 60, schedule="constant")
+    hp = convergence.hparams_for(spec)
+    assert hp.optimizer.outer_schedule == "constant"
+    assert [learning_rate(s, hp.optimizer) for s in (5, 30, 59)] == [1.0, 1.0, 1.0]
+    assert inner_lr(hp.inner, 59, hp.optimizer) == pytest.approx(2e-3 * 0.1, rel=2e-2)
+    assert inner_lr(hp.inner, 5, hp.optimizer) == pytest.approx(2e-3)
 
 
-def test_equal_windows_runs_take_the_best_rates_of_their_counterpart(convergence) -> None:
-    """The second stage runs each wide method at its counterpart's best grid point (an extra point
-    never leads), and at the counterpart's grid centre when that one did not run."""
-    def run(method: str, inner: float, outer: float, loss: float, tag: str = "sweep") -> dict:
-        spec = convergence.Spec(method, "subnet", "tiny", inner, outer, 4, 2, 30, tag=tag)
-        return {"spec": {"method": method, "inner_lr": inner, "outer_lr": outer, "tag": tag}, "name": spec.name(),
-                "settings": {"topk": 32, "momentum_decay": 0.999}, "final_loss": loss, "seconds": 1.0}
+def _result(convergence, method: str, inner: float | None, outer: float | None, loss: float, tag: str = "sweep",
+            **extra) -> dict:
+    m = convergence.methods(4)[method]
+    spec = convergence._spec(m, inner, outer, 30, 2, tag=tag, **extra)
+    from dataclasses import asdict
+    return {"spec": asdict(spec), "name": spec.name(), "final_loss": loss}
 
-    results = [run("signed_h", 1e-3, 6e-3, 7.0), run("signed_h", 3e-3, 1.2e-2, 6.8),
-               run("signed_h", 6e-3, 1.2e-2, 6.7, tag="extra")]
-    specs = {s.method: s for s in convergence.follow_specs(results, 4, 30, 2, None)}
-    assert (specs["signed_h_wide"].inner_lr, specs["signed_h_wide"].outer_lr) == (3e-3, 1.2e-2)
-    assert specs["signed_h_wide"].pages == 8 and specs["signed_h_wide"].steps == 4
-    lead = convergence.methods(4)["sparseloco_h"]
-    assert (specs["sparseloco_h_wide"].inner_lr, specs["sparseloco_h_wide"].outer_lr) == (
-        lead.inner[len(lead.inner) // 2], lead.outer[len(lead.outer) // 2])
+
+def test_refine_steps_beyond_an_edge_best_and_halfway_towards_the_better_neighbour(convergence) -> None:
+    """The refine stage's point per axis: one grid step beyond an edge best, the geometric midpoint
+    towards the better neighbour of an inner best."""
+    r = lambda *a, **k: _result(convergence, *a, **k)  # noqa: E731
+    results = [r("adamw_dp_h", 1e-3, None, 6.0), r("adamw_dp_h", 2e-3, None, 5.8), r("adamw_dp_h", 4e-3, None, 5.9),
+               r("signed_h", 3e-3, 3e-3, 7.0), r("signed_h", 6e-3, 3e-3, 6.9), r("signed_h", 3e-3, 6e-3, 6.95),
+               r("signed_h", 6e-3, 6e-3, 7.1)]
+    specs = {(s.method, s.inner_lr, s.outer_lr) for s in convergence.refine_specs(results, convergence.methods(4), 30,
+                                                                                   2, {"adamw_dp_h", "signed_h"})}
+    # DP: 2e-3 inside the grid, 4e-3 the better neighbour; signed: (6e-3, 3e-3) is on the inner axis's
+    # upper edge (one step beyond: 1.2e-2) and the outer axis's lower edge (one step below: 1.5e-3)
+    assert specs == {("adamw_dp_h", 2.83e-3, None), ("signed_h", 1.2e-2, 3e-3), ("signed_h", 6e-3, 1.5e-3)}
+    # the second round reads the first's points as part of the line: DP between 2e-3 and 2.83e-3 now;
+    # signed's new best (1.2e-2, 3e-3) on the inner line's edge again, and its outer line has one point
+    results += [r("adamw_dp_h", 2.83e-3, None, 5.85, tag="refine"), r("signed_h", 1.2e-2, 3e-3, 6.8, tag="refine"),
+                r("signed_h", 6e-3, 1.5e-3, 7.2, tag="refine")]
+    second = {(s.method, s.inner_lr, s.outer_lr) for s in convergence.refine_specs(results, convergence.methods(4),
+                                                                                    30, 2, {"adamw_dp_h", "signed_h"})}
+    assert second == {("adamw_dp_h", 2.38e-3, None), ("signed_h", 2.4e-2, 3e-3)}
+
+
+def test_variants_run_at_the_best_of_their_family_and_the_overlap_at_its_targets(convergence) -> None:
+    """Family variants change one setting of the family's best member (the rate factors scale the
+    best's rates); the overlap stage takes that best and signed's, in both overlapped modes, and the
+    first target also at equal wall-clock (H = 7 on 14 sequences)."""
+    r = lambda *a, **k: _result(convergence, *a, **k)  # noqa: E731
+    table = convergence.methods(4)
+    results = [r("sparseloco_h", 3e-3, 1.0, 6.5), r("sparseloco_c", 6e-3, 2.0, 6.3),
+               r("sparseloco_m", 3e-3, 0.1, 6.6), r("signed_h", 3e-3, 6e-3, 6.6), r("sparseloco_c", 6e-3, 1.0, 6.2,
+                                                                                      tag="extra")]
+    variants = convergence.variant_specs(results, table, 30, 2, None)
+    family = [s for s in variants if s.method == "sparseloco_c"]
+    assert len(family) == len(convergence.FAMILY_VARIANTS["sparseloco"])
+    assert all((s.inner_lr, s.outer_lr, s.schedule) == (6e-3, 2.0, "constant") for s in family)
+    assert {s.decay for s in family} == {0.9, 0.99, None}
+    nesterov = [s for s in variants if s.method == "sparseloco_m"]
+    assert [(s.momentum, s.outer_lr) for s in nesterov] == [(0.5, 0.5)]
+
+    overlap = convergence.overlap_specs(results, table, 30, 2, None)
+    assert {(s.method, s.mode, s.steps, s.sequences) for s in overlap} == {
+        ("sparseloco_c", "delayed", 4, None), ("sparseloco_c", "eager", 4, None),
+        ("sparseloco_c", "delayed", 7, 14), ("sparseloco_c", "eager", 7, 14),
+        ("signed_h", "delayed", 4, None), ("signed_h", "eager", 4, None)}
+    wide = next(s for s in overlap if s.sequences)
+    assert wide.pages == 4 and convergence.hparams_for(wide).inner.steps == 7
+
+
+def test_eager_swaps_the_proxy_for_the_aggregate_and_sends_the_update_from_it(convergence, monkeypatch) -> None:
+    """Eager's window as the docstring defines it: inner steps from the proxy, the aggregate swapped in
+    after `land` steps, the pseudo-gradient relative to θ_w, θ_w left in the model. With the swap before
+    the first step it is blocking's window (same steps from θ_w up to the swap's rounding)."""
+    monkeypatch.setattr(convergence, "_data", convergence._data.__wrapped__)
+    spec = convergence.Spec("sparseloco_h", "subnet", "tiny-sparseloco", 3e-3, 1.0, 2, 1, 4, mode="eager")
+    hp = convergence.hparams_for(spec)
+    tiny, plan, _ = convergence._data()
+    batch = tiny.pages.batch(plan.assigned_pages(0, 0, 1))
+
+    def window(land: int, proxy_shift: float) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        run = convergence.SubnetRun(hp, spec)
+        run.land = land
+        theta = run._theta()
+        proxy = [t + proxy_shift for t in theta]
+        run._eager(theta, proxy, batch, run.optimizers[0], 1e-3)
+        assert all(torch.equal(p, t) for p, t in zip(run.params, theta, strict=True))  # θ_w back in the model
+        return [p.grad.clone() for p in run.params], theta
+
+    swapped_first, _ = window(0, 0.01)
+    blocking_run = convergence.SubnetRun(hp, spec)
+    convergence.inner_steps(blocking_run.model, batch, hp.optimizer.micro_batch_size, hp.optimizer.grad_clip,
+                            inner=hp.inner, optimizer=blocking_run.optimizers[0], lr=1e-3)
+    blocking = [p.grad.clone() for p in blocking_run.params]
+    assert _relative_gap(swapped_first, blocking) < 1e-3  # AdamW turns the swap's last-bit rounding into a little
+    late, _ = window(1, 0.01)  # one step on the proxy (θ_w + 0.01): another update
+    assert _relative_gap(late, blocking) > 1e-2
+
+
+def _relative_gap(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
+    gap = sum(float((x - y).square().sum()) for x, y in zip(a, b, strict=True))
+    return (gap / sum(float(y.square().sum()) for y in b)) ** 0.5
+
+
+def _cached_run(convergence, method: str, inner: float | None, outer: float | None, curve: list[float],
+                tag: str = "sweep", **extra) -> dict:
+    """A finished run as `train` records it (the schema `_job` caches), with a given held-out curve."""
+    from dataclasses import asdict
+
+    m = convergence.methods(4)[method]
+    spec = convergence._spec(m, inner, outer, 2, 2, tag=tag, **extra)
+    subnet = spec.kind == "subnet"
+    return {"spec": asdict(spec), "name": spec.name(), "key": spec.key(), "hparams_name": spec.name(),
+            "settings": convergence.run_settings(spec, convergence.hparams_for(spec)),
+            "eval_windows": [0, 1, 2], "holdout_loss": curve, "final_loss": curve[-1], "train_loss": curve[1:],
+            "seconds": 1.0, "tokens_per_peer_window": 1024, "bytes_per_window": 80.0 * 1024 if subnet else 1e7,
+            "bytes_per_token": 80.0 if subnet else 1e7 / 1024, "dense_bytes_per_token": 12_000.0,
+            "parameters": 3_000_000}
+
+
+def test_report_only_reads_the_cache_and_completes_runs_that_predate_a_key(convergence, tmp_path,
+                                                                            monkeypatch) -> None:
+    """`--report-only` trains nothing: the tables, goals, JSON and plots come from the cached runs,
+    the ratios are each method's best over AdamW DP's best at each of `RATIO_AT`, and a run cached
+    before a spec field or a setting existed gets the default its spec resolves to."""
+    monkeypatch.setattr(convergence, "RATIO_AT", (1, 2))
+    monkeypatch.setattr(convergence, "train", lambda *a, **k: pytest.fail("report-only trained a run"))
+    r = lambda *a, **k: _cached_run(convergence, *a, **k)  # noqa: E731
+    runs = [r("adamw_dp_h", 2e-3, None, [9.0, 6.0, 5.0]), r("adamw_dp_h", 4e-3, None, [9.0, 6.2, 5.2]),
+            r("sparseloco_c", 6e-3, 2.0, [9.0, 6.3, 5.5], tag="refine"),
+            r("sparseloco_h", 6e-3, 2.0, [9.0, 6.4, 5.8]), r("signed_h", 3e-3, 3e-3, [9.0, 6.6, 5.6])]
+    old = runs[-1]  # a signed run from before `aggregate` and `min_lr_factor` were recorded
+    del old["spec"]["aggregate"], old["settings"]["min_lr_factor"], old["settings"]["sequences_per_peer"]
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    for i, run in enumerate(runs):
+        (cache / f"{run['name']}_{i}.json").write_text(json.dumps(run))
+
+    assert convergence.main(["--report-only", "--cache", str(cache), "--windows", "2", "--out", str(tmp_path)]) == 0
+    body = json.loads((tmp_path / "convergence.json").read_text())
+    for plot in ("tokens", "ratio"):
+        assert (tmp_path / f"convergence_{plot}.png").stat().st_size > 0
+    rows = {row["method"]: row for row in body["equal_tokens"]}
+    assert rows["adamw_dp_h"]["inner_lr"] == 2e-3 and rows["adamw_dp_h"]["ratio"] == {"1": 1.0, "2": 1.0}
+    assert rows["sparseloco_c"]["ratio"] == pytest.approx({"1": 6.3 / 6.0, "2": 5.5 / 5.0})
+    assert rows["signed_h"]["ratio"] == pytest.approx({"1": 6.6 / 6.0, "2": 5.6 / 5.0})
+    assert (rows["signed_h"]["aggregate"], rows["signed_h"]["min_lr"], rows["signed_h"]["sequences"]) == \
+        ("wire", 0.1, 8)
+    assert body["overlap"] == [] and body["small"] == []
+    goals = body["goals"]
+    assert goals["equal_tokens_best"]["name"] == "sparseloco_c_in0.006_out2_constant"
+    assert goals["equal_tokens_best"]["dense_over_sent"] == pytest.approx(150.0)
+    assert {k: goals["equal_tokens_best"][k] for k in ("within_1.05", "within_1.03", "not_widening",
+                                                        "fewer_bytes_100x")} == \
+        {"within_1.05": False, "within_1.03": False, "not_widening": False, "fewer_bytes_100x": True}
+    assert goals["signed_within_1pct_of_best"] is False
+    assert not any(key.startswith("overlap_") for key in goals)

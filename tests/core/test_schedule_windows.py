@@ -4,9 +4,11 @@ import itertools
 import math
 
 import pytest
+from pydantic import ValidationError
 
-from templar.core.config import load_hparams
-from templar.core.schedule import learning_rate
+from templar.core.config import InnerConfig, load_hparams
+from templar.core.schedule import learning_rate, scheduled_rate
+from templar.runtime.train import inner_lr
 from templar.runtime.windows import Clock
 
 
@@ -23,6 +25,24 @@ def test_learning_rate_warmup_then_cosine():
     assert all(a >= b for a, b in itertools.pairwise(steps))
     with pytest.raises(ValueError):
         learning_rate(-1, opt)
+
+
+def test_a_constant_outer_rate_warms_up_then_stays_while_the_inner_rate_anneals():
+    """`outer_schedule` constant (DiLoCo's outer SGD): α warms up as the cosine does, then stays at
+    its peak to the end and beyond; the inner AdamW rate follows the cosine either way, and an SGD
+    inner step takes α itself."""
+    hp = load_hparams("tiny-sparseloco")  # α 1.0, warm-up 2, horizon 2000, inner AdamW 1e-3
+    constant = hp.optimizer.model_copy(update={"outer_schedule": "constant"})
+    assert [learning_rate(s, constant) for s in (0, 1)] == [learning_rate(s, hp.optimizer) for s in (0, 1)] == [0.5, 1.0]
+    assert [learning_rate(s, constant) for s in (2, 1000, 2000, 10**6)] == [1.0] * 4
+    assert learning_rate(1000, hp.optimizer) < 0.6 and learning_rate(2000, hp.optimizer) == pytest.approx(0.1)
+    for step in (0, 2, 1000, 2000):
+        assert inner_lr(hp.inner, step, constant) == inner_lr(hp.inner, step, hp.optimizer) \
+            == pytest.approx(1e-3 * scheduled_rate(step, hp.optimizer))
+    sgd = InnerConfig(steps=1, optimizer="sgd")
+    assert inner_lr(sgd, 1000, constant) == 1.0 and inner_lr(sgd, 1000, hp.optimizer) == learning_rate(1000, hp.optimizer)
+    with pytest.raises(ValidationError):
+        hp.optimizer.model_validate({**hp.optimizer.model_dump(), "outer_schedule": "linear"})
 
 
 def test_clock_windows_and_put_window():

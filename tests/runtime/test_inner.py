@@ -9,6 +9,7 @@ import torch
 from templar.compress import DCTCompressor, DeMo
 from templar.core.config import HParams, InnerConfig, load_hparams
 from templar.core.model import build_model
+from templar.core.schedule import learning_rate
 from templar.runtime.compute import LocalCompute
 from templar.runtime.outer import apply_update
 from templar.runtime.state import NodeState
@@ -29,14 +30,15 @@ def test_one_sgd_step_is_the_papers_window_bit_for_bit(hp):
     feedback at the outer learning rate."""
     hp = _with_inner(hp)
     assert (hp.inner.steps, hp.inner.optimizer) == (1, "sgd")
-    batch, lr = _batch(hp, 8), 3e-3
+    batch, step = _batch(hp, 8), hp.optimizer.warmup_steps
+    lr = learning_rate(step, hp.optimizer)
     compute = LocalCompute(build_model(hp), hp)
     compute.enable_error_feedback()
     reference = build_model(hp)
     demo = DeMo(reference, compressor=DCTCompressor(hp.demo.target_chunk, hp.demo.topk), decay=hp.demo.momentum_decay)
     for _ in range(2):  # twice: the error feedback carries over
         stats = compute.train(batch, hp.optimizer.micro_batch_size, hp.optimizer.grad_clip,
-                              inner_lr(hp.inner, lr, hp.optimizer))
+                              inner_lr(hp.inner, step, hp.optimizer))
         sent = compute.compress(stats.scale)
         accumulate_gradients(reference, batch, hp.optimizer.micro_batch_size, hp.optimizer.grad_clip)
         expected = demo.step(gradients(reference), lr)

@@ -39,7 +39,7 @@ def window(compute: LocalCompute, hp: HParams, w: int) -> tuple[dict, bytes]:
     """A miner's window on `compute`: inner steps, the DeMo step, the payload, then the outer step
     with its own update (what every node applies). Returns the payload (`encoded`)."""
     stats = compute.train(batch(hp, w), hp.optimizer.micro_batch_size, hp.optimizer.grad_clip,
-                          inner_lr(hp.inner, hp.optimizer.learning_rate, hp.optimizer))
+                          inner_lr(hp.inner, w, hp.optimizer))
     sent = compute.compress(stats.scale)
     payload = write_gradient(sent, compute.probes(w), window=w, global_step=w, hotkey="h", hp=hp, run=RUN,
                              sign=lambda digest: b"\0" * 64)

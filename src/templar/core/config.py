@@ -95,6 +95,9 @@ class OptimizerConfig(_Strict):
     warmup_steps: int = Field(ge=0)
     total_steps: int = Field(gt=0, description="cosine decay horizon in outer steps")
     min_lr_factor: float = Field(ge=0, le=1, description="floor of the cosine as a fraction of lr")
+    outer_schedule: Literal["cosine", "constant"] = Field(
+        default="cosine", description="α_t: the warm-up and cosine the inner rate follows, or constant after "
+        "the warm-up (DiLoCo's outer SGD: the inner rate alone anneals; templar.core.schedule.learning_rate)")
     weight_decay: float = Field(ge=0)
     micro_batch_size: int = Field(gt=0, description="sequences per forward/backward (grad accumulation)")
     grad_clip: float = Field(gt=0)

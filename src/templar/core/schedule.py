@@ -12,8 +12,10 @@ import math
 from templar.core.config import OptimizerConfig
 
 
-def learning_rate(step: int, opt: OptimizerConfig) -> float:
-    """α at outer step `step` (0-based): linear warm-up to lr, cosine down to lr·min_lr_factor."""
+def scheduled_rate(step: int, opt: OptimizerConfig) -> float:
+    """The run's schedule at outer step `step` (0-based): linear warm-up to lr, cosine down to
+    lr·min_lr_factor. What the inner rate follows (`templar.runtime.train.inner_lr`), and α itself
+    unless α is constant (`learning_rate`)."""
     if step < 0:
         raise ValueError(f"global_step must be >= 0, got {step}")
     peak = opt.learning_rate
@@ -23,3 +25,13 @@ def learning_rate(step: int, opt: OptimizerConfig) -> float:
     progress = min(1.0, (step - opt.warmup_steps) / decay_steps)
     floor = peak * opt.min_lr_factor
     return floor + (peak - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def learning_rate(step: int, opt: OptimizerConfig) -> float:
+    """α at outer step `step` (0-based): the schedule (`scheduled_rate`), or, with `outer_schedule`
+    "constant", its warm-up and then lr for good: DiLoCo's outer SGD, where the inner rate alone
+    anneals. Under the cosine, a sparseloco step α·mean(Δ) decays twice, since Δ (the inner AdamW
+    steps' sum) shrinks with the inner rate (benchmarks/LOG.md §9)."""
+    if opt.outer_schedule == "constant" and step >= opt.warmup_steps:
+        return opt.learning_rate
+    return scheduled_rate(step, opt)

@@ -40,7 +40,6 @@ from templar.compress import Compressed
 from templar.compress.methods import rule_of
 from templar.core.config import base_lag, overlapped
 from templar.core.log import context
-from templar.core.schedule import learning_rate
 from templar.miner.hooks import MinerHooks
 from templar.runtime.follow import FollowError, follow_step
 from templar.runtime.node import Node, OwnBucketError
@@ -380,7 +379,7 @@ class Miner:
         work = MinerWindow(window, self.node.clock.times(window), warmup=self.warmup_left > 0)
         self.warmup_left -= work.warmup  # counted when begun: whether the window before is exchanged yet or not
         lr = self.hooks.learning_rate(
-            self, window, inner_lr(hp.inner, learning_rate(self.state.global_step, hp.optimizer), hp.optimizer))
+            self, window, inner_lr(hp.inner, self.state.global_step, hp.optimizer))
         lands = hp.inner.overlap == "eager" and self.state.window == window - 2
         step = self.state.global_step
 

@@ -14,6 +14,7 @@ import torch
 
 from templar.core.config import InnerConfig, OptimizerConfig
 from templar.core.model import causal_lm_loss
+from templar.core.schedule import learning_rate, scheduled_rate
 from templar.runtime.offload import HostStore, StreamedOptimizer, parameter_groups
 
 
@@ -79,10 +80,13 @@ def _adamw(params: list[torch.nn.Parameter], inner: InnerConfig) -> torch.optim.
                              foreach=None if on_gpu else False)
 
 
-def inner_lr(inner: InnerConfig, outer_lr: float, outer: OptimizerConfig) -> float:
-    """The inner learning rate of a window: AdamW's peak scaled by the run's schedule at this
-    window's global_step (the same warm-up and cosine); SGD steps at the outer rate itself."""
-    return outer_lr if inner.optimizer == "sgd" else inner.learning_rate * outer_lr / outer.learning_rate
+def inner_lr(inner: InnerConfig, step: int, outer: OptimizerConfig) -> float:
+    """The inner learning rate of the window at global_step `step`: AdamW's peak scaled by the run's
+    schedule (`scheduled_rate`: the same warm-up and cosine, whether α follows it or is constant);
+    SGD steps at the outer rate α itself."""
+    if inner.optimizer == "sgd":
+        return learning_rate(step, outer)
+    return inner.learning_rate * scheduled_rate(step, outer) / outer.learning_rate
 
 
 def inner_parts(batch: torch.Tensor, steps: int) -> list[torch.Tensor]:
