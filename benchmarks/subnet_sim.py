@@ -8,7 +8,7 @@ What is real and what is drawn. Every validator runs the production Gauntlet cod
 top-G always in) and S_t (uids_per_window among those that passed), the draws the validator's loop
 makes, then `score_window` (φ on a failed check, the OpenSkill or relative LossRating, μ, x and
 the top-G), the scoring the validator's loop applies.
-Every window the validators' weight vectors go through `templar.chain.yuma.epoch`, the embedded
+Every window the validators' weight vectors go through `templar.chain.embedded.yuma.epoch`, the embedded
 chain's epoch (stake-weighted consensus, clipping, bonds, incentive, vtrust), as if an epoch fell
 on that window. Only the LossScores are drawn: per strategy, a (δ_rand, δ_assigned − δ_rand)
 pair resampled from those measured in a localnet run (`FIT_FILE`, relative to each window's
@@ -50,7 +50,7 @@ import numpy as np
 
 from subnet_sim_candidates import TiedOpenSkillBook, WeighedWindowsBook
 from subnet_sim_fit import FIT_FILE, fit, fit_from_scores
-from templar.chain import yuma
+from templar.chain.embedded import yuma
 from templar.core.config import GauntletConfig, load_hparams
 from templar.gauntlet import FastVerdict, PrimaryResult, ScoreBook, Status, draw_window, score_window
 

@@ -19,7 +19,7 @@ from functools import cache
 
 import pytest
 
-from templar.chain.store import ChainSpec
+from templar.chain.embedded.store import ChainSpec
 from templar.core.config import DEFAULT_CACHE_GB, REPO_ROOT, load_hparams
 from templar.dashboard import sources, views
 from templar.dashboard.app import WATCH_GRACE

@@ -151,3 +151,107 @@ def test_the_check_reads_lazy_and_relative_imports(tmp_path: Path) -> None:
     assert "storage/bad.py:2: templar.storage.bad imports templar.validator" in report
     assert "storage/bad.py:4: templar.storage.bad imports templar.runtime" in report
 
+
+
+def import_time_targets(path: Path, name: str) -> list[str]:
+    """What `path` (module `name`) imports at import time: its top-level imports, not the ones in
+    functions nor those under `if TYPE_CHECKING:`."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    targets: list[str] = []
+
+    def visit(body: list[ast.stmt]) -> None:
+        for node in body:
+            if isinstance(node, ast.If):
+                if "TYPE_CHECKING" not in ast.unparse(node.test):
+                    visit(node.body)
+                    visit(node.orelse)
+            elif isinstance(node, ast.Try):
+                visit(node.body)
+            elif isinstance(node, ast.Import):
+                targets.extend(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
+                target = ".".join([*base, *([node.module] if node.module else [])])
+                targets.extend([target, *(f"{target}.{alias.name}" for alias in node.names)])
+
+    visit(ast.parse(path.read_text(), filename=str(path)).body)
+    return targets
+
+
+def import_time_edges(root: Path = SRC) -> dict[str, set[str]]:
+    """Module → the templar modules its import runs: each import-time target, with the packages above
+    it that are not the module's own (importing `templar.a.b.c` runs `templar/a/b/__init__.py` first)."""
+    modules = {module_name(path, root): path for path in root.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        edges = set()
+        for target in import_time_targets(path, name):
+            while target and target not in modules:
+                target = target.rpartition(".")[0]
+            parts = target.split(".")
+            for end in range(2, len(parts) + 1):
+                above = ".".join(parts[:end])
+                if above in modules and above != name and not name.startswith(above + "."):
+                    edges.add(above)
+        graph[name] = edges
+    return graph
+
+
+def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected groups of more than one module (Tarjan's algorithm, iteratively)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles = []
+    for start in graph:
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                elif child in stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                group = []
+                while True:
+                    member = stack.pop()
+                    group.append(member)
+                    if member == node:
+                        break
+                if len(group) > 1:
+                    circles.append(sorted(group))
+    return circles
+
+
+def test_no_import_circles() -> None:
+    """A circle of import-time imports works or fails by which module is imported first (the embedded
+    chain's package once imported the dev chain, which imports the client, which imports the store)."""
+    found = import_circles(import_time_edges())
+    assert not found, "import circles:\n" + "\n".join(" -> ".join(group) for group in found)
+
+
+def test_the_circle_check_finds_a_circle_through_a_package(tmp_path: Path) -> None:
+    root = tmp_path / "templar"
+    (root / "chain" / "embedded").mkdir(parents=True)
+    (root / "__init__.py").write_text("")
+    (root / "chain" / "__init__.py").write_text("")
+    (root / "chain" / "client.py").write_text("from templar.chain.embedded.store import Clock\n")
+    (root / "chain" / "embedded" / "__init__.py").write_text("from templar.chain.dev import make\n")
+    (root / "chain" / "embedded" / "store.py").write_text("Clock = 1\n")
+    (root / "chain" / "dev.py").write_text("import typing\nif typing.TYPE_CHECKING:\n    import templar.x\n"
+                                           "def make():\n    from templar.chain import client\n"
+                                           "from templar.chain.client import Clock\n")
+    assert import_circles(import_time_edges(root)) == [["templar.chain.client", "templar.chain.dev",
+                                                         "templar.chain.embedded"]]

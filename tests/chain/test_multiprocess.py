@@ -20,7 +20,7 @@ import json, sys, time
 from pathlib import Path
 from templar.chain import connect, load_wallet
 from templar.chain.devchain import register_wallet
-from templar.chain.store import ChainStore
+from templar.chain.embedded.store import ChainStore
 
 path, wallets, prefix, count, go = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), Path(sys.argv[5])
 with ChainStore(path) as store, connect(network="embedded", chain_endpoint=path, netuid=3,

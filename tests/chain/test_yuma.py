@@ -1,11 +1,11 @@
-"""Yuma consensus (`templar.chain.yuma`) against small cases computed by hand."""
+"""Yuma consensus (`templar.chain.embedded.yuma`) against small cases computed by hand."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from templar.chain.yuma import EpochInputs, agreement, consensus, epoch
+from templar.chain.embedded.yuma import EpochInputs, agreement, consensus, epoch
 
 
 def _inputs(weights, stake, **kw) -> EpochInputs:

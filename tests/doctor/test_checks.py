@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from templar.chain import create_dev_chain
-from templar.chain.store import ChainStore
+from templar.chain.embedded.store import ChainStore
 from templar.comms import put_start_window
 from templar.core.config import PRESETS_DIR, REPO_ROOT, load_hparams
 from templar.core.memory import GIB

@@ -10,7 +10,7 @@ import asyncio
 import pytest
 from loguru import logger
 
-from templar.chain.store import ChainStore
+from templar.chain.embedded.store import ChainStore
 from templar.core.clock import run_virtual
 from templar.runtime.metrics import NeuronMetrics
 from templar.runtime.records import WEIGHTS_FILE, WeightsRecord, read_records

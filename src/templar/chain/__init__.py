@@ -12,7 +12,7 @@ registered wallets come from `create_dev_chain` (see `templar.chain.devchain`).
 
 from templar.chain.client import Chain, connect, load_wallet, verify_signature
 from templar.chain.devchain import DevChain, DevWallet, create_dev_chain
-from templar.chain.store import ChainSpec, ManualTime
+from templar.chain.embedded.store import ChainSpec, ManualTime
 from templar.chain.types import (
     MAX_COMMITMENT_BYTES,
     ChainError,

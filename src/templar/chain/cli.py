@@ -24,8 +24,8 @@ from rich.table import Table
 
 from templar.chain.client import EMBEDDED
 from templar.chain.devchain import OWNER_WALLET, ensure_subnet, register_wallet
+from templar.chain.embedded.store import ChainSpec, ChainStore, subnet_row
 from templar.chain.flags import add_chain_args, add_network_args, add_wallet_path_arg, connect_from_args
-from templar.chain.store import ChainSpec, ChainStore, subnet_row
 from templar.chain.types import ChainError, Neuron
 from templar.storage.locator import redact_locator
 

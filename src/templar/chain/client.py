@@ -29,9 +29,9 @@ from bittensor.sp_core import Keypair
 from bittensor.wallet import Wallet
 from loguru import logger
 
+from templar.chain.embedded.store import BlockClock, Now
+from templar.chain.embedded.substrate import EmbeddedSubstrate
 from templar.chain.sdk_errors import check_result, translate
-from templar.chain.store import BlockClock, Now
-from templar.chain.substrate import EmbeddedSubstrate
 from templar.chain.types import (
     ChainError,
     ChainUnavailable,

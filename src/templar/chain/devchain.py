@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 from templar.chain.client import Chain, connect, load_wallet
-from templar.chain.store import RAO_PER_TAO, ChainSpec, ChainStore, Now, neuron_rows, subnet_row
-from templar.chain.substrate import create_chain
+from templar.chain.embedded.store import RAO_PER_TAO, ChainSpec, ChainStore, Now, neuron_rows, subnet_row
+from templar.chain.embedded.substrate import create_chain
 from templar.chain.types import ChainError
 
 OWNER_WALLET = "owner"

@@ -15,7 +15,7 @@ import os
 import time
 
 from templar.chain.client import DEFAULT_WALLET_PATH, EMBEDDED, NETWORKS, Chain, connect
-from templar.chain.store import Now
+from templar.chain.embedded.store import Now
 
 DEFAULT_NETUID = 3
 DEFAULT_NETWORK = "finney"

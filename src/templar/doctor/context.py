@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from templar.chain import Chain, Neuron
+from templar.chain.embedded.store import Now
 from templar.chain.flags import DEFAULT_WALLET_PATH
-from templar.chain.store import Now
 from templar.core.config import HParams
 from templar.storage import Bucket
 from templar.storage.locator import BucketLocator, Credentials

@@ -1,7 +1,7 @@
 """What Yuma consensus makes of the localnet's validators, window by window (for the report).
 
 Each validator logs its weight vector x every window (`scores.jsonl`). This runs the embedded
-chain's epoch (`templar.chain.yuma`) on those vectors, with the validators' stakes from
+chain's epoch (`templar.chain.embedded.yuma`) on those vectors, with the validators' stakes from
 nodes.json, as if an epoch fell on every window: the incentive each miner would be paid after
 consensus and clipping, each validator's vtrust, and how far the validators agree (1 − total
 variation distance between their normalised weights, averaged over pairs). The chain's own
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from templar.chain import yuma
+from templar.chain.embedded import yuma
 from templar.runtime.records import SCORES_FILE, read_records
 from templar.runtime.roster import NodeInfo
 

@@ -24,7 +24,7 @@ from loguru import logger
 from rich.console import Console
 from rich.live import Live
 
-from templar.chain.embedded import create_dev_chain
+from templar.chain.devchain import create_dev_chain
 from templar.core.atomic import atomic_write
 from templar.core.config import REPO_ROOT, load_hparams, resolve_hparams_path
 from templar.localnet.live import live_table

@@ -13,7 +13,7 @@ from typing import Any
 
 from bittensor.result import ChainError as SdkChainError
 
-from templar.chain import epochs, store
+from templar.chain.embedded import epochs, store
 
 MECHANISM_STRIDE = 4096  # storage index = mechid * 4096 + netuid (GLOBAL_MAX_SUBNET_COUNT)
 U16_MAX = 65535
@@ -27,7 +27,7 @@ EPOCH_ITEMS = {
     "Rank": "rank",
     "Emission": "emission",
 }
-"""Per-subnet vectors the Yuma epoch writes (`templar.chain.epochs`): u16 fractions, emission in rao."""
+"""Per-subnet vectors the Yuma epoch writes (`templar.chain.embedded.epochs`): u16 fractions, emission in rao."""
 
 
 def epoch_column(conn: sqlite3.Connection, netuid: int, column: str) -> list[int]:

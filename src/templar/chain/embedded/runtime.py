@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from templar.chain.store import (
+from templar.chain.embedded.store import (
     RAO_PER_TAO,
     ChainSpec,
     account,

@@ -32,9 +32,9 @@ from bittensor.result import ChainError as SdkChainError
 from bittensor.result import ExtrinsicResult, chain_error_from_substrate_request
 from bittensor.sp_core import verify as sr25519_verify
 
-from templar.chain import epochs, runtime, store
-from templar.chain.chainstate import EPOCH_ITEMS, metagraph, storage_map, storage_value, unsupported
-from templar.chain.store import ChainSpec, ChainStore, Now
+from templar.chain.embedded import epochs, runtime, store
+from templar.chain.embedded.chainstate import EPOCH_ITEMS, metagraph, storage_map, storage_value, unsupported
+from templar.chain.embedded.store import ChainSpec, ChainStore, Now
 
 SPEC_VERSION = 1
 EXISTENTIAL_DEPOSIT = 500
@@ -188,7 +188,7 @@ class EmbeddedSubstrate:
     # -- subnet epochs -----------------------------------------------------------------------
 
     def _advance_epochs(self) -> None:
-        """Run the Yuma epochs that fell due (see `templar.chain.epochs`) before a read of their results.
+        """Run the Yuma epochs that fell due (see `templar.chain.embedded.epochs`) before a read of their results.
 
         A cheap read decides first, so the write lock is taken only when an epoch is due.
         """

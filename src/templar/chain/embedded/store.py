@@ -67,7 +67,7 @@ CREATE TABLE IF NOT EXISTS epoch_results (
     PRIMARY KEY (netuid, uid));
 CREATE TABLE IF NOT EXISTS bonds (netuid INTEGER PRIMARY KEY, entries TEXT NOT NULL);
 """
-"""The subnet epoch's state (`templar.chain.epochs`): last epoch block, results per uid, bonds."""
+"""The subnet epoch's state (`templar.chain.embedded.epochs`): last epoch block, results per uid, bonds."""
 
 
 _FAULT_SCHEMA = """

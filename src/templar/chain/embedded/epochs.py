@@ -23,7 +23,7 @@ import sqlite3
 
 import numpy as np
 
-from templar.chain import store, yuma
+from templar.chain.embedded import store, yuma
 
 EMISSION_PER_BLOCK = store.RAO_PER_TAO
 """Alpha emitted into the subnet per block on the embedded chain (1 alpha; finney varies)."""
