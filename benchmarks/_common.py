@@ -1,4 +1,5 @@
-"""Helpers shared by the tiny-preset benchmarks (evaluate, miner_window, convergence, gauntlet_sim).
+"""Helpers shared by the tiny-preset benchmarks (`performance.evaluate`, `performance.miner_window`,
+`research.convergence`, `incentive.gauntlet_sim`, and the others that import it).
 
 Every benchmark here runs on CPU with 2 threads, on the tiny preset and the offline sample corpus,
 so its figures are comparable between runs on the same machine and need no network.

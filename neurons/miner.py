@@ -16,7 +16,7 @@ import os
 import sys
 
 # Transparent huge pages for torch's CPU allocator: 3-4x less page-fault time on large tensors
-# (benchmarks/compress.py). Must be set before torch is imported; harmless on GPU.
+# (benchmarks/performance/compress.py). Must be set before torch is imported; harmless on GPU.
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
 from templar.runtime.flags import add_memory_args, add_node_args, check_config

@@ -3,7 +3,6 @@ preset, a real sr25519 key, real compressed gradients, and a real SeaweedFS S3 s
 
 from __future__ import annotations
 
-import importlib
 import itertools
 import os
 import secrets
@@ -14,7 +13,6 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 import torch
@@ -30,22 +28,6 @@ ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-
-
-@pytest.fixture(scope="session")
-def benchmark_module() -> Callable[[str], ModuleType]:
-    """Imports a script of benchmarks/ by name. benchmarks/ is a folder of scripts, not a package
-    (its scripts import each other by name), so it is on sys.path only while one imports."""
-    folder = str(ROOT / "benchmarks")
-
-    def load(name: str) -> ModuleType:
-        sys.path.insert(0, folder)
-        try:
-            return importlib.import_module(name)
-        finally:
-            sys.path.remove(folder)
-
-    return load
 
 
 @pytest.fixture(scope="session")

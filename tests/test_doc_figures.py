@@ -38,7 +38,7 @@ FIGURE = re.compile(
 OUT_OF_SCOPE = {
     "mining.md": [("## 1. Hardware", "- **Time budget.**"),
                   ("**Sizing of one window, 1.2B run**", "**Data assignment.**"),
-                  ("**Memory per GPU**", "Benchmark (`benchmarks/distributed.py`")],
+                  ("**Memory per GPU**", "Benchmark (`benchmarks/performance/distributed.py`")],
     "operating.md": [],
 }
 

@@ -37,6 +37,15 @@ LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 SECTION_REF = re.compile(
     r"(?:\[[^\]]*\]\((?P<target>[^)\s#]+\.md)\)|(?P<path>[\w./-]+\.md))`?,? (?P<refs>§\d+(?:(?:,| and| or) §\d+)*)")
 HEADING = re.compile(r"^#{2,3} (\d+)\.", re.MULTILINE)
+TOP_FOLDERS = ("benchmarks", "deploy", "docs", "hparams", "neurons", "scripts", "src", "tests")
+REPO_PATH = re.compile(r"(?<![\w./@-])((?:" + "|".join(TOP_FOLDERS) + r")/[\w./@-]*)([<{*]?)")
+"""A path into the repository's own folders, and the character after it (`<`, `{` or `*`: a template)."""
+WRITTEN_LATER = {
+    "benchmarks/.gpu_wheels": "git-ignored: benchmarks/performance/gpu_wheels.sh downloads the wheels there",
+    "hparams/local.json": "an operator's own hparams, saved by hand (docs/mining.md §6)",
+}
+"""Paths the docs name that no checkout holds: each is made later, by a script or by hand."""
+BENCHMARK_MODULE = re.compile(r"(?<![\w.])benchmarks(?:\.\w+)+")
 
 
 @cache
@@ -127,6 +136,51 @@ def test_every_numbered_section_reference_names_a_section_of_a_tracked_doc() -> 
             if missing:
                 bad.append(f"{where}: {doc} has no section {missing} (it has {sorted(sections(doc))})")
     assert not bad, "\n".join(bad)
+
+
+def test_every_repository_path_a_doc_names_exists() -> None:
+    """Every `src/…`, `benchmarks/…`, `docs/…` (and the other top folders) path in a markdown file
+    is a tracked file or folder; templates (`gpu_<device>.json`, `templar-*@.service`) are skipped."""
+    missing = []
+    for path in (p for p in text_files() if p.endswith(".md")):
+        text = read(path)
+        for m in REPO_PATH.finditer(text):
+            name = m.group(1).rstrip("/.-")
+            if m.group(2) or name in WRITTEN_LATER or is_tracked(ROOT / name):
+                continue
+            missing.append(f"{path}:{line_of(text, m.start())}: {name}")
+    assert not missing, "paths that are not in the repository:\n" + "\n".join(missing)
+
+
+def test_every_benchmark_a_file_names_exists() -> None:
+    """Benchmarks are named as paths (`benchmarks/performance/gpu.py`) and run as modules
+    (`python -m benchmarks.performance.gpu`); in any file, both name a tracked script or package. The
+    results are records of past runs: they keep the names their run had."""
+    missing = []
+    for path in (p for p in text_files() if not p.startswith("benchmarks/results/")):
+        text = read(path)
+        for m in REPO_PATH.finditer(text):
+            name = m.group(1).rstrip("/.-")
+            if name.startswith("benchmarks/") and not (
+                    m.group(2) or name in WRITTEN_LATER or is_tracked(ROOT / name)):
+                missing.append(f"{path}:{line_of(text, m.start())}: {name}")
+        for m in BENCHMARK_MODULE.finditer(text):
+            module = m.group(0).replace(".", "/")
+            if not (is_tracked(ROOT / f"{module}.py") or is_tracked(ROOT / module / "__init__.py")):
+                missing.append(f"{path}:{line_of(text, m.start())}: {m.group(0)}")
+    assert not missing, "benchmarks that are not in the repository:\n" + "\n".join(missing)
+
+
+def test_repository_paths_are_found_with_their_templates() -> None:
+    found = [(m.group(1), m.group(2)) for m in REPO_PATH.finditer(
+        "run `python benchmarks/performance/gpu.py`, write benchmarks/results/gpu_<device>.json; "
+        "copy deploy/systemd/templar-*@.service and deploy/systemd/templar-miner@.service (docs/mining.md).")]
+    assert found == [("benchmarks/performance/gpu.py", ""), ("benchmarks/results/gpu_", "<"),
+                     ("deploy/systemd/templar-", "*"), ("deploy/systemd/templar-miner@.service", ""),
+                     ("docs/mining.md", "")]
+    assert [m.group(0) for m in BENCHMARK_MODULE.finditer("python -m benchmarks.incentive.subnet_sim; "
+                                                         "from benchmarks._common import emit")] == [
+        "benchmarks.incentive.subnet_sim", "benchmarks._common"]
 
 
 @pytest.mark.parametrize("text, reason", [

@@ -1,4 +1,4 @@
-"""`benchmarks/convergence.py` stays runnable and its plan does what its docstring says: every
+"""`benchmarks/research/convergence.py` stays runnable and its plan does what its docstring says: every
 method and every exchange mode through production's code paths, the stages' points chosen from the
 results before them."""
 
@@ -9,15 +9,11 @@ import json
 import pytest
 import torch
 
-
-@pytest.fixture(scope="module")
-def convergence(benchmark_module):
-    return benchmark_module("convergence")
+from benchmarks.research import convergence
 
 
 @pytest.mark.slow(seconds=25)
-def test_every_method_and_mode_learns_and_the_summary_reports_them(convergence, tmp_path, assets_dir,
-                                                                  monkeypatch) -> None:
+def test_every_method_and_mode_learns_and_the_summary_reports_them(tmp_path, assets_dir, monkeypatch) -> None:
     """H = 2 on P = 1 page, two windows of each planned method at its grid's centre, delayed and eager
     at the two overlap targets, and two extra points (exact values; the signed vote): every run
     lowers the held-out loss, payloads are real wire bytes far below dense, an overlapped run
@@ -60,7 +56,7 @@ def test_every_method_and_mode_learns_and_the_summary_reports_them(convergence, 
     assert set(body["goals"][f"overlap_{family}"]) == {"delayed", "eager"}
 
 
-def test_hparams_of_a_run_are_validated_settings(convergence) -> None:
+def test_hparams_of_a_run_are_validated_settings() -> None:
     """A run's settings go through HParams validation (more inner steps than sequences is refused)
     and carry the swept rates and a schedule matched to the run's length; under a constant α the
     outer rate stays at its peak after the warm-up while the inner rate follows the cosine."""
@@ -95,7 +91,7 @@ def _result(convergence, method: str, inner: float | None, outer: float | None, 
     return {"spec": asdict(spec), "name": spec.name(), "final_loss": loss}
 
 
-def test_refine_steps_beyond_an_edge_best_and_halfway_towards_the_better_neighbour(convergence) -> None:
+def test_refine_steps_beyond_an_edge_best_and_halfway_towards_the_better_neighbour() -> None:
     """The refine stage's point per axis: one grid step beyond an edge best, the geometric midpoint
     towards the better neighbour of an inner best."""
     r = lambda *a, **k: _result(convergence, *a, **k)  # noqa: E731
@@ -116,7 +112,7 @@ def test_refine_steps_beyond_an_edge_best_and_halfway_towards_the_better_neighbo
     assert second == {("adamw_dp_h", 2.38e-3, None), ("signed_h", 2.4e-2, 3e-3)}
 
 
-def test_variants_run_at_the_best_of_their_family_and_the_overlap_at_its_targets(convergence) -> None:
+def test_variants_run_at_the_best_of_their_family_and_the_overlap_at_its_targets() -> None:
     """Family variants change one setting of the family's best member (the rate factors scale the
     best's rates); the overlap stage takes that best and signed's, in both overlapped modes, and the
     first target also at equal wall-clock (H = 7 on 14 sequences)."""
@@ -142,7 +138,7 @@ def test_variants_run_at_the_best_of_their_family_and_the_overlap_at_its_targets
     assert wide.pages == 4 and convergence.hparams_for(wide).inner.steps == 7
 
 
-def test_eager_swaps_the_proxy_for_the_aggregate_and_sends_the_update_from_it(convergence, monkeypatch) -> None:
+def test_eager_swaps_the_proxy_for_the_aggregate_and_sends_the_update_from_it(monkeypatch) -> None:
     """Eager's window as the docstring defines it: inner steps from the proxy, the aggregate swapped in
     after `land` steps, the pseudo-gradient relative to θ_w, θ_w left in the model. With the swap before
     the first step it is blocking's window (same steps from θ_w up to the swap's rounding)."""
@@ -192,8 +188,7 @@ def _cached_run(convergence, method: str, inner: float | None, outer: float | No
             "parameters": 3_000_000}
 
 
-def test_report_only_reads_the_cache_and_completes_runs_that_predate_a_key(convergence, tmp_path,
-                                                                            monkeypatch) -> None:
+def test_report_only_reads_the_cache_and_completes_runs_that_predate_a_key(tmp_path, monkeypatch) -> None:
     """`--report-only` trains nothing: the tables, goals, JSON and plots come from the cached runs,
     the ratios are each method's best over AdamW DP's best at each of `RATIO_AT`, and a run cached
     before a spec field or a setting existed gets the default its spec resolves to."""

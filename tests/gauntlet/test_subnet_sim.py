@@ -1,4 +1,4 @@
-"""`benchmarks/subnet_sim.py` stays runnable: a few windows of the real Gauntlet code through Yuma."""
+"""`benchmarks/incentive/subnet_sim.py` stays runnable: a few windows of the real Gauntlet code through Yuma."""
 
 from __future__ import annotations
 
@@ -7,13 +7,10 @@ from dataclasses import replace
 import pytest
 from tests.rules import gauntlet_rules
 
-
-@pytest.fixture(scope="module")
-def subnet_sim(benchmark_module):
-    return benchmark_module("subnet_sim")
+from benchmarks.incentive import subnet_sim
 
 
-def test_quick_simulation_pays_honest_peers_and_reports_every_metric(subnet_sim) -> None:
+def test_quick_simulation_pays_honest_peers_and_reports_every_metric() -> None:
     """64 uids, 2 validators, 16 windows: honest peers earn most of the incentive, cheats little."""
     base = replace(subnet_sim.SimConfig(), uids=64, per_class=2, fast_eval_uids=16, windows=16, join_window=6)
     for cfg in (base, replace(base, **subnet_sim.CHOSEN)):
@@ -28,13 +25,13 @@ def test_quick_simulation_pays_honest_peers_and_reports_every_metric(subnet_sim)
         assert len(outcome.series["agreement"]) == cfg.windows
 
 
-def test_fit_file_holds_every_strategy_the_draws_need(subnet_sim) -> None:
+def test_fit_file_holds_every_strategy_the_draws_need() -> None:
     fit = subnet_sim.fit()
     assert {"honest", "moredata", "lazy", "noise"} <= set(fit["samples"])
     assert all(len(pairs) >= 20 for pairs in fit["samples"].values())
 
 
-def test_freak_draw_scales_both_loss_scores(subnet_sim) -> None:
+def test_freak_draw_scales_both_loss_scores() -> None:
     """The jump scenario's freak evaluation is the calm draw times `freak_scale` (same rng state)."""
     import random
 
@@ -45,7 +42,7 @@ def test_freak_draw_scales_both_loss_scores(subnet_sim) -> None:
     assert freak.delta_assigned == pytest.approx(3.0 * calm.delta_assigned)
 
 
-def test_a_replayed_clip_is_passed_in_as_the_rules(subnet_sim) -> None:
+def test_a_replayed_clip_is_passed_in_as_the_rules() -> None:
     """`rating_clip_high` replays an older clip inside one simulation only: it reaches the book as
     the rules every window is scored by, and no module holds a setting that outlives the run."""
     from templar.gauntlet import window as window_module
@@ -66,7 +63,7 @@ def test_a_replayed_clip_is_passed_in_as_the_rules(subnet_sim) -> None:
     assert replace(cfg, rating_clip_high=None).gauntlet().relative_clip_high == 2.0  # production's
 
 
-def test_newcomers_join_over_one_tempo_and_reach_the_median_within_rounding(subnet_sim) -> None:
+def test_newcomers_join_over_one_tempo_and_reach_the_median_within_rounding() -> None:
     """With epochs every tempo, newcomers register at evenly spread points of the epoch cycle, and
     an incentive equal to the honest median up to float rounding counts as at the median (the
     exact `>=` read identical peers' 1e-16 differences as 'below' for whole epochs)."""
@@ -94,7 +91,7 @@ def test_newcomers_join_over_one_tempo_and_reach_the_median_within_rounding(subn
     assert m["newcomer_first_lead_weight_windows"] == 2
 
 
-def test_epochs_read_the_weights_last_submitted(subnet_sim, monkeypatch) -> None:
+def test_epochs_read_the_weights_last_submitted(monkeypatch) -> None:
     """`weights_windows`: the validators submit every N windows (finney: 15) and an epoch in between
     reads the last submission, so incentive holds still until the next one; every window: it moves."""
     import numpy as np
@@ -119,7 +116,7 @@ def test_epochs_read_the_weights_last_submitted(subnet_sim, monkeypatch) -> None
     assert np.array_equal(held[0], live[0]) and np.array_equal(held[5], live[5])
 
 
-def test_the_weighed_windows_candidate_counts_a_noisy_window_less(subnet_sim) -> None:
+def test_the_weighed_windows_candidate_counts_a_noisy_window_less() -> None:
     """`WeighedWindowsBook` (simulator-only) and the production `ScoreBook` see the same relative
     LossScores; after a calm window and a noisy one, production's mean moves by the EMA's weight,
     the candidate's by the noisy window's precision share, and with equal spreads they agree."""

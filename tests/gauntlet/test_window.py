@@ -81,14 +81,13 @@ def test_every_gather_failure_is_a_verdict():
     assert {g.value for g in GatherStatus} <= {s.value for s in Status}
 
 
-def test_the_simulator_scores_windows_with_the_validators_function(benchmark_module, monkeypatch):
+def test_the_simulator_scores_windows_with_the_validators_function(monkeypatch):
     """A simulated result is a statement about production code: every window the simulator scores
     goes through the very function the validator's loop calls, and replaying the simulator's inputs
     through that function into a fresh book under the same rules gives the same book and the same
     weights."""
     import templar.validator.loop as validator_loop
-
-    subnet_sim = benchmark_module("subnet_sim")
+    from benchmarks.incentive import subnet_sim
     assert subnet_sim.score_window is validator_loop.score_window is score_window
     cfg = replace(subnet_sim.SimConfig(), uids=40, validators=1, per_class=2, fast_eval_uids=12, windows=12,
                   join_window=4, **subnet_sim.CHOSEN)
@@ -152,14 +151,13 @@ def test_the_draw_favours_peers_the_book_has_not_evaluated_for_long():
     assert counts["never"] > 2 * counts["fresh"], counts  # 632 against 168 (weights 4:1); uniform would be 1:1
 
 
-def test_the_validator_and_the_simulator_draw_with_the_same_function(benchmark_module):
+def test_the_validator_and_the_simulator_draw_with_the_same_function():
     """Neither re-scripts F_t or S_t: both call `draw_window` (and neither draws with
     `select_eval_peers` itself)."""
     import inspect
 
     import templar.validator.loop as validator_loop
-
-    subnet_sim = benchmark_module("subnet_sim")
+    from benchmarks.incentive import subnet_sim
     assert subnet_sim.draw_window is validator_loop.draw_window is draw_window
     for module in (validator_loop, subnet_sim):
         assert "select_eval_peers" not in inspect.getsource(module)

@@ -1,4 +1,4 @@
-"""`benchmarks/localnet_consensus.py` reads what the localnet writes: its summary follows the report."""
+"""`benchmarks/incentive/localnet_consensus.py` reads what the localnet writes: its summary follows the report."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.incentive import localnet_consensus as benchmark
 from templar.localnet.report import build_report
 from templar.runtime.records import SCORES_FILE, PeerScoreRecord, append_record
 from templar.runtime.roster import NodeInfo, write_nodes
@@ -22,12 +23,7 @@ WEIGHTS = {"miner0": 0.25, "miner1": 0.25, "moredata0": 0.5, "lazy0": 0.0}
 DELTA_RAND = {"miner0": 0.04, "miner1": 0.05, "moredata0": 0.06, "lazy0": 0.05}
 
 
-@pytest.fixture(scope="module")
-def benchmark(benchmark_module):
-    return benchmark_module("localnet_consensus")
-
-
-def test_summary_of_a_run_where_both_validators_agree(tmp_path: Path, benchmark) -> None:
+def test_summary_of_a_run_where_both_validators_agree(tmp_path: Path) -> None:
     write_nodes(tmp_path, NODES)
     for validator in NODES[:2]:
         for window in range(1, 4):

@@ -1,4 +1,4 @@
-"""`benchmarks/gpu.py` cannot rot between the rare runs on a GPU: its `--smoke` mode runs every phase
+"""`benchmarks/performance/gpu.py` cannot rot between the rare runs on a GPU: its `--smoke` mode runs every phase
 on the tiny preset and the CPU, the consensus check compares two real implementations (the C
 kernels and torch's paths), a failing phase costs only itself, and nothing it imports needs
 bittensor (the GPU machine has none)."""
@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from benchmarks.performance import gpu
 from templar.compress import native
 from templar.core.config import load_hparams
 from templar.core.memory import SETTINGS
@@ -22,13 +23,8 @@ from templar.core.memory import SETTINGS
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="module")
-def gpu(benchmark_module):
-    return benchmark_module("gpu")
-
-
 @pytest.mark.slow(seconds=15)
-def test_smoke_runs_every_phase_and_prints_the_table(gpu, tmp_path: Path, assets_dir: Path, capsys) -> None:
+def test_smoke_runs_every_phase_and_prints_the_table(tmp_path: Path, assets_dir: Path, capsys) -> None:
     out = tmp_path / "gpu.json"
     rc = gpu.main(["--smoke", "--out", str(out), "--work", str(tmp_path / "work")])
     result = json.loads(out.read_text())
@@ -101,7 +97,7 @@ def test_smoke_runs_every_phase_and_prints_the_table(gpu, tmp_path: Path, assets
     assert [row[0] for row in result["table"]] == [row[0] for row in gpu.table(result)]
 
 
-def test_a_failing_phase_is_recorded_and_the_next_one_still_runs(gpu, tmp_path: Path, monkeypatch) -> None:
+def test_a_failing_phase_is_recorded_and_the_next_one_still_runs(tmp_path: Path, monkeypatch) -> None:
     """An OOM in one phase must not cost the device call's other measurements."""
     ran = []
 
@@ -123,7 +119,7 @@ def test_a_failing_phase_is_recorded_and_the_next_one_still_runs(gpu, tmp_path: 
     assert ran == ["smoke"] and "corpus" not in phases
 
 
-def test_a_phase_without_time_left_is_skipped(gpu, tmp_path: Path, monkeypatch) -> None:
+def test_a_phase_without_time_left_is_skipped(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setitem(gpu.PHASE_FUNCTIONS, "corpus", lambda b: pytest.fail("ran past the budget"))
     monkeypatch.setattr(gpu, "SMOKE", gpu.Scale(**{**gpu.SMOKE.__dict__, "minimum": {"corpus": 60.0}}))
     out = tmp_path / "gpu.json"
@@ -143,8 +139,7 @@ def test_nothing_it_imports_needs_bittensor(tmp_path: Path) -> None:
                 if name.split(".")[0] == "bittensor":
                     raise ImportError("no bittensor on the GPU machine")
         sys.meta_path.insert(0, NoBittensor())
-        sys.path.insert(0, {str(ROOT / "benchmarks")!r})
-        import gpu
+        from benchmarks.performance import gpu  # the repository root, the device call's working directory
         from templar.data import LocalCorpus  # the phases' own imports too
         from templar.data.prepare import prepare
         from templar.compress.methods import rule_of  # the memory phase's

@@ -159,7 +159,7 @@ def shares_work(cosine: float, shared: float, rules: GauntletConfig, typical: Ty
     when their shared positions stand `relative_shared_factor` times above the typical pair's (and
     at least `relative_shared_floor`) whatever the thresholds.
 
-    Both thresholds are calibrated on the measured honest distribution (`benchmarks/similarity.py`,
+    Both thresholds are calibrated on the measured honest distribution (`benchmarks/incentive/similarity.py`,
     docs/scoring.md §8): honest pairs of independent miners, each seeing the other's work only
     through the aggregate, stay far below them (tiny preset: cosine ≤ 0.25, positions ≤ 15 % over
     the validator's sample), while two hotkeys posting one update with noise on the values keep

@@ -3,7 +3,7 @@
 The validator computes a window's fast verdicts and LossScores (its gather, its model, its pages);
 who is evaluated (`draw_window`: F_t, then S_t) and what the incentive makes of the evaluations
 (`score_window`) are the two functions here, which the validator's loop and the subnet simulator
-(`benchmarks/subnet_sim.py`) both call, so a simulated result is a statement about the production
+(`benchmarks/incentive/subnet_sim.py`) both call, so a simulated result is a statement about the production
 rules. Like torchtitan's `train_step` against `train()`: the loop does the
 I/O and the scheduling, the step is the rule.
 

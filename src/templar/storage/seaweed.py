@@ -100,7 +100,7 @@ class SeaweedServer:
         `volume_max`: every bucket is a SeaweedFS collection with volumes of its own, and the
         automatic limit (from free disk space) stops writes after ~80 buckets; volumes are
         sparse files, so a high cap costs nothing until used. It must exceed the number of
-        buckets: 1024 stops near 1,023 (`benchmarks/gather.py` passes 2 × peers + 64)."""
+        buckets: 1024 stops near 1,023 (`benchmarks/performance/gather.py` passes 2 × peers + 64)."""
         self.data_dir = Path(data_dir).resolve()
         self.host = host
         self.memory_limit = memory_limit

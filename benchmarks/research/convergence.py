@@ -1,12 +1,12 @@
 """Convergence over 90 windows, every method through production's code paths, and the overlapped
 exchange (a miner computing window w+1 while window w's outer step is being made).
 
-    OMP_NUM_THREADS=1 nice -n 10 python benchmarks/convergence.py --jobs 2 --threads 1 --cache /tmp/convergence
+    OMP_NUM_THREADS=1 nice -n 10 python -m benchmarks.research.convergence --jobs 2 --threads 1 --cache /tmp/convergence
                              # the whole plan (sweep, refine, variants, overlap, small): hours on 2 shared cores
-    python benchmarks/convergence.py --quick                     # 3 windows, one point per method and mode
-    python benchmarks/convergence.py --stages sweep --only adamw_dp_h      # one stage of one method
-    python benchmarks/convergence.py --point sparseloco_m:inner=3e-3,outer=0.7,momentum=0.9,decay=0.99
-    python benchmarks/convergence.py --report-only --cache /tmp/convergence   # the report of the runs so far
+    python -m benchmarks.research.convergence --quick                     # 3 windows, one point per method and mode
+    python -m benchmarks.research.convergence --stages sweep --only adamw_dp_h      # one stage of one method
+    python -m benchmarks.research.convergence --point sparseloco_m:inner=3e-3,outer=0.7,momentum=0.9,decay=0.99
+    python -m benchmarks.research.convergence --report-only --cache /tmp/convergence   # the report of the runs so far
 
 K = 4 simulated peers start from the same θ_0 (`build_model`) and stay in sync (G = 4); peer k
 trains on `assigned_pages(k, window, P)` (P pages of 4 sequences of 128 tokens). A decentralised
@@ -85,7 +85,7 @@ from typing import Any
 
 import torch
 
-from _common import RESULTS_DIR, Tiny, emit, load_tiny, setup_torch, write_result
+from benchmarks._common import RESULTS_DIR, Tiny, emit, load_tiny, setup_torch, write_result
 from templar.compress import Compressed, DeMo
 from templar.compress.methods import rule_of
 from templar.compress.sparseloco import SparseLoCoCompressor

@@ -1,7 +1,7 @@
 """What the model fingerprint (`templar.runtime.fingerprint`) costs at the production 1.2B
 preset, against the exact sha256 of θ it replaces.
 
-    python benchmarks/fingerprint.py
+    python -m benchmarks.performance.fingerprint
 
 The parameters are allocated with the 1.2B model's shapes but never initialised (building the
 real model on CPU takes minutes): the fingerprint reads 256 values, so only the pages it touches
@@ -24,7 +24,7 @@ from templar.core.config import load_hparams
 from templar.core.model import build_model
 from templar.runtime.fingerprint import model_fingerprint
 
-RESULTS = Path(__file__).resolve().parent / "results" / "fingerprint.json"
+RESULTS = Path(__file__).resolve().parents[1] / "results" / "fingerprint.json"
 
 
 def main() -> None:

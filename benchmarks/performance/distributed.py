@@ -1,8 +1,8 @@
 """A miner window's computation on 1 vs 2 ranks (torchrun, gloo, CPU): wall time and time in collectives.
 
-    python benchmarks/distributed.py            # 6 timed windows per run, after 1 warm-up window
-    python benchmarks/distributed.py --quick    # 3 timed windows
-    python benchmarks/distributed.py --one-process 40   # only: 1-process node vs the plain functions, 40 windows
+    python -m benchmarks.performance.distributed            # 6 timed windows per run, after 1 warm-up window
+    python -m benchmarks.performance.distributed --quick    # 3 timed windows
+    python -m benchmarks.performance.distributed --one-process 40   # only: 1-process node vs the plain functions, 40 windows
 
 Launches `torch.distributed.run` twice (1 rank with 2 threads, 2 ranks with 1 thread each: the
 same 2 cores), each running `templar.distributed.compute.NodeCompute` exactly as a miner does:
@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from _common import emit, load_tiny, median, setup_torch, write_result
+from benchmarks._common import emit, load_tiny, median, setup_torch, write_result
 from templar.compress import DCTCompressor, DeMo
 from templar.core.config import REPO_ROOT
 from templar.core.model import build_model
@@ -233,7 +233,7 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "out.json"
             cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}",
-                   __file__, "--worker", str(out), "--windows", str(windows)]
+                   "-m", __spec__.name, "--worker", str(out), "--windows", str(windows)]
             subprocess.run(cmd, env=env, check=True, cwd=REPO_ROOT, stdout=subprocess.DEVNULL)
             runs[ranks] = json.loads(out.read_text())
     base, node, one, two = runs[1]["baseline"], runs[1]["node"], runs[1]["fsdp"], runs[2]["fsdp"]

@@ -15,7 +15,7 @@ For same-window pairs it reports the window's typical pair (median over pairs, p
 `window_median`) and each pair's shared positions over that median (`shared_over_median`, first and
 second look).
 
-    python benchmarks/borrowed_similarity.py OUT_DIR [OUT_DIR ...] [--stem borrowed_similarity]
+    python -m benchmarks.incentive.borrowed_similarity OUT_DIR [OUT_DIR ...] [--stem borrowed_similarity]
 """
 
 from __future__ import annotations
@@ -24,12 +24,10 @@ import argparse
 import itertools
 import json
 import statistics
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS_DIR, setup_torch
-from similarity import localnet_payloads, run_hparams
+from benchmarks._common import RESULTS_DIR, setup_torch
+from benchmarks.incentive.similarity import localnet_payloads, run_hparams
 from templar.core.config import GauntletConfig
 from templar.gauntlet.borrowed import top_of_mean
 from templar.gauntlet.duplicates import fingerprint, shared_positions

@@ -10,7 +10,7 @@ over the whole payload. Pairs are classed by the two miners' strategies: `honest
 `moredata` miners), `pooled` (two hotkeys of one `pooled` group), `partial` (a `partial` miner and
 anyone), `other`.
 
-    python benchmarks/similarity.py OUT_DIR [OUT_DIR ...] [--stem similarity]
+    python -m benchmarks.incentive.similarity OUT_DIR [OUT_DIR ...] [--stem similarity]
 
 Writes `benchmarks/results/<stem>.json`: per class, the number of pairs and the min / p50 / p99 /
 max of each figure.
@@ -22,14 +22,12 @@ import argparse
 import itertools
 import json
 import statistics
-import sys
 from pathlib import Path
 from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS_DIR, setup_torch
+from benchmarks._common import RESULTS_DIR, setup_torch
 from templar.core.config import HParams, load_hparams
 from templar.core.model import build_model, parameter_shapes
 from templar.gauntlet.duplicates import fingerprint, shared_positions

@@ -1,6 +1,6 @@
 """The "jump" scenario of `subnet_sim.py`: freak evaluations in a localnet-sized subnet.
 
-    nice -n 19 python benchmarks/subnet_sim_jump.py      # 18 simulations, about 6 s
+    nice -n 19 python -m benchmarks.incentive.subnet_sim_jump      # 18 simulations, about 6 s
 
 The 256-uid simulator's calm draws never let one evaluation push a peer across one validator's
 tie band before the others'; a small subnet with rare freak evaluations does (benchmarks/LOG.md §5).
@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 from dataclasses import replace
 
-from subnet_sim import CHEATS, CHOSEN, SimConfig, simulate
+from benchmarks.incentive.subnet_sim import CHEATS, CHOSEN, SimConfig, simulate
 
 JUMP_SEEDS = (0, 1, 2)
 

@@ -1,6 +1,6 @@
 """Does the sync check catch a miner that stops following the run's model, under each outer rule?
 
-    nice python benchmarks/desync_rules.py          # two in-process localnets, a few minutes on 2 cores
+    nice python -m benchmarks.incentive.desync_rules          # two in-process localnets, a few minutes on 2 cores
 
 Runs `templar localnet --in-process` (virtual time) on `tests/presets/micro-gauntlet.json`
 (production's Gauntlet, H = 2 inner AdamW steps, the micro model) with 3 honest miners and the
@@ -21,9 +21,9 @@ import json
 from pathlib import Path
 from tempfile import TemporaryDirectory
 
-from _common import RESULTS_DIR, setup_torch, write_result
+from benchmarks._common import RESULTS_DIR, setup_torch, write_result
 
-PRESET = Path(__file__).resolve().parents[1] / "tests" / "presets" / "micro-gauntlet.json"
+PRESET = Path(__file__).resolve().parents[2] / "tests" / "presets" / "micro-gauntlet.json"
 RULES: dict[str, dict] = {
     "signed": {},
     "sparseloco": {"optimizer": {"method": "sparseloco", "learning_rate": 2.0, "weight_decay": 0.0,

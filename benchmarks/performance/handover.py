@@ -1,7 +1,7 @@
 """The lead's hand-over delay (`handover_seconds`, docs/design.md §5): what publishing a window's inputs
 takes, and what a dead lead costs each window with the chosen value.
 
-    python benchmarks/handover.py [--publishes 200] [--windows 3]
+    python -m benchmarks.performance.handover [--publishes 200] [--windows 3]
 
 1. **Publication on a real SeaweedFS** (`weed mini` on 127.0.0.1, the bundled server): sign an inputs
    record naming the production top-G (15 digests), create it (the conditional PUT every history object
@@ -30,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-RESULTS = Path(__file__).resolve().parent / "results" / "handover.json"
+RESULTS = Path(__file__).resolve().parents[1] / "results" / "handover.json"
 CADENCE = 4
 
 

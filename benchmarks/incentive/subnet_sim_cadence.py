@@ -1,6 +1,6 @@
 """Cadence: what a window's length costs the incentive at finney's epochs (docs/mining.md §6, "Window").
 
-    nice -n 19 python benchmarks/subnet_sim_cadence.py     # 6 simulations, about two minutes on 2 cores
+    nice -n 19 python -m benchmarks.incentive.subnet_sim_cadence     # 6 simulations, about two minutes on 2 cores
 
 A miner's GPU reaches 90 % of wall-clock in one of two ways: the exchange (put window, gather, outer
 step) overlaps the next window's inner steps (`inner.overlap`), and windows keep finney's 84 s; or the
@@ -24,7 +24,7 @@ import sys
 import time
 from dataclasses import replace
 
-from subnet_sim import CHOSEN, RESULTS_DIR, SimConfig, simulate
+from benchmarks.incentive.subnet_sim import CHOSEN, RESULTS_DIR, SimConfig, simulate
 
 SEEDS = (0, 1, 2)
 BLOCK_SECONDS = 12.0

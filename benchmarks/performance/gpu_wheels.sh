@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# The wheels benchmarks/gpu.py needs on a GPU machine that has only Python, torch, transformers,
+# The wheels benchmarks/performance/gpu.py needs on a GPU machine that has only Python, torch, transformers,
 # safetensors and numpy, and no network: put them in benchmarks/.gpu_wheels/ (git-ignored) from the
 # package index pip is configured with here, then carry that folder to the machine (see the
-# docstring of benchmarks/gpu.py for the one-call command that installs them with --no-index).
+# docstring of benchmarks/performance/gpu.py for the one-call command that installs them with --no-index).
 #
-#   bash benchmarks/gpu_wheels.sh                 # CPython 3.12, manylinux x86_64 (the device image)
-#   PYTHON_VERSION=3.11 DEST=/tmp/w311 bash benchmarks/gpu_wheels.sh   # another interpreter
+#   bash benchmarks/performance/gpu_wheels.sh                 # CPython 3.12, manylinux x86_64 (the device image)
+#   PYTHON_VERSION=3.11 DEST=/tmp/w311 bash benchmarks/performance/gpu_wheels.sh   # another interpreter
 #
 # The set is what the script's imports pull in beyond the image (checked by importing them with
 # bittensor blocked): pydantic (templar.core.config, templar.wire), loguru (templar.compress,
@@ -14,7 +14,7 @@
 # repository's .venv, the ones the suite runs. tokenizers is not fetched: transformers depends on it,
 # so the image has it, and a newer one would drag in another huggingface-hub.
 set -euo pipefail
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 python="${TEMPLAR_VENV:-$root/.venv}/bin/python"
 dest="${DEST:-$root/benchmarks/.gpu_wheels}"
 version="${PYTHON_VERSION:-3.12}"

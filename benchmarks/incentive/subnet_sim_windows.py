@@ -1,6 +1,6 @@
 """Windows weighed by their own noise: production's equal-weight relative mean vs a candidate.
 
-    nice -n 19 python benchmarks/subnet_sim_windows.py      # 12 simulations, about a minute on 2 cores
+    nice -n 19 python -m benchmarks.incentive.subnet_sim_windows      # 12 simulations, about a minute on 2 cores
 
 The 256-uid simulator draws every evaluation from one pool, so every window is as noisy as the
 next; a localnet's are not (σ̂ 0.03 early in training, 0.3–0.9 late: benchmarks/LOG.md §6). Each
@@ -16,7 +16,7 @@ from __future__ import annotations
 import sys
 from dataclasses import replace
 
-from subnet_sim import CHEATS, CHOSEN, SimConfig, hours, simulate
+from benchmarks.incentive.subnet_sim import CHEATS, CHOSEN, SimConfig, hours, simulate
 
 SEEDS = (0, 1, 2)
 WINDOW_NOISE = 0.94

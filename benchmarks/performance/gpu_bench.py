@@ -1,4 +1,4 @@
-"""What `benchmarks/gpu.py` measures with: its scales (production on the GPU, smoke on the CPU), the
+"""What `benchmarks/performance/gpu.py` measures with: its scales (production on the GPU, smoke on the CPU), the
 run's state (`Bench`: model, corpus, deadline) and the device facts its figures are read against."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from _common import RESULTS_DIR
+from benchmarks._common import RESULTS_DIR
 from templar.compress import (
     ChunkedDCT,
     ChunkPlan,
@@ -36,7 +36,7 @@ from templar.runtime.train import (
 from templar.tools.sizing import PEAK_BF16_FLOPS
 from templar.wire import Run
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PHASES = ("setup", "corpus", "window", "memory", "validator", "consensus", "noise")
 MEMORY_STEPS = 2
 """Inner steps of one micro-batch each that the memory phase runs per setting (see `phase_memory`)."""

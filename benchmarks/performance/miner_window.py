@@ -1,7 +1,7 @@
 """One miner window's pipeline on the tiny preset: training versus everything around it.
 
-    python benchmarks/miner_window.py            # 8 timed windows after one warm-up window
-    python benchmarks/miner_window.py --quick    # 3 timed windows
+    python -m benchmarks.performance.miner_window            # 8 timed windows after one warm-up window
+    python -m benchmarks.performance.miner_window --quick    # 3 timed windows
 
 Runs, in process and with no sleeps, the phases `templar.miner.loop.Miner.run_window` runs:
 data (build the batch of the 2 assigned pages), train (`accumulate_gradients`, forward + backward
@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 from bittensor.sp_core import Keypair
 
-from _common import emit, load_tiny, median, new_demo, peer_update, setup_torch, shapes_of, timed
+from benchmarks._common import emit, load_tiny, median, new_demo, peer_update, setup_torch, shapes_of, timed
 from templar.chain import verify_signature
 from templar.comms import put_gradient
 from templar.comms.keys import gradient_key

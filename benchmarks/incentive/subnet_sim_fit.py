@@ -1,6 +1,6 @@
 """The measured LossScores `subnet_sim.py` resamples: fitted once from a localnet's score records.
 
-    python benchmarks/subnet_sim.py --fit LOCALNET_OUT     # rewrites results/subnet_sim_fit.json
+    python -m benchmarks.incentive.subnet_sim --fit LOCALNET_OUT     # rewrites results/subnet_sim_fit.json
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import json
 import statistics
 from pathlib import Path
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
+RESULTS_DIR = Path(__file__).resolve().parents[1] / "results"
 FIT_FILE = RESULTS_DIR / "subnet_sim_fit.json"
 """The measured LossScores the draws resample (written by `--fit RUN_DIR`): per strategy, pairs of
 (δ_rand, δ_assigned − δ_rand), each relative to the mean δ_rand of the honest peers in the same

@@ -1,7 +1,7 @@
 """Pages on demand from a local SeaweedFS server, against today's whole-corpus path.
 
-    python benchmarks/data.py            # 10M, 100M and 1B-token corpora; baseline on 10M
-    python benchmarks/data.py --quick    # 10M and 50M tokens; baseline on 10M
+    python -m benchmarks.performance.data            # 10M, 100M and 1B-token corpora; baseline on 10M
+    python -m benchmarks.performance.data --quick    # 10M and 50M tokens; baseline on 10M
 
 Synthetic corpora in the production geometry (2048-token sequences, 64 per page: 256 KiB pages;
 1024 pages = 128M tokens per shard) are written directly with numpy (no tokenizer), uploaded to
@@ -37,8 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import emit, write_result
+from benchmarks._common import emit, write_result
 
 SEQ, SPP, PAGES_PER_SHARD = 2048, 64, 1024
 PAGE_TOKENS = SEQ * SPP
@@ -219,9 +218,12 @@ MEASURES = {"on_demand": measure_on_demand, "download_all": measure_download_all
 
 
 def run_child(kind: str, cfg: dict) -> dict:
-    """One measurement in a fresh interpreter (its own peak RSS); the config travels on stdin."""
-    proc = subprocess.run([sys.executable, __file__, "--child", kind], input=json.dumps(cfg), text=True,
-                          capture_output=True, timeout=3600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    """One measurement in a fresh interpreter (its own peak RSS), this module run from the repository
+    root; the config travels on stdin."""
+    from templar.core.config import REPO_ROOT
+
+    proc = subprocess.run([sys.executable, "-m", __spec__.name, "--child", kind], input=json.dumps(cfg), text=True,
+                          cwd=REPO_ROOT, capture_output=True, timeout=3600, env={**os.environ, "OMP_NUM_THREADS": "1"})
     if proc.returncode:
         raise RuntimeError(f"{kind} failed: {proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])

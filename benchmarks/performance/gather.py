@@ -1,9 +1,9 @@
 """Gather throughput from a local SeaweedFS server versus a plain sequential download.
 
-    python benchmarks/gather.py                  # 15, 64, 256 peers x ~150 KB payloads
-    python benchmarks/gather.py --quick          # 15 and 64 peers, one repeat
-    python benchmarks/gather.py --payload-kb 2048 --peers 15 64
-    python benchmarks/gather.py --peers 256 1024 2000 --repeats 1   # the scale of a big subnet
+    python -m benchmarks.performance.gather                  # 15, 64, 256 peers x ~150 KB payloads
+    python -m benchmarks.performance.gather --quick          # 15 and 64 peers, one repeat
+    python -m benchmarks.performance.gather --payload-kb 2048 --peers 15 64
+    python -m benchmarks.performance.gather --peers 256 1024 2000 --repeats 1   # the scale of a big subnet
 
 Each peer has its own bucket and its own client (read-only key), as a validator sees them.
 Per case, after one warm-up `head` per peer (clients and connections created), it times

@@ -1,7 +1,7 @@
 """The Gauntlet on real updates (paper Figure 2): does more data earn more, and desync less?
 
-    python benchmarks/gauntlet_sim.py            # 30 rounds
-    python benchmarks/gauntlet_sim.py --quick    # 10 rounds
+    python -m benchmarks.incentive.gauntlet_sim            # 30 rounds
+    python -m benchmarks.incentive.gauntlet_sim --quick    # 10 rounds
 
 One shared model (the tiny-paper preset: tiny with the paper's rules) and five peers, each with its own
 DeMo error feedback:
@@ -30,7 +30,7 @@ import sys
 
 import torch
 
-from _common import (
+from benchmarks._common import (
     RESULTS_DIR,
     Tiny,
     emit,

@@ -1,4 +1,4 @@
-"""What `benchmarks/gpu.py` reports: the noise phase's summaries and the table of measured figures
+"""What `benchmarks/performance/gpu.py` reports: the noise phase's summaries and the table of measured figures
 beside the estimates they replace."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import statistics
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from gpu_bench import FIT_FILE, PHASES, ROOT, spread_stats
+from benchmarks.performance.gpu_bench import FIT_FILE, PHASES, ROOT, spread_stats
 
 
 def _gauntlet_scores() -> Any:

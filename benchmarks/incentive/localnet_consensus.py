@@ -1,7 +1,7 @@
 """The scoring rules confirmed in a localnet: several validators, Yuma, `moredata` next to honest miners.
 
-    nice python benchmarks/localnet_consensus.py                      # seeds 0-2, 3 runs at once
-    python benchmarks/localnet_consensus.py --reuse --out-root DIR    # summarise finished runs again
+    nice python -m benchmarks.incentive.localnet_consensus                      # seeds 0-2, 3 runs at once
+    python -m benchmarks.incentive.localnet_consensus --reuse --out-root DIR    # summarise finished runs again
 
 Runs `templar localnet --in-process` (virtual time: the outcome depends on the seed alone) once per
 seed with 3 validators (stakes 10,000 / 500 / 333), 4 honest miners, `moredata` (the production
@@ -32,8 +32,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-RESULTS = Path(__file__).resolve().parent / "results" / "localnet_consensus_micro_gauntlet.json"
-PRESET = Path(__file__).resolve().parent / "presets" / "micro_gauntlet_8pages.json"
+RESULTS = Path(__file__).resolve().parents[1] / "results" / "localnet_consensus_micro_gauntlet.json"
+PRESET = Path(__file__).resolve().parents[1] / "presets" / "micro_gauntlet_8pages.json"
 ADVERSARIES = ("moredata", "lazy", "copycat", "noise")
 PAID_CLASSES = ("honest", "moredata")
 LAST = 6

@@ -1,8 +1,8 @@
 """The production window, memory settings, the validator, evaluation noise and cross-device consensus, on one GPU.
 
-    python benchmarks/gpu.py                   # 1.2B in bf16 on the GPU: writes results/gpu_<device>.json
-    python benchmarks/gpu.py --smoke           # the same code on the tiny preset and the CPU (~10 s; tests)
-    python benchmarks/gpu.py --phases corpus,window --budget 200
+    python -m benchmarks.performance.gpu                   # 1.2B in bf16 on the GPU: writes results/gpu_<device>.json
+    python -m benchmarks.performance.gpu --smoke           # the same code on the tiny preset and the CPU (~10 s; tests)
+    python -m benchmarks.performance.gpu --phases corpus,window --budget 200
 
 Every GPU figure of the project was an estimate (the sizing table of docs/mining.md assumes 40 %
 MFU); this script replaces them with measurements in one short device call. It runs the project's
@@ -14,8 +14,9 @@ payloads are signed with a stand-in HMAC (`StandInKey`) instead of sr25519.
 
 Its parts, one idea each: this file (the phases that train and evaluate, and the run), `gpu_bench.py`
 (the scales, the run's state `Bench`, the device facts), `gpu_consensus.py` (the consensus phase) and
-`gpu_report.py` (the noise phase's summaries and the table); the device call runs this file, which
-imports its siblings from its own folder.
+`gpu_report.py` (the noise phase's summaries and the table); the device call runs this module from the
+repository root (`python3 -m benchmarks.performance.gpu`), which imports its siblings as
+`benchmarks.performance.*` and `benchmarks._common`.
 
 Phases (`--phases`, comma-separated; `setup` always runs). Each is one function writing its part
 of the JSON; an exception (a CUDA OOM too) is recorded as that phase's error and the next phase
@@ -44,7 +45,7 @@ have inner optimizer steps (`inner.steps` > 1), production's window is the paper
 tokens, `--smoke` runs H = 2) once they exist.
 
 On the device machine (Python 3.12, torch, transformers, safetensors, numpy; no network, no
-bittensor). Here, once: `bash benchmarks/gpu_wheels.sh` puts the wheels it lacks in the git-ignored
+bittensor). Here, once: `bash benchmarks/performance/gpu_wheels.sh` puts the wheels it lacks in the git-ignored
 `benchmarks/.gpu_wheels/` (23 wheels, 22 MB: pydantic and pydantic-core for cp312, loguru, and
 aiobotocore with its closure, which `templar.data` imports through `templar.storage`). The one
 device call carries `benchmarks/.gpu_wheels` and `assets/corpus` (10 MB of text, from
@@ -52,7 +53,7 @@ device call carries `benchmarks/.gpu_wheels` and `assets/corpus` (10 MB of text,
 
     python3 -m pip install -q --no-index --find-links benchmarks/.gpu_wheels --target /tmp/gpu_site \
         pydantic loguru aiobotocore && \
-    PYTHONPATH=src:/tmp/gpu_site timeout 540 python3 benchmarks/gpu.py 2>&1 | tee "$OUT/gpu.log"; \
+    PYTHONPATH=src:/tmp/gpu_site timeout 540 python3 -m benchmarks.performance.gpu 2>&1 | tee "$OUT/gpu.log"; \
     cp benchmarks/results/gpu_*.json "$OUT"/
 
 `--target` installs beside the image's packages without touching them (and without the
@@ -81,8 +82,8 @@ from typing import Any
 
 import torch
 
-from _common import RESULTS_DIR, _rounded, write_result
-from gpu_bench import (
+from benchmarks._common import RESULTS_DIR, _rounded, write_result
+from benchmarks.performance.gpu_bench import (
     MEMORY_STEPS,
     PHASES,
     PRODUCTION,
@@ -97,8 +98,8 @@ from gpu_bench import (
     peak_lr,
     production_inner_steps,
 )
-from gpu_consensus import phase_consensus
-from gpu_report import noise_summary, print_table, proof_credit_summary, table
+from benchmarks.performance.gpu_consensus import phase_consensus
+from benchmarks.performance.gpu_report import noise_summary, print_table, proof_credit_summary, table
 from templar.compress import (
     DeMo,
     aggregate,

@@ -1,8 +1,8 @@
 """DeMo compression benchmark: templar.compress against the reference implementation's approach.
 
-    python benchmarks/compress.py               # 1.2B shapes, 2-4 minutes on 2 CPU threads
-    python benchmarks/compress.py --quick       # small shapes, a few seconds
-    python benchmarks/compress.py --torch-only  # without the C kernels (templar.compress.native)
+    python -m benchmarks.performance.compress               # 1.2B shapes, 2-4 minutes on 2 CPU threads
+    python -m benchmarks.performance.compress --quick       # small shapes, a few seconds
+    python -m benchmarks.performance.compress --torch-only  # without the C kernels (templar.compress.native)
 
 Prints one JSON line per parameter shape, then a summary line. Every case compares, in the same
 process and on the same data:
@@ -50,7 +50,7 @@ from templar.wire import Q2_CODEC, codec, codec_for
 
 Q2_TOPK = 64  # SparseLoCo keeps 64 of every 64x64 chunk
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
+RESULTS_DIR = Path(__file__).resolve().parents[1] / "results"
 
 FULL_CASES = {
     "attn_2048x2048": (2048, 2048),

@@ -1,7 +1,7 @@
 """Validator LossScore throughput: shared work once per window versus a model copy per peer.
 
-    python benchmarks/evaluate.py            # P = 4, 8, 16 peers, 5 interleaved repeats
-    python benchmarks/evaluate.py --quick    # P = 4, 8, one repeat
+    python -m benchmarks.performance.evaluate            # P = 4, 8, 16 peers, 5 interleaved repeats
+    python -m benchmarks.performance.evaluate --quick    # P = 4, 8, one repeat
 
 The validator scores each peer p in S_t by LossScore on its assigned pages and on random pages
 (paper §3.1): δ = L(θ_t, D) − L(θ_t − β·sign(Δ_p), D). Two implementations, same inputs, same
@@ -32,7 +32,7 @@ import sys
 
 import torch
 
-from _common import emit, load_tiny, median, new_demo, peer_update, setup_torch, shapes_of, timed
+from benchmarks._common import emit, load_tiny, median, new_demo, peer_update, setup_torch, shapes_of, timed
 from templar.compress import aggregate
 from templar.core.config import HParams, load_hparams
 from templar.core.model import build_model, parameter_count

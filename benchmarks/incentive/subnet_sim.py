@@ -1,7 +1,7 @@
 """The Gauntlet at subnet scale: 256 uids, 1-4 validators, hundreds of windows, through Yuma.
 
-    python benchmarks/subnet_sim.py              # baseline, sweeps, levers, rating candidates (~75 runs)
-    python benchmarks/subnet_sim.py --quick      # a handful of windows, for the test suite
+    python -m benchmarks.incentive.subnet_sim              # baseline, sweeps, levers, rating candidates (~75 runs)
+    python -m benchmarks.incentive.subnet_sim --quick      # a handful of windows, for the test suite
 
 What is real and what is drawn. Every validator runs the production Gauntlet code: its own
 `ScoreBook` and private seed, `templar.gauntlet.draw_window` for F_t (fast_eval_uids, the lead's
@@ -48,13 +48,13 @@ from pathlib import Path
 
 import numpy as np
 
-from subnet_sim_candidates import TiedOpenSkillBook, WeighedWindowsBook
-from subnet_sim_fit import FIT_FILE, fit, fit_from_scores
+from benchmarks.incentive.subnet_sim_candidates import TiedOpenSkillBook, WeighedWindowsBook
+from benchmarks.incentive.subnet_sim_fit import FIT_FILE, fit, fit_from_scores
 from templar.chain.embedded import yuma
 from templar.core.config import GauntletConfig, load_hparams
 from templar.gauntlet import FastVerdict, PrimaryResult, ScoreBook, Status, draw_window, score_window
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
+RESULTS_DIR = Path(__file__).resolve().parents[1] / "results"
 WINDOW_SECONDS = 84.0
 LAST = 12
 """Incentive is averaged over the last 12 windows (the fairness horizon of docs/scoring.md §11's targets)."""

@@ -1,4 +1,4 @@
-"""`benchmarks/gpu.py`'s consensus phase: the same window on the GPU and the CPU, bit for bit."""
+"""`benchmarks/performance/gpu.py`'s consensus phase: the same window on the GPU and the CPU, bit for bit."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from gpu_bench import NEAR_TIE, WINDOW, Bench, RecordingDCT, peak_lr
+from benchmarks.performance.gpu_bench import NEAR_TIE, WINDOW, Bench, RecordingDCT, peak_lr
 from templar.compress import (
     ChunkedDCT,
     ChunkPlan,
