@@ -86,7 +86,7 @@ ALLOWED: dict[str, str] = {
     "runtime/sync.py:SyncCheck.KEEP": "own fingerprints kept to compare with a late progress record; nothing to "
                                       "compare is no evidence, never a verdict",
     "validator/lead.py:WindowPublisher.MAX_QUEUED": "bound of the lead's queue of held-back publications",
-    "validator/loop.py:PUBLISH_MIN_SECONDS": "time a late lead still gives its own publications",
+    "validator/roles.py:PUBLISH_MIN_SECONDS": "time a late lead still gives its own publications",
     "validator/loop.py:LATE_GATHER_SECONDS": "time a late validator still gives its gather (what counts is fixed by "
                                              "the uploads' storage timestamps)",
     "validator/weights.py:FIRST_BACKOFF_BLOCKS": "retry pauses of a refused weights extrinsic",

@@ -27,11 +27,12 @@ def test_the_lead_chooses_the_inputs_and_every_node_follows_them(hp, real_peers)
     import templar.miner.loop as miner_loop
     import templar.runtime.follow as follow
     import templar.validator.loop as validator_loop
+    import templar.validator.roles as validator_roles
     from templar.runtime.peers import aggregate_payloads
 
     assert validator_loop.aggregate_payloads is aggregate_payloads
     assert miner_loop.follow_step is follow.follow_step
-    assert validator_loop.window_inputs is follow.window_inputs and validator_loop.apply_inputs is follow.apply_inputs
+    assert validator_loop.window_inputs is follow.window_inputs and validator_roles.apply_inputs is follow.apply_inputs
     _, tensors = real_peers
     peer_list = ["a", "b", "c", "d", "e"]
     results = {

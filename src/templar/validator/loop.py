@@ -25,7 +25,7 @@ import contextlib
 import hashlib
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 import torch
 
@@ -38,22 +38,19 @@ from templar.gauntlet import (
     FastVerdict,
     PrimaryResult,
     ScoreBook,
-    WindowDraw,
-    WindowScores,
     draw_window,
     score_window,
     select_eval_pages,
 )
 from templar.runtime.compute import PeerScorer
-from templar.runtime.follow import FollowError, apply_inputs, inputs_of, window_inputs
+from templar.runtime.follow import FollowError, inputs_of, window_inputs
 from templar.runtime.node import Node
-from templar.runtime.outer import OuterStep, aggregation_weights, gather_gradients
+from templar.runtime.outer import aggregation_weights, gather_gradients
 from templar.runtime.peers import aggregate_payloads, peers_in_effect
 from templar.runtime.records import SCORES_FILE, VALIDATOR_WINDOWS_FILE, drop_uncommitted_records
 from templar.runtime.state import NodeState
-from templar.runtime.succession import Decision, decide_window, window_order
+from templar.runtime.succession import decide_window, window_order
 from templar.runtime.sync import (
-    RETRY_SECONDS,
     Phase,
     ResyncError,
     SyncCheck,
@@ -73,6 +70,7 @@ from templar.validator.lead import CheckpointPublisher, LeadError, WindowPublish
 from templar.validator.public_work import PublicWork
 from templar.validator.replays import ReplayMemory, Sighting
 from templar.validator.report import WindowSummary, record_window
+from templar.validator.roles import PUBLISH_MIN_SECONDS, FollowerRole, LeadRole, Role
 from templar.validator.state import (
     BOOK_FILE,
     SECRET_FILE,
@@ -82,43 +80,12 @@ from templar.validator.state import (
     with_book,
 )
 from templar.validator.weights import WeightSetter
+from templar.validator.window import ValidatorWindow
 from templar.wire import Gradient
 
-PUBLISH_MIN_SECONDS = 5.0
-"""A lead already behind still gets this long to publish a window before it moves on."""
 LATE_GATHER_SECONDS = 5.0
 """A validator that reaches a window's gather late still gives it at least this long (at most
 `gather_seconds`), so it scores what arrived instead of finding every peer `timeout`."""
-
-
-@dataclass
-class ValidatorWindow:
-    """What one window's phases hand to the next."""
-
-    window: int
-    times: WindowTimes
-    started: float
-    """`time.perf_counter()` when the gather could start (the window's wall time is counted from it)."""
-    evaluate: bool
-    """Whether peers are scored this window (a replayed or out-of-sync window is only stepped)."""
-    miners: dict[str, int] = field(default_factory=dict)
-    peer_list: list[str] = field(default_factory=list)
-    learning_rate: float = 0.0
-    draw: WindowDraw | None = None
-    """F_t, and S_t once F_t is judged (`templar.gauntlet.draw_window`)."""
-    results: dict[str, GatherResult[Gradient]] = field(default_factory=dict)
-    gather_seconds: float = 0.0
-    replayed: Mapping[str, Sighting] = field(default_factory=dict)
-    verdicts: dict[str, FastVerdict] = field(default_factory=dict)
-    losses: dict[str, LossScores] = field(default_factory=dict)
-    scores: WindowScores | None = None
-    decision: Decision | None = None
-    """The window's applied inputs and who led it (`templar.runtime.succession`)."""
-    step: OuterStep | None = None
-    applied: list[Gradient] = field(default_factory=list)
-    holdout_loss: float = 0.0
-    weights_set: bool = False
-    wall_seconds: float = 0.0
 
 
 class Validator:
@@ -561,93 +528,3 @@ class Validator:
             f"{sum(r.ok for r in results.values())}/{len(results)} | evaluated {len(work.losses)} | "
             f"aggregated {step.peers if step else 0} | step {self.state.global_step} | top-G "
             + ",".join(short(h) for h in work.scores.top_g))
-
-
-class Role:
-    """What differs between the validator that led a window and one that followed it: how it takes
-    the window's step and what it publishes. The window's phases (`Validator.run_window`) call the
-    role in force, chosen once the window's decision is known (`Validator.step`)."""
-
-    is_lead = False
-
-    def __init__(self, validator: Validator) -> None:
-        self.v = validator
-
-    async def step(self, work: ValidatorWindow) -> tuple[OuterStep | None, list[Gradient]]:
-        """The window's outer step (None when it had none) and the payloads it aggregated."""
-        raise NotImplementedError
-
-    async def publish(self, work: ValidatorWindow) -> None:
-        """Publications right after the step."""
-
-    async def checkpoint(self, work: ValidatorWindow) -> None:
-        """Publications once the window's weights are set."""
-
-
-class LeadRole(Role):
-    """The validator whose inputs a window applies: it steps with them (keeping the signs it
-    publishes) and publishes the window's records (aggregate, progress, the next peer list,
-    checkpoints), each create-only in its own bucket."""
-
-    is_lead = True
-
-    async def step(self, work: ValidatorWindow) -> tuple[OuterStep | None, list[Gradient]]:
-        v, clock = self.v, self.v.node.clock
-        assert work.decision is not None and work.decision.inputs is not None
-        return await apply_inputs(v.node, work.window, work.decision.inputs, v.state, work.results, keep_signs=True,
-                                  deadline=max(work.times.apply_deadline, clock.now() + PUBLISH_MIN_SECONDS))
-
-    async def publish(self, work: ValidatorWindow) -> None:
-        """The window's aggregate, progress and the peer list in effect from the next window: the
-        top-G when a replacement is due (or none is in effect), else the list in effect named again,
-        so every reader finds its window's list with one GET, never a LIST. Reaching the window late,
-        the lead never names peers for a window whose gather has begun: the miners gathered it with
-        the list in effect then."""
-        v, window, peer_list = self.v, work.window, work.peer_list
-        clock, hp = v.node.clock, v.hp
-        assert work.scores is not None
-        in_time = clock.now() < clock.times(window + 1).gather_start
-        due = in_time and (window % hp.windows.peer_replacement_frequency == 0 or not peer_list)
-        again = peer_list if in_time and peer_list else None
-        await v.ensure_start_window(window)
-        await v.publisher.publish(window, work.step, work.scores.top_g if due else again, v.state.global_step,
-                                  applied=work.applied,
-                                  deadline=max(clock.times(window + 1).gather_start, clock.now() + PUBLISH_MIN_SECONDS))
-
-    async def checkpoint(self, work: ValidatorWindow) -> None:
-        v = self.v
-        if work.window % v.hp.windows.checkpoint_frequency == 0:
-            await v.checkpoints.publish(work.window, v.state.global_step)
-
-
-class FollowerRole(Role):
-    """A window another validator led (or nobody did): take its step, publish nothing (only its
-    weights, like every validator)."""
-
-    async def step(self, work: ValidatorWindow) -> tuple[OuterStep | None, list[Gradient]]:
-        """The window's inputs, applied. When they cannot be had in time the validator does not
-        guess: it waits for the window's published update (catch-up), re-syncing from a checkpoint
-        once it is `max_allowed_stale` windows behind, so the model it saves always holds this
-        window's update."""
-        v, node, window = self.v, self.v.node, work.window
-        decision = work.decision
-        if decision is not None:
-            if decision.inputs is None:
-                return None, []
-            try:
-                step, _ = await apply_inputs(node, window, decision.inputs, v.state, work.results,
-                                             deadline=max(work.times.apply_deadline, node.clock.now() + PUBLISH_MIN_SECONDS))
-                return step, []
-            except FollowError as exc:
-                context(window=window, phase="sync").warning(
-                    f"[SYNC] {exc}: not guessing the window's step; catching up on its published update")
-        while v.state.window < window and not node.stop.is_set():
-            if node.clock.current_window() - window > v.hp.windows.max_allowed_stale:
-                try:
-                    v.state = await resync(node)
-                except ResyncError as exc:
-                    context(window=window, phase="sync").warning(f"[SYNC] Re-sync not possible now ({exc}); retrying")
-                    await node.clock.sleep_until(node.clock.now() + RETRY_SECONDS, node.stop)
-                continue
-            v.state = await catch_up(node, v.state, window)
-        return None, []

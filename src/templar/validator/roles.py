@@ -1,0 +1,110 @@
+"""What differs between the validator that led a window and one that followed it
+(`templar.runtime.succession` decides which): how it takes the window's step and what it
+publishes. `Validator.step` picks the role once the window's decision is known."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from templar.core.log import context
+from templar.runtime.follow import FollowError, apply_inputs
+from templar.runtime.outer import OuterStep
+from templar.runtime.sync import RETRY_SECONDS, ResyncError, catch_up, resync
+from templar.validator.window import ValidatorWindow
+from templar.wire import Gradient
+
+if TYPE_CHECKING:
+    from templar.validator.loop import Validator
+
+PUBLISH_MIN_SECONDS = 5.0
+"""A lead already behind still gets this long to publish a window before it moves on."""
+
+
+class Role:
+    """What differs between the validator that led a window and one that followed it: how it takes
+    the window's step and what it publishes. The window's phases (`Validator.run_window`) call the
+    role in force, chosen once the window's decision is known (`Validator.step`)."""
+
+    is_lead = False
+
+    def __init__(self, validator: Validator) -> None:
+        self.v = validator
+
+    async def step(self, work: ValidatorWindow) -> tuple[OuterStep | None, list[Gradient]]:
+        """The window's outer step (None when it had none) and the payloads it aggregated."""
+        raise NotImplementedError
+
+    async def publish(self, work: ValidatorWindow) -> None:
+        """Publications right after the step."""
+
+    async def checkpoint(self, work: ValidatorWindow) -> None:
+        """Publications once the window's weights are set."""
+
+
+class LeadRole(Role):
+    """The validator whose inputs a window applies: it steps with them (keeping the signs it
+    publishes) and publishes the window's records (aggregate, progress, the next peer list,
+    checkpoints), each create-only in its own bucket."""
+
+    is_lead = True
+
+    async def step(self, work: ValidatorWindow) -> tuple[OuterStep | None, list[Gradient]]:
+        v, clock = self.v, self.v.node.clock
+        assert work.decision is not None and work.decision.inputs is not None
+        return await apply_inputs(v.node, work.window, work.decision.inputs, v.state, work.results, keep_signs=True,
+                                  deadline=max(work.times.apply_deadline, clock.now() + PUBLISH_MIN_SECONDS))
+
+    async def publish(self, work: ValidatorWindow) -> None:
+        """The window's aggregate, progress and the peer list in effect from the next window: the
+        top-G when a replacement is due (or none is in effect), else the list in effect named again,
+        so every reader finds its window's list with one GET, never a LIST. Reaching the window late,
+        the lead never names peers for a window whose gather has begun: the miners gathered it with
+        the list in effect then."""
+        v, window, peer_list = self.v, work.window, work.peer_list
+        clock, hp = v.node.clock, v.hp
+        assert work.scores is not None
+        in_time = clock.now() < clock.times(window + 1).gather_start
+        due = in_time and (window % hp.windows.peer_replacement_frequency == 0 or not peer_list)
+        again = peer_list if in_time and peer_list else None
+        await v.ensure_start_window(window)
+        await v.publisher.publish(window, work.step, work.scores.top_g if due else again, v.state.global_step,
+                                  applied=work.applied,
+                                  deadline=max(clock.times(window + 1).gather_start, clock.now() + PUBLISH_MIN_SECONDS))
+
+    async def checkpoint(self, work: ValidatorWindow) -> None:
+        v = self.v
+        if work.window % v.hp.windows.checkpoint_frequency == 0:
+            await v.checkpoints.publish(work.window, v.state.global_step)
+
+
+class FollowerRole(Role):
+    """A window another validator led (or nobody did): take its step, publish nothing (only its
+    weights, like every validator)."""
+
+    async def step(self, work: ValidatorWindow) -> tuple[OuterStep | None, list[Gradient]]:
+        """The window's inputs, applied. When they cannot be had in time the validator does not
+        guess: it waits for the window's published update (catch-up), re-syncing from a checkpoint
+        once it is `max_allowed_stale` windows behind, so the model it saves always holds this
+        window's update."""
+        v, node, window = self.v, self.v.node, work.window
+        decision = work.decision
+        if decision is not None:
+            if decision.inputs is None:
+                return None, []
+            try:
+                step, _ = await apply_inputs(node, window, decision.inputs, v.state, work.results,
+                                             deadline=max(work.times.apply_deadline, node.clock.now() + PUBLISH_MIN_SECONDS))
+                return step, []
+            except FollowError as exc:
+                context(window=window, phase="sync").warning(
+                    f"[SYNC] {exc}: not guessing the window's step; catching up on its published update")
+        while v.state.window < window and not node.stop.is_set():
+            if node.clock.current_window() - window > v.hp.windows.max_allowed_stale:
+                try:
+                    v.state = await resync(node)
+                except ResyncError as exc:
+                    context(window=window, phase="sync").warning(f"[SYNC] Re-sync not possible now ({exc}); retrying")
+                    await node.clock.sleep_until(node.clock.now() + RETRY_SECONDS, node.stop)
+                continue
+            v.state = await catch_up(node, v.state, window)
+        return None, []

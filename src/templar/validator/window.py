@@ -1,0 +1,46 @@
+"""One validator window's record: what its phases (`templar.validator.loop.Validator.run_window`)
+hand to the next, and what the role in force (`templar.validator.roles`) acts on."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from templar.comms import GatherResult
+from templar.gauntlet import FastVerdict, WindowDraw, WindowScores
+from templar.runtime.outer import OuterStep
+from templar.runtime.succession import Decision
+from templar.runtime.windows import WindowTimes
+from templar.validator.evaluate import LossScores
+from templar.validator.replays import Sighting
+from templar.wire import Gradient
+
+
+@dataclass
+class ValidatorWindow:
+    """What one window's phases hand to the next."""
+
+    window: int
+    times: WindowTimes
+    started: float
+    """`time.perf_counter()` when the gather could start (the window's wall time is counted from it)."""
+    evaluate: bool
+    """Whether peers are scored this window (a replayed or out-of-sync window is only stepped)."""
+    miners: dict[str, int] = field(default_factory=dict)
+    peer_list: list[str] = field(default_factory=list)
+    learning_rate: float = 0.0
+    draw: WindowDraw | None = None
+    """F_t, and S_t once F_t is judged (`templar.gauntlet.draw_window`)."""
+    results: dict[str, GatherResult[Gradient]] = field(default_factory=dict)
+    gather_seconds: float = 0.0
+    replayed: Mapping[str, Sighting] = field(default_factory=dict)
+    verdicts: dict[str, FastVerdict] = field(default_factory=dict)
+    losses: dict[str, LossScores] = field(default_factory=dict)
+    scores: WindowScores | None = None
+    decision: Decision | None = None
+    """The window's applied inputs and who led it (`templar.runtime.succession`)."""
+    step: OuterStep | None = None
+    applied: list[Gradient] = field(default_factory=list)
+    holdout_loss: float = 0.0
+    weights_set: bool = False
+    wall_seconds: float = 0.0
