@@ -184,7 +184,7 @@ def test_localnet_runs_every_neuron_as_its_own_process(tmp_path):
     preset = tmp_path / "fast.json"
     from templar.core.config import PRESETS_DIR
 
-    # 14-second windows, overlapped (tiny's eager mode, production's): a miner's inner steps of the next window begin
+    # 14-second windows, overlapped (tiny's delayed mode, production's): a miner's inner steps of the next window begin
     # as this window's update is compressed, and it encodes that next payload once this window's step
     # has landed: the gather ends 6.25 s after the window (put 3 s, skew 1 s, settle 0.25 s, gather 2 s),
     # the lead's first slot 1 s later, and the next commitment is due 11.5 s after it (HParams refuses an
