@@ -229,7 +229,7 @@ def test_the_run_state_says_live_only_while_windows_arrive(run: Run, tmp_path: P
     import time
 
     from templar.core.config import load_hparams
-    from templar.dashboard import views
+    from templar.dashboard import miner_views, views
     from templar.runtime.records import (
         MINER_WINDOWS_FILE,
         WEIGHTS_FILE,
@@ -258,7 +258,7 @@ def test_the_run_state_says_live_only_while_windows_arrive(run: Run, tmp_path: P
         window=run.last_window + 1, phase="catchup", strategy="honest", global_step=run.last_window, loss=3.1,
         tokens_per_second=2711.0, pages=2, uploaded=True, upload_bytes=160_000, upload_seconds=0.1,
         peers_aggregated=0, overhead_share=0.0, tokens=1024))
-    page = views.miners(board())
+    page = miner_views.miners(board())
     row = page[page.index("/miners/miner0"):].split("</tr>")[0]
     assert ">active</span>" in row and f"then catch-up w{run.last_window + 1}" in row
     assert f">{run.last_window}</td>" in row and ">4</td>" in row  # its last trained window and aggregate

@@ -33,7 +33,7 @@ from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, R
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from templar.dashboard import views
+from templar.dashboard import miner_views, views
 from templar.dashboard.board import Board
 from templar.dashboard.sources import valid_hotkey
 
@@ -169,12 +169,12 @@ def create_app(board: Board, *, allowed_hosts: list[str] | None = None) -> Starl
     async def miners(request: Request) -> Response:
         await refresher.on_request()
         with board.lock:
-            return html(request, "Miners", views.miners(board), "/miners")
+            return html(request, "Miners", miner_views.miners(board), "/miners")
 
     async def miner(request: Request) -> Response:
         await refresher.on_request()
         with board.lock:
-            body = views.miner(board, request.path_params["name"][:64])
+            body = miner_views.miner(board, request.path_params["name"][:64])
             if body is None:
                 return html(request, "Not found", views.not_found(board, "no such miner"), "/miners", 404)
             return html(request, request.path_params["name"][:64], body, "/miners")
