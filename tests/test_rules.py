@@ -82,6 +82,8 @@ ALLOWED: dict[str, str] = {
     "compress/select.py:_MAX_GROUP": "rows per pre-filter group of the top-k selection (a speed-up, exact result)",
     "runtime/peers.py:PEER_LIST_SECONDS": "timeout of our read of the lead's peer list",
     "runtime/sync.py:CHECKPOINT_DOWNLOAD_SECONDS": "timeout of a checkpoint download",
+    "runtime/sync.py:PROGRESS_READ_SECONDS": "timeout of one read of a lead's progress record; one not read in "
+                                             "time is no evidence, never a verdict",
     "runtime/sync.py:RETRY_SECONDS": "pause before catch-up retries a window it could not establish",
     "runtime/sync.py:SyncCheck.KEEP": "own fingerprints kept to compare with a late progress record; nothing to "
                                       "compare is no evidence, never a verdict",

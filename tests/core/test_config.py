@@ -15,7 +15,7 @@ def test_production_and_tiny_validate():
     assert prod.data.sequence_length == 2048
     assert (prod.demo.topk, prod.demo.target_chunk, prod.demo.momentum_decay) == (32, 64, 0.999)
     assert prod.optimizer.learning_rate == 8e-4
-    assert (prod.inner.steps, prod.inner.optimizer, prod.inner.learning_rate, prod.inner.overlap) == (29, "adamw", 4e-4, "delayed")
+    assert (prod.inner.steps, prod.inner.optimizer, prod.inner.learning_rate, prod.inner.overlap) == (29, "adamw", 4e-4, "eager")
     assert prod.data.pages_per_window == prod.inner.steps  # one page per inner step
     g = prod.gauntlet
     assert (g.top_g, g.power, g.eval_lr_factor, g.sync_max_steps, g.fast_eval_penalty) == (15, 2.0, 0.2, 3.0, 0.75)

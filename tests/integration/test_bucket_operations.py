@@ -61,6 +61,7 @@ def test_a_window_makes_the_requests_hparams_says_and_lists_nothing(tmp_path):
                 await asyncio.gather(loop.create_task(v.run_window(w), context=_in("lead")),
                                      *(loop.create_task(m.run_window(w), context=_in(name))
                                        for name, m in miners.items()))
+            await v.checkpoints.wait()  # as a stopping validator does: the last checkpoint's upload and cleanup
             marks.append(len(log.requests))
             watcher.cancel()
             for node in nodes.values():

@@ -187,8 +187,7 @@ def test_the_lead_killed_at_every_phase_hands_over_within_its_window_and_forks_n
 
     # 9.6-second windows: with two slots dead, the third's step (by slot_deadline(2), 6.75 s after a window)
     # still lands before the next commitment (8.35 s), as production's (75.25 s, against 78 s) does; an eager
-    # miner (`inner.overlap` eager) forms its next update against that step, and one that came later would leave
-    # a window empty.
+    # miner forms its next update against that step, and one that came later would leave a window empty.
     subnet = Subnet.create(tmp_path, {"lead": 100.0, "v1": 50.0, "v2": 20.0, "m0": 0.0, "m1": 0.0}, LIGHT,
                            blocks_per_window=16, max_allowed_stale=6)
     swarm = Swarm(subnet)

@@ -175,16 +175,18 @@ def test_partial_pooled_and_thin_work_earn_less_than_honest_work(tmp_path, setti
     assert per_token["short0"] < min(per_token[name] for name in honest), summary
 
 
-@pytest.mark.slow(seconds=75)
+@pytest.mark.slow(seconds=90)
 def test_localnet_runs_every_neuron_as_its_own_process(tmp_path):
     """Real time, real processes: the entry points start, join, score, stop cleanly on SIGTERM.
     miner0 runs under torchrun over 2 ranks (FSDP2, gloo) and its payloads pass every check, as the
-    1-process miner1's do (with one or two evaluations each in 3 windows, pay alone cannot tell two
-    honest miners apart: one evaluation's two pages can draw opposite signs)."""
+    1-process miner1's do (with one or two evaluations each in 4 windows, pay alone cannot tell two
+    honest miners apart: one evaluation's two pages can draw opposite signs). 4 windows: the first is
+    everyone's warm-up, and on a loaded machine torchrun's ranks can start a window after the others
+    (then a 3-window run never scores miner0: seen in CI)."""
     preset = tmp_path / "fast.json"
     from templar.core.config import PRESETS_DIR
 
-    # 14-second windows, overlapped (tiny's delayed mode, production's): a miner's inner steps of the next window begin
+    # 14-second windows, overlapped (tiny's eager mode, production's): a miner's inner steps of the next window begin
     # as this window's update is compressed, and it encodes that next payload once this window's step
     # has landed: the gather ends 6.25 s after the window (put 3 s, skew 1 s, settle 0.25 s, gather 2 s),
     # the lead's first slot 1 s later, and the next commitment is due 11.5 s after it (HParams refuses an
@@ -193,7 +195,7 @@ def test_localnet_runs_every_neuron_as_its_own_process(tmp_path):
                                   "windows": {"blocks_per_window": 14, "put_window_seconds": 3.0,
                                               "gather_seconds": 2.0, "handover_seconds": 1.0}}))
     out = tmp_path / "e2e"
-    proc = _localnet(out, ["copycat", "moredata"], 2, "--hparams", str(preset), "--miner-ranks", "2", windows=3,
+    proc = _localnet(out, ["copycat", "moredata"], 2, "--hparams", str(preset), "--miner-ranks", "2", windows=4,
                      in_process=False)
     assert proc.wait(timeout=600) == 0, out.with_suffix(".log").read_text()[-3000:]
     report = json.loads((out / "report.json").read_text())
@@ -209,10 +211,10 @@ def test_localnet_runs_every_neuron_as_its_own_process(tmp_path):
     assert weight["copycat0"] < 0.01 and "ok" not in statuses["copycat0"], (weight, statuses)
     for name in ("miner0", "miner1"):  # every payload that was on time passed every check (on a loaded
         # machine a first window's training can overrun its commitment deadline: `uncommitted`, said in its log)
-        assert statuses[name].get("ok", 0) >= 1, statuses
+        assert statuses[name].get("ok", 0) >= 1, (statuses, (out / "nodes" / name / "node.log").read_text()[-3000:])
         assert set(statuses[name]) <= {"ok", "warmup", "missing", "uncommitted"}, statuses
     # All pay goes to the three that trained (moredata0 is honest with twice the pages); how it splits
-    # among them is one or two evaluations' noise in 3 windows, which the in-process localnets measure.
+    # among them is one or two evaluations' noise in 4 windows, which the in-process localnets measure.
     assert weight["miner0"] + weight["miner1"] + weight["moredata0"] > 0.99, weight
 
 

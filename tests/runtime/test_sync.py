@@ -270,3 +270,54 @@ def test_an_unreadable_progress_record_proves_nothing_and_is_named(hp, keypair, 
     assert (state.window, state.global_step) == (11, 3)
     named = [line for line in lines if "v2/progress/11.json is unreadable" in line]
     assert len(named) == 1 and "the next window's check compares again" in named[0], lines
+
+
+def test_the_sync_check_waits_for_the_leads_record_of_the_step_it_just_took(hp, keypair, tmp_path):
+    """A node whose model changed after window 11 (a foreign update), that has just taken window 12's
+    step, checks itself while the lead's progress record of 12 is not out yet (an overlapped miner
+    encodes the moment the step lands, as the lead publishes). Without a wait the check compares the
+    fingerprint it took after 11, before the change, and passes a forked model: the verdict would
+    depend on which write came first. With one it waits for the record of 12, sees the fork, and waits
+    no longer than it is told when no record comes."""
+    from templar.runtime.sync import SyncCheck
+
+    lead = keypair.ss58_address
+
+    async def scenario():
+        time = loop_time()
+        bucket = LocalBucket(tmp_path / "lead", now=time.now)
+        node = FollowerNode(hp, build_model(hp), _clock(hp, time), lead, bucket)
+        for window, step in ((11, 2), (12, 3)):
+            await lead_inputs(node, tmp_path / "lead", window, step, keypair)
+        check = SyncCheck(node)
+        check.record(11, 3)
+        await put_progress(bucket, 11, 3, run=RUN, fingerprint=node.compute.fingerprint(11))
+        # the run's model after window 12 (as the lead holds it), then this node's, changed
+        run_after_12 = node.compute.fingerprint(12)
+        with torch.no_grad():
+            for p in node.model.parameters():
+                p.add_(1.0)
+        state = NodeState(window=12, global_step=4)
+
+        async def lead_publishes_12(after: float) -> None:
+            await asyncio.sleep(after)
+            await put_progress(bucket, 12, 4, run=RUN, fingerprint=run_after_12)
+
+        raced = await check.check(13, state)  # the record of 12 is not out: the one of 11 is compared
+        publish = asyncio.create_task(lead_publishes_12(2.0))
+        started = time.now()
+        seen = await check.check(13, state, wait_until=started + 5.0)
+        waited = time.now() - started
+        await publish
+
+        (tmp_path / "lead" / "v2" / "progress" / "12.json").unlink()  # a lead that never publishes it
+        started = time.now()
+        await check.check(13, state, wait_until=started + 3.0)
+        gave_up_after = time.now() - started
+        return raced, seen, waited, gave_up_after
+
+    raced, seen, waited, gave_up_after = run_virtual(scenario(), start=GENESIS + 150)
+    assert raced is True, "without a wait the check compares the fingerprint taken before the change"
+    assert seen is False, "the lead's record of the step just taken shows the fork"
+    assert 2.0 <= waited < 3.0, waited
+    assert 2.5 <= gave_up_after <= 3.5, gave_up_after

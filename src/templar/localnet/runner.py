@@ -241,7 +241,9 @@ class Localnet:
 
             self.s3 = LocalS3(self.out / "s3")
             self.s3.start()
-        for node in self.nodes:
+        # torchrun's nodes first: their rendezvous and every rank's start-up take seconds longer than a
+        # one-process neuron's, and started last they would miss the run's first windows
+        for node in sorted(self.nodes, key=self.ranks, reverse=True):
             self.spawn(node.name)
         logger.info(f"started {len(self.procs)} neurons; logs under {self.out / 'nodes'}")
 

@@ -349,8 +349,7 @@ class Miner:
         with work.busy():
             for part in window_parts(batch, hp.inner):
                 await asyncio.to_thread(self.compute.inner_step, part)
-        deadline = work.times.commit_close - max(ENCODE_MARGIN_SECONDS, 2 * self.encode_seconds)
-        if not await self.exchanged(window - 1, deadline):
+        if not await self.exchanged(window - 1, self.encode_deadline(work)):
             if training.lands and not training.landed.is_set():
                 context(window=window, phase=self.phase).warning(
                     f"[SYNC] window {window - 1}'s step did not land in time for window {window}'s commitment: its "
@@ -368,6 +367,12 @@ class Miner:
         with work.busy():
             await self.encode_and_commit(work, compressed)
         return True
+
+    def encode_deadline(self, work: MinerWindow) -> float:
+        """The latest time (the node's clock) a window's payload may start being encoded and still be
+        committed in time: what waits before it (the exchange of the window before, the lead's
+        record of it for the sync check) waits at most until then."""
+        return work.times.commit_close - max(ENCODE_MARGIN_SECONDS, 2 * self.encode_seconds)
 
     async def exchanged(self, window: int, deadline: float) -> bool:
         """Wait until `window`'s exchange is saved (θ holds its step, its record and state written),
@@ -405,8 +410,9 @@ class Miner:
         node that cannot show it holds the run's model uploads with weight 0 (a warm-up payload)."""
         started = time.perf_counter()
         window = work.window
-        work.in_sync = not self.hooks.checks_sync or (not self.resync_pending
-                                                      and await self.sync.check(window, self.state))
+        work.in_sync = not self.hooks.checks_sync or (
+            not self.resync_pending
+            and await self.sync.check(window, self.state, wait_until=self.encode_deadline(work)))
         payload = await asyncio.to_thread(self._encode, work, compressed, not work.in_sync)
         self.encode_seconds += time.perf_counter() - started
         work.payload = await self.hooks.before_commit(self, window, payload)

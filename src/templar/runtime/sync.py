@@ -43,7 +43,7 @@ from templar.runtime.follow import FollowError, apply_inputs
 from templar.runtime.node import Lead, Node
 from templar.runtime.outer import peer_weight, update_step
 from templar.runtime.state import STATE_FILE, NodeState
-from templar.runtime.succession import Decision, decide_window
+from templar.runtime.succession import POLL_SECONDS, Decision, decide_window
 from templar.runtime.windows import apply_span
 from templar.storage import StorageError
 from templar.wire import (
@@ -56,6 +56,8 @@ from templar.wire import (
 
 MODEL_FILE = "model.safetensors"
 CHECKPOINT_DOWNLOAD_SECONDS = 1800.0
+PROGRESS_READ_SECONDS = 10.0
+"""The longest one read of a lead's progress record may take."""
 RETRY_SECONDS = 2.0
 """Pause before catch-up retries a window whose update it could not establish."""
 
@@ -416,7 +418,7 @@ async def _read_progress(node: Node, lead: Lead, window: int) -> Progress | None
     """`lead`'s progress record of `window`; None when it has none or it cannot be read (a line names
     it: nothing can be checked against it, which is no evidence either way)."""
     try:
-        return await get_progress(lead.bucket, window, run=node.run, timeout=10.0)
+        return await get_progress(lead.bucket, window, run=node.run, timeout=PROGRESS_READ_SECONDS)
     except (StorageError, RecordError) as exc:
         context(window=window, phase="sync").warning(
             f"[SYNC] uid {lead.uid}'s {progress_key(window)} is unreadable ({str(exc)[:160]}): the model cannot be "
@@ -463,24 +465,31 @@ class SyncCheck:
         for old in [w for w in self.own if w <= window - self.KEEP or w > window]:
             del self.own[old]
 
-    async def check(self, window: int, state: NodeState) -> bool:
+    async def check(self, window: int, state: NodeState, *, wait_until: float | None = None) -> bool:
         """False only on evidence of a fork (logged in one `[SYNC]` line): the validator that led the
         window our model holds (`state`: then the model itself is fingerprinted now, so damage since
         that window's step shows too), or the one before, published a fingerprint of it, and ours
         differs. Who led is decided again here, a window after the live decision, so a node that took
         another slot's inputs than the run did (a write that became visible late) finds out. Nothing
         to compare (we led it, nobody did, an unreadable or late progress record) is not evidence:
-        True. `window` is the one we are in (for the log)."""
+        True. `window` is the one we are in (for the log).
+
+        `wait_until` (the node's clock): how long the lead's record of the window our model holds
+        is waited for before the one before it is compared instead. A node that took a step at
+        the moment its lead did (an overlapped miner encoding as soon as the step lands) would
+        otherwise race the lead's publication, and the window before's fingerprint was taken
+        before anything that happened to the model since: the check's verdict would depend on
+        which write came first."""
         node = self.node
         for held in (state.window, state.window - 1):
             if held < 0 or (held != state.window and held not in self.own):
                 continue
-            decision = await decide_window(node, held)
-            if not decision.settled or decision.lead is None or decision.lead.bucket is None:
+            until = wait_until if held == state.window and wait_until is not None else node.clock.now()
+            decision, progress = await self._lead_record(held, until)
+            if decision is None:
                 continue
-            if decision.lead.hotkey == node.hotkey:
+            if decision.lead is not None and decision.lead.hotkey == node.hotkey:
                 return True  # we led it: we are the reference
-            progress = await _read_progress(node, decision.lead, held)
             if progress is None:
                 continue
             if held == state.window:
@@ -494,3 +503,30 @@ class SyncCheck:
                 f"{problem}): not uploading as active; re-syncing from a checkpoint")
             return False
         return True
+
+    async def _lead_record(self, held: int, until: float) -> tuple[Decision | None, Progress | None]:
+        """Who led `held` and that lead's progress record of it, looked for again every
+        `POLL_SECONDS` until `until` while the record is not published yet (or who led cannot be
+        told yet). (None, None): nobody led it or who did cannot be told; (decision, None): its lead
+        has no readable record of it by then (an unreadable one is said once, not waited on)."""
+        node = self.node
+        while True:
+            decision = await decide_window(node, held)
+            lead = decision.lead if decision.settled else None
+            if lead is None or lead.bucket is None:
+                if decision.settled or node.clock.now() + POLL_SECONDS > until or node.stop.is_set():
+                    return None, None
+            elif lead.hotkey == node.hotkey:
+                return decision, None
+            else:
+                timeout = min(PROGRESS_READ_SECONDS, max(until - node.clock.now(), POLL_SECONDS))
+                try:
+                    progress = await get_progress(lead.bucket, held, run=node.run, timeout=timeout)
+                except (StorageError, RecordError) as exc:
+                    context(window=held, phase="sync").warning(
+                        f"[SYNC] uid {lead.uid}'s {progress_key(held)} is unreadable ({str(exc)[:160]}): the model "
+                        "cannot be checked against it; the next window's check compares again")
+                    return decision, None
+                if progress is not None or node.clock.now() + POLL_SECONDS > until or node.stop.is_set():
+                    return decision, progress
+            await asyncio.sleep(POLL_SECONDS)
