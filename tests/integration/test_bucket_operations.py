@@ -25,6 +25,7 @@ pytestmark = [pytest.mark.slow(seconds=15), pytest.mark.timeout(300)]
 
 WINDOWS = 6
 MAX_INPUT_POLLS = 6  # extra reads of the lead's inputs while its gather still runs (0.5 s apart)
+MAX_PROGRESS_POLLS = 6  # extra reads of the lead's progress record while its step is being published (0.5 s apart)
 STEADY_FROM = 2  # the miners' warm-up window and the first peer list are behind us
 
 
@@ -92,6 +93,8 @@ def test_a_window_makes_the_requests_hparams_says_and_lists_nothing(tmp_path):
         window = first + i
         counted: dict[str, dict[str, Counter]] = {}
         polls: Counter[str] = Counter()  # a follower reads the lead's inputs until they are published
+        # and an overlapped miner its progress record of the step it just took (its sync check, `SyncCheck`)
+        progress_polls: Counter[str] = Counter()
         for r in requests[marks[i]:marks[i + 1]]:
             if r.actor == "lead" and (r.key.startswith("v2/checkpoint/") or (r.op in ("list", "delete") and r.key.startswith(upkeep))):
                 lead_lists += r.op == "list"
@@ -100,9 +103,14 @@ def test_a_window_makes_the_requests_hparams_says_and_lists_nothing(tmp_path):
                 polls[r.actor] += 1
                 if polls[r.actor] > 1:
                     continue
+            if r.actor != "lead" and r.op == "get" and r.key.startswith("v2/progress/"):
+                progress_polls[r.actor] += 1
+                if progress_polls[r.actor] > 1:
+                    continue
             counted.setdefault(r.actor, {}).setdefault(where(r.bucket, r.actor), Counter())[r.op] += 1
         # the lead publishes its inputs the moment its gather ends: a follower there first polls a few times
         assert all(1 <= n <= 1 + MAX_INPUT_POLLS for n in polls.values()), (window, polls)
+        assert all(n <= 1 + MAX_PROGRESS_POLLS for n in progress_polls.values()), (window, progress_polls)
         assert all(c["list"] == 0 for by in counted.values() for c in by.values()), (window, counted)
         if i < steady_from:
             continue

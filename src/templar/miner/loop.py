@@ -408,11 +408,11 @@ class Miner:
     async def encode_and_commit(self, work: MinerWindow, compressed: dict[str, Compressed]) -> None:
         """Sign the compressed pseudo-gradient, then commit to it before the commitment deadline. A
         node that cannot show it holds the run's model uploads with weight 0 (a warm-up payload)."""
-        started = time.perf_counter()
         window = work.window
         work.in_sync = not self.hooks.checks_sync or (
             not self.resync_pending
             and await self.sync.check(window, self.state, wait_until=self.encode_deadline(work)))
+        started = time.perf_counter()  # the encoding's own time: what the check waited is not (`encode_deadline`)
         payload = await asyncio.to_thread(self._encode, work, compressed, not work.in_sync)
         self.encode_seconds += time.perf_counter() - started
         work.payload = await self.hooks.before_commit(self, window, payload)
