@@ -420,10 +420,14 @@ async def _read_progress(node: Node, lead: Lead, window: int) -> Progress | None
     try:
         return await get_progress(lead.bucket, window, run=node.run, timeout=PROGRESS_READ_SECONDS)
     except (StorageError, RecordError) as exc:
-        context(window=window, phase="sync").warning(
-            f"[SYNC] uid {lead.uid}'s {progress_key(window)} is unreadable ({str(exc)[:160]}): the model cannot be "
-            "checked against it; the next window's check compares again")
+        _say_unreadable(lead, window, exc)
         return None
+
+
+def _say_unreadable(lead: Lead, window: int, exc: Exception) -> None:
+    context(window=window, phase="sync").warning(
+        f"[SYNC] uid {lead.uid}'s {progress_key(window)} is unreadable ({str(exc)[:160]}): the model cannot be "
+        "checked against it; the next window's check compares again")
 
 
 def compare_with_lead(node: Node, progress: Progress, global_step: int, own: torch.Tensor) -> str | None:
@@ -523,9 +527,7 @@ class SyncCheck:
                 try:
                     progress = await get_progress(lead.bucket, held, run=node.run, timeout=timeout)
                 except (StorageError, RecordError) as exc:
-                    context(window=held, phase="sync").warning(
-                        f"[SYNC] uid {lead.uid}'s {progress_key(held)} is unreadable ({str(exc)[:160]}): the model "
-                        "cannot be checked against it; the next window's check compares again")
+                    _say_unreadable(lead, held, exc)
                     return decision, None
                 if progress is not None or node.clock.now() + POLL_SECONDS > until or node.stop.is_set():
                     return decision, progress
