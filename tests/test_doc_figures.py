@@ -28,7 +28,7 @@ from templar.dashboard.jsonl import MAX_LINE_BYTES
 from templar.data.plan import MAX_UIDS
 from templar.distributed.group import DEFAULT_TIMEOUT_S
 from templar.runtime import flags
-from templar.runtime.windows import stop_timeout_seconds, window_times
+from templar.runtime.consensus.windows import stop_timeout_seconds, window_times
 from templar.tools.sizing import window_sizing
 
 DOCS = REPO_ROOT / "docs"
@@ -65,7 +65,7 @@ def computed() -> list[tuple[str, str]]:
     tail = times.apply_deadline - window
     page_kib = d.sequences_per_page * d.sequence_length * 2 // 1024  # uint16 tokens
     mining = [
-        # §1 time budget (templar.runtime.windows)
+        # §1 time budget (templar.runtime.consensus.windows)
         f"A finney window is {w.blocks_per_window} blocks × {g(w.block_time)} s = {g(window)} s",
         f"as `w` ends ({g(w.put_window_seconds)} s, plus the {g(w.clock_skew_seconds)} s clock-skew allowance and "
         f"{g(w.settle_seconds)} s for the last uploads to become visible), the gather takes up to "

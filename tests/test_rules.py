@@ -23,14 +23,17 @@ from templar.core.config import REPO_ROOT, HParams, load_hparams
 
 SRC = REPO_ROOT / "src" / "templar"
 
-CONSENSUS_RUNTIME = ("outer", "follow", "peers", "fingerprint", "windows", "sync", "train", "compute")
-"""The modules of `runtime` whose arithmetic every node must share (the rest is node plumbing)."""
+CONSENSUS_RUNTIME = ("sync", "train", "compute")
+"""The modules of `runtime` outside `runtime/consensus/` whose arithmetic every node must share: joining
+and the sync check, the inner steps, what a node computes on θ (the rest is node plumbing)."""
 
 
 def consensus_modules() -> list[Path]:
-    """`gauntlet/`, `validator/`, `compress/` and `wire/` whole, and runtime's consensus modules."""
+    """`gauntlet/`, `validator/`, `compress/`, `wire/` and `runtime/consensus/` whole, and the runtime modules
+    that share their arithmetic."""
     files = [*SRC.glob("gauntlet/*.py"), *SRC.glob("validator/*.py"), *SRC.glob("compress/**/*.py"),
-             *SRC.glob("wire/*.py"), *(SRC / "runtime" / f"{name}.py" for name in CONSENSUS_RUNTIME)]
+             *SRC.glob("wire/*.py"), *SRC.glob("runtime/consensus/*.py"),
+             *(SRC / "runtime" / f"{name}.py" for name in CONSENSUS_RUNTIME)]
     return sorted(files)
 
 
@@ -55,7 +58,7 @@ ALLOWED: dict[str, str] = {
     "wire/container.py:_ITEMSIZE": "bytes per element of the dtypes a payload may hold",
     "wire/container.py:_MAX_DOC_BYTES": "byte cap of a payload's signed metadata, checked before parsing",
     "wire/container.py:_MAX_SIGNATURE_HEX": "byte cap of a signature field",
-    "runtime/follow.py:APPLY_FETCH_SECONDS": "a node's own fetch budget for the payloads named by inputs it "
+    "runtime/consensus/follow.py:APPLY_FETCH_SECONDS": "a node's own fetch budget for the payloads named by inputs it "
                                              "established late: one that cannot fetch in time stops before the "
                                              "window and catches up; it never changes θ",
     "wire/inputs.py:DIGEST_BYTES": "sha256's digest size",
@@ -66,9 +69,9 @@ ALLOWED: dict[str, str] = {
     "gauntlet/duplicates.py:_PRIME": "Mersenne prime of the fingerprints' universal hash: how a sketch is computed",
     "gauntlet/rating.py:DEFAULT_RATING": "OpenSkill's own prior (mu 25, sigma 25/3): the unit LossRating is stated in "
                                          "(openskill_beta and _tau are given in it); part of the formula",
-    "runtime/windows.py:STOP_SAVE_SECONDS": "a stop timeout's allowance for the last save (systemd's "
+    "runtime/consensus/windows.py:STOP_SAVE_SECONDS": "a stop timeout's allowance for the last save (systemd's "
                                            "TimeoutStopSec): how long a node may take to exit, not what counts",
-    "runtime/windows.py:STOP_CHECKPOINT_SECONDS": "a stopping lead's allowance for its checkpoint upload in the "
+    "runtime/consensus/windows.py:STOP_CHECKPOINT_SECONDS": "a stopping lead's allowance for its checkpoint upload in the "
                                                  "stop timeout: how long a node may take to exit, not what counts",
     # ---- bounds of persisted state and memory, above anything a 256-uid subnet produces
     "gauntlet/book.py:SCHEMA_VERSION": "version of the score book's file format",
@@ -80,7 +83,13 @@ ALLOWED: dict[str, str] = {
     "compress/native.py:_ABI": "version of the native extension's ABI (a build check)",
     "compress/native.py:_MIN_PARALLEL_NUMEL": "below this the native kernels run on one thread (bit-identical)",
     "compress/select.py:_MAX_GROUP": "rows per pre-filter group of the top-k selection (a speed-up, exact result)",
-    "runtime/peers.py:PEER_LIST_SECONDS": "timeout of our read of the lead's peer list",
+    "runtime/consensus/peers.py:PEER_LIST_SECONDS": "timeout of our read of the lead's peer list",
+    "runtime/consensus/succession.py:POLL_SECONDS": "pause between two looks at a candidate's inputs; whether they "
+                                                    "count is judged by their storage timestamp, not by when we look",
+    "runtime/consensus/succession.py:READ_SECONDS": "timeout of one read of a candidate's inputs; an unreadable "
+                                                    "candidate is never skipped, so a slow read delays, never decides",
+    "runtime/consensus/succession.py:LeadHistory.KEEP": "settled decisions kept in memory; one forgotten is read "
+                                                        "again from create-only inputs and decided the same",
     "runtime/sync.py:CHECKPOINT_DOWNLOAD_SECONDS": "timeout of a checkpoint download",
     "runtime/sync.py:PROGRESS_READ_SECONDS": "timeout of one read of a lead's progress record; one not read in "
                                              "time is no evidence, never a verdict",

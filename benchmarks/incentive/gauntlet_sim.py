@@ -45,7 +45,7 @@ from templar.compress import Compressed, DeMo, aggregate, apply_signed_update
 from templar.core.model import build_model
 from templar.core.schedule import learning_rate
 from templar.gauntlet import PrimaryResult, ScoreBook
-from templar.runtime.outer import peer_weight
+from templar.runtime.consensus.outer import peer_weight
 from templar.runtime.train import evaluate_loss
 from templar.validator.evaluate import Evaluator
 

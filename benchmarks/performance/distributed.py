@@ -39,7 +39,7 @@ from templar.compress import DCTCompressor, DeMo
 from templar.core.config import REPO_ROOT
 from templar.core.model import build_model
 from templar.core.schedule import learning_rate
-from templar.runtime.outer import collect_probes, outer_step
+from templar.runtime.consensus.outer import collect_probes, outer_step
 from templar.runtime.state import NodeState, save_node_state
 from templar.runtime.train import accumulate_gradients, gradients
 from templar.wire import Gradient, Run, write_gradient

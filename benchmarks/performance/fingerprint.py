@@ -1,4 +1,4 @@
-"""What the model fingerprint (`templar.runtime.fingerprint`) costs at the production 1.2B
+"""What the model fingerprint (`templar.runtime.consensus.fingerprint`) costs at the production 1.2B
 preset, against the exact sha256 of θ it replaces.
 
     python -m benchmarks.performance.fingerprint
@@ -22,7 +22,7 @@ import torch
 
 from templar.core.config import load_hparams
 from templar.core.model import build_model
-from templar.runtime.fingerprint import model_fingerprint
+from templar.runtime.consensus.fingerprint import model_fingerprint
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "fingerprint.json"
 

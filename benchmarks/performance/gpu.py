@@ -8,7 +8,7 @@ Every GPU figure of the project was an estimate (the sizing table of docs/mining
 MFU); this script replaces them with measurements in one short device call. It runs the project's
 own functions (`accumulate_gradients`, `DeMo`, `write_gradient`/`read_gradient`, `aggregate`,
 `apply_signed_update`, `Evaluator`, `model_fingerprint`/`model_in_sync`) and none of the chain
-layer: `templar.runtime.outer` imports `templar.chain` (bittensor), so the outer step is its two
+layer: `templar.runtime.consensus.outer` imports `templar.chain` (bittensor), so the outer step is its two
 pure halves, `compress.aggregate` and `compress.apply_signed_update` at `core.schedule.learning_rate`;
 payloads are signed with a stand-in HMAC (`StandInKey`) instead of sr25519.
 

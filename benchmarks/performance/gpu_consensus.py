@@ -18,7 +18,7 @@ from templar.compress import (
     apply_signed_update,
     native,
 )
-from templar.runtime.fingerprint import model_fingerprint, model_in_sync, off_positions
+from templar.runtime.consensus.fingerprint import model_fingerprint, model_in_sync, off_positions
 from templar.runtime.train import (
     accumulate_gradients,
     gradients,

@@ -175,7 +175,7 @@ def _protocol(root: Path, windows: int) -> dict:
 def production_figures() -> dict:
     """What the chosen values mean at production's landmarks (hparams.json), from the same arithmetic."""
     from templar.core.config import load_hparams
-    from templar.runtime.windows import Clock
+    from templar.runtime.consensus.windows import Clock
 
     hp = load_hparams(None)
     w = hp.windows

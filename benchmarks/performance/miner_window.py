@@ -35,7 +35,7 @@ from templar.comms.keys import gradient_key
 from templar.compress import Compressed
 from templar.core.model import build_model
 from templar.core.schedule import learning_rate
-from templar.runtime.outer import collect_probes, outer_step
+from templar.runtime.consensus.outer import collect_probes, outer_step
 from templar.runtime.state import NodeState, save_node_state
 from templar.runtime.train import accumulate_gradients, gradients
 from templar.storage import LocalBucket

@@ -14,7 +14,7 @@ method runs exactly what a miner and the aggregator run: `inner_steps` (each pee
 optimizer from `make_inner_optimizer`, at `inner_lr` of the window's α, and its own error feedback,
 both kept across windows), `DeMo.step(grads, stats.scale)` with the method's compressor, the payload
 written with `write_gradient` and read back with `read_gradient` (the wire's codec and its
-quantisation), and `runtime.outer.outer_step`: the method's `aggregate` with weights 1/G and its
+quantisation), and `runtime.consensus.outer.outer_step`: the method's `aggregate` with weights 1/G and its
 `apply` at α = `learning_rate(global_step, optimizer)`. Each run's settings are a validated `HParams`
 built from a preset (`tiny`, `tiny-sparseloco`), so every measured point is a run a subnet could
 configure, except three variants no rule offers, which the benchmark computes itself around
@@ -92,7 +92,7 @@ from templar.compress.sparseloco import SparseLoCoCompressor
 from templar.core.config import HParams, load_hparams
 from templar.core.model import build_model, parameter_shapes
 from templar.data import PagePlan
-from templar.runtime.outer import aggregation_weights, apply_update, collect_probes, outer_step
+from templar.runtime.consensus.outer import aggregation_weights, apply_update, collect_probes, outer_step
 from templar.runtime.state import NodeState
 from templar.runtime.train import (
     TrainStats,

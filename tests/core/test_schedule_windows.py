@@ -8,8 +8,8 @@ from pydantic import ValidationError
 
 from templar.core.config import InnerConfig, load_hparams
 from templar.core.schedule import learning_rate, scheduled_rate
+from templar.runtime.consensus.windows import Clock
 from templar.runtime.train import inner_lr
-from templar.runtime.windows import Clock
 
 
 def test_learning_rate_warmup_then_cosine():

@@ -51,9 +51,9 @@ from templar.distributed.compute import NodeCompute
 from templar.distributed.evaluate import ShardedEvaluator
 from templar.distributed.fsdp import check_layout, local
 from templar.distributed.group import Group
-from templar.runtime.fingerprint import model_fingerprint
+from templar.runtime.consensus.fingerprint import model_fingerprint
+from templar.runtime.consensus.outer import apply_update, collect_probes, outer_step
 from templar.runtime.offload import StreamedOptimizer
-from templar.runtime.outer import apply_update, collect_probes, outer_step
 from templar.runtime.state import NodeState, load_node_state, save_node_state
 from templar.runtime.train import accumulate_gradients, evaluate_loss, gradients
 from templar.validator.evaluate import Evaluator

@@ -183,7 +183,7 @@ def test_the_lead_killed_at_every_phase_hands_over_within_its_window_and_forks_n
     inputs are those of the lowest slot stored within its slot, and every node says in one `[LEAD]` line
     who leads instead, and why."""
     from templar.comms.keys import aggregate_key, checkpoint_prefix, inputs_key
-    from templar.runtime.follow import inputs_of
+    from templar.runtime.consensus.follow import inputs_of
 
     # 9.6-second windows: with two slots dead, the third's step (by slot_deadline(2), 6.75 s after a window)
     # still lands before the next commitment (8.35 s), as production's (75.25 s, against 78 s) does; an eager

@@ -1,7 +1,7 @@
 """One model and one history, whatever the clock or the disk: real nodes on virtual time.
 
 - every node takes exactly the lead's step, also one whose clock lags and one whose gather saw
-  another set than the lead's (the rule of `templar.runtime.follow`);
+  another set than the lead's (the rule of `templar.runtime.consensus.follow`);
 - a lead restarted on an empty directory whose newest checkpoint is corrupt replays the run's own
   published history from an older intact checkpoint and rewrites nothing; unreadable history (a torn
   start window, every checkpoint torn) is never taken for "no run yet": one line, and exit 8 where the
@@ -25,9 +25,9 @@ from templar.comms import get_inputs
 from templar.comms.keys import checkpoint_file_key, checkpoint_prefix
 from templar.core.clock import loop_time, run_virtual
 from templar.miner.loop import Miner
+from templar.runtime.consensus.windows import Clock
 from templar.runtime.flags import EXIT_HISTORY, EXIT_STATE_DISK, EXIT_STATE_LOCKED
 from templar.runtime.node import StateDiskError, StateLockedError
-from templar.runtime.windows import Clock
 from templar.storage import StorageError
 from templar.validator.lead import LeadError
 from templar.validator.loop import Validator

@@ -16,8 +16,8 @@ from prometheus_client import CollectorRegistry
 
 from templar.core.config import REPO_ROOT, load_hparams
 from templar.runtime import flags
+from templar.runtime.consensus.windows import stop_timeout_seconds
 from templar.runtime.metrics import NeuronMetrics
-from templar.runtime.windows import stop_timeout_seconds
 
 DEPLOY = REPO_ROOT / "deploy"
 

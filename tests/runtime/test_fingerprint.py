@@ -12,8 +12,8 @@ from templar.comms.progress import Progress, decode_fingerprint, encode_fingerpr
 from templar.core.config import load_hparams
 from templar.core.model import build_model
 from templar.core.schedule import learning_rate
-from templar.runtime.fingerprint import model_fingerprint, model_in_sync
-from templar.runtime.outer import apply_update
+from templar.runtime.consensus.fingerprint import model_fingerprint, model_in_sync
+from templar.runtime.consensus.outer import apply_update
 
 SEED, WINDOW = 1234, 17
 SYNC = load_hparams().sync

@@ -1,6 +1,6 @@
-"""Every node takes exactly the step of the window's lead (`templar.runtime.follow`), on virtual time
+"""Every node takes exactly the step of the window's lead (`templar.runtime.consensus.follow`), on virtual time
 against real local buckets, real signed payloads and a real signed inputs record stored in the lead's
-slot (`templar.runtime.succession`)."""
+slot (`templar.runtime.consensus.succession`)."""
 
 from __future__ import annotations
 
@@ -17,12 +17,12 @@ from templar.comms.keys import inputs_key
 from templar.core.clock import loop_time, run_virtual
 from templar.core.model import build_model, parameter_shapes
 from templar.runtime.compute import LocalCompute
-from templar.runtime.follow import FollowError, apply_inputs, follow_step, inputs_of, window_inputs
+from templar.runtime.consensus.follow import FollowError, apply_inputs, follow_step, inputs_of, window_inputs
+from templar.runtime.consensus.outer import outer_step, payload_reader
+from templar.runtime.consensus.succession import LeadHistory
+from templar.runtime.consensus.windows import Clock
 from templar.runtime.node import Lead
-from templar.runtime.outer import outer_step, payload_reader
 from templar.runtime.state import NodeState
-from templar.runtime.succession import LeadHistory
-from templar.runtime.windows import Clock
 from templar.storage import LocalBucket
 from templar.wire import Run, write_gradient, write_inputs
 

@@ -11,7 +11,7 @@ from templar.core.config import HParams, InnerConfig, load_hparams
 from templar.core.model import build_model
 from templar.core.schedule import learning_rate
 from templar.runtime.compute import LocalCompute
-from templar.runtime.outer import apply_update
+from templar.runtime.consensus.outer import apply_update
 from templar.runtime.state import NodeState
 from templar.runtime.train import accumulate_gradients, gradients, inner_lr, inner_parts, window_parts
 

@@ -13,9 +13,9 @@ from templar.compress import aggregate, apply_signed_update
 from templar.core.clock import LoopTime, run_virtual
 from templar.core.model import build_model
 from templar.core.schedule import learning_rate
-from templar.runtime.outer import apply_update, gather_gradients, outer_step, update_step
+from templar.runtime.consensus.outer import apply_update, gather_gradients, outer_step, update_step
+from templar.runtime.consensus.windows import Clock
 from templar.runtime.state import NodeState
-from templar.runtime.windows import Clock
 from templar.storage import LocalBucket
 from templar.wire import Gradient, PayloadError, Run, write_gradient
 

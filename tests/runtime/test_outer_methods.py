@@ -15,7 +15,7 @@ from templar.compress import DeMo
 from templar.compress.methods import rule_of
 from templar.core.config import HParams, InnerConfig, load_hparams
 from templar.core.model import build_model, parameter_shapes
-from templar.runtime.outer import apply_update, outer_step
+from templar.runtime.consensus.outer import apply_update, outer_step
 from templar.runtime.state import NodeState
 from templar.wire import (
     Gradient,

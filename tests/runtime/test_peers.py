@@ -1,4 +1,4 @@
-"""Which payloads make a window's outer step: one rule for every node kind (`templar.runtime.peers`)."""
+"""Which payloads make a window's outer step: one rule for every node kind (`templar.runtime.consensus.peers`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import torch
 
 from templar.comms import GatherResult, GatherStatus
 from templar.core.model import build_model
-from templar.runtime.outer import aggregation_weights, outer_step
+from templar.runtime.consensus.outer import aggregation_weights, outer_step
 from templar.runtime.state import NodeState
 from templar.wire import Gradient
 
@@ -25,10 +25,10 @@ def test_the_lead_chooses_the_inputs_and_every_node_follows_them(hp, real_peers)
     The same list and results in any order give the same inputs, the same weights and a bit-identical
     model."""
     import templar.miner.loop as miner_loop
-    import templar.runtime.follow as follow
+    import templar.runtime.consensus.follow as follow
     import templar.validator.loop as validator_loop
     import templar.validator.roles as validator_roles
-    from templar.runtime.peers import aggregate_payloads
+    from templar.runtime.consensus.peers import aggregate_payloads
 
     assert validator_loop.aggregate_payloads is aggregate_payloads
     assert miner_loop.follow_step is follow.follow_step

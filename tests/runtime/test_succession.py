@@ -1,4 +1,4 @@
-"""Who leads a window (`templar.runtime.succession`): the order from the chain, each candidate's slot, and
+"""Who leads a window (`templar.runtime.consensus.succession`): the order from the chain, each candidate's slot, and
 the one rule every reader applies to the inputs records it finds, on virtual time against real local
 buckets and real signatures. The security cases: a candidate lower in the order cannot pre-empt a live
 lead, late or far-ahead inputs count for nobody, and an unreadable candidate is never skipped."""
@@ -14,8 +14,7 @@ from tests.faults import Fault, FaultPlan
 from templar.chain import Neuron, succession_of
 from templar.comms.keys import inputs_key
 from templar.core.clock import loop_time, run_virtual
-from templar.runtime.node import Lead
-from templar.runtime.succession import (
+from templar.runtime.consensus.succession import (
     Decision,
     LeadHistory,
     Observation,
@@ -25,7 +24,8 @@ from templar.runtime.succession import (
     in_slot,
     order_of,
 )
-from templar.runtime.windows import Clock
+from templar.runtime.consensus.windows import Clock
+from templar.runtime.node import Lead
 from templar.storage import LocalBucket
 from templar.wire import Run, StepInputs, write_inputs
 

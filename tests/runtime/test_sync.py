@@ -1,5 +1,5 @@
 """Catch-up replays each window's published update, from the validator that led it (its inputs stored
-in its slot: `templar.runtime.succession`), with the same rule and the same apply function as the
+in its slot: `templar.runtime.consensus.succession`), with the same rule and the same apply function as the
 live outer step, waits for an aggregate that is late but still due, and never skips a malformed or
 unreadable one. Driven on virtual time against a real local bucket and real signatures."""
 
@@ -20,12 +20,12 @@ from templar.compress import aggregate
 from templar.core.clock import LoopTime, loop_time, run_virtual
 from templar.core.model import build_model, parameter_shapes
 from templar.runtime.compute import LocalCompute
+from templar.runtime.consensus.outer import apply_update
+from templar.runtime.consensus.succession import LeadHistory
+from templar.runtime.consensus.windows import Clock
 from templar.runtime.node import Lead
-from templar.runtime.outer import apply_update
 from templar.runtime.state import NodeState
-from templar.runtime.succession import LeadHistory
 from templar.runtime.sync import catch_up
-from templar.runtime.windows import Clock
 from templar.storage import Bucket, LocalBucket
 from templar.wire import Run, StepInputs, write_aggregate, write_inputs
 

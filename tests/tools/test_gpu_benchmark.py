@@ -130,7 +130,7 @@ def test_a_phase_without_time_left_is_skipped(tmp_path: Path, monkeypatch) -> No
 
 def test_nothing_it_imports_needs_bittensor(tmp_path: Path) -> None:
     """The GPU machine has torch, transformers, safetensors and numpy (plus the carried wheels), not
-    the chain layer: importing `templar.runtime.outer` there would end the run before it starts."""
+    the chain layer: importing `templar.runtime.consensus.outer` there would end the run before it starts."""
     out = tmp_path / "setup.json"
     code = textwrap.dedent(f"""
         import sys

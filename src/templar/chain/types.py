@@ -87,7 +87,7 @@ def succession_of(neurons: Iterable[C]) -> list[C]:
     to lead (a permit, stake above 0, a bucket committed for their publications), the most stake
     first, the lowest uid on ties. From the chain alone, so every node derives the same order; the
     first `lead_slots` of it may publish a window's inputs, each in its own slot
-    (`templar.runtime.succession`)."""
+    (`templar.runtime.consensus.succession`)."""
     able = [n for n in neurons if n.validator_permit and n.stake > 0 and n.commitment is not None]
     return sorted(able, key=lambda n: (-n.stake, n.uid))
 

@@ -1,8 +1,8 @@
 """`v{P}/progress/<w>.json`: the global_step and a fingerprint of the model after window `w`,
-published by the validator that led `w` (`templar.runtime.succession`), create-only like the rest
+published by the validator that led `w` (`templar.runtime.consensus.succession`), create-only like the rest
 of the run's history.
 
-Its `fingerprint` (θ in float32 at a few hundred public positions, `templar.runtime.fingerprint`)
+Its `fingerprint` (θ in float32 at a few hundred public positions, `templar.runtime.consensus.fingerprint`)
 lets every node check that it holds the run's model (no silent forks: docs/architecture.md §4,
 "Proof of sync"). One record per window, so a reader asks the validator that led the window it
 holds, whoever led the windows around it.

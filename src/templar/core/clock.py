@@ -1,6 +1,6 @@
 """Where a node's time comes from: one injectable source of "now", and an event loop for waits.
 
-Every deadline in the subnet is a unix time derived from the chain's blocks (`templar.runtime.windows`).
+Every deadline in the subnet is a unix time derived from the chain's blocks (`templar.runtime.consensus.windows`).
 Nodes read "now" only through a `TimeSource` and wait only through asyncio (`asyncio.sleep`,
 `asyncio.timeout`, `TimeSource.sleep_until`), so replacing both replaces time:
 

@@ -256,7 +256,7 @@ class GauntletConfig(_Strict):
 
 class SyncConfig(_Strict):
     """The proof that a node holds the run's model: the fingerprint of θ the lead publishes with each
-    window's progress and the rule that compares a node's own with it (`templar.runtime.fingerprint`)."""
+    window's progress and the rule that compares a node's own with it (`templar.runtime.consensus.fingerprint`)."""
 
     fingerprint_positions: int = Field(default=256, gt=0, le=4096, description="public coordinates of θ the "
                                        "fingerprint reads, drawn anew each window")
@@ -295,7 +295,7 @@ class WindowConfig(_Strict):
                                            "of that candidate's inputs is taken as definite by every reader")
     retained_checkpoints: int = Field(default=3, ge=1, le=64, description="checkpoints each candidate of the "
                                       "succession keeps; its published history before the oldest is deleted, so a "
-                                      "'not found' of an older window proves nothing (templar.runtime.windows."
+                                      "'not found' of an older window proves nothing (templar.runtime.consensus.windows."
                                       "retained_windows)")
     settle_seconds: float = Field(default=0.25, ge=0, le=60, description="time for an upload stamped at the last "
                                   "acceptable instant to become visible to readers: the gather starts this long "

@@ -1,7 +1,7 @@
 """Outer learning rate α_t as a pure function of global_step (warm-up, then cosine decay).
 
 Every node evaluates the same function at the same `global_step`, so every node that agrees on the step
-agrees on α. The step has one authority (`templar.runtime.outer.update_step`, docs/design.md §3): a peer's
+agrees on α. The step has one authority (`templar.runtime.consensus.outer.update_step`, docs/design.md §3): a peer's
 claim travels in its payload but is checked, never adopted.
 """
 

@@ -42,9 +42,9 @@ from templar.distributed.fsdp import local, local_rows, reshard, shard_model
 from templar.distributed.group import DistError, Group, scatter_rows
 from templar.distributed.outer import collect_probes_sharded, fingerprint_sharded, outer_step_sharded
 from templar.distributed.train import accumulate_sharded
+from templar.runtime.consensus.outer import OuterStep, apply_update
 from templar.runtime.model_file import check_model_file
 from templar.runtime.offload import HostStore
-from templar.runtime.outer import OuterStep, apply_update
 from templar.runtime.state import NodeState, load_node_state_or_previous
 from templar.runtime.train import InnerWindow, TrainStats, make_inner_optimizer, window_parts
 from templar.wire import Gradient
@@ -283,7 +283,7 @@ class NodeCompute:
 
     def outer_step(self, gradients: Sequence[Gradient], state: NodeState, *,
                    keep_signs: bool = True) -> OuterStep | None:
-        """`templar.runtime.outer.outer_step`; `state` is updated on rank 0 (the followers keep none)."""
+        """`templar.runtime.consensus.outer.outer_step`; `state` is updated on rank 0 (the followers keep none)."""
         return self._call("outer_step", {"gradients": gradients, "state": state}, keep_signs=keep_signs)
 
     def _outer_step(self, keep_signs: bool, gradients: list[Gradient] | None = None,
@@ -295,7 +295,7 @@ class NodeCompute:
                                   keep_signs=keep_signs and self.group.is_leader)
 
     def apply_update(self, signs: dict[str, torch.Tensor], step: int) -> float:
-        """`templar.runtime.outer.apply_update` of rank 0's dense signs (the lead's aggregate, in
+        """`templar.runtime.consensus.outer.apply_update` of rank 0's dense signs (the lead's aggregate, in
         catch-up): each rank receives its rows of each sign and applies the one rule to them."""
         return self._call("apply_update", {"signs": signs}, step=step)
 

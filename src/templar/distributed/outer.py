@@ -1,9 +1,9 @@
-"""The outer step on a sharded model, bit-identical to `templar.runtime.outer.outer_step`.
+"""The outer step on a sharded model, bit-identical to `templar.runtime.consensus.outer.outer_step`.
 
 Every rank receives the same peers' coefficients (rank 0 downloaded and validated the payloads;
 it broadcasts them a bucket of parameters at a time) and runs `templar.compress.aggregate` one parameter at a time: the same deterministic
 fixed-point code on the same inputs, so the same sign(Δ) bit for bit. Each rank then applies its
-own rows through the one rule, `templar.runtime.outer.apply_update` (θ ← θ·(1 − α·wd) − α·sign,
+own rows through the one rule, `templar.runtime.consensus.outer.apply_update` (θ ← θ·(1 − α·wd) − α·sign,
 element-wise, hence the same bits as the 1-process update), at the step `update_step` gives.
 Only one parameter's dense sign tensor exists at a time.
 
@@ -24,8 +24,8 @@ from templar.core.config import HParams
 from templar.core.schedule import learning_rate
 from templar.distributed.fsdp import local, local_rows
 from templar.distributed.group import Group
-from templar.runtime.fingerprint import fingerprint_positions
-from templar.runtime.outer import OuterStep, aggregation_weights, apply_update, update_step
+from templar.runtime.consensus.fingerprint import fingerprint_positions
+from templar.runtime.consensus.outer import OuterStep, aggregation_weights, apply_update, update_step
 from templar.runtime.state import NodeState
 from templar.wire import Gradient, probe_positions
 
@@ -60,7 +60,7 @@ def _buckets(params: list[tuple[str, torch.Tensor]], plans: dict[str, ChunkPlan]
 @torch.no_grad()
 def outer_step_sharded(model: nn.Module, gradients: Sequence[Gradient] | None, state: NodeState, hp: HParams,
                        group: Group, *, apply: bool = True, keep_signs: bool = False) -> OuterStep | None:
-    """`templar.runtime.outer.outer_step` for a node of N ranks. `gradients`: rank 0's received payloads
+    """`templar.runtime.consensus.outer.outer_step` for a node of N ranks. `gradients`: rank 0's received payloads
     (ignored elsewhere). Rank 0 broadcasts the eligible peers' coefficients in buckets of
     parameters as flat tensors (no pickling of payloads; a rank holds one bucket at a time).
     `keep_signs` returns the full signs on this rank (the lead validator publishes them)."""
@@ -113,7 +113,7 @@ def outer_step_sharded(model: nn.Module, gradients: Sequence[Gradient] | None, s
 
 @torch.no_grad()
 def collect_probes_sharded(model: nn.Module, window: int, hp: HParams, group: Group) -> dict[str, torch.Tensor]:
-    """`templar.runtime.outer.collect_probes` of the sharded θ, on every rank: each probe is read by the
+    """`templar.runtime.consensus.outer.collect_probes` of the sharded θ, on every rank: each probe is read by the
     rank holding its row and summed as int32 bit patterns (exact, signed zeros included)."""
     names, parts = [], []
     for name, p in model.named_parameters():
@@ -138,7 +138,7 @@ def collect_probes_sharded(model: nn.Module, window: int, hp: HParams, group: Gr
 
 @torch.no_grad()
 def fingerprint_sharded(model: nn.Module, seed: int, window: int, group: Group, count: int) -> torch.Tensor:
-    """`templar.runtime.fingerprint.model_fingerprint` of the sharded θ, on every rank: the same
+    """`templar.runtime.consensus.fingerprint.model_fingerprint` of the sharded θ, on every rank: the same
     positions (`fingerprint_positions`), each read by the rank holding its row, summed as int32
     bit patterns (exact, as the probes)."""
     params = dict(model.named_parameters())

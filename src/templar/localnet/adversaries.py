@@ -19,7 +19,7 @@ from templar.compress import Compressed
 from templar.compress.methods import rule_of
 from templar.core.log import context, short
 from templar.miner.hooks import MinerHooks
-from templar.runtime.outer import payload_reader
+from templar.runtime.consensus.outer import payload_reader
 from templar.storage import StorageError
 from templar.wire import PayloadError, write_gradient
 

@@ -40,10 +40,10 @@ from templar.core.config import base_lag, overlapped
 from templar.core.log import context
 from templar.miner.hooks import MinerHooks
 from templar.miner.window import MinerWindow, Training
-from templar.runtime.follow import FollowError, follow_step
+from templar.runtime.consensus.follow import FollowError, follow_step
+from templar.runtime.consensus.outer import gather_gradients
+from templar.runtime.consensus.peers import peers_in_effect
 from templar.runtime.node import Node, OwnBucketError
-from templar.runtime.outer import gather_gradients
-from templar.runtime.peers import peers_in_effect
 from templar.runtime.records import (
     MINER_WINDOWS_FILE,
     append_record,
@@ -571,7 +571,7 @@ class Miner:
                               warmup=work.warmup or weight_zero)
 
     async def _aggregate(self, window: int) -> int:
-        """Take the window's outer step: the lead's inputs (`templar.runtime.follow`), from the
+        """Take the window's outer step: the lead's inputs (`templar.runtime.consensus.follow`), from the
         payloads of the peer list in effect gathered here and, for any they lack, fetched directly.
         `FollowError` when the lead's step cannot be had by the window's apply deadline."""
         node = self.node

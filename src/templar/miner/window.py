@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from templar.runtime.consensus.windows import WindowTimes
 from templar.runtime.records import MinerWindowRecord
 from templar.runtime.sync import Phase
 from templar.runtime.train import TrainStats
-from templar.runtime.windows import WindowTimes
 
 
 @dataclass

@@ -10,7 +10,7 @@ with the node and held by it, as torchtitan's `Trainer` holds the components it 
 - `templar.distributed.compute.NodeCompute` under torchrun: the same ops over the node's ranks,
   θ sharded with FSDP2 (the launcher puts it in the node's `compute` before the role starts).
 
-The consensus rules live once, below both: `runtime.outer.update_step` and `apply_update` (the
+The consensus rules live once, below both: `runtime.consensus.outer.update_step` and `apply_update` (the
 sharded node calls `apply_update` on each rank's rows), `compress.aggregate`, the state file's
 `runtime.state.write_state_file` (atomic write with the `.prev` fallback) and the model file's
 `runtime.model_file.check_model_file`.
@@ -31,10 +31,10 @@ from templar.compress.methods import rule_of
 from templar.core.config import HParams, overlapped
 from templar.core.memory import MemorySettings
 from templar.core.model import build_model, checkpoint_activations
-from templar.runtime.fingerprint import model_fingerprint
+from templar.runtime.consensus.fingerprint import model_fingerprint
+from templar.runtime.consensus.outer import OuterStep, apply_update, collect_probes, outer_step
 from templar.runtime.model_file import load_model_file, write_model_file
 from templar.runtime.offload import HostStore
-from templar.runtime.outer import OuterStep, apply_update, collect_probes, outer_step
 from templar.runtime.state import (
     INNER_PREFIX,
     NodeState,
@@ -89,7 +89,7 @@ class Compute(Protocol):
         A blocking run trains θ itself (its base is put back at `end_window`); an overlapped run
         (`HParams.inner.overlap`) trains its working model, a copy of θ, so the run's θ can take
         outer steps meanwhile. `proxy` (eager): the node's own last update, applied to the working
-        model by the outer rule at `proxy_step` (`runtime.outer.apply_update`) before the steps."""
+        model by the outer rule at `proxy_step` (`runtime.consensus.outer.apply_update`) before the steps."""
 
     def inner_step(self, part: torch.Tensor) -> None:
         """One inner step of the window begun on `part`."""
@@ -120,17 +120,17 @@ class Compute(Protocol):
         uses its own 1-process `Evaluator` on `base_model`."""
 
     def fingerprint(self, window: int) -> torch.Tensor:
-        """`runtime.fingerprint.model_fingerprint` of θ for `window` (float32, CPU)."""
+        """`runtime.consensus.fingerprint.model_fingerprint` of θ for `window` (float32, CPU)."""
 
     def reset_model(self) -> None:
         """θ ← θ_0 of the run (a re-sync with no checkpoint published yet)."""
 
     def outer_step(self, gradients: Sequence[Gradient], state: NodeState, *,
                    keep_signs: bool = True) -> OuterStep | None:
-        """`runtime.outer.outer_step`; `keep_signs=False` lets a sharded node drop the full signs."""
+        """`runtime.consensus.outer.outer_step`; `keep_signs=False` lets a sharded node drop the full signs."""
 
     def apply_update(self, signs: dict[str, torch.Tensor], step: int) -> float:
-        """`runtime.outer.apply_update` of the lead's signs (catch-up)."""
+        """`runtime.consensus.outer.apply_update` of the lead's signs (catch-up)."""
 
     def evaluate_loss(self, batch: torch.Tensor) -> float: ...
 

@@ -31,6 +31,8 @@ from templar.core.model import build_model, parameter_shapes
 from templar.data import ManifestError, PagePlan, PageReader
 from templar.data.source import open_reader
 from templar.runtime.compute import Compute, LocalCompute
+from templar.runtime.consensus.succession import Lead, LeadHistory
+from templar.runtime.consensus.windows import Clock
 from templar.runtime.flags import (
     EXIT_CONFIG,
     EXIT_NOT_REGISTERED,
@@ -43,8 +45,6 @@ from templar.runtime.flags import (
 from templar.runtime.lock import StateDirLocked, StateLock
 from templar.runtime.metrics import start_metrics
 from templar.runtime.state import STATE_FILE, NodeState, StateWriteError
-from templar.runtime.succession import Lead, LeadHistory
-from templar.runtime.windows import Clock
 from templar.storage import Bucket, StorageError, open_bucket
 from templar.storage.locator import BucketLocator, Credentials, LocatorError
 from templar.wire import Run
@@ -128,7 +128,7 @@ class Node:
     weights, no bucket commitment), to try a machine next to the one that sets the weights."""
     failed_saves: int = 0
     leads: LeadHistory = field(default_factory=LeadHistory)
-    """Who led the windows this node applied (`templar.runtime.succession`)."""
+    """Who led the windows this node applied (`templar.runtime.consensus.succession`)."""
 
     def save_state(self, state: NodeState) -> bool:
         """A window's commit point: θ (and what the role keeps with it) in the state file. A local

@@ -6,7 +6,7 @@ Phases, each announced by one `[SYNC]` line:
      candidates of the succession whose publisher led its window (sha256-verified, resumable,
      progress bar), else θ_0 of the run if none was ever published
   3. catch-up: replay each window's published update, from the validator that led it
-     (`templar.runtime.succession`), up to the current window, no uploads
+     (`templar.runtime.consensus.succession`), up to the current window, no uploads
   4. warm-up and 5. active are the roles' business.
 
 And, for as long as a node runs, proof that it still holds the run's model (`SyncCheck`): its own
@@ -38,13 +38,13 @@ from templar.comms.progress import Progress, decode_fingerprint, get_progress
 from templar.compress.methods import rule_of
 from templar.core.log import context
 from templar.core.schedule import learning_rate
-from templar.runtime.fingerprint import model_in_sync, off_positions
-from templar.runtime.follow import FollowError, apply_inputs
+from templar.runtime.consensus.fingerprint import model_in_sync, off_positions
+from templar.runtime.consensus.follow import FollowError, apply_inputs
+from templar.runtime.consensus.outer import peer_weight, update_step
+from templar.runtime.consensus.succession import POLL_SECONDS, Decision, decide_window
+from templar.runtime.consensus.windows import apply_span
 from templar.runtime.node import Lead, Node
-from templar.runtime.outer import peer_weight, update_step
 from templar.runtime.state import STATE_FILE, NodeState
-from templar.runtime.succession import POLL_SECONDS, Decision, decide_window
-from templar.runtime.windows import apply_span
 from templar.storage import StorageError
 from templar.wire import (
     PayloadError,
@@ -278,7 +278,7 @@ def published_cap(node: Node) -> int:
 
 
 async def _window_update(node: Node, window: int, cap: int) -> tuple[Decision, Published | None, str]:
-    """One look at window `window`: its decision (`templar.runtime.succession`), and when it has an
+    """One look at window `window`: its decision (`templar.runtime.consensus.succession`), and when it has an
     update the lead's published one, or what is wrong. Resolved means the update is known: the
     window has none (no candidate published in time, or its inputs name no payload), or its lead's
     signed aggregate is read. Anything else (undecided, the aggregate absent, unreadable, malformed

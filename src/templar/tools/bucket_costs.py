@@ -11,7 +11,7 @@ miner, each window
   lead's bucket  GET its inputs of the window (the step every node takes; a few more while its gather
                  runs), GET progress (the sync check), GET the peer list of the window (one request: the
                  lead names a list every window, `comms.exchange.get_peers`). With the lead down, one GET
-                 more per slot looked at (`runtime.succession`)
+                 more per slot looked at (`runtime.consensus.succession`)
   peers          HEAD + GET of each top-G gradient
   data bucket    one ranged GET per assigned page (each page read once, then cached)
 validator, each window
@@ -39,7 +39,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from templar.core.config import HParams
-from templar.runtime.windows import retained_windows
+from templar.runtime.consensus.windows import retained_windows
 
 MIB = 1 << 20
 MULTIPART_THRESHOLD = 64 * MIB  # templar.storage.s3: files above this upload in parts
@@ -164,7 +164,7 @@ def made(hp: HParams, sizes: Sizes, role: str, *, miners: int) -> dict[str, Requ
 def checkpoint(hp: HParams, sizes: Sizes) -> Requests:
     """One checkpoint and its cleanup (`comms.checkpoint`, `validator.lead`): uploads, then the old
     checkpoint's two files and the history no joiner can replay any more (aggregates, inputs and
-    progress records older than `runtime.succession.retained_windows`) are deleted."""
+    progress records older than `runtime.consensus.succession.retained_windows`) are deleted."""
     listings = max(1, -(-retained_windows(hp) // 1000))  # 1,000 keys per LIST page, per kind of record
     return Requests(put=_put_requests(sizes.checkpoint) + 2, get=1, list=1 + 3 * listings,
                     delete=2 + 3 * hp.windows.checkpoint_frequency, bytes_up=sizes.checkpoint + 2 * SMALL_RECORD,

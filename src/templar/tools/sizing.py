@@ -197,14 +197,14 @@ def gpu_overhead_seconds(hp: HParams) -> float:
 
 
 def compute_span(hp: HParams, gradient_bytes: int, *, gather_to_deadline: bool = False) -> float:
-    """Seconds a window leaves a miner for its inner steps (`templar.runtime.windows`' landmarks).
+    """Seconds a window leaves a miner for its inner steps (`templar.runtime.consensus.windows`' landmarks).
     Blocking: from holding the previous window's step to the commitment deadline (commit_close −
     gather_start, measured from the previous window's end, minus the gather and the step);
     `gather_to_deadline`: the least it leaves, when the gather runs until its deadline
     (`gather_seconds`). Overlapped: from the previous window's commitment to this one's, the whole
     window, less the GPU's other work (`gpu_overhead_seconds`); the gather's length does not enter
     (the step lands before this window's payload is due: `exchange_slack`)."""
-    from templar.runtime.windows import window_times
+    from templar.runtime.consensus.windows import window_times
 
     w = hp.windows
     window_s = w.window_seconds
@@ -222,7 +222,7 @@ def exchange_slack(hp: HParams) -> float:
     """Seconds between the latest a window's outer step lands (its apply deadline) and the next
     window's commitment deadline: an overlapped miner encodes the next window's payload after the
     step (eager: against it), so this must be positive."""
-    from templar.runtime.windows import window_times
+    from templar.runtime.consensus.windows import window_times
 
     w = hp.windows
     window_s = w.window_seconds

@@ -1,5 +1,5 @@
 """What the validator that leads a window publishes, so that everyone else can follow: its inputs (in
-its slot of the succession, `templar.runtime.succession`), then the window's aggregate (for
+its slot of the succession, `templar.runtime.consensus.succession`), then the window's aggregate (for
 catch-up), progress with the model's fingerprint, the top-G peer list of the next window and, when
 due, a checkpoint; and the run's start window. Every history object is written create-only."""
 
@@ -25,11 +25,11 @@ from templar.comms import (
 from templar.comms.keys import aggregate_key, inputs_key, progress_key, window_of
 from templar.comms.progress import put_progress
 from templar.core.log import context
+from templar.runtime.consensus.outer import OuterStep, aggregation_weights
+from templar.runtime.consensus.windows import retained_windows
 from templar.runtime.flags import EXIT_HISTORY
 from templar.runtime.node import Node, NodeError
-from templar.runtime.outer import OuterStep, aggregation_weights
 from templar.runtime.sync import MODEL_FILE
-from templar.runtime.windows import retained_windows
 from templar.storage import ObjectExists, StorageError
 from templar.wire import (
     Gradient,
@@ -65,7 +65,7 @@ async def publish_start_window(node: Node, window: int) -> None:
 
 class WindowPublisher:
     """The lead's per-window publications (inputs; then aggregate, peer list, progress with the
-    model's fingerprint, `templar.runtime.fingerprint`), each upload bounded by a deadline so a slow
+    model's fingerprint, `templar.runtime.consensus.fingerprint`), each upload bounded by a deadline so a slow
     or stalled bucket never delays the next window. What misses its deadline (but the inputs) stays
     queued, is logged, and goes out first at the next window (oldest first). Followers wait for a late
     aggregate until its publish deadline (one window after its own), so a publication retried one

@@ -7,7 +7,7 @@ paper) as named phases:
     → scoring (`templar.gauntlet.score_window`) → outer step → lead's publications
     → held-out loss → weights → checkpoint → records → save (the commit point)
 
-Who leads a window is the succession's rule (`templar.runtime.succession`): a validator among the
+Who leads a window is the succession's rule (`templar.runtime.consensus.succession`): a validator among the
 first `lead_slots` of the order publishes the window's inputs in its own slot, once those before it
 are confirmed absent (`Validator.candidate`). Then every validator takes the window's decision, and
 the window runs in one `Role`: `LeadRole` when its own inputs are the ones that apply (it steps with
@@ -43,13 +43,14 @@ from templar.gauntlet import (
     select_eval_pages,
 )
 from templar.runtime.compute import PeerScorer
-from templar.runtime.follow import FollowError, inputs_of, window_inputs
+from templar.runtime.consensus.follow import FollowError, inputs_of, window_inputs
+from templar.runtime.consensus.outer import aggregation_weights, gather_gradients
+from templar.runtime.consensus.peers import aggregate_payloads, peers_in_effect
+from templar.runtime.consensus.succession import decide_window, window_order
+from templar.runtime.consensus.windows import WindowTimes
 from templar.runtime.node import Node
-from templar.runtime.outer import aggregation_weights, gather_gradients
-from templar.runtime.peers import aggregate_payloads, peers_in_effect
 from templar.runtime.records import SCORES_FILE, VALIDATOR_WINDOWS_FILE, drop_uncommitted_records
 from templar.runtime.state import NodeState
-from templar.runtime.succession import decide_window, window_order
 from templar.runtime.sync import (
     Phase,
     ResyncError,
@@ -60,7 +61,6 @@ from templar.runtime.sync import (
     restore_when_possible,
     resync,
 )
-from templar.runtime.windows import WindowTimes
 from templar.storage import StorageError
 from templar.validator.base import Base, BaseKeeper
 from templar.validator.commits import CommitWatcher
@@ -236,7 +236,7 @@ class Validator:
         return True
 
     async def check_slot(self, window: int) -> int | None:
-        """Our slot in this window (`templar.runtime.succession.window_order`; None: not among its
+        """Our slot in this window (`templar.runtime.consensus.succession.window_order`; None: not among its
         slots, or they cannot be told): stake can move, and a candidate takes its slot at once. One
         line when it changes."""
         order = await window_order(self.node, window)

@@ -1,5 +1,5 @@
 """What differs between the validator that led a window and one that followed it
-(`templar.runtime.succession` decides which): how it takes the window's step and what it
+(`templar.runtime.consensus.succession` decides which): how it takes the window's step and what it
 publishes. `Validator.step` picks the role once the window's decision is known."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from templar.core.log import context
-from templar.runtime.follow import FollowError, apply_inputs
-from templar.runtime.outer import OuterStep
+from templar.runtime.consensus.follow import FollowError, apply_inputs
+from templar.runtime.consensus.outer import OuterStep
 from templar.runtime.sync import RETRY_SECONDS, ResyncError, catch_up, resync
 from templar.validator.window import ValidatorWindow
 from templar.wire import Gradient

@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 
 from templar.comms import GatherResult
 from templar.gauntlet import FastVerdict, WindowDraw, WindowScores
-from templar.runtime.outer import OuterStep
-from templar.runtime.succession import Decision
-from templar.runtime.windows import WindowTimes
+from templar.runtime.consensus.outer import OuterStep
+from templar.runtime.consensus.succession import Decision
+from templar.runtime.consensus.windows import WindowTimes
 from templar.validator.evaluate import LossScores
 from templar.validator.replays import Sighting
 from templar.wire import Gradient
@@ -38,7 +38,7 @@ class ValidatorWindow:
     losses: dict[str, LossScores] = field(default_factory=dict)
     scores: WindowScores | None = None
     decision: Decision | None = None
-    """The window's applied inputs and who led it (`templar.runtime.succession`)."""
+    """The window's applied inputs and who led it (`templar.runtime.consensus.succession`)."""
     step: OuterStep | None = None
     applied: list[Gradient] = field(default_factory=list)
     holdout_loss: float = 0.0

@@ -6,7 +6,7 @@ ahead of the aggregate. Every other node applies exactly this set (the payloads 
 itself when their digests match, the others fetched from their owners' buckets) or, failing that,
 the lead's aggregate itself; a node's own gather only decides what it scores. So a node whose
 clock lags, or whose gather saw a different set, still applies the run's update, and a node that
-cannot read this record does not guess (`templar.runtime.follow`).
+cannot read this record does not guess (`templar.runtime.consensus.follow`).
 
 Layout: one tensor `digests` (uint8 `[n, 32]`, row i the digest of `peers[i]`) and the signed
 document (`InputsDocument`: window, global_step, the lead's hotkey, the peers' hotkeys in order).

@@ -22,7 +22,7 @@ def probe_positions(seed: int, window: int, name: str, numel: int, count: int, *
 
     `seed` is a non-negative integer below 2**512 (e.g. a block hash read as an integer).
     `person` separates independent uses of the same seed (the sync probes, the model fingerprint
-    of `templar.runtime.fingerprint`): at most 16 bytes.
+    of `templar.runtime.consensus.fingerprint`): at most 16 bytes.
     """
     if not 0 <= seed < 2**512 or window < 0 or numel <= 0 or count <= 0:
         raise ValueError("seed/window must be non-negative, numel and count positive")

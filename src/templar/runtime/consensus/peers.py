@@ -13,8 +13,8 @@ from collections.abc import Mapping, Sequence
 
 from templar.comms import GatherResult, RecordError, get_peers
 from templar.core.log import context
+from templar.runtime.consensus.succession import Lead, decide_window
 from templar.runtime.node import Node
-from templar.runtime.succession import Lead, decide_window
 from templar.storage import StorageError
 from templar.wire import Gradient
 

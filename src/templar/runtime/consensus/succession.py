@@ -6,7 +6,7 @@ The lead is no single point of failure. The chain orders the validators able to 
 window before keeps the first slot until the next multiple of `lead_cadence`, where the chain's order
 resumes). The candidate of slot k may publish the window's inputs only once every slot before its own
 is confirmed absent, and its inputs count only if their **storage** timestamp lies in its slot
-(`in_slot`, the landmarks of `templar.runtime.windows.WindowTimes.slot_deadline`). Every node then
+(`in_slot`, the landmarks of `templar.runtime.consensus.windows.WindowTimes.slot_deadline`). Every node then
 applies the inputs of the lowest slot whose record exists within its slot (`decide`), so a window
 has one set of applied inputs whoever published them; when no candidate published in time, the
 window has no outer step, and every node agrees on that too.
@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 from templar.chain import Neuron, verify_signature
 from templar.comms.keys import inputs_key
 from templar.core.log import context, short
-from templar.runtime.windows import WindowTimes, retained_windows
+from templar.runtime.consensus.windows import WindowTimes, retained_windows
 from templar.storage import Bucket, ObjectNotFound, StorageError
 from templar.wire import PayloadError, StepInputs, max_inputs_bytes, read_inputs
 

@@ -3,7 +3,7 @@
 The consensus rule (docs/design.md §3, §5): the validator that leads a window decides its aggregate
 from its own gather and publishes its inputs (`templar.wire.inputs`: each payload's hotkey and
 digest, and the global_step) the moment that gather ends. Who leads is the lowest slot of the
-succession whose inputs are present in time (`templar.runtime.succession`). Every node, the lead
+succession whose inputs are present in time (`templar.runtime.consensus.succession`). Every node, the lead
 included, applies exactly those inputs (`apply_inputs`): the payloads its own gather returned when
 their digests match, the others fetched from their owners' buckets (signed, and checked against the
 lead's digest). A node's own gather decides only what it scores. So a node whose clock lags, whose
@@ -22,10 +22,10 @@ from collections.abc import Mapping
 from templar.comms import GatherResult
 from templar.comms.keys import gradient_key
 from templar.core.log import short
+from templar.runtime.consensus.outer import OuterStep, payload_reader, update_step
+from templar.runtime.consensus.succession import Decision, decide_window
 from templar.runtime.node import Node
-from templar.runtime.outer import OuterStep, payload_reader, update_step
 from templar.runtime.state import NodeState
-from templar.runtime.succession import Decision, decide_window
 from templar.storage import StorageError
 from templar.wire import Gradient, PayloadError, StepInputs, max_gradient_bytes
 
@@ -44,7 +44,7 @@ def inputs_of(window: int, global_step: int, payloads: list[Gradient]) -> StepIn
 
 
 async def window_inputs(node: Node, window: int, *, deadline: float) -> Decision:
-    """The window's applied inputs (`templar.runtime.succession.decide_window`), waited for until
+    """The window's applied inputs (`templar.runtime.consensus.succession.decide_window`), waited for until
     `deadline` (the node's clock): a record that is absent before its slot settled, unreadable or
     malformed is retried until then, never taken for an empty step; `FollowError` names what could
     not be had at the deadline. The lead of the window is noted (one line when it changes)."""

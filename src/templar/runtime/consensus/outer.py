@@ -17,8 +17,8 @@ from templar.comms import GatherResult, gather
 from templar.compress.methods import rule_of
 from templar.core.config import HParams
 from templar.core.schedule import learning_rate
+from templar.runtime.consensus.windows import Clock
 from templar.runtime.state import NodeState
-from templar.runtime.windows import Clock
 from templar.storage import Bucket
 from templar.wire import Gradient, PayloadError, Run, max_gradient_bytes, probe_positions, read_gradient
 

@@ -46,7 +46,7 @@ def retained_windows(hp: HParams) -> int:
     progress records): what its oldest kept checkpoint needs, and at least what a node resuming from
     its own state may replay (`max_allowed_stale`) and what tells the slots of a window (the windows
     back to the last multiple of `lead_cadence`). A "not found" of an older window proves nothing
-    (it may have been deleted), so no reader takes one for absent (`templar.runtime.succession`)."""
+    (it may have been deleted), so no reader takes one for absent (`templar.runtime.consensus.succession`)."""
     return max(hp.windows.retained_checkpoints * hp.windows.checkpoint_frequency, hp.windows.max_allowed_stale + 2,
                hp.windows.lead_cadence + 1)
 
@@ -132,7 +132,7 @@ class Clock:
         """`skew`, logged once (a WARNING) when it first exceeds `clock_skew_seconds`, and once
         more when it is back within it: uploads are judged by the storage server's clock and every
         deadline by the chain's, so a node whose clock is off uploads late and gathers at the wrong
-        time (it still applies the lead's step: `templar.runtime.follow`)."""
+        time (it still applies the lead's step: `templar.runtime.consensus.follow`)."""
         off = self.skew()
         if abs(off) > self.cfg.clock_skew_seconds:
             if not self._skew_reported:
