@@ -77,6 +77,8 @@ ALLOWED: dict[str, str] = {
     "gauntlet/book.py:SCHEMA_VERSION": "version of the score book's file format",
     "gauntlet/book.py:MAX_POOL": "schema bound of a pool record: a subnet has at most 256 uids",
     "gauntlet/book.py:Hotkey": "schema bound of a hotkey's length",
+    "validator/base.py:BaseKeeper.KEEP": "measured steps kept in memory; a base is at most two windows old, so an "
+                                         "older measurement is never looked up",
     "validator/replays.py:MAX_DIGESTS_PER_WINDOW": "memory bound per window, far above any gather (256 uids)",
     "validator/state.py:SECRET_BYTES": "size of the validator's private key for its draws",
     # ---- our own I/O: timeouts, retries, queues, performance (what counts is fixed by timestamps and the lead)

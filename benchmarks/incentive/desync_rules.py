@@ -7,10 +7,12 @@ Runs `templar localnet --in-process` (virtual time) on `tests/presets/micro-gaun
 `desync` adversary (it applies the aggregates of its first two windows, then never again), once
 under the signed rule and once under SparseLoCo at the convergence benchmark's best settings
 (`optimizer.outer_schedule` constant, α = 2, top-64, error feedback 0.95; benchmarks/LOG.md §9).
-The sync score (docs/scoring.md §2) and the model fingerprint (`templar.runtime.consensus.fingerprint`) count
-distances in units of α because a signed step moves every coordinate by exactly α; a SparseLoCo step
-moves the top-k coordinates by about α times a pseudo-gradient's value, far less than α, so a model
-many windows behind still reads as "in sync". Prints each miner's statuses and final weight, and
+The sync score (docs/scoring.md §2) counted distances in units of α, which a signed step moves every
+coordinate by; a SparseLoCo step moves a sparse set of coordinates by about α times a small value, so a
+model many windows behind read as "in sync" (the first measurement: `desync` 7 windows `ok`, weight
+0.242 against honest 0.21-0.28). The score now counts a sparse rule's own steps, measured at the probe
+positions at each step the validator takes (`templar.validator.base`), and this benchmark is its check.
+Prints each miner's statuses and final weight, and
 writes `benchmarks/results/desync_rules.json`.
 """
 

@@ -23,7 +23,7 @@ from templar.gauntlet import (
     update_mu,
     window_gap,
 )
-from templar.gauntlet.scores import proof_gap
+from templar.gauntlet.scores import proof_gap, step_movement
 
 # ---- SyncScore ------------------------------------------------------------------------------
 
@@ -55,10 +55,46 @@ def test_sync_steps_non_finite_peer_is_infinitely_far(bad: float) -> None:
     assert not is_synced(math.inf, 3.0)
 
 
-@pytest.mark.parametrize("lr", [0.0, -0.1, math.nan, math.inf])
-def test_sync_steps_rejects_bad_lr(lr: float) -> None:
-    with pytest.raises(ValueError, match="lr"):
-        sync_steps(torch.zeros(2), torch.zeros(2), lr)
+@pytest.mark.parametrize("unit", [-0.1, math.nan, math.inf])
+def test_sync_steps_rejects_a_bad_unit(unit: float) -> None:
+    with pytest.raises(ValueError, match="unit"):
+        sync_steps(torch.zeros(2), torch.zeros(2), unit)
+
+
+def _sparse_step(theta: torch.Tensor, density: float, gen: torch.Generator) -> torch.Tensor:
+    """θ after one SparseLoCo-like step: a `density` share of coordinates moved by α·v, v ~ 1e-4."""
+    moved = torch.rand(theta.shape, generator=gen, dtype=torch.float64) < density
+    return theta - 2.0 * moved * 1e-4 * torch.randn(theta.shape, generator=gen, dtype=torch.float64)
+
+
+def test_a_sparse_rule_counts_its_own_steps_where_alpha_would_call_every_model_in_sync() -> None:
+    """A model k steps behind under a sparse rule is ≈ k of the last step's movement away (exactly 1
+    for one step), where a distance over α reads ≈ 0 steps for any k: the desync hole the unit closes."""
+    gen = torch.Generator().manual_seed(0)
+    history = [torch.randn(4096, generator=gen, dtype=torch.float64) * 0.02]
+    for _ in range(6):
+        history.append(_sparse_step(history[-1], 0.06, gen))
+    ours = history[-1]
+    unit = step_movement({"w": history[-2]}, {"w": ours})
+    assert 0 < unit < 2.0 * 1e-4
+    assert sync_steps(ours, history[-2], unit) == pytest.approx(1.0, rel=1e-12)
+    for behind in (3, 5):
+        steps = sync_steps(ours, history[-1 - behind], unit)
+        assert 0.6 * behind < steps < 1.4 * behind, (behind, steps)
+        assert sync_steps(ours, history[-1 - behind], 2.0) < 1e-3  # in units of α: "in sync"
+    assert sync_steps(ours, ours.clone(), unit) == 0.0
+
+
+def test_rounding_within_ulp_slack_is_no_distance_and_a_step_that_moved_nothing_is_a_zero_unit() -> None:
+    ours = torch.tensor([0.5, -0.25, 1.0, 2.0], dtype=torch.float64)
+    rounded = ours * (1 + 2.0**-23)  # one float32 ulp off each value: another device's rounding
+    assert sync_steps(ours, rounded, 1e-9) > 1  # without the slack, rounding reads as steps
+    assert sync_steps(ours, rounded, 1e-9, ulp_slack=8 * 2.0**-23) == 0.0
+    assert step_movement({"a": ours}, {"a": ours.clone()}) == 0.0
+    assert sync_steps(ours, rounded, 0.0, ulp_slack=8 * 2.0**-23) == 0.0  # nothing moved, nothing apart
+    assert sync_steps(ours, ours + 1e-3, 0.0) == math.inf  # apart where the run did not move
+    with pytest.raises(ValueError, match="different parameters"):
+        step_movement({"a": ours}, {"b": ours})
 
 
 def test_sync_steps_rejects_empty_and_mismatched() -> None:

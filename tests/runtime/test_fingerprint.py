@@ -104,3 +104,23 @@ def test_progress_carries_the_fingerprint_strictly(model):
                            FINGERPRINT_POSITIONS)
     with pytest.raises(RecordError):
         decode_fingerprint("not base64!", FINGERPRINT_POSITIONS)
+
+
+def test_a_missed_sparse_window_fails_where_half_an_alpha_would_hide_it(model):
+    """SparseLoCo's step moves a share of the coordinates by α times a small value: a missed window
+    is far inside α/2 everywhere, so the rule counts positions off beyond rounding instead; its exact
+    aggregate leaves honest nodes a few ulps apart at most, which never count."""
+    hp = load_hparams("tiny-sparseloco")
+    step = 5
+    lr = learning_rate(step, hp.optimizer)
+    g = torch.Generator().manual_seed(3)
+    update = {n: (torch.rand(p.shape, generator=g) < 0.1) * torch.randn(p.shape, generator=g) * 1e-3
+              for n, p in model.named_parameters()}  # a tenth of θ moved by α·1e-3-ish
+    lead = _after(model, hp, (update, step))
+    missed = _print(model)
+    assert model_in_sync(missed, lead, lr, SYNC), "α/2 hides the missed window"
+    assert not model_in_sync(missed, lead, lr, SYNC, moves_every_coordinate=False)
+    ulps = lead * (1 + 2.0**-23)  # another device's rounding of the same step
+    assert model_in_sync(ulps, lead, lr, SYNC, moves_every_coordinate=False)
+    assert not model_in_sync(_after(model, hp, (update, step), (update, step)), lead, lr, SYNC,
+                             moves_every_coordinate=False), "doubled window"

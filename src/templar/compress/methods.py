@@ -7,7 +7,10 @@ trial step):
   and for any peer order (`peer_factors` + `aggregate_param` are the same rule split for a node
   whose ranks each hold some parameters: the factors come from the whole payloads, once);
 - `trial`: one peer's update as the outer step would apply it alone (the validator's LossScore);
-- `apply`: θ ← θ − α·update at the run's outer learning rate α.
+- `apply`: θ ← θ − α·update at the run's outer learning rate α;
+- `moves_every_coordinate`: whether one step moves every coordinate of θ by α, so that "how many
+  steps apart" two models are reads as their distance over α (the sync score, docs/scoring.md §2);
+  a rule that moves some coordinates by less is measured in its own steps' movement instead.
 
 - `signed`, the Gauntlet paper's: DeMo (chunked DCT, top-k, int8 values with a per-chunk exponent),
   every peer L2-normalised per tensor, the weighted sum's sign (`templar.compress.aggregate`);
@@ -50,6 +53,10 @@ class OuterRule(Protocol):
     state_copies: int
     """float32 tensors the size of θ the rule keeps on every node between windows (e.g. 1 for an outer
     momentum buffer): what `templar.tools.sizing` counts in every node's memory and state file."""
+    moves_every_coordinate: bool
+    """True when one step moves every coordinate by α (the sign of a dense update): a distance over α
+    counts steps. False: a step moves a sparse set of coordinates by α times a small value, and the
+    validator measures one step's movement where it probes (`templar.validator.base`)."""
 
     def compressor(self, target_chunk: int, topk: int): ...
 
@@ -76,6 +83,7 @@ class SignedRule:
     name = "signed"
     codec = "rice-mxint8"
     state_copies = 0
+    moves_every_coordinate = True
 
     def compressor(self, target_chunk: int, topk: int) -> DCTCompressor:
         return DCTCompressor(target_chunk, topk)
@@ -108,6 +116,7 @@ class SparseLoCoRule:
     name = "sparseloco"
     codec = "rice-q2"
     state_copies = 0
+    moves_every_coordinate = False
 
     def compressor(self, target_chunk: int, topk: int) -> SparseLoCoCompressor:
         return SparseLoCoCompressor(target_chunk, topk)

@@ -14,16 +14,23 @@ from collections.abc import Mapping, Sequence
 import torch
 
 
-def sync_steps(theta_val: torch.Tensor, theta_peer: torch.Tensor, lr: float) -> float:
-    """SyncScore (paper §3.2): mean |θ_val − θ_peer| / α over the probed parameter values.
+def sync_steps(theta_val: torch.Tensor, theta_peer: torch.Tensor, unit: float, *, ulp_slack: float = 0.0) -> float:
+    """SyncScore (paper §3.2): mean |θ_val − θ_peer| over the probed parameter values, in units of
+    one outer step's movement there: "how many steps the peer's model is away from ours".
 
-    Because the applied update is `α·sign(Δ)`, every element moves by exactly α per outer step,
-    so the result reads as "how many steps the peer's model is away from ours". The peer's
-    values are hostile: any non-finite one makes the peer infinitely far away (`+inf`), which
-    fails any threshold. Our own values and `lr` are trusted; nonsense there is a bug → ValueError.
+    Under the signed rule every element moves by exactly α per outer step, so `unit` is α (the
+    paper's formula). A rule whose step moves a sparse set of coordinates by α times a small value
+    (SparseLoCo) would read a model many windows behind as "in sync" in units of α, so its `unit` is
+    the mean movement of the step that made θ_val at these very positions (`step_movement`), and
+    differences within `ulp_slack` of our value's magnitude (float rounding across devices) count as
+    none. A unit of 0 (the step moved none of the probed values) makes any remaining difference
+    infinitely far: the peer differs where the run did not move.
+
+    The peer's values are hostile: any non-finite one makes the peer infinitely far away (`+inf`),
+    which fails any threshold. Our own values and `unit` are trusted; nonsense there is a bug → ValueError.
     """
-    if not lr > 0 or not math.isfinite(lr):
-        raise ValueError(f"sync_steps: lr must be a positive finite number, got {lr!r}")
+    if not unit >= 0 or not math.isfinite(unit):
+        raise ValueError(f"sync_steps: unit must be a non-negative finite number, got {unit!r}")
     if theta_val.shape != theta_peer.shape:
         raise ValueError(
             f"sync_steps: shape mismatch, validator {tuple(theta_val.shape)} vs peer {tuple(theta_peer.shape)}"
@@ -36,7 +43,25 @@ def sync_steps(theta_val: torch.Tensor, theta_peer: torch.Tensor, lr: float) -> 
         raise ValueError("sync_steps: the validator's own probe values are not finite")
     if not bool(torch.isfinite(theirs).all()):
         return math.inf
-    return float((ours - theirs).abs().mean().item()) / lr
+    apart = (ours - theirs).abs()
+    if ulp_slack > 0:
+        apart = torch.where(apart <= ours.abs() * ulp_slack, torch.zeros_like(apart), apart)
+    distance = float(apart.mean().item())
+    if unit == 0:
+        return 0.0 if distance == 0 else math.inf
+    return distance / unit
+
+
+def step_movement(before: Mapping[str, torch.Tensor], after: Mapping[str, torch.Tensor]) -> float:
+    """One outer step's mean movement |θ_after − θ_before| at a window's probed values (per
+    parameter, as `collect_probes` returns them; names in sorted order, float64): the unit of the
+    sync score under a rule that does not move every coordinate by α. A pure function of two sets
+    of θ values that every node kind reads bit-identically, so any two honest validators measure
+    the same unit."""
+    if sorted(before) != sorted(after) or not before:
+        raise ValueError("step_movement: the probes before and after the step name different parameters")
+    moved = [(after[n].double() - before[n].double()).abs().reshape(-1) for n in sorted(before)]
+    return float(torch.cat(moved).mean().item())
 
 
 def is_synced(steps: float, max_steps: float) -> bool:

@@ -444,9 +444,10 @@ def compare_with_lead(node: Node, progress: Progress, global_step: int, own: tor
     if progress.global_step != global_step:
         return f"global_step {global_step}, the lead's {progress.global_step}"
     lr = learning_rate(max(global_step - 1, 0), node.hp.optimizer)
-    if not model_in_sync(own, published, lr, node.hp.sync):
-        return (f"{off_positions(own, published, lr, node.hp.sync)}/{own.numel()} fingerprint positions off by "
-                "more than α/2")
+    every = rule_of(node.hp.optimizer.method).moves_every_coordinate
+    if not model_in_sync(own, published, lr, node.hp.sync, moves_every_coordinate=every):
+        off = off_positions(own, published, lr, node.hp.sync, moves_every_coordinate=every)
+        return f"{off}/{own.numel()} fingerprint positions off by more than {'α/2' if every else 'rounding'}"
     return None
 
 

@@ -105,17 +105,19 @@ def first_sample(tensors: Mapping[str, Compressed], salt: int, rules: GauntletCo
     return canonical_values(tensors, salt, tensor_count=rules.sample_tensors, chunk_count=rules.sample_chunks)
 
 
-def probe_sync_steps(own: Mapping[str, torch.Tensor], theirs: Mapping[str, torch.Tensor], lr: float) -> float:
+def probe_sync_steps(own: Mapping[str, torch.Tensor], theirs: Mapping[str, torch.Tensor], unit: float, *,
+                     ulp_slack: float = 0.0) -> float:
+    """`sync_steps` over every probed parameter (names in sorted order)."""
     names = sorted(own)
     mine = torch.cat([own[n].reshape(-1).double() for n in names])
     peer = torch.cat([theirs[n].reshape(-1).double() for n in names])
-    return sync_steps(mine, peer, lr)
+    return sync_steps(mine, peer, unit, ulp_slack=ulp_slack)
 
 
 def fast_evaluate(
     results: Mapping[str, GatherResult[Gradient]],
     own_probes: Mapping[str, torch.Tensor],
-    lr: float,
+    unit: float,
     *,
     rules: GauntletConfig,
     salt: int,
@@ -125,9 +127,14 @@ def fast_evaluate(
     earlier: Mapping[int, Mapping[str, Gradient]] | None = None,
     baseline: PoolBaselines | None = None,
     other_base: OtherBase | None = None,
+    ulp_slack: float = 0.0,
 ) -> dict[str, FastVerdict]:
     """A verdict for every gathered peer; pure given the gather results, our probes, the run's
     `rules` (`HParams.gauntlet`: thresholds, samples, margins) and `baseline`.
+    `unit`: one outer step's movement at the probed values, the sync score's unit (`sync_steps`): α
+    under a rule that moves every coordinate by α, else the measured movement of the step that made
+    the base (`templar.validator.base.StepUnits`), with `ulp_slack` (the run's `sync.ulp_slack`) for
+    rounding across devices.
     `expected_step`: the global_step of the window's base (the θ its updates are computed from); a
     payload claiming another is `wrong_step`, or `wrong_base` when it is the step of `other_base` (the
     θ the run's other overlap mode would compute from: a miner computing from the wrong model), as is
@@ -158,9 +165,9 @@ def fast_evaluate(
             other = other_base is not None and g.global_step == other_base.global_step
             verdicts[hotkey] = FastVerdict(Status.WRONG_BASE if other else Status.WRONG_STEP)
             continue
-        steps = probe_sync_steps(own_probes, g.probes, lr)
+        steps = probe_sync_steps(own_probes, g.probes, unit, ulp_slack=ulp_slack)
         if other_base is not None and other_base.probes is not None and \
-                probe_sync_steps(other_base.probes, g.probes, lr) < steps:
+                probe_sync_steps(other_base.probes, g.probes, unit, ulp_slack=ulp_slack) < steps:
             verdicts[hotkey] = FastVerdict(Status.WRONG_BASE, sync_steps=steps)
             continue
         if not is_synced(steps, rules.sync_max_steps):

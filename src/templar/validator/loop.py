@@ -117,7 +117,9 @@ class Validator:
         self.weights = WeightSetter(node)
         self.public = PublicWork(self.hp.gauntlet.public_windows)  # aggregated uploads, for the borrowed-work check
         self.pair_baseline = PoolBaselines.of(self.hp.gauntlet)  # earlier windows' typical pairs, for the pool check
-        self.bases = BaseKeeper(self.compute, self.hp.inner)  # what each window's updates are computed from
+        # what each window's updates are computed from, and how far each step moved θ where it probes
+        self.bases = BaseKeeper(self.compute, self.hp.inner,
+                                measure_steps=not rule_of(self.hp.optimizer.method).moves_every_coordinate)
         self._base_evaluator: Evaluator | None = None
 
     @property
@@ -419,9 +421,10 @@ class Validator:
         led = work.decision is not None and work.decision.lead is not None \
             and work.decision.lead.hotkey == self.node.hotkey
         self.role = self.leading if led else self.following
-        await asyncio.to_thread(self.bases.before_step, self.state)
+        await asyncio.to_thread(self.bases.before_step, self.state, work.window)
         work.step, work.applied = await self.role.step(work)
         self.state.window = max(self.state.window, work.window)
+        await asyncio.to_thread(self.bases.after_step, self.state)
         self.sync.record(self.state.window, self.state.global_step)
 
     async def set_weights(self, work: ValidatorWindow) -> None:
@@ -461,6 +464,12 @@ class Validator:
 
     async def _fast_evaluate(self, window: int, results: dict[str, GatherResult[Gradient]],
                              lr: float, replayed: Mapping[str, Sighting], base: Base) -> dict[str, FastVerdict]:
+        unit, ulp_slack = base.sync_unit(lr, moves_every_coordinate=not self.bases.measure_steps,
+                                         ulp_slack=self.hp.sync.ulp_slack)
+        if self.bases.measure_steps and base.step_unit is None:
+            context(window=window, phase="validate").info(
+                f"sync score of window {window} in units of α: this validator did not take the step that made its "
+                "base itself (it started or caught up since), so it has not measured that step's movement")
         other = base.other
         if base.kept:  # the kept model is the base, the live θ the other candidate
             own_probes = await asyncio.to_thread(self.compute.base_probes, window)
@@ -468,9 +477,10 @@ class Validator:
         else:
             own_probes = await asyncio.to_thread(self.compute.probes, window)
         return await asyncio.to_thread(
-            fast_evaluate, results, own_probes, lr, rules=self.hp.gauntlet, salt=self.eval_seed(window),
+            fast_evaluate, results, own_probes, unit, rules=self.hp.gauntlet, salt=self.eval_seed(window),
             expected_step=base.global_step, commitments=self.commits.pop(window), replayed=replayed,
-            earlier=self.public.before(window), baseline=self.pair_baseline, other_base=other)
+            earlier=self.public.before(window), baseline=self.pair_baseline, other_base=other,
+            ulp_slack=ulp_slack)
 
     def _evaluator(self, base: Base) -> PeerScorer:
         """LossScores against the base: the node's own evaluator on θ, or on the kept model."""

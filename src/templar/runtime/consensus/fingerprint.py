@@ -17,6 +17,9 @@ coordinate by α·sign(Δ) (plus decoupled weight decay), so
   allows; a fork by one missing peer flips 4.2 % of the signs at G = 15 (14.5 % at G = 4,
   measured on real DeMo payloads): ~11 positions expected, caught by one check with probability
   ~0.76 and, positions being redrawn every window while the fork persists, by three with ~0.99;
+- under a rule whose step moves only some coordinates, by less than α (SparseLoCo), a position is off
+  beyond rounding (`ulp_slack`) instead: the aggregate is exact and applied element-wise, so honest
+  nodes differ by a few ulps, and a missed window moves the share of positions its step touched;
 - ulp-level rounding never moves a value by α/2, so it is never "off" (nor by `ulp_slack`, 8
   float32 ulps of its magnitude, whatever α is);
 - cross-device sign flips near 0 hit a share f of coordinates that grows by ~1e-6 per window
@@ -76,20 +79,29 @@ def model_fingerprint(model: torch.nn.Module, seed: int, window: int, count: int
     return out
 
 
-def off_positions(own: torch.Tensor, published: torch.Tensor, lr: float, rules: SyncConfig) -> int:
+def off_positions(own: torch.Tensor, published: torch.Tensor, lr: float, rules: SyncConfig, *,
+                  moves_every_coordinate: bool = True) -> int:
     """How many positions differ by more than α/2 (or `ulp_slack` of the published value, if more).
-    A non-finite own value is always off."""
+    A non-finite own value is always off.
+
+    Under a rule whose step does not move every coordinate by α (`OuterRule.moves_every_coordinate`
+    False: SparseLoCo, whose step moves a sparse set of coordinates by α times a small value and whose
+    aggregate is exact, so honest nodes differ by rounding only) the α/2 allowance would hide a missed
+    window entirely: there a position is off when it differs by more than `ulp_slack` of its value."""
     if own.shape != published.shape:
         return max(own.numel(), published.numel())
     mine, theirs = own.double(), published.double()
-    tolerance = torch.clamp(theirs.abs() * rules.ulp_slack, min=lr / 2)
+    allowance = lr / 2 if moves_every_coordinate else 0.0
+    tolerance = torch.clamp(theirs.abs() * rules.ulp_slack, min=allowance)
     return int((~((mine - theirs).abs() <= tolerance)).sum())
 
 
-def model_in_sync(own: torch.Tensor, published: torch.Tensor, lr: float, rules: SyncConfig) -> bool:
+def model_in_sync(own: torch.Tensor, published: torch.Tensor, lr: float, rules: SyncConfig, *,
+                  moves_every_coordinate: bool = True) -> bool:
     """The one rule for "this node holds the lead's model" (see the module docstring): at most
-    `max_off_share` of the fingerprint positions off by more than α/2. `lr` is the learning rate of
-    the run's latest step (every coordinate moved by about that much in it)."""
+    `max_off_share` of the fingerprint positions off (`off_positions`). `lr` is the learning rate of
+    the run's latest step (under the signed rule every coordinate moved by about that much in it)."""
     if not lr > 0:
         raise ValueError(f"model_in_sync: lr must be positive, got {lr!r}")
-    return off_positions(own, published, lr, rules) <= int(own.numel() * rules.max_off_share)
+    off = off_positions(own, published, lr, rules, moves_every_coordinate=moves_every_coordinate)
+    return off <= int(own.numel() * rules.max_off_share)
