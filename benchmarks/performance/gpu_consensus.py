@@ -18,6 +18,7 @@ from templar.compress import (
     apply_signed_update,
     native,
 )
+from templar.compress.methods import rule_of
 from templar.runtime.consensus.fingerprint import model_fingerprint, model_in_sync, off_positions
 from templar.runtime.train import (
     accumulate_gradients,
@@ -123,8 +124,10 @@ def phase_consensus(b: Bench) -> dict[str, Any]:
     del reference_model
     out["theta"] = {"coordinates_differing": differing, "largest_difference": largest, "lr": lr,
                     "largest_over_lr": largest / lr}
-    out["fingerprint"] = {"positions": positions, "off": off_positions(own, published, lr, hp.sync),
-                          "model_in_sync": model_in_sync(own, published, lr, hp.sync)}
+    every = rule_of(hp.optimizer.method).moves_every_coordinate  # the node's own check, as under the run's rule
+    out["fingerprint"] = {"positions": positions,
+                          "off": off_positions(own, published, lr, hp.sync, moves_every_coordinate=every),
+                          "model_in_sync": model_in_sync(own, published, lr, hp.sync, moves_every_coordinate=every)}
     out["consistent"] = bool(out["accumulators"]["all"] and out["kept_sets"]["only_near_ties"]
                              and out["fingerprint"]["model_in_sync"])
     return out
