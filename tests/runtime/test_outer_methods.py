@@ -4,6 +4,7 @@ node's per-parameter split, and the validator's trial step."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import pytest
@@ -121,6 +122,33 @@ def test_the_trial_step_is_the_peers_update_as_the_outer_step_applies_it(method)
     assert all(torch.equal(trial[n], alone[n]) for n in shapes)
     if method == "signed":
         assert all(bool(((t == -1) | (t == 0) | (t == 1)).all()) for t in trial.values())
+
+
+def _norm(update: dict[str, torch.Tensor]) -> float:
+    return float(sum((t.double() ** 2).sum() for t in update.values())) ** 0.5
+
+
+def test_a_sparseloco_trial_step_is_held_to_the_windows_median_norm():
+    """The validator's trial step under SparseLoCo is the peer's update clipped to the window's median
+    payload norm, as the aggregate clips it: values scaled up (or a higher inner rate) buy no larger
+    step, so LossScore pays the direction; a payload at or below the median is its own update. The
+    signed rule's sign step has one size whatever the payload, so it has no reference."""
+    hp = _hparams("sparseloco")
+    rule = rule_of("sparseloco")
+    shapes = parameter_shapes(build_model(hp))
+    peers = [g.tensors for g in _payloads(hp, 4)]
+    reference = rule.trial_reference(peers)
+    assert reference is not None and reference > 0
+    inflated = {n: dataclasses.replace(c, values=c.values * 4) for n, c in peers[0].items()}
+    plain, big = rule.trial(peers[0], shapes, reference=reference), rule.trial(inflated, shapes, reference=reference)
+    assert _norm(big) == pytest.approx(float(reference) ** 0.5, rel=1e-5)  # clipped to the median
+    assert _norm(rule.trial(inflated, shapes)) == pytest.approx(4 * _norm(rule.trial(peers[0], shapes)), rel=1e-5)
+    assert _norm(plain) <= _norm(big) * (1 + 1e-6)
+    smallest = min(peers, key=lambda p: _norm(rule.trial(p, shapes)))
+    assert all(torch.equal(a, b) for a, b in zip(rule.trial(smallest, shapes, reference=reference).values(),
+                                                 rule.trial(smallest, shapes).values(), strict=True))
+    signed = _hparams("signed")
+    assert rule_of("signed").trial_reference([g.tensors for g in _payloads(signed, 2)]) is None
 
 
 def test_each_run_refuses_the_other_methods_payload():

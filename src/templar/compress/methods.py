@@ -6,7 +6,8 @@ trial step):
 - `aggregate`: the update direction of the top-G peers' payloads, bit-identical on every machine
   and for any peer order (`peer_factors` + `aggregate_param` are the same rule split for a node
   whose ranks each hold some parameters: the factors come from the whole payloads, once);
-- `trial`: one peer's update as the outer step would apply it alone (the validator's LossScore);
+- `trial`: one peer's update as the outer step would apply it alone (the validator's LossScore), held
+  to the size the aggregate would give it among the window's payloads (`trial_reference`);
 - `apply`: θ ← θ − α·update at the run's outer learning rate α;
 - `moves_every_coordinate`: whether one step moves every coordinate of θ by α, so that "how many
   steps apart" two models are reads as their distance over α (the sync score, docs/scoring.md §2);
@@ -22,7 +23,9 @@ trial step):
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
+from fractions import Fraction
 from typing import Protocol
 
 import torch
@@ -63,7 +66,13 @@ class OuterRule(Protocol):
     def aggregate(self, peers: Sequence[Mapping[str, Compressed]], weights: Sequence[float],
                   shapes: Mapping[str, torch.Size]) -> dict[str, torch.Tensor]: ...
 
-    def trial(self, peer: Mapping[str, Compressed], shapes: Mapping[str, torch.Size]) -> dict[str, torch.Tensor]: ...
+    def trial(self, peer: Mapping[str, Compressed], shapes: Mapping[str, torch.Size], *,
+              reference: Fraction | None = None) -> dict[str, torch.Tensor]: ...
+
+    def trial_reference(self, peers: Sequence[Mapping[str, Compressed]]) -> Fraction | None:
+        """What a trial step is held to among the window's `peers` (None: nothing, the rule's own step
+        has one size whatever the payload's)."""
+        ...
 
     def peer_factors(self, peers: Sequence[Mapping[str, Compressed]], weights: Sequence[float]) -> list[float]: ...
 
@@ -92,8 +101,13 @@ class SignedRule:
                   shapes: Mapping[str, torch.Size]) -> dict[str, torch.Tensor]:
         return signed_aggregate(peers, weights, shapes)
 
-    def trial(self, peer: Mapping[str, Compressed], shapes: Mapping[str, torch.Size]) -> dict[str, torch.Tensor]:
+    def trial(self, peer: Mapping[str, Compressed], shapes: Mapping[str, torch.Size], *,
+              reference: Fraction | None = None) -> dict[str, torch.Tensor]:
         return signed_aggregate([peer], [1.0], shapes)
+
+    def trial_reference(self, peers: Sequence[Mapping[str, Compressed]]) -> Fraction | None:
+        """None: a sign step moves every coordinate by β, whatever the payload's magnitude."""
+        return None
 
     def peer_factors(self, peers: Sequence[Mapping[str, Compressed]], weights: Sequence[float]) -> list[float]:
         """Each peer's weight as is: the sign rule normalises every tensor of every peer itself."""
@@ -125,8 +139,24 @@ class SparseLoCoRule:
                   shapes: Mapping[str, torch.Size]) -> dict[str, torch.Tensor]:
         return aggregate_clipped_mean(peers, weights, shapes)
 
-    def trial(self, peer: Mapping[str, Compressed], shapes: Mapping[str, torch.Size]) -> dict[str, torch.Tensor]:
-        return aggregate_clipped_mean([peer], [1.0], shapes)
+    def trial(self, peer: Mapping[str, Compressed], shapes: Mapping[str, torch.Size], *,
+              reference: Fraction | None = None) -> dict[str, torch.Tensor]:
+        """The peer's update, scaled by min(1, m/‖q_p‖) where m² is `reference` (`trial_reference`:
+        the window's median payload norm), as the aggregate clips it: a larger update than the
+        window's typical one (a higher inner rate, values scaled up) buys no larger trial step, so
+        LossScore pays a payload's direction, not its magnitude. None: the update as it is."""
+        if reference is None:
+            return aggregate_clipped_mean([peer], [1.0], shapes)
+        names = sorted(peer)
+        norm = payload_norm_squared(peer, names)
+        factor = 1.0 if norm <= reference else math.sqrt(float(reference / norm))
+        return aggregate_clipped_mean([peer], [factor], shapes, clip=False)
+
+    def trial_reference(self, peers: Sequence[Mapping[str, Compressed]]) -> Fraction | None:
+        """The lower median of the window's payloads' exact squared norms (`clip_factors`' median):
+        None when no payload has a norm."""
+        norms = sorted(n for n in (payload_norm_squared(p, sorted(p)) for p in peers) if n > 0)
+        return norms[(len(norms) - 1) // 2] if norms else None
 
     def peer_factors(self, peers: Sequence[Mapping[str, Compressed]], weights: Sequence[float]) -> list[float]:
         """w_p·min(1, m/‖q_p‖) from the whole payloads (exact norms; 0 for a peer that adds nothing)."""

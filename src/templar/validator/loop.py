@@ -22,15 +22,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 import torch
 
 from templar.comms import GatherResult, GatherStatus, RecordError, get_start_window, put_start_window
 from templar.comms.keys import inputs_key, start_window_key
+from templar.compress import Compressed
 from templar.compress.methods import rule_of
 from templar.core.log import context, short
 from templar.core.schedule import learning_rate
@@ -398,8 +400,9 @@ class Validator:
         work.learning_rate = learning_rate(base.global_step, self.hp.optimizer)
         work.verdicts = await self._fast_evaluate(window, {hk: work.results[hk] for hk in draw.fast},
                                                   work.learning_rate, work.replayed, base)
+        earning = [work.results[hk].value for hk, v in work.verdicts.items() if v.status.earns]
         work.losses = await self._primary(window, work.miners, draw.primary(work.verdicts), work.results,
-                                          work.learning_rate, base)
+                                          work.learning_rate, base, earning=[g.tensors for g in earning if g])
 
     def score(self, work: ValidatorWindow) -> None:
         """The Gauntlet's window (`score_window`); the aggregated uploads are remembered for the
@@ -495,17 +498,22 @@ class Validator:
         return self._base_evaluator
 
     async def _primary(self, window: int, miners: Mapping[str, int], chosen: list[str],
-                       results: Mapping[str, GatherResult[Gradient]], lr: float, base: Base) -> dict[str, LossScores]:
+                       results: Mapping[str, GatherResult[Gradient]], lr: float, base: Base, *,
+                       earning: Sequence[Mapping[str, Compressed]] = ()) -> dict[str, LossScores]:
         """LossScore on assigned vs unassigned data for S_t (`chosen`, paper §3.1): each peer's
-        evaluated pages among its assigned ones and the random pages, drawn with our secret."""
+        evaluated pages among its assigned ones and the random pages, drawn with our secret.
+        `earning`: the window's payloads that passed fast evaluation (`Status.earns`), whose median
+        norm a trial step is held to under a rule that applies magnitudes (`OuterRule.trial_reference`)."""
         hp, node = self.hp, self.node
         seed = self.eval_seed(window)
         if not chosen:
             return {}
         shapes = node.shapes
         rule = rule_of(hp.optimizer.method)  # each peer's update as the outer step would apply it alone
+        reference = await asyncio.to_thread(rule.trial_reference, earning) if earning else None
         signs: dict[str, dict[str, torch.Tensor]] = {
-            hk: await asyncio.to_thread(rule.trial, results[hk].value.tensors, shapes) for hk in chosen}
+            hk: await asyncio.to_thread(functools.partial(rule.trial, reference=reference), results[hk].value.tensors,
+                                        shapes) for hk in chosen}
         assigned = {
             hk: (await node.pages.fetch(select_eval_pages(
                 seed, window, miners[hk], node.plan.assigned_pages(miners[hk], window, hp.data.pages_per_window),
