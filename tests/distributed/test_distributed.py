@@ -78,6 +78,19 @@ def test_sharded_node_equals_one_process(ranks: int, tmp_path: Path) -> None:
         assert hang is not None and hang["seconds"] < 7.5 and "barrier failed" in hang["error"], hang
 
 
+def test_a_sharded_sparseloco_node_equals_one_process(tmp_path: Path) -> None:
+    """The other outer rule a run may choose (`tiny-sparseloco`) over 2 ranks: the sharded compressor's
+    update and wire payload are the 1-process one's for the same gradient, and the outer step, whose
+    clip uses each peer's whole-payload norm, is bit-identical (the signed rule's case is above)."""
+    done = run(torchrun(2, "sparse", str(tmp_path)))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    report = json.loads((tmp_path / "result.json").read_text())
+    assert report["world_size"] == 2 and len(report["windows"]) == 3
+    for row in report["windows"]:
+        assert row["same_coefficients_same_grad"] and row["payload_identical_same_grad"], row
+        assert row["theta_bit_identical"] and row["global_step"][0] == row["global_step"][1], row
+
+
 def _tensors(path: Path) -> dict:
     with safe_open(str(path), framework="pt") as f:
         tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open has no __iter__)

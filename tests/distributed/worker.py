@@ -8,6 +8,9 @@ outer step and probes bit-identical, and the state file round trip. Rank 0 write
 It also runs a miner node with each memory setting (`memory`): the default's payloads, θ and state
 file, bit for bit, with the followers taking rank 0's settings.
 
+`sparse OUT`: the same checks for the other outer rule a run may choose (`tiny-sparseloco`): the
+sharded SparseLoCo compressor's update and payload equal the 1-process one's for the same gradient,
+and the outer step (each peer clipped by its whole payload's norm) is bit-identical.
 `windows STATE_DIR N DELAY [REFERENCE_DIR]`: a miner's compute loop without chain or bucket (train,
 compress, write the payload, outer step with its own update, save), resuming from STATE_DIR; each
 finished window is appended to STATE_DIR/progress.txt and each rank's pid written to
@@ -340,6 +343,63 @@ def windows(state_dir: Path, until: int, delay: float, reference_dir: Path | Non
     group.close()
 
 
+def sparse(out_dir: Path) -> None:
+    from templar.compress.methods import rule_of
+
+    hp = load_hparams("tiny-sparseloco")
+    rule = rule_of(hp.optimizer.method)
+    group = init_group("cpu")
+    ref = build_model(hp)
+    model = shard_model(build_model(hp), group)
+    comp = rule.compressor(hp.demo.target_chunk, hp.demo.topk)
+    demo = ShardedDeMo(model, group, compressor=rule.compressor(hp.demo.target_chunk, hp.demo.topk),
+                       decay=hp.demo.momentum_decay)
+    ref_demo = DeMo(ref, compressor=comp, decay=hp.demo.momentum_decay)
+    state, ref_state = NodeState(window=-1, global_step=0), NodeState(window=-1, global_step=0)
+    report: dict[str, object] = {"world_size": group.world_size, "windows": []}
+    for window in (0, 1, 2):
+        batch = pages(hp, window)
+        accumulate_sharded(model, batch, 4, group, hp.optimizer.grad_clip)
+        accumulate_gradients(ref, batch, 4, hp.optimizer.grad_clip)
+        got = full_grads(model, group)
+        lr = learning_rate(state.global_step, hp.optimizer)
+        ef_before = demo.gather_state()
+        sent = demo.step(model, lr)
+        ref_sent = ref_demo.step(gradients(ref), lr)
+        ref.zero_grad(set_to_none=True)
+        model.zero_grad(set_to_none=True)
+        row: dict[str, object] = {"window": window}
+        probes = collect_probes_sharded(model, window, hp, group)
+        if group.is_leader:
+            twin = DeMo(ref, compressor=comp, decay=hp.demo.momentum_decay)
+            twin.load_state_dict(ef_before)
+            twin_sent = twin.step(got, lr)
+            row["same_coefficients_same_grad"] = all(
+                torch.equal(sent[k].indices, twin_sent[k].indices) and torch.equal(sent[k].values, twin_sent[k].values)
+                for k in sent)
+            payload = write_gradient(sent, probes, window=window, global_step=state.global_step, hotkey="h", hp=hp,
+                                     run=RUN, sign=nosign)
+            twin_payload = write_gradient(twin_sent, collect_probes(ref, window, hp), window=window,
+                                          global_step=state.global_step, hotkey="h", hp=hp, run=RUN, sign=nosign)
+            row["payload_identical_same_grad"] = same_payload(payload, twin_payload)
+        # three peers of different norms (the clip to the median acts on the largest), the same on both
+        scaled = {k: dataclasses.replace(c, values=c.values * 2) for k, c in ref_sent.items()}
+        peers = [Gradient(window=window, global_step=state.global_step, hotkey=str(i), warmup=False,
+                          tensors=t, probes={}, digest=b"", nbytes=0)
+                 for i, t in enumerate((ref_sent, sent, scaled))]
+        outer_step_sharded(model, peers if group.is_leader else None, state, hp, group)
+        outer_step(ref, peers, ref_state, hp)
+        theta = full_model_state(model, group)
+        if group.is_leader:
+            sd = ref.state_dict()
+            row["theta_bit_identical"] = all(torch.equal(theta[k], sd[k]) for k in sd)
+            row["global_step"] = [state.global_step, ref_state.global_step]
+        report["windows"].append(row)
+    if group.is_leader:
+        (out_dir / "result.json").write_text(json.dumps(report))
+    group.close()
+
+
 def _windows(group: Group, state_dir: Path, until: int, delay: float) -> None:
     hp = load_hparams("tiny")
     model = shard_model(build_model(hp), group)
@@ -371,5 +431,7 @@ def _windows(group: Group, state_dir: Path, until: int, delay: float) -> None:
 if __name__ == "__main__":
     if sys.argv[1] == "equality":
         equality(Path(sys.argv[2]))
+    elif sys.argv[1] == "sparse":
+        sparse(Path(sys.argv[2]))
     else:
         windows(Path(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), Path(sys.argv[5]) if len(sys.argv) > 5 else None)
