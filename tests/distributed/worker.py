@@ -100,6 +100,18 @@ def full_grads(model, group) -> dict[str, torch.Tensor]:
     return out
 
 
+def twin_update(ref, compressor, hp, error_feedback: dict, grads: dict, lr: float) -> dict:
+    """The 1-process DeMo's update from the sharded node's error feedback and gradient."""
+    twin = DeMo(ref, compressor=compressor, decay=hp.demo.momentum_decay)
+    twin.load_state_dict(error_feedback)
+    return twin.step(grads, lr)
+
+
+def same_update(a: dict, b: dict) -> bool:
+    """The same kept positions and values in every tensor."""
+    return all(torch.equal(a[k].indices, b[k].indices) and torch.equal(a[k].values, b[k].values) for k in a)
+
+
 def equality(out_dir: Path) -> None:
     import templar.distributed.outer as sharded_outer
 
@@ -137,12 +149,8 @@ def equality(out_dir: Path) -> None:
         if group.is_leader:
             row["grad_max_abs_diff"] = max(float((got[k] - want[k]).abs().max()) for k in want)
             row["grad_max_rel"] = max(float((got[k] - want[k]).norm() / (want[k].norm() + 1e-30)) for k in want)
-            twin = DeMo(ref, compressor=comp, decay=hp.demo.momentum_decay)
-            twin.load_state_dict(ef_before)
-            twin_sent = twin.step(got, lr)
-            row["same_coefficients_same_grad"] = all(
-                torch.equal(sent[k].indices, twin_sent[k].indices) and torch.equal(sent[k].values, twin_sent[k].values)
-                for k in sent)
+            twin_sent = twin_update(ref, comp, hp, ef_before, got, lr)
+            row["same_coefficients_same_grad"] = same_update(sent, twin_sent)
         ref_sent = ref_demo.step(want, lr)
         ref.zero_grad(set_to_none=True)
         model.zero_grad(set_to_none=True)
@@ -371,12 +379,8 @@ def sparse(out_dir: Path) -> None:
         row: dict[str, object] = {"window": window}
         probes = collect_probes_sharded(model, window, hp, group)
         if group.is_leader:
-            twin = DeMo(ref, compressor=comp, decay=hp.demo.momentum_decay)
-            twin.load_state_dict(ef_before)
-            twin_sent = twin.step(got, lr)
-            row["same_coefficients_same_grad"] = all(
-                torch.equal(sent[k].indices, twin_sent[k].indices) and torch.equal(sent[k].values, twin_sent[k].values)
-                for k in sent)
+            twin_sent = twin_update(ref, comp, hp, ef_before, got, lr)
+            row["same_coefficients_same_grad"] = same_update(sent, twin_sent)
             payload = write_gradient(sent, probes, window=window, global_step=state.global_step, hotkey="h", hp=hp,
                                      run=RUN, sign=nosign)
             twin_payload = write_gradient(twin_sent, collect_probes(ref, window, hp), window=window,
