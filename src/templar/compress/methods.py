@@ -23,7 +23,6 @@ trial step):
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from fractions import Fraction
 from typing import Protocol
@@ -38,7 +37,9 @@ from templar.compress.sparseloco import (
     SparseLoCoCompressor,
     aggregate_clipped_mean,
     apply_mean_update,
+    clip_factor,
     clip_factors,
+    lower_median,
     payload_norm_squared,
     quantise,
 )
@@ -147,16 +148,15 @@ class SparseLoCoRule:
         LossScore pays a payload's direction, not its magnitude. None: the update as it is."""
         if reference is None:
             return aggregate_clipped_mean([peer], [1.0], shapes)
-        names = sorted(peer)
-        norm = payload_norm_squared(peer, names)
-        factor = 1.0 if norm <= reference else math.sqrt(float(reference / norm))
+        norm = payload_norm_squared(peer, sorted(peer))
+        factor = clip_factor(norm, reference) if norm > 0 else 1.0
         return aggregate_clipped_mean([peer], [factor], shapes, clip=False)
 
     def trial_reference(self, peers: Sequence[Mapping[str, Compressed]]) -> Fraction | None:
         """The lower median of the window's payloads' exact squared norms (`clip_factors`' median):
         None when no payload has a norm."""
-        norms = sorted(n for n in (payload_norm_squared(p, sorted(p)) for p in peers) if n > 0)
-        return norms[(len(norms) - 1) // 2] if norms else None
+        norms = [n for n in (payload_norm_squared(p, sorted(p)) for p in peers) if n > 0]
+        return lower_median(norms) if norms else None
 
     def peer_factors(self, peers: Sequence[Mapping[str, Compressed]], weights: Sequence[float]) -> list[float]:
         """w_p·min(1, m/‖q_p‖) from the whole payloads (exact norms; 0 for a peer that adds nothing)."""

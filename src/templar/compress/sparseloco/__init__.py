@@ -10,7 +10,9 @@ fingerprints and evaluation read it unchanged. The wire format is the `rice-q2` 
 from templar.compress.sparseloco.aggregate import (
     aggregate_clipped_mean,
     apply_mean_update,
+    clip_factor,
     clip_factors,
+    lower_median,
     payload_norm_squared,
 )
 from templar.compress.sparseloco.compressor import SparseLoCoCompressor
@@ -20,8 +22,10 @@ __all__ = [
     "SparseLoCoCompressor",
     "aggregate_clipped_mean",
     "apply_mean_update",
+    "clip_factor",
     "clip_factors",
     "join",
+    "lower_median",
     "payload_norm_squared",
     "quantise",
     "split",

@@ -38,7 +38,8 @@ from templar.compress import native
 from templar.compress.compressor import Compressed
 from templar.compress.dct import ChunkPlan
 
-__all__ = ["aggregate_clipped_mean", "apply_mean_update", "clip_factors", "payload_norm_squared"]
+__all__ = ["aggregate_clipped_mean", "apply_mean_update", "clip_factor", "clip_factors", "lower_median",
+           "payload_norm_squared"]
 
 _MANTISSA_BITS = 12  # values with more significant bits are refused (the grid has 8)
 _EXP_OFFSET = 160  # frexp exponents of float32 lie in [-148, 128]
@@ -81,9 +82,15 @@ def payload_norm_squared(peer: Mapping[str, Compressed], names: Sequence[str]) -
     return sum((_norm_terms(peer[name].values, name)[0] for name in names), Fraction(0))
 
 
-def _lower_median(squares: Sequence[Fraction]) -> Fraction:
+def lower_median(squares: Sequence[Fraction]) -> Fraction:
+    """The lower median of squared norms: what every peer is clipped to."""
     ordered = sorted(squares)
     return ordered[(len(ordered) - 1) // 2]
+
+
+def clip_factor(norm_squared: Fraction, median_squared: Fraction) -> float:
+    """min(1, median / norm) (float64, correctly rounded) for a payload with a norm."""
+    return 1.0 if norm_squared <= median_squared else math.sqrt(float(median_squared / norm_squared))
 
 
 def clip_factors(norms_squared: Sequence[Fraction], weights: Sequence[float]) -> list[float]:
@@ -92,15 +99,13 @@ def clip_factors(norms_squared: Sequence[Fraction], weights: Sequence[float]) ->
     contributing = [n for n, w in zip(norms_squared, weights, strict=True) if n > 0 and w > 0]
     if not contributing:
         return [0.0] * len(norms_squared)
-    median = _lower_median(contributing)
+    median = lower_median(contributing)
     factors = []
     for n, w in zip(norms_squared, weights, strict=True):
         if n == 0 or w == 0:
             factors.append(0.0)
-        elif n <= median:
-            factors.append(1.0)
         else:
-            factors.append(math.sqrt(float(median / n)))
+            factors.append(clip_factor(n, median))
     return factors
 
 
