@@ -46,7 +46,8 @@ class Tiny:
 def load_tiny(preset: str = "tiny") -> Tiny:
     hp = load_hparams(preset)
     pages = LocalCorpus(resolve_asset(hp.data.corpus), digest=hp.data.manifest)
-    plan = PagePlan.build(pages.num_pages, hp.data.holdout_fraction, hp.data.data_seed, hp.data.pages_per_window)
+    plan = PagePlan.build(pages.num_pages, hp.data.holdout_fraction, hp.data.data_seed, hp.data.pages_per_window,
+                          hp.data.max_extra_pages)
     return Tiny(hp=hp, pages=pages, plan=plan)
 
 

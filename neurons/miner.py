@@ -19,7 +19,7 @@ import sys
 # (benchmarks/performance/compress.py). Must be set before torch is imported; harmless on GPU.
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
-from templar.runtime.flags import add_memory_args, add_node_args, check_config
+from templar.runtime.flags import add_memory_args, add_node_args, check_config, check_extra_pages
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -27,16 +27,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_node_args(parser)
     add_memory_args(parser)
     parser.add_argument("--extra-pages", type=int, default=0,
-                        help="also train on this many unassigned pages per window. On production's rules it pays "
-                             "LESS: the window's inner steps are spread over more pages, your assigned pages' "
-                             "measured gain shrinks and your proof of computation with it (docs/mining.md §10, "
-                             "docs/scoring.md §4). Only the paper's rules (tiny-paper) pay for it. Leave it at 0")
+                        help="also train on this many more pages per window, declared in your payload: which pages "
+                             "follows from the count (the same for every validator), validators check your work on "
+                             "them like on your assigned pages, and proven extra work is paid: twice the pages "
+                             "earns about 1.41x on production's rules (at most the run's data.max_extra_pages; docs/mining.md §10, "
+                             "docs/scoring.md §4). Declaring pages you do not train pays less than not declaring")
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if code := check_config(args):  # before torch: a bad --hparams is answered in a second
+    if code := check_config(args) or check_extra_pages(args):  # before torch: answered in a second
         return code
     from templar.distributed.launch import run_node  # one process, or this rank of a torchrun node
     from templar.miner.loop import Miner

@@ -81,6 +81,11 @@ def computed() -> list[tuple[str, str]]:
         f"`--data.cache_gb`, default {g(DEFAULT_CACHE_GB)}",
         f"at least {MAX_UIDS} × `pages_per_window`",
         f"{d.sequences_per_page}-sequence pages are {page_kib} KiB",
+        # §10 extra pages (gauntlet.extra_work): twice the pages are weighted 2^q
+        f"(at most `data.max_extra_pages`, {d.max_extra_pages})",
+        f"earn about {2 ** gl.extra_work_exponent:.2f}× an honest miner's weight (2^{g(gl.extra_work_exponent)}",
+        f"It costs twice the compute for about {2 ** gl.extra_work_exponent:.2f}× the weight",
+        f"paid on their own terms: about {2 ** gl.extra_work_exponent:.2f}× for twice the pages",
         # §9, §10
         f"a whole window plus {tail:.0f} s of put window, clock skew, gather and",
         f"`TimeoutStopSec={stop_timeout_seconds(w, 'miner')}`",
@@ -126,8 +131,8 @@ def computed() -> list[tuple[str, str]]:
 
 MEASURED = [
     # (page, phrase on the page, committed measurement, phrase there)
-    ("mining.md", "(0.33–0.54× an\nhonest miner's pay in the 3-validator localnet", "benchmarks/LOG.md",
-     "`moredata` 0.33–0.54×"),
+    ("scoring.md", "`moredata` 1.18–1.87× the honest median at the end (1.54–1.88× over the last 6 windows), `overclaim`\n0.21–0.56×",
+     "benchmarks/LOG.md", "| 1 | 1.18 (1.54) | 0.56 (0.60) |"),
     ("mining.md", "it took more than 7\n  hours", "benchmarks/LOG.md", "| paper settings (before) | 0.24 h | > 7 h |"),
     ("mining.md", "1.3–2.7 hours with the ramp's", "benchmarks/LOG.md", "1.3–2.4 h (2.7 h at tempo 360)"),
     ("mining.md", "206 identical honest\n  miners ended within 1.20–1.29× of each other (max/min over 12 windows",
@@ -280,7 +285,8 @@ def test_every_figure_on_the_pages_has_a_claim():
 
 
 def test_the_miners_help_says_what_extra_pages_earn(capsys):
-    """`neurons/miner.py --help` and mining.md §10 agree: on production's rules extra pages pay less."""
+    """`neurons/miner.py --help` and mining.md §10 agree: declared extra pages, trained, pay 2^q for
+    twice the pages on production's rules; declared and untrained, less than not declaring."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("miner_entry", REPO_ROOT / "neurons" / "miner.py")
@@ -289,5 +295,7 @@ def test_the_miners_help_says_what_extra_pages_earn(capsys):
     with pytest.raises(SystemExit):
         module.parse_args(["--help"])
     help_text = " ".join(capsys.readouterr().out.split())
-    assert "pays LESS" in help_text and "better rating" not in help_text and "mining.md §10" in help_text
-    assert "it pays less, not more" in " ".join(text("mining.md").split())
+    premium = f"{2 ** load_hparams().gauntlet.extra_work_exponent:.2f}x"
+    assert f"twice the pages earns about {premium}" in help_text and "mining.md §10" in help_text
+    assert "Declaring pages you do not train pays less than not declaring" in help_text
+    assert "declaring pages you do not train earns less than not declaring them" in " ".join(text("mining.md").split())

@@ -5,7 +5,8 @@
 
 Runs `templar localnet --in-process` (virtual time: the outcome depends on the seed alone) once per
 seed with 3 validators (stakes 10,000 / 500 / 333), 4 honest miners, `moredata` (the production
-miner with `--extra-pages`, twice the work) and the `lazy`, `copycat` and `noise` cheats. The
+miner with `--extra-pages`, twice the work, declared), `overclaim` (declares the run's most extra
+pages, trains only its assigned ones) and the `lazy`, `copycat` and `noise` cheats. The
 default preset (`benchmarks/presets/micro_gauntlet_8pages.json`) is production's Gauntlet (the
 relative LossRating, stale-first selection, μ ramp k = 0, the proof of computation by size) and
 production's inner loop (H = 2 inner AdamW steps here) on the `micro` model with 8 pages per window
@@ -34,7 +35,7 @@ from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "localnet_consensus_micro_gauntlet.json"
 PRESET = Path(__file__).resolve().parents[1] / "presets" / "micro_gauntlet_8pages.json"
-ADVERSARIES = ("moredata", "lazy", "copycat", "noise")
+ADVERSARIES = ("moredata", "overclaim", "lazy", "copycat", "noise")
 PAID_CLASSES = ("honest", "moredata")
 LAST = 6
 """Windows at the end of a run whose mean incentive is compared (one window alone is one draw)."""
@@ -110,6 +111,7 @@ def summarise(out: Path) -> dict:
         return {"honest_min": min(paid), "honest_max": max(paid), "honest_max_over_min": _ratio(max(paid), min(paid)),
                 "moredata": incentive.get("moredata0", 0.0),
                 "moredata_over_honest": _ratio(incentive.get("moredata0", 0.0), statistics.median(paid)),
+                "overclaim_over_honest": _ratio(incentive.get("overclaim0", 0.0), statistics.median(paid)),
                 "cheats_total": sum(incentive[n] for n in cheats)}
 
     windows = report["windows"]
@@ -130,7 +132,8 @@ def summarise(out: Path) -> dict:
 def line(seed: int, s: dict) -> str:
     f, t = s["final"], s[f"last_{LAST}"]
     return (f"seed {seed}: moredata/honest {f['moredata_over_honest']:.2f} final, {t['moredata_over_honest']:.2f} "
-            f"last {LAST} | honest {f['honest_min']:.3f}-{f['honest_max']:.3f} (max/min {f['honest_max_over_min']:.2f} "
+            f"last {LAST} | overclaim/honest {f['overclaim_over_honest']:.2f} final, "
+            f"{t['overclaim_over_honest']:.2f} last {LAST} | honest {f['honest_min']:.3f}-{f['honest_max']:.3f} (max/min {f['honest_max_over_min']:.2f} "
             f"final, {t['honest_max_over_min']:.2f} last {LAST}) | cheats {f['cheats_total']:.4f} | agreement "
             f"{s['agreement_final']:.3f} final (min pair {s['agreement_min_pair_final']:.3f}), "
             f"{s[f'agreement_mean_last_{LAST}']:.3f} last {LAST}, {s['agreement_mean']:.3f} all | vtrust "

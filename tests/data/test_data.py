@@ -48,6 +48,30 @@ def test_uids_get_disjoint_pages_and_never_holdout():
         assert not set(plan.random_pages(window, 4, exclude=rand[:2])) & set(rand[:2])
 
 
+def test_declared_pages_are_public_disjoint_and_never_random():
+    """A miner's declared extra pages (`--extra-pages`) follow from (seed, uid, window, count): the
+    first `count` of its declared slot, apart from every uid's assigned and declared pages, and never
+    a validator's random pages. Assignment itself is unchanged by the declared slots."""
+    plan = PagePlan.build(NUM_PAGES, 0.02, 1337, 2, declared_per_uid=2)
+    assert plan.assigned_pages(0, 5, 2) == PagePlan.build(NUM_PAGES, 0.02, 1337, 2).assigned_pages(0, 5, 2)
+    holdout = set(plan.holdout_pages())
+    for window in (0, 99):
+        assigned = {p for uid in range(MAX_UIDS) for p in plan.assigned_pages(uid, window, 2)}
+        declared = [p for uid in range(MAX_UIDS) for p in plan.declared_pages(uid, window, 2)]
+        assert len(declared) == len(set(declared)) == 2 * MAX_UIDS
+        assert not set(declared) & (assigned | holdout)
+        assert plan.declared_pages(7, window, 1) == plan.declared_pages(7, window, 2)[:1]  # a prefix: no choice
+        assert plan.declared_pages(7, window, 0) == []
+        for salt in (0, 7, 10**6 % plan.pool):
+            assert not set(plan.random_pages(window, 8, salt=salt)) & (set(declared) | assigned | holdout)
+    for n in (-1, 3):
+        with pytest.raises(ValueError, match="extra pages"):
+            plan.declared_pages(0, 0, n)
+    small = PagePlan.build(1200, 0.0, 1, 2, declared_per_uid=2)  # too small for the declared slots:
+    assigned = {p for uid in range(MAX_UIDS) for p in small.assigned_pages(uid, 3, 2)}
+    assert not set(small.random_pages(3, 8)) & assigned  # random pages still avoid every assignment
+
+
 def test_random_pages_function_form():
     pages = random_pages(1337, 3, 4, NUM_PAGES, pages_per_uid=2, holdout_fraction=0.02)
     assert pages == random_pages(1337, 3, 4, NUM_PAGES, pages_per_uid=2, holdout_fraction=0.02)

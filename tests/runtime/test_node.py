@@ -35,6 +35,15 @@ def test_a_configuration_error_is_one_line_and_exit_code_3(tmp_path):
     assert "Traceback" not in done.stderr and "missing.json" in done.stderr
 
 
+def test_more_extra_pages_than_the_run_allows_is_a_configuration_error(tmp_path):
+    """`--extra-pages` beyond the run's `data.max_extra_pages` (tiny: 2) exits 3 with one line before
+    anything loads: every validator would refuse the payloads it declares them in."""
+    done = _run(str(REPO_ROOT / "neurons" / "miner.py"), "--hparams", "tiny", "--extra-pages", "3",
+                "--subtensor.network", "embedded", "--subtensor.chain_endpoint", str(tmp_path / "chain.sqlite"))
+    assert done.returncode == EXIT_CONFIG, done.stderr
+    assert "--extra-pages 3: this run allows 0 to 2" in done.stderr and "Traceback" not in done.stderr
+
+
 def test_start_node_raises_instead_of_exiting(tmp_path):
     args = _args("--hparams", "tiny", "--subtensor.network", "embedded",
                  "--subtensor.chain_endpoint", str(tmp_path / "no-chain.sqlite"))

@@ -96,6 +96,24 @@ def test_signature_binds_hotkey_metadata_and_tensors(payload, hp, small_shapes, 
     assert _reason(claims_bob, hp, small_shapes, verify=verify, expected_hotkey=keypair.ss58_address) == "wrong_hotkey"
 
 
+def test_declared_extra_pages_round_trip_within_the_runs_bound(payload, hp, small_shapes, keypair, verify) -> None:
+    """The pages a miner declares beyond its assigned ones travel in the signed document (the
+    commitment covers them); a count above the run's `data.max_extra_pages` is refused on both ends."""
+    assert read_gradient(payload, small_shapes, hp, run=RUN, verify=verify).extra_pages == 0
+    tensors, doc = _parts(payload)
+    declared = _forge(tensors, {**doc, "extra_pages": hp.data.max_extra_pages}, keypair)
+    assert read_gradient(declared, small_shapes, hp, run=RUN, verify=verify).extra_pages == hp.data.max_extra_pages
+    over = _forge(tensors, {**doc, "extra_pages": hp.data.max_extra_pages + 1}, keypair)
+    assert _reason(over, hp, small_shapes, verify=verify) == "bad_metadata"
+    compressed = {n: DCTCompressor(hp.demo.target_chunk, hp.demo.topk).compress(torch.ones(s))
+                  for n, s in small_shapes.items()}
+    probes = take_probes({n: torch.ones(s) for n, s in small_shapes.items()}, seed=1, window=WINDOW,
+                         count=hp.gauntlet.probe_count)
+    with pytest.raises(ValueError, match="extra_pages"):
+        write_gradient(compressed, probes, window=WINDOW, global_step=STEP, hotkey=keypair.ss58_address, hp=hp,
+                       run=RUN, sign=keypair.sign, extra_pages=hp.data.max_extra_pages + 1)
+
+
 def _parts_sig(data: bytes) -> str:
     n = int.from_bytes(data[:8], "little")
     return json.loads(data[8 : 8 + n])["__metadata__"]["signature"]
@@ -141,6 +159,10 @@ def test_every_structural_reason(payload, hp, small_shapes) -> None:
         ({"netuid": "7"}, "bad_metadata"),
         ({"run": "not-hex"}, "bad_metadata"),
         ({"protocol": "2"}, "bad_metadata"),
+        ({"extra_pages": -1}, "bad_metadata"),
+        ({"extra_pages": 1.0}, "bad_metadata"),
+        ({"extra_pages": 3}, "bad_metadata"),  # tiny allows 2 (data.max_extra_pages)
+        ({"extra_pages": 10**6}, "bad_metadata"),
     ],
 )
 def test_metadata_is_strictly_typed(payload, hp, small_shapes, change, reason) -> None:

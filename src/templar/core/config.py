@@ -80,6 +80,11 @@ class DataConfig(_Strict):
     holdout_eval_pages: int = Field(default=4, gt=0, description="held-out pages a validator measures its "
                                     "model's held-out loss on each window")
     data_seed: int = Field(ge=0, description="seed of the deterministic page assignment")
+    max_extra_pages: int = Field(
+        default=0, ge=0, le=4096, description="the most pages beyond its assigned ones a miner may declare per "
+        "window (--extra-pages, docs/mining.md §6): which pages follows from the count by a public rule "
+        "(PagePlan.declared_pages), validators draw the proof of computation across assigned and declared pages "
+        "alike, and the declared work is paid (gauntlet.extra_work_exponent); 0: no extra pages in this run")
 
 
 class OptimizerConfig(_Strict):
@@ -204,6 +209,16 @@ class GauntletConfig(_Strict):
     proof_gap_history: int = Field(
         default=16, ge=1, le=HISTORY_LIMIT, description="windows whose own median gaps the typical gap is the "
         "median of (this one and the book's earlier ones): whoever fills one S_t cannot set the scale")
+    extra_work_exponent: float = Field(
+        default=0.5, ge=0, le=1, description="q: a miner that declared and proved pages/assigned times the "
+        "assigned work is weighted (pages/assigned)^q times as much (its PeerScore times that to the 1/power): "
+        "twice the pages earns 2^q. Below 1 so that more pages for one hotkey earn less per page than the same "
+        "pages under their own hotkeys, and a declared page left untrained (which costs its share of the proof) "
+        "earns less than not declaring it (docs/scoring.md §4)")
+    extra_work_tolerance: float = Field(
+        default=0.7, gt=0, le=1, description="τ: a page class (assigned or declared) whose proof credit reaches τ "
+        "times the other's counts as fully trained (extra_work.trained_multiple): forgives the two classes' "
+        "evaluation noise; a class left untrained shows about 0 whatever τ")
     position_ranges: int = Field(
         default=4, ge=1, le=64, description="consecutive position ranges of each assigned sequence that the "
         "proof by size measures and clips one by one (a miner training the first quarter of every sequence's "

@@ -10,8 +10,13 @@ may change between releases).
 Why slots come from the uid and not from a hash of the hotkey: hashing hotkeys into a finite
 page pool collides by the birthday bound (256 hotkeys over a few thousand slots collide almost
 surely), while the chain guarantees uids are unique, so uid slots are disjoint by construction.
-Pages past every uid's slot are never assigned to anyone in that window; `random_pages` draws
-from there, so a validator's "random" data is unassigned for every peer.
+Behind the assigned slots come the declared slots (`declared_pages`): a miner that takes more pages
+than assigned declares how many in its signed payload, and which pages those are is again a pure
+function, of (seed, uid, window, count): the first `count` positions of its uid's declared slot. No
+one chooses its own extra pages, and no two uids' declared pages overlap each other or anyone's
+assigned ones (on a corpus large enough, as for assignment). Pages past every uid's slots, assigned
+and declared, are given to no one in that window; `random_pages` draws from there, so a validator's
+"random" data is untrained by every peer.
 """
 
 from __future__ import annotations
@@ -70,13 +75,19 @@ class PagePlan:
     holdout: int
     seed: int
     pages_per_uid: int
+    declared_per_uid: int = 0
+    """Positions of each uid's declared slot (the run's `data.max_extra_pages`)."""
 
     @classmethod
-    def build(cls, num_pages: int, holdout_fraction: float, seed: int, pages_per_uid: int) -> PagePlan:
+    def build(cls, num_pages: int, holdout_fraction: float, seed: int, pages_per_uid: int,
+              declared_per_uid: int = 0) -> PagePlan:
         if num_pages < 2:
             raise ValueError(f"corpus has {num_pages} pages; need at least 2")
+        if declared_per_uid < 0:
+            raise ValueError(f"declared_per_uid must be >= 0, got {declared_per_uid}")
         holdout = holdout_count(num_pages, holdout_fraction)
-        return cls(num_pages=num_pages, holdout=holdout, seed=seed, pages_per_uid=pages_per_uid)
+        return cls(num_pages=num_pages, holdout=holdout, seed=seed, pages_per_uid=pages_per_uid,
+                   declared_per_uid=declared_per_uid)
 
     @property
     def pool(self) -> int:
@@ -105,14 +116,31 @@ class PagePlan:
             raise ValueError(f"asked for {n} pages; a uid slot holds {self.pages_per_uid}")
         return [self._permuted("window", window, uid * self.pages_per_uid + i) for i in range(n)]
 
+    def declared_pages(self, uid: int, window: int, n: int) -> list[int]:
+        """The `n` pages beyond its assigned ones that uid `uid` trains on in `window` when it declares
+        `n` (`--extra-pages`): the first `n` positions of its declared slot, behind every uid's
+        assigned slot. A pure function of public inputs, so a validator draws its proof of computation
+        from exactly the pages the miner declared, and a miner cannot pick pages it likes (or pages
+        another uid trains)."""
+        if not 0 <= uid < MAX_UIDS:
+            raise ValueError(f"uid {uid} outside [0, {MAX_UIDS})")
+        if not 0 <= n <= self.declared_per_uid:
+            raise ValueError(f"declared {n} extra pages; the run allows 0 to {self.declared_per_uid}")
+        start = MAX_UIDS * self.pages_per_uid + uid * self.declared_per_uid
+        return [self._permuted("window", window, start + i) for i in range(n)]
+
     def random_pages(self, window: int, n: int, *, salt: int = 0, exclude: Iterable[int] = ()) -> list[int]:
-        """`n` distinct pages from past every uid's slot in `window`, minus `exclude`.
+        """`n` distinct pages from past every uid's slots (assigned and declared) in `window`, minus
+        `exclude`.
 
         `salt` gives independent draws within one window (e.g. one per evaluated peer).
         """
         excluded = set(exclude)
-        reserved = MAX_UIDS * self.pages_per_uid
-        start = reserved if reserved + n * 4 <= self.pool else 0
+        # past the assigned and declared slots; on a corpus too small for both, past the assigned ones
+        # (a declared page is then also someone's assigned page); on a tiny test corpus, anywhere
+        fits = [r for r in (MAX_UIDS * (self.pages_per_uid + self.declared_per_uid), MAX_UIDS * self.pages_per_uid)
+                if r + n * 4 <= self.pool]
+        start = fits[0] if fits else 0
         span = self.pool - start  # positions past every uid's slot; a salt never wraps into them
         out: list[int] = []
         for j in range(span):

@@ -20,6 +20,7 @@ from templar.gauntlet.duplicates import (
     shared_positions,
     shares_work,
 )
+from templar.gauntlet.extra_work import declared_work, trained_multiple, work_factor
 from templar.gauntlet.rating import DEFAULT_RATING, Rating, competition_ranks, loss_rating, rate_match
 from templar.gauntlet.scores import (
     is_synced,
@@ -51,6 +52,7 @@ __all__ = [
     "WindowDraw",
     "WindowScores",
     "competition_ranks",
+    "declared_work",
     "draw_window",
     "find_copies",
     "find_pools",
@@ -74,7 +76,9 @@ __all__ = [
     "size_credit",
     "sync_steps",
     "top_g",
+    "trained_multiple",
     "typical_gap",
     "update_mu",
     "window_gap",
+    "work_factor",
 ]

@@ -26,6 +26,15 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from templar.core.atomic import atomic_write
 from templar.core.config import HISTORY_LIMIT, GauntletConfig
 from templar.gauntlet.duplicates import one_per_pool
+from templar.gauntlet.extra_work import (
+    class_credits,
+    dilution_multiple,
+    ema_mean,
+    trained_multiple,
+    update_class,
+    update_declared,
+    work_factor,
+)
 from templar.gauntlet.rating import (
     DEFAULT_RATING,
     loss_rating,
@@ -68,6 +77,12 @@ class PrimaryResult(NamedTuple):
     """δ of each evaluated assigned page on its own (empty: judge the mean only); see `page_credit`."""
     sequences: tuple[float, ...] = ()
     """δ of each evaluated assigned sequence (empty: judge the pages); see `size_credit`."""
+    work: float = 1.0
+    """The work the payload declared, in units of the assigned work ((A + K) / A, `declared_work`)."""
+    declared_units: int = 0
+    """How many of `sequences` (the last ones) are units of declared pages (`extra_work.class_credits`)."""
+    random_units: tuple[float, ...] = ()
+    """δ of each unit of the random pages (`extra_work.dilution_multiple`: the evaluation's noise per unit)."""
 
 
 class PeerRecord(BaseModel):
@@ -104,6 +119,15 @@ class PeerRecord(BaseModel):
     relative_delta: float = Field(default=1.0, ge=-1.0, le=4.0, allow_inf_nan=False,
                                   description="EMA of δ_rand / median δ_rand of S_t (relative LossRating)")
     relative_evals: int = Field(default=0, ge=0, description="evaluations in relative_delta")
+    declared: float = Field(default=0.0, ge=0.0, le=4096.0, allow_inf_nan=False,
+                            description="EMA over primary evaluations of the declared work beyond the assigned "
+                            "(w − 1, gauntlet.extra_work); starts at 0")
+    assigned_credit: float = Field(default=0.0, ge=-1.0, le=1.0, allow_inf_nan=False,
+                                   description="EMA of the proof credit on assigned pages' units (extra_work)")
+    assigned_credit_evals: int = Field(default=0, ge=0)
+    declared_credit: float = Field(default=0.0, ge=-1.0, le=1.0, allow_inf_nan=False,
+                                   description="EMA of the proof credit on declared pages' units (extra_work)")
+    declared_credit_evals: int = Field(default=0, ge=0)
     pool: list[Hotkey] = Field(default_factory=list, max_length=MAX_POOL,
                                description="hotkeys whose uploads shared work with this one (itself included)")
     pool_window: int | None = Field(default=None, ge=0, description="window the pool was last seen sharing")
@@ -270,7 +294,20 @@ class ScoreBook:
         mu = ramped_mu(record.mu, record.primary_evals, rules.mu_gamma, rules.mu_prior_evals)
         # A pool's members split one member's score (docs/scoring.md §8): n hotkeys sharing one piece of work
         # earn n·(s/n)^c ≤ s^c of the normalisation, never more than one hotkey doing all of it.
-        record.score = peer_score(mu, self._loss_rating(rules, record)) / max(1, len(record.pool))
+        # Declared extra work, proven page class by page class, is paid as a power of its size (extra_work).
+        work = work_factor(rules, self._trained(rules, record))
+        record.score = peer_score(mu, self._loss_rating(rules, record)) * work / max(1, len(record.pool))
+
+    @staticmethod
+    def _trained(rules: GauntletConfig, record: PeerRecord) -> float:
+        """The work `record`'s evaluations prove, in units of the assigned work (`trained_multiple`)."""
+        gamma = rules.mu_gamma
+        return trained_multiple(1.0 + ema_mean(record.declared, record.primary_evals, gamma, 0.0),
+                                ema_mean(record.assigned_credit, record.assigned_credit_evals, gamma, math.nan)
+                                if record.assigned_credit_evals else None,
+                                ema_mean(record.declared_credit, record.declared_credit_evals, gamma, math.nan)
+                                if record.declared_credit_evals else None,
+                                rules.extra_work_tolerance)
 
     def record_pool(self, rules: GauntletConfig, members: Iterable[str], window: int) -> None:
         """Remember that `members` (hotkeys in the book) shared work in `window`: each is paid its
@@ -350,13 +387,17 @@ class ScoreBook:
         median) also enters its EMA and the window's spread enters the book's noise estimate.
         `proof_credit` "size" scores the proof of computation by the size of each gap relative to
         the window's `typical_gap` (`size_credit`), "sign" by its sign; a gap of `proof_full_gap`
-        × the typical one earns the full credit. Every hotkey must already be in the book.
+        × the typical one earns the full credit. A peer that declared extra pages (`PrimaryResult.work`
+        > 1) has its credit on assigned and on declared units kept apart, and its credit multiplied by
+        the work they prove (`templar.gauntlet.extra_work`). Every hotkey must already be in the book.
         Validation happens before any state changes, so a bad call leaves the book intact.
         """
         records = {hotkey: self._require(hotkey) for hotkey in results}
         for hotkey, result in results.items():
             if math.isnan(result.delta_assigned) or math.isnan(result.delta_rand):
                 raise ValueError(f"record_primary: NaN LossScore for {hotkey}")
+            if not 1.0 <= result.work < math.inf:
+                raise ValueError(f"record_primary: declared work {result.work!r} for {hotkey} (need finite, >= 1)")
         new_ratings = rate_match(
             {hotkey: record.rating for hotkey, record in records.items()},
             {hotkey: result.delta_rand for hotkey, result in results.items()},
@@ -366,13 +407,32 @@ class ScoreBook:
         scale = window_loss_scale(results.values())
         typical = None
         if rules.proof_credit == "size":
-            own = window_gap([proof_gap(r.delta_assigned, r.delta_rand, r.pages) for r in results.values()])
+            # a peer's gap at the assigned-only scale: its pages' share of the update is 1/work (extra_work)
+            own = window_gap([proof_gap(r.delta_assigned, r.delta_rand, r.pages) * max(1.0, r.work)
+                              for r in results.values()])
             typical = rules.proof_full_gap * typical_gap(own, self._recent_gaps(rules, window), scale,
                                                          floor=rules.proof_gap_floor, history=rules.proof_gap_history)
+        # each peer's declared work and class credits after this evaluation (extra_work), then its μ
+        evidence: dict[str, PeerRecord] = {}
+        for hotkey, result in results.items():
+            ahead = records[hotkey].model_copy()
+            ahead.declared = min(4096.0, update_declared(ahead.declared, result.work, rules.mu_gamma))
+            ahead.primary_evals += 1
+            if typical is not None and result.sequences:
+                on_assigned, on_declared = class_credits(result.sequences, result.declared_units, result.delta_rand,
+                                                         typical)
+                ahead.assigned_credit, ahead.assigned_credit_evals = update_class(
+                    ahead.assigned_credit, ahead.assigned_credit_evals, on_assigned, rules.mu_gamma)
+                ahead.declared_credit, ahead.declared_credit_evals = update_class(
+                    ahead.declared_credit, ahead.declared_credit_evals, on_declared, rules.mu_gamma)
+            evidence[hotkey] = ahead
         new_mus = {
             hotkey: update_mu(records[hotkey].mu, result.delta_assigned, result.delta_rand, rules.mu_gamma,
                               rules.proof_margin, scale, pages=result.pages, typical=typical,
-                              sequences=result.sequences)
+                              sequences=result.sequences,
+                              multiple=dilution_multiple(self._trained(rules, evidence[hotkey]), result.random_units,
+                                                         result.delta_rand, typical, rules.proof_full_gap)
+                              if typical is not None else 1.0)
             for hotkey, result in results.items()
         }
         if typical is not None and own is not None:
@@ -390,6 +450,10 @@ class ScoreBook:
             record.mu = new_mus[hotkey]
             record.last_delta_assigned = float(result.delta_assigned)
             record.last_delta_rand = float(result.delta_rand)
+            ahead = evidence[hotkey]
+            record.declared = ahead.declared
+            record.assigned_credit, record.assigned_credit_evals = ahead.assigned_credit, ahead.assigned_credit_evals
+            record.declared_credit, record.declared_credit_evals = ahead.declared_credit, ahead.declared_credit_evals
             record.primary_evals += 1
             if relative_on and hotkey in relative:
                 record.relative_delta = update_relative(record.relative_delta, record.relative_evals,

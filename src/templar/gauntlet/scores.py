@@ -183,6 +183,7 @@ def proof_gap(delta_assigned: float, delta_rand: float, pages: Sequence[float] |
 def update_mu(
     mu: float, delta_assigned: float, delta_rand: float, gamma: float, margin: float = 0.0, scale: float = 0.0,
     pages: Sequence[float] | None = None, typical: float | None = None, sequences: Sequence[float] | None = None,
+    multiple: float = 1.0,
 ) -> float:
     """Proof of computation (paper eq. 3): μ ← γμ + (1−γ)·sign(δ_assigned − δ_rand).
 
@@ -213,6 +214,10 @@ def update_mu(
     `typical` (beyond the paper; `gauntlet.proof_credit` "size"): the window's `typical_gap`. When
     given, the credit is `size_credit` (each sequence's gap relative to the typical one, `sequences`;
     each page's without them) and `margin` plays no part: credit by size needs no dead zone, noise-sized gaps earn noise-sized credit.
+
+    `multiple` (with `typical`): the size credit is multiplied by it, at most ±1: the work beyond the
+    assigned that the peer's declared pages are shown to hold (`extra_work.trained_multiple`), whose
+    share of the update's bounded trial step each page's gap was diluted by.
     """
     if not 0.0 <= gamma < 1.0:
         raise ValueError(f"update_mu: gamma must be in [0, 1), got {gamma!r}")
@@ -223,7 +228,8 @@ def update_mu(
     if math.isnan(mu) or math.isnan(delta_assigned) or math.isnan(delta_rand):
         raise ValueError("update_mu: NaN input (loss_score never produces NaN; this is a caller bug)")
     if typical is not None:
-        direction = size_credit(sequences or pages or (delta_assigned,), delta_rand, typical)
+        credit = size_credit(sequences or pages or (delta_assigned,), delta_rand, typical)
+        direction = max(-1.0, min(1.0, credit * multiple)) if credit > 0 else credit
     elif pages:
         direction = page_credit(pages, delta_rand, margin, scale)
     else:

@@ -17,6 +17,7 @@ import torch
 from templar.comms.keys import gradient_key
 from templar.compress import Compressed
 from templar.compress.methods import rule_of
+from templar.core.config import DataConfig
 from templar.core.log import context, short
 from templar.miner.hooks import MinerHooks
 from templar.runtime.consensus.outer import payload_reader
@@ -332,10 +333,29 @@ class Flood(Pooled):
     noise = 0.1
 
 
+class Overclaim(MinerHooks):
+    """Declares the run's most extra pages (`--extra-pages`, `data.max_extra_pages`) and trains only
+    its assigned ones: hoping to be paid for the declared work on the strength of its assigned work's
+    proof. Validators draw the proof across assigned and declared pages alike, and credit each class
+    on its own (docs/scoring.md §4, "Extra pages")."""
+
+    name = "overclaim"
+
+    def pages(self, miner, window, pages):
+        return pages[: miner.hp.data.pages_per_window]  # the assigned ones come first
+
+
+def declared_extra_pages(strategy: str, data: DataConfig) -> int:
+    """The pages a localnet miner of `strategy` declares beyond its assigned ones: twice the work for
+    `moredata` (the production miner's `--extra-pages`), the run's most for `overclaim`, else none."""
+    return {"moredata": data.pages_per_window, "overclaim": data.max_extra_pages}.get(strategy, 0)
+
+
 ADVERSARIES: dict[str, type[MinerHooks]] = {
     "lazy": Lazy, "scaled": Scaled, "signflip": SignFlip, "noise": Noise, "freerider": FreeRider,
     "late": Late, "desync": Desync, "copycat": Copycat, "duplicate": Duplicate, "steppump": StepPump,
     "partial": Partial, "pooled": Pooled, "thin": Thin, "replay": Replay, "flood": Flood, "overfit": Overfit, "short": Short,
+    "overclaim": Overclaim,
 }
 """Every adversary by name. `duplicate` is started by the localnet as an honest twin plus this
 copier, `pooled` and `flood` as groups of hotkeys (`GROUP_SIZES`); `moredata` (the localnet's

@@ -14,7 +14,7 @@ import sys
 
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
-from templar.localnet.adversaries import ADVERSARIES, make_adversary
+from templar.localnet.adversaries import ADVERSARIES, declared_extra_pages, make_adversary
 from templar.runtime.flags import add_node_args, check_config
 
 
@@ -38,7 +38,8 @@ def main(argv: list[str] | None = None) -> int:
 
     pool = [int(u) for u in args.pool_uids.split(",")] if args.pool_uids else None
     hooks = make_adversary(args.strategy, target=args.copy_hotkey, pool=pool)
-    return run_node(args, "miner", lambda node: Miner(node, hooks=hooks).run(args.windows))
+    return run_node(args, "miner", lambda node: Miner(
+        node, extra_pages=declared_extra_pages(args.strategy, node.hp.data), hooks=hooks).run(args.windows))
 
 
 if __name__ == "__main__":

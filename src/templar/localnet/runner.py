@@ -185,8 +185,11 @@ class Localnet:
         return flags
 
     def extra_pages(self, node: NodeInfo) -> int:
-        """`moredata` is the production miner doing twice the work (`--extra-pages`)."""
-        return self.hp.data.pages_per_window if node.strategy == "moredata" else 0
+        """The pages `node` declares beyond its assigned ones: `moredata` is the production miner
+        doing twice the work (`--extra-pages`), `overclaim` declares pages it does not train."""
+        from templar.localnet.adversaries import declared_extra_pages
+
+        return declared_extra_pages(node.strategy, self.hp.data)
 
     def copy_target(self, node: NodeInfo) -> str | None:
         """The hotkey a `duplicate` re-posts: its honest twin's."""

@@ -63,10 +63,13 @@ exchange of the window before is not finished (twice the last encoding's time wh
 
 
 class Miner:
-    """One miner. `extra_pages`: unassigned pages trained on per window on top of the assigned
-    ones (more work, a better rating: the paper's Figure 2). `hooks`: see `templar.miner.hooks`."""
+    """One miner. `extra_pages`: pages trained on per window beyond the assigned ones, declared in
+    each payload (`PagePlan.declared_pages`; proven and paid like assigned work, docs/scoring.md §4).
+    `hooks`: see `templar.miner.hooks`."""
 
     def __init__(self, node: Node, *, extra_pages: int = 0, hooks: MinerHooks | None = None):
+        if not 0 <= extra_pages <= node.hp.data.max_extra_pages:
+            raise ValueError(f"extra_pages {extra_pages}: the run allows 0 to {node.hp.data.max_extra_pages}")
         self.node = node
         self.hp = node.hp
         self.extra_pages = extra_pages
@@ -541,12 +544,10 @@ class Miner:
         return "training overran: fewer inner steps or a faster device fit the window"
 
     def pages(self, window: int) -> list[int]:
-        """This window's assigned pages, plus `extra_pages` unassigned ones."""
+        """This window's assigned pages, then the `extra_pages` it declares (`PagePlan.declared_pages`)."""
         plan, n = self.node.plan, self.hp.data.pages_per_window
-        pages = plan.assigned_pages(self.node.uid, window, n)
-        if self.extra_pages:
-            pages += plan.random_pages(window, self.extra_pages, salt=1000 + self.node.uid, exclude=pages)
-        return pages
+        return plan.assigned_pages(self.node.uid, window, n) + plan.declared_pages(self.node.uid, window,
+                                                                                  self.extra_pages)
 
     async def _delete_stale_gradient(self, window: int) -> None:
         """Keep our bucket bounded: nobody reads a gradient older than `max_allowed_stale` windows."""
@@ -568,7 +569,7 @@ class Miner:
                       for k, c in compressed.items()}
         return write_gradient(compressed, work.probes, window=window, global_step=work.base_step,
                               hotkey=node.hotkey, hp=hp, run=node.run, sign=node.chain.sign,
-                              warmup=work.warmup or weight_zero)
+                              warmup=work.warmup or weight_zero, extra_pages=self.extra_pages)
 
     async def _aggregate(self, window: int) -> int:
         """Take the window's outer step: the lead's inputs (`templar.runtime.consensus.follow`), from the

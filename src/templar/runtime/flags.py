@@ -103,6 +103,17 @@ def check_config(args: argparse.Namespace) -> int:
     return 0
 
 
+def check_extra_pages(args: argparse.Namespace) -> int:
+    """The miner's `--extra-pages` against the run's `data.max_extra_pages` (a payload declaring more
+    is refused by every validator): the exit code and one log line when it is out of range, else 0."""
+    allowed = load_hparams(args.hparams).data.max_extra_pages
+    if not 0 <= args.extra_pages <= allowed:
+        logger.error(f"--extra-pages {args.extra_pages}: this run allows 0 to {allowed} pages beyond the assigned "
+                     "ones (hparams data.max_extra_pages)")
+        return EXIT_CONFIG
+    return 0
+
+
 def node_device(flag: str):
     """The torch device `--device` names (`auto`: cuda when available, else cpu)."""
     import torch

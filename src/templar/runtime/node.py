@@ -286,7 +286,8 @@ async def start_node(args: argparse.Namespace, role: str, *, time: TimeSource = 
     device = node_device(args.device)
     model = build_model(hp, device)
     memory = memory_settings(args)
-    plan = PagePlan.build(pages.num_pages, hp.data.holdout_fraction, hp.data.data_seed, hp.data.pages_per_window)
+    plan = PagePlan.build(pages.num_pages, hp.data.holdout_fraction, hp.data.data_seed, hp.data.pages_per_window,
+                          hp.data.max_extra_pages)
     clock = Clock(hp.windows, chain.block, chain.block_timestamp, time)
     log.info(f"{role} uid {uid} ready: model {hp.name} on {device} (memory: {memory.name}), {pages.num_pages} pages, "
              f"state in {state_dir}")

@@ -31,6 +31,12 @@ class LossScores:
     sequence_deltas: tuple[float, ...] = ()
     """δ of each position range of each evaluated assigned sequence (`position_ranges` per sequence,
     sequence after sequence, page after page): the units the proof of computation by size clips."""
+    random_deltas: tuple[float, ...] = ()
+    """δ of each position range of each random sequence (laid out like `sequence_deltas`): what a unit
+    nobody trained shows under this trial step, its scatter the evaluation's noise per unit."""
+    declared_units: int = 0
+    """How many of `sequence_deltas` (the last ones) belong to pages the peer declared beyond its
+    assigned ones (set by the validator, which knows which pages it drew; `gauntlet.extra_work`)."""
 
     @property
     def delta_assigned(self) -> float:
@@ -144,5 +150,6 @@ class Evaluator:
                 loss_rand_after=float(after[:n_rand].mean()),
                 page_deltas=page_deltas(assigned_before[peer], after[n_rand:], page_sequences),
                 sequence_deltas=sequence_deltas(assigned_before_ranges[peer], after_ranges[n_rand:]),
+                random_deltas=sequence_deltas(before_ranges[:n_rand], after_ranges[:n_rand]),
             )
         return out

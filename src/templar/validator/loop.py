@@ -40,6 +40,7 @@ from templar.gauntlet import (
     FastVerdict,
     PrimaryResult,
     ScoreBook,
+    declared_work,
     draw_window,
     score_window,
     select_eval_pages,
@@ -410,7 +411,9 @@ class Validator:
         self.public.remember(work.window, aggregate_payloads(work.peer_list, work.results))
         work.scores = score_window(
             self.book, self.hp.gauntlet, work.window, work.miners, work.verdicts,
-            {hk: PrimaryResult(s.delta_assigned, s.delta_rand, s.page_deltas, s.sequence_deltas)
+            {hk: PrimaryResult(s.delta_assigned, s.delta_rand, s.page_deltas, s.sequence_deltas,
+                               work=declared_work(self.hp.data, work.results[hk].value.extra_pages),
+                               declared_units=s.declared_units, random_units=s.random_deltas)
              for hk, s in work.losses.items()})
 
     async def step(self, work: ValidatorWindow) -> None:
@@ -501,7 +504,8 @@ class Validator:
                        results: Mapping[str, GatherResult[Gradient]], lr: float, base: Base, *,
                        earning: Sequence[Mapping[str, Compressed]] = ()) -> dict[str, LossScores]:
         """LossScore on assigned vs unassigned data for S_t (`chosen`, paper §3.1): each peer's
-        evaluated pages among its assigned ones and the random pages, drawn with our secret.
+        evaluated pages among its assigned and declared ones (`PagePlan.declared_pages`) and the
+        random pages, drawn with our secret.
         `earning`: the window's payloads that passed fast evaluation (`Status.earns`), whose median
         norm a trial step is held to under a rule that applies magnitudes (`OuterRule.trial_reference`)."""
         hp, node = self.hp, self.node
@@ -514,20 +518,23 @@ class Validator:
         signs: dict[str, dict[str, torch.Tensor]] = {
             hk: await asyncio.to_thread(functools.partial(rule.trial, reference=reference), results[hk].value.tensors,
                                         shapes) for hk in chosen}
-        assigned = {
-            hk: (await node.pages.fetch(select_eval_pages(
-                seed, window, miners[hk], node.plan.assigned_pages(miners[hk], window, hp.data.pages_per_window),
-                hp.data.eval_pages))).batch
-            for hk in chosen
-        }
+        evaluated, declared = {}, {}
+        for hk in chosen:
+            own = node.plan.assigned_pages(miners[hk], window, hp.data.pages_per_window)
+            extra = node.plan.declared_pages(miners[hk], window, results[hk].value.extra_pages)
+            evaluated[hk] = select_eval_pages(seed, window, miners[hk], own + extra, hp.data.eval_pages)
+            declared[hk] = sum(page in extra for page in evaluated[hk])  # listed last: assignment order
+        assigned = {hk: (await node.pages.fetch(pages)).batch for hk, pages in evaluated.items()}
         salt = seed % node.plan.pool
         random_batch = (await node.pages.fetch(  # the next window's random pages are read ahead
             node.plan.random_pages(window, hp.data.eval_pages, salt=salt),
             prefetch=node.plan.random_pages(window + 1, hp.data.eval_pages,
                                             salt=self.eval_seed(window + 1) % node.plan.pool))).batch
         beta = hp.gauntlet.eval_lr_factor * lr
-        return await asyncio.to_thread(self._evaluator(base).score_peers, signs, assigned, random_batch, beta,
-                                       hp.data.sequences_per_page)
+        scores = await asyncio.to_thread(self._evaluator(base).score_peers, signs, assigned, random_batch, beta,
+                                         hp.data.sequences_per_page)
+        return {hk: replace(s, declared_units=len(s.sequence_deltas) * declared[hk] // len(evaluated[hk]))
+                for hk, s in scores.items()}
 
     def _save(self) -> None:
         """State, model, score book and replay memory in one atomic file; scorebook.json is a readable copy."""

@@ -83,6 +83,8 @@ class Gradient:
     digest: bytes
     nbytes: int
     document_digest: bytes = b""
+    extra_pages: int = 0
+    """Pages the miner declared it trained beyond its assigned ones (`PagePlan.declared_pages`)."""
 
 
 def run_codec(hp: HParams) -> str:
@@ -130,11 +132,15 @@ def write_gradient(
     sign: Signer,
     warmup: bool = False,
     codec_name: str | None = None,
+    extra_pages: int = 0,
 ) -> bytes:
-    """Encode, sign and serialise for `run`; ValueError when the caller's own data is inconsistent."""
+    """Encode, sign and serialise for `run`; ValueError when the caller's own data is inconsistent.
+    `extra_pages`: the pages declared beyond the assigned ones (at most the run's `data.max_extra_pages`)."""
     wire = codec.codec_for(codec_name or run_codec(hp))
     if set(compressed) != set(probes):
         raise ValueError("compressed and probes must name the same parameters")
+    if not 0 <= extra_pages <= hp.data.max_extra_pages:
+        raise ValueError(f"extra_pages {extra_pages}: the run allows 0 to {hp.data.max_extra_pages}")
     tensors: dict[str, torch.Tensor] = {}
     for name, c in compressed.items():
         plan, k = _layout(c.shape, hp)
@@ -158,6 +164,7 @@ def write_gradient(
         target_chunk=hp.demo.target_chunk,
         topk=hp.demo.topk,
         codec=wire.name,
+        extra_pages=extra_pages,
     )
     return serialize(tensors, document.model_dump(), domain=_DOMAIN, sign=sign)
 
@@ -212,6 +219,9 @@ def read_gradient(
         raise PayloadError("wrong_run", other)
     if (doc.target_chunk, doc.topk, doc.codec) != (hp.demo.target_chunk, hp.demo.topk, wire.name):
         raise PayloadError("bad_metadata", f"compression settings {doc.target_chunk}/{doc.topk}/{doc.codec}")
+    if doc.extra_pages > hp.data.max_extra_pages:
+        raise PayloadError("bad_metadata", f"declares {doc.extra_pages} extra pages; the run allows "
+                           f"{hp.data.max_extra_pages}")
     if expected_hotkey is not None and doc.hotkey != expected_hotkey:
         raise PayloadError("wrong_hotkey", f"{doc.hotkey[:16]} != {expected_hotkey[:16]}")
     if expected_window is not None and doc.window != expected_window:
@@ -243,6 +253,7 @@ def read_gradient(
         digest=tensor_digest(_CONTENT_DOMAIN, container, gradient_keys),
         nbytes=len(data),
         document_digest=signed,
+        extra_pages=doc.extra_pages,
     )
 
 

@@ -53,6 +53,9 @@ class GradientDocument(_Document):
     target_chunk: int = Field(gt=0, le=4096)
     topk: int = Field(gt=0, le=2**24)
     codec: str = Field(max_length=32)
+    extra_pages: int = Field(default=0, ge=0, le=4096)
+    """Pages trained beyond the assigned ones, declared (`templar.data.PagePlan.declared_pages`): at most
+    the run's `data.max_extra_pages` (`read_gradient` refuses more)."""
 
 
 class AggregateDocument(_Document):

@@ -1,0 +1,134 @@
+"""Declared extra work: how pages beyond the assigned ones are proven and paid (docs/scoring.md §4).
+
+A miner may train on `K` pages beyond its `A` assigned ones (`--extra-pages`, at most the run's
+`data.max_extra_pages`), declared in its signed payload; which pages those are is public
+(`templar.data.PagePlan.declared_pages`), and validators draw the pages they evaluate across
+assigned and declared pages alike.
+
+**Why the proof cannot simply be read as before.** A trial step has a bounded size (the sign, or
+the window's median norm), so an update's gains are a budget spread over the pages it was trained
+on: an honest miner on 2A pages shows each page half the gap of a miner on A pages, and so does a
+miner that declared 2A pages but trained only its A assigned ones, measured over all of them (full
+gaps on half the units, none on the rest). Where each unit's gap is small against its noise (the
+`micro` test model: honest credit about 0.3 of full) the mean credit is proportional to that gap,
+and the two cannot be told apart by the mean. They are told apart class by class:
+
+- `class_credits`: each evaluation's credit on its assigned units and on its declared units
+  separately (`size_credit`, the window's full-credit gap). The book keeps an EMA of each.
+- `trained_multiple`: the work the classes prove, in units of the assigned work:
+  ρ_a + (w − 1)·ρ_d, ρ_x = min(1, credit_x / (τ · the larger class credit)), w the declared multiple
+  (A + K) / A and τ = `extra_work_tolerance`. Honest work shows the same gain per page on both
+  classes (ρ ≈ 1 each: w); pages declared and left untrained show none (ρ_d ≈ 0: 1), and so do
+  skipped assigned pages (ρ_a ≈ 0). τ < 1 forgives the classes' evaluation noise.
+- `dilution_multiple`: the proof credit of the evaluation (μ's input) is the size credit over all
+  its units times what the typical gap earns under this evaluation's noise over what 1/m of it earns
+  (between 1 and m; the noise read from the random pages' units), at most 1 in all: the budget a
+  trained page shares with the others is given back to it, and only for the pages the classes show
+  trained.
+- `work_factor`: proven work is paid as a power of its size: PeerScore × m^(q/c), so the weight
+  grows as m^q (q = `extra_work_exponent` 0.5: twice the pages, trained, earn about 1.41×). With
+  q < 1 pages are worth more under their own hotkeys than stacked on one.
+
+A miner that declared pages it did not train earns its assigned work's credit diluted over the
+declared pages (half, at twice the pages) and no premium: less than not declaring
+(`tests/gauntlet/test_extra_work.py`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from templar.core.config import DataConfig, GauntletConfig
+from templar.gauntlet.scores import size_credit
+
+
+def declared_work(data: DataConfig, extra_pages: int) -> float:
+    """w = (A + K) / A: the work a payload declares (its assigned pages plus `extra_pages`) in units
+    of the assigned work. A count outside the run's bound never reaches here (`read_gradient`
+    refuses it); it is clipped all the same."""
+    extra = min(max(0, extra_pages), data.max_extra_pages)
+    return (data.pages_per_window + extra) / data.pages_per_window
+
+
+def update_declared(ema: float, work: float, gamma: float) -> float:
+    """The EMA of (w − 1) over a peer's evaluations, w its payload's `declared_work` (starts at 0)."""
+    return gamma * ema + (1.0 - gamma) * (max(1.0, work) - 1.0)
+
+
+def class_credits(units: Sequence[float], declared_units: int, delta_rand: float,
+                  full_gap: float) -> tuple[float | None, float | None]:
+    """(assigned, declared): the size credit of an evaluation's units from assigned pages and from
+    declared pages (the last `declared_units` of `units`, which lists the evaluated pages in
+    assignment order, assigned first); None for a class with no unit in this evaluation."""
+    split = len(units) - max(0, min(declared_units, len(units)))
+    assigned, declared = units[:split], units[split:]
+    return (size_credit(assigned, delta_rand, full_gap) if assigned else None,
+            size_credit(declared, delta_rand, full_gap) if declared else None)
+
+
+def update_class(ema: float, evaluations: int, credit: float | None, gamma: float) -> tuple[float, int]:
+    """One class's credit EMA and its count after an evaluation (unchanged when the class had no unit)."""
+    if credit is None:
+        return ema, evaluations
+    return gamma * ema + (1.0 - gamma) * credit, evaluations + 1
+
+
+def ema_mean(ema: float, evaluations: int, gamma: float, empty: float) -> float:
+    """An EMA started at 0 with its start-up bias removed (`empty` before any evaluation)."""
+    accumulated = 1.0 - gamma ** evaluations
+    return ema / accumulated if evaluations > 0 and accumulated > 0 else empty
+
+
+def trained_multiple(declared: float, assigned_credit: float | None, declared_credit: float | None,
+                     tolerance: float) -> float:
+    """The work the classes prove, in units of the assigned work (see the module's docstring):
+    ρ_a + (declared − 1)·ρ_d. 1.0 for a peer that declared nothing; for a peer that declared pages
+    none of which was evaluated yet, 1.0 (nothing beyond the assigned work is proven)."""
+    if declared <= 1.0 or declared_credit is None or assigned_credit is None:
+        return 1.0
+    top = max(assigned_credit, declared_credit)
+    if not top > 0.0 or not math.isfinite(top):
+        return 1.0  # no class shows work: μ says so, this multiple does not have to
+
+    def share(credit: float) -> float:
+        return min(1.0, max(0.0, credit / (tolerance * top)))
+
+    return share(assigned_credit) + (declared - 1.0) * share(declared_credit)
+
+
+def expected_credit(gap: float, random_units: Sequence[float], delta_rand: float, full_gap: float) -> float:
+    """The size credit a unit showing `gap` earns on average under an evaluation's own noise: the mean
+    over the random pages' units u of clip((gap + u − δ_rand) / full_gap, −1, 1). The random units are
+    what nobody trained, so their scatter around δ_rand is the noise every unit of this evaluation
+    carries."""
+    credits = [max(-1.0, min(1.0, (gap + u - delta_rand) / full_gap)) for u in random_units if math.isfinite(u)]
+    return math.fsum(credits) / len(credits) if credits else math.nan
+
+
+def dilution_multiple(trained: float, random_units: Sequence[float], delta_rand: float, full_gap: float,
+                      full_share: float) -> float:
+    """What an evaluation's size credit is multiplied by for a peer whose classes prove `trained` times
+    the assigned work (`trained_multiple`): the credit the window's typical gap earns under this
+    evaluation's noise over the credit 1/`trained` of it earns, between 1 and `trained`.
+
+    Each trained page's gap is 1/trained of an assigned-only miner's (the trial step is bounded).
+    Where units are exact the smaller gap still clears the full-credit gap (multiple 1: nothing to
+    give back); where noise dominates, credit is proportional to the gap (multiple `trained`); in
+    between the noise decides, and the random units measure it. `full_gap` is the full-credit gap
+    (`proof_full_gap` × the typical gap, so the typical gap is `full_gap` / `full_share`)."""
+    if trained <= 1.0 or not full_gap > 0.0 or not math.isfinite(delta_rand):
+        return max(1.0, trained) if math.isfinite(trained) else 1.0
+    typical = full_gap / full_share
+    whole = expected_credit(typical, random_units, delta_rand, full_gap)
+    diluted = expected_credit(typical / trained, random_units, delta_rand, full_gap)
+    if not (math.isfinite(whole) and math.isfinite(diluted)) or diluted <= 0.0:
+        return trained  # no noise measured (or no credit left): the proportional limit
+    return max(1.0, min(trained, whole / diluted))
+
+
+def work_factor(rules: GauntletConfig, multiple: float) -> float:
+    """What PeerScore is multiplied by for a proven multiple m of the assigned work: m^(q / c), so
+    that the weight, PeerScore^c, grows as m^q (q = `extra_work_exponent`, c = `power`); never below 1
+    (less work than assigned is μ's to show)."""
+    return max(1.0, multiple) ** (rules.extra_work_exponent / rules.power)

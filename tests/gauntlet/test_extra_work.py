@@ -1,0 +1,115 @@
+"""Declared extra work (`templar.gauntlet.extra_work`): proven page class by page class, paid as a
+power of its size, and never worth declaring without doing it."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from templar.core.config import load_hparams
+from templar.gauntlet import PrimaryResult, ScoreBook, declared_work, trained_multiple, work_factor
+
+PRODUCTION = load_hparams()
+RULES = PRODUCTION.gauntlet
+GAP, RAND = 0.02, 0.05
+"""An honest (assigned-only) unit's gap over δ_rand, and δ_rand."""
+UNITS = 128
+"""Units (sequence position ranges) an evaluation measures."""
+
+
+def test_declared_work_is_the_multiple_of_the_assigned_pages() -> None:
+    data = PRODUCTION.data
+    assert (data.pages_per_window, data.max_extra_pages) == (29, 29)
+    assert declared_work(data, 0) == 1.0 and declared_work(data, 29) == 2.0
+    assert declared_work(data, 10) == pytest.approx(39 / 29)
+    assert declared_work(data, 10**6) == 2.0 and declared_work(data, -3) == 1.0  # clipped to the run's bound
+
+
+def test_the_classes_prove_the_multiple_and_it_pays_w_to_the_q() -> None:
+    tau = RULES.extra_work_tolerance
+    assert trained_multiple(2.0, 0.3, 0.3, tau) == 2.0  # the same gain per page on both classes
+    assert trained_multiple(2.0, 0.3, 0.3 * tau, tau) == 2.0  # within the tolerance
+    assert trained_multiple(2.0, 0.3, 0.0, tau) == 1.0  # declared pages left untrained
+    assert trained_multiple(2.0, 0.0, 0.3, tau) == 1.0  # assigned pages skipped for the declared ones
+    assert trained_multiple(3.0, 0.3, 0.15 * tau, tau) == pytest.approx(2.0)  # half the declared work
+    assert trained_multiple(2.0, 0.3, None, tau) == 1.0  # declared, never evaluated: nothing proven yet
+    assert trained_multiple(1.0, 0.3, None, tau) == 1.0 and trained_multiple(2.0, -0.1, -0.2, tau) == 1.0
+    assert RULES.extra_work_exponent == 0.5
+    for w in (1.0, 1.5, 2.0):  # weight = PeerScore^c grows as w^q
+        assert work_factor(RULES, w) ** RULES.power == pytest.approx(w ** RULES.extra_work_exponent)
+
+
+def _evaluation(rng: random.Random, assigned_gap: float, declared_gap: float | None, noise: float) -> PrimaryResult:
+    """One evaluation of `UNITS` units, the last half from declared pages when `declared_gap` is given
+    (twice the pages: w = 2), each unit's gap plus Gaussian evaluation noise."""
+    gaps = [assigned_gap] * UNITS if declared_gap is None else [assigned_gap] * (UNITS // 2) + [declared_gap] * (UNITS // 2)
+    units = tuple(RAND + gap + rng.gauss(0.0, noise) for gap in gaps)
+    random_units = tuple(RAND + rng.gauss(0.0, noise) for _ in range(UNITS))  # what nobody trained
+    mean = sum(units) / len(units)
+    declared = declared_gap is not None
+    return PrimaryResult(mean, RAND, (mean,), units, work=2.0 if declared else 1.0,
+                         declared_units=UNITS // 2 if declared else 0, random_units=random_units)
+
+
+MINERS = {
+    # the run's H steps over twice the pages: every page shows half the gap (a bounded trial step)
+    "moredata": (GAP / 2, GAP / 2),
+    "declared_untrained": (GAP, 0.0),  # trained its assigned pages only, declared twice the pages
+    "declared_only": (0.0, GAP),  # trained the declared pages instead of the assigned ones
+}
+
+
+@pytest.mark.parametrize("noise", [0.0, 0.5 * GAP, 2.0 * GAP], ids=["exact", "noisy", "noise-dominated"])
+def test_twice_the_pages_trained_earn_more_and_declared_untrained_less(noise: float) -> None:
+    """Honest work on twice the pages earns 1.3–2× an honest miner's weight; declaring pages without
+    training them, or training declared pages in place of the assigned ones, earns less than honest
+    work. In every noise regime, including the one where each unit's credit is proportional to its
+    gap (honest credit well below 1, as on the `micro` test model), where the mean credit alone
+    cannot tell half the gap on every page from the full gap on half of them."""
+    rng = random.Random(0)
+    honest = [f"honest{i}" for i in range(5)]
+    book = ScoreBook()
+    for uid, hotkey in enumerate([*honest, *MINERS]):
+        book.get_or_create(hotkey, uid, window=0)
+    for window in range(40):
+        results = {hotkey: _evaluation(rng, GAP, None, noise) for hotkey in honest}
+        results |= {hotkey: _evaluation(rng, a, d, noise) for hotkey, (a, d) in MINERS.items()}
+        book.record_primary(RULES, results, window=window)
+    weights = book.weights(RULES)
+    typical = sorted(weights[h] for h in honest)[len(honest) // 2]
+    relative = {hotkey: weights[hotkey] / typical for hotkey in MINERS}
+    assert 1.3 <= relative["moredata"] < 2.0, relative
+    assert relative["declared_untrained"] < 0.8 and relative["declared_only"] < 0.8, relative
+    if noise == 0.0:
+        assert relative["moredata"] == pytest.approx(2 ** RULES.extra_work_exponent)
+        assert book.peers["declared_untrained"].mu == pytest.approx(book.peers["honest0"].mu / 2)
+
+
+def test_the_declared_gap_does_not_lower_the_windows_typical_gap() -> None:
+    rng = random.Random(1)
+    book = ScoreBook()
+    results = {"a": _evaluation(rng, GAP, None, 0.0), "b": _evaluation(rng, GAP / 2, GAP / 2, 0.0),
+               "c": _evaluation(rng, GAP / 2, GAP / 2, 0.0)}
+    for uid, hotkey in enumerate(results):
+        book.get_or_create(hotkey, uid, window=0)
+    book.record_primary(RULES, results, window=0)
+    assert list(book.proof_gaps) == [(0, pytest.approx(GAP))]
+
+
+def test_declared_work_is_kept_in_the_saved_book() -> None:
+    rng = random.Random(2)
+    book = ScoreBook()
+    results = {hotkey: _evaluation(rng, GAP, None, 0.0) for hotkey in ("a", "b")}
+    results["c"] = _evaluation(rng, GAP / 2, GAP / 2, 0.0)
+    for uid, hotkey in enumerate(results):
+        book.get_or_create(hotkey, uid, window=0)
+    book.record_primary(RULES, results, window=0)
+    record = book.peers["c"]
+    assert record.declared == pytest.approx(0.1)
+    assert (record.assigned_credit_evals, record.declared_credit_evals) == (1, 1)
+    assert (book.peers["a"].assigned_credit_evals, book.peers["a"].declared_credit_evals) == (1, 0)
+    restored = ScoreBook.from_json(book.to_json())
+    assert restored == book and restored.scores(RULES) == book.scores(RULES)
+    with pytest.raises(ValueError, match="declared work"):
+        book.record_primary(RULES, {"a": PrimaryResult(0.07, RAND, work=0.5)}, window=1)
