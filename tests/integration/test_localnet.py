@@ -113,6 +113,15 @@ def test_localnet_pays_honest_work_and_nothing_else(tmp_path):
     assert passed_but_the_untrained(miners["overclaim0"]["statuses"]), summary
     assert miners["moredata0"]["final_rating"] >= 25.0, summary  # its held-out improvement is at least typical
     assert weight["overclaim0"] < min(honest), summary
+    # End to end: both payloads declared their pages, the lead drew its evaluated pages from the declared
+    # ones too, and credited each class apart; overclaim's declared class shows less than its assigned one.
+    book = json.loads((adversarial / "nodes" / "validator0" / "scorebook.json").read_text())["peers"]
+    record = {name: book[p["hotkey"]] for name, p in miners.items() if p["hotkey"] in book}
+    for name in ("moredata0", "overclaim0"):
+        assert record[name]["declared"] > 0 and record[name]["declared_credit_evals"] > 0, record[name]
+    assert record["overclaim0"]["declared_credit"] < record["overclaim0"]["assigned_credit"], record["overclaim0"]
+    assert all(record[name]["declared"] == 0 and record[name]["declared_credit_evals"] == 0
+               for name in record if miners[name]["strategy"] == "honest"), summary
 
     _dashboard_shows_the_run(adversarial)
 
