@@ -30,19 +30,20 @@ where the torch CPU paths at 1.2B took 104 s to compress, 42 s to decode one pee
 | start-up | imports, CUDA context | 15 s | |
 | setup | versions, device, the sizing table's estimates | 1 s | |
 | corpus | a 32,000-entry byte-level BPE trained on the offline sample corpus the way `scripts/build_assets.py` trains tiny's (8 s on 2 cores here), then `templar.data.prepare` at 2,048 × 64 (2.4 M tokens, 18 pages; 17–33 s on 2 cores here); cached in `assets/gpu_sample_32000`. With tokenizers 0.23.3 the tokenizer's sha256 is 823b1725… and the manifest digest 49cc596a…, both in the JSON | 30 s | 90 s |
-| window | 1.2B built on the CPU from `init_seed` (12 s here), one untimed and 6 timed forward+backward passes of a micro-batch, the paper's window (3 pages, 48 micro-batches accumulated, one gradient), the DeMo step, encoding the payload, decoding it 15 times (full reads), aggregating 15 peers on the CPU (what a node does today: decoded payloads stay in host memory) and on the GPU, the outer step; the 15 peers' updates are real DeMo steps on one micro-batch each | 60 s | 120 s |
-| memory | each memory setting of the miner (default, `--memory.offload`, and with `--memory.checkpoint_activations`) from the same θ: 2 inner AdamW steps of one micro-batch and the DeMo step as the node runs them, `torch.cuda.max_memory_allocated` reset before each: its peak beside `templar.tools.sizing`'s estimate, its seconds, and whether its update is the default's bit for bit on the GPU | 45 s | 90 s |
+| window | 1.2B built on the CPU from `init_seed` (12 s here), one untimed and 6 timed forward+backward passes of a micro-batch, the paper's window (the run's pages, micro-batches accumulated, one gradient) and production's (the same pages in the run's inner steps), the share of an 84 s window the GPU trains, blocking and overlapped (`busy_fractions`), the DeMo step, encoding the payload, decoding it 15 times (full reads), aggregating 15 peers on the CPU (what a node does today: decoded payloads stay in host memory) and on the GPU, the outer step; the 15 peers' updates are real DeMo steps on one micro-batch each | 60 s | 120 s |
+| memory | each memory setting of the miner (default, `--memory.offload`, and with `--memory.checkpoint_activations`) from the same θ, twice each: 2 inner AdamW steps of one micro-batch and the DeMo step as the node runs them, `torch.cuda.max_memory_allocated` reset before each: its peak beside `templar.tools.sizing`'s estimate, its seconds (first run: pinned buffers allocated; second: every later window), whether the default repeats itself bit for bit with the fast kernels, and whether every setting sends the default's update bit for bit under deterministic kernels (math attention, one sequence a step) | 60 s | 90 s |
 | validator | one peer's sign decode on the CPU and the GPU, `Evaluator.score_peers` with 3 peers on one production page each (signs held on the host, as the validator holds them), the random page and 4 held-out pages alone: seconds per peer, peers per 84 s window | 25 s | 60 s |
 | consensus | one gradient compressed on the GPU and the CPU (kept sets of decoder layer 0, embeddings, head and final norm: the CPU side is torch's path), the 15 peers aggregated on both (fixed-point accumulators bit for bit, signs), the window applied to θ on both, `model_in_sync` | 35 s | 90 s |
-| noise | 48 AdamW steps away from θ_0 on 2 pages, 4 honest peers train on 3 pages each (one DeMo step each), LossScores per page on 4 random pages and their own pages: spread of δ across pages and across peers, and what the proof of computation by size credits each honest peer, range by range of each sequence | 95 s | 150 s |
+| noise | 48 AdamW steps away from θ_0 on 2 pages, 4 honest peers train on 3 pages each (the run's inner steps, then one DeMo step each; a production peer trains 29, which the 18-page sample corpus cannot hold for 4 peers), LossScores per page on 4 random pages and their own pages: spread of δ across pages and across peers, and what the proof of computation by size credits each honest peer, range by range of each sequence | 90 s | 150 s |
 
-About 5.5 minutes expected; `--budget` (480 s) is the whole run's deadline: a phase is skipped
-when less than its minimum is left, and `noise` trains fewer peers when its cap is near. The
-sample corpus gives 18 production pages (2.4 M tokens), and `noise` uses all of them: 2 to train
-away from θ_0, 4 × 3 assigned, 4 random; more peers or pages need a larger corpus. Until hparams
-have inner optimizer steps (`inner.steps` > 1), production's window is the paper's;
-`measure_window(b, hp, steps)` times H > 1 steps (a timing model: H AdamW steps over the same
-tokens, `--smoke` runs H = 2) once they exist.
+On an H200 (2026-11-28, `benchmarks/results/gpu_nvidia_h200.json`) the phases took 17, 212 (two
+whole 1.2B windows of about 80 s: the window phase runs past its cap), 65, 27–53, 12–28 and 87 s:
+about 5.5 minutes with the start-up; `--budget` (480 s) is the whole run's deadline: a phase is
+skipped when less than its minimum is left, and `noise` trains fewer peers when its cap is near.
+The sample corpus gives 18 production pages (2.4 M tokens), and `noise` uses all of them: 2 to
+train away from θ_0, 4 × 3 assigned, 4 random; more peers or pages need a larger corpus.
+`measure_window(b, hp, steps)` times the window at any number of inner steps (`--smoke` also runs
+H = 2 on tiny).
 
 On the device machine (Python 3.12, torch, transformers, safetensors, numpy; no network, no
 bittensor). Here, once: `bash benchmarks/performance/gpu_wheels.sh` puts the wheels it lacks in the git-ignored
@@ -115,7 +116,7 @@ from templar.runtime.train import (
     inner_steps,
     make_inner_optimizer,
 )
-from templar.tools.sizing import window_sizing
+from templar.tools.sizing import PCIE_BYTES_PER_SECOND, compute_span, state_file_bytes, window_sizing
 from templar.validator.evaluate import Evaluator, page_deltas, range_weights, sequence_deltas
 from templar.wire import read_gradient, take_probes, write_gradient
 
@@ -138,7 +139,8 @@ def phase_setup(b: Bench) -> dict[str, Any]:
         "estimate": {k: sizing[k] for k in ("tokens_per_window_per_peer", "train_flops_per_window", "mfu_assumed",
                                             "h100_train_seconds", "validator_eval_tokens_per_window",
                                             "validator_eval_flops_per_window", "h100_validator_eval_seconds",
-                                            "miner_gpu_memory_gb", "validator_gpu_memory_gb", "window_seconds")},
+                                            "miner_gpu_memory_gb", "validator_gpu_memory_gb", "window_seconds",
+                                            "miner_gpu_overhead_seconds", "miner_compute_utilisation")},
     }
     if b.device.type == "cuda":
         props = torch.cuda.get_device_properties(b.device)
@@ -271,16 +273,59 @@ def measure_window(b: Bench, hp: HParams, steps_per_window: int, *, timed_micro_
     return out
 
 
+def busy_fractions(hp: HParams, m: dict[str, Any]) -> dict[str, Any]:
+    """The share of a production window the miner's GPU trains, from this device's measured window
+    (`measure_window`), under the blocking protocol and the overlapped one `hp` runs: the spans are
+    `templar.tools.sizing.compute_span`'s landmarks, with the GPU work an overlapped miner cannot hide
+    (compression and the outer step, measured; the state file's copy off the GPU, estimated at
+    `PCIE_BYTES_PER_SECOND`) taken from the measurement instead of the sizing's assumptions."""
+    window_s = hp.windows.window_seconds
+    step_s = m.get("outer_step_device_signs_seconds", m["outer_step_seconds"])
+    copy_s = state_file_bytes(hp, "miner") / PCIE_BYTES_PER_SECOND
+    overhead = m["compress_seconds"] + step_s + copy_s
+    blocking_hp = hp.model_copy(update={"inner": hp.inner.model_copy(update={"overlap": "blocking"})})
+    blocking_span = compute_span(blocking_hp, m["payload_bytes"])
+    overlapped_span = max(0.0, window_s - overhead)
+    train_s = m["train_seconds"]
+    return {"overlap": hp.inner.overlap, "window_seconds": window_s, "train_seconds": train_s,
+            "gpu_overhead_seconds": overhead, "state_copy_seconds_estimate": copy_s,
+            "blocking_span_seconds": blocking_span, "overlapped_span_seconds": overlapped_span,
+            "blocking_busy_fraction": min(train_s, blocking_span) / window_s,
+            "overlapped_busy_fraction": min(train_s, overlapped_span) / window_s,
+            "overlapped_fits": train_s <= overlapped_span}
+
+
 def phase_window(b: Bench) -> dict[str, Any]:
-    """The miner's window at the paper's settings, and at production's once hparams have inner steps."""
+    """The miner's window at the paper's settings, and at production's once hparams have inner steps,
+    with the share of a window the GPU trains, blocking and overlapped (`busy_fractions`)."""
     out = {"paper": measure_window(b, b.hp, 1)}
     steps = production_inner_steps(b.hp)
     out["production"] = measure_window(b, b.hp, steps) if steps > 1 else "the paper's: hparams have no inner steps yet"
+    if isinstance(out["production"], dict):
+        out["busy"] = busy_fractions(b.hp, out["production"])
     if b.scale.inner_steps_exercised > 1:  # keeps the inner-step path running where it is cheap (smoke)
         steps = b.scale.inner_steps_exercised
         out[f"inner_steps_{steps}"] = measure_window(b, b.hp, steps, timed_micro_batches=0)
     b.release_demo()
     return out
+
+
+def _sent_difference(sent: dict[str, tuple[torch.Tensor, torch.Tensor]],
+                     reference: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> dict[str, Any]:
+    """How far one update (indices, values per tensor) is from another: tensors whose kept sets or
+    values differ, and the largest value difference over the largest value."""
+    tensors = values = 0
+    worst = 0.0
+    for n, (idx, val) in reference.items():
+        same_idx = torch.equal(sent[n][0], idx)
+        same_val = torch.equal(sent[n][1], val)
+        tensors += not (same_idx and same_val)
+        if same_idx and not same_val:
+            values += 1
+            scale = float(val.abs().max()) or 1.0
+            worst = max(worst, float((sent[n][1] - val).abs().max()) / scale)
+    return {"identical": tensors == 0, "tensors_differing": tensors, "of_tensors": len(reference),
+            "values_only": values, "largest_value_gap_over_max": worst}
 
 
 def phase_memory(b: Bench) -> dict[str, Any]:
@@ -289,7 +334,16 @@ def phase_memory(b: Bench) -> dict[str, Any]:
     this device. Each setting runs what the node runs (`inner_steps` with its inner AdamW, streamed
     or not, then the DeMo step) from the same θ and zeroed state, over `MEMORY_STEPS` inner steps of
     one micro-batch each: a window's peak is one micro-batch's forward and backward, or one step, so
-    more steps would only cost time; `torch.cuda.max_memory_allocated` is reset before each."""
+    more steps would only cost time; `torch.cuda.max_memory_allocated` is reset before each.
+
+    Each setting runs twice: the first run's peak (and its seconds, which pay for allocating the
+    pinned host buffers once), the second's seconds (what every later window costs). The fast
+    kernels a GPU node runs are not all deterministic (flash attention's backward, some reductions),
+    so the default is compared with its own repeat; then the bit-identity claim is checked where it
+    can hold on a GPU: every setting again, one sequence per step, under
+    `torch.use_deterministic_algorithms` and the math attention kernel."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
     from templar.compress.methods import rule_of
     from templar.core.memory import SETTINGS
     from templar.core.model import checkpoint_activations
@@ -305,9 +359,8 @@ def phase_memory(b: Bench) -> dict[str, Any]:
                           generator=torch.Generator().manual_seed(7))
     start = {n: p.detach().to("cpu", copy=True) for n, p in model.named_parameters()}
     rule = rule_of(hp.optimizer.method)
-    out: dict[str, Any] = {"inner_steps": MEMORY_STEPS, "micro_batch": mb, "settings": {}}
-    reference = None
-    for setting in SETTINGS:
+
+    def run(setting: Any, sequences: int) -> tuple[dict[str, tuple[torch.Tensor, torch.Tensor]], float, float]:
         with torch.no_grad():
             for n, p in model.named_parameters():
                 p.copy_(start[n])
@@ -318,30 +371,59 @@ def phase_memory(b: Bench) -> dict[str, Any]:
                     decay=hp.demo.momentum_decay, offload=setting.offload)
         optimizer = make_inner_optimizer(model, inner, offload=setting.offload)
         snapshot = HostStore() if setting.offload else None
-        stats, train_s = b.timed(inner_steps, model, batch, mb, hp.optimizer.grad_clip, inner=inner,
-                                 optimizer=optimizer, lr=inner_lr(inner, hp.optimizer.warmup_steps, hp.optimizer), snapshot=snapshot)
+        stats, train_s = b.timed(inner_steps, model, batch[:MEMORY_STEPS * sequences], sequences,
+                                 hp.optimizer.grad_clip, inner=inner, optimizer=optimizer,
+                                 lr=inner_lr(inner, hp.optimizer.warmup_steps, hp.optimizer), snapshot=snapshot)
         sent, compress_s = b.timed(demo.step, gradients(model), stats.scale)
         model.zero_grad(set_to_none=True)
+        sent = {n: (c.indices.cpu(), c.values.cpu()) for n, c in sent.items()}
+        del demo, optimizer, snapshot
+        return sent, train_s + compress_s, train_s
+
+    out: dict[str, Any] = {"inner_steps": MEMORY_STEPS, "micro_batch": mb, "settings": {}}
+    reference = None
+    for setting in SETTINGS:
+        sent, seconds, train_s = run(setting, mb)
         row: dict[str, Any] = {"flags": list(setting.flags), "peak_memory_gb": b.peak_gb(),
                                "estimate_gb": model_memory(hp, "miner", setting).gpu_bytes / 1e9,
-                               "train_seconds": train_s, "compress_seconds": compress_s}
-        sent = {n: (c.indices.cpu(), c.values.cpu()) for n, c in sent.items()}
-        if reference is None:
-            reference = sent
-        row["update_identical_to_default"] = all(torch.equal(sent[n][0], reference[n][0])
-                                                 and torch.equal(sent[n][1], reference[n][1]) for n in reference)
+                               "first_seconds": seconds, "first_train_seconds": train_s}
+        repeat, row["seconds"], row["train_seconds"] = run(setting, mb)
+        reference = reference if reference is not None else sent
+        row["repeat_identical"] = _sent_difference(repeat, sent)["identical"]
+        row["versus_default"] = _sent_difference(sent, reference)
+        row["update_identical_to_default"] = row["versus_default"]["identical"]
         out["settings"][setting.name] = row
-        del demo, optimizer, snapshot, sent
+        del sent, repeat
+    base = out["settings"]["default"]
+    for row in out["settings"].values():  # what a setting adds to this many steps, once its buffers exist
+        row["added_seconds"] = row["seconds"] - base["seconds"]
+    out["pcie_gb_per_second_assumed"] = PCIE_BYTES_PER_SECOND / 1e9
+    out["all_identical"] = all(r["update_identical_to_default"] for r in out["settings"].values())
+
+    if b.device.type == "cuda" and b.left() > 20:
+        deterministic: dict[str, Any] = {"sequences_per_step": 1, "attention": "math", "settings": {}}
+        was = torch.are_deterministic_algorithms_enabled()
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        try:
+            with sdpa_kernel(SDPBackend.MATH):
+                reference = None
+                for setting in SETTINGS:
+                    sent, _, _ = run(setting, 1)
+                    reference = reference if reference is not None else sent
+                    row = {"versus_default": _sent_difference(sent, reference)}
+                    if setting is SETTINGS[0]:
+                        repeat, _, _ = run(setting, 1)
+                        row["repeat_identical"] = _sent_difference(repeat, sent)["identical"]
+                    deterministic["settings"][setting.name] = row
+        finally:
+            torch.use_deterministic_algorithms(was)
+        deterministic["all_identical"] = all(r["versus_default"]["identical"]
+                                             for r in deterministic["settings"].values())
+        out["deterministic"] = deterministic
     checkpoint_activations(model, False)
     with torch.no_grad():
         for n, p in model.named_parameters():
             p.copy_(start[n])
-    base = out["settings"]["default"]
-    for row in out["settings"].values():  # what a setting adds to this many steps; the offload's share per step
-        row["added_seconds"] = row["train_seconds"] + row["compress_seconds"] - base["train_seconds"] \
-            - base["compress_seconds"]
-    out["pcie_gb_per_second_assumed"] = PCIE_BYTES_PER_SECOND / 1e9
-    out["all_identical"] = all(r["update_identical_to_default"] for r in out["settings"].values())
     return out
 
 
@@ -426,7 +508,8 @@ def phase_noise(b: Bench) -> dict[str, Any]:
     d = hp.data
     n_pages = b.corpus().num_pages
     s = b.scale
-    per_peer = d.pages_per_window
+    # a production window's pages for each peer, or as many as the sample corpus holds for NOISE_PEERS
+    per_peer = min(d.pages_per_window, s.noise_pages_per_peer)
     peers = min(s.noise_peers, max(2, (n_pages - s.noise_pretrain_pages - 2) // per_peer))
     random_n = min(s.noise_random_pages, n_pages - s.noise_pretrain_pages - peers * per_peer)
     if random_n < 2:

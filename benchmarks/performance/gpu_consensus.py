@@ -93,8 +93,16 @@ def phase_consensus(b: Bench) -> dict[str, Any]:
     def record(_: int, coef: torch.Tensor) -> None:
         accumulators.append(coef.clone())
 
+    names = list(b.shapes)
+    differing: list[dict[str, Any]] = []
+
     def compare(i: int, coef: torch.Tensor) -> None:
-        equal.append(torch.equal(coef.to("cpu").view(torch.int32), accumulators[i].view(torch.int32)))
+        cand, ref = coef.to("cpu"), accumulators[i]
+        equal.append(torch.equal(cand.view(torch.int32), ref.view(torch.int32)))
+        if not equal[-1]:  # how far: a float64 norm summed in another order moves a scale by an ulp
+            gap = (cand.double() - ref.double()).abs()
+            differing.append({"tensor": names[i], "coordinates": int((gap != 0).sum()), "of": gap.numel(),
+                              "largest_gap_over_max": float(gap.max() / ref.abs().max().clamp_min(1e-300))})
         accumulators[i] = torch.empty(0)  # free as we go (1.2B float32 on the host)
 
     signs_ref = aggregate(peers, weights, b.shapes, dct=RecordingDCT(record))
@@ -104,7 +112,8 @@ def phase_consensus(b: Bench) -> dict[str, Any]:
     accumulators.clear()
     flipped = sum(int((signs_ref[n] != signs_cand[n].to("cpu")).sum()) for n in signs_ref)
     total = sum(s.numel() for s in signs_ref.values())
-    out["accumulators"] = {"tensors": len(equal), "bit_identical": sum(equal), "all": all(equal) and bool(equal)}
+    out["accumulators"] = {"tensors": len(equal), "bit_identical": sum(equal), "all": all(equal) and bool(equal),
+                           "differing": differing[:20]}
     out["signs"] = {"coordinates": total, "differing": flipped, "share": flipped / total}
 
     # 3. the window applied to θ on both; the fingerprint rule between them

@@ -150,3 +150,19 @@ def test_the_weighed_windows_candidate_counts_a_noisy_window_less() -> None:
     for weighed_windows in (False, True):  # both run end to end with noisy windows
         metrics = subnet_sim.simulate(replace(cfg, weighed_windows=weighed_windows)).metrics
         assert 0.0 <= metrics["agreement_mean"] <= 1.0
+
+
+def test_gpu_noise_comes_from_the_committed_measurement() -> None:
+    """`subnet_sim_gpu_noise` reads the simulator's noise from the GPU run's noise phase, and the
+    bracket at production's pages shrinks it by √(29 / the pages the GPU's peers trained)."""
+    import json
+    import math
+
+    from benchmarks.incentive import subnet_sim_gpu_noise as gpu_noise
+
+    measured = gpu_noise.measured_noise()
+    noise = json.loads(gpu_noise.GPU_RESULT.read_text())["phases"]["noise"]
+    assert measured["noise"] == noise["subnet_sim_noise"] > 1.0
+    assert measured["noise_at_production_pages"] == pytest.approx(
+        measured["noise"] * math.sqrt(measured["pages_per_peer"] / gpu_noise.PRODUCTION_PAGES))
+    assert 0.0 < measured["gap_over_rand"] < 0.05  # 1.2B, 48 steps from θ0: the assigned pages' extra gain is small

@@ -287,10 +287,14 @@ def position_range_means(per_token: torch.Tensor, ranges: int) -> torch.Tensor:
     return torch.stack([part.mean(dim=1) for part in per_token.tensor_split(ranges, dim=1)], dim=1)
 
 
+@torch.no_grad()
 def sequence_losses(model: torch.nn.Module, batch: torch.Tensor, micro_batch_size: int, ranges: int = 1
                     ) -> torch.Tensor:
     """Per-sequence mean next-token loss, float64 on CPU: one pass serves many peers' pages. With
-    `ranges` > 1, [n, ranges]: the mean over each of that many consecutive position ranges."""
+    `ranges` > 1, [n, ranges]: the mean over each of that many consecutive position ranges.
+
+    Without gradients: a forward that records its graph keeps a training step's activations alive
+    (the 1.2B validator's peak was 58.5 GB on an H200 with it, benchmarks/results/gpu_nvidia_h200.json)."""
     if not 1 <= ranges <= batch.size(1) - 1:
         raise ValueError(f"sequence_losses: {ranges} position ranges for sequences of {batch.size(1)} tokens")
     device = next(model.parameters()).device
