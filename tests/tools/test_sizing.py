@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from templar.cli import main
-from templar.core.config import load_hparams
+from templar.core.config import REPO_ROOT, load_hparams
 from templar.core.memory import GIB, HOST_PROCESS_BYTES, SETTINGS
 from templar.tools.sizing import (
     fewest_ranks,
@@ -99,6 +99,16 @@ def test_docs_carry_the_functions_memory_tables(production) -> None:
     assert f"`templar hparams --ranks {' '.join(map(str, DOC_RANKS))}`" in section(text, 12)
 
 
+def measured_peaks_gb() -> set[str]:
+    """The peaks the GPU run measured (`benchmarks/results/gpu_nvidia_h200.json`): each memory
+    setting's and the validator's, as §1 quotes them beside the estimates."""
+    import json
+
+    phases = json.loads((REPO_ROOT / "benchmarks/results/gpu_nvidia_h200.json").read_text())["phases"]
+    peaks = [r["peak_memory_gb"] for r in phases["memory"]["settings"].values()]
+    return {f"{v:.1f}" for v in [*peaks, phases["validator"]["peak_memory_gb"]]}
+
+
 def test_the_hardware_and_sizing_figures_are_the_functions(production) -> None:
     """Every "N GB" of §1 is a figure of the sizing function, and the figures that contradicted each
     other (state file, time a window leaves for training) are stated once, from it."""
@@ -113,6 +123,7 @@ def test_the_hardware_and_sizing_figures_are_the_functions(production) -> None:
                 f"{parts['error feedback'] + parts['θ_t snapshot'] + parts['AdamW moments']:.1f}",
                 f"{s['miner_state_file_gb']:.1f}", f"{s['miner_disk_gb']:.1f}", f"{s['pcie_gb_per_second']:.0f}",
                 f"{HOST_PROCESS_BYTES / 1e9:.0f}", "24", "40", "80"}
+    figures |= measured_peaks_gb()
     stated = re.findall(r"(\d+(?:\.\d+)?) GB(?!/s)", hardware)
     assert stated and set(stated) <= figures, set(stated) - figures
     assert f"{s['miner_compute_span_seconds']:.1f} s for training" in hardware
