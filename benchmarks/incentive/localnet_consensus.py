@@ -41,13 +41,14 @@ LAST = 6
 """Windows at the end of a run whose mean incentive is compared (one window alone is one draw)."""
 
 
-def run_localnet(out: Path, *, seed: int, windows: int, hparams: str, validators: int, miners: int) -> subprocess.Popen:
+def run_localnet(out: Path, *, seed: int, windows: int, hparams: str, validators: int, miners: int,
+                 adversaries: tuple[str, ...] = ADVERSARIES) -> subprocess.Popen:
     """One in-process localnet in a process of its own (one torch thread); its log is `out`.log."""
     out.parent.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "templar.cli", "localnet", "--in-process", "--no-dashboard", "--no-live",
            "--validators", str(validators), "--miners", str(miners), "--windows", str(windows),
            "--hparams", hparams, "--seed", str(seed), "--out", str(out),
-           *[flag for name in ADVERSARIES for flag in ("--adversary", name)]]
+           *[flag for name in adversaries for flag in ("--adversary", name)]]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     log = open(out.with_suffix(".log"), "wb")  # noqa: SIM115 - the child holds it until it exits
     return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
