@@ -133,6 +133,9 @@ class SimConfig:
     """relative rating: the upper clip of one relative LossScore (None: production's `relative_clip_high`);
     set only to replay the rule before the clip at 2 (4.0)"""
     seed: int = 0
+    fit_file: str | None = None
+    """the measured evaluations the draws resample (None: `FIT_FILE`'s pairs; `UNITS_FIT_FILE`: whole
+    evaluations with every unit, `subnet_sim_fit.fit_from_evaluations`)"""
 
     def gauntlet(self) -> GauntletConfig:
         """The hparams' gauntlet section this subnet scores with: production's, with this config's
@@ -202,17 +205,33 @@ def fast_verdict(peer: Peer) -> FastVerdict:
 
 
 def draw(strategy: str, rng: random.Random, noise: float = 1.0, freak_rate: float = 0.0,
-         freak_scale: float = 3.66) -> PrimaryResult:
-    """One LossScore pair resampled from the measured ones of the strategy (scaled to nats); with
-    probability `freak_rate` both are multiplied by `freak_scale` (a freak evaluation)."""
+         freak_scale: float = 3.66, source: dict | None = None) -> PrimaryResult:
+    """One evaluation resampled from the measured ones of the strategy (scaled to nats): a
+    (δ_rand, gap) pair from `FIT_FILE`, or, from a fit of whole evaluations (`source` with
+    `evaluations`, `subnet_sim_fit.fit_from_evaluations`), every unit of one, so the score book's
+    proof by size and extra-work classes run on measured units. With probability `freak_rate` every
+    δ is multiplied by `freak_scale` (a freak evaluation)."""
+    source = source if source is not None else fit()
     kind = {"newcomer": "honest", "copycat": "lazy", "lazy_new": "lazy"}.get(strategy, strategy)
-    rand, gap = rng.choice(fit()["samples"][kind])
+    (mr, _), (mg, _) = source["summary"][kind]["rand_mean_sd"], source["summary"][kind]["gap_mean_sd"]
+    sample = rng.choice(source["evaluations"][kind] if "evaluations" in source else source["samples"][kind])
+    freak = freak_scale if freak_rate > 0 and rng.random() < freak_rate else 1.0
+    if "evaluations" in source:
+        rand, gap, pages, units, random_units, work, declared = sample
+        new_rand, new_gap = mr + (rand - mr) * noise, mg + (gap - mg) * noise
+
+        def assigned(d: float) -> float:  # a unit's scatter around the evaluation's gap, × noise
+            return LOSS_SCALE * freak * (new_rand + new_gap + (d - rand - gap) * noise)
+
+        return PrimaryResult(LOSS_SCALE * freak * (new_rand + new_gap), LOSS_SCALE * freak * new_rand,
+                             pages=tuple(assigned(d) for d in pages), sequences=tuple(assigned(d) for d in units),
+                             work=float(work), declared_units=int(declared),
+                             random_units=tuple(LOSS_SCALE * freak * (new_rand + (d - rand) * noise)
+                                                for d in random_units))
+    rand, gap = sample
     if noise != 1.0:  # fewer sequences per evaluation: the same means, wider spread
-        (mr, _), (mg, _) = fit()["summary"][kind]["rand_mean_sd"], fit()["summary"][kind]["gap_mean_sd"]
         rand, gap = mr + (rand - mr) * noise, mg + (gap - mg) * noise
-    if freak_rate > 0 and rng.random() < freak_rate:
-        rand, gap = rand * freak_scale, gap * freak_scale
-    return PrimaryResult(LOSS_SCALE * (rand + gap), LOSS_SCALE * rand)
+    return PrimaryResult(LOSS_SCALE * freak * (rand + gap), LOSS_SCALE * freak * rand)
 
 
 def gini(values: list[float]) -> float:
@@ -226,6 +245,7 @@ def gini(values: list[float]) -> float:
 
 def simulate(cfg: SimConfig, *, keep_series: bool = False) -> Outcome:
     rng = random.Random(cfg.seed)
+    source = fit(Path(cfg.fit_file)) if cfg.fit_file else fit()
     peers = build_peers(cfg, rng)
     by_hotkey = {p.hotkey: p for p in peers}
     miners = [p for p in peers if p.strategy != "validator"]
@@ -263,7 +283,7 @@ def simulate(cfg: SimConfig, *, keep_series: bool = False) -> Outcome:
                 if not verdict.passed:
                     first_penalty.setdefault(hk, window)
             noise = cfg.noise * math.exp(rng.gauss(0.0, cfg.window_noise)) if cfg.window_noise else cfg.noise
-            losses = {hk: draw(by_hotkey[hk].strategy, rng, noise, cfg.freak_rate, cfg.freak_scale)
+            losses = {hk: draw(by_hotkey[hk].strategy, rng, noise, cfg.freak_rate, cfg.freak_scale, source)
                       for hk in drawn.primary(verdicts)}
             scored = score_window(book, rules, window, registry, verdicts, losses)
             x = scored.weights

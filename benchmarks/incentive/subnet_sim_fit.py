@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from pathlib import Path
 
@@ -58,11 +59,64 @@ def fit_from_scores(run_dir: Path) -> dict:
             "samples": {k: [[round(r, 4), round(g, 4)] for r, g in v] for k, v in sorted(relative.items())}}
 
 
-_FIT: dict | None = None
+UNITS_FIT_FILE = RESULTS_DIR / "subnet_sim_fit_units.json"
+"""Whole evaluations, every unit of each (written by `fit_from_evaluations`): what production's
+validator hands its score book (`PrimaryResult`: the pages, the position-range units of assigned and
+declared pages, the random pages' units, the declared work), so the simulator's μ runs the proof by
+size, the extra-work classes and the dilution on measured units instead of one (δ_rand, gap) pair."""
+
+_FITS: dict[Path, dict] = {}
 
 
-def fit() -> dict:
-    global _FIT
-    if _FIT is None:
-        _FIT = json.loads(FIT_FILE.read_text())
-    return _FIT
+def fit(path: Path | None = None) -> dict:
+    """A fit file's contents (`FIT_FILE` by default), read once."""
+    path = path or FIT_FILE
+    if path not in _FITS:
+        _FITS[path] = json.loads(path.read_text())
+    return _FITS[path]
+
+
+def _rounded(values: list[float], scale: float) -> list[float]:
+    return [round(v / scale, 5) if math.isfinite(v) else v for v in values]
+
+
+def fit_from_evaluations(run_dirs: list[Path], source: str) -> dict:
+    """Whole evaluations from localnets' `evaluations.jsonl` (validators run with
+    `--record-evaluations`; a localnet's do): every δ of each (the evaluation's pages and units, the
+    random units, δ_assigned and δ_rand) divided by the mean δ_rand of the honest peers in the same
+    validator's window, as `fit_from_scores` scales its pairs, keyed by the evaluated peer's strategy.
+
+    Returns the summary `fit_from_scores` gives (mean and sd of the relative δ_rand and gap per
+    strategy) and `evaluations`: per strategy, [rand, gap, pages, units, random_units, work,
+    declared_units] for each evaluation, relative."""
+    records: list[tuple[tuple[str, str, int], str, dict]] = []
+    for run in run_dirs:
+        nodes = {n["hotkey"]: n for n in json.loads((run / "nodes.json").read_text())}
+        for v in (n for n in nodes.values() if n["role"] == "validator"):
+            path = run / "nodes" / v["name"] / "evaluations.jsonl"
+            for line in path.read_text().splitlines() if path.exists() else []:
+                rec = json.loads(line)
+                if rec["hotkey"] in nodes and math.isfinite(rec["delta_rand"]):
+                    records.append(((str(run), v["name"], rec["window"]), nodes[rec["hotkey"]]["strategy"], rec))
+    honest: dict[tuple[str, str, int], list[float]] = {}
+    for key, strategy, rec in records:
+        if strategy == "honest":
+            honest.setdefault(key, []).append(rec["delta_rand"])
+    scale = {key: statistics.fmean(values) for key, values in honest.items()}
+    evaluations: dict[str, list[list]] = {}
+    for key, strategy, rec in records:
+        m = scale.get(key, 0.0)
+        if m > 0 and math.isfinite(rec["delta_assigned"]):
+            rand = rec["delta_rand"] / m
+            evaluations.setdefault(strategy, []).append([
+                round(rand, 5), round(rec["delta_assigned"] / m - rand, 5), _rounded(rec["pages"], m),
+                _rounded(rec["units"], m), _rounded(rec["random_units"], m), rec["work"], rec["declared_units"]])
+    summary = {}
+    for strategy, evals in sorted(evaluations.items()):
+        rand, gap = [e[0] for e in evals], [e[1] for e in evals]
+        summary[strategy] = {"n": len(evals),
+                             "rand_mean_sd": [round(statistics.fmean(rand), 3), round(statistics.stdev(rand), 3)],
+                             "gap_mean_sd": [round(statistics.fmean(gap), 3), round(statistics.stdev(gap), 3)],
+                             "gap_negative": round(sum(g < 0 for g in gap) / len(gap), 3)}
+    return {"source": f"{source}: {len(records)} primary evaluations with every unit", "summary": summary,
+            "evaluations": dict(sorted(evaluations.items()))}

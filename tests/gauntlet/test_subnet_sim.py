@@ -166,3 +166,61 @@ def test_gpu_noise_comes_from_the_committed_measurement() -> None:
     assert measured["noise_at_production_pages"] == pytest.approx(
         measured["noise"] * math.sqrt(measured["pages_per_peer"] / gpu_noise.PRODUCTION_PAGES))
     assert 0.0 < measured["gap_over_rand"] < 0.05  # 1.2B, 48 steps from θ0: the assigned pages' extra gain is small
+
+
+def _evaluations_run(root, seed: int):
+    """A localnet folder as `--record-evaluations` leaves it: nodes.json and one validator's
+    evaluations.jsonl, 6 windows of honest, moredata (twice the pages, declared), lazy and noise."""
+    import json
+    import random
+
+    rng = random.Random(seed)
+    strategies = {"miner0": "honest", "miner1": "honest", "moredata0": "moredata", "lazy0": "lazy", "noise0": "noise"}
+    nodes = [{"name": "validator0", "role": "validator", "hotkey": "hv", "strategy": "lead"}]
+    nodes += [{"name": n, "role": "miner", "hotkey": f"h{n}", "strategy": s} for n, s in strategies.items()]
+    run = root / f"run{seed}"
+    (run / "nodes" / "validator0").mkdir(parents=True)
+    (run / "nodes.json").write_text(json.dumps(nodes))
+    gaps = {"honest": 0.01, "moredata": 0.006, "lazy": 0.0, "noise": 0.0}
+    lines = []
+    for window in range(6):
+        for name, strategy in strategies.items():
+            rand = (0.0005 if strategy == "noise" else 0.02) + rng.gauss(0, 0.001)
+            declared = 8 if strategy == "moredata" else 0
+            units = [rand + gaps[strategy] + rng.gauss(0, 0.004) for _ in range(8 + declared)]
+            lines.append(json.dumps({"window": window, "hotkey": f"h{name}", "uid": 1, "delta_rand": rand,
+                                     "delta_assigned": sum(units) / len(units), "pages": [sum(units) / len(units)],
+                                     "units": units, "random_units": [rand + rng.gauss(0, 0.004) for _ in range(8)],
+                                     "work": 2.0 if declared else 1.0, "declared_units": declared}))
+    (run / "nodes" / "validator0" / "evaluations.jsonl").write_text("\n".join(lines) + "\n")
+    return run
+
+
+def test_a_fit_of_whole_evaluations_drives_the_score_book_with_every_unit(tmp_path) -> None:
+    """`fit_from_evaluations` keeps every unit relative to the window's honest δ_rand, `draw` hands
+    the score book a PrimaryResult with them (declared work too), and a simulation runs on it."""
+    import json
+    import random
+
+    from benchmarks.incentive.subnet_sim_fit import fit_from_evaluations
+
+    fitted = fit_from_evaluations([_evaluations_run(tmp_path, s) for s in (0, 1)], "synthetic")
+    assert set(fitted["evaluations"]) == {"honest", "moredata", "lazy", "noise"}
+    assert fitted["summary"]["honest"]["rand_mean_sd"][0] == pytest.approx(1.0, abs=1e-3)
+    *_, units, random_units, work, declared = fitted["evaluations"]["moredata"][0]
+    assert (len(units), work, declared, len(random_units)) == (16, 2.0, 8, 8)
+    path = tmp_path / "fit.json"
+    path.write_text(json.dumps(fitted))
+
+    result = subnet_sim.draw("moredata", random.Random(0), source=fitted)
+    assert len(result.sequences) == 16 and result.work == 2.0 and result.declared_units == 8
+    assert result.delta_rand > 0 and len(result.random_units) == 8
+    wider = subnet_sim.draw("moredata", random.Random(0), noise=2.0, source=fitted)
+    assert wider.delta_rand - subnet_sim.LOSS_SCALE * fitted["summary"]["moredata"]["rand_mean_sd"][0] == \
+        pytest.approx(2.0 * (result.delta_rand - subnet_sim.LOSS_SCALE * fitted["summary"]["moredata"]["rand_mean_sd"][0]))
+
+    cfg = replace(subnet_sim.SimConfig(), **subnet_sim.CHOSEN, uids=64, per_class=2, fast_eval_uids=16, windows=16,
+                  join_window=6, fit_file=str(path))
+    share = subnet_sim.simulate(cfg).metrics["share"]
+    assert share["honest"] + share["moredata"] + share["newcomer"] > 0.8
+    assert share["lazy"] + share["noise"] < 0.1

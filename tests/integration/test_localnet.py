@@ -122,6 +122,14 @@ def test_localnet_pays_honest_work_and_nothing_else(tmp_path):
     assert record["overclaim0"]["declared_credit"] < record["overclaim0"]["assigned_credit"], record["overclaim0"]
     assert all(record[name]["declared"] == 0 and record[name]["declared_credit_evals"] == 0
                for name in record if miners[name]["strategy"] == "honest"), summary
+    # Every unit of every primary evaluation is on record (a localnet's validators --record-evaluations):
+    # one record per evaluated score, moredata's with its declared units at the end.
+    validator = adversarial / "nodes" / "validator0"
+    units = [json.loads(line) for line in (validator / "evaluations.jsonl").read_text().splitlines()]
+    evaluated = [r for r in map(json.loads, (validator / "scores.jsonl").read_text().splitlines()) if r["evaluated"]]
+    assert sorted((r["window"], r["hotkey"]) for r in units) == sorted((r["window"], r["hotkey"]) for r in evaluated)
+    assert all(r["units"] and r["random_units"] for r in units)
+    assert any(r["declared_units"] > 0 and r["work"] > 1 for r in units if r["hotkey"] == miners["moredata0"]["hotkey"])
 
     _dashboard_shows_the_run(adversarial)
 

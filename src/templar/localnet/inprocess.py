@@ -28,20 +28,23 @@ from templar.core.log import setup_logging
 from templar.localnet.adversaries import make_adversary
 from templar.localnet.runner import Localnet, is_adversary
 from templar.miner.loop import Miner
-from templar.runtime.flags import add_node_args
+from templar.runtime.flags import add_node_args, add_validator_args
 from templar.runtime.node import Node, start_node
 from templar.runtime.roster import NodeInfo, lead_validator
 from templar.validator.loop import Validator
 
 
-def _parse(flags: list[str]) -> argparse.Namespace:
+def _parse(flags: list[str], role: str) -> argparse.Namespace:
+    """The flags as the role's entry point parses them (`neurons/miner.py`, `neurons/validator.py`)."""
     parser = argparse.ArgumentParser()
     add_node_args(parser)
+    if role == "validator":
+        add_validator_args(parser)
     return parser.parse_args(flags)
 
 
 async def _start(net: Localnet, info: NodeInfo) -> tuple[NodeInfo, Node]:
-    args = _parse(net.node_flags(info, net._bucket_args(info)[0]))
+    args = _parse(net.node_flags(info, net._bucket_args(info)[0]), info.role)
     return info, await start_node(args, info.role, time=loop_time(), configure_logging=False)
 
 

@@ -180,8 +180,8 @@ class Localnet:
                  "--subtensor.network", "embedded", "--subtensor.chain_endpoint", str(self.out / CHAIN_FILE),
                  "--hparams", self.hparams, "--device", "cpu", "--state.dir", str(node_dir),
                  "--logging.file", str(node_dir / "node.log"), *bucket_args]
-        if node.role == "validator":
-            flags += ["--windows", str(self.cfg.windows)]
+        if node.role == "validator":  # a localnet keeps every evaluation's units: the simulator's fit reads them
+            flags += ["--windows", str(self.cfg.windows), "--record-evaluations"]
         return flags
 
     def extra_pages(self, node: NodeInfo) -> int:

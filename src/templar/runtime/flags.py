@@ -88,6 +88,10 @@ def add_validator_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--shadow", action="store_true",
                         help="score, publish records and metrics as usual, but never set weights or commit a "
                              "bucket locator on chain: to try a new machine beside the one that sets weights")
+    parser.add_argument("--record-evaluations", dest="record_evaluations", action="store_true",
+                        help="also write every unit of every primary evaluation to evaluations.jsonl in the state "
+                             "directory (about 13 kB per evaluated peer in production: the evidence behind each μ; "
+                             "localnets do, for the simulator's fit)")
 
 
 def check_config(args: argparse.Namespace) -> int:

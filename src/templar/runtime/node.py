@@ -126,6 +126,8 @@ class Node:
     shadow: bool = False
     """A validator's `--shadow`: it scores and reports as usual but writes nothing on chain (no
     weights, no bucket commitment), to try a machine next to the one that sets the weights."""
+    record_evaluations: bool = False
+    """A validator's `--record-evaluations`: every primary evaluation's units go to `evaluations.jsonl`."""
     failed_saves: int = 0
     leads: LeadHistory = field(default_factory=LeadHistory)
     """Who led the windows this node applied (`templar.runtime.consensus.succession`)."""
@@ -295,7 +297,8 @@ async def start_node(args: argparse.Namespace, role: str, *, time: TimeSource = 
     return Node(hp=hp, chain=chain, clock=clock, uid=uid, model=model, pages=pages, plan=plan, bucket=bucket,
                 state_dir=state_dir, device=device, compute=LocalCompute(model, hp, memory), state_lock=lock,
                 allow_private_endpoints=args.subtensor_network not in PUBLIC_NETWORKS,
-                open_bucket=functools.partial(open_bucket, now=time.now), shadow=shadow)
+                open_bucket=functools.partial(open_bucket, now=time.now), shadow=shadow,
+                record_evaluations=bool(getattr(args, "record_evaluations", False)))
 
 
 async def _open_own_bucket(args: argparse.Namespace, chain: Chain, time: TimeSource,

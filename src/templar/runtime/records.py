@@ -18,6 +18,7 @@ SCORES_FILE = "scores.jsonl"
 VALIDATOR_WINDOWS_FILE = "validator_windows.jsonl"
 MINER_WINDOWS_FILE = "miner_windows.jsonl"
 WEIGHTS_FILE = "weights.jsonl"
+EVALUATIONS_FILE = "evaluations.jsonl"
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,25 @@ class PeerScoreRecord:
     score: float
     weight: float
     in_top_g: bool
+
+
+@dataclass(frozen=True)
+class EvaluationRecord:
+    """Every unit of one primary evaluation, as the score book received it (`gauntlet.PrimaryResult`):
+    a validator's `--record-evaluations` writes them to `evaluations.jsonl`, the evidence behind a μ
+    and what `benchmarks/incentive/subnet_sim_fit.py` refits the simulator from. Non-finite δ are
+    written as JSON's -Infinity (a unit the update broke)."""
+
+    window: int
+    hotkey: str
+    uid: int
+    delta_assigned: float
+    delta_rand: float
+    pages: list[float]          # δ of each evaluated assigned page
+    units: list[float]          # δ of each position range of each evaluated sequence (assigned, then declared)
+    random_units: list[float]   # the same of the random pages: the evaluation's noise per unit
+    work: float                 # the declared work, in units of the assigned work
+    declared_units: int         # how many of `units` (the last ones) are on declared pages
 
 
 @dataclass(frozen=True)

@@ -409,12 +409,12 @@ class Validator:
         """The Gauntlet's window (`score_window`); the aggregated uploads are remembered for the
         borrowed-work check of later windows."""
         self.public.remember(work.window, aggregate_payloads(work.peer_list, work.results))
-        work.scores = score_window(
-            self.book, self.hp.gauntlet, work.window, work.miners, work.verdicts,
-            {hk: PrimaryResult(s.delta_assigned, s.delta_rand, s.page_deltas, s.sequence_deltas,
-                               work=declared_work(self.hp.data, work.results[hk].value.extra_pages),
-                               declared_units=s.declared_units, random_units=s.random_deltas)
-             for hk, s in work.losses.items()})
+        work.primaries = {hk: PrimaryResult(s.delta_assigned, s.delta_rand, s.page_deltas, s.sequence_deltas,
+                                            work=declared_work(self.hp.data, work.results[hk].value.extra_pages),
+                                            declared_units=s.declared_units, random_units=s.random_deltas)
+                          for hk, s in work.losses.items()}
+        work.scores = score_window(self.book, self.hp.gauntlet, work.window, work.miners, work.verdicts,
+                                   work.primaries)
 
     async def step(self, work: ValidatorWindow) -> None:
         """The outer step: every node, the lead included, takes exactly the window's applied inputs
@@ -454,7 +454,8 @@ class Validator:
                           holdout_loss=work.holdout_loss, peers_aggregated=step.peers if step else 0,
                           gathered=len(work.results), wall_seconds=work.wall_seconds,
                           weights_set=work.weights_set, gather_seconds=work.gather_seconds,
-                          lead=self.is_lead))
+                          lead=self.is_lead),
+                      primaries=work.primaries if self.node.record_evaluations else None)
 
     async def _gather(self, window: int, wanted: list[str], deadline: float) -> dict[str, GatherResult[Gradient]]:
         """Every wanted peer's payload, with a status for each (no usable locator on chain:

@@ -9,10 +9,12 @@ from pathlib import Path
 
 from templar.core.config import GauntletConfig
 from templar.core.log import context, short
-from templar.gauntlet import FastVerdict, ScoreBook, Status, WindowScores
+from templar.gauntlet import FastVerdict, PrimaryResult, ScoreBook, Status, WindowScores
 from templar.runtime.records import (
+    EVALUATIONS_FILE,
     SCORES_FILE,
     VALIDATOR_WINDOWS_FILE,
+    EvaluationRecord,
     PeerScoreRecord,
     ValidatorWindowRecord,
     append_record,
@@ -37,9 +39,10 @@ class WindowSummary:
 
 def record_window(state_dir: Path, window: int, book: ScoreBook, rules: GauntletConfig,
                   verdicts: Mapping[str, FastVerdict], losses: Mapping[str, LossScores], scores: WindowScores,
-                  summary: WindowSummary) -> None:
+                  summary: WindowSummary, *, primaries: Mapping[str, PrimaryResult] | None = None) -> None:
     """A score record for every peer in the book and one window record; a log line for each peer
-    evaluated this window (the LossRating as `rules` read it)."""
+    evaluated this window (the LossRating as `rules` read it); with `primaries` (`--record-evaluations`)
+    every unit of each primary evaluation (`EvaluationRecord`)."""
     log = context(window=window, phase="score")
     for hotkey in sorted(book):
         rec = book.peers[hotkey]
@@ -59,6 +62,12 @@ def record_window(state_dir: Path, window: int, book: ScoreBook, rules: Gauntlet
             delta_assigned=loss.delta_assigned if loss else None,
             delta_rand=loss.delta_rand if loss else None, mu=rec.mu, rating=book.loss_rating(rules, hotkey),
             score=rec.score, weight=weight, in_top_g=hotkey in scores.top_g))
+    for hotkey, result in sorted((primaries or {}).items()):
+        append_record(state_dir / EVALUATIONS_FILE, EvaluationRecord(
+            window=window, hotkey=hotkey, uid=book.peers[hotkey].uid if hotkey in book.peers else -1,
+            delta_assigned=result.delta_assigned, delta_rand=result.delta_rand, pages=list(result.pages),
+            units=list(result.sequences), random_units=list(result.random_units), work=result.work,
+            declared_units=result.declared_units))
     append_record(state_dir / VALIDATOR_WINDOWS_FILE, ValidatorWindowRecord(
         window=window, global_step=summary.global_step, learning_rate=summary.learning_rate,
         holdout_loss=summary.holdout_loss, peers_aggregated=summary.peers_aggregated, gathered=summary.gathered,

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from templar.comms import GatherResult
-from templar.gauntlet import FastVerdict, WindowDraw, WindowScores
+from templar.gauntlet import FastVerdict, PrimaryResult, WindowDraw, WindowScores
 from templar.runtime.consensus.outer import OuterStep
 from templar.runtime.consensus.succession import Decision
 from templar.runtime.consensus.windows import WindowTimes
@@ -36,6 +36,8 @@ class ValidatorWindow:
     replayed: Mapping[str, Sighting] = field(default_factory=dict)
     verdicts: dict[str, FastVerdict] = field(default_factory=dict)
     losses: dict[str, LossScores] = field(default_factory=dict)
+    primaries: dict[str, PrimaryResult] = field(default_factory=dict)
+    """What the score book received of each primary evaluation (`score`), for `--record-evaluations`."""
     scores: WindowScores | None = None
     decision: Decision | None = None
     """The window's applied inputs and who led it (`templar.runtime.consensus.succession`)."""
