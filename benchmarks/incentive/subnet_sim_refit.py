@@ -16,7 +16,7 @@ Then it runs production's settings (`CHOSEN`), on the simulator's cadence (every
 and on finney's (an epoch every 51 windows, weights every 15), seeds 0-2, with each fit, and
 prints the targets of docs/scoring.md §11: identical honest max/min over the last 12 windows,
 agreement, the best-paid cheat's share, `moredata` over honest, and how long the median newcomer
-takes to reach the honest median (#4: within 1 h at finney's cadence). Writes
+takes to reach the honest median (the target: within 1 h at finney's cadence). Writes
 `benchmarks/results/subnet_sim_refit.json`.
 """
 
