@@ -46,12 +46,64 @@ def summary(m: dict) -> dict:
             "newcomer_first_weight_hours": hours(m["newcomer_first_weight_windows"])}
 
 
+LEVERS: dict[str, dict] = {
+    "production": {},
+    "mu_gamma 0.95 (a longer memory)": {"mu_gamma": 0.95},
+    "mu_gamma 0.98": {"mu_gamma": 0.98},
+    "proof_full_gap 0.2 (full credit at a smaller gap)": {"proof_full_gap": 0.2},
+    "proof_full_gap 0.1": {"proof_full_gap": 0.1},
+    "power 1.5": {"power": 1.5},
+    "power 1": {"power": 1.0},
+    "mu_gamma 0.98 + power 1": {"mu_gamma": 0.98, "power": 1.0},
+    "rating tied (tie band 100: μ alone)": {"rating_tie_band": 100.0},
+    "power 1 + rating tied": {"power": 1.0, "rating_tie_band": 100.0},
+    "mu_gamma 0.98 + rating tied": {"mu_gamma": 0.98, "rating_tie_band": 100.0},
+    "uids_per_window 16 (twice the evaluations)": {"uids_per_window": 16},
+    "noise 0.5 (about 4 pages an evaluation)": {"noise": 0.5},
+    "uids_per_window 16 + noise 0.71": {"uids_per_window": 16, "noise": 0.7071},
+    "mu_gamma 0.98 + noise 0.5": {"mu_gamma": 0.98, "noise": 0.5},
+    "mu_gamma 0.98 + noise 0.71": {"mu_gamma": 0.98, "noise": 0.7071},
+}
+"""Production's Gauntlet with one knob changed, or two: the levers fair pay's noise names (μ's memory,
+how soon a unit earns the full credit, the power c, more evaluations, more units an evaluation: the
+simulator's `noise` scales every unit's scatter, 0.5 standing for four times the units) and the
+rating tied for every peer, which leaves μ alone to tell peers apart."""
+
+
+def levers(processes: int) -> int:
+    """`LEVERS` on the refit at finney's cadence, seeds 0-2: the targets of each, and its ranges."""
+    base = replace(SimConfig(), **CHOSEN, fit_file=str(UNITS_FIT_FILE), tempo_windows=51, weights_windows=15)
+    seeds = (0, 1, 2)
+    jobs = [(f"{name} | seed={seed}", replace(base, seed=seed, **change), False)
+            for name, change in LEVERS.items() for seed in seeds]
+    import multiprocessing
+
+    with multiprocessing.get_context("fork").Pool(processes) as pool:
+        outcomes = dict(pool.imap(_run, jobs))
+    runs = {label: summary(o.metrics) for label, o in outcomes.items()}
+    ranges = {name: {k: [min(runs[f"{name} | seed={s}"][k] for s in seeds), max(runs[f"{name} | seed={s}"][k]
+                                                                               for s in seeds)] for k in KEYS}
+              for name in LEVERS}
+    for name, r in ranges.items():
+        print(f"  {name}: " + ", ".join(f"{k} {lo:.3g}–{hi:.3g}" for k, (lo, hi) in r.items()))
+    (RESULTS_DIR / "subnet_sim_refit_levers.json").write_text(json.dumps(
+        {"fit": str(UNITS_FIT_FILE.name), "cadence": "finney (tempo 51, weights every 15)", "levers": LEVERS,
+         "runs": runs, "ranges_over_seeds": ranges}, indent=1) + "\n")
+    print(f"wrote {RESULTS_DIR / 'subnet_sim_refit_levers.json'}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fit", type=Path, nargs="+", default=None, help="localnet --out folders to refit from")
     parser.add_argument("--quick", action="store_true", help="64 uids, 12 windows, one seed")
     parser.add_argument("--processes", type=int, default=2)
+    parser.add_argument("--levers", action="store_true",
+                        help="instead: production's settings with one lever changed (LEVERS), on the refit at "
+                             "finney's cadence, seeds 0-2")
     args = parser.parse_args(argv)
+    if args.levers:
+        return levers(args.processes)
     if args.fit:
         fitted = fit_from_evaluations(args.fit, FIT_SOURCE)
         UNITS_FIT_FILE.write_text(json.dumps(fitted, separators=(",", ":")) + "\n")
