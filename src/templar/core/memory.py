@@ -36,7 +36,7 @@ offload its streamed buffer too; under torchrun the owner's gathered full gradie
 offload one parameter group's moments during its AdamW step. A validator holds θ, the copy of θ_t
 it restores after each trial step, and one no-grad forward: the head's logits (10·T·V as above),
 the MLP's gate, up and product in bf16 (6·T·f), two float32 hidden states (8·T·d) and, with one
-process, autocast's bf16 weight copies (an H200 measured 18.0 GB at 1.2B against 15.2 GB here). An overlapped
+process, autocast's bf16 weight copies (an H200 measured 18.0 GB at 1.2B against 15.1 GB here). An overlapped
 run (`HParams.inner.overlap`) adds one float32 copy of θ on the GPU: a miner's working model, which its
 inner steps train while θ takes the previous window's outer step, and a delayed run's validator's θ
 one window older, the base it evaluates the window's updates against. Host memory
