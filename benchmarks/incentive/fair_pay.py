@@ -24,10 +24,9 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 from pathlib import Path
 
-from benchmarks.incentive.localnet_consensus import PRESET, run_localnet
+from benchmarks.incentive.localnet_consensus import PRESET, run_localnet, run_seeds
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "fair_pay.json"
 ADVERSARIES = ("moredata", "overclaim", "thin", "short", "partial", "pooled", "overfit", "copycat", "lazy", "noise",
@@ -80,18 +79,10 @@ def main() -> int:
     args = parser.parse_args()
 
     outs = {seed: args.out_root / f"seed{seed}" for seed in args.seeds}
-    pending = [] if args.reuse else list(outs.items())
-    running: list[tuple[int, subprocess.Popen]] = []
-    while pending or running:
-        while pending and len(running) < args.jobs:
-            seed, out = pending.pop(0)
-            print(f"seed {seed}: running in {out}", flush=True)
-            running.append((seed, run_localnet(out, seed=seed, windows=args.windows, hparams=args.hparams,
-                                               validators=1, miners=4, adversaries=ADVERSARIES)))
-        seed, proc = running.pop(0)
-        if proc.wait() != 0:
-            print(f"seed {seed}: the localnet failed (exit {proc.returncode}); see {outs[seed].with_suffix('.log')}")
-            return 1
+    if not args.reuse and not run_seeds(outs, args.jobs, lambda seed, out: run_localnet(
+            out, seed=seed, windows=args.windows, hparams=args.hparams, validators=1, miners=4,
+            adversaries=ADVERSARIES)):
+        return 1
     summaries = {seed: summarise(out) for seed, out in outs.items()}
     for seed, s in summaries.items():
         print(line(seed, s))

@@ -31,6 +31,7 @@ import os
 import statistics
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "localnet_consensus_micro_gauntlet.json"
@@ -52,6 +53,23 @@ def run_localnet(out: Path, *, seed: int, windows: int, hparams: str, validators
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     log = open(out.with_suffix(".log"), "wb")  # noqa: SIM115 - the child holds it until it exits
     return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+
+
+def run_seeds(outs: dict[int, Path], jobs: int, start: Callable[[int, Path], subprocess.Popen]) -> bool:
+    """One localnet per seed (`start(seed, out)`), `jobs` at a time, waited for in order; False (and
+    the log's path) at the first that fails."""
+    pending = list(outs.items())
+    running: list[tuple[int, subprocess.Popen]] = []
+    while pending or running:
+        while pending and len(running) < jobs:
+            seed, out = pending.pop(0)
+            print(f"seed {seed}: running in {out}", flush=True)
+            running.append((seed, start(seed, out)))
+        seed, proc = running.pop(0)
+        if proc.wait() != 0:
+            print(f"seed {seed}: the localnet failed (exit {proc.returncode}); see {outs[seed].with_suffix('.log')}")
+            return False
+    return True
 
 
 def _ratio(a: float, b: float) -> float:
@@ -157,18 +175,10 @@ def main() -> int:
     args = parser.parse_args()
 
     outs = {seed: args.out_root / f"seed{seed}" for seed in args.seeds}
-    pending = [] if args.reuse else list(outs.items())
-    running: list[tuple[int, subprocess.Popen]] = []
-    while pending or running:
-        while pending and len(running) < args.jobs:
-            seed, out = pending.pop(0)
-            print(f"seed {seed}: running in {out}", flush=True)
-            running.append((seed, run_localnet(out, seed=seed, windows=args.windows, hparams=args.hparams,
-                                               validators=args.validators, miners=args.miners)))
-        seed, proc = running.pop(0)
-        if proc.wait() != 0:
-            print(f"seed {seed}: the localnet failed (exit {proc.returncode}); see {outs[seed].with_suffix('.log')}")
-            return 1
+    if not args.reuse and not run_seeds(outs, args.jobs, lambda seed, out: run_localnet(
+            out, seed=seed, windows=args.windows, hparams=args.hparams, validators=args.validators,
+            miners=args.miners)):
+        return 1
     summaries = {seed: summarise(out) for seed, out in outs.items()}
     for seed, s in summaries.items():
         print(line(seed, s))

@@ -49,10 +49,10 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.incentive.subnet_sim_candidates import TiedOpenSkillBook, WeighedWindowsBook
-from benchmarks.incentive.subnet_sim_fit import FIT_FILE, fit, fit_from_scores
+from benchmarks.incentive.subnet_sim_fit import FIT_FILE, draw, fit, fit_from_scores
 from templar.chain.embedded import yuma
 from templar.core.config import GauntletConfig, load_hparams
-from templar.gauntlet import FastVerdict, PrimaryResult, ScoreBook, Status, draw_window, score_window
+from templar.gauntlet import FastVerdict, ScoreBook, Status, draw_window, score_window
 
 RESULTS_DIR = Path(__file__).resolve().parents[1] / "results"
 WINDOW_SECONDS = 84.0
@@ -62,9 +62,6 @@ LAST = 12
 SAME_INCENTIVE = 1e-9
 """Relative tolerance of "at the honest median": identical peers' incentives differ by float rounding
 (about 1e-16 relative), which an exact `>=` read as below the median."""
-
-LOSS_SCALE = 0.04
-"""Mean honest δ_rand of that run (nats); only `proof_margin` > 0 looks at absolute sizes."""
 
 STRATEGIES = ("honest", "newcomer", "moredata", "lazy", "copycat", "noise", "lazy_new")
 CHEATS = ("lazy", "copycat", "noise", "lazy_new")
@@ -202,36 +199,6 @@ def fast_verdict(peer: Peer) -> FastVerdict:
     uploads were readable, so it fails as `uncommitted` whenever it is sampled; every other
     simulated peer uploads its own valid work."""
     return FastVerdict(Status.UNCOMMITTED if peer.strategy == "copycat" else Status.OK)
-
-
-def draw(strategy: str, rng: random.Random, noise: float = 1.0, freak_rate: float = 0.0,
-         freak_scale: float = 3.66, source: dict | None = None) -> PrimaryResult:
-    """One evaluation resampled from the measured ones of the strategy (scaled to nats): a
-    (δ_rand, gap) pair from `FIT_FILE`, or, from a fit of whole evaluations (`source` with
-    `evaluations`, `subnet_sim_fit.fit_from_evaluations`), every unit of one, so the score book's
-    proof by size and extra-work classes run on measured units. With probability `freak_rate` every
-    δ is multiplied by `freak_scale` (a freak evaluation)."""
-    source = source if source is not None else fit()
-    kind = {"newcomer": "honest", "copycat": "lazy", "lazy_new": "lazy"}.get(strategy, strategy)
-    (mr, _), (mg, _) = source["summary"][kind]["rand_mean_sd"], source["summary"][kind]["gap_mean_sd"]
-    sample = rng.choice(source["evaluations"][kind] if "evaluations" in source else source["samples"][kind])
-    freak = freak_scale if freak_rate > 0 and rng.random() < freak_rate else 1.0
-    if "evaluations" in source:
-        rand, gap, pages, units, random_units, work, declared = sample
-        new_rand, new_gap = mr + (rand - mr) * noise, mg + (gap - mg) * noise
-
-        def assigned(d: float) -> float:  # a unit's scatter around the evaluation's gap, × noise
-            return LOSS_SCALE * freak * (new_rand + new_gap + (d - rand - gap) * noise)
-
-        return PrimaryResult(LOSS_SCALE * freak * (new_rand + new_gap), LOSS_SCALE * freak * new_rand,
-                             pages=tuple(assigned(d) for d in pages), sequences=tuple(assigned(d) for d in units),
-                             work=float(work), declared_units=int(declared),
-                             random_units=tuple(LOSS_SCALE * freak * (new_rand + (d - rand) * noise)
-                                                for d in random_units))
-    rand, gap = sample
-    if noise != 1.0:  # fewer sequences per evaluation: the same means, wider spread
-        rand, gap = mr + (rand - mr) * noise, mg + (gap - mg) * noise
-    return PrimaryResult(LOSS_SCALE * freak * (rand + gap), LOSS_SCALE * freak * rand)
 
 
 def gini(values: list[float]) -> float:
@@ -457,6 +424,28 @@ def _run(job: tuple[str, SimConfig, bool]) -> tuple[str, Outcome]:
     return label, simulate(cfg, keep_series=keep)
 
 
+def run_jobs(jobs: list[tuple[str, SimConfig, bool]], processes: int, *, say: bool = True) -> dict[str, Outcome]:
+    """Every (label, config, keep_series) job, `processes` at a time (forked), in order; with `say`
+    each outcome's `line` as it finishes."""
+    outcomes: dict[str, Outcome] = {}
+    if processes > 1 and len(jobs) > 1:
+        import multiprocessing
+
+        with multiprocessing.get_context("fork").Pool(processes) as pool:
+            finished = pool.imap(_run, jobs)
+            for label, outcome in finished:
+                outcomes[label] = outcome
+                if say:
+                    print(line(label, outcome.metrics), flush=True)
+        return outcomes
+    for job in jobs:
+        label, outcome = _run(job)
+        outcomes[label] = outcome
+        if say:
+            print(line(label, outcome.metrics), flush=True)
+    return outcomes
+
+
 def plan(base: SimConfig, quick: bool, sweeps: bool = False) -> list[tuple[str, SimConfig, bool]]:
     """Every run of the benchmark: the baseline, one-knob sweeps, the levers, the rating candidates."""
     chosen = replace(base, **CHOSEN)
@@ -563,20 +552,7 @@ def main(argv: list[str] | None = None) -> int:
         base = replace(base, windows=12, join_window=4, uids=64, per_class=2, fast_eval_uids=16)
     print(f"subnet_sim: {base.uids} uids, {base.windows} windows ({hours(base.windows):.1f} h at 84 s), newcomers "
           f"join at window {base.join_window}; LossScores resampled from {fit()['source']}", flush=True)
-    jobs = plan(base, args.quick, args.sweeps)
-    outcomes: dict[str, Outcome] = {}
-    if args.processes > 1 and len(jobs) > 1:
-        import multiprocessing
-
-        with multiprocessing.get_context("fork").Pool(args.processes) as pool:
-            for label, outcome in pool.imap(_run, jobs):
-                outcomes[label] = outcome
-                print(line(label, outcome.metrics), flush=True)
-    else:
-        for job in jobs:
-            label, outcome = _run(job)
-            outcomes[label] = outcome
-            print(line(label, outcome.metrics), flush=True)
+    outcomes = run_jobs(plan(base, args.quick, args.sweeps), args.processes)
     stem = "subnet_sim_quick" if args.quick else "subnet_sim"
     RESULTS_DIR.mkdir(exist_ok=True)
     baseline, improved = outcomes["baseline"], outcomes["chosen"]

@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import json
 import math
+import random
 import statistics
 from pathlib import Path
+
+from templar.gauntlet import PrimaryResult
 
 RESULTS_DIR = Path(__file__).resolve().parents[1] / "results"
 FIT_FILE = RESULTS_DIR / "subnet_sim_fit.json"
@@ -65,6 +68,10 @@ validator hands its score book (`PrimaryResult`: the pages, the position-range u
 declared pages, the random pages' units, the declared work), so the simulator's μ runs the proof by
 size, the extra-work classes and the dilution on measured units instead of one (δ_rand, gap) pair."""
 
+LOSS_SCALE = 0.04
+"""Mean honest δ_rand of `FIT_FILE`'s run (nats): the draws' relative δ times this; only
+`proof_margin` > 0 looks at absolute sizes."""
+
 _FITS: dict[Path, dict] = {}
 
 
@@ -120,3 +127,33 @@ def fit_from_evaluations(run_dirs: list[Path], source: str) -> dict:
                              "gap_negative": round(sum(g < 0 for g in gap) / len(gap), 3)}
     return {"source": f"{source}: {len(records)} primary evaluations with every unit", "summary": summary,
             "evaluations": dict(sorted(evaluations.items()))}
+
+
+def draw(strategy: str, rng: random.Random, noise: float = 1.0, freak_rate: float = 0.0,
+         freak_scale: float = 3.66, source: dict | None = None) -> PrimaryResult:
+    """One evaluation resampled from the measured ones of the strategy (scaled to nats): a
+    (δ_rand, gap) pair from `FIT_FILE`, or, from a fit of whole evaluations (`source` with
+    `evaluations`, `subnet_sim_fit.fit_from_evaluations`), every unit of one, so the score book's
+    proof by size and extra-work classes run on measured units. With probability `freak_rate` every
+    δ is multiplied by `freak_scale` (a freak evaluation)."""
+    source = source if source is not None else fit()
+    kind = {"newcomer": "honest", "copycat": "lazy", "lazy_new": "lazy"}.get(strategy, strategy)
+    (mr, _), (mg, _) = source["summary"][kind]["rand_mean_sd"], source["summary"][kind]["gap_mean_sd"]
+    sample = rng.choice(source["evaluations"][kind] if "evaluations" in source else source["samples"][kind])
+    freak = freak_scale if freak_rate > 0 and rng.random() < freak_rate else 1.0
+    if "evaluations" in source:
+        rand, gap, pages, units, random_units, work, declared = sample
+        new_rand, new_gap = mr + (rand - mr) * noise, mg + (gap - mg) * noise
+
+        def assigned(d: float) -> float:  # a unit's scatter around the evaluation's gap, × noise
+            return LOSS_SCALE * freak * (new_rand + new_gap + (d - rand - gap) * noise)
+
+        return PrimaryResult(LOSS_SCALE * freak * (new_rand + new_gap), LOSS_SCALE * freak * new_rand,
+                             pages=tuple(assigned(d) for d in pages), sequences=tuple(assigned(d) for d in units),
+                             work=float(work), declared_units=int(declared),
+                             random_units=tuple(LOSS_SCALE * freak * (new_rand + (d - rand) * noise)
+                                                for d in random_units))
+    rand, gap = sample
+    if noise != 1.0:  # fewer sequences per evaluation: the same means, wider spread
+        rand, gap = mr + (rand - mr) * noise, mg + (gap - mg) * noise
+    return PrimaryResult(LOSS_SCALE * freak * (rand + gap), LOSS_SCALE * freak * rand)

@@ -29,7 +29,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from benchmarks.incentive.subnet_sim import CHOSEN, RESULTS_DIR, SimConfig, _run, hours, line, worst_cheat
+from benchmarks.incentive.subnet_sim import CHOSEN, RESULTS_DIR, SimConfig, hours, line, run_jobs, worst_cheat
 
 GPU_RESULT = RESULTS_DIR / "gpu_nvidia_h200.json"
 PRODUCTION_PAGES = 29
@@ -73,13 +73,7 @@ def main(argv: list[str] | None = None) -> int:
                                                              "window_noise": gpu["window_noise"]}}
     jobs = [(f"{name}, seed={seed}", replace(base, seed=seed, **change), False)
             for name, change in noises.items() for seed in seeds]
-    if args.processes > 1:
-        import multiprocessing
-
-        with multiprocessing.get_context("fork").Pool(args.processes) as pool:
-            outcomes = dict(pool.imap(_run, jobs))
-    else:
-        outcomes = dict(map(_run, jobs))
+    outcomes = run_jobs(jobs, args.processes, say=False)
     results = {label: summary(o.metrics) for label, o in outcomes.items()}
     for label, o in outcomes.items():
         print(line(label, o.metrics))

@@ -29,7 +29,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from benchmarks.incentive.subnet_sim import CHOSEN, RESULTS_DIR, SimConfig, _run, hours, line, worst_cheat
+from benchmarks.incentive.subnet_sim import CHOSEN, RESULTS_DIR, SimConfig, hours, line, run_jobs, worst_cheat
 from benchmarks.incentive.subnet_sim_fit import FIT_FILE, UNITS_FIT_FILE, fit_from_evaluations
 
 FIT_SOURCE = ("crowded localnets (`python -m benchmarks.incentive.fair_pay --seeds 0 1 2`: "
@@ -76,10 +76,7 @@ def levers(processes: int) -> int:
     seeds = (0, 1, 2)
     jobs = [(f"{name} | seed={seed}", replace(base, seed=seed, **change), False)
             for name, change in LEVERS.items() for seed in seeds]
-    import multiprocessing
-
-    with multiprocessing.get_context("fork").Pool(processes) as pool:
-        outcomes = dict(pool.imap(_run, jobs))
+    outcomes = run_jobs(jobs, processes)
     runs = {label: summary(o.metrics) for label, o in outcomes.items()}
     ranges = {name: {k: [min(runs[f"{name} | seed={s}"][k] for s in seeds), max(runs[f"{name} | seed={s}"][k]
                                                                                for s in seeds)] for k in KEYS}
@@ -118,13 +115,7 @@ def main(argv: list[str] | None = None) -> int:
                 {"tempo_windows": 51, "weights_windows": 15}}
     jobs = [(f"{f} | {c} | seed={seed}", replace(base, seed=seed, fit_file=path, **change), False)
             for f, path in fits.items() for c, change in cadences.items() for seed in seeds]
-    if args.processes > 1:
-        import multiprocessing
-
-        with multiprocessing.get_context("fork").Pool(args.processes) as pool:
-            outcomes = dict(pool.imap(_run, jobs))
-    else:
-        outcomes = dict(map(_run, jobs))
+    outcomes = run_jobs(jobs, args.processes, say=False)
     runs = {label: summary(o.metrics) for label, o in outcomes.items()}
     for label, o in outcomes.items():
         print(line(label, o.metrics))

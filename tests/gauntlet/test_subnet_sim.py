@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 from tests.rules import gauntlet_rules
 
-from benchmarks.incentive import subnet_sim
+from benchmarks.incentive import subnet_sim, subnet_sim_fit
 
 
 def test_quick_simulation_pays_honest_peers_and_reports_every_metric() -> None:
@@ -35,9 +35,9 @@ def test_freak_draw_scales_both_loss_scores() -> None:
     """The jump scenario's freak evaluation is the calm draw times `freak_scale` (same rng state)."""
     import random
 
-    calm = subnet_sim.draw("honest", random.Random(3))
+    calm = subnet_sim_fit.draw("honest", random.Random(3))
     rng = random.Random(3)
-    freak = subnet_sim.draw("honest", rng, freak_rate=1.0, freak_scale=3.0)
+    freak = subnet_sim_fit.draw("honest", rng, freak_rate=1.0, freak_scale=3.0)
     assert freak.delta_rand == pytest.approx(3.0 * calm.delta_rand)
     assert freak.delta_assigned == pytest.approx(3.0 * calm.delta_assigned)
 
@@ -212,12 +212,12 @@ def test_a_fit_of_whole_evaluations_drives_the_score_book_with_every_unit(tmp_pa
     path = tmp_path / "fit.json"
     path.write_text(json.dumps(fitted))
 
-    result = subnet_sim.draw("moredata", random.Random(0), source=fitted)
+    result = subnet_sim_fit.draw("moredata", random.Random(0), source=fitted)
     assert len(result.sequences) == 16 and result.work == 2.0 and result.declared_units == 8
     assert result.delta_rand > 0 and len(result.random_units) == 8
-    wider = subnet_sim.draw("moredata", random.Random(0), noise=2.0, source=fitted)
-    assert wider.delta_rand - subnet_sim.LOSS_SCALE * fitted["summary"]["moredata"]["rand_mean_sd"][0] == \
-        pytest.approx(2.0 * (result.delta_rand - subnet_sim.LOSS_SCALE * fitted["summary"]["moredata"]["rand_mean_sd"][0]))
+    wider = subnet_sim_fit.draw("moredata", random.Random(0), noise=2.0, source=fitted)
+    assert wider.delta_rand - subnet_sim_fit.LOSS_SCALE * fitted["summary"]["moredata"]["rand_mean_sd"][0] == \
+        pytest.approx(2.0 * (result.delta_rand - subnet_sim_fit.LOSS_SCALE * fitted["summary"]["moredata"]["rand_mean_sd"][0]))
 
     cfg = replace(subnet_sim.SimConfig(), **subnet_sim.CHOSEN, uids=64, per_class=2, fast_eval_uids=16, windows=16,
                   join_window=6, fit_file=str(path))
