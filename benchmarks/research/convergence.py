@@ -184,6 +184,10 @@ def methods(h: int) -> dict[str, Method]:
     )}
 
 
+LATER_FIELDS = ("beta2", "inner_wd", "warmup")
+"""Spec fields added after runs were cached: left out of the key while unset, so those runs stay valid."""
+
+
 @dataclass(frozen=True)
 class Spec:
     """One training run: a method at one pair of peak rates, its settings and its exchange mode."""
@@ -207,11 +211,15 @@ class Spec:
     schedule: str = "cosine"      # of α (`optimizer.outer_schedule`): "constant" after the warm-up (DiLoCo's)
     model: str = "tiny"
     tag: str = "sweep"            # sweep, refine, variant, overlap, small, extra (a targeted point)
+    beta2: float | None = None     # the inner AdamW's β2 (the preset's 0.95 when None)
+    inner_wd: float | None = None  # the inner AdamW's weight decay (the preset's when None)
+    warmup: int | None = None      # warm-up windows (a tenth of the run when None)
 
     def name(self) -> str:
         parts = [self.method]
         for prefix, value in (("in", self.inner_lr), ("out", self.outer_lr), ("k", self.topk), ("d", self.decay),
-                              ("m", self.momentum), ("min", self.min_lr)):
+                              ("m", self.momentum), ("min", self.min_lr), ("b2", self.beta2), ("wd", self.inner_wd),
+                              ("wu", self.warmup)):
             if value is not None:
                 parts.append(f"{prefix}{value:g}")
         if self.mode != "blocking":
@@ -228,7 +236,8 @@ class Spec:
 
     def key(self) -> str:
         """What identifies the run's result (the tag does not: one run may serve several stages)."""
-        body = {k: v for k, v in asdict(self).items() if k != "tag"}
+        body = {k: v for k, v in asdict(self).items()
+                if k != "tag" and not (k in LATER_FIELDS and v is None)}  # unset: the key runs had before them
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
 
     @property
@@ -241,7 +250,7 @@ def hparams_for(spec: Spec) -> HParams:
     the run's length, the swept rates, H and P (`model_validate`, so a setting no subnet could run
     fails here)."""
     base = load_hparams(spec.preset)
-    warmup = max(1, spec.windows // 10)
+    warmup = spec.warmup if spec.warmup is not None else max(1, spec.windows // 10)
     optimizer: dict[str, Any] = {"warmup_steps": warmup, "total_steps": spec.windows}
     inner: dict[str, Any] = {"steps": spec.steps}
     if spec.inner_lr is None:  # the paper's window: H SGD steps at the outer rate, whatever the preset's inner
@@ -252,6 +261,10 @@ def hparams_for(spec: Spec) -> HParams:
             # DP's AdamW owns weight decay (the preset's 0.1); under the signed rule the outer step
             # applies it (θ·(1 − α·wd)), so that run's inner AdamW has none.
             inner["weight_decay"] = base.optimizer.weight_decay if spec.kind == "dp" else 0.0
+        if spec.beta2 is not None:
+            inner["beta2"] = spec.beta2
+        if spec.inner_wd is not None:
+            inner["weight_decay"] = spec.inner_wd
     if spec.outer_lr is not None:
         optimizer["learning_rate"] = spec.outer_lr
     elif spec.kind == "dp":  # the schedule's peak is the DP rate itself: inner_lr() is then the schedule
@@ -816,7 +829,7 @@ def parse_point(text: str, table: dict[str, Method], windows: int, pages: int) -
     m = table[key]
     values = dict(item.split("=", 1) for item in rest.split(",") if item)
     number = {"inner": float, "outer": float, "topk": int, "decay": float, "momentum": float, "min_lr": float,
-              "steps": int, "sequences": int, "pages": int}
+              "steps": int, "sequences": int, "pages": int, "beta2": float, "inner_wd": float, "warmup": int}
     parsed = {k: number[k](v) if k in number else v for k, v in values.items()}
     spec = _spec(m, parsed.pop("inner", None), parsed.pop("outer", None), windows, pages, tag="extra")
     return replace(spec, **parsed)

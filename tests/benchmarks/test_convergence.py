@@ -83,6 +83,21 @@ def test_hparams_of_a_run_are_validated_settings() -> None:
     assert inner_lr(hp.inner, 5, hp.optimizer) == pytest.approx(2e-3)
 
 
+def test_the_inner_optimizers_settings_are_run_settings_and_leave_earlier_runs_keys_alone() -> None:
+    """β2, the inner weight decay and the warm-up are settings a point may change (`--point
+    ...,beta2=0.99,inner_wd=0,warmup=18`); unset, a spec's key is the one it had before they existed,
+    so the runs cached then are not run again (the key below is a cached run's of benchmarks/LOG.md §13)."""
+    spec = convergence.parse_point("sparseloco_c:inner=0.012,outer=2,decay=0.99,beta2=0.99,inner_wd=0.03,warmup=18",
+                                   convergence.methods(4), 90, 2)
+    hp = convergence.hparams_for(spec)
+    assert (hp.inner.beta2, hp.inner.weight_decay, hp.optimizer.warmup_steps) == (0.99, 0.03, 18)
+    assert spec.name() == "sparseloco_c_in0.012_out2_d0.99_b20.99_wd0.03_wu18_constant"
+    assert convergence.run_settings(spec, hp)["inner"]["beta2"] == 0.99
+    unset = convergence.parse_point("sparseloco_c:inner=0.012,outer=2,decay=0.99", convergence.methods(4), 90, 2)
+    assert convergence.hparams_for(unset).inner.beta2 == 0.95 and convergence.hparams_for(unset).optimizer.warmup_steps == 9
+    assert unset.key() == "bca15378ee47223f" != spec.key()
+
+
 def _result(convergence, method: str, inner: float | None, outer: float | None, loss: float, tag: str = "sweep",
             **extra) -> dict:
     m = convergence.methods(4)[method]
