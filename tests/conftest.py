@@ -58,7 +58,10 @@ def faults() -> FaultPlan:
 
 @pytest.fixture(scope="session")
 def hp() -> HParams:
-    return load_hparams("tiny")
+    """`tiny-signed`: tiny on the paper's signed outer step, whose formulas the unit tests check bit for
+    bit; tests/runtime/test_outer_methods.py runs the shared ones under both rules, and production's
+    SparseLoCo has its own (tests/compress/, tests/wire/test_codec_q2.py)."""
+    return load_hparams("tiny-signed")
 
 
 @pytest.fixture(scope="session")

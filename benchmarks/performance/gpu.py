@@ -6,10 +6,11 @@
 
 Every GPU figure of the project was an estimate (the sizing table of docs/mining.md assumes 40 %
 MFU); this script replaces them with measurements in one short device call. It runs the project's
-own functions (`accumulate_gradients`, `DeMo`, `write_gradient`/`read_gradient`, `aggregate`,
-`apply_signed_update`, `Evaluator`, `model_fingerprint`/`model_in_sync`) and none of the chain
-layer: `templar.runtime.consensus.outer` imports `templar.chain` (bittensor), so the outer step is its two
-pure halves, `compress.aggregate` and `compress.apply_signed_update` at `core.schedule.learning_rate`;
+own functions (`accumulate_gradients`, `DeMo`, `write_gradient`/`read_gradient`, the run's outer rule
+(`compress.methods.rule_of`: its compressor, `aggregate`, `trial` and `apply`), `Evaluator`,
+`model_fingerprint`/`model_in_sync`) and none of the chain layer: `templar.runtime.consensus.outer`
+imports `templar.chain` (bittensor), so the outer step is its two pure halves, the rule's `aggregate`
+and `apply` at `core.schedule.learning_rate`;
 payloads are signed with a stand-in HMAC (`StandInKey`) instead of sr25519.
 
 Its parts, one idea each: this file (the phases that train and evaluate, and the run), `gpu_bench.py`
@@ -102,11 +103,7 @@ from benchmarks.performance.gpu_bench import (
 from benchmarks.performance.gpu_consensus import phase_consensus
 from benchmarks.performance.gpu_memory import phase_memory
 from benchmarks.performance.gpu_report import noise_summary, print_table, proof_credit_summary, table
-from templar.compress import (
-    aggregate,
-    apply_signed_update,
-    native,
-)
+from templar.compress import Compressed, native
 from templar.core.config import HParams
 from templar.runtime.train import (
     accumulate_gradients,
@@ -259,17 +256,19 @@ def measure_window(b: Bench, hp: HParams, steps_per_window: int, *, timed_micro_
     out["decode_seconds"] = sum(decoded)
     peers = b.peers()
     weights = [1.0 / g] * len(peers)
-    signs, out["aggregate_cpu_seconds"] = b.timed(lambda: aggregate(peers, weights, b.shapes))
+    rule = b.rule
+    out["outer_rule"] = rule.name
+    update, out["aggregate_cpu_seconds"] = b.timed(lambda: rule.aggregate(peers, weights, b.shapes))
     out["aggregate_peers"] = len(peers)
     if b.device.type != "cpu":
         on_device, out["peers_to_device_seconds"] = b.timed(
             lambda: [{n: c.to(b.device) for n, c in p.items()} for p in peers])
-        signs_device, out["aggregate_device_seconds"] = b.timed(lambda: aggregate(on_device, weights, b.shapes))
+        update_device, out["aggregate_device_seconds"] = b.timed(lambda: rule.aggregate(on_device, weights, b.shapes))
         del on_device
         _, out["outer_step_device_signs_seconds"] = b.timed(
-            lambda: apply_signed_update(model, signs_device, lr, hp.optimizer.weight_decay))
-        del signs_device
-    _, out["outer_step_seconds"] = b.timed(lambda: apply_signed_update(model, signs, lr, hp.optimizer.weight_decay))
+            lambda: rule.apply(model, update_device, lr, hp.optimizer.weight_decay))
+        del update_device
+    _, out["outer_step_seconds"] = b.timed(lambda: rule.apply(model, update, lr, hp.optimizer.weight_decay))
     return out
 
 
@@ -317,18 +316,21 @@ def phase_validator(b: Bench) -> dict[str, Any]:
     b.release_demo()  # a validator holds no error feedback
     d = hp.data
     out: dict[str, Any] = {"page_tokens": d.sequence_length * d.sequences_per_page, "eval_pages": d.eval_pages}
-    # A validator decodes each evaluated payload's signs with `aggregate([payload], [1.0])` where the
+    # A validator decodes each evaluated payload into its trial step with the rule's `trial` (held to the
+    # window's median payload norm under a rule that applies magnitudes, `trial_reference`) where the
     # decoded payload is: in host memory today. The same on the device is timed beside it.
-    signs = [b.timed(aggregate, [peers[0]], [1.0], b.shapes)]
+    rule = b.rule
+    reference = rule.trial_reference(peers[:b.scale.validator_peers])
+    signs = [b.timed(lambda: rule.trial(peers[0], b.shapes, reference=reference))]
     out["sign_decode_cpu_seconds"] = signs[0][1]
     signs = [signs[0][0]]
     if b.device.type != "cpu":
         on_device = {n: c.to(b.device) for n, c in peers[0].items()}
-        _, out["sign_decode_device_seconds"] = b.timed(aggregate, [on_device], [1.0], b.shapes)
+        _, out["sign_decode_device_seconds"] = b.timed(lambda d=on_device: rule.trial(d, b.shapes, reference=reference))
         del on_device
     for p in peers[1:b.scale.validator_peers]:  # faster on the device; held on the host like the first
         on_device = {n: c.to(b.device) for n, c in p.items()}
-        signs.append({n: t.to("cpu") for n, t in aggregate([on_device], [1.0], b.shapes).items()})
+        signs.append({n: t.to("cpu") for n, t in rule.trial(on_device, b.shapes, reference=reference).items()})
         del on_device
     evaluator = Evaluator(model, hp.optimizer.micro_batch_size, position_ranges=hp.gauntlet.position_ranges)
     beta = hp.gauntlet.eval_lr_factor * peak_lr(hp)
@@ -362,13 +364,22 @@ def phase_validator(b: Bench) -> dict[str, Any]:
     return out
 
 
+def _adamw_rate(hp: HParams) -> float:
+    """An AdamW rate for the run's model: the inner AdamW's peak, or the outer rate where that is one
+    (the signed rule's α; SparseLoCo's α is an outer SGD rate of about 1, no AdamW rate)."""
+    if hp.inner.optimizer == "adamw" and hp.optimizer.method != "signed":
+        return hp.inner.learning_rate
+    return hp.optimizer.learning_rate
+
+
 def _pretrain(b: Bench, pages: Sequence[int], steps: int) -> dict[str, Any]:
     """AdamW micro-batch steps on `pages`, so the noise is measured past θ_0's first drop in loss
     (the run's own windows would need hours to get there)."""
     model, hp = b.model(), b.hp
     batch = b.pages(pages)
     mb = hp.optimizer.micro_batch_size
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=hp.optimizer.learning_rate,
+    lr = _adamw_rate(hp)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr,
                                   weight_decay=hp.optimizer.weight_decay,
                                   **({"fused": True} if b.device.type == "cuda" else {}))
     losses = []
@@ -380,7 +391,7 @@ def _pretrain(b: Bench, pages: Sequence[int], steps: int) -> dict[str, Any]:
     model.zero_grad(set_to_none=True)
     del optimizer
     free_memory()
-    return {"pages": list(pages), "steps": steps, "lr": hp.optimizer.learning_rate, "first_loss": losses[0],
+    return {"pages": list(pages), "steps": steps, "lr": lr, "first_loss": losses[0],
             "last_loss": losses[-1]}
 
 
@@ -411,15 +422,16 @@ def phase_noise(b: Bench) -> dict[str, Any]:
     beta = hp.gauntlet.eval_lr_factor * lr
     out.update(lr=lr, beta=beta)
 
-    # honest updates: each peer trains on its own pages, one DeMo step from fresh error feedback,
-    # decoded to signs as a validator decodes a payload
+    # honest updates: each peer trains on its own pages, one compression step from fresh error
+    # feedback, decoded to its trial step as a validator decodes a payload
     signs: dict[str, dict[str, torch.Tensor]] = {}
+    payloads: dict[str, dict[str, Compressed]] = {}
     started = time.monotonic()
     for peer, pages in assigned.items():
-        if len(signs) >= 2:  # train another only if it and the evaluation of all still fit the cap
-            train = (time.monotonic() - started) / len(signs)
+        if len(payloads) >= 2:  # train another only if it and the evaluation of all still fit the cap
+            train = (time.monotonic() - started) / len(payloads)
             page_forward = train / (3 * per_peer)  # forward+backward ≈ 3 forwards
-            evaluation = page_forward * (random_n + (len(signs) + 1) * (2 * per_peer + random_n))
+            evaluation = page_forward * (random_n + (len(payloads) + 1) * (2 * per_peer + random_n))
             if b.left() < train + evaluation:
                 break
         # the run's own window: its inner steps (fresh moments, as a newly joined miner), then DeMo
@@ -428,7 +440,13 @@ def phase_noise(b: Bench) -> dict[str, Any]:
                             lr=inner_lr(hp.inner, hp.optimizer.warmup_steps, hp.optimizer))
         compressed = b.demo().step(gradients(model), stats.scale)
         model.zero_grad(set_to_none=True)
-        signs[peer] = {n: t.to(torch.int8) for n, t in aggregate([compressed], [1.0], b.shapes).items()}
+        payloads[peer] = dict(compressed)
+    reference = b.rule.trial_reference(list(payloads.values()))
+    for peer, payload in payloads.items():  # each peer's trial step, as a validator holds it among the window's:
+        # signs as int8 where they are (the signed rule), a dense float32 step in host memory otherwise
+        trial = b.rule.trial(payload, b.shapes, reference=reference)
+        signs[peer] = {n: t.to(torch.int8) if b.rule.moves_every_coordinate else t.to("cpu") for n, t in trial.items()}
+    del payloads
     out["train_seconds"] = time.monotonic() - started
     b.release_demo()
 

@@ -23,9 +23,9 @@ from templar.compress import (
     ChunkedDCT,
     ChunkPlan,
     Compressed,
-    DCTCompressor,
     DeMo,
 )
+from templar.compress.methods import OuterRule, rule_of
 from templar.core.config import HParams, load_hparams
 from templar.core.model import build_model, parameter_shapes
 from templar.core.schedule import learning_rate
@@ -147,11 +147,17 @@ class Bench:
             self.result["model_build_seconds"] = time.perf_counter() - started
         return self._model
 
+    @property
+    def rule(self) -> OuterRule:
+        """The run's outer rule (`optimizer.method`): its compressor, aggregate, trial step and apply."""
+        return rule_of(self.hp.optimizer.method)
+
     def demo(self) -> DeMo:
-        """One error-feedback state, zeroed for each use (its cost does not depend on its contents)."""
+        """One error-feedback state under the run's compressor, zeroed for each use (its cost does not
+        depend on its contents)."""
         hp = self.hp
         if self._demo is None:
-            self._demo = DeMo(self.model(), compressor=DCTCompressor(hp.demo.target_chunk, hp.demo.topk),
+            self._demo = DeMo(self.model(), compressor=self.rule.compressor(hp.demo.target_chunk, hp.demo.topk),
                               decay=hp.demo.momentum_decay)
         for buffer in self._demo.buffers.values():
             buffer.zero_()
@@ -188,11 +194,11 @@ class Bench:
         return torch.stack([corpus.page(r // per_page)[r % per_page] for r in rows])
 
     def peers(self) -> list[dict[str, Compressed]]:
-        """`top_g` peers' real DeMo updates (one micro-batch of gradient each, distinct data), on the
+        """`top_g` peers' real compressed updates (one micro-batch of gradient each, distinct data), on the
         CPU, where a node's decoded payloads are. Built once; shared by window, validator, consensus."""
         if self._peers is None:
             model, hp = self.model(), self.hp
-            lr = peak_lr(hp)
+            lr = gradient_scale(hp)
             out = []
             for i in range(hp.gauntlet.top_g):
                 accumulate_gradients(model, self.micro_batch(1 + i), hp.optimizer.micro_batch_size)
@@ -240,6 +246,16 @@ def free_memory() -> None:
 def peak_lr(hp: HParams) -> float:
     """α at the end of warm-up: the step size of most of the run."""
     return learning_rate(hp.optimizer.warmup_steps, hp.optimizer)
+
+
+def gradient_scale(hp: HParams) -> float:
+    """What a stand-in peer's gradient is scaled by to read as a window's update: α for the signed rule
+    (the paper's window sends α·g, and its step moves every coordinate by α whatever the size); the inner
+    AdamW's peak rate under SparseLoCo, whose outer SGD step at α ≈ 2 applies the size it is sent (α·g
+    would move θ by 2·α·g and wreck the model the later phases measure)."""
+    if hp.optimizer.method == "signed" or hp.inner.optimizer != "adamw":
+        return peak_lr(hp)
+    return hp.inner.learning_rate
 
 
 def production_inner_steps(hp: HParams) -> int:

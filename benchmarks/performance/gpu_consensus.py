@@ -13,9 +13,7 @@ from benchmarks.performance.gpu_bench import NEAR_TIE, WINDOW, Bench, RecordingD
 from templar.compress import (
     ChunkedDCT,
     ChunkPlan,
-    DCTCompressor,
     aggregate,
-    apply_signed_update,
     native,
 )
 from templar.compress.methods import rule_of
@@ -26,12 +24,23 @@ from templar.runtime.train import (
 )
 
 
+def _chunked(x: torch.Tensor, plan: ChunkPlan, transform: bool) -> torch.Tensor:
+    """What the compressor ranks, in the chunks' matrix layout (flat, padded size): the DCT's
+    coefficients (DeMo), or the values themselves, zero-padded (SparseLoCo)."""
+    x = x.detach().to("cpu", torch.float32).contiguous()
+    if transform:
+        return ChunkedDCT(reuse_buffers=False).forward(x, plan)
+    padded = torch.zeros(plan.padded, dtype=torch.float32)
+    padded[:plan.rows, :plan.cols] = x.reshape(plan.rows, plan.cols)
+    return padded.view(-1)
+
+
 def _near_tie_gap(x: torch.Tensor, plan: ChunkPlan, chunks: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
-                  k: int) -> float:
+                  k: int, transform: bool = True) -> float:
     """Largest gap, over `chunks` (whose kept sets differ), between a swapped coefficient's magnitude
     and the chunk's k-th largest, relative to the chunk's largest: float32 rounding gives ~1e-6."""
     chunks = chunks[:4096]
-    coef = ChunkedDCT(reuse_buffers=False).forward(x.detach().to("cpu", torch.float32).contiguous(), plan)
+    coef = _chunked(x, plan, transform)
     values = coef[plan.chunk_positions(chunks)].abs().double()                  # [m, chunk_numel]
     kth = values.sort(dim=1, descending=True).values[:, k - 1:k]
     kept_a = torch.zeros_like(values, dtype=torch.bool).scatter_(1, a[chunks], True)
@@ -61,7 +70,9 @@ def phase_consensus(b: Bench) -> dict[str, Any]:
     # 1. kept sets: a real gradient (one micro-batch), compressed by both
     accumulate_gradients(model, b.micro_batch(0), hp.optimizer.micro_batch_size)
     grads = gradients(model)
-    compressor = DCTCompressor(hp.demo.target_chunk, hp.demo.topk)
+    rule = b.rule
+    signed = rule.name == "signed"  # DeMo: a DCT, fixed-point accumulators and signs; else the rule's update
+    compressor = rule.compressor(hp.demo.target_chunk, hp.demo.topk)
     chunks = same = 0
     worst = 0.0
     layers = b.scale.kept_sets_layers
@@ -75,7 +86,7 @@ def phase_consensus(b: Bench) -> dict[str, Any]:
         same += int((~differ).sum())
         if bool(differ.any()):
             worst = max(worst, _near_tie_gap(g, ref.plan, differ.nonzero().flatten(), ref.indices,
-                                             cand.indices.to("cpu"), ref.k))
+                                             cand.indices.to("cpu"), ref.k, transform=signed))
     out["kept_sets"] = {"tensors": len(compared), "of_tensors": len(grads),
                         "parameters": sum(grads[n].numel() for n in compared), "chunks": chunks, "identical": same,
                         "share_identical": same / chunks, "worst_gap_over_chunk_max": worst,
@@ -83,7 +94,8 @@ def phase_consensus(b: Bench) -> dict[str, Any]:
     model.zero_grad(set_to_none=True)
     del grads
 
-    # 2. the 15 peers aggregated by both: accumulators bit for bit, then the signs
+    # 2. the 15 peers aggregated by both: accumulators bit for bit, then the signs (the signed rule), or
+    # the rule's update, whose coordinates `signs` then counts
     peers = b.peers()
     b.release_demo()
     weights = [1.0 / hp.gauntlet.top_g] * len(peers)
@@ -105,10 +117,17 @@ def phase_consensus(b: Bench) -> dict[str, Any]:
                               "largest_gap_over_max": float(gap.max() / ref.abs().max().clamp_min(1e-300))})
         accumulators[i] = torch.empty(0)  # free as we go (1.2B float32 on the host)
 
-    signs_ref = aggregate(peers, weights, b.shapes, dct=RecordingDCT(record))
-    signs_cand = on_candidate(lambda: aggregate(
-        [{n: c.to(b.device) for n, c in p.items()} for p in peers] if on_gpu else peers, weights, b.shapes,
-        dct=RecordingDCT(compare)))
+    candidates = [{n: c.to(b.device) for n, c in p.items()} for p in peers] if on_gpu else peers
+    if signed:  # the fixed-point sums before the inverse DCT, then their signs
+        signs_ref = aggregate(peers, weights, b.shapes, dct=RecordingDCT(record))
+        signs_cand = on_candidate(lambda c=candidates: aggregate(c, weights, b.shapes, dct=RecordingDCT(compare)))
+    else:  # the rule's update is itself the fixed-point mean, decoded to float32: compared tensor by tensor
+        signs_ref = rule.aggregate(peers, weights, b.shapes)
+        signs_cand = on_candidate(lambda c=candidates: rule.aggregate(c, weights, b.shapes))
+        for i, name in enumerate(names):
+            record(i, signs_ref[name])
+            compare(i, signs_cand[name])
+    del candidates
     accumulators.clear()
     flipped = sum(int((signs_ref[n] != signs_cand[n].to("cpu")).sum()) for n in signs_ref)
     total = sum(s.numel() for s in signs_ref.values())
@@ -119,8 +138,8 @@ def phase_consensus(b: Bench) -> dict[str, Any]:
     # 3. the window applied to θ on both; the fingerprint rule between them
     lr = peak_lr(hp)
     reference_model = copy.deepcopy(model).to("cpu")
-    apply_signed_update(reference_model, signs_ref, lr, hp.optimizer.weight_decay)
-    apply_signed_update(model, signs_cand, lr, hp.optimizer.weight_decay)
+    rule.apply(reference_model, signs_ref, lr, hp.optimizer.weight_decay)
+    rule.apply(model, signs_cand, lr, hp.optimizer.weight_decay)
     del signs_ref, signs_cand
     differing, largest = 0, 0.0
     for p_ref, p in zip(reference_model.parameters(), model.parameters(), strict=True):

@@ -167,12 +167,12 @@ def methods(h: int) -> dict[str, Method]:
     """The compared methods at H = `h` inner steps, with their coarse grids (rates a factor 2 apart,
     around the 30-window sweep's bests of benchmarks/LOG.md §7 and a 30-window probe of the outer
     momentum) and their variants."""
-    sparse = "tiny-sparseloco"
+    sparse, signed = "tiny-sparseloco", SIGNED_PRESET
     return {m.key: m for m in (
-        Method(BASELINE, f"AdamW DP, {h} steps/window", "dp", "tiny", h, (1e-3, 2e-3, 4e-3), ()),
-        Method("adamw_dp_1", "AdamW DP, 1 step/window", "dp", "tiny", 1, (3e-3, 6e-3), (), in_plan=False),
-        Method("signed_h1", "signed, 1 SGD step (paper)", "subnet", "tiny", 1, (), (3e-3, 6e-3), in_plan=False),
-        Method("signed_h", f"signed, {h} inner AdamW", "subnet", "tiny", h, (3e-3, 6e-3), (3e-3, 6e-3),
+        Method(BASELINE, f"AdamW DP, {h} steps/window", "dp", signed, h, (1e-3, 2e-3, 4e-3), ()),
+        Method("adamw_dp_1", "AdamW DP, 1 step/window", "dp", signed, 1, (3e-3, 6e-3), (), in_plan=False),
+        Method("signed_h1", "signed, 1 SGD step (paper)", "subnet", signed, 1, (), (3e-3, 6e-3), in_plan=False),
+        Method("signed_h", f"signed, {h} inner AdamW", "subnet", signed, h, (3e-3, 6e-3), (3e-3, 6e-3),
                variants=(FLOOR, (("decay", 0.95),), (("aggregate", "vote"),))),
         Method("sparseloco_h", f"SparseLoCo, {h} inner AdamW", "subnet", sparse, h, (3e-3, 6e-3), (1.0, 2.0),
                family="sparseloco"),
@@ -184,6 +184,9 @@ def methods(h: int) -> dict[str, Method]:
     )}
 
 
+SIGNED_PRESET = "tiny-signed"
+"""The signed rule's and AdamW DP's preset: `tiny` as it was before production moved to SparseLoCo
+(bit for bit but its name). Runs cached under the old name are the same runs (`Spec.key`)."""
 LATER_FIELDS = ("beta2", "inner_wd", "warmup")
 """Spec fields added after runs were cached: left out of the key while unset, so those runs stay valid."""
 
@@ -238,6 +241,8 @@ class Spec:
         """What identifies the run's result (the tag does not: one run may serve several stages)."""
         body = {k: v for k, v in asdict(self).items()
                 if k != "tag" and not (k in LATER_FIELDS and v is None)}  # unset: the key runs had before them
+        if body["preset"] == SIGNED_PRESET:
+            body["preset"] = "tiny"  # its name when the cached runs were made
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
 
     @property
@@ -257,7 +262,7 @@ def hparams_for(spec: Spec) -> HParams:
         inner["optimizer"] = "sgd"
     else:
         inner.update(optimizer="adamw", learning_rate=spec.inner_lr)
-        if spec.preset == "tiny":
+        if spec.preset == SIGNED_PRESET:
             # DP's AdamW owns weight decay (the preset's 0.1); under the signed rule the outer step
             # applies it (θ·(1 − α·wd)), so that run's inner AdamW has none.
             inner["weight_decay"] = base.optimizer.weight_decay if spec.kind == "dp" else 0.0
@@ -637,6 +642,8 @@ def complete_run(run: dict[str, Any]) -> dict[str, Any]:
     preset's value unless the spec sets it); keys no longer used are kept, unread."""
     declared = {f.name: f for f in fields(Spec)}
     spec = dict(run["spec"])
+    if spec.get("preset") == "tiny":  # cached before production moved to SparseLoCo: tiny was the signed rule's
+        spec["preset"] = SIGNED_PRESET
     for name, field in declared.items():
         if name not in spec and field.default is not MISSING:
             spec[name] = field.default

@@ -63,14 +63,14 @@ def test_hparams_of_a_run_are_validated_settings() -> None:
     spec = convergence.Spec("sparseloco_h", "subnet", "tiny-sparseloco", 1e-3, 1.0, 16, 2, 60)
     with pytest.raises(ValueError, match="exceeds the window's sequences"):
         convergence.hparams_for(spec)
-    hp = convergence.hparams_for(convergence.Spec("signed_h", "subnet", "tiny", 1e-3, 3e-3, 4, 2, 60))
+    hp = convergence.hparams_for(convergence.Spec("signed_h", "subnet", "tiny-signed", 1e-3, 3e-3, 4, 2, 60))
     assert (hp.optimizer.learning_rate, hp.optimizer.warmup_steps, hp.optimizer.total_steps) == (3e-3, 6, 60)
     assert (hp.inner.steps, hp.inner.optimizer, hp.inner.learning_rate) == (4, "adamw", 1e-3)
     with pytest.raises(ValueError, match="vote"):
         convergence.hparams_for(convergence.Spec("sparseloco_h", "subnet", "tiny-sparseloco", 1e-3, 1.0, 4, 2, 60,
                                                  aggregate="vote"))
     with pytest.raises(ValueError, match="outer momentum is a SparseLoCo variant"):
-        convergence.hparams_for(convergence.Spec("signed_h", "subnet", "tiny", 1e-3, 3e-3, 4, 2, 60, momentum=0.9))
+        convergence.hparams_for(convergence.Spec("signed_h", "subnet", "tiny-signed", 1e-3, 3e-3, 4, 2, 60, momentum=0.9))
 
     from templar.core.schedule import learning_rate
     from templar.runtime.train import inner_lr

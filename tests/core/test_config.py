@@ -13,9 +13,13 @@ def test_production_and_tiny_validate():
     assert prod.model.hidden_size == 2048 and prod.model.num_hidden_layers == 16
     assert prod.model.num_attention_heads == 8 and prod.model.intermediate_size == 8192
     assert prod.data.sequence_length == 2048
-    assert (prod.demo.topk, prod.demo.target_chunk, prod.demo.momentum_decay) == (32, 64, 0.999)
-    assert prod.optimizer.learning_rate == 8e-4
+    # SparseLoCo at the measured best (benchmarks/LOG.md §13, §18): constant α 2, top-64, error feedback
+    # 0.99, weight decay in the inner AdamW
+    assert (prod.demo.topk, prod.demo.target_chunk, prod.demo.momentum_decay) == (64, 64, 0.99)
+    o = prod.optimizer
+    assert (o.method, o.outer_schedule, o.learning_rate, o.weight_decay) == ("sparseloco", "constant", 2.0, 0.0)
     assert (prod.inner.steps, prod.inner.optimizer, prod.inner.learning_rate, prod.inner.overlap) == (29, "adamw", 4e-4, "eager")
+    assert prod.inner.weight_decay == 0.1
     assert prod.data.pages_per_window == prod.inner.steps  # one page per inner step
     g = prod.gauntlet
     assert (g.top_g, g.power, g.eval_lr_factor, g.sync_max_steps, g.fast_eval_penalty) == (15, 2.0, 0.2, 3.0, 0.75)
@@ -74,10 +78,16 @@ def test_preset_chain_and_loop(tmp_path):
 
 
 def test_tiny_scores_with_productions_rules_and_tiny_paper_with_the_papers():
-    """The README's localnet (`tiny`) pays as production does: its gauntlet section is production's
-    except what scales with the subnet. `tiny-paper` is the same model, data and windows with the
-    paper's rules, and the tests' `micro` model is built on it."""
+    """The README's localnet (`tiny`) pays and steps as production does: its gauntlet section is
+    production's except what scales with the subnet, and its outer step is production's rule at
+    production's settings (the inner rate is tiny's own, benchmarks/LOG.md §18). `tiny-signed` is
+    tiny on the paper's signed step; `tiny-paper` is the same model, data and windows with the paper's
+    rules, and the tests' `micro` model is built on it."""
     prod, tiny, paper = load_hparams(), load_hparams("tiny"), load_hparams("tiny-paper")
+    signed = load_hparams("tiny-signed")
+    assert tiny.optimizer.model_copy(update={"warmup_steps": 0, "total_steps": 1, "micro_batch_size": 1}) == \
+        prod.optimizer.model_copy(update={"warmup_steps": 0, "total_steps": 1, "micro_batch_size": 1})
+    assert (signed.optimizer.method, signed.demo.topk) == ("signed", 32) and signed.gauntlet == tiny.gauntlet
     scale = {"top_g", "uids_per_window", "fast_eval_uids", "sync_max_steps"}
     rules = {k: v for k, v in prod.gauntlet.model_dump().items() if k not in scale}
     assert {k: v for k, v in tiny.gauntlet.model_dump().items() if k not in scale} == rules
@@ -85,7 +95,7 @@ def test_tiny_scores_with_productions_rules_and_tiny_paper_with_the_papers():
     assert (g.loss_rating, g.mu_gamma, g.proof_margin, g.selection_sharpness, g.newcomer_evals, g.mu_prior_evals) \
         == ("openskill", 0.7, 0.3, 0.0, 0, None)
     assert (paper.model, paper.data, paper.windows, paper.optimizer) == (tiny.model, tiny.data, tiny.windows,
-                                                                          tiny.optimizer)
+                                                                          signed.optimizer)
     assert load_hparams(REPO_ROOT / "tests" / "presets" / "micro.json").gauntlet == g
 
 

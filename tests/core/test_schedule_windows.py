@@ -13,7 +13,8 @@ from templar.runtime.train import inner_lr
 
 
 def test_learning_rate_warmup_then_cosine():
-    opt = load_hparams().optimizer  # lr 8e-4, warm-up 250, horizon 20000, floor 10%
+    # production's warm-up 250, horizon 20000 and floor 10 %, under the cosine at a peak of 8e-4
+    opt = load_hparams().optimizer.model_copy(update={"outer_schedule": "cosine", "learning_rate": 8e-4})
     assert learning_rate(0, opt) == pytest.approx(8e-4 / 250)
     assert learning_rate(249, opt) == pytest.approx(8e-4)
     assert learning_rate(250, opt) == pytest.approx(8e-4)

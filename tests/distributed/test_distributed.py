@@ -79,7 +79,7 @@ def test_sharded_node_equals_one_process(ranks: int, tmp_path: Path) -> None:
 
 
 def test_a_sharded_sparseloco_node_equals_one_process(tmp_path: Path) -> None:
-    """The other outer rule a run may choose (`tiny-sparseloco`) over 2 ranks: the sharded compressor's
+    """Production's outer rule, SparseLoCo (`tiny-sparseloco`), over 2 ranks: the sharded compressor's
     update and wire payload are the 1-process one's for the same gradient, and the outer step, whose
     clip uses each peer's whole-payload norm, is bit-identical (the signed rule's case is above)."""
     done = run(torchrun(2, "sparse", str(tmp_path)))

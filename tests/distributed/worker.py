@@ -1,14 +1,15 @@
 """What each rank runs in tests/distributed (under torchrun, 1 or 2 ranks, gloo on CPU).
 
-`equality OUT`: every rank also builds the 1-process reference (plain model, `accumulate_gradients`,
-`DeMo`, `outer_step`, `save_node_state`) and checks the sharded node against it: gradients within
-float tolerance, the compressed update and the wire payload identical for the same gradient, the
-outer step and probes bit-identical, and the state file round trip. Rank 0 writes OUT/result.json.
+`equality OUT` (`tiny-signed`: DeMo's DCT and the signed step): every rank also builds the 1-process
+reference (plain model, `accumulate_gradients`, `DeMo`, `outer_step`, `save_node_state`) and checks
+the sharded node against it: gradients within float tolerance, the compressed update and the wire
+payload identical for the same gradient, the outer step and probes bit-identical, and the state file
+round trip. Rank 0 writes OUT/result.json.
 
 It also runs a miner node with each memory setting (`memory`): the default's payloads, θ and state
 file, bit for bit, with the followers taking rank 0's settings.
 
-`sparse OUT`: the same checks for the other outer rule a run may choose (`tiny-sparseloco`): the
+`sparse OUT`: the same checks for production's outer rule, SparseLoCo (`tiny-sparseloco`): the
 sharded SparseLoCo compressor's update and payload equal the 1-process one's for the same gradient,
 and the outer step (each peer clipped by its whole payload's norm) is bit-identical.
 `windows STATE_DIR N DELAY [REFERENCE_DIR]`: a miner's compute loop without chain or bucket (train,
@@ -116,7 +117,7 @@ def equality(out_dir: Path) -> None:
     import templar.distributed.outer as sharded_outer
 
     sharded_outer.BUCKET_COEFFICIENTS = 20_000  # many small broadcasts here; `windows` runs the default
-    hp = load_hparams("tiny")
+    hp = load_hparams("tiny-signed")
     group = init_group("cpu")
     ref = build_model(hp)
     model = shard_model(build_model(hp), group)
@@ -405,7 +406,7 @@ def sparse(out_dir: Path) -> None:
 
 
 def _windows(group: Group, state_dir: Path, until: int, delay: float) -> None:
-    hp = load_hparams("tiny")
+    hp = load_hparams("tiny-signed")
     model = shard_model(build_model(hp), group)
     demo = ShardedDeMo(model, group, compressor=DCTCompressor(hp.demo.target_chunk, hp.demo.topk),
                        decay=hp.demo.momentum_decay)

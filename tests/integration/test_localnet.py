@@ -143,15 +143,16 @@ def test_localnet_pays_honest_work_and_nothing_else(tmp_path):
 
 PRODUCTION_LIKE = {"data": {"eval_pages": 1}}
 """What production evaluates that `tiny` does not: one of the assigned pages, not both."""
-SPARSELOCO = {"optimizer": {"method": "sparseloco", "learning_rate": 1.0, "weight_decay": 0.0},
-              "demo": {"topk": 64, "momentum_decay": 0.95}}
-"""The other outer step a run may choose (`hparams/tiny-sparseloco.json`), on micro's inner AdamW steps."""
-SETTINGS = {"tiny": {}, "production-like": PRODUCTION_LIKE, "sparseloco": SPARSELOCO}
+SIGNED = {"optimizer": {"method": "signed", "outer_schedule": "cosine", "learning_rate": 0.003, "weight_decay": 0.1},
+          "inner": {"learning_rate": 0.001}, "demo": {"topk": 32, "momentum_decay": 0.999}}
+"""The other outer step a run may choose, the paper's signed one (`hparams/tiny-signed.json`), on micro's
+inner AdamW steps at the rate it was calibrated at."""
+SETTINGS = {"tiny": {}, "production-like": PRODUCTION_LIKE, "signed": SIGNED}
 
 
-RUNS = [(setting, seed) for setting in ("tiny", "production-like") for seed in (1, 2, 3)] + [("sparseloco", 1)]
-"""3 seeds of each setting the scoring is calibrated on; the other outer step at one (it changes the
-payload's values, not how the proof of computation reads them)."""
+RUNS = [(setting, seed) for setting in ("tiny", "production-like") for seed in (1, 2, 3)] + [("signed", 1)]
+"""3 seeds of each setting the scoring is calibrated on (production's SparseLoCo); the other outer step
+at one (it changes the payload's values, not how the proof of computation reads them)."""
 
 
 @pytest.mark.slow(seconds=20)
@@ -159,24 +160,24 @@ payload's values, not how the proof of computation reads them)."""
 def test_partial_pooled_and_thin_work_earn_less_than_honest_work(tmp_path, setting, seed):
     """The cheats of docs/scoring.md §8 on the in-process localnet under production's Gauntlet
     (tests/presets/micro-gauntlet.json: `tiny`'s rules on the micro model, H = 2 inner AdamW steps),
-    3 seeds × {tiny, production-like} and one of sparseloco:
+    3 seeds × {tiny, production-like} on SparseLoCo and one of the signed rule:
     `partial` (1 of 2 pages trained, the rest borrowed from other miners' same-window uploads) earns less than
     the weakest honest miner, a `pooled` group of 3 hotkeys (one update on the union of their slots, posted by
     each with noise) earns less in total than the weakest honest miner, and `thin` (a quarter of each page's
     sequences) and `short` (the first quarter of every sequence's tokens) each earn less than the weakest
-    honest miner, also per unit of compute (weight ÷ trained tokens); under sparseloco a `desync` miner is
-    told `desync` and earns less than the weakest honest miner.
-    2 honest miners, 4 scored windows after warm-up (6 under sparseloco); one test per run, so the runs spread over the suite's
-    workers."""
+    honest miner, also per unit of compute (weight ÷ trained tokens); at seed 1 of production's rule a
+    `desync` miner is told `desync` and earns less than the weakest honest miner.
+    2 honest miners, 4 scored windows after warm-up (6 with `desync`); one test per run, so the runs spread
+    over the suite's workers."""
     hparams = str(tmp_path / f"{setting}.json")
     Path(hparams).write_text(json.dumps({"base": str(MICRO_GAUNTLET_PRESET), "name": f"micro-{setting}",
                                          **SETTINGS[setting]}))
-    # Under sparseloco the run also has a `desync` miner (it stops applying the run's steps after two
-    # windows): the sync score counts that rule's own measured steps, not α, which every model far
+    # At seed 1 of SparseLoCo the run also has a `desync` miner (it stops applying the run's steps after
+    # two windows): the sync score counts that rule's own measured steps, not α, which every model far
     # behind is within (docs/scoring.md §2); 7 windows, so that it is two steps behind for several.
-    sparse = setting == "sparseloco"
-    report = _localnet_in_this_process(tmp_path / "run", ["partial", "pooled", "thin", "short", *(["desync"] * sparse)],
-                                       miners=2, hparams=hparams, seed=seed, windows=7 if sparse else 5)
+    with_desync = setting != "signed" and seed == 1
+    report = _localnet_in_this_process(tmp_path / "run", ["partial", "pooled", "thin", "short", *(["desync"] * with_desync)],
+                                       miners=2, hparams=hparams, seed=seed, windows=7 if with_desync else 5)
     assert report["outcome"] == "finished"
     miners = {p["name"]: p for p in report["peers"] if p["role"] == "miner"}
     weight = {name: p["final_weight"] for name, p in miners.items()}
@@ -204,7 +205,7 @@ def test_partial_pooled_and_thin_work_earn_less_than_honest_work(tmp_path, setti
     # earned 1.23x the weakest one's pay per token (0.67x the median's): identical miners' pay noise over short runs, not an
     # advantage of the cheat (benchmarks/LOG.md §14).
     assert per_token["short0"] < statistics.median(per_token[name] for name in honest), summary
-    if sparse:
+    if with_desync:
         assert miners["desync0"]["statuses"].get("desync", 0) >= 2, summary
         assert weight["desync0"] < weakest, summary
 

@@ -56,8 +56,12 @@ def test_the_overlap_turns_the_gpu_idle_exchange_into_training() -> None:
     """Utilisation is training over wall-clock seconds: the blocking window of 16 pages trained 51 %
     of it (its span share, 89 %, was of the 47.7 s a blocking window leaves); the same window length
     overlapped leaves the GPU all but its other work, and 29 pages fill 92 %; blocking could not
-    train them in time."""
-    hp = load_hparams()
+    train them in time. The choice was made under the signed rule (top-32 DeMo payloads, a shorter
+    upload than SparseLoCo's top-64): its figures are computed on that rule's settings."""
+    production = load_hparams()
+    hp = production.model_copy(update={
+        "optimizer": production.optimizer.model_copy(update={"method": "signed"}),
+        "demo": production.demo.model_copy(update={"topk": 32, "momentum_decay": 0.999})})
 
     def with_(overlap: str, pages: int) -> dict:
         return window_sizing(hp.model_copy(update={"inner": hp.inner.model_copy(update={"overlap": overlap,
@@ -71,6 +75,9 @@ def test_the_overlap_turns_the_gpu_idle_exchange_into_training() -> None:
     assert not blocked["miner_fits_span"]
     assert after["miner_compute_utilisation"] >= 0.9 and after["miner_fits_span"]
     assert after["miner_compute_span_seconds"] == pytest.approx(84.0 - after["miner_gpu_overhead_seconds"])
+    now = window_sizing(production)  # SparseLoCo's larger payload changes nothing the overlap hides
+    assert now["miner_compute_utilisation"] == pytest.approx(after["miner_compute_utilisation"])
+    assert now["miner_fits_span"]
 
 
 def test_the_memory_table_names_the_setting_for_each_gpu() -> None:
@@ -160,3 +167,19 @@ def test_hparams_ranks_prints_the_table(capsys) -> None:
     out = capsys.readouterr().out
     assert "| tiny |" in out and "| 8B | 8.03 B | 8 |" in out and "| 70B | 70.55 B | 1 |" in out
     assert main(["hparams", "tiny", "--ranks", "0"]) == 2
+
+
+def test_the_leads_published_update_is_sized_by_the_runs_rule() -> None:
+    """A SparseLoCo run's lead publishes the bundle of the top-G payloads it aggregated, a signed run's
+    its packed signs: the bucket costs and the docs count what the rule writes (docs/buckets.md)."""
+    from templar.core.model import build_model, parameter_shapes
+    from templar.wire import max_aggregate_bytes, max_bundle_bytes
+
+    production, signed = load_hparams(), load_hparams("tiny-signed")
+    assert production.optimizer.method == "sparseloco"
+    shapes = parameter_shapes(build_model(production, "meta"))
+    assert window_sizing(production)["aggregate_upload_max_mb"] == max_bundle_bytes(shapes, production) / 1e6
+    assert max_bundle_bytes(shapes, production) > production.gauntlet.top_g * 0.9 * window_sizing(production)[
+        "gradient_upload_max_mb"] * 1e6
+    assert window_sizing(signed)["aggregate_upload_max_mb"] == max_aggregate_bytes(
+        parameter_shapes(build_model(signed, "meta"))) / 1e6

@@ -104,13 +104,14 @@ class Sizes:
 
     gradient: float       # upper bound of one compressed gradient
     page: float           # one data page
-    aggregate: float      # the lead's signed update: 1 bit per parameter (its signs)
+    aggregate: float      # the lead's published update (upper bound): packed signs, or SparseLoCo's bundle
     checkpoint: float     # the model in float32
 
     @classmethod
     def of(cls, sizing: dict[str, Any]) -> Sizes:
         n = sizing["parameters"]
-        return cls(gradient=sizing["gradient_upload_max_mb"] * 1e6, page=sizing["page_bytes"], aggregate=n / 8,
+        return cls(gradient=sizing["gradient_upload_max_mb"] * 1e6, page=sizing["page_bytes"],
+                   aggregate=sizing["aggregate_upload_max_mb"] * 1e6,
                    checkpoint=4.0 * n)
 
 

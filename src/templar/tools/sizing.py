@@ -233,11 +233,15 @@ def exchange_slack(hp: HParams) -> float:
 def window_sizing(hp: HParams, *, mfu: float = DEFAULT_MFU) -> dict[str, Any]:
     """The figures of `templar hparams` (and the sizing table of docs/mining.md)."""
     from templar.core.model import build_model, parameter_count, parameter_shapes
-    from templar.wire import max_gradient_bytes
+    from templar.wire import max_aggregate_bytes, max_bundle_bytes, max_gradient_bytes
 
     model = build_model(hp, "meta")
     n = parameter_count(model)
-    grad_bytes = max_gradient_bytes(parameter_shapes(model), hp)
+    shapes = parameter_shapes(model)
+    grad_bytes = max_gradient_bytes(shapes, hp)
+    # the lead's published update of a window: a signed run's packed signs; a SparseLoCo run's bundle
+    # of the top-G payloads it aggregated (templar.wire.bundle)
+    aggregate_bytes = max_aggregate_bytes(shapes) if hp.optimizer.method == "signed" else max_bundle_bytes(shapes, hp)
     m, d = hp.model, hp.data
     seq, layers, width = d.sequence_length, m.num_hidden_layers, m.hidden_size
     page_tokens = d.sequence_length * d.sequences_per_page
@@ -292,6 +296,7 @@ def window_sizing(hp: HParams, *, mfu: float = DEFAULT_MFU) -> dict[str, Any]:
         "miner_disk_gb": node_disk_bytes(hp, "miner") / 1e9,
         "validator_disk_gb": node_disk_bytes(hp, "validator") / 1e9,
         "gradient_upload_max_mb": grad_bytes / 1e6,
+        "aggregate_upload_max_mb": aggregate_bytes / 1e6,
         "miner_download_mb_per_window": (d.pages_per_window * page_bytes + hp.gauntlet.top_g * grad_bytes) / 1e6,
         # distinct pages: one assigned set per evaluated peer and the random set (held-out: once, at start)
         "validator_pages_mb_per_window": (hp.gauntlet.uids_per_window + 1) * eval_pages * page_bytes / 1e6,
