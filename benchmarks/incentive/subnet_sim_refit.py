@@ -3,6 +3,7 @@
     python -m benchmarks.incentive.subnet_sim_refit --fit fair-pay/seed0 fair-pay/seed1 fair-pay/seed2
     python -m benchmarks.incentive.subnet_sim_refit                # the committed fit, 12 runs
     python -m benchmarks.incentive.subnet_sim_refit --quick        # 64 uids, 12 windows (tests)
+    python -m benchmarks.incentive.subnet_sim_refit --tag sparseloco --fit DIR0 DIR1 DIR2   # another fit, beside
 
 `subnet_sim.py`'s `FIT_FILE` resamples (δ_rand, gap) pairs of a tiny localnet from before inner
 steps, one pair per evaluation. `--fit` refits from localnets whose validators recorded every unit
@@ -17,7 +18,9 @@ and on finney's (an epoch every 51 windows, weights every 15), seeds 0-2, with e
 prints the targets of docs/scoring.md §11: identical honest max/min over the last 12 windows,
 agreement, the best-paid cheat's share, `moredata` over honest, and how long the median newcomer
 takes to reach the honest median (the target: within 1 h at finney's cadence). Writes
-`benchmarks/results/subnet_sim_refit.json`.
+`benchmarks/results/subnet_sim_refit.json`; with `--tag T`, the fit and the results are
+`subnet_sim_fit_units_T.json` and `subnet_sim_refit_T.json` (e.g. the localnets of another outer rule),
+leaving the committed ones as they are.
 """
 
 from __future__ import annotations
@@ -95,22 +98,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fit", type=Path, nargs="+", default=None, help="localnet --out folders to refit from")
     parser.add_argument("--quick", action="store_true", help="64 uids, 12 windows, one seed")
     parser.add_argument("--processes", type=int, default=2)
+    parser.add_argument("--tag", default="", help="fit and results files of their own (`..._TAG.json`)")
     parser.add_argument("--levers", action="store_true",
                         help="instead: production's settings with one lever changed (LEVERS), on the refit at "
                              "finney's cadence, seeds 0-2")
     args = parser.parse_args(argv)
     if args.levers:
         return levers(args.processes)
+    units_file = RESULTS_DIR / f"subnet_sim_fit_units_{args.tag}.json" if args.tag else UNITS_FIT_FILE
     if args.fit:
-        fitted = fit_from_evaluations(args.fit, FIT_SOURCE)
-        UNITS_FIT_FILE.write_text(json.dumps(fitted, separators=(",", ":")) + "\n")
+        fitted = fit_from_evaluations(args.fit, FIT_SOURCE + (f" ({args.tag})" if args.tag else ""))
+        units_file.write_text(json.dumps(fitted, separators=(",", ":")) + "\n")
         print(json.dumps({"source": fitted["source"], "summary": fitted["summary"]}, indent=1))
-        print(f"wrote {UNITS_FIT_FILE}")
+        print(f"wrote {units_file}")
     base = replace(SimConfig(), **CHOSEN)
     if args.quick:
         base = replace(base, windows=12, join_window=4, uids=64, per_class=2, fast_eval_uids=16)
     seeds = (0,) if args.quick else (0, 1, 2)
-    fits = {"pairs (tiny, before inner steps)": None, "whole evaluations (micro, inner steps)": str(UNITS_FIT_FILE)}
+    fits = {"pairs (tiny, before inner steps)": None, "whole evaluations (micro, inner steps)": str(units_file)}
     cadences = {"every window an epoch": {}, "finney (tempo 51, weights every 15)":
                 {"tempo_windows": 51, "weights_windows": 15}}
     jobs = [(f"{f} | {c} | seed={seed}", replace(base, seed=seed, fit_file=path, **change), False)
@@ -124,9 +129,9 @@ def main(argv: list[str] | None = None) -> int:
               for f in fits for c in cadences}
     for label, r in ranges.items():
         print(f"  {label}: " + ", ".join(f"{k} {lo:.3g}–{hi:.3g}" for k, (lo, hi) in r.items()))
-    stem = "subnet_sim_refit_quick" if args.quick else "subnet_sim_refit"
+    stem = ("subnet_sim_refit_quick" if args.quick else "subnet_sim_refit") + (f"_{args.tag}" if args.tag else "")
     (RESULTS_DIR / f"{stem}.json").write_text(json.dumps(
-        {"fits": {"pairs": str(FIT_FILE.name), "units": str(UNITS_FIT_FILE.name)}, "uids": base.uids,
+        {"fits": {"pairs": str(FIT_FILE.name), "units": str(units_file.name)}, "uids": base.uids,
          "windows": base.windows, "runs": runs, "ranges_over_seeds": ranges,
          "median": {label: {k: statistics.median([runs[f"{label} | seed={s}"][k] for s in seeds]) for k in KEYS}
                     for label in ranges}}, indent=1) + "\n")
