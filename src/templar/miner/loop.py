@@ -25,7 +25,6 @@ window's record.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Coroutine
 from typing import Any
 
@@ -374,7 +373,9 @@ class Miner:
     def encode_deadline(self, work: MinerWindow) -> float:
         """The latest time (the node's clock) a window's payload may start being encoded and still be
         committed in time: what waits before it (the exchange of the window before, the lead's
-        record of it for the sync check) waits at most until then."""
+        record of it for the sync check) waits at most until then. The encoding's time is measured on
+        the same clock (wall time on a node; a test's virtual time, where computing takes none, so a
+        loaded machine's slow encoding cannot move a virtual deadline)."""
         return work.times.commit_close - max(ENCODE_MARGIN_SECONDS, 2 * self.encode_seconds)
 
     async def exchanged(self, window: int, deadline: float) -> bool:
@@ -397,7 +398,7 @@ class Miner:
     async def compress(self, work: MinerWindow) -> dict[str, Compressed]:
         """The pseudo-gradient through the error feedback (the GPU's last op of the window), and the
         base's probes if θ holds the base only now (blocking; eager once landed)."""
-        started = time.perf_counter()
+        started = self.node.clock.now()
         assert work.stats is not None
         compressed = await asyncio.to_thread(self.compute.compress, work.stats.scale)
         if self.hp.inner.overlap == "eager":
@@ -405,7 +406,7 @@ class Miner:
         if work.base_step is None:
             work.base_step = self.state.global_step
             work.probes = await asyncio.to_thread(self.compute.probes, work.window)
-        self.encode_seconds = time.perf_counter() - started
+        self.encode_seconds = self.node.clock.now() - started
         return compressed
 
     async def encode_and_commit(self, work: MinerWindow, compressed: dict[str, Compressed]) -> None:
@@ -415,9 +416,9 @@ class Miner:
         work.in_sync = not self.hooks.checks_sync or (
             not self.resync_pending
             and await self.sync.check(window, self.state, wait_until=self.encode_deadline(work)))
-        started = time.perf_counter()  # the encoding's own time: what the check waited is not (`encode_deadline`)
+        started = self.node.clock.now()  # the encoding's own time: what the check waited is not (`encode_deadline`)
         payload = await asyncio.to_thread(self._encode, work, compressed, not work.in_sync)
-        self.encode_seconds += time.perf_counter() - started
+        self.encode_seconds += self.node.clock.now() - started
         work.payload = await self.hooks.before_commit(self, window, payload)
         await self._commit(window, work.payload)
 
