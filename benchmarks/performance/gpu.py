@@ -96,6 +96,7 @@ from benchmarks.performance.gpu_bench import (
     Scale,
     device_slug,
     free_memory,
+    gradient_scale,
     peak_flops,
     peak_lr,
     production_inner_steps,
@@ -364,21 +365,13 @@ def phase_validator(b: Bench) -> dict[str, Any]:
     return out
 
 
-def _adamw_rate(hp: HParams) -> float:
-    """An AdamW rate for the run's model: the inner AdamW's peak, or the outer rate where that is one
-    (the signed rule's α; SparseLoCo's α is an outer SGD rate of about 1, no AdamW rate)."""
-    if hp.inner.optimizer == "adamw" and hp.optimizer.method != "signed":
-        return hp.inner.learning_rate
-    return hp.optimizer.learning_rate
-
-
 def _pretrain(b: Bench, pages: Sequence[int], steps: int) -> dict[str, Any]:
     """AdamW micro-batch steps on `pages`, so the noise is measured past θ_0's first drop in loss
     (the run's own windows would need hours to get there)."""
     model, hp = b.model(), b.hp
     batch = b.pages(pages)
     mb = hp.optimizer.micro_batch_size
-    lr = _adamw_rate(hp)
+    lr = gradient_scale(hp)  # the run's own step size for AdamW: the signed rule's α, else the inner rate
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr,
                                   weight_decay=hp.optimizer.weight_decay,
                                   **({"fused": True} if b.device.type == "cuda" else {}))
