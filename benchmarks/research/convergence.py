@@ -54,6 +54,11 @@ The plan (`--stages`, each stage needs the ones before it; `--cache` keeps finis
   AdamW DP at its tiny best rate and half of it, and the best SparseLoCo and signed runs at their
   tiny settings (fewer points; the asymmetry favours DP).
 
+Targeted points (`--point`, tagged `extra`) change what the plan's grids do not search: the inner
+AdamW's β1, β2 and weight decay, the warm-up. They never stand for a method in the plan's table;
+the report's second table, tuned against tuned, takes each method's best of every point run,
+extra points included, against AdamW DP's best of its own (`goals.tuned_best`).
+
 Bytes per token: the mean size of the payloads the peers actually wrote (`write_gradient`) over the
 tokens each trained on in the window; the reference ("dense") is the same window's pseudo-gradient
 sent as dense fp32, 4 bytes per parameter per window, and a data-parallel run sends a dense fp32
@@ -66,7 +71,7 @@ that shrinks as the peers' updates turn to noise late in a run.
 
 Results: `benchmarks/results/convergence.json` (every run's curve and settings, the tables, the
 goals), `convergence_tokens.png` (held-out loss of each method's best), `convergence_ratio.png`
-(ratio to AdamW DP over the windows), `convergence_overlap.png` and `convergence_small.png`.
+(ratio to AdamW DP over the windows; a method's tuned best, where it differs, over DP's tuned best), `convergence_overlap.png` and `convergence_small.png`.
 """
 
 from __future__ import annotations
@@ -187,7 +192,7 @@ def methods(h: int) -> dict[str, Method]:
 SIGNED_PRESET = "tiny-signed"
 """The signed rule's and AdamW DP's preset: `tiny` as it was before production moved to SparseLoCo
 (bit for bit but its name). Runs cached under the old name are the same runs (`Spec.key`)."""
-LATER_FIELDS = ("beta2", "inner_wd", "warmup")
+LATER_FIELDS = ("beta2", "inner_wd", "warmup", "beta1")
 """Spec fields added after runs were cached: left out of the key while unset, so those runs stay valid."""
 
 
@@ -217,12 +222,13 @@ class Spec:
     beta2: float | None = None     # the inner AdamW's β2 (the preset's 0.95 when None)
     inner_wd: float | None = None  # the inner AdamW's weight decay (the preset's when None)
     warmup: int | None = None      # warm-up windows (a tenth of the run when None)
+    beta1: float | None = None     # the inner AdamW's β1 (the preset's 0.9 when None)
 
     def name(self) -> str:
         parts = [self.method]
         for prefix, value in (("in", self.inner_lr), ("out", self.outer_lr), ("k", self.topk), ("d", self.decay),
                               ("m", self.momentum), ("min", self.min_lr), ("b2", self.beta2), ("wd", self.inner_wd),
-                              ("wu", self.warmup)):
+                              ("wu", self.warmup), ("b1", self.beta1)):
             if value is not None:
                 parts.append(f"{prefix}{value:g}")
         if self.mode != "blocking":
@@ -266,6 +272,8 @@ def hparams_for(spec: Spec) -> HParams:
             # DP's AdamW owns weight decay (the preset's 0.1); under the signed rule the outer step
             # applies it (θ·(1 − α·wd)), so that run's inner AdamW has none.
             inner["weight_decay"] = base.optimizer.weight_decay if spec.kind == "dp" else 0.0
+        if spec.beta1 is not None:
+            inner["beta1"] = spec.beta1
         if spec.beta2 is not None:
             inner["beta2"] = spec.beta2
         if spec.inner_wd is not None:
@@ -695,12 +703,14 @@ def searched_best(results: list[dict[str, Any]], windows: int) -> dict[str, dict
     return best_runs([r for r in results if r["spec"]["tag"] in SEARCH], windows)
 
 
-def best_runs(results: list[dict[str, Any]], windows: int) -> dict[str, dict[str, Any]]:
+def best_runs(results: list[dict[str, Any]], windows: int, *, targeted: bool = False) -> dict[str, dict[str, Any]]:
     """Each method's best run of the equal-tokens comparison (lowest final held-out loss): over its
-    grid, refine and variant points; a targeted extra point never stands for its method."""
+    grid, refine and variant points; a targeted extra point stands for its method only when
+    `targeted` (the tuned comparison: each side at the best of every setting tried, β2 and weight
+    decay included, which the plan's grids do not search)."""
     best: dict[str, dict[str, Any]] = {}
     for r in results:
-        if not _is_main(r, windows) or r["spec"]["tag"] == "extra":
+        if not _is_main(r, windows) or (r["spec"]["tag"] == "extra" and not targeted):
             continue
         key = r["spec"]["method"]
         if key not in best or r["final_loss"] < best[key]["final_loss"]:
@@ -831,12 +841,14 @@ def small_specs(results: list[dict[str, Any]], table: dict[str, Method], windows
 
 
 def parse_point(text: str, table: dict[str, Method], windows: int, pages: int) -> Spec:
-    """`method:inner=1e-3,outer=1,topk=128,decay=0.95,momentum=0.9,min_lr=0,mode=eager,model=small` → an extra Spec."""
+    """`method:inner=1e-3,outer=1,topk=128,decay=0.95,momentum=0.9,min_lr=0,mode=eager,model=small,beta1=0.9,
+    beta2=0.99,inner_wd=0.3,warmup=9` → an extra Spec."""
     key, _, rest = text.partition(":")
     m = table[key]
     values = dict(item.split("=", 1) for item in rest.split(",") if item)
     number = {"inner": float, "outer": float, "topk": int, "decay": float, "momentum": float, "min_lr": float,
-              "steps": int, "sequences": int, "pages": int, "beta2": float, "inner_wd": float, "warmup": int}
+              "steps": int, "sequences": int, "pages": int, "beta2": float, "inner_wd": float, "warmup": int,
+              "beta1": float}
     parsed = {k: number[k](v) if k in number else v for k, v in values.items()}
     spec = _spec(m, parsed.pop("inner", None), parsed.pop("outer", None), windows, pages, tag="extra")
     return replace(spec, **parsed)
@@ -865,11 +877,13 @@ def _row(r: dict[str, Any], reference: dict[str, Any] | None, label: str) -> dic
     s = r["spec"]
     dense_over_sent = r["dense_bytes_per_token"] / r["bytes_per_token"] \
         if s["kind"] == "subnet" and r["bytes_per_token"] else None
+    inner = r["settings"].get("inner", {})
     return {"name": r["name"], "method": s["method"], "label": label, "tag": s["tag"], "mode": s["mode"],
             "inner_lr": s["inner_lr"], "outer_lr": s["outer_lr"], "momentum": s["momentum"],
             "topk": r["settings"]["topk"], "decay": r["settings"]["momentum_decay"],
             "min_lr": r["settings"]["min_lr_factor"], "aggregate": s["aggregate"], "schedule": s["schedule"],
-            "steps": s["steps"],
+            "steps": s["steps"], "beta1": inner.get("beta1"), "beta2": inner.get("beta2"),
+            "inner_wd": inner.get("weight_decay"),
             "sequences": r["settings"]["sequences_per_peer"], "model": s["model"],
             "equal": "wall-clock" if s["sequences"] is not None else "tokens", "final_loss": r["final_loss"],
             "ratio": ratios(r, reference) if reference is not None else None,
@@ -889,6 +903,9 @@ def _fmt_settings(row: dict[str, Any]) -> str:
              f"k {row['topk']}" if row["method"] != BASELINE else "",
              f"ef {row['decay']:g}" if row["method"] != BASELINE else "",
              f"floor {row['min_lr']:g}" if row["min_lr"] != 0.1 else "",
+             f"β1 {row['beta1']:g}" if row.get("beta1") not in (None, 0.9) else "",
+             f"β2 {row['beta2']:g}" if row.get("beta2") not in (None, 0.95) else "",
+             f"wd {row['inner_wd']:g}" if row.get("inner_wd") not in (None, 0.0, 0.1) else "",
              row["aggregate"] if row["aggregate"] != "wire" else "",
              f"{row['schedule']} α" if row["schedule"] != "cosine" else "",
              f"H {row['steps']} on {row['sequences']}" if row["mode"] != "blocking" or row["steps"] != 4 else ""]
@@ -921,6 +938,11 @@ def report(results: list[dict[str, Any]], h: int, windows: int, out_dir: Path, s
     tokens = [_row(best[k], reference, table[k].label) for k in table if k in best]
     _print_rows(f"Equal tokens, {windows} windows, K = {PEERS}: the best of each method, ratio to "
                 f"{table[BASELINE].label}", tokens)
+    tuned_best = best_runs(results, windows, targeted=True)
+    tuned_reference = tuned_best.get(BASELINE)
+    tuned = [_row(tuned_best[k], tuned_reference, table[k].label) for k in table if k in tuned_best]
+    _print_rows(f"Tuned against tuned, {windows} windows: the best of every point of each method, extra "
+                f"points included, ratio to {table[BASELINE].label}'s", tuned)
 
     overlap = []
     for target in overlap_targets(searched_best(results, windows), table):
@@ -947,37 +969,47 @@ def report(results: list[dict[str, Any]], h: int, windows: int, out_dir: Path, s
                       for r in sorted(small, key=lambda r: r["final_loss"])]
         _print_rows(f"Larger model ({small[0]['parameters']:,} parameters), ratio to its best AdamW DP", small_rows)
 
-    goals = _goals(tokens, overlap, small_rows, table)
+    goals = _goals(tokens, tuned, overlap, small_rows, table)
     print(f"\nGoals: {json.dumps(goals, indent=1)}")
     body = {"case": "summary", "windows": windows, "peers": PEERS, "top_g": PEERS, "inner_steps": h,
             "holdout_pages": HOLDOUT_PAGES, "ratio_at": list(RATIO_AT), "landing": LANDING,
             "wall_clock": {"steps": WALL_CLOCK[0], "sequences": WALL_CLOCK[1]}, "models": MODELS, "goals": goals,
-            "equal_tokens": tokens, "overlap": overlap, "small": small_rows, "sweeps": sweeps,
+            "equal_tokens": tokens, "equal_tokens_tuned": tuned, "overlap": overlap, "small": small_rows, "sweeps": sweeps,
             "methods": {k: {"label": m.label, "preset": m.preset, "inner": list(m.inner), "outer": list(m.outer),
                             "momentum": m.momentum, "variants": [dict(v) for v in m.variants]}
                         for k, m in table.items()},
             "runs": results}
     write_result(f"{stem}.json", body, out_dir)
-    _plots(results, best, overlap, small, table, out_dir, stem)
+    _plots(results, best, tuned_best, overlap, small, table, out_dir, stem)
     return body
 
 
-def _goals(tokens: list[dict[str, Any]], overlap: list[dict[str, Any]], small: list[dict[str, Any]],
-           table: dict[str, Method]) -> dict[str, Any]:
-    goals: dict[str, Any] = {}
+def _best_decentralised(rows: list[dict[str, Any]], table: dict[str, Method]) -> dict[str, Any] | None:
+    """The goals of the issue for the lowest ratio at the last window among `rows`' decentralised
+    methods: within 1.05 (and 1.03) of AdamW DP, no wider at the end than at the first ratio window,
+    ≥ 100x fewer bytes than dense fp32. None when no decentralised row reaches the last window."""
     last = str(RATIO_AT[-1])
-    subnet = [r for r in tokens if table[r["method"]].kind == "subnet" and r["ratio"] and r["ratio"][last]]
-    if subnet:
-        top = min(subnet, key=lambda r: r["ratio"][last])
-        first = top["ratio"][str(RATIO_AT[0])]
-        goals["equal_tokens_best"] = {"method": top["method"], "name": top["name"], "ratio": top["ratio"],
-                                      "within_1.05": top["ratio"][last] <= 1.05,
-                                      "within_1.03": top["ratio"][last] <= 1.03,
-                                      "not_widening": first is not None and top["ratio"][last] <= first,
-                                      "dense_over_sent": top["dense_over_sent"],
-                                      "fewer_bytes_100x": (top["dense_over_sent"] or 0) >= 100}
+    subnet = [r for r in rows if table[r["method"]].kind == "subnet" and r["ratio"] and r["ratio"][last]]
+    if not subnet:
+        return None
+    top = min(subnet, key=lambda r: r["ratio"][last])
+    first = top["ratio"][str(RATIO_AT[0])]
+    return {"method": top["method"], "name": top["name"], "ratio": top["ratio"],
+            "within_1.05": top["ratio"][last] <= 1.05, "within_1.03": top["ratio"][last] <= 1.03,
+            "not_widening": first is not None and top["ratio"][last] <= first,
+            "dense_over_sent": top["dense_over_sent"], "fewer_bytes_100x": (top["dense_over_sent"] or 0) >= 100,
+            "final_loss": top["final_loss"]}
+
+
+def _goals(tokens: list[dict[str, Any]], tuned: list[dict[str, Any]], overlap: list[dict[str, Any]],
+           small: list[dict[str, Any]], table: dict[str, Method]) -> dict[str, Any]:
+    goals: dict[str, Any] = {}
+    if (top := _best_decentralised(tokens, table)) is not None:
+        goals["equal_tokens_best"] = top
         goals["signed_within_1pct_of_best"] = any(
-            r["method"] == "signed_h" and r["final_loss"] <= 1.01 * top["final_loss"] for r in subnet)
+            r["method"] == "signed_h" and r["final_loss"] <= 1.01 * top["final_loss"] for r in tokens)
+    if (top := _best_decentralised(tuned, table)) is not None:
+        goals["tuned_best"] = top
     by_method: dict[str, dict[str, dict[str, Any]]] = {}
     for r in overlap:
         kind = r["mode"] + ("_wall_clock" if r["equal"] == "wall-clock" else "")
@@ -1026,8 +1058,9 @@ def _ratio_curve(run: dict[str, Any], reference: dict[str, Any]) -> tuple[list[i
     return [w for w, _ in points], [v for _, v in points]
 
 
-def _plots(results: list[dict[str, Any]], best: dict[str, dict[str, Any]], overlap: list[dict[str, Any]],
-           small: list[dict[str, Any]], table: dict[str, Method], out_dir: Path, stem: str) -> None:
+def _plots(results: list[dict[str, Any]], best: dict[str, dict[str, Any]], tuned: dict[str, dict[str, Any]],
+           overlap: list[dict[str, Any]], small: list[dict[str, Any]], table: dict[str, Method], out_dir: Path,
+           stem: str) -> None:
     xlabel = "window (same tokens for every method)"
     curves = {f"{table[k].label} ({r['final_loss']:.3f})": (r["eval_windows"], r["holdout_loss"])
               for k, r in best.items()}
@@ -1038,6 +1071,11 @@ def _plots(results: list[dict[str, Any]], best: dict[str, dict[str, Any]], overl
     if reference is None:
         return
     ratio_curves = {table[k].label: _ratio_curve(r, reference) for k, r in best.items() if k != BASELINE}
+    tuned_reference = tuned.get(BASELINE)
+    if tuned_reference is not None:  # tuned against tuned: each side at its best of every point run
+        ratio_curves |= {f"{table[k].label}, tuned, over tuned DP ({_fmt_settings(_row(r, None, ''))})":
+                         _ratio_curve(r, tuned_reference) for k, r in tuned.items()
+                         if k != BASELINE and table[k].kind == "subnet" and r is not best.get(k)}
     if ratio_curves:
         plot(out_dir / f"{stem}_ratio.png", ratio_curves, "held-out loss over AdamW DP's (equal tokens)", xlabel,
              "ratio to AdamW DP", span=None)

@@ -43,6 +43,17 @@ def test_every_method_and_mode_learns_and_the_summary_reports_them(tmp_path, ass
     assert all(r["dense_over_sent"] > 100 for r in body["equal_tokens"] if r["method"] != convergence.BASELINE)
     extra = {r["spec"]["aggregate"]: r for r in body["runs"] if r["spec"]["tag"] == "extra"}
     assert set(extra) == {"exact", "vote"} and extra["exact"]["bytes_per_token"] is None
+    # tuned against tuned: an extra point stands for its method there when it is the method's best, never
+    # in the plan's table; both tables hold every planned method and the goals read each
+    tuned = {r["method"]: r for r in body["equal_tokens_tuned"]}
+    assert set(tuned) == planned and tuned[convergence.BASELINE]["ratio"] == {"1": 1.0, "2": 1.0}
+    assert all(r["tag"] != "extra" for r in body["equal_tokens"])
+    for method in ("sparseloco_h", "signed_h"):
+        tried = [r for r in body["runs"] if r["spec"]["method"] == method and r["spec"]["mode"] == "blocking"
+                 and r["spec"]["sequences"] is None]
+        assert tuned[method]["final_loss"] == min(r["final_loss"] for r in tried)
+    assert body["goals"]["tuned_best"]["ratio"]["2"] == min(r["ratio"]["2"] for r in body["equal_tokens_tuned"]
+                                                          if r["method"] != convergence.BASELINE)
 
     overlap = body["overlap"]
     modes = [(r["method"], r["mode"]) for r in overlap]
@@ -84,17 +95,19 @@ def test_hparams_of_a_run_are_validated_settings() -> None:
 
 
 def test_the_inner_optimizers_settings_are_run_settings_and_leave_earlier_runs_keys_alone() -> None:
-    """β2, the inner weight decay and the warm-up are settings a point may change (`--point
-    ...,beta2=0.99,inner_wd=0,warmup=18`); unset, a spec's key is the one it had before they existed,
-    so the runs cached then are not run again (the key below is a cached run's of benchmarks/LOG.md §13)."""
-    spec = convergence.parse_point("sparseloco_c:inner=0.012,outer=2,decay=0.99,beta2=0.99,inner_wd=0.03,warmup=18",
-                                   convergence.methods(4), 90, 2)
+    """β1, β2, the inner weight decay and the warm-up are settings a point may change (`--point
+    ...,beta1=0.85,beta2=0.99,inner_wd=0,warmup=18`); unset, a spec's key is the one it had before they
+    existed, so the runs cached then are not run again (the key below is a cached run's of benchmarks/LOG.md §13)."""
+    spec = convergence.parse_point("sparseloco_c:inner=0.012,outer=2,decay=0.99,beta2=0.99,inner_wd=0.03,warmup=18,"
+                                   "beta1=0.85", convergence.methods(4), 90, 2)
     hp = convergence.hparams_for(spec)
-    assert (hp.inner.beta2, hp.inner.weight_decay, hp.optimizer.warmup_steps) == (0.99, 0.03, 18)
-    assert spec.name() == "sparseloco_c_in0.012_out2_d0.99_b20.99_wd0.03_wu18_constant"
+    assert (hp.inner.beta1, hp.inner.beta2, hp.inner.weight_decay, hp.optimizer.warmup_steps) == (0.85, 0.99, 0.03, 18)
+    assert spec.name() == "sparseloco_c_in0.012_out2_d0.99_b20.99_wd0.03_wu18_b10.85_constant"
     assert convergence.run_settings(spec, hp)["inner"]["beta2"] == 0.99
+    assert convergence.run_settings(spec, hp)["inner"]["beta1"] == 0.85
     unset = convergence.parse_point("sparseloco_c:inner=0.012,outer=2,decay=0.99", convergence.methods(4), 90, 2)
     assert convergence.hparams_for(unset).inner.beta2 == 0.95 and convergence.hparams_for(unset).optimizer.warmup_steps == 9
+    assert convergence.hparams_for(unset).inner.beta1 == 0.9
     assert unset.key() == "bca15378ee47223f" != spec.key()
 
 
