@@ -227,6 +227,9 @@ def test_report_only_reads_the_cache_and_completes_runs_that_predate_a_key(tmp_p
             r("sparseloco_c", 6e-3, 2.0, [9.0, 6.3, 5.5], tag="refine"),
             r("sparseloco_h", 6e-3, 2.0, [9.0, 6.4, 5.8]), r("signed_h", 3e-3, 3e-3, [9.0, 6.6, 5.6])]
     old = runs[-1]  # a signed run from before `aggregate` and `min_lr_factor` were recorded
+    # targeted points: a better DP (β1 0.8) and a better SparseLoCo (weight decay 0.3), tuned against tuned
+    runs += [r("adamw_dp_h", 2e-3, None, [9.0, 5.8, 4.8], tag="extra", beta1=0.8),
+             r("sparseloco_c", 6e-3, 2.0, [9.0, 6.2, 5.0], tag="extra", inner_wd=0.3)]
     del old["spec"]["aggregate"], old["settings"]["min_lr_factor"], old["settings"]["sequences_per_peer"]
     cache = tmp_path / "cache"
     cache.mkdir()
@@ -251,4 +254,13 @@ def test_report_only_reads_the_cache_and_completes_runs_that_predate_a_key(tmp_p
                                                         "fewer_bytes_100x")} == \
         {"within_1.05": False, "within_1.03": False, "not_widening": False, "fewer_bytes_100x": True}
     assert goals["signed_within_1pct_of_best"] is False
+    # the extra points stand for their methods only in the tuned table, against the tuned DP
+    assert all(row["tag"] != "extra" for row in body["equal_tokens"])
+    tuned = {row["method"]: row for row in body["equal_tokens_tuned"]}
+    assert (tuned["adamw_dp_h"]["beta1"], tuned["sparseloco_c"]["inner_wd"]) == (0.8, 0.3)
+    assert tuned["sparseloco_c"]["ratio"] == pytest.approx({"1": 6.2 / 5.8, "2": 5.0 / 4.8}, rel=1e-5)  # JSON: 6 digits
+    assert tuned["signed_h"]["ratio"] == pytest.approx({"1": 6.6 / 5.8, "2": 5.6 / 4.8}, rel=1e-5)
+    assert goals["tuned_best"]["name"] == "sparseloco_c_in0.006_out2_wd0.3_constant"
+    assert {k: goals["tuned_best"][k] for k in ("within_1.05", "not_widening")} == \
+        {"within_1.05": True, "not_widening": True}
     assert not any(key.startswith("overlap_") for key in goals)
