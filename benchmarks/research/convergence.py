@@ -71,7 +71,8 @@ that shrinks as the peers' updates turn to noise late in a run.
 
 Results: `benchmarks/results/convergence.json` (every run's curve and settings, the tables, the
 goals), `convergence_tokens.png` (held-out loss of each method's best), `convergence_ratio.png`
-(ratio to AdamW DP over the windows; a method's tuned best, where it differs, over DP's tuned best), `convergence_overlap.png` and `convergence_small.png`.
+(ratio to AdamW DP over the windows; a method's tuned best, where it differs, over DP's tuned
+best), `convergence_overlap.png` and `convergence_small.png`.
 """
 
 from __future__ import annotations
