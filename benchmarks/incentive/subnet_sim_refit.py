@@ -66,6 +66,8 @@ LEVERS: dict[str, dict] = {
     "uids_per_window 16 + noise 0.71": {"uids_per_window": 16, "noise": 0.7071},
     "mu_gamma 0.98 + noise 0.5": {"mu_gamma": 0.98, "noise": 0.5},
     "mu_gamma 0.98 + noise 0.71": {"mu_gamma": 0.98, "noise": 0.7071},
+    "mu_gamma 0.98 + power 1 + rating tied": {"mu_gamma": 0.98, "power": 1.0, "rating_tie_band": 100.0},
+    "mu_gamma 0.98 + power 1 + noise 0.5": {"mu_gamma": 0.98, "power": 1.0, "noise": 0.5},
 }
 """Production's Gauntlet with one knob changed, or two: the levers fair pay's noise names (μ's memory,
 how soon a unit earns the full credit, the power c, more evaluations, more units an evaluation: the
@@ -73,9 +75,10 @@ simulator's `noise` scales every unit's scatter, 0.5 standing for four times the
 rating tied for every peer, which leaves μ alone to tell peers apart."""
 
 
-def levers(processes: int) -> int:
-    """`LEVERS` on the refit at finney's cadence, seeds 0-2: the targets of each, and its ranges."""
-    base = replace(SimConfig(), **CHOSEN, fit_file=str(UNITS_FIT_FILE), tempo_windows=51, weights_windows=15)
+def levers(processes: int, units_file: Path = UNITS_FIT_FILE, tag: str = "") -> int:
+    """`LEVERS` on the refit (`units_file`) at finney's cadence, seeds 0-2: the targets of each, and
+    its ranges, into `subnet_sim_refit_levers.json` (`..._levers_TAG.json` with a tag)."""
+    base = replace(SimConfig(), **CHOSEN, fit_file=str(units_file), tempo_windows=51, weights_windows=15)
     seeds = (0, 1, 2)
     jobs = [(f"{name} | seed={seed}", replace(base, seed=seed, **change), False)
             for name, change in LEVERS.items() for seed in seeds]
@@ -86,10 +89,11 @@ def levers(processes: int) -> int:
               for name in LEVERS}
     for name, r in ranges.items():
         print(f"  {name}: " + ", ".join(f"{k} {lo:.3g}–{hi:.3g}" for k, (lo, hi) in r.items()))
-    (RESULTS_DIR / "subnet_sim_refit_levers.json").write_text(json.dumps(
-        {"fit": str(UNITS_FIT_FILE.name), "cadence": "finney (tempo 51, weights every 15)", "levers": LEVERS,
+    out = RESULTS_DIR / ("subnet_sim_refit_levers" + (f"_{tag}" if tag else "") + ".json")
+    out.write_text(json.dumps(
+        {"fit": str(units_file.name), "cadence": "finney (tempo 51, weights every 15)", "levers": LEVERS,
          "runs": runs, "ranges_over_seeds": ranges}, indent=1) + "\n")
-    print(f"wrote {RESULTS_DIR / 'subnet_sim_refit_levers.json'}")
+    print(f"wrote {out}")
     return 0
 
 
@@ -103,9 +107,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="instead: production's settings with one lever changed (LEVERS), on the refit at "
                              "finney's cadence, seeds 0-2")
     args = parser.parse_args(argv)
-    if args.levers:
-        return levers(args.processes)
     units_file = RESULTS_DIR / f"subnet_sim_fit_units_{args.tag}.json" if args.tag else UNITS_FIT_FILE
+    if args.levers:
+        return levers(args.processes, units_file, args.tag)
     if args.fit:
         fitted = fit_from_evaluations(args.fit, FIT_SOURCE + (f" ({args.tag})" if args.tag else ""))
         units_file.write_text(json.dumps(fitted, separators=(",", ":")) + "\n")
