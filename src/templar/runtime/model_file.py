@@ -56,15 +56,8 @@ def load_model_file(model: torch.nn.Module, path: Path) -> None:
 def write_model_file(model: torch.nn.Module, path: Path) -> None:
     """θ of a one-process node as the file `load_model_file` reads (atomic: temp file, fsync, rename).
 
-    Tied weights (`model.tie_word_embeddings`: the embedding and the LM head are one tensor under two
-    names) are written under both names, each its own copy: safetensors refuses tensors that share
-    memory, and the reader checks and loads every name of the state dict."""
-    tensors: dict[str, torch.Tensor] = {}
-    written: set[int] = set()
-    for name, value in model.state_dict().items():
-        tensor = value.detach().cpu().contiguous()
-        if tensor.data_ptr() in written:
-            tensor = tensor.clone()
-        written.add(tensor.data_ptr())
-        tensors[name] = tensor
+    Every tensor is copied, as the node's state file copies it (`runtime.state`): tied weights
+    (`model.tie_word_embeddings`, the embedding and the LM head one tensor under two names) are then
+    written under both names, which safetensors refuses for tensors that share memory."""
+    tensors = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in model.state_dict().items()}
     atomic_write(path, lambda tmp: save_file(tensors, str(tmp)))
