@@ -21,8 +21,8 @@ def test_one_process_node_is_sharded_and_stops_cleanly() -> None:
     sent = compute.compress(stats.scale)
     assert stats.loss > 0 and set(sent) == {n for n, _ in compute.model.named_parameters()}
     assert all(p.grad is None for p in compute.model.parameters())  # compress clears the gradients
-    compute.stop()
-    compute.stop()  # idempotent
+    assert compute.stop() is None  # the followers (none here) released
+    assert compute.stop() is None  # idempotent
     assert compute._call("ping") is None  # a keepalive racing stop() sends nothing
     with pytest.raises(RuntimeError, match="stopped"):
         compute.train(batch, 2, None, 0.01)

@@ -155,16 +155,19 @@ class NodeCompute:
             for model in {id(m): m for m in (self.model, self.work, self.base_model) if m is not None}.values():
                 reshard(model)  # between ops, parameters are always the shards
 
-    def stop(self) -> None:
-        """Rank 0: release the followers (they exit `follow`). A follower already gone (the node
-        is failing with a DistError) is not an error here: there is nobody left to release."""
+    def stop(self) -> DistError | None:
+        """Rank 0: release the followers (they exit `follow`). Never raises: a follower already
+        gone leaves nobody to release, and the `DistError` that says so is returned for the caller
+        to judge (news after a clean stop, an echo while the node already fails with one)."""
         with self._lock:
-            if not self._stopped:
-                self._stopped = True
-                try:
-                    self.group.broadcast_object(_STOP)
-                except DistError as exc:
-                    logger.bind(phase="stopped").debug(f"followers not released: {exc}")
+            if self._stopped:
+                return None
+            self._stopped = True
+            try:
+                self.group.broadcast_object(_STOP)
+            except DistError as exc:
+                return exc
+            return None
 
     async def keepalive(self, every: float | None = None) -> None:
         """Rank 0, as a task: ping the followers while the loop waits (see module doc)."""

@@ -14,7 +14,8 @@ on every rank through `NodeCompute`, which becomes the node's `compute` before t
 θ_0 from rank 0's hparams and follow its ops. A rank that dies fails the others' next collective
 (or their keepalive ping, within a quarter of the collective timeout TEMPLAR_DIST_TIMEOUT,
 default 600 s): each logs one `DistError` line and exits with `EXIT_RANK_LOST` (5), and torchrun
-stops the rest of the node.
+stops the rest of the node. torchrun's SIGTERM often reaches rank 0 first: it finishes its window
+and saves, then fails to release the dead follower, and exits with that same line and code.
 """
 
 from __future__ import annotations
@@ -81,8 +82,10 @@ async def _lead(node: Node, group: Group, role: str, memory: MemorySettings) -> 
                 main.cancel()
 
     task = asyncio.create_task(keepalive(), name="keepalive")
+    role_ended = False
     try:
         yield
+        role_ended = True
     except asyncio.CancelledError:
         if failed:
             raise failed[0] from None
@@ -91,7 +94,11 @@ async def _lead(node: Node, group: Group, role: str, memory: MemorySettings) -> 
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
-        compute.stop()
+        lost = compute.stop()
+    if role_ended and lost is not None:
+        # The role finished its window and saved (a signal: torchrun sends one to every rank when
+        # one dies), but a follower is gone: the node failed, and says so in its one DistError line.
+        raise lost
 
 
 def _follow(args: argparse.Namespace, group: Group) -> int:

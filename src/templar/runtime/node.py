@@ -361,9 +361,18 @@ def run_node(args: argparse.Namespace, role: str, run: Callable[[Node], Awaitabl
                 metrics.close()
             await node.aclose()
 
+    async def logged_main() -> None:
+        # The error is written here, while the loop still owns SIGTERM: once `asyncio.run` closes
+        # the loop the signal's default action is back, and under torchrun the SIGTERM that
+        # follows a dead rank within 0.1 s would kill us before a line written after it.
+        try:
+            await main()
+        except NodeError as exc:
+            logger.error(str(exc))
+            raise
+
     try:
-        asyncio.run(main())
+        asyncio.run(logged_main())
     except NodeError as exc:
-        logger.error(str(exc))
         return exc.exit_code
     return 0
