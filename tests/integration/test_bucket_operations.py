@@ -8,11 +8,12 @@ from __future__ import annotations
 import asyncio
 import contextvars
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
 from templar.core.clock import run_virtual
-from templar.core.config import REPO_ROOT, load_hparams
+from templar.core.config import load_hparams, resolve_asset
 from templar.miner.loop import Miner
 from templar.storage.counting import ACTOR, OPERATIONS, counting_buckets
 from templar.tools.bucket_costs import Sizes, made
@@ -39,8 +40,10 @@ def test_a_window_makes_the_requests_hparams_says_and_lists_nothing(tmp_path):
     # peer lists replaced every 3 windows, as in production (5): in between the lead names the list in
     # effect again, so every reader's peer-list read stays one GET
     subnet = Subnet.create(tmp_path, {"lead": 100.0, "m1": 0.0, "m2": 0.0}, peer_replacement_frequency=3)
-    data = f"local:{REPO_ROOT / 'assets' / 'shards'}"  # the corpus through a locator, so its reads count too
-    skipped = untrained_windows(load_hparams(subnet.hparams))  # a delayed run's first window: no payloads
+    hp = load_hparams(subnet.hparams)
+    corpus = Path(resolve_asset(hp.data.corpus))
+    data = f"local:{corpus}"  # the corpus through a locator, so its reads count too
+    skipped = untrained_windows(hp)  # a delayed run's first window: no payloads
     windows, steady_from = WINDOWS + skipped, STEADY_FROM + skipped
 
     async def scenario():
@@ -79,7 +82,7 @@ def test_a_window_makes_the_requests_hparams_says_and_lists_nothing(tmp_path):
             return "own"
         if bucket == buckets["lead"].removeprefix("own:"):
             return "lead"
-        return "data" if bucket.endswith("/shards") else "peers"
+        return "data" if bucket.endswith(f"/{corpus.name}") else "peers"
 
     sizes = Sizes.of(window_sizing(hp))
     expected = {role: {k: Counter({op: getattr(r, op) for op in OPERATIONS}) for k, r in

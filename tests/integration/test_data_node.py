@@ -32,12 +32,12 @@ def seaweed(tmp_path_factory: pytest.TempPathFactory):
 
 
 def test_node_reads_its_pages_from_an_s3_data_bucket(tmp_path, seaweed: SeaweedServer) -> None:
-    hp = load_hparams("tiny")
+    subnet = Subnet.create(tmp_path, {"m0": 0.0})
+    hp = load_hparams(subnet.hparams)
     local = LocalCorpus(resolve_asset(hp.data.corpus), digest=hp.data.manifest)
     seaweed.create_bucket("run-data")
     locator = BucketLocator.s3(seaweed.endpoint_url, "run-data", seaweed.reader.access_key_id,
                                  seaweed.reader.secret_access_key)
-    subnet = Subnet.create(tmp_path, {"m0": 0.0})
 
     async def scenario() -> None:
         async with S3Bucket(seaweed.endpoint_url, "run-data", seaweed.admin) as bucket:
