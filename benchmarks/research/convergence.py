@@ -57,7 +57,10 @@ The plan (`--stages`, each stage needs the ones before it; `--cache` keeps finis
 Targeted points (`--point`, tagged `extra`) change what the plan's grids do not search: the inner
 AdamW's β1, β2 and weight decay, the warm-up. They never stand for a method in the plan's table;
 the report's second table, tuned against tuned, takes each method's best of every point run,
-extra points included, against AdamW DP's best of its own (`goals.tuned_best`).
+extra points included, against AdamW DP's best of its own (`goals.tuned_best`). A point with
+`seed=N` is another draw (θ_0, the page plan and the holdout from the preset's seeds + N): the
+report compares such runs only with each other, against DP's best at the same draw (`draws`), to
+check on a second draw a ratio or a trend read on the first.
 
 Bytes per token: the mean size of the payloads the peers actually wrote (`write_gradient`) over the
 tokens each trained on in the window; the reference ("dense") is the same window's pseudo-gradient
@@ -193,7 +196,7 @@ def methods(h: int) -> dict[str, Method]:
 SIGNED_PRESET = "tiny-signed"
 """The signed rule's and AdamW DP's preset: `tiny` as it was before production moved to SparseLoCo
 (bit for bit but its name). Runs cached under the old name are the same runs (`Spec.key`)."""
-LATER_FIELDS = ("beta2", "inner_wd", "warmup", "beta1")
+LATER_FIELDS = ("beta2", "inner_wd", "warmup", "beta1", "seed")
 """Spec fields added after runs were cached: left out of the key while unset, so those runs stay valid."""
 
 
@@ -224,12 +227,14 @@ class Spec:
     inner_wd: float | None = None  # the inner AdamW's weight decay (the preset's when None)
     warmup: int | None = None      # warm-up windows (a tenth of the run when None)
     beta1: float | None = None     # the inner AdamW's β1 (the preset's 0.9 when None)
+    seed: int | None = None        # another draw: θ_0 and the page plan (holdout included) from the preset's
+                                   # seeds + seed; None: the preset's own, the draw every comparison is read on
 
     def name(self) -> str:
         parts = [self.method]
         for prefix, value in (("in", self.inner_lr), ("out", self.outer_lr), ("k", self.topk), ("d", self.decay),
                               ("m", self.momentum), ("min", self.min_lr), ("b2", self.beta2), ("wd", self.inner_wd),
-                              ("wu", self.warmup), ("b1", self.beta1)):
+                              ("wu", self.warmup), ("b1", self.beta1), ("seed", self.seed)):
             if value is not None:
                 parts.append(f"{prefix}{value:g}")
         if self.mode != "blocking":
@@ -297,6 +302,9 @@ def hparams_for(spec: Spec) -> HParams:
     body["inner"].update(inner)
     body["data"]["pages_per_window"] = spec.pages
     body["demo"].update(demo)
+    if spec.seed is not None:
+        body["model"]["init_seed"] += spec.seed
+        body["data"]["data_seed"] += spec.seed
     hp = HParams.model_validate(body)
     if spec.sequences_per_peer < hp.inner.steps or spec.sequences_per_peer > spec.pages * hp.data.sequences_per_page:
         raise ValueError(f"{spec.name()}: {spec.sequences_per_peer} sequences for H = {hp.inner.steps} on "
@@ -315,12 +323,13 @@ def hparams_for(spec: Spec) -> HParams:
     return hp
 
 
-@lru_cache(maxsize=1)
-def _data() -> tuple[Tiny, PagePlan, torch.Tensor]:
+@lru_cache(maxsize=2)
+def _data(data_seed: int) -> tuple[Tiny, PagePlan, torch.Tensor]:
     """The corpus, a plan whose slots hold `MAX_PAGES` pages (each run takes the first P of its
-    peer's slot, so a run's pages are a subset of a larger run's), the held-out batch."""
+    peer's slot, so a run's pages are a subset of a larger run's), the held-out batch; `data_seed`
+    draws the plan (tiny's own, or another draw's: `Spec.seed`)."""
     tiny = load_tiny()
-    plan = PagePlan.build(tiny.pages.num_pages, tiny.hp.data.holdout_fraction, tiny.hp.data.data_seed, MAX_PAGES)
+    plan = PagePlan.build(tiny.pages.num_pages, tiny.hp.data.holdout_fraction, data_seed, MAX_PAGES)
     return tiny, plan, tiny.pages.batch(plan.holdout_pages()[:HOLDOUT_PAGES])
 
 
@@ -573,6 +582,7 @@ def run_settings(spec: Spec, hp: HParams) -> dict[str, Any]:
         "momentum_decay": hp.demo.momentum_decay, "pages_per_window": spec.pages,
         "sequences_per_peer": spec.sequences_per_peer, "grad_clip": hp.optimizer.grad_clip,
         "micro_batch_size": hp.optimizer.micro_batch_size, "mode": spec.mode, "aggregate": spec.aggregate,
+        "init_seed": hp.model.init_seed, "data_seed": hp.data.data_seed,
         "schedule": spec.schedule, "model": spec.model,
     }
 
@@ -581,7 +591,7 @@ def train(spec: Spec, eval_every: int, threads: int) -> dict[str, Any]:
     """One run from θ_0; its held-out curve, train losses, time and bytes per token."""
     torch.set_num_threads(threads)
     hp = hparams_for(spec)
-    tiny, plan, holdout = _data()
+    tiny, plan, holdout = _data(hp.data.data_seed)
     run = DataParallelRun(hp) if spec.kind == "dp" else SubnetRun(hp, spec)
     mbs = hp.optimizer.micro_batch_size
     evals, curve, train_loss, seconds = [0], [evaluate_loss(run.model, holdout, mbs)], [], 0.0
@@ -693,10 +703,16 @@ def _wanted(m: Method, only: set[str] | None) -> bool:
     return m.key in only if only else m.in_plan
 
 
-def _is_main(r: dict[str, Any], windows: int) -> bool:
-    """A run of the equal-tokens comparison on tiny (blocking, the whole horizon, whole pages)."""
+def _equal_tokens(r: dict[str, Any], windows: int) -> bool:
+    """A run on tiny at equal tokens: blocking, the whole horizon, whole pages."""
     s = r["spec"]
     return s["mode"] == "blocking" and s["model"] == "tiny" and s["sequences"] is None and s["windows"] == windows
+
+
+def _is_main(r: dict[str, Any], windows: int) -> bool:
+    """A run of the equal-tokens comparison: on the preset's own draw (another draw's runs are
+    compared only with each other, `draws`)."""
+    return _equal_tokens(r, windows) and r["spec"].get("seed") is None
 
 
 def searched_best(results: list[dict[str, Any]], windows: int) -> dict[str, dict[str, Any]]:
@@ -717,6 +733,23 @@ def best_runs(results: list[dict[str, Any]], windows: int, *, targeted: bool = F
         if key not in best or r["final_loss"] < best[key]["final_loss"]:
             best[key] = r
     return best
+
+
+def draws(results: list[dict[str, Any]], windows: int, table: dict[str, Method]) -> dict[str, list[dict[str, Any]]]:
+    """Each other draw's equal-tokens runs (`Spec.seed`: another θ_0, page plan and holdout), best
+    first, against AdamW DP's best at the same draw: whether a ratio read on the preset's draw, and
+    its trend from 30 to 90 windows, hold on another."""
+    by_seed: dict[int, list[dict[str, Any]]] = {}
+    for r in results:
+        if _equal_tokens(r, windows) and r["spec"].get("seed") is not None:
+            by_seed.setdefault(r["spec"]["seed"], []).append(r)
+    out = {}
+    for seed, runs in sorted(by_seed.items()):
+        dp = [r for r in runs if r["spec"]["method"] == BASELINE]
+        reference = min(dp, key=lambda r: r["final_loss"]) if dp else None
+        out[str(seed)] = [_row(r, reference, table[r["spec"]["method"]].label)
+                          for r in sorted(runs, key=lambda r: r["final_loss"])]
+    return out
 
 
 def _axis_value(line: tuple[float, ...], best: float, loss_of: dict[float, float]) -> float | None:
@@ -849,7 +882,7 @@ def parse_point(text: str, table: dict[str, Method], windows: int, pages: int) -
     values = dict(item.split("=", 1) for item in rest.split(",") if item)
     number = {"inner": float, "outer": float, "topk": int, "decay": float, "momentum": float, "min_lr": float,
               "steps": int, "sequences": int, "pages": int, "beta2": float, "inner_wd": float, "warmup": int,
-              "beta1": float}
+              "beta1": float, "seed": int}
     parsed = {k: number[k](v) if k in number else v for k, v in values.items()}
     spec = _spec(m, parsed.pop("inner", None), parsed.pop("outer", None), windows, pages, tag="extra")
     return replace(spec, **parsed)
@@ -945,6 +978,11 @@ def report(results: list[dict[str, Any]], h: int, windows: int, out_dir: Path, s
     _print_rows(f"Tuned against tuned, {windows} windows: the best of every point of each method, extra "
                 f"points included, ratio to {table[BASELINE].label}'s", tuned)
 
+    other_draws = draws(results, windows, table)
+    for seed, rows in other_draws.items():
+        _print_rows(f"Another draw (seeds + {seed}: θ_0, the pages, the holdout), ratio to its own best "
+                    f"{table[BASELINE].label}", rows)
+
     overlap = []
     for target in overlap_targets(searched_best(results, windows), table):
         key, spec = target["spec"]["method"], target["spec"]
@@ -975,7 +1013,7 @@ def report(results: list[dict[str, Any]], h: int, windows: int, out_dir: Path, s
     body = {"case": "summary", "windows": windows, "peers": PEERS, "top_g": PEERS, "inner_steps": h,
             "holdout_pages": HOLDOUT_PAGES, "ratio_at": list(RATIO_AT), "landing": LANDING,
             "wall_clock": {"steps": WALL_CLOCK[0], "sequences": WALL_CLOCK[1]}, "models": MODELS, "goals": goals,
-            "equal_tokens": tokens, "equal_tokens_tuned": tuned, "overlap": overlap, "small": small_rows, "sweeps": sweeps,
+            "equal_tokens": tokens, "equal_tokens_tuned": tuned, "draws": other_draws, "overlap": overlap, "small": small_rows, "sweeps": sweeps,
             "methods": {k: {"label": m.label, "preset": m.preset, "inner": list(m.inner), "outer": list(m.outer),
                             "momentum": m.momentum, "variants": [dict(v) for v in m.variants]}
                         for k, m in table.items()},

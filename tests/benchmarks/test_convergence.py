@@ -109,6 +109,12 @@ def test_the_inner_optimizers_settings_are_run_settings_and_leave_earlier_runs_k
     assert convergence.hparams_for(unset).inner.beta2 == 0.95 and convergence.hparams_for(unset).optimizer.warmup_steps == 9
     assert convergence.hparams_for(unset).inner.beta1 == 0.9
     assert unset.key() == "bca15378ee47223f" != spec.key()
+    # another draw: θ_0 and the page plan from the preset's seeds + N, a run of its own
+    other = convergence.parse_point("sparseloco_c:inner=0.012,outer=2,decay=0.99,seed=1", convergence.methods(4), 90, 2)
+    drawn, own = convergence.hparams_for(other), convergence.hparams_for(unset)
+    assert (drawn.model.init_seed, drawn.data.data_seed) == (own.model.init_seed + 1, own.data.data_seed + 1)
+    assert other.name() == "sparseloco_c_in0.012_out2_d0.99_seed1_constant" and other.key() != unset.key()
+    assert convergence.run_settings(other, drawn)["data_seed"] == own.data.data_seed + 1
 
 
 def _result(convergence, method: str, inner: float | None, outer: float | None, loss: float, tag: str = "sweep",
@@ -173,7 +179,7 @@ def test_eager_swaps_the_proxy_for_the_aggregate_and_sends_the_update_from_it(mo
     monkeypatch.setattr(convergence, "_data", convergence._data.__wrapped__)
     spec = convergence.Spec("sparseloco_h", "subnet", "tiny-sparseloco", 3e-3, 1.0, 2, 1, 4, mode="eager")
     hp = convergence.hparams_for(spec)
-    tiny, plan, _ = convergence._data()
+    tiny, plan, _ = convergence._data(hp.data.data_seed)
     batch = tiny.pages.batch(plan.assigned_pages(0, 0, 1))
 
     def window(land: int, proxy_shift: float) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
@@ -230,6 +236,9 @@ def test_report_only_reads_the_cache_and_completes_runs_that_predate_a_key(tmp_p
     # targeted points: a better DP (β1 0.8) and a better SparseLoCo (weight decay 0.3), tuned against tuned
     runs += [r("adamw_dp_h", 2e-3, None, [9.0, 5.8, 4.8], tag="extra", beta1=0.8),
              r("sparseloco_c", 6e-3, 2.0, [9.0, 6.2, 5.0], tag="extra", inner_wd=0.3)]
+    # another draw (seed 1): its DP's loss is the lowest of all, and it stands for nothing but its own draw
+    runs += [r("adamw_dp_h", 2e-3, None, [9.0, 5.0, 4.0], tag="extra", beta1=0.8, seed=1),
+             r("sparseloco_c", 6e-3, 2.0, [9.0, 5.5, 4.2], tag="extra", inner_wd=0.3, seed=1)]
     del old["spec"]["aggregate"], old["settings"]["min_lr_factor"], old["settings"]["sequences_per_peer"]
     cache = tmp_path / "cache"
     cache.mkdir()
@@ -264,3 +273,6 @@ def test_report_only_reads_the_cache_and_completes_runs_that_predate_a_key(tmp_p
     assert {k: goals["tuned_best"][k] for k in ("within_1.05", "not_widening")} == \
         {"within_1.05": True, "not_widening": True}
     assert not any(key.startswith("overlap_") for key in goals)
+    drawn = {row["method"]: row for row in body["draws"]["1"]}
+    assert set(body["draws"]) == {"1"} and drawn["adamw_dp_h"]["ratio"] == {"1": 1.0, "2": 1.0}
+    assert drawn["sparseloco_c"]["ratio"] == pytest.approx({"1": 5.5 / 5.0, "2": 4.2 / 4.0})
