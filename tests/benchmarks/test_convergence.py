@@ -238,7 +238,7 @@ def test_report_only_reads_the_cache_and_completes_runs_that_predate_a_key(tmp_p
              r("sparseloco_c", 6e-3, 2.0, [9.0, 6.2, 5.0], tag="extra", inner_wd=0.3)]
     # another draw (seed 1): its DP's loss is the lowest of all, and it stands for nothing but its own draw
     runs += [r("adamw_dp_h", 2e-3, None, [9.0, 5.0, 4.0], tag="extra", beta1=0.8, seed=1),
-             r("sparseloco_c", 6e-3, 2.0, [9.0, 5.5, 4.2], tag="extra", inner_wd=0.3, seed=1)]
+             r("sparseloco_c", 6e-3, 2.0, [9.0, 5.5, 4.3], tag="extra", inner_wd=0.3, seed=1)]
     del old["spec"]["aggregate"], old["settings"]["min_lr_factor"], old["settings"]["sequences_per_peer"]
     cache = tmp_path / "cache"
     cache.mkdir()
@@ -275,4 +275,9 @@ def test_report_only_reads_the_cache_and_completes_runs_that_predate_a_key(tmp_p
     assert not any(key.startswith("overlap_") for key in goals)
     drawn = {row["method"]: row for row in body["draws"]["1"]}
     assert set(body["draws"]) == {"1"} and drawn["adamw_dp_h"]["ratio"] == {"1": 1.0, "2": 1.0}
-    assert drawn["sparseloco_c"]["ratio"] == pytest.approx({"1": 5.5 / 5.0, "2": 4.2 / 4.0})
+    assert drawn["sparseloco_c"]["ratio"] == pytest.approx({"1": 5.5 / 5.0, "2": 4.3 / 4.0})
+    # the verdict's run on the other draw: outside 1.05 there (1.075) though within it on this one, so not
+    # within 1.05 on every draw; no wider at the end on either
+    assert goals["tuned_best"]["other_draws"]["1"] == pytest.approx({"1": 5.5 / 5.0, "2": 4.3 / 4.0})
+    assert (goals["tuned_best"]["within_1.05"], goals["tuned_best"]["within_1.05_every_draw"],
+            goals["tuned_best"]["not_widening_every_draw"]) == (True, False, True)
