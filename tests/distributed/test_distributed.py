@@ -81,7 +81,8 @@ def test_sharded_node_equals_one_process(ranks: int, tmp_path: Path) -> None:
 def test_a_sharded_sparseloco_node_equals_one_process(tmp_path: Path) -> None:
     """Production's outer rule, SparseLoCo (`tiny-sparseloco`), over 2 ranks: the sharded compressor's
     update and wire payload are the 1-process one's for the same gradient, and the outer step, whose
-    clip uses each peer's whole-payload norm, is bit-identical (the signed rule's case is above)."""
+    clip uses each peer's whole-payload norm, is bit-identical (the signed rule's case is above); and
+    a sharded validator's LossScores of SparseLoCo's trial steps are the 1-process ones."""
     done = run(torchrun(2, "sparse", str(tmp_path)))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
     report = json.loads((tmp_path / "result.json").read_text())
@@ -89,6 +90,10 @@ def test_a_sharded_sparseloco_node_equals_one_process(tmp_path: Path) -> None:
     for row in report["windows"]:
         assert row["same_coefficients_same_grad"] and row["payload_identical_same_grad"], row
         assert row["theta_bit_identical"] and row["global_step"][0] == row["global_step"][1], row
+    # a sharded validator applies SparseLoCo's trial steps whole (cast to int8, they were all zeros
+    # and every LossScore read 0): its LossScores are the 1-process ones up to summation order
+    assert report["loss_score_delta_rand"] != 0.0
+    assert report["loss_score_max_diff"] < 1e-5, report
 
 
 def _tensors(path: Path) -> dict:

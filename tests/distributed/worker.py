@@ -51,7 +51,7 @@ from templar.distributed import (
     shard_model,
 )
 from templar.distributed.checkpoint import full_model_state
-from templar.distributed.compute import NodeCompute
+from templar.distributed.compute import NodeCompute, update_dtype
 from templar.distributed.evaluate import ShardedEvaluator
 from templar.distributed.fsdp import check_layout, local
 from templar.distributed.group import Group
@@ -400,7 +400,18 @@ def sparse(out_dir: Path) -> None:
             row["theta_bit_identical"] = all(torch.equal(theta[k], sd[k]) for k in sd)
             row["global_step"] = [state.global_step, ref_state.global_step]
         report["windows"].append(row)
+    # validator: SparseLoCo's trial steps carry magnitudes; over all ranks they score as on one process
+    shapes = {n: p.shape for n, p in ref.named_parameters()}
+    trials = {"a": rule.trial(ref_sent, shapes), "b": rule.trial(scaled, shapes)}
+    assigned = {"a": pages(hp, 10, 6), "b": pages(hp, 11, 5)}
+    random_batch = pages(hp, 12, 7)
+    got = ShardedEvaluator(model, 4, group, position_ranges=4, step_dtype=update_dtype(hp)).score_peers(
+        trials if group.is_leader else {"a": {}, "b": {}}, assigned, random_batch, 0.5, 3)
+    want = Evaluator(ref, 4, position_ranges=4).score_peers(trials, assigned, random_batch, 0.5, 3)
     if group.is_leader:
+        report["loss_score_max_diff"] = max(abs(getattr(got[p], f) - getattr(want[p], f)) for p in want
+                                            for f in ("delta_assigned", "delta_rand", "loss_rand_after"))
+        report["loss_score_delta_rand"] = want["a"].delta_rand
         (out_dir / "result.json").write_text(json.dumps(report))
     group.close()
 

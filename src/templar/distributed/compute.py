@@ -55,6 +55,12 @@ _STOP = "stop"
 _EXPECTED = (ValueError, CheckpointError)  # raised on every rank alike; the leader decides
 
 
+def update_dtype(hp: HParams) -> torch.dtype:
+    """The dtype in which rank 0 scatters a dense update or trial step to the ranks' rows: a sign
+    fits in int8 (a quarter of the bytes); another rule's update carries magnitudes (float32)."""
+    return torch.int8 if hp.optimizer.method == "signed" else torch.float32
+
+
 class NodeCompute:
     """`templar.runtime.compute.Compute` over the node's ranks (θ sharded with FSDP2). `memory`: the
     node's memory settings, applied by every rank to its own shards (`templar.core.memory`)."""
@@ -78,7 +84,8 @@ class NodeCompute:
         self.snapshot = HostStore() if offload else None
         self.window: InnerWindow | None = None
         self.sharded_evaluator = ShardedEvaluator(self.model, hp.optimizer.micro_batch_size, group,
-                                                  position_ranges=hp.gauntlet.position_ranges)
+                                                  position_ranges=hp.gauntlet.position_ranges,
+                                                  step_dtype=update_dtype(hp))
         self.base_model: nn.Module | None = None
         """A delayed run's validator: θ before its latest outer step, sharded as θ (`keep_base`)."""
         self._base_scorer: ShardedEvaluator | None = None
@@ -324,8 +331,7 @@ class NodeCompute:
             raise names
         params = dict(model.named_parameters())
         lr = learning_rate(step, self.hp.optimizer)
-        # a sign fits in int8 (a quarter of the bytes to scatter); another method's update is float32
-        dtype = torch.int8 if self.hp.optimizer.method == "signed" else torch.float32
+        dtype = update_dtype(self.hp)
         for name in names:
             p = params[name]
             full = signs[name].to(dtype) if signs is not None else None
@@ -342,7 +348,8 @@ class NodeCompute:
         if self.base_model is None:
             self.base_model = self._twin()
             self._base_scorer = ShardedEvaluator(self.base_model, self.hp.optimizer.micro_batch_size, self.group,
-                                                 position_ranges=self.hp.gauntlet.position_ranges)
+                                                 position_ranges=self.hp.gauntlet.position_ranges,
+                                                 step_dtype=update_dtype(self.hp))
         else:
             _copy_local(self.base_model, self.model)
 

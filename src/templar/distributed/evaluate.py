@@ -58,13 +58,17 @@ class ShardedEvaluator(Evaluator):
     """`Evaluator` whose θ_t snapshot, trial steps and losses work on this rank's shards.
 
     Every rank runs the inherited `score_peers` with the same peer names and batches; the dense
-    sign tensors live on rank 0 only and reach each rank as its own rows (int8, one parameter at
-    a time).
+    trial steps live on rank 0 only and reach each rank as its own rows, one parameter at a time,
+    in `step_dtype`: int8 for the signed rule's signs (a quarter of the bytes), float32 for a rule
+    whose trial step carries magnitudes (SparseLoCo's). Cast to int8, such a step is all zeros: the
+    trial would leave θ_t as it is and every LossScore would read 0.
     """
 
-    def __init__(self, model: nn.Module, micro_batch_size: int, group: Group, *, position_ranges: int):
+    def __init__(self, model: nn.Module, micro_batch_size: int, group: Group, *, position_ranges: int,
+                 step_dtype: torch.dtype = torch.float32):
         super().__init__(model, micro_batch_size, position_ranges=position_ranges)
         self.group = group
+        self.step_dtype = step_dtype
 
     def snapshot(self) -> None:
         self._saved = {n: local(p).detach().clone() for n, p in self._params.items()}
@@ -79,8 +83,8 @@ class ShardedEvaluator(Evaluator):
                     full = None
                     if self.group.is_leader:
                         sign = signs.get(name)
-                        full = (sign if sign is not None else torch.zeros(p.shape)).to(torch.int8)
-                    rows = scatter_rows(self.group, full, p.shape, torch.int8, src=0)
+                        full = (sign if sign is not None else torch.zeros(p.shape)).to(self.step_dtype)
+                    rows = scatter_rows(self.group, full, p.shape, self.step_dtype, src=0)
                     start, end = local_rows(p.shape, self.group)
                     mine = local(p)
                     mine.sub_(rows[: end - start].to(mine.device, mine.dtype), alpha=beta)
