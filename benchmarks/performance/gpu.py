@@ -118,6 +118,10 @@ from templar.tools.sizing import PCIE_BYTES_PER_SECOND, compute_span, state_file
 from templar.validator.evaluate import Evaluator, page_deltas, range_weights, sequence_deltas
 from templar.wire import read_gradient, take_probes, write_gradient
 
+COMMON_GROUPS = 3
+"""Groups of S_t whose mean steps give each unit its own baseline (`gauntlet.proof_baseline_groups`):
+the median of three, which one colluding peer cannot move (docs/scoring.md §4)."""
+
 
 def phase_setup(b: Bench) -> dict[str, Any]:
     """Versions, the device, and the sizing table's estimates the measurements replace."""
@@ -347,6 +351,13 @@ def phase_validator(b: Bench) -> dict[str, Any]:
     out["score_peers_peers"] = n
     del evaluator  # and its copy of θ
     free_memory()
+    common = Evaluator(model, hp.optimizer.micro_batch_size, position_ranges=hp.gauntlet.position_ranges,
+                       baseline_groups=COMMON_GROUPS)  # the proof's own per-unit baseline: its validator time
+    _, out["score_peers_common_seconds"] = b.timed(common.score_peers, {f"peer{i}": signs[i] for i in range(n)},
+                                                   assigned, random_batch, beta, d.sequences_per_page)
+    out["common_over_plain"] = out["score_peers_common_seconds"] / out["score_peers_seconds"]
+    del common
+    free_memory()
     # score_peers = one pass over the random pages before any step (shared), then per peer: its
     # page before, the trial step, random + its page after, the exact restore of θ
     _, out["random_pages_seconds"] = b.timed(evaluate_loss, model, random_batch, hp.optimizer.micro_batch_size)
@@ -424,7 +435,9 @@ def phase_noise(b: Bench) -> dict[str, Any]:
         if len(payloads) >= 2:  # train another only if it and the evaluation of all still fit the cap
             train = (time.monotonic() - started) / len(payloads)
             page_forward = train / (3 * per_peer)  # forward+backward ≈ 3 forwards
-            evaluation = page_forward * (random_n + (len(payloads) + 1) * (2 * per_peer + random_n))
+            peers_then = len(payloads) + 1  # the plain evaluation, then the common steps' passes over every unit
+            evaluation = page_forward * (random_n + peers_then * (2 * per_peer + random_n)
+                                         + COMMON_GROUPS * (random_n + peers_then * per_peer))
             if b.left() < train + evaluation:
                 break
         # the run's own window: its inner steps (fresh moments, as a newly joined miner), then DeMo
@@ -466,6 +479,19 @@ def phase_noise(b: Bench) -> dict[str, Any]:
     out["peers"] = rows
     out.update(noise_summary(rows))
     out["proof_credit"] = proof_credit_summary(rows, hp.gauntlet.proof_full_gap)
+    # the same honest peers judged against each unit's own baseline (`gauntlet.proof_baseline_groups`,
+    # docs/scoring.md §4): the common steps of up to 3 groups, one more pass over every unit each
+    if len(signs) >= 2:
+        started = time.monotonic()
+        common = Evaluator(model, hp.optimizer.micro_batch_size, position_ranges=ranges,
+                           baseline_groups=COMMON_GROUPS).score_peers(
+            signs, {peer: b.pages(assigned[peer]) for peer in signs}, random_batch, beta, spp)
+        out["common_eval_seconds"] = time.monotonic() - started
+        out["proof_credit_common"] = proof_credit_summary(
+            {peer: {"delta_rand_pages": rows[peer]["delta_rand_pages"],
+                    "delta_assigned_pages": list(score.page_deltas),
+                    "delta_assigned_sequences": list(score.sequence_deltas)} for peer, score in common.items()},
+            hp.gauntlet.proof_full_gap)
     return out
 
 

@@ -181,6 +181,8 @@ def _rows_validator(v: Mapping[str, Any], est: Mapping[str, Any]) -> list[list[s
         ["validator: sign decode per peer, CPU / device",
          f"{_fmt(v['sign_decode_cpu_seconds'], ' s')} / {_fmt(v.get('sign_decode_device_seconds'), ' s')}", ""],
         [f"validator: score_peers, {v['score_peers_peers']} peers", _fmt(v["score_peers_seconds"], " s"), ""],
+        ["validator: score_peers with the proof's common steps (3 groups), over plain",
+         _fmt(v.get("common_over_plain"), "x"), ""],
         ["validator: evaluation per peer (page before, step, pages after, restore)",
          _fmt(v["seconds_per_peer"], " s"), ""],
         [f"validator: held-out ({v['holdout_pages']} pages) + shared random pages", _fmt(v["fixed_seconds"], " s"), ""],
@@ -225,6 +227,11 @@ def _rows_noise(n: Mapping[str, Any], est: Mapping[str, Any]) -> list[list[str]]
         rows.append(["noise: proof credit by size per honest peer (share at full credit)",
                      ", ".join(f"{c:.2f} ({proof['full_credit_share'][p]:.2f})" for p, c in proof["credit"].items()),
                      "1.0 intended; micro 0.5"])
+    common = n.get("proof_credit_common") or {}
+    if common.get("credit"):
+        rows.append(["noise: the same against each unit's own baseline (common steps, 3 groups)",
+                     ", ".join(f"{c:.2f} ({common['full_credit_share'][p]:.2f})" for p, c in common["credit"].items()),
+                     "micro: 0.64-0.76"])
     return rows
 
 

@@ -94,6 +94,9 @@ def test_a_sharded_sparseloco_node_equals_one_process(tmp_path: Path) -> None:
     # and every LossScore read 0): its LossScores are the 1-process ones up to summation order
     assert report["loss_score_delta_rand"] != 0.0
     assert report["loss_score_max_diff"] < 1e-5, report
+    # and the proof's common steps (a mean of trial steps) too: the baselined units are the 1-process ones
+    assert report["baselined_units_moved"] > 1e-6
+    assert report["baselined_units_max_diff"] < 1e-5, report
 
 
 def _tensors(path: Path) -> dict:

@@ -412,6 +412,22 @@ def sparse(out_dir: Path) -> None:
         report["loss_score_max_diff"] = max(abs(getattr(got[p], f) - getattr(want[p], f)) for p in want
                                             for f in ("delta_assigned", "delta_rand", "loss_rand_after"))
         report["loss_score_delta_rand"] = want["a"].delta_rand
+    # the proof's common steps (a mean of steps: fractions, scattered whole), from steps that help
+    # the random pages (else the baseline falls back to δ_rand and there is nothing to compare)
+    accumulate_gradients(ref, torch.cat([random_batch, assigned["a"]]), 4, hp.optimizer.grad_clip)
+    descent = {n: g.clone() for n, g in gradients(ref).items()}
+    ref.zero_grad(set_to_none=True)
+    steps = {"a": descent, "b": {n: 0.5 * g for n, g in descent.items()}}
+    got = ShardedEvaluator(model, 4, group, position_ranges=4, step_dtype=update_dtype(hp), baseline_groups=2
+                           ).score_peers(steps if group.is_leader else {"a": {}, "b": {}}, assigned, random_batch,
+                                         0.01, 3)
+    want = Evaluator(ref, 4, position_ranges=4, baseline_groups=2).score_peers(steps, assigned, random_batch, 0.01, 3)
+    if group.is_leader:
+        report["baselined_units_max_diff"] = max(abs(x - y) for p in want for x, y in zip(
+            got[p].sequence_deltas + got[p].random_deltas, want[p].sequence_deltas + want[p].random_deltas, strict=True))
+        plain = Evaluator(ref, 4, position_ranges=4).score_peers(steps, assigned, random_batch, 0.01, 3)
+        report["baselined_units_moved"] = max(abs(x - y) for x, y in zip(want["a"].sequence_deltas,
+                                                                          plain["a"].sequence_deltas, strict=True))
         (out_dir / "result.json").write_text(json.dumps(report))
     group.close()
 

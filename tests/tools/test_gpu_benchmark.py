@@ -60,6 +60,7 @@ def test_smoke_runs_every_phase_and_prints_the_table(tmp_path: Path, assets_dir:
     validator = phases["validator"]
     assert validator["seconds_per_peer"] > 0 and validator["peers_per_window"] >= 0
     assert validator["eval_seconds_per_window"] > validator["fixed_seconds"]
+    assert validator["common_over_plain"] > 0  # timed beside the plain evaluation (the ratio is the figure)
 
     consensus = phases["consensus"]
     if not native.available():
@@ -89,6 +90,10 @@ def test_smoke_runs_every_phase_and_prints_the_table(tmp_path: Path, assets_dir:
     for row in noise["peers"].values():
         assert len(row["delta_assigned_sequences"]) == (hp.data.pages_per_window * hp.data.sequences_per_page
                                                          * hp.gauntlet.position_ranges)
+
+    # the same peers against each unit's own baseline (gauntlet.proof_baseline_groups)
+    common = noise["proof_credit_common"]
+    assert set(common["credit"]) == set(noise["peers"]) and all(-1 <= c <= 1 for c in common["credit"].values())
 
     printed = capsys.readouterr().out
     assert "consensus: model_in_sync" in printed and "noise: subnet_sim `noise` factor" in printed

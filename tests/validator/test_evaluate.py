@@ -107,3 +107,32 @@ def test_evaluation_records_no_autograd_graph(tiny_pages):
             {"p": tiny_pages.batch([10])}, tiny_pages.batch([500]), 1e-3)
     assert saved == [] and scores["p"].loss_rand_before > 0
     assert all(p.grad is None for p in model.parameters())
+
+
+def test_common_steps_take_each_units_generic_gain_out_of_the_proof_and_nothing_else(tiny_pages):
+    """`gauntlet.proof_baseline_groups` (docs/scoring.md §4): the LossScores are unchanged; the units'
+    δs the proof reads are each less its share of the generic gain, so the random units (which no
+    peer trained) scatter less around δ_rand, and a peer's own pages still show their gap."""
+    import statistics
+
+    hp = load_hparams("tiny")
+    model = build_model(hp)
+    steps, assigned = {}, {}
+    for i, pages in enumerate(([10], [20], [30])):
+        assigned[f"p{i}"] = tiny_pages.batch(pages)
+        accumulate_gradients(model, assigned[f"p{i}"], 8)
+        steps[f"p{i}"] = {n: torch.sign(g) for n, g in gradients(model).items()}
+        model.zero_grad(set_to_none=True)
+    random_data = tiny_pages.batch([500, 501, 502])
+    plain = Evaluator(model, micro_batch_size=8, position_ranges=4).score_peers(
+        steps, assigned, random_data, 2e-3, hp.data.sequences_per_page)
+    common = Evaluator(model, micro_batch_size=8, position_ranges=4, baseline_groups=3).score_peers(
+        steps, assigned, random_data, 2e-3, hp.data.sequences_per_page)
+    for peer in steps:
+        p, c = plain[peer], common[peer]
+        assert (p.loss_assigned_before, p.loss_assigned_after, p.loss_rand_before, p.loss_rand_after) == \
+               (c.loss_assigned_before, c.loss_assigned_after, c.loss_rand_before, c.loss_rand_after)
+        assert statistics.pstdev(c.random_deltas) < 0.8 * statistics.pstdev(p.random_deltas), peer
+        assert abs(statistics.fmean(c.random_deltas) - statistics.fmean(p.random_deltas)) < 1e-9
+        assert statistics.fmean(c.sequence_deltas) > c.delta_rand, peer   # trained pages still gain more
+        assert len(c.page_deltas) == 1

@@ -165,6 +165,10 @@ class GauntletConfig(_Strict):
     proof_full_gap: float = Field(
         default=1.0, gt=0, le=1, description="proof_credit size: the share of the window's typical gap that "
         "earns the full credit (smaller gaps earn in proportion)")
+    proof_baseline_groups: int = Field(
+        default=0, ge=0, le=8, description="proof_credit size: 0 judges every unit's gain against δ_rand, the "
+        "random pages' mean; k > 0 against the unit's own expected gain, read from the mean trial steps of k "
+        "groups of S_t and their median per unit (gauntlet.baseline; one more forward pass per group)")
     sync_max_steps: float = Field(gt=0, description="sync threshold in steps of alpha")
     fast_eval_penalty: float = Field(gt=0, lt=1, description="phi: mu multiplier on a failed fast eval")
     probe_count: int = Field(gt=0, description="parameter values probed per tensor for the sync score")

@@ -85,7 +85,8 @@ class NodeCompute:
         self.window: InnerWindow | None = None
         self.sharded_evaluator = ShardedEvaluator(self.model, hp.optimizer.micro_batch_size, group,
                                                   position_ranges=hp.gauntlet.position_ranges,
-                                                  step_dtype=update_dtype(hp))
+                                                  step_dtype=update_dtype(hp),
+                                                  baseline_groups=hp.gauntlet.proof_baseline_groups)
         self.base_model: nn.Module | None = None
         """A delayed run's validator: θ before its latest outer step, sharded as θ (`keep_base`)."""
         self._base_scorer: ShardedEvaluator | None = None
@@ -349,7 +350,8 @@ class NodeCompute:
             self.base_model = self._twin()
             self._base_scorer = ShardedEvaluator(self.base_model, self.hp.optimizer.micro_batch_size, self.group,
                                                  position_ranges=self.hp.gauntlet.position_ranges,
-                                                 step_dtype=update_dtype(self.hp))
+                                                 step_dtype=update_dtype(self.hp),
+                                                 baseline_groups=self.hp.gauntlet.proof_baseline_groups)
         else:
             _copy_local(self.base_model, self.model)
 

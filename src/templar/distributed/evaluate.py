@@ -60,13 +60,14 @@ class ShardedEvaluator(Evaluator):
     Every rank runs the inherited `score_peers` with the same peer names and batches; the dense
     trial steps live on rank 0 only and reach each rank as its own rows, one parameter at a time,
     in `step_dtype`: int8 for the signed rule's signs (a quarter of the bytes), float32 for a rule
-    whose trial step carries magnitudes (SparseLoCo's). Cast to int8, such a step is all zeros: the
+    whose trial step carries magnitudes (SparseLoCo's) and for a mean of steps (`fractional`: the
+    common steps of `gauntlet.proof_baseline_groups`). Cast to int8, such a step is all zeros: the
     trial would leave θ_t as it is and every LossScore would read 0.
     """
 
     def __init__(self, model: nn.Module, micro_batch_size: int, group: Group, *, position_ranges: int,
-                 step_dtype: torch.dtype = torch.float32):
-        super().__init__(model, micro_batch_size, position_ranges=position_ranges)
+                 step_dtype: torch.dtype = torch.float32, baseline_groups: int = 0):
+        super().__init__(model, micro_batch_size, position_ranges=position_ranges, baseline_groups=baseline_groups)
         self.group = group
         self.step_dtype = step_dtype
 
@@ -74,17 +75,18 @@ class ShardedEvaluator(Evaluator):
         self._saved = {n: local(p).detach().clone() for n, p in self._params.items()}
 
     @contextmanager
-    def stepped(self, signs: dict[str, torch.Tensor], beta: float) -> Iterator[None]:
+    def stepped(self, signs: dict[str, torch.Tensor], beta: float, *, fractional: bool = False) -> Iterator[None]:
         if not self._saved:
             raise RuntimeError("Evaluator.snapshot() must run before a trial step")
+        dtype = torch.float32 if fractional else self.step_dtype  # every rank takes the same branch
         try:
             with torch.no_grad():
                 for name, p in self._params.items():
                     full = None
                     if self.group.is_leader:
                         sign = signs.get(name)
-                        full = (sign if sign is not None else torch.zeros(p.shape)).to(self.step_dtype)
-                    rows = scatter_rows(self.group, full, p.shape, self.step_dtype, src=0)
+                        full = (sign if sign is not None else torch.zeros(p.shape)).to(dtype)
+                    rows = scatter_rows(self.group, full, p.shape, dtype, src=0)
                     start, end = local_rows(p.shape, self.group)
                     mine = local(p)
                     mine.sub_(rows[: end - start].to(mine.device, mine.dtype), alpha=beta)

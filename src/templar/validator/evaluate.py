@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from templar.gauntlet.baseline import baseline_groups, common_gains, unit_adjustments
 from templar.runtime.train import sequence_losses
 
 
@@ -78,12 +79,20 @@ class Evaluator:
     that trains the first quarter of every sequence's tokens (`short`: 1.45× an honest miner's pay
     per unit of compute on `micro`, benchmarks/LOG.md §8): each of its sequences still showed a
     typical gap. Four ranges give its untrained three quarters their own, empty, measurement; more
-    would make each unit's δ noisier."""
+    would make each unit's δ noisier.
 
-    def __init__(self, model: torch.nn.Module, micro_batch_size: int, *, position_ranges: int):
+    `baseline_groups` (the rules' `gauntlet.proof_baseline_groups`): 0 reports each unit's δ as
+    measured, to be judged against δ_rand; k > 0 applies the mean trial step of each of k groups
+    of the window's peers once more, over every unit, and reports each unit's δ less its share of
+    the generic gain (`templar.gauntlet.baseline`): a unit that any step improves much no longer
+    looks trained, nor one that steps barely move untrained."""
+
+    def __init__(self, model: torch.nn.Module, micro_batch_size: int, *, position_ranges: int,
+                 baseline_groups: int = 0):
         self.model = model
         self.micro_batch_size = micro_batch_size
         self.position_ranges = position_ranges
+        self.baseline_groups = baseline_groups
         self._params = {n: p for n, p in model.named_parameters() if p.requires_grad}
         self._saved: dict[str, torch.Tensor] = {}
 
@@ -92,8 +101,9 @@ class Evaluator:
         self._saved = {n: p.detach().clone() for n, p in self._params.items()}
 
     @contextmanager
-    def stepped(self, signs: dict[str, torch.Tensor], beta: float) -> Iterator[None]:
-        """Temporarily hold θ' = θ_t − β·sign inside the block."""
+    def stepped(self, signs: dict[str, torch.Tensor], beta: float, *, fractional: bool = False) -> Iterator[None]:
+        """Temporarily hold θ' = θ_t − β·sign inside the block (`fractional`: the step is a mean
+        of trial steps, whose values a sign's int8 cannot carry; it matters to the sharded evaluator)."""
         if not self._saved:
             raise RuntimeError("Evaluator.snapshot() must run before a trial step")
         try:
@@ -133,23 +143,55 @@ class Evaluator:
         sizes = [assigned[p].size(0) for p in peers]
         ranges = min(self.position_ranges, random_batch.size(1) - 1)
         weights = range_weights(random_batch.size(1) - 1, ranges)
-        before_ranges = self.losses(torch.cat([random_batch, *(assigned[p] for p in peers)]), ranges)
+        everything = torch.cat([random_batch, *(assigned[p] for p in peers)])
+        before_ranges = self.losses(everything, ranges)
         before = before_ranges @ weights if ranges > 1 else before_ranges
         rand_before = float(before[:n_rand].mean())
         assigned_before = dict(zip(peers, torch.split(before[n_rand:], sizes), strict=True))
         assigned_before_ranges = dict(zip(peers, torch.split(before_ranges[n_rand:], sizes), strict=True))
+        common = self._common_gains(signs_by_peer, peers, everything, before_ranges, beta, ranges)
+        own_common = dict(zip(peers, torch.split(common[n_rand:], sizes), strict=True)) if common is not None else {}
         out: dict[str, LossScores] = {}
         for peer in peers:
             with self.stepped(signs_by_peer[peer], beta):
                 after_ranges = self.losses(torch.cat([random_batch, assigned[peer]]), ranges)
             after = after_ranges @ weights if ranges > 1 else after_ranges
+            proof_after = after_ranges  # what the proof reads: δ less each unit's share of the generic gain
+            if common is not None:
+                adjust = unit_adjustments((before_ranges[:n_rand] - after_ranges[:n_rand]).flatten().tolist(),
+                                          common[:n_rand].flatten().tolist(),
+                                          torch.cat([common[:n_rand], own_common[peer]]).flatten().tolist())
+                if adjust is not None:
+                    proof_after = after_ranges + torch.tensor(adjust, dtype=after_ranges.dtype).view_as(after_ranges)
+            proof_seq = proof_after @ weights if ranges > 1 else proof_after
             out[peer] = LossScores(
                 loss_assigned_before=float(assigned_before[peer].mean()),
                 loss_assigned_after=float(after[n_rand:].mean()),
                 loss_rand_before=rand_before,
                 loss_rand_after=float(after[:n_rand].mean()),
-                page_deltas=page_deltas(assigned_before[peer], after[n_rand:], page_sequences),
-                sequence_deltas=sequence_deltas(assigned_before_ranges[peer], after_ranges[n_rand:]),
-                random_deltas=sequence_deltas(before_ranges[:n_rand], after_ranges[:n_rand]),
+                page_deltas=page_deltas(assigned_before[peer], proof_seq[n_rand:], page_sequences),
+                sequence_deltas=sequence_deltas(assigned_before_ranges[peer], proof_after[n_rand:]),
+                random_deltas=sequence_deltas(before_ranges[:n_rand], proof_after[:n_rand]),
             )
         return out
+
+    def _common_gains(self, signs_by_peer: dict[str, dict[str, torch.Tensor]], peers: list[str],
+                      everything: torch.Tensor, before_ranges: torch.Tensor, beta: float,
+                      ranges: int) -> torch.Tensor | None:
+        """Every unit's gain under the window's common steps (`gauntlet.baseline.common_gains`),
+        laid out like `before_ranges`; None when the baseline is off or S_t too small for it."""
+        groups = baseline_groups(peers, self.baseline_groups)
+        if not groups:
+            return None
+        gains = []
+        for group in groups:
+            with self.stepped(mean_step([signs_by_peer[p] for p in group]), beta, fractional=True):
+                gains.append((before_ranges - self.losses(everything, ranges)).flatten().tolist())
+        return torch.tensor(common_gains(gains), dtype=before_ranges.dtype).view_as(before_ranges)
+
+
+def mean_step(steps: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """The mean of several trial steps, parameter by parameter (a parameter missing from a step
+    counts as zero there); {} on a rank that holds no steps (the sharded evaluator's followers)."""
+    names = sorted({name for step in steps for name in step})
+    return {name: sum(step[name].float() for step in steps if name in step) / len(steps) for name in names}

@@ -102,8 +102,9 @@ class Validator:
         self.book = ScoreBook()
         self.replays = ReplayMemory(self.hp.gauntlet.replay_windows)
         self.compute = node.compute  # θ: one process, or torchrun's ranks
-        self.evaluator = self.compute.evaluator or Evaluator(node.model, self.hp.optimizer.micro_batch_size,
-                                                             position_ranges=self.hp.gauntlet.position_ranges)
+        self.evaluator = self.compute.evaluator or Evaluator(
+            node.model, self.hp.optimizer.micro_batch_size, position_ranges=self.hp.gauntlet.position_ranges,
+            baseline_groups=self.hp.gauntlet.proof_baseline_groups)
         self.holdout = node.pages.empty  # filled in start(): pages come from the data bucket
         self.publisher = WindowPublisher(node)
         self.checkpoints = CheckpointPublisher(node)
@@ -498,7 +499,8 @@ class Validator:
             return scorer
         if self._base_evaluator is None:
             self._base_evaluator = Evaluator(self.compute.base_model, self.hp.optimizer.micro_batch_size,
-                                             position_ranges=self.hp.gauntlet.position_ranges)
+                                             position_ranges=self.hp.gauntlet.position_ranges,
+                                             baseline_groups=self.hp.gauntlet.proof_baseline_groups)
         return self._base_evaluator
 
     async def _primary(self, window: int, miners: Mapping[str, int], chosen: list[str],
