@@ -98,3 +98,33 @@ def test_validator_scores_weights_publishes_and_resumes(tmp_path):
     assert lead_uid in on_chain
     honest_uids = {subnet.wallets["honest"].uid, subnet.wallets["honest2"].uid}
     assert max(on_chain[lead_uid], key=on_chain[lead_uid].get) in honest_uids
+
+
+def test_a_validator_on_each_units_own_baseline_pays_honest_work_and_not_a_lazy_miner(tmp_path):
+    """`gauntlet.proof_baseline_groups` (docs/scoring.md §4) through the real validator loop: the
+    window's common steps are taken on the validator's own θ and the proof pays as before (the
+    rule itself: tests/gauntlet/test_baseline.py; its effect at scale: benchmarks/LOG.md §24)."""
+    subnet = Subnet.create(tmp_path, {"lead": 100.0, "honest": 0.0, "honest2": 0.0, "lazy": 0.0},
+                           {"gauntlet": {"proof_baseline_groups": 3}}, base=MICRO_GAUNTLET_PRESET)
+
+    async def scenario():
+        v = Validator(await subnet.node("lead", "--windows", "0"))
+        assert v.evaluator.baseline_groups == 3
+        named = (("honest", MinerHooks()), ("honest2", MinerHooks()), ("lazy", Lazy()))
+        miners = [Miner(await subnet.node(name), hooks=hooks) for name, hooks in named]
+        await v.start()
+        for m in miners:
+            await m.start()
+        first = v.state.window + 1
+        for w in range(first, first + 5):
+            await asyncio.gather(v.run_window(w), *(m.run_window(w) for m in miners))
+        book = ScoreBook.load(v.node.state_dir / BOOK_FILE)
+        for node in [v.node, *(m.node for m in miners)]:
+            await node.aclose()
+        return {name: book.peers[m.node.hotkey] for (name, _), m in zip(named, miners, strict=True)}
+
+    records = run_virtual(scenario())
+    # one run: honest μ 0.24 and 0.31 after 4 evaluations each, lazy 0.04
+    assert all(r.primary_evals >= 2 for r in records.values()), records
+    assert min(records["honest"].mu, records["honest2"].mu) > max(0.0, records["lazy"].mu), records
+    assert records["lazy"].score < min(records["honest"].score, records["honest2"].score), records
