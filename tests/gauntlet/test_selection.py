@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from templar.gauntlet import select_eval_pages, select_eval_peers, selection_priority
+from templar.gauntlet import select_eval_pages, select_eval_peers, select_eval_sequences, selection_priority
 
 CANDIDATES = [f"5Hotkey{i:02d}" for i in range(10)]
 
@@ -95,3 +95,21 @@ def test_evaluated_pages_are_a_secret_keyed_subset_of_the_assignment() -> None:
     assert select_eval_pages(99, 12, 3, pages, 0) == []
     with pytest.raises(ValueError):
         select_eval_pages(99, 12, 3, pages, -1)
+
+
+def test_the_sequences_read_of_a_page_are_secret_and_cover_the_page_over_windows():
+    """`gauntlet.proof_sequences`: n of a page's sequences, keyed by the validator's secret seed, the
+    window, the uid and the page, so a miner cannot tell which count; over windows every one does."""
+    picked = select_eval_sequences(7, 12, uid=3, page=40, per_page=64, n=16)
+    assert len(picked) == 16 and picked == sorted(picked) and set(picked) <= set(range(64))
+    assert select_eval_sequences(7, 12, 3, 40, 64, 16) == picked                      # deterministic
+    assert select_eval_sequences(8, 12, 3, 40, 64, 16) != picked                      # another validator's
+    assert select_eval_sequences(7, 12, 3, 41, 64, 16) != picked                      # another page
+    assert select_eval_sequences(7, 13, 3, 40, 64, 16) != picked                      # another window
+    seen = {i for window in range(40) for i in select_eval_sequences(7, window, 3, 40, 64, 16)}
+    assert seen == set(range(64))
+    assert select_eval_sequences(7, 12, 3, 40, 4, 0) == [0, 1, 2, 3]                  # 0: all of them
+    assert select_eval_sequences(7, 12, 3, 40, 4, 9) == [0, 1, 2, 3]
+    with pytest.raises(ValueError):
+        select_eval_sequences(7, 12, 3, 40, 4, -1)
+

@@ -136,3 +136,14 @@ def test_common_steps_take_each_units_generic_gain_out_of_the_proof_and_nothing_
         assert abs(statistics.fmean(c.random_deltas) - statistics.fmean(p.random_deltas)) < 1e-9
         assert statistics.fmean(c.sequence_deltas) > c.delta_rand, peer   # trained pages still gain more
         assert len(c.page_deltas) == 1
+
+
+def test_the_sequences_read_are_taken_page_by_page_and_a_short_batch_is_left_whole():
+    from templar.validator.evaluate import read_sequences
+
+    batch = torch.arange(12).view(6, 2)                                 # 2 pages of 3 sequences
+    assert read_sequences(batch, [[0, 2], [1]]).tolist() == [[0, 1], [4, 5], [8, 9]]
+    assert read_sequences(batch, [[0, 1, 2], [0, 1, 2]]) is batch         # every sequence: as it is
+    empty = batch[:0]
+    assert read_sequences(empty, [[0], [1]]) is empty                     # a page the bucket could not serve
+    assert read_sequences(batch[:5], [[0], [1]]).size(0) == 5             # not whole pages: left whole

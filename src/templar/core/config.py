@@ -169,6 +169,9 @@ class GauntletConfig(_Strict):
         default=0, ge=0, le=8, description="proof_credit size: 0 judges every unit's gain against δ_rand, the "
         "random pages' mean; k > 0 against the unit's own expected gain, read from the mean trial steps of k "
         "groups of S_t and their median per unit (gauntlet.baseline; one more forward pass per group)")
+    proof_sequences: int = Field(
+        default=0, ge=0, description="sequences of each evaluated page the primary evaluation reads, drawn "
+        "with the validator's secret (gauntlet.select_eval_sequences); 0 reads them all")
     sync_max_steps: float = Field(gt=0, description="sync threshold in steps of alpha")
     fast_eval_penalty: float = Field(gt=0, lt=1, description="phi: mu multiplier on a failed fast eval")
     probe_count: int = Field(gt=0, description="parameter values probed per tensor for the sync score")

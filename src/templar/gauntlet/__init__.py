@@ -36,7 +36,12 @@ from templar.gauntlet.scores import (
     update_mu,
     window_gap,
 )
-from templar.gauntlet.selection import select_eval_pages, select_eval_peers, selection_priority
+from templar.gauntlet.selection import (
+    select_eval_pages,
+    select_eval_peers,
+    select_eval_sequences,
+    selection_priority,
+)
 from templar.gauntlet.window import WindowDraw, WindowScores, draw_window, score_window
 
 __all__ = [
@@ -70,6 +75,7 @@ __all__ = [
     "score_window",
     "select_eval_pages",
     "select_eval_peers",
+    "select_eval_sequences",
     "selection_priority",
     "shared_positions",
     "shares_work",

@@ -105,3 +105,20 @@ def select_eval_pages(seed: int, window: int, uid: int, pages: list[int], n: int
     key = _window_key(seed, window, f"pages/{uid}")
     ranked = sorted(range(len(pages)), key=lambda i: (_priority(key, str(pages[i])), i))
     return [pages[i] for i in sorted(ranked[:n])]
+
+
+def select_eval_sequences(seed: int, window: int, uid: int, page: int, per_page: int, n: int) -> list[int]:
+    """The `n` of an evaluated page's `per_page` sequences (their indices, in page order) that the
+    proof of computation reads (`gauntlet.proof_sequences`; all of them when `n` is 0 or covers
+    the page).
+
+    Keyed by the validator's secret `seed`, page by page: a miner cannot know which sequences
+    count, so a miner that trains a share of them is read at that share in expectation, as when
+    every sequence is read; fewer sequences make every pass of the evaluation smaller.
+    """
+    if n < 0 or per_page < 0:
+        raise ValueError(f"select_eval_sequences: n and per_page must be non-negative, got {n}, {per_page}")
+    if n == 0 or n >= per_page:
+        return list(range(per_page))
+    key = _window_key(seed, window, f"sequences/{uid}/{page}")
+    return sorted(sorted(range(per_page), key=lambda i: (_priority(key, str(i)), i))[:n])

@@ -63,6 +63,18 @@ def sequence_deltas(before: torch.Tensor, after: torch.Tensor) -> tuple[float, .
     return tuple(d if math.isfinite(d) else -math.inf for d in (before - after).flatten().tolist())
 
 
+def read_sequences(batch: torch.Tensor, chosen: list[list[int]]) -> torch.Tensor:
+    """The rows of `batch` (its pages' sequences, page after page) that `chosen` names page by page
+    (`gauntlet.select_eval_sequences`); the batch as it is when it does not hold whole pages (empty:
+    a page the data bucket could not serve) or when every sequence is chosen."""
+    pages = len(chosen)
+    if not pages or batch.size(0) == 0 or batch.size(0) % pages:
+        return batch
+    per_page = batch.size(0) // pages
+    rows = [page * per_page + i for page, picked in enumerate(chosen) for i in picked if 0 <= i < per_page]
+    return batch[rows] if len(rows) < batch.size(0) else batch
+
+
 def range_weights(tokens: int, ranges: int) -> torch.Tensor:
     """The share of a sequence's `tokens` predicted positions in each of its `ranges` position ranges
     (as `position_range_means` splits them): the weights that make the ranges' means its mean."""

@@ -44,6 +44,7 @@ from templar.gauntlet import (
     draw_window,
     score_window,
     select_eval_pages,
+    select_eval_sequences,
 )
 from templar.runtime.compute import PeerScorer
 from templar.runtime.consensus.follow import FollowError, inputs_of, window_inputs
@@ -67,7 +68,7 @@ from templar.runtime.sync import (
 from templar.storage import StorageError
 from templar.validator.base import Base, BaseKeeper
 from templar.validator.commits import CommitWatcher
-from templar.validator.evaluate import Evaluator, LossScores
+from templar.validator.evaluate import Evaluator, LossScores, read_sequences
 from templar.validator.fast_eval import PoolBaselines, fast_evaluate
 from templar.validator.lead import CheckpointPublisher, LeadError, WindowPublisher, publish_start_window
 from templar.validator.public_work import PublicWork
@@ -527,15 +528,19 @@ class Validator:
             extra = node.plan.declared_pages(miners[hk], window, results[hk].value.extra_pages)
             evaluated[hk] = select_eval_pages(seed, window, miners[hk], own + extra, hp.data.eval_pages)
             declared[hk] = sum(page in extra for page in evaluated[hk])  # listed last: assignment order
-        assigned = {hk: (await node.pages.fetch(pages)).batch for hk, pages in evaluated.items()}
+        per_page = hp.data.sequences_per_page
+        assigned = {hk: read_sequences((await node.pages.fetch(pages)).batch, [
+            select_eval_sequences(seed, window, miners[hk], page, per_page, hp.gauntlet.proof_sequences)
+            for page in pages]) for hk, pages in evaluated.items()}
         salt = seed % node.plan.pool
         random_batch = (await node.pages.fetch(  # the next window's random pages are read ahead
             node.plan.random_pages(window, hp.data.eval_pages, salt=salt),
             prefetch=node.plan.random_pages(window + 1, hp.data.eval_pages,
                                             salt=self.eval_seed(window + 1) % node.plan.pool))).batch
         beta = hp.gauntlet.eval_lr_factor * lr
+        read = min(hp.gauntlet.proof_sequences or per_page, per_page)  # sequences read per evaluated page
         scores = await asyncio.to_thread(self._evaluator(base).score_peers, signs, assigned, random_batch, beta,
-                                         hp.data.sequences_per_page)
+                                         read)
         return {hk: replace(s, declared_units=len(s.sequence_deltas) * declared[hk] // len(evaluated[hk]))
                 for hk, s in scores.items()}
 
