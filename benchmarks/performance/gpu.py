@@ -106,6 +106,7 @@ from benchmarks.performance.gpu_memory import phase_memory
 from benchmarks.performance.gpu_report import noise_summary, print_table, proof_credit_summary, table
 from templar.compress import Compressed, native
 from templar.core.config import HParams
+from templar.gauntlet.selection import select_eval_sequences
 from templar.runtime.train import (
     accumulate_gradients,
     evaluate_loss,
@@ -487,11 +488,18 @@ def phase_noise(b: Bench) -> dict[str, Any]:
                            baseline_groups=COMMON_GROUPS).score_peers(
             signs, {peer: b.pages(assigned[peer]) for peer in signs}, random_batch, beta, spp)
         out["common_eval_seconds"] = time.monotonic() - started
-        out["proof_credit_common"] = proof_credit_summary(
-            {peer: {"delta_rand_pages": rows[peer]["delta_rand_pages"],
-                    "delta_assigned_pages": list(score.page_deltas),
-                    "delta_assigned_sequences": list(score.sequence_deltas)} for peer, score in common.items()},
-            hp.gauntlet.proof_full_gap)
+        baselined = {peer: {"delta_rand_pages": rows[peer]["delta_rand_pages"],
+                            "delta_assigned_pages": list(score.page_deltas),
+                            "delta_assigned_sequences": list(score.sequence_deltas)} for peer, score in common.items()}
+        out["proof_credit_common"] = proof_credit_summary(baselined, hp.gauntlet.proof_full_gap)
+        quarter = max(1, spp // 4)  # a secret quarter of the sequences (proof_sequences): a subset of these units
+        for i, (peer, row) in enumerate(baselined.items()):
+            units = row["delta_assigned_sequences"]
+            per_sequence = len(units) // (len(assigned[peer]) * spp)
+            row["delta_assigned_sequences"] = [
+                units[(page * spp + seq) * per_sequence + r] for page in range(len(assigned[peer]))
+                for seq in select_eval_sequences(0, 0, i, page, spp, quarter) for r in range(per_sequence)]
+        out["proof_credit_common_quarter"] = proof_credit_summary(baselined, hp.gauntlet.proof_full_gap)
     return out
 
 

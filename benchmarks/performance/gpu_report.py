@@ -232,6 +232,11 @@ def _rows_noise(n: Mapping[str, Any], est: Mapping[str, Any]) -> list[list[str]]
         rows.append(["noise: the same against each unit's own baseline (common steps, 3 groups)",
                      ", ".join(f"{c:.2f} ({common['full_credit_share'][p]:.2f})" for p, c in common["credit"].items()),
                      "micro: 0.64-0.76"])
+    quarter = n.get("proof_credit_common_quarter") or {}
+    if quarter.get("credit"):
+        rows.append(["noise: the same, reading a secret quarter of the sequences",
+                     ", ".join(f"{c:.2f} ({quarter['full_credit_share'][p]:.2f})" for p, c in quarter["credit"].items()),
+                     ""])
     return rows
 
 

@@ -94,6 +94,8 @@ def test_smoke_runs_every_phase_and_prints_the_table(tmp_path: Path, assets_dir:
     # the same peers against each unit's own baseline (gauntlet.proof_baseline_groups)
     common = noise["proof_credit_common"]
     assert set(common["credit"]) == set(noise["peers"]) and all(-1 <= c <= 1 for c in common["credit"].values())
+    quarter = noise["proof_credit_common_quarter"]
+    assert set(quarter["credit"]) == set(noise["peers"]) and all(-1 <= c <= 1 for c in quarter["credit"].values())
 
     printed = capsys.readouterr().out
     assert "consensus: model_in_sync" in printed and "noise: subnet_sim `noise` factor" in printed
