@@ -1100,12 +1100,12 @@ def plot(path: Path, curves: dict[str, tuple[list[int], list[float]]], title: st
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    # below the axes: a tuned run's label names its settings and is wider than the plot
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), frameon=False)
     lows = [min(y) for _, y in curves.values() if y]
     if lows and span is not None:
         ax.set_ylim(min(lows) - 0.1, min(lows) + span)
-    fig.tight_layout()
-    fig.savefig(path)
+    fig.savefig(path, bbox_inches="tight")
     plt.close(fig)
 
 
