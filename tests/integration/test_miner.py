@@ -146,7 +146,11 @@ def test_killed_miner_resumes_without_double_or_missed_updates(tmp_path, ranks):
     log = (tmp_path / "victim.log").read_text()
     assert "Resuming from local state" in log
     if ranks > 1:  # the dead rank took the node down with one clear error, not a hang
-        assert killed_exit != 0 and "failed (a rank died or timed out)" in log, log[-4000:]
+        # Whoever notices first says so: rank 0's next collective (our DistError line) or torchrun's
+        # agent, which reports the SIGKILLed rank as the root cause and SIGTERMs rank 0 before it
+        # reaches a collective (a race on a loaded machine; both end the node, nonzero).
+        assert killed_exit != 0, log[-4000:]
+        assert "failed (a rank died or timed out)" in log or "exitcode  : -9" in log, log[-4000:]
         assert "rank 1 following rank 0 (miner)" in log
     after = [r["window"] for r in read_records(victim_dir / MINER_WINDOWS_FILE) if r["window"] > restarted]
     assert after, "the restarted miner did no window"
