@@ -9,6 +9,7 @@ import pytest
 
 from templar.core.config import load_hparams
 from templar.gauntlet import PrimaryResult, ScoreBook, declared_work, trained_multiple, work_factor
+from templar.gauntlet.extra_work import paid_level
 
 PRODUCTION = load_hparams()
 RULES = PRODUCTION.gauntlet
@@ -113,3 +114,66 @@ def test_declared_work_is_kept_in_the_saved_book() -> None:
     assert restored == book and restored.scores(RULES) == book.scores(RULES)
     with pytest.raises(ValueError, match="declared work"):
         book.record_primary(RULES, {"a": PrimaryResult(0.07, RAND, work=0.5)}, window=1)
+
+
+
+
+def _relative_pay(paid_cap: bool, share: float, noise: float, lazy: int = 0, seed: int = 0) -> dict[str, float]:
+    """Weights over the median honest miner's after 40 windows: five honest miners, `moredata` (twice
+    the pages, each showing `share` of an honest page's gap), `declared_untrained` and `lazy` hotkeys
+    (assigned pages only, no gain)."""
+    rules = RULES.model_copy(update={"extra_work_paid_cap": paid_cap})
+    rng = random.Random(seed)
+    honest = [f"honest{i}" for i in range(5)]
+    miners = {"moredata": (GAP * share, GAP * share), "declared_untrained": (GAP, 0.0)}
+    idle = [f"lazy{i}" for i in range(lazy)]
+    book = ScoreBook()
+    for uid, hotkey in enumerate([*honest, *miners, *idle]):
+        book.get_or_create(hotkey, uid, window=0)
+    for window in range(40):
+        results = {hotkey: _evaluation(rng, GAP, None, noise) for hotkey in honest}
+        results |= {hotkey: _evaluation(rng, a, d, noise) for hotkey, (a, d) in miners.items()}
+        results |= {hotkey: _evaluation(rng, 0.0, None, noise) for hotkey in idle}
+        book.record_primary(rules, results, window=window)
+    weights = book.weights(rules)
+    typical = sorted(weights[h] for h in honest)[len(honest) // 2]
+    return {hotkey: weights[hotkey] / typical for hotkey in miners}
+
+
+@pytest.mark.parametrize("noise", [0.5 * GAP, 2.0 * GAP], ids=["noisy", "noise-dominated"])
+def test_the_paid_cap_pays_pages_that_share_their_gain_by_the_exponent_alone(noise: float) -> None:
+    """Pages are alike: twice the pages under one bounded step show each page more than half the gap
+    (0.73–0.87 of an honest miner's credit on the `micro` model). The give-back of the dilution (m)
+    then lifts their μ above an honest miner's, and where noise dominates pays them 2.9–5.7× (0.8 and
+    all of the gap). `extra_work_paid_cap` reads a declaring peer's μ at most at the paid median's:
+    twice the pages earn 2^q = 1.41× the honest median, lazy hotkeys in the book or not; it only ever
+    lowers a score (half the gap per page, the model's own case, is paid as without the cap)."""
+    assert RULES.extra_work_paid_cap  # production's (docs/scoring.md §4)
+    for share in (0.5, 0.8, 1.0):
+        for lazy in (0, 8):
+            capped, modelled = _relative_pay(True, share, noise, lazy), _relative_pay(False, share, noise, lazy)
+            case = (share, lazy, capped, modelled)
+            assert capped["moredata"] == pytest.approx(min(modelled["moredata"], 2 ** RULES.extra_work_exponent),
+                                                       rel=0.02), case
+            assert capped["declared_untrained"] < 0.8, case
+    assert _relative_pay(False, 0.8, noise)["moredata"] > 1.5  # what the cap takes back
+    # without a declaring peer the cap reads nothing: the same scores, bit for bit
+    rng = random.Random(3)
+    books = {cap: ScoreBook() for cap in (True, False)}
+    for book in books.values():
+        for uid in range(6):
+            book.get_or_create(f"p{uid}", uid, window=0)
+    for window in range(10):
+        results = {f"p{uid}": _evaluation(rng, GAP * uid / 5, None, noise) for uid in range(6)}
+        for cap, book in books.items():
+            book.record_primary(RULES.model_copy(update={"extra_work_paid_cap": cap}), results, window=window)
+    assert books[True].scores(RULES) == books[False].scores(RULES.model_copy(update={"extra_work_paid_cap": False}))
+
+
+def test_the_paid_level_is_the_pay_weighted_median_and_ignores_the_unpaid() -> None:
+    assert paid_level([], 2.0) is None and paid_level([(0.0, 0.3), (0.0, 0.9)], 2.0) is None
+    # a crowd of unpaid or poorly paid peers cannot pull the level below the paid work's
+    crowd = [(0.0, -0.5)] * 50 + [(0.5, 0.05)] * 20
+    assert paid_level([*crowd, (10.0, 0.30), (11.0, 0.32), (12.0, 0.31)], 2.0) == 0.31
+    assert paid_level([(1.0, float("nan")), (2.0, 0.2), (float("inf"), 0.9)], 1.0) == 0.2
+    assert paid_level([(1.0, 0.1), (1.0, 0.2), (1.0, 0.3)], 1.0) == 0.2

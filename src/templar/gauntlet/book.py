@@ -30,6 +30,7 @@ from templar.gauntlet.extra_work import (
     class_credits,
     dilution_multiple,
     ema_mean,
+    paid_level,
     trained_multiple,
     update_class,
     update_declared,
@@ -290,13 +291,31 @@ class ScoreBook:
                                noise=self.relative_noise[0], cap=rules.rating_cap)
 
     def _rescore(self, rules: GauntletConfig, record: PeerRecord) -> None:
-        # μ as PeerScore reads it: with its start-up bias removed but for `mu_prior_evals` (None: the paper's μ).
-        mu = ramped_mu(record.mu, record.primary_evals, rules.mu_gamma, rules.mu_prior_evals)
+        record.score = self._score(rules, record)
+        if rules.extra_work_paid_cap and record.declared > 0.0:
+            level = self._paid_level(rules)
+            if level is not None:
+                record.score = self._score(rules, record, mu_cap=level)
+
+    def _paid_level(self, rules: GauntletConfig) -> float | None:
+        """`paid_level` of the μ PeerScore reads over the peers that never declared extra pages: their
+        scores never read the cap, so the level is the same in whatever order records are rescored."""
+        return paid_level(((self._score(rules, record), self._read_mu(rules, record))
+                           for record in self._peers.values() if record.declared == 0.0), rules.power)
+
+    @staticmethod
+    def _read_mu(rules: GauntletConfig, record: PeerRecord) -> float:
+        """μ as PeerScore reads it: with its start-up bias removed but for `mu_prior_evals` (None: the paper's μ)."""
+        return ramped_mu(record.mu, record.primary_evals, rules.mu_gamma, rules.mu_prior_evals)
+
+    def _score(self, rules: GauntletConfig, record: PeerRecord, mu_cap: float = math.inf) -> float:
+        """PeerScore of `record`, its μ read at most `mu_cap` (`extra_work_paid_cap`)."""
+        mu = min(self._read_mu(rules, record), mu_cap)
         # A pool's members split one member's score (docs/scoring.md §8): n hotkeys sharing one piece of work
         # earn n·(s/n)^c ≤ s^c of the normalisation, never more than one hotkey doing all of it.
         # Declared extra work, proven page class by page class, is paid as a power of its size (extra_work).
         work = work_factor(rules, self._trained(rules, record))
-        record.score = peer_score(mu, self._loss_rating(rules, record)) * work / max(1, len(record.pool))
+        return peer_score(mu, self._loss_rating(rules, record)) * work / max(1, len(record.pool))
 
     @staticmethod
     def _trained(rules: GauntletConfig, record: PeerRecord) -> float:
@@ -467,6 +486,10 @@ class ScoreBook:
             self.relative_noise = (update_relative(noise, windows, spread, rules.rating_gamma), windows + 1)
             for record in self._peers.values():
                 self._rescore(rules, record)
+        elif rules.extra_work_paid_cap:  # the paid level moved with this window's μs: the capped scores follow
+            for record in self._peers.values():
+                if record.declared > 0.0:
+                    self._rescore(rules, record)
 
     def _recent_gaps(self, rules: GauntletConfig, window: int | None) -> list[float]:
         """The remembered median gaps of the `proof_gap_history` − 1 windows before `window`: a

@@ -25,6 +25,15 @@ and the two cannot be told apart by the mean. They are told apart class by class
   (between 1 and m; the noise read from the random pages' units), at most 1 in all: the budget a
   trained page shares with the others is given back to it, and only for the pages the classes show
   trained.
+- `paid_level` (`extra_work_paid_cap`): the μ PeerScore reads for a peer that declared pages is at
+  most the level of the work the run pays (the pay-weighted median μ of the peers that declared
+  nothing). The give-back above assumes each of m times the pages shows 1/m of the gap, but pages
+  are alike: a bounded step spread over twice the pages shows each of them more than half the gap
+  (0.73–0.87 of an honest miner's credit on the `micro` model), so the give-back lifted twice the
+  pages' μ 1.3–1.5× above an honest miner's and its pay to 2–3.4× before this cap. Capped, the same
+  work per page reads the same μ and `work_factor` alone pays the pages. A cap can only lower a
+  score, so no declaration gains by it; a declaring peer doing better work per page than the run's
+  paid median is paid as that median (the price of not trusting the model's 1/m).
 - `work_factor`: proven work is paid as a power of its size: PeerScore × m^(q/c), so the weight
   grows as m^q (q = `extra_work_exponent` 0.5: twice the pages, trained, earn about 1.41×). With
   q < 1 pages are worth more under their own hotkeys than stacked on one.
@@ -37,7 +46,7 @@ declared pages (half, at twice the pages) and no premium: less than not declarin
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from templar.core.config import DataConfig, GauntletConfig
 from templar.gauntlet.scores import size_credit
@@ -125,6 +134,24 @@ def dilution_multiple(trained: float, random_units: Sequence[float], delta_rand:
     if not (math.isfinite(whole) and math.isfinite(diluted)) or diluted <= 0.0:
         return trained  # no noise measured (or no credit left): the proportional limit
     return max(1.0, min(trained, whole / diluted))
+
+
+def paid_level(peers: Iterable[tuple[float, float]], power: float) -> float | None:
+    """The level of the work the run pays: the median of the values of (PeerScore, value) pairs, each
+    weighted by PeerScore^`power`, its share of the pay. Weighting by pay leaves out whoever earns
+    nothing (copies, noise, lazy hotkeys) and lets a tail of poorly paid peers count little, so a crowd
+    of them cannot pull the level down; None while no peer has a score."""
+    pairs = sorted((value, score ** power) for score, value in peers
+                   if score > 0.0 and math.isfinite(score) and math.isfinite(value))
+    half = math.fsum(weight for _, weight in pairs) / 2.0
+    if not half > 0.0:
+        return None
+    running = 0.0
+    for value, weight in pairs:
+        running += weight
+        if running >= half:
+            return value
+    return pairs[-1][0]
 
 
 def work_factor(rules: GauntletConfig, multiple: float) -> float:
