@@ -177,3 +177,33 @@ def test_the_paid_level_is_the_pay_weighted_median_and_ignores_the_unpaid() -> N
     assert paid_level([*crowd, (10.0, 0.30), (11.0, 0.32), (12.0, 0.31)], 2.0) == 0.31
     assert paid_level([(1.0, float("nan")), (2.0, 0.2), (float("inf"), 0.9)], 1.0) == 0.2
     assert paid_level([(1.0, 0.1), (1.0, 0.2), (1.0, 0.3)], 1.0) == 0.2
+
+
+def test_the_paid_cap_reads_the_rating_of_twice_the_data_at_the_paid_level_too() -> None:
+    """Twice the data lowers the loss on the random pages more: its δ_rand (here 1.3× an honest
+    miner's, every window) earns a higher relative LossRating, which paid the same extra work again
+    on top of the exponent. Capped, its rating reads at most the paid median's, and its pay is 2^q."""
+    def pay(cap: bool) -> tuple[float, float, float]:
+        rules = RULES.model_copy(update={"extra_work_paid_cap": cap})
+        rng = random.Random(4)
+        honest = [f"honest{i}" for i in range(5)]
+        book = ScoreBook()
+        for uid, hotkey in enumerate([*honest, "moredata"]):
+            book.get_or_create(hotkey, uid, window=0)
+        for window in range(60):
+            results = {hotkey: _evaluation(rng, GAP, None, 0.5 * GAP) for hotkey in honest}
+            more, lift = _evaluation(rng, GAP / 2, GAP / 2, 0.5 * GAP), 0.3 * RAND  # every loss gain 0.3·RAND larger
+            results["moredata"] = more._replace(
+                delta_assigned=more.delta_assigned + lift, delta_rand=more.delta_rand + lift,
+                pages=tuple(x + lift for x in more.pages), sequences=tuple(x + lift for x in more.sequences),
+                random_units=tuple(x + lift for x in more.random_units))
+            book.record_primary(rules, results, window=window)
+        weights = book.weights(rules)
+        typical = sorted(weights[h] for h in honest)[len(honest) // 2]
+        ratings = sorted(book.loss_rating(rules, h) for h in honest)
+        return weights["moredata"] / typical, book.loss_rating(rules, "moredata"), ratings[-1]
+
+    uncapped, rating, top_honest = pay(False)
+    assert rating > top_honest and uncapped > 2.0, (uncapped, rating, top_honest)  # paid twice for the same work
+    capped, _, _ = pay(True)
+    assert capped == pytest.approx(2 ** RULES.extra_work_exponent, rel=0.1), capped

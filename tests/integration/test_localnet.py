@@ -108,7 +108,7 @@ def test_localnet_pays_honest_work_and_nothing_else(tmp_path):
     # `overclaim` declares as many pages and trains only its assigned ones: its proof is drawn across
     # the declared pages too, and it earns less than honest work (docs/scoring.md §4, "Extra pages").
     # What moredata earns on tiny's 4-sequence pages is not asserted: there its per-page gain is lost
-    # in the compression (benchmarks/LOG.md §14); the crowded 8-page localnet pays it 1.40-1.55x the honest
+    # in the compression (benchmarks/LOG.md §14); the crowded 8-page localnet pays it 1.39-1.54x the honest
     # median (§26).
     assert passed_but_the_untrained(miners["moredata0"]["statuses"]), summary
     assert passed_but_the_untrained(miners["overclaim0"]["statuses"]), summary

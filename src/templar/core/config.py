@@ -223,10 +223,11 @@ class GauntletConfig(_Strict):
         "pages under their own hotkeys, and a declared page left untrained (which costs its share of the proof) "
         "earns less than not declaring it (docs/scoring.md §4)")
     extra_work_paid_cap: bool = Field(
-        default=False, description="the mu PeerScore reads for a peer that declared extra pages is at most the "
-        "pay-weighted median mu of the peers that declared nothing (extra_work.paid_level): twice the pages "
-        "shows each page more than half the gap, so the give-back of the dilution would pay its mu above "
-        "honest work's; capped, the pages are paid by extra_work_exponent alone (docs/scoring.md §4)")
+        default=False, description="the mu and the LossRating PeerScore reads for a peer that declared extra pages "
+        "are each at most the pay-weighted median of the peers that declared nothing (extra_work.paid_level): "
+        "twice the pages shows each page more than half the gap (the give-back of the dilution would pay its mu "
+        "above honest work's) and gains more on the random pages (its rating); capped, the pages are paid by "
+        "extra_work_exponent alone (docs/scoring.md §4)")
     extra_work_tolerance: float = Field(
         default=0.7, gt=0, le=1, description="τ: a page class (assigned or declared) whose proof credit reaches τ "
         "times the other's counts as fully trained (extra_work.trained_multiple): forgives the two classes' "

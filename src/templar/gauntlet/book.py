@@ -293,29 +293,33 @@ class ScoreBook:
     def _rescore(self, rules: GauntletConfig, record: PeerRecord) -> None:
         record.score = self._score(rules, record)
         if rules.extra_work_paid_cap and record.declared > 0.0:
-            level = self._paid_level(rules)
-            if level is not None:
-                record.score = self._score(rules, record, mu_cap=level)
+            mu_level, rating_level = self._paid_levels(rules)
+            if mu_level is not None and rating_level is not None:
+                record.score = self._score(rules, record, mu_cap=mu_level, rating_cap=rating_level)
 
-    def _paid_level(self, rules: GauntletConfig) -> float | None:
-        """`paid_level` of the μ PeerScore reads over the peers that never declared extra pages: their
-        scores never read the cap, so the level is the same in whatever order records are rescored."""
-        return paid_level(((self._score(rules, record), self._read_mu(rules, record))
-                           for record in self._peers.values() if record.declared == 0.0), rules.power)
+    def _paid_levels(self, rules: GauntletConfig) -> tuple[float | None, float | None]:
+        """`paid_level` of the μ and of the LossRating PeerScore reads, over the peers that never declared
+        extra pages: their scores never read the caps, so the levels are the same in whatever order
+        records are rescored."""
+        paid = [(self._score(rules, record), record) for record in self._peers.values() if record.declared == 0.0]
+        return (paid_level(((score, self._read_mu(rules, record)) for score, record in paid), rules.power),
+                paid_level(((score, self._loss_rating(rules, record)) for score, record in paid), rules.power))
 
     @staticmethod
     def _read_mu(rules: GauntletConfig, record: PeerRecord) -> float:
         """μ as PeerScore reads it: with its start-up bias removed but for `mu_prior_evals` (None: the paper's μ)."""
         return ramped_mu(record.mu, record.primary_evals, rules.mu_gamma, rules.mu_prior_evals)
 
-    def _score(self, rules: GauntletConfig, record: PeerRecord, mu_cap: float = math.inf) -> float:
-        """PeerScore of `record`, its μ read at most `mu_cap` (`extra_work_paid_cap`)."""
+    def _score(self, rules: GauntletConfig, record: PeerRecord, mu_cap: float = math.inf,
+               rating_cap: float = math.inf) -> float:
+        """PeerScore of `record`, its μ and LossRating read at most `mu_cap` and `rating_cap`
+        (`extra_work_paid_cap`)."""
         mu = min(self._read_mu(rules, record), mu_cap)
         # A pool's members split one member's score (docs/scoring.md §8): n hotkeys sharing one piece of work
         # earn n·(s/n)^c ≤ s^c of the normalisation, never more than one hotkey doing all of it.
         # Declared extra work, proven page class by page class, is paid as a power of its size (extra_work).
         work = work_factor(rules, self._trained(rules, record))
-        return peer_score(mu, self._loss_rating(rules, record)) * work / max(1, len(record.pool))
+        return peer_score(mu, min(self._loss_rating(rules, record), rating_cap)) * work / max(1, len(record.pool))
 
     @staticmethod
     def _trained(rules: GauntletConfig, record: PeerRecord) -> float:

@@ -25,15 +25,17 @@ and the two cannot be told apart by the mean. They are told apart class by class
   (between 1 and m; the noise read from the random pages' units), at most 1 in all: the budget a
   trained page shares with the others is given back to it, and only for the pages the classes show
   trained.
-- `paid_level` (`extra_work_paid_cap`): the μ PeerScore reads for a peer that declared pages is at
-  most the level of the work the run pays (the pay-weighted median μ of the peers that declared
-  nothing). The give-back above assumes each of m times the pages shows 1/m of the gap, but pages
-  are alike: a bounded step spread over twice the pages shows each of them more than half the gap
-  (0.73–0.87 of an honest miner's credit on the `micro` model), so the give-back lifted twice the
-  pages' μ 1.3–1.5× above an honest miner's and its pay to 2–3.4× before this cap. Capped, the same
-  work per page reads the same μ and `work_factor` alone pays the pages. A cap can only lower a
-  score, so no declaration gains by it; a declaring peer doing better work per page than the run's
-  paid median is paid as that median (the price of not trusting the model's 1/m).
+- `paid_level` (`extra_work_paid_cap`): the μ and the LossRating PeerScore reads for a peer that
+  declared pages are each at most the level of the work the run pays (the pay-weighted median of the
+  peers that declared nothing). The give-back above assumes each of m times the pages shows 1/m of
+  the gap, but pages are alike: a bounded step spread over twice the pages shows each of them more
+  than half the gap (0.73–0.87 of an honest miner's credit on the `micro` model), so the give-back
+  lifted twice the pages' μ 1.3–1.5× above an honest miner's. Twice the data also gains more on the
+  random pages, which the LossRating pays again. Before the cap the crowded localnet paid twice the
+  pages 2.05–3.39× the honest median and the 256-uid simulator 5.22–6.39×. Capped, the same work per
+  page reads the same μ and rating and `work_factor` alone pays the pages. A cap can only lower a
+  score, so no declaration gains by it; a declaring peer doing better work than the run's paid
+  median is paid as that median (the price of not trusting the model's 1/m).
 - `work_factor`: proven work is paid as a power of its size: PeerScore × m^(q/c), so the weight
   grows as m^q (q = `extra_work_exponent` 0.5: twice the pages, trained, earn about 1.41×). With
   q < 1 pages are worth more under their own hotkeys than stacked on one.
