@@ -290,10 +290,13 @@ class ScoreBook:
                                tie_band=rules.rating_tie_band, exponent=rules.rating_exponent,
                                noise=self.relative_noise[0], cap=rules.rating_cap)
 
-    def _rescore(self, rules: GauntletConfig, record: PeerRecord) -> None:
+    def _rescore(self, rules: GauntletConfig, record: PeerRecord,
+                 levels: tuple[float | None, float | None] | None = None) -> None:
+        """Set `record.score`; `levels`: `_paid_levels` when the caller already has them (one pass over
+        the book for all of its declaring peers instead of one each)."""
         record.score = self._score(rules, record)
         if rules.extra_work_paid_cap and record.declared > 0.0:
-            mu_level, rating_level = self._paid_levels(rules)
+            mu_level, rating_level = levels if levels is not None else self._paid_levels(rules)
             if mu_level is not None and rating_level is not None:
                 record.score = self._score(rules, record, mu_cap=mu_level, rating_cap=rating_level)
 
@@ -488,12 +491,14 @@ class ScoreBook:
         if relative_on and spread is not None:
             noise, windows = self.relative_noise
             self.relative_noise = (update_relative(noise, windows, spread, rules.rating_gamma), windows + 1)
+            levels = self._paid_levels(rules) if rules.extra_work_paid_cap else None
             for record in self._peers.values():
-                self._rescore(rules, record)
+                self._rescore(rules, record, levels)
         elif rules.extra_work_paid_cap:  # the paid level moved with this window's μs: the capped scores follow
+            levels = self._paid_levels(rules)
             for record in self._peers.values():
                 if record.declared > 0.0:
-                    self._rescore(rules, record)
+                    self._rescore(rules, record, levels)
 
     def _recent_gaps(self, rules: GauntletConfig, window: int | None) -> list[float]:
         """The remembered median gaps of the `proof_gap_history` − 1 windows before `window`: a
@@ -503,8 +508,9 @@ class ScoreBook:
 
     def scores(self, rules: GauntletConfig) -> dict[str, float]:
         """PeerScore_p for every hotkey in the book (eq. 4, floored factors)."""
+        levels = self._paid_levels(rules) if rules.extra_work_paid_cap else None
         for record in self._peers.values():
-            self._rescore(rules, record)
+            self._rescore(rules, record, levels)
         return {hotkey: self._peers[hotkey].score for hotkey in sorted(self._peers)}
 
     def weights(self, rules: GauntletConfig) -> dict[str, float]:
