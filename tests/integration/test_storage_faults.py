@@ -34,9 +34,16 @@ def test_a_stalled_lead_bucket_delays_no_window(tmp_path, faults: FaultPlan):
         first = v.state.window + 1 + untrained_windows(v.hp)  # a delayed run's first window has no payloads
         for w in range(v.state.window + 1, first):
             await asyncio.gather(v.run_window(w), *(m.run_window(w) for m in miners))
-        for w in range(first, first + 2):
+        # The stalled window must have an aggregate to publish late: its top-G is what the scores of the
+        # windows before it made. One evaluation can leave both miners at μ ≤ 0 (hotkeys, and so pages, are
+        # drawn anew each run; seen in a full suite), so train until the top-G holds someone, then once more.
+        w = first
+        while w < first + 2 or not v.book.top_g(v.hp.gauntlet):
+            assert w < first + 6, "no miner reached the top-G in 6 windows"
             await asyncio.gather(v.run_window(w), *(m.run_window(w) for m in miners))
-        stalled = first + 2
+            w += 1
+        await asyncio.gather(v.run_window(w), *(m.run_window(w) for m in miners))
+        stalled = w + 1
         # its server SIGSTOPped once the window's inputs are out: every later write waits
         stall = faults.add(Fault.HANG, ops={"put"}, keys=lambda key: key != inputs_key(stalled))
         await asyncio.gather(v.run_window(stalled), *(m.run_window(stalled) for m in miners))
