@@ -487,7 +487,7 @@ class ScoreBook:
                 record.relative_evals += 1
             if window is not None:
                 record.last_primary_window = window
-            self._rescore(rules, record)
+            self._rescore(rules, record, (None, None))  # uncapped here: the caps read the whole book, below
         if relative_on and spread is not None:
             noise, windows = self.relative_noise
             self.relative_noise = (update_relative(noise, windows, spread, rules.rating_gamma), windows + 1)
