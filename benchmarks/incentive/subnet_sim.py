@@ -287,7 +287,7 @@ def metrics(cfg: SimConfig, peers: list[Peer], inc: np.ndarray, agreement: list[
     uids = {s: [p.uid for p in peers if p.strategy == s] for s in STRATEGIES}
     honest = [float(last[u]) for u in uids["honest"]]
     honest_min = min(honest)
-    first_weight, reach_median, first_vote = [], [], []
+    first_weight, reach_median, first_vote, first_pay = [], [], [], []
     for peer in peers:
         if peer.strategy != "newcomer":
             continue
@@ -296,6 +296,8 @@ def metrics(cfg: SimConfig, peers: list[Peer], inc: np.ndarray, agreement: list[
             median = float(np.median(inc[w, uids["honest"]]))
             if first is None and inc[w, peer.uid] > 0:
                 first = w - peer.joins
+                if median > 0:
+                    first_pay.append(float(inc[w, peer.uid]) / median)
             if reach is None and median > 0 and inc[w, peer.uid] >= median * (1.0 - SAME_INCENTIVE):
                 reach = w - peer.joins
         first_weight.append(first)
@@ -324,6 +326,13 @@ def metrics(cfg: SimConfig, peers: list[Peer], inc: np.ndarray, agreement: list[
         "newcomer_honest_median_windows": typical(reach_median),
         "newcomer_honest_median_windows_worst": worst(reach_median),
         "newcomers_never_at_median": sum(v is None for v in reach_median),
+        # What the first epoch that pays a newcomer pays it, over the honest median of that window: the
+        # median over newcomers. An identical incumbent sits below the honest median half the time, so the
+        # first window each newcomer is at or above it (above) measures the honest spread's persistence as
+        # much as the newcomer's start; this ratio is how far the typical newcomer starts from the typical
+        # incumbent (1: paid like one from its first epoch). NaN when no newcomer was paid.
+        "newcomer_first_pay_over_median": float(statistics.median(first_pay)) if first_pay else math.nan,
+        "newcomer_first_pay_over_median_range": [min(first_pay), max(first_pay)] if first_pay else [math.nan] * 2,
         "honest_max_over_min": (max(honest) / honest_min) if honest_min > 0 else math.inf,
         "honest_p90_over_p10": float(np.percentile(honest, 90) / max(np.percentile(honest, 10), 1e-12)),
         "honest_zero_share": sum(h == 0 for h in honest) / len(honest),
@@ -370,7 +379,8 @@ def line(label: str, m: dict) -> str:
     cheat, share = worst_cheat(m)
     return (f"  {label:<44} newcomer: lead's weight {hours(m['newcomer_first_lead_weight_windows']):4.2f} h, >0 "
             f"{hours(m['newcomer_first_weight_windows']):5.2f} h, median {hours(m['newcomer_honest_median_windows']):5.2f} h "
-            f"(last {hours(m['newcomer_honest_median_windows_worst']):5.2f} h) | honest max/min {m['honest_max_over_min']:6.2f} "
+            f"(last {hours(m['newcomer_honest_median_windows_worst']):5.2f} h), first pay "
+            f"{m['newcomer_first_pay_over_median']:4.2f}x the median | honest max/min {m['honest_max_over_min']:6.2f} "
             f"p90/p10 {m['honest_p90_over_p10']:5.2f} gini {m['honest_gini']:.3f} | agree {m['agreement_mean']:.3f} "
             f"vtrust min {m['vtrust_min']:.3f} | worst cheat {cheat} {share:.4f} | moredata/honest "
             f"{m['moredata_over_honest']:.2f}")

@@ -38,7 +38,7 @@ from benchmarks.incentive.subnet_sim_fit import FIT_FILE, UNITS_FIT_FILE, fit_fr
 FIT_SOURCE = ("crowded localnets (`python -m benchmarks.incentive.fair_pay --seeds 0 1 2`: "
               "micro_gauntlet_8pages, one validator, 4 honest miners and 12 adversaries, 16 windows)")
 KEYS = ("honest_max_over_min", "agreement_mean", "worst_cheat_share", "moredata_over_honest",
-        "newcomer_median_hours", "newcomer_first_weight_hours")
+        "newcomer_median_hours", "newcomer_first_weight_hours", "newcomer_first_pay_over_median")
 
 
 def summary(m: dict) -> dict:
@@ -46,7 +46,8 @@ def summary(m: dict) -> dict:
     return {"honest_max_over_min": m["honest_max_over_min"], "agreement_mean": m["agreement_mean"],
             "worst_cheat": cheat, "worst_cheat_share": share, "moredata_over_honest": m["moredata_over_honest"],
             "newcomer_median_hours": hours(m["newcomer_honest_median_windows"]),
-            "newcomer_first_weight_hours": hours(m["newcomer_first_weight_windows"])}
+            "newcomer_first_weight_hours": hours(m["newcomer_first_weight_windows"]),
+            "newcomer_first_pay_over_median": m["newcomer_first_pay_over_median"]}
 
 
 LEVERS: dict[str, dict] = {

@@ -89,6 +89,9 @@ def test_newcomers_join_over_one_tempo_and_reach_the_median_within_rounding() ->
     # 20 - 10 for the first; the second never gets there and counts as the rest of the run (30)
     assert m["newcomer_honest_median_windows_worst"] == 30 and m["newcomers_never_at_median"] == 1
     assert m["newcomer_first_lead_weight_windows"] == 2
+    # what each is paid at the first epoch that pays it, over the honest median then: 1.0 and 0.9
+    assert m["newcomer_first_pay_over_median"] == pytest.approx(0.95)
+    assert m["newcomer_first_pay_over_median_range"] == pytest.approx([0.9, 1.0])
 
 
 def test_epochs_read_the_weights_last_submitted(monkeypatch) -> None:
