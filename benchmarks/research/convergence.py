@@ -704,10 +704,10 @@ def _wanted(m: Method, only: set[str] | None) -> bool:
     return m.key in only if only else m.in_plan
 
 
-def _equal_tokens(r: dict[str, Any], windows: int) -> bool:
-    """A run on tiny at equal tokens: blocking, the whole horizon, whole pages."""
+def _equal_tokens(r: dict[str, Any], windows: int, model: str = "tiny") -> bool:
+    """A run on `model` at equal tokens: blocking, the whole horizon, whole pages."""
     s = r["spec"]
-    return s["mode"] == "blocking" and s["model"] == "tiny" and s["sequences"] is None and s["windows"] == windows
+    return s["mode"] == "blocking" and s["model"] == model and s["sequences"] is None and s["windows"] == windows
 
 
 def _is_main(r: dict[str, Any], windows: int) -> bool:
@@ -736,13 +736,14 @@ def best_runs(results: list[dict[str, Any]], windows: int, *, targeted: bool = F
     return best
 
 
-def draws(results: list[dict[str, Any]], windows: int, table: dict[str, Method]) -> dict[str, list[dict[str, Any]]]:
-    """Each other draw's equal-tokens runs (`Spec.seed`: another θ_0, page plan and holdout), best
-    first, against AdamW DP's best at the same draw: whether a ratio read on the preset's draw, and
-    its trend from 30 to 90 windows, hold on another."""
+def draws(results: list[dict[str, Any]], windows: int, table: dict[str, Method],
+          model: str = "tiny") -> dict[str, list[dict[str, Any]]]:
+    """Each other draw's equal-tokens runs on `model` (`Spec.seed`: another θ_0, page plan and
+    holdout), best first, against AdamW DP's best at the same draw: whether a ratio read on the
+    preset's draw, and its trend from 30 to 90 windows, hold on another."""
     by_seed: dict[int, list[dict[str, Any]]] = {}
     for r in results:
-        if _equal_tokens(r, windows) and r["spec"].get("seed") is not None:
+        if _equal_tokens(r, windows, model) and r["spec"].get("seed") is not None:
             by_seed.setdefault(r["spec"]["seed"], []).append(r)
     out = {}
     for seed, runs in sorted(by_seed.items()):
@@ -1000,7 +1001,8 @@ def report(results: list[dict[str, Any]], h: int, windows: int, out_dir: Path, s
     if overlap:
         _print_rows("Overlapped exchange (ratio to AdamW DP)", overlap)
 
-    small = [r for r in results if r["spec"]["model"] == "small" and r["spec"]["windows"] == windows]
+    small = [r for r in results if _equal_tokens(r, windows, "small") and r["spec"].get("seed") is None]
+    small_draws = draws(results, windows, table, "small")  # compared only with each other, as on tiny
     small_rows = []
     if small:
         dp = [r for r in small if r["spec"]["method"] == BASELINE]
@@ -1008,13 +1010,16 @@ def report(results: list[dict[str, Any]], h: int, windows: int, out_dir: Path, s
         small_rows = [_row(r, small_ref, table[r["spec"]["method"]].label)
                       for r in sorted(small, key=lambda r: r["final_loss"])]
         _print_rows(f"Larger model ({small[0]['parameters']:,} parameters), ratio to its best AdamW DP", small_rows)
+    for seed, rows in small_draws.items():
+        _print_rows(f"Larger model, another draw (seeds + {seed}), ratio to its own best AdamW DP", rows)
 
-    goals = _goals(tokens, tuned, overlap, small_rows, table, other_draws)
+    goals = _goals(tokens, tuned, overlap, small_rows, table, other_draws, small_draws)
     print(f"\nGoals: {json.dumps(goals, indent=1)}")
     body = {"case": "summary", "windows": windows, "peers": PEERS, "top_g": PEERS, "inner_steps": h,
             "holdout_pages": HOLDOUT_PAGES, "ratio_at": list(RATIO_AT), "landing": LANDING,
             "wall_clock": {"steps": WALL_CLOCK[0], "sequences": WALL_CLOCK[1]}, "models": MODELS, "goals": goals,
-            "equal_tokens": tokens, "equal_tokens_tuned": tuned, "draws": other_draws, "overlap": overlap, "small": small_rows, "sweeps": sweeps,
+            "equal_tokens": tokens, "equal_tokens_tuned": tuned, "draws": other_draws, "overlap": overlap, "small": small_rows,
+            "small_draws": small_draws, "sweeps": sweeps,
             "methods": {k: {"label": m.label, "preset": m.preset, "inner": list(m.inner), "outer": list(m.outer),
                             "momentum": m.momentum, "variants": [dict(v) for v in m.variants]}
                         for k, m in table.items()},
@@ -1059,7 +1064,8 @@ def _on_other_draws(top: dict[str, Any], other_draws: dict[str, list[dict[str, A
 
 def _goals(tokens: list[dict[str, Any]], tuned: list[dict[str, Any]], overlap: list[dict[str, Any]],
            small: list[dict[str, Any]], table: dict[str, Method],
-           other_draws: dict[str, list[dict[str, Any]]] | None = None) -> dict[str, Any]:
+           other_draws: dict[str, list[dict[str, Any]]] | None = None,
+           small_draws: dict[str, list[dict[str, Any]]] | None = None) -> dict[str, Any]:
     goals: dict[str, Any] = {}
     if (top := _best_decentralised(tokens, table)) is not None:
         goals["equal_tokens_best"] = top
@@ -1082,7 +1088,8 @@ def _goals(tokens: list[dict[str, Any]], tuned: list[dict[str, Any]], overlap: l
         others = [r for r in small if r["method"] != BASELINE]
         if dp and others:
             top = min(others, key=lambda r: r["final_loss"])
-            goals["small_best"] = {"method": top["method"], "ratio": top["ratio"]}
+            goals["small_best"] = {"method": top["method"], "name": top["name"], "ratio": top["ratio"],
+                                   **_on_other_draws(top, small_draws or {})}
     return goals
 
 

@@ -239,6 +239,11 @@ def test_report_only_reads_the_cache_and_completes_runs_that_predate_a_key(tmp_p
     # another draw (seed 1): its DP's loss is the lowest of all, and it stands for nothing but its own draw
     runs += [r("adamw_dp_h", 2e-3, None, [9.0, 5.0, 4.0], tag="extra", beta1=0.8, seed=1),
              r("sparseloco_c", 6e-3, 2.0, [9.0, 5.5, 4.3], tag="extra", inner_wd=0.3, seed=1)]
+    # the larger model on the preset's draw and on another: each compared only with its own draw's DP
+    runs += [r("adamw_dp_h", 1e-3, None, [9.0, 6.0, 5.0], tag="extra", model="small"),
+             r("sparseloco_c", 6e-3, 2.0, [9.0, 6.6, 5.5], tag="extra", model="small"),
+             r("adamw_dp_h", 1e-3, None, [9.0, 4.0, 3.0], tag="extra", model="small", seed=1),
+             r("sparseloco_c", 6e-3, 2.0, [9.0, 4.2, 3.3], tag="extra", model="small", seed=1)]
     del old["spec"]["aggregate"], old["settings"]["min_lr_factor"], old["settings"]["sequences_per_peer"]
     cache = tmp_path / "cache"
     cache.mkdir()
@@ -255,8 +260,15 @@ def test_report_only_reads_the_cache_and_completes_runs_that_predate_a_key(tmp_p
     assert rows["signed_h"]["ratio"] == pytest.approx({"1": 6.6 / 6.0, "2": 5.6 / 5.0})
     assert (rows["signed_h"]["aggregate"], rows["signed_h"]["min_lr"], rows["signed_h"]["sequences"]) == \
         ("wire", 0.1, 8)
-    assert body["overlap"] == [] and body["small"] == []
+    assert body["overlap"] == []
+    small = {row["method"]: row for row in body["small"]}  # the other draw's runs are not in it
+    assert len(body["small"]) == 2 and small["sparseloco_c"]["ratio"] == pytest.approx({"1": 6.6 / 6.0, "2": 1.1})
+    assert {row["method"]: row["ratio"]["2"] for row in body["small_draws"]["1"]} == \
+        pytest.approx({"adamw_dp_h": 1.0, "sparseloco_c": 1.1})
     goals = body["goals"]
+    assert goals["small_best"]["ratio"] == pytest.approx({"1": 1.1, "2": 1.1})
+    assert goals["small_best"]["other_draws"]["1"] == pytest.approx({"1": 4.2 / 4.0, "2": 1.1})
+    assert goals["small_best"]["within_1.05_every_draw"] is False
     assert goals["equal_tokens_best"]["name"] == "sparseloco_c_in0.006_out2_constant"
     assert goals["equal_tokens_best"]["dense_over_sent"] == pytest.approx(150.0)
     assert {k: goals["equal_tokens_best"][k] for k in ("within_1.05", "within_1.03", "not_widening",
