@@ -886,6 +886,10 @@ def parse_point(text: str, table: dict[str, Method], windows: int, pages: int) -
               "steps": int, "sequences": int, "pages": int, "beta2": float, "inner_wd": float, "warmup": int,
               "beta1": float, "seed": int}
     parsed = {k: number[k](v) if k in number else v for k, v in values.items()}
+    if "steps" in parsed and "sequences" not in parsed and parsed["steps"] != m.steps:
+        # a run's name and label show H only beside its sequences (`h7s14`): another H alone would be
+        # reported as the method's own H, under the same name as the run it differs from
+        raise ValueError(f"{text}: steps={parsed['steps']} needs sequences= too ({m.label} runs H = {m.steps})")
     spec = _spec(m, parsed.pop("inner", None), parsed.pop("outer", None), windows, pages, tag="extra")
     return replace(spec, **parsed)
 

@@ -115,6 +115,11 @@ def test_the_inner_optimizers_settings_are_run_settings_and_leave_earlier_runs_k
     assert (drawn.model.init_seed, drawn.data.data_seed) == (own.model.init_seed + 1, own.data.data_seed + 1)
     assert other.name() == "sparseloco_c_in0.012_out2_d0.99_seed1_constant" and other.key() != unset.key()
     assert convergence.run_settings(other, drawn)["data_seed"] == own.data.data_seed + 1
+    # another H is named beside its sequences (h7s14); alone it would read as the method's own H
+    with pytest.raises(ValueError, match="needs sequences"):
+        convergence.parse_point("sparseloco_c:inner=0.012,outer=2,steps=2", convergence.methods(4), 90, 2)
+    wide = convergence.parse_point("sparseloco_c:inner=0.012,outer=2,steps=7,sequences=14", convergence.methods(4), 90, 2)
+    assert wide.name() == "sparseloco_c_in0.012_out2_h7s14_constant"
 
 
 def _result(convergence, method: str, inner: float | None, outer: float | None, loss: float, tag: str = "sweep",
