@@ -9,7 +9,8 @@ import json
 import pytest
 import torch
 
-from benchmarks.research import convergence
+from benchmarks.research import convergence, convergence_plan, convergence_runs
+from templar.runtime.train import inner_steps
 
 
 @pytest.mark.slow(seconds=25)
@@ -19,9 +20,9 @@ def test_every_method_and_mode_learns_and_the_summary_reports_them(tmp_path, ass
     lowers the held-out loss, payloads are real wire bytes far below dense, an overlapped run
     computes something else than blocking once an outer step is in flight, and the JSON holds
     the tables."""
-    monkeypatch.setattr(convergence, "HOLDOUT_PAGES", 2)  # 8 held-out sequences: enough to see a step
+    monkeypatch.setattr(convergence_runs, "HOLDOUT_PAGES", 2)  # 8 held-out sequences: enough to see a step
     monkeypatch.setattr(convergence, "RATIO_AT", (1, 2))
-    monkeypatch.setattr(convergence, "_data", convergence._data.__wrapped__)
+    monkeypatch.setattr(convergence_runs, "_data", convergence_runs._data.__wrapped__)
     argv = ["--quick", "--windows", "2", "--eval-every", "1", "--inner-steps", "2", "--pages", "1", "--threads", "1",
             "--out", str(tmp_path), "--point", "sparseloco_h:inner=3e-3,outer=1,aggregate=exact,topk=128",
             "--point", "signed_h:inner=3e-3,outer=3e-3,aggregate=vote"]
@@ -30,30 +31,30 @@ def test_every_method_and_mode_learns_and_the_summary_reports_them(tmp_path, ass
     for plot in ("tokens", "ratio", "overlap"):
         assert (tmp_path / f"convergence_quick_{plot}.png").stat().st_size > 0
 
-    table = convergence.methods(2)
+    table = convergence_runs.methods(2)
     planned = {k for k, m in table.items() if m.in_plan}
     assert {r["method"] for r in body["equal_tokens"]} == planned
     for run in body["runs"]:
         assert run["holdout_loss"][-1] < run["holdout_loss"][0], run["name"]
         assert run["eval_windows"] == [0, 1, 2]
     rows = {r["method"]: r for r in body["equal_tokens"]}
-    assert rows[convergence.BASELINE]["ratio"] == {"1": 1.0, "2": 1.0}
+    assert rows[convergence_runs.BASELINE]["ratio"] == {"1": 1.0, "2": 1.0}
     assert set(rows["sparseloco_c"]["ratio"]) == {"1", "2"}
     # the wire: signed payloads (DCT top-32, int8) and SparseLoCo's (top-64, 2-bit) are > 100x below dense fp32
-    assert all(r["dense_over_sent"] > 100 for r in body["equal_tokens"] if r["method"] != convergence.BASELINE)
+    assert all(r["dense_over_sent"] > 100 for r in body["equal_tokens"] if r["method"] != convergence_runs.BASELINE)
     extra = {r["spec"]["aggregate"]: r for r in body["runs"] if r["spec"]["tag"] == "extra"}
     assert set(extra) == {"exact", "vote"} and extra["exact"]["bytes_per_token"] is None
     # tuned against tuned: an extra point stands for its method there when it is the method's best, never
     # in the plan's table; both tables hold every planned method and the goals read each
     tuned = {r["method"]: r for r in body["equal_tokens_tuned"]}
-    assert set(tuned) == planned and tuned[convergence.BASELINE]["ratio"] == {"1": 1.0, "2": 1.0}
+    assert set(tuned) == planned and tuned[convergence_runs.BASELINE]["ratio"] == {"1": 1.0, "2": 1.0}
     assert all(r["tag"] != "extra" for r in body["equal_tokens"])
     for method in ("sparseloco_h", "signed_h"):
         tried = [r for r in body["runs"] if r["spec"]["method"] == method and r["spec"]["mode"] == "blocking"
                  and r["spec"]["sequences"] is None]
         assert tuned[method]["final_loss"] == min(r["final_loss"] for r in tried)
     assert body["goals"]["tuned_best"]["ratio"]["2"] == min(r["ratio"]["2"] for r in body["equal_tokens_tuned"]
-                                                          if r["method"] != convergence.BASELINE)
+                                                          if r["method"] != convergence_runs.BASELINE)
 
     overlap = body["overlap"]
     modes = [(r["method"], r["mode"]) for r in overlap]
@@ -71,23 +72,23 @@ def test_hparams_of_a_run_are_validated_settings() -> None:
     """A run's settings go through HParams validation (more inner steps than sequences is refused)
     and carry the swept rates and a schedule matched to the run's length; under a constant α the
     outer rate stays at its peak after the warm-up while the inner rate follows the cosine."""
-    spec = convergence.Spec("sparseloco_h", "subnet", "tiny-sparseloco", 1e-3, 1.0, 16, 2, 60)
+    spec = convergence_runs.Spec("sparseloco_h", "subnet", "tiny-sparseloco", 1e-3, 1.0, 16, 2, 60)
     with pytest.raises(ValueError, match="exceeds the window's sequences"):
-        convergence.hparams_for(spec)
-    hp = convergence.hparams_for(convergence.Spec("signed_h", "subnet", "tiny-signed", 1e-3, 3e-3, 4, 2, 60))
+        convergence_runs.hparams_for(spec)
+    hp = convergence_runs.hparams_for(convergence_runs.Spec("signed_h", "subnet", "tiny-signed", 1e-3, 3e-3, 4, 2, 60))
     assert (hp.optimizer.learning_rate, hp.optimizer.warmup_steps, hp.optimizer.total_steps) == (3e-3, 6, 60)
     assert (hp.inner.steps, hp.inner.optimizer, hp.inner.learning_rate) == (4, "adamw", 1e-3)
     with pytest.raises(ValueError, match="vote"):
-        convergence.hparams_for(convergence.Spec("sparseloco_h", "subnet", "tiny-sparseloco", 1e-3, 1.0, 4, 2, 60,
+        convergence_runs.hparams_for(convergence_runs.Spec("sparseloco_h", "subnet", "tiny-sparseloco", 1e-3, 1.0, 4, 2, 60,
                                                  aggregate="vote"))
     with pytest.raises(ValueError, match="outer momentum is a SparseLoCo variant"):
-        convergence.hparams_for(convergence.Spec("signed_h", "subnet", "tiny-signed", 1e-3, 3e-3, 4, 2, 60, momentum=0.9))
+        convergence_runs.hparams_for(convergence_runs.Spec("signed_h", "subnet", "tiny-signed", 1e-3, 3e-3, 4, 2, 60, momentum=0.9))
 
     from templar.core.schedule import learning_rate
     from templar.runtime.train import inner_lr
 
-    spec = convergence.Spec("sparseloco_c", "subnet", "tiny-sparseloco", 2e-3, 1.0, 4, 2, 60, schedule="constant")
-    hp = convergence.hparams_for(spec)
+    spec = convergence_runs.Spec("sparseloco_c", "subnet", "tiny-sparseloco", 2e-3, 1.0, 4, 2, 60, schedule="constant")
+    hp = convergence_runs.hparams_for(spec)
     assert hp.optimizer.outer_schedule == "constant"
     assert [learning_rate(s, hp.optimizer) for s in (5, 30, 59)] == [1.0, 1.0, 1.0]
     assert inner_lr(hp.inner, 59, hp.optimizer) == pytest.approx(2e-3 * 0.1, rel=2e-2)
@@ -98,34 +99,34 @@ def test_the_inner_optimizers_settings_are_run_settings_and_leave_earlier_runs_k
     """β1, β2, the inner weight decay and the warm-up are settings a point may change (`--point
     ...,beta1=0.85,beta2=0.99,inner_wd=0,warmup=18`); unset, a spec's key is the one it had before they
     existed, so the runs cached then are not run again (the key below is a cached run's of benchmarks/LOG.md §13)."""
-    spec = convergence.parse_point("sparseloco_c:inner=0.012,outer=2,decay=0.99,beta2=0.99,inner_wd=0.03,warmup=18,"
-                                   "beta1=0.85", convergence.methods(4), 90, 2)
-    hp = convergence.hparams_for(spec)
+    spec = convergence_plan.parse_point("sparseloco_c:inner=0.012,outer=2,decay=0.99,beta2=0.99,inner_wd=0.03,warmup=18,"
+                                   "beta1=0.85", convergence_runs.methods(4), 90, 2)
+    hp = convergence_runs.hparams_for(spec)
     assert (hp.inner.beta1, hp.inner.beta2, hp.inner.weight_decay, hp.optimizer.warmup_steps) == (0.85, 0.99, 0.03, 18)
     assert spec.name() == "sparseloco_c_in0.012_out2_d0.99_b20.99_wd0.03_wu18_b10.85_constant"
-    assert convergence.run_settings(spec, hp)["inner"]["beta2"] == 0.99
-    assert convergence.run_settings(spec, hp)["inner"]["beta1"] == 0.85
-    unset = convergence.parse_point("sparseloco_c:inner=0.012,outer=2,decay=0.99", convergence.methods(4), 90, 2)
-    assert convergence.hparams_for(unset).inner.beta2 == 0.95 and convergence.hparams_for(unset).optimizer.warmup_steps == 9
-    assert convergence.hparams_for(unset).inner.beta1 == 0.9
+    assert convergence_runs.run_settings(spec, hp)["inner"]["beta2"] == 0.99
+    assert convergence_runs.run_settings(spec, hp)["inner"]["beta1"] == 0.85
+    unset = convergence_plan.parse_point("sparseloco_c:inner=0.012,outer=2,decay=0.99", convergence_runs.methods(4), 90, 2)
+    assert convergence_runs.hparams_for(unset).inner.beta2 == 0.95 and convergence_runs.hparams_for(unset).optimizer.warmup_steps == 9
+    assert convergence_runs.hparams_for(unset).inner.beta1 == 0.9
     assert unset.key() == "bca15378ee47223f" != spec.key()
     # another draw: θ_0 and the page plan from the preset's seeds + N, a run of its own
-    other = convergence.parse_point("sparseloco_c:inner=0.012,outer=2,decay=0.99,seed=1", convergence.methods(4), 90, 2)
-    drawn, own = convergence.hparams_for(other), convergence.hparams_for(unset)
+    other = convergence_plan.parse_point("sparseloco_c:inner=0.012,outer=2,decay=0.99,seed=1", convergence_runs.methods(4), 90, 2)
+    drawn, own = convergence_runs.hparams_for(other), convergence_runs.hparams_for(unset)
     assert (drawn.model.init_seed, drawn.data.data_seed) == (own.model.init_seed + 1, own.data.data_seed + 1)
     assert other.name() == "sparseloco_c_in0.012_out2_d0.99_seed1_constant" and other.key() != unset.key()
-    assert convergence.run_settings(other, drawn)["data_seed"] == own.data.data_seed + 1
+    assert convergence_runs.run_settings(other, drawn)["data_seed"] == own.data.data_seed + 1
     # another H is named beside its sequences (h7s14); alone it would read as the method's own H
     with pytest.raises(ValueError, match="needs sequences"):
-        convergence.parse_point("sparseloco_c:inner=0.012,outer=2,steps=2", convergence.methods(4), 90, 2)
-    wide = convergence.parse_point("sparseloco_c:inner=0.012,outer=2,steps=7,sequences=14", convergence.methods(4), 90, 2)
+        convergence_plan.parse_point("sparseloco_c:inner=0.012,outer=2,steps=2", convergence_runs.methods(4), 90, 2)
+    wide = convergence_plan.parse_point("sparseloco_c:inner=0.012,outer=2,steps=7,sequences=14", convergence_runs.methods(4), 90, 2)
     assert wide.name() == "sparseloco_c_in0.012_out2_h7s14_constant"
 
 
 def _result(convergence, method: str, inner: float | None, outer: float | None, loss: float, tag: str = "sweep",
             **extra) -> dict:
-    m = convergence.methods(4)[method]
-    spec = convergence._spec(m, inner, outer, 30, 2, tag=tag, **extra)
+    m = convergence_runs.methods(4)[method]
+    spec = convergence_plan.make_spec(m, inner, outer, 30, 2, tag=tag, **extra)
     from dataclasses import asdict
     return {"spec": asdict(spec), "name": spec.name(), "final_loss": loss}
 
@@ -137,7 +138,7 @@ def test_refine_steps_beyond_an_edge_best_and_halfway_towards_the_better_neighbo
     results = [r("adamw_dp_h", 1e-3, None, 6.0), r("adamw_dp_h", 2e-3, None, 5.8), r("adamw_dp_h", 4e-3, None, 5.9),
                r("signed_h", 3e-3, 3e-3, 7.0), r("signed_h", 6e-3, 3e-3, 6.9), r("signed_h", 3e-3, 6e-3, 6.95),
                r("signed_h", 6e-3, 6e-3, 7.1)]
-    specs = {(s.method, s.inner_lr, s.outer_lr) for s in convergence.refine_specs(results, convergence.methods(4), 30,
+    specs = {(s.method, s.inner_lr, s.outer_lr) for s in convergence_plan.refine_specs(results, convergence_runs.methods(4), 30,
                                                                                    2, {"adamw_dp_h", "signed_h"})}
     # DP: 2e-3 inside the grid, 4e-3 the better neighbour; signed: (6e-3, 3e-3) is on the inner axis's
     # upper edge (one step beyond: 1.2e-2) and the outer axis's lower edge (one step below: 1.5e-3)
@@ -146,7 +147,7 @@ def test_refine_steps_beyond_an_edge_best_and_halfway_towards_the_better_neighbo
     # signed's new best (1.2e-2, 3e-3) on the inner line's edge again, and its outer line has one point
     results += [r("adamw_dp_h", 2.83e-3, None, 5.85, tag="refine"), r("signed_h", 1.2e-2, 3e-3, 6.8, tag="refine"),
                 r("signed_h", 6e-3, 1.5e-3, 7.2, tag="refine")]
-    second = {(s.method, s.inner_lr, s.outer_lr) for s in convergence.refine_specs(results, convergence.methods(4),
+    second = {(s.method, s.inner_lr, s.outer_lr) for s in convergence_plan.refine_specs(results, convergence_runs.methods(4),
                                                                                     30, 2, {"adamw_dp_h", "signed_h"})}
     assert second == {("adamw_dp_h", 2.38e-3, None), ("signed_h", 2.4e-2, 3e-3)}
 
@@ -156,39 +157,39 @@ def test_variants_run_at_the_best_of_their_family_and_the_overlap_at_its_targets
     best's rates); the overlap stage takes that best and signed's, in both overlapped modes, and the
     first target also at equal wall-clock (H = 7 on 14 sequences)."""
     r = lambda *a, **k: _result(convergence, *a, **k)  # noqa: E731
-    table = convergence.methods(4)
+    table = convergence_runs.methods(4)
     results = [r("sparseloco_h", 3e-3, 1.0, 6.5), r("sparseloco_c", 6e-3, 2.0, 6.3),
                r("sparseloco_m", 3e-3, 0.1, 6.6), r("signed_h", 3e-3, 6e-3, 6.6), r("sparseloco_c", 6e-3, 1.0, 6.2,
                                                                                       tag="extra")]
-    variants = convergence.variant_specs(results, table, 30, 2, None)
+    variants = convergence_plan.variant_specs(results, table, 30, 2, None)
     family = [s for s in variants if s.method == "sparseloco_c"]
-    assert len(family) == len(convergence.FAMILY_VARIANTS["sparseloco"])
+    assert len(family) == len(convergence_runs.FAMILY_VARIANTS["sparseloco"])
     assert all((s.inner_lr, s.outer_lr, s.schedule) == (6e-3, 2.0, "constant") for s in family)
     assert {s.decay for s in family} == {0.9, 0.99, None}
     nesterov = [s for s in variants if s.method == "sparseloco_m"]
     assert [(s.momentum, s.outer_lr) for s in nesterov] == [(0.5, 0.5)]
 
-    overlap = convergence.overlap_specs(results, table, 30, 2, None)
+    overlap = convergence_plan.overlap_specs(results, table, 30, 2, None)
     assert {(s.method, s.mode, s.steps, s.sequences) for s in overlap} == {
         ("sparseloco_c", "delayed", 4, None), ("sparseloco_c", "eager", 4, None),
         ("sparseloco_c", "delayed", 7, 14), ("sparseloco_c", "eager", 7, 14),
         ("signed_h", "delayed", 4, None), ("signed_h", "eager", 4, None)}
     wide = next(s for s in overlap if s.sequences)
-    assert wide.pages == 4 and convergence.hparams_for(wide).inner.steps == 7
+    assert wide.pages == 4 and convergence_runs.hparams_for(wide).inner.steps == 7
 
 
 def test_eager_swaps_the_proxy_for_the_aggregate_and_sends_the_update_from_it(monkeypatch) -> None:
     """Eager's window as the docstring defines it: inner steps from the proxy, the aggregate swapped in
     after `land` steps, the pseudo-gradient relative to θ_w, θ_w left in the model. With the swap before
     the first step it is blocking's window (same steps from θ_w up to the swap's rounding)."""
-    monkeypatch.setattr(convergence, "_data", convergence._data.__wrapped__)
-    spec = convergence.Spec("sparseloco_h", "subnet", "tiny-sparseloco", 3e-3, 1.0, 2, 1, 4, mode="eager")
-    hp = convergence.hparams_for(spec)
-    tiny, plan, _ = convergence._data(hp.data.data_seed)
+    monkeypatch.setattr(convergence_runs, "_data", convergence_runs._data.__wrapped__)
+    spec = convergence_runs.Spec("sparseloco_h", "subnet", "tiny-sparseloco", 3e-3, 1.0, 2, 1, 4, mode="eager")
+    hp = convergence_runs.hparams_for(spec)
+    tiny, plan, _ = convergence_runs._data(hp.data.data_seed)
     batch = tiny.pages.batch(plan.assigned_pages(0, 0, 1))
 
     def window(land: int, proxy_shift: float) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        run = convergence.SubnetRun(hp, spec)
+        run = convergence_runs.SubnetRun(hp, spec)
         run.land = land
         theta = run._theta()
         proxy = [t + proxy_shift for t in theta]
@@ -197,8 +198,8 @@ def test_eager_swaps_the_proxy_for_the_aggregate_and_sends_the_update_from_it(mo
         return [p.grad.clone() for p in run.params], theta
 
     swapped_first, _ = window(0, 0.01)
-    blocking_run = convergence.SubnetRun(hp, spec)
-    convergence.inner_steps(blocking_run.model, batch, hp.optimizer.micro_batch_size, hp.optimizer.grad_clip,
+    blocking_run = convergence_runs.SubnetRun(hp, spec)
+    inner_steps(blocking_run.model, batch, hp.optimizer.micro_batch_size, hp.optimizer.grad_clip,
                             inner=hp.inner, optimizer=blocking_run.optimizers[0], lr=1e-3)
     blocking = [p.grad.clone() for p in blocking_run.params]
     assert _relative_gap(swapped_first, blocking) < 1e-3  # AdamW turns the swap's last-bit rounding into a little
@@ -216,11 +217,11 @@ def _cached_run(convergence, method: str, inner: float | None, outer: float | No
     """A finished run as `train` records it (the schema `_job` caches), with a given held-out curve."""
     from dataclasses import asdict
 
-    m = convergence.methods(4)[method]
-    spec = convergence._spec(m, inner, outer, 2, 2, tag=tag, **extra)
+    m = convergence_runs.methods(4)[method]
+    spec = convergence_plan.make_spec(m, inner, outer, 2, 2, tag=tag, **extra)
     subnet = spec.kind == "subnet"
     return {"spec": asdict(spec), "name": spec.name(), "key": spec.key(), "hparams_name": spec.name(),
-            "settings": convergence.run_settings(spec, convergence.hparams_for(spec)),
+            "settings": convergence_runs.run_settings(spec, convergence_runs.hparams_for(spec)),
             "eval_windows": [0, 1, 2], "holdout_loss": curve, "final_loss": curve[-1], "train_loss": curve[1:],
             "seconds": 1.0, "tokens_per_peer_window": 1024, "bytes_per_window": 80.0 * 1024 if subnet else 1e7,
             "bytes_per_token": 80.0 if subnet else 1e7 / 1024, "dense_bytes_per_token": 12_000.0,
@@ -232,7 +233,7 @@ def test_report_only_reads_the_cache_and_completes_runs_that_predate_a_key(tmp_p
     the ratios are each method's best over AdamW DP's best at each of `RATIO_AT`, and a run cached
     before a spec field or a setting existed gets the default its spec resolves to."""
     monkeypatch.setattr(convergence, "RATIO_AT", (1, 2))
-    monkeypatch.setattr(convergence, "train", lambda *a, **k: pytest.fail("report-only trained a run"))
+    monkeypatch.setattr(convergence_runs, "train", lambda *a, **k: pytest.fail("report-only trained a run"))
     r = lambda *a, **k: _cached_run(convergence, *a, **k)  # noqa: E731
     runs = [r("adamw_dp_h", 2e-3, None, [9.0, 6.0, 5.0]), r("adamw_dp_h", 4e-3, None, [9.0, 6.2, 5.2]),
             r("sparseloco_c", 6e-3, 2.0, [9.0, 6.3, 5.5], tag="refine"),
