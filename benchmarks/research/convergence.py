@@ -27,7 +27,9 @@ warm-up `windows // 10` and a cosine to `min_lr_factor` (0.1) over the run's win
 follows the same shape (a DP run's H steps of a window all take that window's rate). The held-out
 loss (16 held-out pages, 64 sequences) is measured every 5 windows, and each method is reported by
 its ratio to AdamW DP's best run at 30, 60 and 90 windows (each run on its own 90-window
-schedule), so a gap that widens as the run matures shows.
+schedule), so a gap that widens as the run matures shows, and by its token cost there: the tokens
+it needed to reach the held-out loss DP had at that window, over DP's (`token_cost`; a loss ratio
+of 1.05 can hide a token cost of 1.5).
 
 The plan (`--stages`, each stage needs the ones before it; `--cache` keeps finished runs):
 - `sweep`: each method's coarse log grid of peak rates (`Method.inner`, `Method.outer`) on the
@@ -143,6 +145,31 @@ def ratios(run: dict[str, Any], reference: dict[str, Any]) -> dict[str, float | 
     return out
 
 
+def windows_to_reach(run: dict[str, Any], loss: float) -> float | None:
+    """The windows `run` took to bring its held-out loss down to `loss`: the first crossing of its
+    measured curve, linear between two measurements; None when it never got there."""
+    windows, curve = run["eval_windows"], run["holdout_loss"]
+    for i in range(1, len(curve)):
+        if curve[i] <= loss:
+            above, below = curve[i - 1], curve[i]
+            share = (above - loss) / (above - below) if above > below else 1.0
+            return windows[i - 1] + share * (windows[i] - windows[i - 1])
+    return None
+
+
+def token_cost(run: dict[str, Any], reference: dict[str, Any]) -> dict[str, float | None]:
+    """At each of `RATIO_AT`: the tokens `run` needed to reach the held-out loss the reference had
+    there, over the reference's (windows over windows: both train the same tokens per window).
+    What a loss ratio near 1 hides: 1.5 means each token taught two thirds of what a data-parallel
+    one did. None where the reference was not measured or the run never got there."""
+    out = {}
+    for w in RATIO_AT:
+        theirs = loss_at(reference, w)
+        took = windows_to_reach(run, theirs) if theirs is not None else None
+        out[str(w)] = took / w if took is not None else None
+    return out
+
+
 def _row(r: dict[str, Any], reference: dict[str, Any] | None, label: str) -> dict[str, Any]:
     s = r["spec"]
     dense_over_sent = r["dense_bytes_per_token"] / r["bytes_per_token"] \
@@ -153,10 +180,11 @@ def _row(r: dict[str, Any], reference: dict[str, Any] | None, label: str) -> dic
             "topk": r["settings"]["topk"], "decay": r["settings"]["momentum_decay"],
             "min_lr": r["settings"]["min_lr_factor"], "aggregate": s["aggregate"], "schedule": s["schedule"],
             "steps": s["steps"], "beta1": inner.get("beta1"), "beta2": inner.get("beta2"),
-            "inner_wd": inner.get("weight_decay"),
+            "inner_wd": inner.get("weight_decay"), "warmup": s.get("warmup"),
             "sequences": r["settings"]["sequences_per_peer"], "model": s["model"],
             "equal": "wall-clock" if s["sequences"] is not None else "tokens", "final_loss": r["final_loss"],
             "ratio": ratios(r, reference) if reference is not None else None,
+            "token_cost": token_cost(r, reference) if reference is not None else None,
             "bytes_per_token": r["bytes_per_token"], "dense_over_sent": dense_over_sent, "seconds": r["seconds"]}
 
 
@@ -176,6 +204,7 @@ def _fmt_settings(row: dict[str, Any]) -> str:
              f"β1 {row['beta1']:g}" if row.get("beta1") not in (None, 0.9) else "",
              f"β2 {row['beta2']:g}" if row.get("beta2") not in (None, 0.95) else "",
              f"wd {row['inner_wd']:g}" if row.get("inner_wd") not in (None, 0.0, 0.1) else "",
+             f"warm-up {row['warmup']}" if row.get("warmup") is not None else "",
              row["aggregate"] if row["aggregate"] != "wire" else "",
              f"{row['schedule']} α" if row["schedule"] != "cosine" else "",
              f"H {row['steps']} on {row['sequences']}" if row["mode"] != "blocking" or row["steps"] != 4 else ""]
@@ -291,7 +320,7 @@ def _best_decentralised(rows: list[dict[str, Any]], table: dict[str, Method]) ->
         return None
     top = min(subnet, key=lambda r: r["ratio"][last])
     first = top["ratio"][str(RATIO_AT[0])]
-    return {"method": top["method"], "name": top["name"], "ratio": top["ratio"],
+    return {"method": top["method"], "name": top["name"], "ratio": top["ratio"], "token_cost": top.get("token_cost"),
             "within_1.05": top["ratio"][last] <= 1.05, "within_1.03": top["ratio"][last] <= 1.03,
             "not_widening": first is not None and top["ratio"][last] <= first,
             "dense_over_sent": top["dense_over_sent"], "fewer_bytes_100x": (top["dense_over_sent"] or 0) >= 100,
@@ -341,6 +370,7 @@ def _goals(tokens: list[dict[str, Any]], tuned: list[dict[str, Any]], overlap: l
         if dp and others:
             top = min(others, key=lambda r: r["final_loss"])
             goals["small_best"] = {"method": top["method"], "name": top["name"], "ratio": top["ratio"],
+                                   "token_cost": top.get("token_cost"),
                                    **_on_other_draws(top, small_draws or {})}
     return goals
 

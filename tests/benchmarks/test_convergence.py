@@ -264,6 +264,11 @@ def test_report_only_reads_the_cache_and_completes_runs_that_predate_a_key(tmp_p
     assert rows["adamw_dp_h"]["inner_lr"] == 2e-3 and rows["adamw_dp_h"]["ratio"] == {"1": 1.0, "2": 1.0}
     assert rows["sparseloco_c"]["ratio"] == pytest.approx({"1": 6.3 / 6.0, "2": 5.5 / 5.0})
     assert rows["signed_h"]["ratio"] == pytest.approx({"1": 6.6 / 6.0, "2": 5.6 / 5.0})
+    # the token cost: SparseLoCo reaches DP's window-1 loss (6.0) three eighths of the way from its 6.3 at
+    # window 1 to its 5.5 at window 2; DP's window-2 loss (5.0) it never reaches
+    cost = rows["sparseloco_c"]["token_cost"]
+    assert cost["1"] == pytest.approx(1.375) and cost["2"] is None
+    assert rows["adamw_dp_h"]["token_cost"] == {"1": 1.0, "2": 1.0}
     assert (rows["signed_h"]["aggregate"], rows["signed_h"]["min_lr"], rows["signed_h"]["sequences"]) == \
         ("wire", 0.1, 8)
     assert body["overlap"] == []
@@ -288,6 +293,7 @@ def test_report_only_reads_the_cache_and_completes_runs_that_predate_a_key(tmp_p
     assert tuned["sparseloco_c"]["ratio"] == pytest.approx({"1": 6.2 / 5.8, "2": 5.0 / 4.8}, rel=1e-5)  # JSON: 6 digits
     assert tuned["signed_h"]["ratio"] == pytest.approx({"1": 6.6 / 5.8, "2": 5.6 / 4.8}, rel=1e-5)
     assert goals["tuned_best"]["name"] == "sparseloco_c_in0.006_out2_wd0.3_constant"
+    assert goals["tuned_best"]["token_cost"]["1"] == pytest.approx(1 + 0.4 / 1.2, rel=1e-5)  # 6.2 → 5.0 crosses 5.8
     assert {k: goals["tuned_best"][k] for k in ("within_1.05", "not_widening")} == \
         {"within_1.05": True, "not_widening": True}
     assert not any(key.startswith("overlap_") for key in goals)
@@ -299,3 +305,13 @@ def test_report_only_reads_the_cache_and_completes_runs_that_predate_a_key(tmp_p
     assert goals["tuned_best"]["other_draws"]["1"] == pytest.approx({"1": 5.5 / 5.0, "2": 4.3 / 4.0})
     assert (goals["tuned_best"]["within_1.05"], goals["tuned_best"]["within_1.05_every_draw"],
             goals["tuned_best"]["not_widening_every_draw"]) == (True, False, True)
+
+
+def test_windows_to_reach_interpolates_between_measurements_and_says_never() -> None:
+    run = {"eval_windows": [0, 5, 10, 15], "holdout_loss": [9.0, 7.0, 6.0, 6.2]}
+    assert convergence.windows_to_reach(run, 7.0) == 5  # measured there
+    assert convergence.windows_to_reach(run, 6.5) == pytest.approx(7.5)
+    assert convergence.windows_to_reach(run, 6.1) == pytest.approx(9.5)  # and stays reached: 6.2 at 15 is not undone
+    assert convergence.windows_to_reach(run, 5.9) is None
+    reference = {"eval_windows": [0, 5, 10, 15], "holdout_loss": [9.0, 6.5, 5.9, 5.8]}
+    assert convergence.token_cost(run, reference) == {"30": None, "60": None, "90": None}  # not measured there
