@@ -39,7 +39,7 @@ The plan (`--stages`, each stage needs the ones before it; `--cache` keeps finis
   on an edge; a second round for the baseline and each family's best member;
 - `variants`: at each method's best so far, one setting changed at a time (`Method.variants`:
   outer momentum, error-feedback decay, density, value bits, the schedule's floor); a variant
-  that beats the best becomes the method's best (what works is kept);
+  that beats the best becomes the method's best (what works is kept) if a subnet could configure it;
 - `overlap` (beside the variants, from the best after the refine): the overlapped exchange at the
   best of `OVERLAP_TARGETS`, in three modes:
   blocking (today: window w's update is computed from θ_w, the model after window w−1's outer step),
@@ -70,7 +70,10 @@ tokens each trained on in the window; the reference ("dense") is the same window
 sent as dense fp32, 4 bytes per parameter per window, and a data-parallel run sends a dense fp32
 gradient per optimizer step (H per window). `aggregate=exact` (SparseLoCo only) keeps the top-k values
 as float32 and aggregates them with the same median clip in float64, outside the wire (no codec
-carries them): an upper bound on what more value bits could buy, not a configurable run.
+carries them): an upper bound on what more value bits could buy, not a configurable run; with
+top-4096 (every coordinate) it is exact averaging of the peers' models, the floor of the local steps
+themselves. Exact values, the signed vote and an outer momentum on a method not defined by one are
+listed with their method's points, never its best (`convergence_plan.configurable`).
 `aggregate=vote` (signed only) averages the peers' signs (each peer's own signed update, the rule's
 `trial`): a coordinate moves α where every peer agrees and less where they disagree, an outer step
 that shrinks as the peers' updates turn to noise late in a run.
@@ -97,6 +100,7 @@ from benchmarks.research import convergence_runs
 from benchmarks.research.convergence_plan import (
     WALL_CLOCK,
     best_runs,
+    configurable,
     equal_tokens,
     is_main,
     overlap_specs,
@@ -366,7 +370,7 @@ def _goals(tokens: list[dict[str, Any]], tuned: list[dict[str, Any]], overlap: l
                                    for kind, r in rows.items() if kind != "blocking"}
     if small:
         dp = [r for r in small if r["method"] == BASELINE]
-        others = [r for r in small if r["method"] != BASELINE]
+        others = [r for r in small if r["method"] != BASELINE and configurable(r)]
         if dp and others:
             top = min(others, key=lambda r: r["final_loss"])
             goals["small_best"] = {"method": top["method"], "name": top["name"], "ratio": top["ratio"],
@@ -433,6 +437,8 @@ def _plots(results: list[dict[str, Any]], best: dict[str, dict[str, Any]], tuned
     if small:  # each method's best on the larger model (the table lists every run)
         small_best: dict[str, dict[str, Any]] = {}
         for r in small:
+            if not configurable(r["spec"]):
+                continue
             method = r["spec"]["method"]
             if method not in small_best or r["final_loss"] < small_best[method]["final_loss"]:
                 small_best[method] = r

@@ -9,7 +9,7 @@ import math
 from dataclasses import replace
 from typing import Any
 
-from benchmarks.research.convergence_runs import BASELINE, FAMILY_VARIANTS, MODES, Method, Spec
+from benchmarks.research.convergence_runs import BASELINE, FAMILY_VARIANTS, MODES, Method, Spec, methods
 
 WALL_CLOCK = (7, 14)
 """(H, sequences per peer) of an overlapped window at equal wall-clock on tiny: 1.75× blocking's (4, 8)."""
@@ -68,6 +68,15 @@ def searched_best(results: list[dict[str, Any]], windows: int) -> dict[str, dict
     return best_runs([r for r in results if r["spec"]["tag"] in SEARCH], windows)
 
 
+def configurable(run: dict[str, Any]) -> bool:
+    """Whether a run (its spec, or a report row) may stand for its method: it sent the wire's
+    payloads (not exact values or the signed vote, which no rule offers and the benchmark computes
+    itself), and it has an outer momentum only if its method is defined by one (`sparseloco_m`).
+    The others are measured and listed, never a method's best nor the verdict's run."""
+    own = methods(1)[run["method"]].momentum
+    return run["aggregate"] == "wire" and (run["momentum"] is None) == (own is None)
+
+
 def best_runs(results: list[dict[str, Any]], windows: int, *, targeted: bool = False) -> dict[str, dict[str, Any]]:
     """Each method's best run of the equal-tokens comparison (lowest final held-out loss): over its
     grid, refine and variant points; a targeted extra point stands for its method only when
@@ -75,7 +84,7 @@ def best_runs(results: list[dict[str, Any]], windows: int, *, targeted: bool = F
     decay included, which the plan's grids do not search)."""
     best: dict[str, dict[str, Any]] = {}
     for r in results:
-        if not is_main(r, windows) or (r["spec"]["tag"] == "extra" and not targeted):
+        if not is_main(r, windows) or (r["spec"]["tag"] == "extra" and not targeted) or not configurable(r["spec"]):
             continue
         key = r["spec"]["method"]
         if key not in best or r["final_loss"] < best[key]["final_loss"]:

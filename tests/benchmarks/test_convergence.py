@@ -242,6 +242,12 @@ def test_report_only_reads_the_cache_and_completes_runs_that_predate_a_key(tmp_p
     # targeted points: a better DP (β1 0.8) and a better SparseLoCo (weight decay 0.3), tuned against tuned
     runs += [r("adamw_dp_h", 2e-3, None, [9.0, 5.8, 4.8], tag="extra", beta1=0.8),
              r("sparseloco_c", 6e-3, 2.0, [9.0, 6.2, 5.0], tag="extra", inner_wd=0.3)]
+    # what no rule offers (exact values, an outer momentum on a method without one) is listed, never a best,
+    # however low its loss, on either model
+    nesterov = r("sparseloco_c", 6e-3, 1.0, [9.0, 5.1, 4.1], tag="extra")
+    nesterov["spec"]["momentum"], nesterov["name"] = 0.5, nesterov["name"] + "_m0.5"
+    runs += [r("sparseloco_c", 6e-3, 1.0, [9.0, 5.0, 4.0], tag="extra", aggregate="exact", topk=4096), nesterov,
+             r("sparseloco_c", 6e-3, 1.0, [9.0, 5.0, 4.0], tag="extra", aggregate="exact", model="small")]
     # another draw (seed 1): its DP's loss is the lowest of all, and it stands for nothing but its own draw
     runs += [r("adamw_dp_h", 2e-3, None, [9.0, 5.0, 4.0], tag="extra", beta1=0.8, seed=1),
              r("sparseloco_c", 6e-3, 2.0, [9.0, 5.5, 4.3], tag="extra", inner_wd=0.3, seed=1)]
@@ -272,8 +278,8 @@ def test_report_only_reads_the_cache_and_completes_runs_that_predate_a_key(tmp_p
     assert (rows["signed_h"]["aggregate"], rows["signed_h"]["min_lr"], rows["signed_h"]["sequences"]) == \
         ("wire", 0.1, 8)
     assert body["overlap"] == []
-    small = {row["method"]: row for row in body["small"]}  # the other draw's runs are not in it
-    assert len(body["small"]) == 2 and small["sparseloco_c"]["ratio"] == pytest.approx({"1": 6.6 / 6.0, "2": 1.1})
+    small = {row["method"]: row for row in body["small"] if row["aggregate"] == "wire"}  # nor the other draw's
+    assert len(body["small"]) == 3 and small["sparseloco_c"]["ratio"] == pytest.approx({"1": 6.6 / 6.0, "2": 1.1})
     assert {row["method"]: row["ratio"]["2"] for row in body["small_draws"]["1"]} == \
         pytest.approx({"adamw_dp_h": 1.0, "sparseloco_c": 1.1})
     goals = body["goals"]
@@ -293,6 +299,8 @@ def test_report_only_reads_the_cache_and_completes_runs_that_predate_a_key(tmp_p
     assert tuned["sparseloco_c"]["ratio"] == pytest.approx({"1": 6.2 / 5.8, "2": 5.0 / 4.8}, rel=1e-5)  # JSON: 6 digits
     assert tuned["signed_h"]["ratio"] == pytest.approx({"1": 6.6 / 5.8, "2": 5.6 / 4.8}, rel=1e-5)
     assert goals["tuned_best"]["name"] == "sparseloco_c_in0.006_out2_wd0.3_constant"
+    assert {row["aggregate"] for row in body["sweeps"]["sparseloco_c"]} == {"wire", "exact"}
+    assert any(row["momentum"] == 0.5 for row in body["sweeps"]["sparseloco_c"])
     assert goals["tuned_best"]["token_cost"]["1"] == pytest.approx(1 + 0.4 / 1.2, rel=1e-5)  # 6.2 → 5.0 crosses 5.8
     assert {k: goals["tuned_best"][k] for k in ("within_1.05", "not_widening")} == \
         {"within_1.05": True, "not_widening": True}
