@@ -1,6 +1,6 @@
 """The convergence benchmark's plan: the runs each stage adds from the results so far (`sweep_specs`,
 `refine_specs`, `variant_specs`, `overlap_specs`, `small_specs`, `--point`'s `parse_point`), and
-which finished run stands for a method (`best_runs`, `searched_best`, `family_best`, `draws`).
+which finished run stands for a method (`best_runs`, `searched_best`, `family_best`, `configurable`).
 The stages are described in `benchmarks.research.convergence`'s docstring."""
 
 from __future__ import annotations
@@ -21,14 +21,13 @@ SMALL_TARGETS = ("sparseloco", "signed_h")
 SEARCH = ("sweep", "refine")  # the tags of the rate search (the variants change other settings)
 
 
-# --- the plan's stages --------------------------------------------------------------------------
-
-
 def _centre(grid: tuple[float, ...]) -> float | None:
     return grid[len(grid) // 2] if grid else None
 
 
 def make_spec(m: Method, inner: float | None, outer: float | None, windows: int, pages: int, **extra: Any) -> Spec:
+    """A run of method `m` at these peak rates, with its momentum and α schedule; `extra` sets other
+    `Spec` fields (the tag, a variant's setting)."""
     return Spec(m.key, m.kind, m.preset, inner, outer, m.steps, pages, windows, momentum=m.momentum,
                 schedule=m.schedule, **extra)
 
