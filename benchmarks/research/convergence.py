@@ -374,7 +374,8 @@ def _goals(tokens: list[dict[str, Any]], tuned: list[dict[str, Any]], overlap: l
         if dp and others:
             top = min(others, key=lambda r: r["final_loss"])
             goals["small_best"] = {"method": top["method"], "name": top["name"], "ratio": top["ratio"],
-                                   "token_cost": top.get("token_cost"),
+                                   "token_cost": top.get("token_cost"), "dense_over_sent": top["dense_over_sent"],
+                                   "fewer_bytes_100x": (top["dense_over_sent"] or 0) >= 100,
                                    **_on_other_draws(top, small_draws or {})}
     return goals
 

@@ -286,6 +286,7 @@ def test_report_only_reads_the_cache_and_completes_runs_that_predate_a_key(tmp_p
     assert goals["small_best"]["ratio"] == pytest.approx({"1": 1.1, "2": 1.1})
     assert goals["small_best"]["other_draws"]["1"] == pytest.approx({"1": 4.2 / 4.0, "2": 1.1})
     assert goals["small_best"]["within_1.05_every_draw"] is False
+    assert goals["small_best"]["dense_over_sent"] == pytest.approx(150.0) and goals["small_best"]["fewer_bytes_100x"]
     assert goals["equal_tokens_best"]["name"] == "sparseloco_c_in0.006_out2_constant"
     assert goals["equal_tokens_best"]["dense_over_sent"] == pytest.approx(150.0)
     assert {k: goals["equal_tokens_best"][k] for k in ("within_1.05", "within_1.03", "not_widening",
