@@ -314,6 +314,11 @@ def report(results: list[dict[str, Any]], h: int, windows: int, out_dir: Path, s
     return body
 
 
+def _bytes_goal(row: dict[str, Any]) -> dict[str, Any]:
+    """A verdict run's bytes: dense fp32 over what it sent, and whether that is the goal's 100x."""
+    return {"dense_over_sent": row["dense_over_sent"], "fewer_bytes_100x": (row["dense_over_sent"] or 0) >= 100}
+
+
 def _best_decentralised(rows: list[dict[str, Any]], table: dict[str, Method]) -> dict[str, Any] | None:
     """The goals of the issue for the lowest ratio at the last window among `rows`' decentralised
     methods: within 1.05 (and 1.03) of AdamW DP, no wider at the end than at the first ratio window,
@@ -327,7 +332,7 @@ def _best_decentralised(rows: list[dict[str, Any]], table: dict[str, Method]) ->
     return {"method": top["method"], "name": top["name"], "ratio": top["ratio"], "token_cost": top.get("token_cost"),
             "within_1.05": top["ratio"][last] <= 1.05, "within_1.03": top["ratio"][last] <= 1.03,
             "not_widening": first is not None and top["ratio"][last] <= first,
-            "dense_over_sent": top["dense_over_sent"], "fewer_bytes_100x": (top["dense_over_sent"] or 0) >= 100,
+            **_bytes_goal(top),
             "final_loss": top["final_loss"]}
 
 
@@ -374,8 +379,7 @@ def _goals(tokens: list[dict[str, Any]], tuned: list[dict[str, Any]], overlap: l
         if dp and others:
             top = min(others, key=lambda r: r["final_loss"])
             goals["small_best"] = {"method": top["method"], "name": top["name"], "ratio": top["ratio"],
-                                   "token_cost": top.get("token_cost"), "dense_over_sent": top["dense_over_sent"],
-                                   "fewer_bytes_100x": (top["dense_over_sent"] or 0) >= 100,
+                                   "token_cost": top.get("token_cost"), **_bytes_goal(top),
                                    **_on_other_draws(top, small_draws or {})}
     return goals
 
