@@ -19,6 +19,9 @@ interference only adds time), with the medians reported beside them:
   reported as a ratio to `ours` (the validator time that lever buys its lower noise with).
 - `common, a quarter`: the same reading a secret quarter of each page's sequences
   (`gauntlet.proof_sequences`), every pass smaller.
+- `others` and `others, a quarter`: the baseline read from the other peers' own steps
+  (`gauntlet.proof_baseline` "others"): each peer's pass covers every unit of the window, and no
+  group passes are added.
 
 Peers' updates are real: each peer trains on its assigned pages (`accumulate_gradients`), takes one
 DeMo step with its own error feedback, and its sign is `aggregate([c], [1.0], shapes)`, as the
@@ -143,6 +146,7 @@ def main() -> int:
     decode = min(decode_seconds)
     evaluator = Evaluator(model, mbs, position_ranges=hp.gauntlet.position_ranges)
     common = Evaluator(model, mbs, position_ranges=hp.gauntlet.position_ranges, baseline_groups=COMMON_GROUPS)
+    others = Evaluator(model, mbs, position_ranges=hp.gauntlet.position_ranges, baseline="others")
     budget = production_budget(load_hparams())
 
     rows = []
@@ -154,6 +158,8 @@ def main() -> int:
         base_t: list[float] = []
         common_t: list[float] = []
         quarter_t: list[float] = []
+        others_t: list[float] = []
+        others_quarter_t: list[float] = []
         spp = hp.data.sequences_per_page
         quarter = {p: read_sequences(d, [select_eval_sequences(0, WINDOW, i, page, spp, max(1, spp // 4))
                                          for page in range(d.size(0) // spp)])
@@ -167,6 +173,8 @@ def main() -> int:
                 base, t_base = timed(lambda s=subset, d=data: baseline_scores(model, s, d, random_batch, beta, mbs))
             common_t.append(timed(lambda s=subset, d=data: common.score_peers(s, d, random_batch, beta))[1])
             quarter_t.append(timed(lambda s=subset, d=quarter: common.score_peers(s, d, random_batch, beta))[1])
+            others_t.append(timed(lambda s=subset, d=data: others.score_peers(s, d, random_batch, beta))[1])
+            others_quarter_t.append(timed(lambda s=subset, d=quarter: others.score_peers(s, d, random_batch, beta))[1])
             ours_t.append(t_ours)
             base_t.append(t_base)
             gap = max(gap, max_delta_gap(ours, base))
@@ -185,6 +193,8 @@ def main() -> int:
             "seconds_per_peer_common": min(common_t) / count, "common_groups": COMMON_GROUPS,
             "common_over_ours": min(common_t) / min(ours_t),
             "common_quarter_over_ours": min(quarter_t) / min(ours_t),
+            "others_over_ours": min(others_t) / min(ours_t),
+            "others_quarter_over_ours": min(others_quarter_t) / min(ours_t),
             "sign_decode_seconds_per_peer": decode, "max_delta_abs_diff": gap,
             "deltas_match": gap <= TOLERANCE,
             "peers_per_production_window_tiny_rate_ours": budget / (ours_pp + decode),
@@ -210,7 +220,8 @@ def main() -> int:
               f"max |Δδ| {row['max_delta_abs_diff']:.1e}, sequences/peer {row['sequences_forwarded_per_peer_ours']:g}"
               f" vs {row['sequences_forwarded_per_peer_baseline']:g}; with the proof's common steps "
               f"({COMMON_GROUPS} groups) {row['common_over_ours']:.2f}x ours, on a quarter of the sequences "
-              f"{row['common_quarter_over_ours']:.2f}x; at the TINY model's rate "
+              f"{row['common_quarter_over_ours']:.2f}x; with the other peers' steps {row['others_over_ours']:.2f}x, "
+              f"on a quarter {row['others_quarter_over_ours']:.2f}x; at the TINY model's rate "
               f"{row['peers_per_production_window_tiny_rate_ours']:.0f} peers/window "
               f"(baseline {row['peers_per_production_window_tiny_rate_baseline']:.0f})")
     print(f"  loss kernel per sequence: sequence_losses (ours) {kernel_ours * 1e3:.1f} ms, evaluate_loss "

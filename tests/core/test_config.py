@@ -118,3 +118,24 @@ def test_an_overlapped_run_whose_step_lands_after_the_next_commitment_is_refused
         HParams.model_validate(tiny.model_dump() | {"windows": late})
     blocking = tiny.inner.model_dump() | {"overlap": "blocking"}
     assert HParams.model_validate(tiny.model_dump() | {"windows": late, "inner": blocking}).inner.overlap == "blocking"
+
+
+def test_the_proofs_baseline_is_named_and_files_that_gave_only_groups_keep_their_meaning():
+    """`gauntlet.proof_baseline`: 'random' unless said; a file from before it that set
+    `proof_baseline_groups` k > 0 meant 'groups'; a count of groups with any other baseline is refused."""
+    tiny = load_hparams("tiny")
+    assert tiny.gauntlet.proof_baseline == "random" and tiny.gauntlet.proof_baseline_groups == 0
+
+    def gauntlet(**changes):
+        body = tiny.model_dump()
+        body["gauntlet"] = {k: v for k, v in body["gauntlet"].items() if k != "proof_baseline"} | changes
+        return HParams.model_validate(body).gauntlet
+
+    assert gauntlet(proof_baseline_groups=3).proof_baseline == "groups"
+    assert gauntlet(proof_baseline="others").proof_baseline_min_others == 3
+    for bad in ({"proof_baseline": "others", "proof_baseline_groups": 3}, {"proof_baseline": "groups"},
+                {"proof_baseline": "others", "proof_baseline_min_others": 2}):
+        with pytest.raises(ValueError, match="proof_baseline"):
+            gauntlet(**bad)
+    assert load_hparams(REPO_ROOT / "benchmarks" / "presets" / "micro_gauntlet_8pages_common3.json"
+                        ).gauntlet.proof_baseline == "groups"

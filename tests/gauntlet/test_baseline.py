@@ -4,7 +4,13 @@ import math
 
 import pytest
 
-from templar.gauntlet.baseline import baseline_groups, common_gains, unit_adjustments
+from templar.gauntlet.baseline import (
+    baseline_groups,
+    clipped_mean,
+    common_gains,
+    others_gains,
+    unit_adjustments,
+)
 from templar.gauntlet.scores import size_credit
 
 
@@ -73,3 +79,55 @@ def test_one_colluder_cannot_lift_a_lazy_partner_through_the_median_of_three_gro
     assert _lazy_credit(groups=3, damage=30.0) == pytest.approx(0.0)
     assert _lazy_credit(groups=1, damage=0.0) == pytest.approx(0.0)
     assert _lazy_credit(groups=1, damage=30.0) == pytest.approx(1.0)
+
+
+def test_others_are_the_median_of_every_other_peers_gain_over_its_own_random_mean_and_need_enough_of_them():
+    """Unit 0 is the random one: each other peer's gains are divided by its gain there first, so a
+    step twice as strong says the same of a unit; a step that did not help the random unit is left out."""
+    gains = {"a": [9.0, 9.0, 9.0], "b": [1.0, 4.0, 1.0], "c": [2.0, -math.inf, 2.0], "d": [3.0, 6.0, 9.0],
+             "idle": [0.0, 5.0, 5.0], "broken": [-1.0, -7.0, 2.0]}
+    assert others_gains(gains, "a", 1, 3, 0.0) == [1.0, 3.0, 1.0]      # a's own step is never its baseline
+    assert others_gains(gains, "b", 1, 3, 0.0) == [1.0, 1.5, 1.0]      # a non-finite gain is left out
+    assert others_gains(gains, "a", 1, 4, 0.0) is None                 # too few others that helped: δ_rand
+    assert others_gains({"a": [1.0], "b": [2.0], "c": [3.0]}, "a", 1, 3, 2.0) is None
+
+
+def test_the_clipped_mean_runs_from_the_median_to_the_mean_and_bounds_a_minority():
+    values = [1.0, 2.0, 3.0, 4.0, 100.0]                  # median 3, MAD 1
+    assert clipped_mean(values, 0.0) == pytest.approx(3.0)
+    assert clipped_mean(values, 1e9) == pytest.approx(22.0)
+    assert clipped_mean(values, 2.0) == pytest.approx((1 + 2 + 3 + 4 + 5) / 5)   # 100 counts as 3 + 2·1
+    assert clipped_mean([1.0, 2.0, 3.0, 4.0, math.inf], 2.0) == pytest.approx(2.5)  # left out, not clipped
+    assert math.isnan(clipped_mean([math.nan], 2.0))
+    # two values of seven, however extreme, move it by a bounded amount (here: within the other five's range)
+    for extreme in (-1e12, 1e12):
+        assert 1.0 <= clipped_mean([1.0, 1.5, 2.0, 2.5, 3.0, extreme, extreme], 2.0) <= 3.0
+
+
+def _lazy_credit_against_others(others: int, colluders: int, damage: float) -> float:
+    """A lazy peer (generic gains only) judged against the median of `others` other peers' gains on
+    its units, `colluders` of which unlearn its pages by `damage` per unit: its proof credit by size."""
+    random_common = [1.0, 2.0, 3.0, 2.0]
+    lazy_units_common = [1.0, 3.0, 2.0, 2.0]
+    honest = [*random_common, *lazy_units_common]
+    gains = {"lazy": honest}
+    for i in range(others):
+        unlearned = damage if i < colluders else 0.0          # on the partner's units only
+        gains[f"o{i}"] = [*random_common, *(g - unlearned for g in lazy_units_common)]
+    common = others_gains(gains, "lazy", len(random_common), 3, 2.0)
+    assert common is not None
+    adjust = unit_adjustments(random_common, common[:len(random_common)], common)
+    assert adjust is not None
+    delta_rand = sum(random_common) / len(random_common)
+    adjusted = [g - a for g, a in zip(honest, adjust, strict=True)][len(random_common):]
+    return size_credit(adjusted, delta_rand, typical=0.2)
+
+
+def test_colluders_short_of_half_the_others_cannot_lift_a_lazy_partner():
+    """The median of 7 others: 3 colluders unlearning the partner's pages leave it at the honest
+    peers' gain (no credit); 4, a majority of the others, set it (full credit). The groups rule gives
+    way to 2 (`test_one_colluder_cannot_lift…`: one per group)."""
+    assert _lazy_credit_against_others(7, 0, 0.0) == pytest.approx(0.0)
+    assert _lazy_credit_against_others(7, 3, 30.0) == pytest.approx(0.0)
+    assert _lazy_credit_against_others(7, 4, 30.0) == pytest.approx(1.0)
+    assert _lazy_credit_against_others(3, 1, 30.0) == pytest.approx(0.0)

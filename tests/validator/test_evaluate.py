@@ -2,6 +2,7 @@
 
 import copy
 
+import pytest
 import torch
 
 from templar.core.config import load_hparams
@@ -136,6 +137,46 @@ def test_common_steps_take_each_units_generic_gain_out_of_the_proof_and_nothing_
         assert abs(statistics.fmean(c.random_deltas) - statistics.fmean(p.random_deltas)) < 1e-9
         assert statistics.fmean(c.sequence_deltas) > c.delta_rand, peer   # trained pages still gain more
         assert len(c.page_deltas) == 1
+
+
+def test_the_other_peers_steps_take_each_units_generic_gain_out_and_a_peers_own_step_stays_out(tiny_pages):
+    """`gauntlet.proof_baseline` "others" (docs/scoring.md §4): each peer's step runs over every
+    unit once, serving as its own trial (the LossScores are the plain evaluation's, to rounding: the
+    same sequences in other micro-batches) and as the others' baselines; the random units scatter
+    less around δ_rand, trained pages still gain more, and a peer's baseline ignores its own step."""
+    import statistics
+
+    hp = load_hparams("tiny")
+    model = build_model(hp)
+    steps, assigned = {}, {}
+    for i, pages in enumerate(([10], [20], [30], [40])):
+        assigned[f"p{i}"] = tiny_pages.batch(pages)
+        accumulate_gradients(model, assigned[f"p{i}"], 8)
+        steps[f"p{i}"] = {n: torch.sign(g) for n, g in gradients(model).items()}
+        model.zero_grad(set_to_none=True)
+    random_data = tiny_pages.batch([500, 501, 502])
+    score = lambda s, **rules: Evaluator(model, micro_batch_size=8, position_ranges=4, **rules).score_peers(  # noqa: E731
+        s, assigned, random_data, 2e-3, hp.data.sequences_per_page)
+    plain, others = score(steps), score(steps, baseline="others")
+    for peer in steps:
+        p, o = plain[peer], others[peer]
+        assert (o.loss_assigned_before, o.loss_rand_before) == (p.loss_assigned_before, p.loss_rand_before)
+        assert o.loss_assigned_after == pytest.approx(p.loss_assigned_after, rel=1e-5)
+        assert o.loss_rand_after == pytest.approx(p.loss_rand_after, rel=1e-5)
+        assert statistics.fmean(o.sequence_deltas) > o.delta_rand, peer   # trained pages still gain more
+    # the random units scatter less: 0.71-0.95 of the plain scatter peer by peer here (0.80 on average;
+    # the groups, whose mean holds the peer's own step, 0.35-0.82), so a bound on the mean over peers
+    scatter = [statistics.pstdev(others[p].random_deltas) / statistics.pstdev(plain[p].random_deltas) for p in steps]
+    assert statistics.fmean(scatter) < 0.9, scatter
+    # another peer's step is part of p1's baseline (its units' δ' move), though p1's own LossScores do not
+    louder = score({**steps, "p0": {n: 3 * t for n, t in steps["p0"].items()}}, baseline="others")
+    assert louder["p1"].delta_rand == pytest.approx(others["p1"].delta_rand, rel=1e-9)
+    assert louder["p1"].sequence_deltas != others["p1"].sequence_deltas
+    # too few others (3 peers, 2 others each, 3 needed): every unit is judged against δ_rand, as in the paper
+    three = {k: steps[k] for k in ("p0", "p1", "p2")}
+    few = Evaluator(model, micro_batch_size=8, position_ranges=4, baseline="others").score_peers(
+        three, {k: assigned[k] for k in three}, random_data, 2e-3, hp.data.sequences_per_page)
+    assert few["p0"].random_deltas == pytest.approx(plain["p0"].random_deltas, rel=1e-4, abs=1e-6)
 
 
 def test_the_sequences_read_are_taken_page_by_page_and_a_short_batch_is_left_whole():

@@ -169,6 +169,18 @@ class GauntletConfig(_Strict):
         default=0, ge=0, le=8, description="proof_credit size: 0 judges every unit's gain against δ_rand, the "
         "random pages' mean; k > 0 against the unit's own expected gain, read from the mean trial steps of k "
         "groups of S_t and their median per unit (gauntlet.baseline; one more forward pass per group)")
+    proof_baseline: Literal["random", "groups", "others"] = Field(
+        default="random", description="proof_credit size: what each unit's gain is judged against: 'random' the "
+        "random pages' mean δ_rand (the paper), 'groups' the median over proof_baseline_groups groups of S_t's "
+        "mean trial steps, 'others' a clipped mean over the other evaluated peers' own trial steps, which only a "
+        "majority of them can move (gauntlet.baseline); left out, 'groups' when proof_baseline_groups > 0")
+    proof_baseline_min_others: int = Field(
+        default=3, ge=3, description="proof_baseline others: fewer other evaluated peers leave the window on "
+        "δ_rand (the median of two others is their mean, which either one sets)")
+    proof_baseline_clip: float = Field(
+        default=2.0, ge=0, description="proof_baseline others: each other peer's value on a unit is clipped to "
+        "the median ± this many median absolute deviations before their mean (0: the median; gauntlet.baseline."
+        "clipped_mean)")
     proof_sequences: int = Field(
         default=0, ge=0, description="sequences of each evaluated page the primary evaluation reads, drawn "
         "with the validator's secret (gauntlet.select_eval_sequences); 0 reads them all")
@@ -280,6 +292,21 @@ class GauntletConfig(_Strict):
                                 "digests the validator remembers: a repeat is 'replay'")
     norm_check_min_peers: int = Field(default=3, ge=1, description="fewer passing peers have no median for the "
                                       "'scale' check (max_norm_ratio)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _baseline_from_groups(cls, data: Any) -> Any:
+        """Files written before `proof_baseline` named only the groups: k > 0 meant 'groups'."""
+        if isinstance(data, dict) and "proof_baseline" not in data and data.get("proof_baseline_groups"):
+            return {**data, "proof_baseline": "groups"}
+        return data
+
+    @model_validator(mode="after")
+    def _groups_only_for_groups(self) -> GauntletConfig:
+        if (self.proof_baseline == "groups") != (self.proof_baseline_groups > 0):
+            raise ValueError("gauntlet.proof_baseline_groups must be > 0 exactly when gauntlet.proof_baseline is "
+                             f"'groups' (got {self.proof_baseline!r} with {self.proof_baseline_groups} groups)")
+        return self
 
 
 class SyncConfig(_Strict):

@@ -47,6 +47,7 @@ from templar.runtime.model_file import check_model_file
 from templar.runtime.offload import HostStore
 from templar.runtime.state import NodeState, load_node_state_or_previous
 from templar.runtime.train import InnerWindow, TrainStats, make_inner_optimizer, window_parts
+from templar.validator.evaluate import evaluator_rules
 from templar.wire import Gradient
 
 __all__ = ["NodeCompute"]
@@ -84,9 +85,7 @@ class NodeCompute:
         self.snapshot = HostStore() if offload else None
         self.window: InnerWindow | None = None
         self.sharded_evaluator = ShardedEvaluator(self.model, hp.optimizer.micro_batch_size, group,
-                                                  position_ranges=hp.gauntlet.position_ranges,
-                                                  step_dtype=update_dtype(hp),
-                                                  baseline_groups=hp.gauntlet.proof_baseline_groups)
+                                                  step_dtype=update_dtype(hp), **evaluator_rules(hp))
         self.base_model: nn.Module | None = None
         """A delayed run's validator: θ before its latest outer step, sharded as θ (`keep_base`)."""
         self._base_scorer: ShardedEvaluator | None = None
@@ -349,9 +348,7 @@ class NodeCompute:
         if self.base_model is None:
             self.base_model = self._twin()
             self._base_scorer = ShardedEvaluator(self.base_model, self.hp.optimizer.micro_batch_size, self.group,
-                                                 position_ranges=self.hp.gauntlet.position_ranges,
-                                                 step_dtype=update_dtype(self.hp),
-                                                 baseline_groups=self.hp.gauntlet.proof_baseline_groups)
+                                                 step_dtype=update_dtype(self.hp), **evaluator_rules(self.hp))
         else:
             _copy_local(self.base_model, self.model)
 

@@ -61,13 +61,15 @@ class ShardedEvaluator(Evaluator):
     trial steps live on rank 0 only and reach each rank as its own rows, one parameter at a time,
     in `step_dtype`: int8 for the signed rule's signs (a quarter of the bytes), float32 for a rule
     whose trial step carries magnitudes (SparseLoCo's) and for a mean of steps (`fractional`: the
-    common steps of `gauntlet.proof_baseline_groups`). Cast to int8, such a step is all zeros: the
+    common steps of `gauntlet.proof_baseline` "groups"). Cast to int8, such a step is all zeros: the
     trial would leave θ_t as it is and every LossScore would read 0.
     """
 
     def __init__(self, model: nn.Module, micro_batch_size: int, group: Group, *, position_ranges: int,
-                 step_dtype: torch.dtype = torch.float32, baseline_groups: int = 0):
-        super().__init__(model, micro_batch_size, position_ranges=position_ranges, baseline_groups=baseline_groups)
+                 step_dtype: torch.dtype = torch.float32, baseline_groups: int = 0, baseline: str | None = None,
+                 baseline_min_others: int = 3, baseline_clip: float = 2.0):
+        super().__init__(model, micro_batch_size, position_ranges=position_ranges, baseline_groups=baseline_groups,
+                         baseline=baseline, baseline_min_others=baseline_min_others, baseline_clip=baseline_clip)
         self.group = group
         self.step_dtype = step_dtype
 

@@ -24,15 +24,25 @@ lift the partner's gaps, or raise it on a competitor's (a step trained on them) 
 With one group that is 1/|S_t| of the common step; with three, a single colluder moves one of the
 three per-unit gains and the median ignores it. Two colluders in different groups of the same
 S_t are not stopped (docs/scoring.md §4).
+
+Hence a second form, `proof_baseline` "others": no groups; every evaluated peer's own trial step is
+applied over every unit of the window, and a peer's common gain on each unit is read from the
+*other* peers' gains there, each peer's gains first divided by its own mean gain on the random
+units: their mean after clipping each to the median ± `proof_baseline_clip` MADs (`others_gains`,
+`clipped_mean`). A peer's own step is never part of its baseline. Colluders move the median and
+the MAD only by as many ranks as they hold among the others, and each clipped value only within
+them: while they are a minority of the others, what they can move the baseline by is bounded by
+the honest peers' own spread. It costs P passes over every unit where the groups cost k more
+besides the peers' own (each peer's own pass is part of its pass over every unit).
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
-__all__ = ["baseline_groups", "common_gains", "unit_adjustments"]
+__all__ = ["baseline_groups", "clipped_mean", "common_gains", "others_gains", "unit_adjustments"]
 
 
 def baseline_groups(peers: Sequence[str], groups: int) -> list[list[str]]:
@@ -60,6 +70,45 @@ def common_gains(group_gains: Sequence[Sequence[float]]) -> list[float]:
         finite = [gains[u] for gains in group_gains if math.isfinite(gains[u])]
         out.append(statistics.median(finite) if finite else math.nan)
     return out
+
+
+def clipped_mean(values: Sequence[float], clip: float) -> float:
+    """The mean of the finite `values` after each is clipped to their median ± `clip` median absolute
+    deviations (NaN when none is finite). 0 is the median; a large `clip` the mean. A minority of
+    values, however extreme, moves it by a bounded amount: as far as they move the median and the
+    MAD (both stay among the other values while those are a majority), plus their share of the
+    clipped range. Inside that range each value counts in full, so it scatters nearly as little
+    as the mean."""
+    finite = sorted(v for v in values if math.isfinite(v))
+    if not finite:
+        return math.nan
+    centre = statistics.median(finite)
+    spread = clip * statistics.median(abs(v - centre) for v in finite)
+    return math.fsum(min(max(v, centre - spread), centre + spread) for v in finite) / len(finite)
+
+
+def others_gains(gains_by_peer: Mapping[str, Sequence[float]], peer: str, random_units: int,
+                 min_others: int, clip: float) -> list[float] | None:
+    """`peer`'s common gain on each unit, in units of a step's mean gain on the random units: over
+    the *other* peers, their gains there, each divided by that peer's own mean gain on the first
+    `random_units` units (the random ones), and of those the `clipped_mean` (`clip`:
+    `gauntlet.proof_baseline_clip`). Every peer's gains are measured on the same units in the same
+    order; a non-finite gain is left out of its unit's mean.
+
+    Dividing first makes it a mean of unit susceptibilities, not of step sizes: S_t mixes strong
+    and weak steps. A peer whose step did not help the random units (mean ≤ 0: no step, noise, a
+    broken model) has no scale and says nothing of a unit's generic gain; it is left out. None
+    (judge against δ_rand) when fewer than `min_others` others are left
+    (`gauntlet.proof_baseline_min_others`): a median of two is their mean, which either one sets."""
+    profiles = []
+    for name, gains in sorted(gains_by_peer.items()):
+        finite = [g for g in gains[:random_units] if math.isfinite(g)]
+        scale = math.fsum(finite) / len(finite) if finite else math.nan
+        if name != peer and scale > 0:
+            profiles.append([g / scale for g in gains])
+    if len(profiles) < min_others:
+        return None
+    return [clipped_mean([profile[u] for profile in profiles], clip) for u in range(len(profiles[0]))]
 
 
 def unit_adjustments(random_gains: Sequence[float], random_common: Sequence[float],

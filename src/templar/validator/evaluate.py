@@ -12,11 +12,15 @@ import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from templar.gauntlet.baseline import baseline_groups, common_gains, unit_adjustments
+from templar.gauntlet.baseline import baseline_groups, common_gains, others_gains, unit_adjustments
 from templar.runtime.train import sequence_losses
+
+if TYPE_CHECKING:
+    from templar.core.config import HParams
 
 
 @dataclass(frozen=True)
@@ -93,18 +97,26 @@ class Evaluator:
     typical gap. Four ranges give its untrained three quarters their own, empty, measurement; more
     would make each unit's δ noisier.
 
-    `baseline_groups` (the rules' `gauntlet.proof_baseline_groups`): 0 reports each unit's δ as
-    measured, to be judged against δ_rand; k > 0 applies the mean trial step of each of k groups
-    of the window's peers once more, over every unit, and reports each unit's δ less its share of
-    the generic gain (`templar.gauntlet.baseline`): a unit that any step improves much no longer
-    looks trained, nor one that steps barely move untrained."""
+    `baseline` (the rules' `gauntlet.proof_baseline`; `evaluator_rules`): "random" reports each
+    unit's δ as measured, to be judged against δ_rand; "groups" applies the mean trial step of each
+    of `baseline_groups` groups of the window's peers once more, over every unit, and "others"
+    applies every peer's own step over every unit (its own pass included) and reads each peer's
+    baseline from the other peers' gains; both report each unit's δ less its share of the generic
+    gain (`templar.gauntlet.baseline`): a unit that any step improves much no longer looks trained,
+    nor one that steps barely move untrained. Left out, "groups" when `baseline_groups` > 0."""
 
     def __init__(self, model: torch.nn.Module, micro_batch_size: int, *, position_ranges: int,
-                 baseline_groups: int = 0):
+                 baseline_groups: int = 0, baseline: str | None = None, baseline_min_others: int = 3,
+                 baseline_clip: float = 2.0):
         self.model = model
         self.micro_batch_size = micro_batch_size
         self.position_ranges = position_ranges
         self.baseline_groups = baseline_groups
+        self.baseline = baseline or ("groups" if baseline_groups > 0 else "random")
+        if self.baseline not in ("random", "groups", "others"):
+            raise ValueError(f"Evaluator: unknown baseline {self.baseline!r}")
+        self.baseline_min_others = baseline_min_others
+        self.baseline_clip = baseline_clip
         self._params = {n: p for n, p in model.named_parameters() if p.requires_grad}
         self._saved: dict[str, torch.Tensor] = {}
 
@@ -163,16 +175,32 @@ class Evaluator:
         assigned_before_ranges = dict(zip(peers, torch.split(before_ranges[n_rand:], sizes), strict=True))
         common = self._common_gains(signs_by_peer, peers, everything, before_ranges, beta, ranges)
         own_common = dict(zip(peers, torch.split(common[n_rand:], sizes), strict=True)) if common is not None else {}
+        after_everything = self._every_peers_pass(signs_by_peer, peers, everything, beta, ranges)
+        if after_everything is not None:  # a peer's rows of every unit: the random ones, then its own
+            starts = dict(zip(peers, (n_rand + sum(sizes[:i]) for i in range(len(peers))), strict=True))
+            rows = {p: torch.cat([torch.arange(n_rand), torch.arange(starts[p], starts[p] + assigned[p].size(0))])
+                    for p in peers}
+        random_units = before_ranges[:n_rand].numel()
         out: dict[str, LossScores] = {}
         for peer in peers:
-            with self.stepped(signs_by_peer[peer], beta):
-                after_ranges = self.losses(torch.cat([random_batch, assigned[peer]]), ranges)
+            if after_everything is not None:
+                after_ranges = after_everything[peer][rows[peer]]
+            else:
+                with self.stepped(signs_by_peer[peer], beta):
+                    after_ranges = self.losses(torch.cat([random_batch, assigned[peer]]), ranges)
             after = after_ranges @ weights if ranges > 1 else after_ranges
             proof_after = after_ranges  # what the proof reads: δ less each unit's share of the generic gain
+            unit_common: list[float] | None = None
             if common is not None:
+                unit_common = torch.cat([common[:n_rand], own_common[peer]]).flatten().tolist()
+            elif after_everything is not None:
+                mine = before_ranges[rows[peer]]
+                unit_common = others_gains({p: (mine - a[rows[peer]]).flatten().tolist()
+                                            for p, a in after_everything.items()}, peer,
+                                           random_units, self.baseline_min_others, self.baseline_clip)
+            if unit_common is not None:
                 adjust = unit_adjustments((before_ranges[:n_rand] - after_ranges[:n_rand]).flatten().tolist(),
-                                          common[:n_rand].flatten().tolist(),
-                                          torch.cat([common[:n_rand], own_common[peer]]).flatten().tolist())
+                                          unit_common[:random_units], unit_common)
                 if adjust is not None:
                     proof_after = after_ranges + torch.tensor(adjust, dtype=after_ranges.dtype).view_as(after_ranges)
             proof_seq = proof_after @ weights if ranges > 1 else proof_after
@@ -187,12 +215,25 @@ class Evaluator:
             )
         return out
 
+    def _every_peers_pass(self, signs_by_peer: dict[str, dict[str, torch.Tensor]], peers: list[str],
+                          everything: torch.Tensor, beta: float, ranges: int) -> dict[str, torch.Tensor] | None:
+        """Under baseline "others": each peer's losses over every unit of the window (the random
+        pages and every evaluated peer's pages) after its own trial step, which serve as its own
+        trial pass and as the other peers' baselines; None under any other baseline."""
+        if self.baseline != "others":
+            return None
+        out = {}
+        for peer in peers:
+            with self.stepped(signs_by_peer[peer], beta):
+                out[peer] = self.losses(everything, ranges)
+        return out
+
     def _common_gains(self, signs_by_peer: dict[str, dict[str, torch.Tensor]], peers: list[str],
                       everything: torch.Tensor, before_ranges: torch.Tensor, beta: float,
                       ranges: int) -> torch.Tensor | None:
         """Every unit's gain under the window's common steps (`gauntlet.baseline.common_gains`),
         laid out like `before_ranges`; None when the baseline is off or S_t too small for it."""
-        groups = baseline_groups(peers, self.baseline_groups)
+        groups = baseline_groups(peers, self.baseline_groups) if self.baseline == "groups" else []
         if not groups:
             return None
         gains = []
@@ -200,6 +241,15 @@ class Evaluator:
             with self.stepped(mean_step([signs_by_peer[p] for p in group]), beta, fractional=True):
                 gains.append((before_ranges - self.losses(everything, ranges)).flatten().tolist())
         return torch.tensor(common_gains(gains), dtype=before_ranges.dtype).view_as(before_ranges)
+
+
+def evaluator_rules(hp: HParams) -> dict[str, Any]:
+    """The run's rules an `Evaluator` applies, as its keyword arguments: every evaluator a node
+    builds (one process or sharded, θ_t's or a delayed run's base) is built from these."""
+    g = hp.gauntlet
+    return {"position_ranges": g.position_ranges, "baseline": g.proof_baseline,
+            "baseline_groups": g.proof_baseline_groups, "baseline_min_others": g.proof_baseline_min_others,
+            "baseline_clip": g.proof_baseline_clip}
 
 
 def mean_step(steps: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:

@@ -68,7 +68,7 @@ from templar.runtime.sync import (
 from templar.storage import StorageError
 from templar.validator.base import Base, BaseKeeper
 from templar.validator.commits import CommitWatcher
-from templar.validator.evaluate import Evaluator, LossScores, read_sequences
+from templar.validator.evaluate import Evaluator, LossScores, evaluator_rules, read_sequences
 from templar.validator.fast_eval import PoolBaselines, fast_evaluate
 from templar.validator.lead import CheckpointPublisher, LeadError, WindowPublisher, publish_start_window
 from templar.validator.public_work import PublicWork
@@ -104,8 +104,7 @@ class Validator:
         self.replays = ReplayMemory(self.hp.gauntlet.replay_windows)
         self.compute = node.compute  # θ: one process, or torchrun's ranks
         self.evaluator = self.compute.evaluator or Evaluator(
-            node.model, self.hp.optimizer.micro_batch_size, position_ranges=self.hp.gauntlet.position_ranges,
-            baseline_groups=self.hp.gauntlet.proof_baseline_groups)
+            node.model, self.hp.optimizer.micro_batch_size, **evaluator_rules(self.hp))
         self.holdout = node.pages.empty  # filled in start(): pages come from the data bucket
         self.publisher = WindowPublisher(node)
         self.checkpoints = CheckpointPublisher(node)
@@ -500,8 +499,7 @@ class Validator:
             return scorer
         if self._base_evaluator is None:
             self._base_evaluator = Evaluator(self.compute.base_model, self.hp.optimizer.micro_batch_size,
-                                             position_ranges=self.hp.gauntlet.position_ranges,
-                                             baseline_groups=self.hp.gauntlet.proof_baseline_groups)
+                                             **evaluator_rules(self.hp))
         return self._base_evaluator
 
     async def _primary(self, window: int, miners: Mapping[str, int], chosen: list[str],
