@@ -89,7 +89,7 @@ def test_others_are_the_median_of_every_other_peers_gain_over_its_own_random_mea
     assert others_gains(gains, "a", 1, 3, 0.0) == [1.0, 3.0, 1.0]      # a's own step is never its baseline
     assert others_gains(gains, "b", 1, 3, 0.0) == [1.0, 1.5, 1.0]      # a non-finite gain is left out
     assert others_gains(gains, "a", 1, 4, 0.0) is None                 # too few others that helped: δ_rand
-    assert others_gains({"a": [1.0], "b": [2.0], "c": [3.0]}, "a", 1, 3, 2.0) is None
+    assert others_gains({"a": [1.0], "b": [2.0], "c": [3.0]}, "a", 1, 3, 4.0) is None
 
 
 def test_the_clipped_mean_runs_from_the_median_to_the_mean_and_bounds_a_minority():
@@ -99,9 +99,11 @@ def test_the_clipped_mean_runs_from_the_median_to_the_mean_and_bounds_a_minority
     assert clipped_mean(values, 2.0) == pytest.approx((1 + 2 + 3 + 4 + 5) / 5)   # 100 counts as 3 + 2·1
     assert clipped_mean([1.0, 2.0, 3.0, 4.0, math.inf], 2.0) == pytest.approx(2.5)  # left out, not clipped
     assert math.isnan(clipped_mean([math.nan], 2.0))
-    # two values of seven, however extreme, move it by a bounded amount (here: within the other five's range)
+    # two values of seven, however extreme, move it by a bounded amount: at most their share of the clipped
+    # range (2/7 of clip MADs each side) beyond where the median and the MAD went (here 1.5-2.5 and 1)
     for extreme in (-1e12, 1e12):
         assert 1.0 <= clipped_mean([1.0, 1.5, 2.0, 2.5, 3.0, extreme, extreme], 2.0) <= 3.0
+        assert 0.7 <= clipped_mean([1.0, 1.5, 2.0, 2.5, 3.0, extreme, extreme], 4.0) <= 3.3
 
 
 def _lazy_credit_against_others(others: int, colluders: int, damage: float) -> float:
@@ -114,7 +116,7 @@ def _lazy_credit_against_others(others: int, colluders: int, damage: float) -> f
     for i in range(others):
         unlearned = damage if i < colluders else 0.0          # on the partner's units only
         gains[f"o{i}"] = [*random_common, *(g - unlearned for g in lazy_units_common)]
-    common = others_gains(gains, "lazy", len(random_common), 3, 2.0)
+    common = others_gains(gains, "lazy", len(random_common), 3, 4.0)
     assert common is not None
     adjust = unit_adjustments(random_common, common[:len(random_common)], common)
     assert adjust is not None

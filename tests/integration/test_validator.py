@@ -134,7 +134,7 @@ def test_a_validator_on_each_units_own_baseline_pays_honest_work_and_not_a_lazy_
 
     records = run_virtual(scenario())
     # after 4 evaluations each (the validator's secret differs run to run), three runs each: groups, honest μ
-    # 0.24-0.30, lazy 0.04-0.13; others, honest μ 0.30-0.34, lazy −0.02-0.03
+    # 0.24-0.30, lazy 0.04-0.13; others, honest μ 0.29-0.34, lazy −0.10-0.01
     assert all(r.primary_evals >= 2 for r in records.values()), records
     assert min(records[name].mu for name in honest) > max(0.0, records["lazy"].mu), records
     assert records["lazy"].score < min(records[name].score for name in honest), records

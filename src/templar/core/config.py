@@ -178,7 +178,7 @@ class GauntletConfig(_Strict):
         default=3, ge=3, description="proof_baseline others: fewer other evaluated peers leave the window on "
         "δ_rand (the median of two others is their mean, which either one sets)")
     proof_baseline_clip: float = Field(
-        default=2.0, ge=0, description="proof_baseline others: each other peer's value on a unit is clipped to "
+        default=4.0, ge=0, description="proof_baseline others: each other peer's value on a unit is clipped to "
         "the median ± this many median absolute deviations before their mean (0: the median; gauntlet.baseline."
         "clipped_mean)")
     proof_sequences: int = Field(

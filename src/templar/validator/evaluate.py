@@ -107,7 +107,7 @@ class Evaluator:
 
     def __init__(self, model: torch.nn.Module, micro_batch_size: int, *, position_ranges: int,
                  baseline_groups: int = 0, baseline: str | None = None, baseline_min_others: int = 3,
-                 baseline_clip: float = 2.0):
+                 baseline_clip: float = 4.0):
         self.model = model
         self.micro_batch_size = micro_batch_size
         self.position_ranges = position_ranges
