@@ -119,9 +119,7 @@ from templar.tools.sizing import PCIE_BYTES_PER_SECOND, compute_span, state_file
 from templar.validator.evaluate import Evaluator, page_deltas, range_weights, sequence_deltas
 from templar.wire import read_gradient, take_probes, write_gradient
 
-COMMON_GROUPS = 3
-"""Groups of S_t whose mean steps give each unit its own baseline (`gauntlet.proof_baseline_groups`):
-the median of three, which one colluding peer cannot move (docs/scoring.md §4)."""
+COMMON_GROUPS = 3  # groups of S_t whose mean steps give each unit its own baseline (docs/scoring.md §4)
 
 
 def phase_setup(b: Bench) -> dict[str, Any]:
@@ -433,12 +431,12 @@ def phase_noise(b: Bench) -> dict[str, Any]:
     payloads: dict[str, dict[str, Compressed]] = {}
     started = time.monotonic()
     for peer, pages in assigned.items():
-        if len(payloads) >= 2:  # train another only if it and the evaluation of all still fit the cap
+        if len(payloads) >= s.noise_min_peers:  # another only if it and the evaluation of all fit the cap
             train = (time.monotonic() - started) / len(payloads)
             page_forward = train / (3 * per_peer)  # forward+backward ≈ 3 forwards
-            peers_then = len(payloads) + 1  # the plain evaluation, then the common steps' passes over every unit
+            peers_then = len(payloads) + 1  # the plain evaluation, then the groups' and the others' passes over every unit
             evaluation = page_forward * (random_n + peers_then * (2 * per_peer + random_n)
-                                         + COMMON_GROUPS * (random_n + peers_then * per_peer))
+                                         + (COMMON_GROUPS + peers_then) * (random_n + peers_then * per_peer))
             if b.left() < train + evaluation:
                 break
         # the run's own window: its inner steps (fresh moments, as a newly joined miner), then DeMo
@@ -480,18 +478,20 @@ def phase_noise(b: Bench) -> dict[str, Any]:
     out["peers"] = rows
     out.update(noise_summary(rows))
     out["proof_credit"] = proof_credit_summary(rows, hp.gauntlet.proof_full_gap)
-    # the same honest peers judged against each unit's own baseline (`gauntlet.proof_baseline_groups`,
-    # docs/scoring.md §4): the common steps of up to 3 groups, one more pass over every unit each
-    if len(signs) >= 2:
+    # the same honest peers judged against each unit's own baseline (`gauntlet.proof_baseline`, docs/scoring.md §4):
+    # "common", the groups' mean steps (a pass over every unit each); "others", each peer's step over every unit
+    for name, rules in (("common", {"baseline_groups": COMMON_GROUPS}), ("others", {"baseline": "others"})):
+        if len(signs) < (need := 2 if name == "common" else 1 + hp.gauntlet.proof_baseline_min_others):
+            out[f"proof_credit_{name}"] = {"skipped": f"{len(signs)} peers trained within the cap; it needs {need}"}
+            continue
         started = time.monotonic()
-        common = Evaluator(model, hp.optimizer.micro_batch_size, position_ranges=ranges,
-                           baseline_groups=COMMON_GROUPS).score_peers(
+        scored = Evaluator(model, hp.optimizer.micro_batch_size, position_ranges=ranges, **rules).score_peers(
             signs, {peer: b.pages(assigned[peer]) for peer in signs}, random_batch, beta, spp)
-        out["common_eval_seconds"] = time.monotonic() - started
+        out[f"{name}_eval_seconds"] = time.monotonic() - started
         baselined = {peer: {"delta_rand_pages": rows[peer]["delta_rand_pages"],
                             "delta_assigned_pages": list(score.page_deltas),
-                            "delta_assigned_sequences": list(score.sequence_deltas)} for peer, score in common.items()}
-        out["proof_credit_common"] = proof_credit_summary(baselined, hp.gauntlet.proof_full_gap)
+                            "delta_assigned_sequences": list(score.sequence_deltas)} for peer, score in scored.items()}
+        out[f"proof_credit_{name}"] = proof_credit_summary(baselined, hp.gauntlet.proof_full_gap)
         quarter = max(1, spp // 4)  # a secret quarter of the sequences (proof_sequences): a subset of these units
         for i, (peer, row) in enumerate(baselined.items()):
             units = row["delta_assigned_sequences"]
@@ -499,7 +499,7 @@ def phase_noise(b: Bench) -> dict[str, Any]:
             row["delta_assigned_sequences"] = [
                 units[(page * spp + seq) * per_sequence + r] for page in range(len(assigned[peer]))
                 for seq in select_eval_sequences(0, 0, i, page, spp, quarter) for r in range(per_sequence)]
-        out["proof_credit_common_quarter"] = proof_credit_summary(baselined, hp.gauntlet.proof_full_gap)
+        out[f"proof_credit_{name}_quarter"] = proof_credit_summary(baselined, hp.gauntlet.proof_full_gap)
     return out
 
 

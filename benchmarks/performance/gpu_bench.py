@@ -59,6 +59,7 @@ class Scale:
     timed_micro_batches: int        # forward+backward timed one by one
     validator_peers: int            # peers of the timed `score_peers`
     noise_peers: int
+    noise_min_peers: int            # trained whatever the time cap says (the others' baseline needs 4)
     noise_pages_per_peer: int       # each noise peer's pages: a production window's at most, what the corpus holds
     noise_random_pages: int
     noise_pretrain_pages: int
@@ -73,14 +74,14 @@ class Scale:
 
 PRODUCTION = Scale(
     name="production", hparams=None, vocab=32000, max_documents=None, workers=min(8, max(1, (os.cpu_count() or 2) - 1)),
-    timed_micro_batches=6, validator_peers=3, noise_peers=4, noise_pages_per_peer=3, noise_random_pages=4, noise_pretrain_pages=2,
+    timed_micro_batches=6, validator_peers=3, noise_peers=4, noise_min_peers=2, noise_pages_per_peer=3, noise_random_pages=4, noise_pretrain_pages=2,
     noise_pretrain_steps=48, inner_steps_exercised=0, kept_sets_layers=1, budget=480.0,
     caps={"corpus": 90, "window": 120, "memory": 90, "validator": 60, "consensus": 90, "noise": 150},
     minimum={"corpus": 30, "window": 40, "memory": 30, "validator": 20, "consensus": 25, "noise": 45},
 )
 SMOKE = Scale(
     name="smoke", hparams="tiny", vocab=1024, max_documents=120, workers=0, timed_micro_batches=1,
-    validator_peers=2, noise_peers=3, noise_pages_per_peer=1 << 10, noise_random_pages=3, noise_pretrain_pages=2, noise_pretrain_steps=2,
+    validator_peers=2, noise_peers=4, noise_min_peers=4, noise_pages_per_peer=1 << 10, noise_random_pages=3, noise_pretrain_pages=2, noise_pretrain_steps=2,
     inner_steps_exercised=2, kept_sets_layers=None, budget=120.0,
     caps={"corpus": 30, "window": 30, "memory": 30, "validator": 20, "consensus": 30, "noise": 30},
     minimum={},

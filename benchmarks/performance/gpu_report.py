@@ -227,16 +227,14 @@ def _rows_noise(n: Mapping[str, Any], est: Mapping[str, Any]) -> list[list[str]]
         rows.append(["noise: proof credit by size per honest peer (share at full credit)",
                      ", ".join(f"{c:.2f} ({proof['full_credit_share'][p]:.2f})" for p, c in proof["credit"].items()),
                      "1.0 intended; micro 0.5"])
-    common = n.get("proof_credit_common") or {}
-    if common.get("credit"):
-        rows.append(["noise: the same against each unit's own baseline (common steps, 3 groups)",
-                     ", ".join(f"{c:.2f} ({common['full_credit_share'][p]:.2f})" for p, c in common["credit"].items()),
-                     "micro: 0.64-0.76"])
-    quarter = n.get("proof_credit_common_quarter") or {}
-    if quarter.get("credit"):
-        rows.append(["noise: the same, reading a secret quarter of the sequences",
-                     ", ".join(f"{c:.2f} ({quarter['full_credit_share'][p]:.2f})" for p, c in quarter["credit"].items()),
-                     ""])
+    for key, label, micro in (("common", "common steps, 3 groups", "micro: 0.64-0.76"),
+                              ("others", "the other peers' steps", "")):
+        for suffix, what in (("", f"against each unit's own baseline ({label})"),
+                             ("_quarter", f"the same ({label}), reading a secret quarter of the sequences")):
+            credit = n.get(f"proof_credit_{key}{suffix}") or {}
+            if credit.get("credit"):
+                rows.append([f"noise: {what}", ", ".join(f"{c:.2f} ({credit['full_credit_share'][p]:.2f})"
+                                                         for p, c in credit["credit"].items()), "" if suffix else micro])
     return rows
 
 
