@@ -107,8 +107,9 @@ def test_the_clipped_mean_runs_from_the_median_to_the_mean_and_bounds_a_minority
 
 
 def _lazy_credit_against_others(others: int, colluders: int, damage: float) -> float:
-    """A lazy peer (generic gains only) judged against the median of `others` other peers' gains on
-    its units, `colluders` of which unlearn its pages by `damage` per unit: its proof credit by size."""
+    """A lazy peer (generic gains only) judged against `others` other peers' gains on its units (their
+    clipped mean at the default clip, 4), `colluders` of which unlearn its pages by `damage` per unit:
+    its proof credit by size."""
     random_common = [1.0, 2.0, 3.0, 2.0]
     lazy_units_common = [1.0, 3.0, 2.0, 2.0]
     honest = [*random_common, *lazy_units_common]
@@ -126,9 +127,9 @@ def _lazy_credit_against_others(others: int, colluders: int, damage: float) -> f
 
 
 def test_colluders_short_of_half_the_others_cannot_lift_a_lazy_partner():
-    """The median of 7 others: 3 colluders unlearning the partner's pages leave it at the honest
-    peers' gain (no credit); 4, a majority of the others, set it (full credit). The groups rule gives
-    way to 2 (`test_one_colluder_cannot_lift…`: one per group)."""
+    """7 others: 3 colluders unlearning the partner's pages leave the median and the MAD, so the
+    clipped mean, at the honest peers' gain (no credit); 4, a majority of the others, set them (full
+    credit). The groups rule gives way to 2 (`test_one_colluder_cannot_lift…`: one per group)."""
     assert _lazy_credit_against_others(7, 0, 0.0) == pytest.approx(0.0)
     assert _lazy_credit_against_others(7, 3, 30.0) == pytest.approx(0.0)
     assert _lazy_credit_against_others(7, 4, 30.0) == pytest.approx(1.0)

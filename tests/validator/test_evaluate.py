@@ -139,11 +139,12 @@ def test_common_steps_take_each_units_generic_gain_out_of_the_proof_and_nothing_
         assert len(c.page_deltas) == 1
 
 
-def test_the_other_peers_steps_take_each_units_generic_gain_out_and_a_peers_own_step_stays_out(tiny_pages):
+def test_the_other_peers_steps_take_each_units_generic_gain_out_and_too_few_leave_the_papers(tiny_pages):
     """`gauntlet.proof_baseline` "others" (docs/scoring.md §4): each peer's step runs over every
     unit once, serving as its own trial (the LossScores are the plain evaluation's, to rounding: the
     same sequences in other micro-batches) and as the others' baselines; the random units scatter
-    less around δ_rand, trained pages still gain more, and a peer's baseline ignores its own step."""
+    less around δ_rand, trained pages still gain more, another peer's step moves a peer's baseline
+    (its own never enters it: tests/gauntlet/test_baseline.py), and too few others leave δ_rand."""
     import statistics
 
     hp = load_hparams("tiny")
