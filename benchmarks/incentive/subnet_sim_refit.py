@@ -4,6 +4,7 @@
     python -m benchmarks.incentive.subnet_sim_refit                # the committed fit, 12 runs
     python -m benchmarks.incentive.subnet_sim_refit --quick        # 64 uids, 12 windows (tests)
     python -m benchmarks.incentive.subnet_sim_refit --tag sparseloco --fit DIR0 DIR1 DIR2   # another fit, beside
+    python -m benchmarks.incentive.subnet_sim_refit --levers --tag T [--lever NAME ...]     # LEVERS on fit T
 
 `subnet_sim.py`'s `FIT_FILE` resamples (δ_rand, gap) pairs of a tiny localnet from before inner
 steps, one pair per evaluation. `--fit` refits from localnets whose validators recorded every unit
@@ -76,23 +77,28 @@ simulator's `noise` scales every unit's scatter, 0.5 standing for four times the
 rating tied for every peer, which leaves μ alone to tell peers apart."""
 
 
-def levers(processes: int, units_file: Path = UNITS_FIT_FILE, tag: str = "") -> int:
-    """`LEVERS` on the refit (`units_file`) at finney's cadence, seeds 0-2: the targets of each, and
-    its ranges, into `subnet_sim_refit_levers.json` (`..._levers_TAG.json` with a tag)."""
+def levers(processes: int, units_file: Path = UNITS_FIT_FILE, tag: str = "", only: list[str] | None = None) -> int:
+    """`LEVERS` (those named in `only`, when given) on the refit (`units_file`) at finney's cadence,
+    seeds 0-2: the targets of each, and its ranges, into `subnet_sim_refit_levers.json`
+    (`..._levers_TAG.json` with a tag)."""
+    unknown = sorted(set(only or ()) - set(LEVERS))
+    if unknown:
+        raise SystemExit(f"subnet_sim_refit: no lever {unknown}; the levers are {sorted(LEVERS)}")
+    chosen = {name: change for name, change in LEVERS.items() if not only or name in only}
     base = replace(SimConfig(), **CHOSEN, fit_file=str(units_file), tempo_windows=51, weights_windows=15)
     seeds = (0, 1, 2)
     jobs = [(f"{name} | seed={seed}", replace(base, seed=seed, **change), False)
-            for name, change in LEVERS.items() for seed in seeds]
+            for name, change in chosen.items() for seed in seeds]
     outcomes = run_jobs(jobs, processes)
     runs = {label: summary(o.metrics) for label, o in outcomes.items()}
     ranges = {name: {k: [min(runs[f"{name} | seed={s}"][k] for s in seeds), max(runs[f"{name} | seed={s}"][k]
                                                                                for s in seeds)] for k in KEYS}
-              for name in LEVERS}
+              for name in chosen}
     for name, r in ranges.items():
         print(f"  {name}: " + ", ".join(f"{k} {lo:.3g}–{hi:.3g}" for k, (lo, hi) in r.items()))
     out = RESULTS_DIR / ("subnet_sim_refit_levers" + (f"_{tag}" if tag else "") + ".json")
     out.write_text(json.dumps(
-        {"fit": str(units_file.name), "cadence": "finney (tempo 51, weights every 15)", "levers": LEVERS,
+        {"fit": str(units_file.name), "cadence": "finney (tempo 51, weights every 15)", "levers": chosen,
          "runs": runs, "ranges_over_seeds": ranges}, indent=1) + "\n")
     print(f"wrote {out}")
     return 0
@@ -107,10 +113,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--levers", action="store_true",
                         help="instead: production's settings with one lever changed (LEVERS), on the refit at "
                              "finney's cadence, seeds 0-2")
+    parser.add_argument("--lever", action="append", default=None, metavar="NAME",
+                        help="with --levers: only this lever (repeat for several; the names are LEVERS' keys)")
     args = parser.parse_args(argv)
     units_file = RESULTS_DIR / f"subnet_sim_fit_units_{args.tag}.json" if args.tag else UNITS_FIT_FILE
     if args.levers:
-        return levers(args.processes, units_file, args.tag)
+        return levers(args.processes, units_file, args.tag, args.lever)
     if args.fit:
         fitted = fit_from_evaluations(args.fit, FIT_SOURCE + (f" ({args.tag})" if args.tag else ""))
         units_file.write_text(json.dumps(fitted, separators=(",", ":")) + "\n")

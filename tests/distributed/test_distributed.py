@@ -82,7 +82,8 @@ def test_a_sharded_sparseloco_node_equals_one_process(tmp_path: Path) -> None:
     """Production's outer rule, SparseLoCo (`tiny-sparseloco`), over 2 ranks: the sharded compressor's
     update and wire payload are the 1-process one's for the same gradient, and the outer step, whose
     clip uses each peer's whole-payload norm, is bit-identical (the signed rule's case is above); and
-    a sharded validator's LossScores of SparseLoCo's trial steps are the 1-process ones."""
+    a sharded validator's LossScores of SparseLoCo's trial steps are the 1-process ones, also with each
+    unit's own baseline (the groups' common steps, and the other peers' own steps)."""
     done = run(torchrun(2, "sparse", str(tmp_path)))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
     report = json.loads((tmp_path / "result.json").read_text())
@@ -97,6 +98,9 @@ def test_a_sharded_sparseloco_node_equals_one_process(tmp_path: Path) -> None:
     # and the proof's common steps (a mean of trial steps) too: the baselined units are the 1-process ones
     assert report["baselined_units_moved"] > 1e-6
     assert report["baselined_units_max_diff"] < 1e-5, report
+    # and under the other peers' own steps (every peer's step over every unit): as on one process
+    assert report["others_units_moved"] > 1e-6
+    assert report["others_units_max_diff"] < 1e-5, report
 
 
 def _tensors(path: Path) -> dict:

@@ -428,6 +428,21 @@ def sparse(out_dir: Path) -> None:
         plain = Evaluator(ref, 4, position_ranges=4).score_peers(steps, assigned, random_batch, 0.01, 3)
         report["baselined_units_moved"] = max(abs(x - y) for x, y in zip(want["a"].sequence_deltas,
                                                                           plain["a"].sequence_deltas, strict=True))
+    # the other peers' own steps (each peer's step over every unit, its own trial pass included): 4 peers,
+    # so each has the 3 others the rule needs; the same units as on one process, and not the plain ones
+    for name, scale, page in (("c", 0.75, 13), ("d", 0.25, 14)):
+        steps[name] = {n: scale * g for n, g in descent.items()}
+        assigned[name] = pages(hp, page, 5)
+    got = ShardedEvaluator(model, 4, group, position_ranges=4, step_dtype=update_dtype(hp), baseline="others"
+                           ).score_peers(steps if group.is_leader else {name: {} for name in steps}, assigned,
+                                         random_batch, 0.01, 3)
+    want = Evaluator(ref, 4, position_ranges=4, baseline="others").score_peers(steps, assigned, random_batch, 0.01, 3)
+    if group.is_leader:
+        report["others_units_max_diff"] = max(abs(x - y) for p in want for x, y in zip(
+            got[p].sequence_deltas + got[p].random_deltas, want[p].sequence_deltas + want[p].random_deltas, strict=True))
+        plain = Evaluator(ref, 4, position_ranges=4).score_peers(steps, assigned, random_batch, 0.01, 3)
+        report["others_units_moved"] = max(abs(x - y) for x, y in zip(want["a"].sequence_deltas,
+                                                                       plain["a"].sequence_deltas, strict=True))
         (out_dir / "result.json").write_text(json.dumps(report))
     group.close()
 
