@@ -412,37 +412,31 @@ def sparse(out_dir: Path) -> None:
         report["loss_score_max_diff"] = max(abs(getattr(got[p], f) - getattr(want[p], f)) for p in want
                                             for f in ("delta_assigned", "delta_rand", "loss_rand_after"))
         report["loss_score_delta_rand"] = want["a"].delta_rand
-    # the proof's common steps (a mean of steps: fractions, scattered whole), from steps that help
-    # the random pages (else the baseline falls back to δ_rand and there is nothing to compare)
+    # each unit's own baseline, from steps that help the random pages (else it falls back to δ_rand and
+    # there is nothing to compare): the groups' common steps (a mean of steps: fractions, scattered
+    # whole) of 2 peers, then the other peers' own steps (each peer's step over every unit, its own trial
+    # pass included) of 4, so that each has the 3 others the rule needs; the units are the 1-process
+    # ones, and not the plain ones
     accumulate_gradients(ref, torch.cat([random_batch, assigned["a"]]), 4, hp.optimizer.grad_clip)
     descent = {n: g.clone() for n, g in gradients(ref).items()}
     ref.zero_grad(set_to_none=True)
     steps = {"a": descent, "b": {n: 0.5 * g for n, g in descent.items()}}
-    got = ShardedEvaluator(model, 4, group, position_ranges=4, step_dtype=update_dtype(hp), baseline_groups=2
-                           ).score_peers(steps if group.is_leader else {"a": {}, "b": {}}, assigned, random_batch,
-                                         0.01, 3)
-    want = Evaluator(ref, 4, position_ranges=4, baseline_groups=2).score_peers(steps, assigned, random_batch, 0.01, 3)
+    for key, rules, more in (("baselined", {"baseline_groups": 2}, ()),
+                             ("others", {"baseline": "others"}, (("c", 0.75, 13), ("d", 0.25, 14)))):
+        for name, scale, page in more:
+            steps[name] = {n: scale * g for n, g in descent.items()}
+            assigned[name] = pages(hp, page, 5)
+        got = ShardedEvaluator(model, 4, group, position_ranges=4, step_dtype=update_dtype(hp), **rules).score_peers(
+            steps if group.is_leader else {name: {} for name in steps}, assigned, random_batch, 0.01, 3)
+        want = Evaluator(ref, 4, position_ranges=4, **rules).score_peers(steps, assigned, random_batch, 0.01, 3)
+        if group.is_leader:
+            report[f"{key}_units_max_diff"] = max(abs(x - y) for p in want for x, y in zip(
+                got[p].sequence_deltas + got[p].random_deltas, want[p].sequence_deltas + want[p].random_deltas,
+                strict=True))
+            plain = Evaluator(ref, 4, position_ranges=4).score_peers(steps, assigned, random_batch, 0.01, 3)
+            report[f"{key}_units_moved"] = max(abs(x - y) for x, y in zip(want["a"].sequence_deltas,
+                                                                           plain["a"].sequence_deltas, strict=True))
     if group.is_leader:
-        report["baselined_units_max_diff"] = max(abs(x - y) for p in want for x, y in zip(
-            got[p].sequence_deltas + got[p].random_deltas, want[p].sequence_deltas + want[p].random_deltas, strict=True))
-        plain = Evaluator(ref, 4, position_ranges=4).score_peers(steps, assigned, random_batch, 0.01, 3)
-        report["baselined_units_moved"] = max(abs(x - y) for x, y in zip(want["a"].sequence_deltas,
-                                                                          plain["a"].sequence_deltas, strict=True))
-    # the other peers' own steps (each peer's step over every unit, its own trial pass included): 4 peers,
-    # so each has the 3 others the rule needs; the same units as on one process, and not the plain ones
-    for name, scale, page in (("c", 0.75, 13), ("d", 0.25, 14)):
-        steps[name] = {n: scale * g for n, g in descent.items()}
-        assigned[name] = pages(hp, page, 5)
-    got = ShardedEvaluator(model, 4, group, position_ranges=4, step_dtype=update_dtype(hp), baseline="others"
-                           ).score_peers(steps if group.is_leader else {name: {} for name in steps}, assigned,
-                                         random_batch, 0.01, 3)
-    want = Evaluator(ref, 4, position_ranges=4, baseline="others").score_peers(steps, assigned, random_batch, 0.01, 3)
-    if group.is_leader:
-        report["others_units_max_diff"] = max(abs(x - y) for p in want for x, y in zip(
-            got[p].sequence_deltas + got[p].random_deltas, want[p].sequence_deltas + want[p].random_deltas, strict=True))
-        plain = Evaluator(ref, 4, position_ranges=4).score_peers(steps, assigned, random_batch, 0.01, 3)
-        report["others_units_moved"] = max(abs(x - y) for x, y in zip(want["a"].sequence_deltas,
-                                                                       plain["a"].sequence_deltas, strict=True))
         (out_dir / "result.json").write_text(json.dumps(report))
     group.close()
 
