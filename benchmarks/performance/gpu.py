@@ -13,9 +13,9 @@ imports `templar.chain` (bittensor), so the outer step is its two pure halves, t
 and `apply` at `core.schedule.learning_rate`;
 payloads are signed with a stand-in HMAC (`StandInKey`) instead of sr25519.
 
-Its parts, one idea each: this file (the phases that train and evaluate, and the run), `gpu_bench.py`
+Its parts, one idea each: this file (the window's and the validator's phases, and the run), `gpu_bench.py`
 (the scales, the run's state `Bench`, the device facts), `gpu_memory.py` (the memory phase),
-`gpu_consensus.py` (the consensus phase) and `gpu_report.py` (the noise phase's summaries and the
+`gpu_consensus.py` (the consensus phase), `gpu_noise.py` (the noise phase) and `gpu_report.py` (the noise phase's summaries and the
 table); the device call runs this module from the repository root
 (`python3 -m benchmarks.performance.gpu`), which imports its siblings as `benchmarks.performance.*`
 and `benchmarks._common`.
@@ -34,7 +34,7 @@ where the torch CPU paths at 1.2B took 104 s to compress, 42 s to decode one pee
 | corpus | a 32,000-entry byte-level BPE trained on the offline sample corpus the way `scripts/build_assets.py` trains tiny's (8 s on 2 cores here), then `templar.data.prepare` at 2,048 × 64 (2.4 M tokens, 18 pages; 17–33 s on 2 cores here); cached in `assets/gpu_sample_32000`. With tokenizers 0.23.3 the tokenizer's sha256 is 823b1725… and the manifest digest 49cc596a…, both in the JSON | 30 s | 90 s |
 | window | 1.2B built on the CPU from `init_seed` (12 s here), one untimed and 6 timed forward+backward passes of a micro-batch, the paper's window (the run's pages, micro-batches accumulated, one gradient) and production's (the same pages in the run's inner steps), the share of an 84 s window the GPU trains, blocking and overlapped (`busy_fractions`), the DeMo step, encoding the payload, decoding it 15 times (full reads), aggregating 15 peers on the CPU (what a node does today: decoded payloads stay in host memory) and on the GPU, the outer step; the 15 peers' updates are real DeMo steps on one micro-batch each | 60 s | 120 s |
 | memory | each memory setting of the miner (default, `--memory.offload`, and with `--memory.checkpoint_activations`) from the same θ, twice each: 2 inner AdamW steps of one micro-batch and the DeMo step as the node runs them, `torch.cuda.max_memory_allocated` reset before each: its peak beside `templar.tools.sizing`'s estimate, its seconds (first run: pinned buffers allocated; second: every later window), whether the default repeats itself bit for bit with the fast kernels, and whether every setting sends the default's update bit for bit under deterministic kernels (math attention, one sequence a step) | 60 s | 90 s |
-| validator | one peer's sign decode on the CPU and the GPU, `Evaluator.score_peers` with 3 peers on one production page each (signs held on the host, as the validator holds them), the random page and 4 held-out pages alone: seconds per peer, peers per 84 s window | 25 s | 60 s |
+| validator | one peer's sign decode on the CPU and the GPU, `Evaluator.score_peers` with 3 peers on one production page each (signs held on the host, as the validator holds them), the random page and 4 held-out pages alone: seconds per peer, peers per 84 s window; then the same 3 peers under each per-unit baseline of the proof (the groups' common steps, the other peers' own steps), over every sequence and over a secret quarter of each page's, with their sequence-forwards, and the 8-peer window under the others on a quarter at that pass's rate | 60 s | 120 s |
 | consensus | one gradient compressed on the GPU and the CPU (kept sets of decoder layer 0, embeddings, head and final norm: the CPU side is torch's path), the 15 peers aggregated on both (fixed-point accumulators bit for bit, signs), the window applied to θ on both, `model_in_sync` | 35 s | 90 s |
 | noise | 48 AdamW steps away from θ_0 on 2 pages, 4 honest peers train on 3 pages each (the run's inner steps, then one DeMo step each; a production peer trains 29, which the 18-page sample corpus cannot hold for 4 peers), LossScores per page on 4 random pages and their own pages: spread of δ across pages and across peers, and what the proof of computation by size credits each honest peer, range by range of each sequence | 90 s | 150 s |
 
@@ -87,6 +87,7 @@ import torch
 
 from benchmarks._common import RESULTS_DIR, _rounded, write_result
 from benchmarks.performance.gpu_bench import (
+    COMMON_GROUPS,
     PHASES,
     PRODUCTION,
     ROOT,
@@ -96,15 +97,15 @@ from benchmarks.performance.gpu_bench import (
     Scale,
     device_slug,
     free_memory,
-    gradient_scale,
     peak_flops,
     peak_lr,
     production_inner_steps,
 )
 from benchmarks.performance.gpu_consensus import phase_consensus
 from benchmarks.performance.gpu_memory import phase_memory
-from benchmarks.performance.gpu_report import noise_summary, print_table, proof_credit_summary, table
-from templar.compress import Compressed, native
+from benchmarks.performance.gpu_noise import phase_noise
+from benchmarks.performance.gpu_report import print_table, table
+from templar.compress import native
 from templar.core.config import HParams
 from templar.gauntlet.selection import select_eval_sequences
 from templar.runtime.train import (
@@ -116,10 +117,8 @@ from templar.runtime.train import (
     make_inner_optimizer,
 )
 from templar.tools.sizing import PCIE_BYTES_PER_SECOND, compute_span, state_file_bytes, window_sizing
-from templar.validator.evaluate import Evaluator, page_deltas, range_weights, sequence_deltas
+from templar.validator.evaluate import Evaluator, read_sequences
 from templar.wire import read_gradient, take_probes, write_gradient
-
-COMMON_GROUPS = 3  # groups of S_t whose mean steps give each unit its own baseline (docs/scoring.md §4)
 
 
 def phase_setup(b: Bench) -> dict[str, Any]:
@@ -350,13 +349,8 @@ def phase_validator(b: Bench) -> dict[str, Any]:
     out["score_peers_peers"] = n
     del evaluator  # and its copy of θ
     free_memory()
-    common = Evaluator(model, hp.optimizer.micro_batch_size, position_ranges=hp.gauntlet.position_ranges,
-                       baseline_groups=COMMON_GROUPS)  # the proof's own per-unit baseline: its validator time
-    _, out["score_peers_common_seconds"] = b.timed(common.score_peers, {f"peer{i}": signs[i] for i in range(n)},
-                                                   assigned, random_batch, beta, d.sequences_per_page)
-    out["common_over_plain"] = out["score_peers_common_seconds"] / out["score_peers_seconds"]
-    del common
-    free_memory()
+    out.update(_baseline_costs(b, {f"peer{i}": signs[i] for i in range(n)}, assigned, random_batch, beta,
+                               out["score_peers_seconds"]))
     # score_peers = one pass over the random pages before any step (shared), then per peer: its
     # page before, the trial step, random + its page after, the exact restore of θ
     _, out["random_pages_seconds"] = b.timed(evaluate_loss, model, random_batch, hp.optimizer.micro_batch_size)
@@ -371,135 +365,45 @@ def phase_validator(b: Bench) -> dict[str, Any]:
     out["window_seconds"] = window
     out["eval_seconds_per_window"] = out["fixed_seconds"] + hp.gauntlet.uids_per_window * (per_peer + sign_decode)
     out["uids_per_window"] = hp.gauntlet.uids_per_window
+    # the same window under the opt-in baseline at production's shape (the other peers' steps, a quarter of
+    # each evaluated page's sequences): (1 + P) passes over the random pages and P quarters, at that pass's rate
+    peers, page = hp.gauntlet.uids_per_window, d.sequences_per_page
+    forwards = (1 + peers) * d.eval_pages * (page + peers * max(1, page // 4))
+    rate = out["score_peers_others_quarter_seconds"] / out["others_quarter_sequence_forwards"]
+    out["others_quarter_eval_seconds_per_window"] = out["holdout_seconds"] + peers * sign_decode + rate * forwards
     out["peers_per_window"] = max(0, math.floor((window - out["fixed_seconds"]) / (per_peer + sign_decode)))
     return out
 
 
-def _pretrain(b: Bench, pages: Sequence[int], steps: int) -> dict[str, Any]:
-    """AdamW micro-batch steps on `pages`, so the noise is measured past θ_0's first drop in loss
-    (the run's own windows would need hours to get there)."""
-    model, hp = b.model(), b.hp
-    batch = b.pages(pages)
-    mb = hp.optimizer.micro_batch_size
-    lr = gradient_scale(hp)  # the run's own step size for AdamW: the signed rule's α, else the inner rate
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr,
-                                  weight_decay=hp.optimizer.weight_decay,
-                                  **({"fused": True} if b.device.type == "cuda" else {}))
-    losses = []
-    for step in range(steps):
-        start = (step * mb) % batch.size(0)
-        stats = accumulate_gradients(model, batch[start:start + mb], mb, hp.optimizer.grad_clip)
-        optimizer.step()
-        losses.append(stats.loss)
-    model.zero_grad(set_to_none=True)
-    del optimizer
-    free_memory()
-    return {"pages": list(pages), "steps": steps, "lr": lr, "first_loss": losses[0],
-            "last_loss": losses[-1]}
-
-
-def phase_noise(b: Bench) -> dict[str, Any]:
-    """How much δ_rand and δ_assigned move from page to page and from peer to peer, for honest updates:
-    the evaluation noise the relative LossRating's tie band (σ̂) and the simulator's `noise` stand for."""
+def _baseline_costs(b: Bench, signs: dict[str, dict[str, torch.Tensor]], assigned: dict[str, torch.Tensor],
+                    random_batch: torch.Tensor, beta: float, plain_seconds: float) -> dict[str, Any]:
+    """The validator time of the proof's per-unit baselines (`gauntlet.proof_baseline`, docs/scoring.md
+    §4) beside the plain evaluation's: the groups' common steps and the other peers' own steps, over
+    every sequence and over a secret quarter of each evaluated page's (`gauntlet.proof_sequences`,
+    the random pages whole), the shape production would run them at. Each pass's sequence-forwards
+    are counted too, so the seconds extrapolate to S_t's size: the others' passes grow as its square."""
     hp, model = b.hp, b.model()
-    d = hp.data
-    n_pages = b.corpus().num_pages
-    s = b.scale
-    # a production window's pages for each peer, or as many as the sample corpus holds for NOISE_PEERS
-    per_peer = min(d.pages_per_window, s.noise_pages_per_peer)
-    peers = min(s.noise_peers, max(2, (n_pages - s.noise_pretrain_pages - 2) // per_peer))
-    random_n = min(s.noise_random_pages, n_pages - s.noise_pretrain_pages - peers * per_peer)
-    if random_n < 2:
-        raise RuntimeError(f"{n_pages} pages cannot hold {s.noise_pretrain_pages} + {peers}×{per_peer} + 2")
-    pretrain = list(range(s.noise_pretrain_pages))
-    assigned = {f"peer{i}": list(range(len(pretrain) + i * per_peer, len(pretrain) + (i + 1) * per_peer))
-                for i in range(peers)}
-    random_pages = list(range(len(pretrain) + peers * per_peer, len(pretrain) + peers * per_peer + random_n))
-    out: dict[str, Any] = {
-        "corpus_pages": n_pages, "random_pages": random_pages, "assigned": assigned,
-        "allows": f"{n_pages} pages of {d.sequence_length * d.sequences_per_page:,} tokens: {len(pretrain)} to train "
-                  f"away from θ_0, {len(assigned)} peers × {per_peer} assigned, {random_n} random; more peers or "
-                  "random pages need a larger corpus"}
-    out["pretrain"], out["pretrain_seconds"] = b.timed(lambda: _pretrain(b, pretrain, s.noise_pretrain_steps))
-    lr = peak_lr(hp)
-    beta = hp.gauntlet.eval_lr_factor * lr
-    out.update(lr=lr, beta=beta)
-
-    # honest updates: each peer trains on its own pages, one compression step from fresh error
-    # feedback, decoded to its trial step as a validator decodes a payload
-    signs: dict[str, dict[str, torch.Tensor]] = {}
-    payloads: dict[str, dict[str, Compressed]] = {}
-    started = time.monotonic()
-    for peer, pages in assigned.items():
-        if len(payloads) >= s.noise_min_peers:  # another only if it and the evaluation of all fit the cap
-            train = (time.monotonic() - started) / len(payloads)
-            page_forward = train / (3 * per_peer)  # forward+backward ≈ 3 forwards
-            peers_then = len(payloads) + 1  # the plain evaluation, then the groups' and the others' passes over every unit
-            evaluation = page_forward * (random_n + peers_then * (2 * per_peer + random_n)
-                                         + (COMMON_GROUPS + peers_then) * (random_n + peers_then * per_peer))
-            if b.left() < train + evaluation:
-                break
-        # the run's own window: its inner steps (fresh moments, as a newly joined miner), then DeMo
-        stats = inner_steps(model, b.pages(pages), hp.optimizer.micro_batch_size, hp.optimizer.grad_clip,
-                            inner=hp.inner, optimizer=make_inner_optimizer(model, hp.inner),
-                            lr=inner_lr(hp.inner, hp.optimizer.warmup_steps, hp.optimizer))
-        compressed = b.demo().step(gradients(model), stats.scale)
-        model.zero_grad(set_to_none=True)
-        payloads[peer] = dict(compressed)
-    reference = b.rule.trial_reference(list(payloads.values()))
-    for peer, payload in payloads.items():  # each peer's trial step, as a validator holds it among the window's:
-        # signs as int8 where they are (the signed rule), a dense float32 step in host memory otherwise
-        trial = b.rule.trial(payload, b.shapes, reference=reference)
-        signs[peer] = {n: t.to(torch.int8) if b.rule.moves_every_coordinate else t.to("cpu") for n, t in trial.items()}
-    del payloads
-    out["train_seconds"] = time.monotonic() - started
-    b.release_demo()
-
-    evaluator = Evaluator(model, hp.optimizer.micro_batch_size, position_ranges=hp.gauntlet.position_ranges)
-    evaluator.snapshot()
-    spp = d.sequences_per_page
-    random_batch = b.pages(random_pages)
-    started = time.monotonic()
-    before_rand = evaluator.losses(random_batch)
-    ranges = hp.gauntlet.position_ranges  # the units the proof by size clips, as the validator measures them
-    weights = range_weights(d.sequence_length - 1, ranges)
-    before = {peer: evaluator.losses(b.pages(assigned[peer]), ranges) for peer in signs}
-    rows = {}
-    for peer, peer_signs in signs.items():
-        with evaluator.stepped(peer_signs, beta):
-            after_rand = evaluator.losses(random_batch)
-            after = evaluator.losses(b.pages(assigned[peer]), ranges)
-        rows[peer] = {"delta_rand_pages": list(page_deltas(before_rand, after_rand, spp)),
-                      "delta_assigned_pages": list(page_deltas(before[peer] @ weights, after @ weights, spp)),
-                      "delta_assigned_sequences": list(sequence_deltas(before[peer], after))}
-    del evaluator
-    out["eval_seconds"] = time.monotonic() - started
-    out["loss_rand_before"] = float(before_rand.mean())
-    out["peers"] = rows
-    out.update(noise_summary(rows))
-    out["proof_credit"] = proof_credit_summary(rows, hp.gauntlet.proof_full_gap)
-    # the same honest peers judged against each unit's own baseline (`gauntlet.proof_baseline`, docs/scoring.md §4):
-    # "common", the groups' mean steps (a pass over every unit each); "others", each peer's step over every unit
+    spp = hp.data.sequences_per_page
+    quarter = {p: read_sequences(batch, [select_eval_sequences(0, WINDOW, i, page, spp, max(1, spp // 4))
+                                         for page in range(batch.size(0) // spp)])
+               for i, (p, batch) in enumerate(assigned.items())}
+    n_rand, n = random_batch.size(0), len(signs)
+    out: dict[str, Any] = {"plain_sequence_forwards": n_rand + 2 * sum(a.size(0) for a in assigned.values()) + n * n_rand}
     for name, rules in (("common", {"baseline_groups": COMMON_GROUPS}), ("others", {"baseline": "others"})):
-        if len(signs) < (need := 2 if name == "common" else 1 + hp.gauntlet.proof_baseline_min_others):
-            out[f"proof_credit_{name}"] = {"skipped": f"{len(signs)} peers trained within the cap; it needs {need}"}
-            continue
-        started = time.monotonic()
-        scored = Evaluator(model, hp.optimizer.micro_batch_size, position_ranges=ranges, **rules).score_peers(
-            signs, {peer: b.pages(assigned[peer]) for peer in signs}, random_batch, beta, spp)
-        out[f"{name}_eval_seconds"] = time.monotonic() - started
-        baselined = {peer: {"delta_rand_pages": rows[peer]["delta_rand_pages"],
-                            "delta_assigned_pages": list(score.page_deltas),
-                            "delta_assigned_sequences": list(score.sequence_deltas)} for peer, score in scored.items()}
-        out[f"proof_credit_{name}"] = proof_credit_summary(baselined, hp.gauntlet.proof_full_gap)
-        quarter = max(1, spp // 4)  # a secret quarter of the sequences (proof_sequences): a subset of these units
-        for i, (peer, row) in enumerate(baselined.items()):
-            units = row["delta_assigned_sequences"]
-            per_sequence = len(units) // (len(assigned[peer]) * spp)
-            row["delta_assigned_sequences"] = [
-                units[(page * spp + seq) * per_sequence + r] for page in range(len(assigned[peer]))
-                for seq in select_eval_sequences(0, 0, i, page, spp, quarter) for r in range(per_sequence)]
-        out[f"proof_credit_{name}_quarter"] = proof_credit_summary(baselined, hp.gauntlet.proof_full_gap)
+        evaluator = Evaluator(model, hp.optimizer.micro_batch_size, position_ranges=hp.gauntlet.position_ranges,
+                              **rules)
+        for shape, pages in (("", assigned), ("_quarter", quarter)):
+            read = sum(a.size(0) for a in pages.values())
+            units = n_rand + read  # the random pages and every peer's, once
+            # before, then each group's step over every unit and each peer's own trial pass; or each
+            # peer's step over every unit, which is its own trial pass too
+            forwards = ((1 + COMMON_GROUPS) * units + n * n_rand + read if name == "common" else (1 + n) * units)
+            _, seconds = b.timed(evaluator.score_peers, signs, pages, random_batch, beta, spp)
+            out[f"score_peers_{name}{shape}_seconds"] = seconds
+            out[f"{name}{shape}_over_plain"] = seconds / plain_seconds
+            out[f"{name}{shape}_sequence_forwards"] = forwards
+        del evaluator
+        free_memory()
     return out
 
 

@@ -40,6 +40,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PHASES = ("setup", "corpus", "window", "memory", "validator", "consensus", "noise")
 MEMORY_STEPS = 2
 """Inner steps of one micro-batch each that the memory phase runs per setting (see `phase_memory`)."""
+COMMON_GROUPS = 3      # groups of S_t whose mean steps give each unit its own baseline (docs/scoring.md §4)
 WINDOW = 1000          # window number stamped on payloads and fingerprints (any fixed value)
 FIT_FILE = RESULTS_DIR / "subnet_sim_fit.json"
 NEAR_TIE = 1e-5
@@ -76,7 +77,7 @@ PRODUCTION = Scale(
     name="production", hparams=None, vocab=32000, max_documents=None, workers=min(8, max(1, (os.cpu_count() or 2) - 1)),
     timed_micro_batches=6, validator_peers=3, noise_peers=4, noise_min_peers=2, noise_pages_per_peer=3, noise_random_pages=4, noise_pretrain_pages=2,
     noise_pretrain_steps=48, inner_steps_exercised=0, kept_sets_layers=1, budget=480.0,
-    caps={"corpus": 90, "window": 120, "memory": 90, "validator": 60, "consensus": 90, "noise": 150},
+    caps={"corpus": 90, "window": 120, "memory": 90, "validator": 120, "consensus": 90, "noise": 150},
     minimum={"corpus": 30, "window": 40, "memory": 30, "validator": 20, "consensus": 25, "noise": 45},
 )
 SMOKE = Scale(

@@ -60,7 +60,11 @@ def test_smoke_runs_every_phase_and_prints_the_table(tmp_path: Path, assets_dir:
     validator = phases["validator"]
     assert validator["seconds_per_peer"] > 0 and validator["peers_per_window"] >= 0
     assert validator["eval_seconds_per_window"] > validator["fixed_seconds"]
-    assert validator["common_over_plain"] > 0  # timed beside the plain evaluation (the ratio is the figure)
+    for baseline in ("common", "common_quarter", "others", "others_quarter"):  # timed beside the plain evaluation
+        assert validator[f"{baseline}_over_plain"] > 0 and validator[f"{baseline}_sequence_forwards"] > 0, baseline
+    # the others' P passes over every unit read more sequences than the plain evaluation; a quarter fewer
+    assert validator["others_sequence_forwards"] > validator["others_quarter_sequence_forwards"]
+    assert validator["others_quarter_eval_seconds_per_window"] > validator["holdout_seconds"]
 
     consensus = phases["consensus"]
     if not native.available():
