@@ -152,3 +152,23 @@ def test_open_bucket_dispatch_and_private_policy(tmp_path: Path) -> None:
     assert isinstance(r2, S3Bucket)
     assert r2.endpoint_url == f"https://{'a' * 32}.r2.cloudflarestorage.com" and r2.bucket == "grads"
     assert "c" * 64 not in repr(r2)
+
+
+def test_a_nearly_full_disk_is_named_before_weed_starts(tmp_path: Path, monkeypatch) -> None:
+    """SeaweedFS marks its volumes read-only below 1 % free disk: the server would start and refuse
+    every write, which reads as 'not ready after 30 s', three times. The start says why at once."""
+    import shutil
+
+    from templar.storage import seaweed
+
+    usage = shutil.disk_usage(tmp_path)  # this machine's own disk, as it is
+    assert (seaweed.disk_space_problem(tmp_path) is None) == (usage.free >= usage.total / 100)
+    assert "free some space" in seaweed.disk_space_problem(tmp_path, min_free_fraction=1.01)  # no disk is 101 % free
+
+    full = shutil._ntuple_diskusage(total=100 << 30, used=(100 << 30) - (200 << 20), free=200 << 20)
+    monkeypatch.setattr(seaweed.shutil, "disk_usage", lambda path: full)
+    spawned = []
+    monkeypatch.setattr(seaweed.SeaweedServer, "_spawn", lambda self: spawned.append(self))
+    with pytest.raises(seaweed.SeaweedError, match=r"cannot take writes: only 200 MiB of 100 GiB free"):
+        seaweed.SeaweedServer(tmp_path / "s3").start(timeout=1)
+    assert spawned == []  # no process was started, no 30-second wait

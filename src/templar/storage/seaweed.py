@@ -55,6 +55,17 @@ def find_weed() -> str:
     return found
 
 
+def disk_space_problem(path: Path, *, min_free_fraction: float = 0.01) -> str | None:
+    """Why `weed mini` at `path` would take no writes, or None: its volume server marks every volume
+    read-only when less than 1 % of the disk is free (SeaweedFS's `-minFreeSpace` default), so the
+    server starts, answers, and refuses every upload, which reads as a server that never got ready."""
+    usage = shutil.disk_usage(path)
+    if usage.free >= usage.total * min_free_fraction:
+        return None
+    return (f"only {usage.free / 2**20:,.0f} MiB of {usage.total / 2**30:,.0f} GiB free on the disk of {path}: "
+            f"SeaweedFS keeps its volumes read-only below {min_free_fraction:.0%} free; free some space")
+
+
 def _port_free(port: int, host: str, *, reuse: bool = False) -> bool:
     """Nothing holds `port`. `reuse`: only nothing listens on it (SO_REUSEADDR, as the server's own
     listener sets it), so that a port a stopped server left in TIME_WAIT counts as free (`templar s3
@@ -155,6 +166,8 @@ class SeaweedServer:
         if self.running:
             return self
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        if (problem := disk_space_problem(self.data_dir)) is not None:
+            raise SeaweedError(f"weed mini cannot take writes: {problem}")
         fresh_ports = not self.ports
         for _attempt in range(3):
             if fresh_ports:
@@ -182,7 +195,9 @@ class SeaweedServer:
                 self.stop()
                 if not fresh_ports:
                     raise
-        raise SeaweedError(f"weed mini did not start; see {self.data_dir / 'weed.log'}")
+        problem = disk_space_problem(self.data_dir)  # the disk may have filled while it started
+        raise SeaweedError(f"weed mini did not start; see {self.data_dir / 'weed.log'}"
+                           + (f" ({problem})" if problem else ""))
 
     def _client(self):
         """The admin's synchronous botocore client (setup only; the data path is async)."""
@@ -218,7 +233,8 @@ class SeaweedServer:
             except (BotoCoreError, ClientError) as exc:
                 last = exc
                 time.sleep(0.1)
-        raise SeaweedError(f"weed mini not ready after {timeout}s: {last!r}")
+        problem = disk_space_problem(self.data_dir)
+        raise SeaweedError(f"weed mini not ready after {timeout}s: {last!r}" + (f" ({problem})" if problem else ""))
 
     def _stop_at_exit(self) -> None:
         """Never leave a server behind when the owning process exits without calling stop()."""
