@@ -120,6 +120,18 @@ def test_an_overlapped_run_whose_step_lands_after_the_next_commitment_is_refused
     assert HParams.model_validate(tiny.model_dump() | {"windows": late, "inner": blocking}).inner.overlap == "blocking"
 
 
+def test_sparseloco_refuses_an_outer_weight_decay_it_would_not_apply():
+    """SparseLoCo's outer step is θ − α·Δ: its weight decay is the inner AdamW's. A run file asking
+    for an outer decay is refused, not run without one; the signed rule applies it (θ·(1 − α·wd))."""
+    tiny = load_hparams("tiny")
+    assert tiny.optimizer.method == "sparseloco" and tiny.optimizer.weight_decay == 0 and tiny.inner.weight_decay > 0
+    decayed = tiny.optimizer.model_dump() | {"weight_decay": 0.01}
+    with pytest.raises(ValueError, match="takes its weight decay in the inner steps"):
+        HParams.model_validate(tiny.model_dump() | {"optimizer": decayed})
+    signed = load_hparams("tiny-signed")
+    assert signed.optimizer.method == "signed" and signed.optimizer.weight_decay > 0
+
+
 def test_the_proofs_baseline_is_named_and_files_that_gave_only_groups_keep_their_meaning():
     """`gauntlet.proof_baseline`: 'random' unless said; a file from before it that set
     `proof_baseline_groups` k > 0 meant 'groups'; a count of groups with any other baseline is refused."""
