@@ -12,7 +12,8 @@ export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 # One pytest worker per core, plus one (at most 5): the long tests run first, one per worker
 # (tests/conftest.py), and each worker's torch keeps to one thread. About a third of the long tests'
 # time is waiting (neuron processes importing torch, real-time windows, torchrun rendezvous); the
-# extra worker fills it: on 2 cores -n 2 took 261 s, -n 3 235 s, -n 4 232 s (same tree, quiet machine).
+# extra worker fills it: on 2 cores -n 2 took 261 s, -n 3 235 s, -n 4 232 s (767 tests, quiet machine);
+# with 1,260 tests (2026-11-29, fresh clones) 559 s, 490 s and 487 s: a fourth worker finds nothing left to fill.
 workers="${TEMPLAR_TEST_WORKERS:-$(( $(nproc) + 1 ))}"
 [ "$workers" -gt 5 ] && workers=5
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
