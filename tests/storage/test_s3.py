@@ -158,6 +158,7 @@ def test_a_nearly_full_disk_is_named_before_weed_starts(tmp_path: Path, monkeypa
     """SeaweedFS marks its volumes read-only below 1 % free disk: the server would start and refuse
     every write, which reads as 'not ready after 30 s', three times. The start says why at once."""
     import shutil
+    from types import SimpleNamespace
 
     from templar.storage import seaweed
 
@@ -165,7 +166,7 @@ def test_a_nearly_full_disk_is_named_before_weed_starts(tmp_path: Path, monkeypa
     assert (seaweed.disk_space_problem(tmp_path) is None) == (usage.free >= usage.total / 100)
     assert "free some space" in seaweed.disk_space_problem(tmp_path, min_free_fraction=1.01)  # no disk is 101 % free
 
-    full = shutil._ntuple_diskusage(total=100 << 30, used=(100 << 30) - (200 << 20), free=200 << 20)
+    full = SimpleNamespace(total=100 << 30, used=(100 << 30) - (200 << 20), free=200 << 20)  # as disk_usage gives
     monkeypatch.setattr(seaweed.shutil, "disk_usage", lambda path: full)
     spawned = []
     monkeypatch.setattr(seaweed.SeaweedServer, "_spawn", lambda self: spawned.append(self))
