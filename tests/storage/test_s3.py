@@ -173,3 +173,34 @@ def test_a_nearly_full_disk_is_named_before_weed_starts(tmp_path: Path, monkeypa
     with pytest.raises(seaweed.SeaweedError, match=r"cannot take writes: only 200 MiB of 100 GiB free"):
         seaweed.SeaweedServer(tmp_path / "s3").start(timeout=1)
     assert spawned == []  # no process was started, no 30-second wait
+
+
+def test_weed_retries_on_fresh_ports_after_one_is_taken(tmp_path: Path, monkeypatch) -> None:
+    """Free ports are chosen, then bound by weed: another process can take one in between (seen
+    in a loaded suite: 'bind: address already in use'). The next attempt's new ports must be the
+    ones its readiness probe writes to; the probe once kept the first attempt's S3 port, so every
+    retry waited its whole timeout on a port weed was not on and the start failed."""
+    import socket
+
+    from templar.storage import seaweed
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))  # held, so weed cannot bind it (not listening: a probe there is refused at once)
+    real, calls = seaweed._free_service_ports, []
+
+    def first_s3_port_taken(services: int, host: str) -> list[int]:
+        ports = real(services, host)
+        if not calls:  # the first attempt's S3 port is one something else already listens on
+            ports[seaweed._SERVICES.index("s3")] = taken.getsockname()[1]
+        calls.append(ports)
+        return ports
+
+    monkeypatch.setattr(seaweed, "_free_service_ports", first_s3_port_taken)
+    server = seaweed.SeaweedServer(tmp_path / "s3")
+    try:
+        server.start(timeout=30)
+        assert len(calls) == 2 and server.ports["s3.port"] == calls[1][seaweed._SERVICES.index("s3")]
+        assert server._client().put_object(Bucket="templar-ready-probe", Key="again", Body=b"ok")
+    finally:
+        server.stop()
+        taken.close()

@@ -186,6 +186,7 @@ class SeaweedServer:
                 for service, port in zip(_SERVICES, http, strict=True):
                     self.ports[f"{service}.port"] = port
                     self.ports[f"{service}.port.grpc"] = port + _GRPC_OFFSET
+                self._admin_client = None  # it was built for the last attempt's S3 port
             self._proc = self._spawn()
             atexit.register(self._stop_at_exit)
             try:
@@ -201,24 +202,29 @@ class SeaweedServer:
 
     def _client(self):
         """The admin's synchronous botocore client (setup only; the data path is async)."""
+        if self._admin_client is None:
+            self._admin_client = self._new_client(read_timeout=10)
+        return self._admin_client
+
+    def _new_client(self, read_timeout: float):
         import botocore.session
         from botocore.config import Config
 
-        if self._admin_client is not None:
-            return self._admin_client
         cred = self.admin
-        self._admin_client = botocore.session.get_session().create_client(
+        return botocore.session.get_session().create_client(
             "s3", endpoint_url=self.endpoint_url, region_name="us-east-1",
             aws_access_key_id=cred.access_key_id, aws_secret_access_key=cred.secret_access_key,
-            config=Config(s3={"addressing_style": "path"}, connect_timeout=2, read_timeout=10,
+            config=Config(s3={"addressing_style": "path"}, connect_timeout=2, read_timeout=read_timeout,
                           retries={"mode": "standard", "max_attempts": 1}))
-        return self._admin_client
 
     def _wait_ready(self, timeout: float) -> None:
         from botocore.exceptions import BotoCoreError, ClientError
 
         deadline = time.monotonic() + timeout
-        client = self._client()
+        # A local server answers in milliseconds; a short read timeout keeps a port that accepts and
+        # never answers (another process's) from holding each probe, and the checks between them, 10 s;
+        # a slow answer is retried until the deadline.
+        client = self._new_client(read_timeout=2)
         probe = "templar-ready-probe"
         last: Exception | None = None
         while time.monotonic() < deadline:
