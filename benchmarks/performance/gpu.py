@@ -42,6 +42,10 @@ On an H200 (2026-11-28, `benchmarks/results/gpu_nvidia_h200.json`) the phases to
 whole 1.2B windows of about 80 s: the window phase runs past its cap), 65, 27–53, 12–28 and 87 s:
 about 5.5 minutes with the start-up; `--budget` (480 s) is the whole run's deadline: a phase is
 skipped when less than its minimum is left, and `noise` trains fewer peers when its cap is near.
+Under SparseLoCo the validator phase takes 125 s and `noise` trains 2 peers within its 150 s cap,
+too few for the others' baseline (3 others each); `--phases corpus,noise --cap noise=345 --budget 385`
+trains all 4 and evaluates every baseline in 284 s (2026-11-29,
+`benchmarks/results/gpu_nvidia_h200_proof_baselines.json`, two calls).
 The sample corpus gives 18 production pages (2.4 M tokens), and `noise` uses all of them: 2 to
 train away from θ_0, 4 × 3 assigned, 4 random; more peers or pages need a larger corpus.
 `measure_window(b, hp, steps)` times the window at any number of inner steps (`--smoke` also runs
@@ -49,13 +53,13 @@ H = 2 on tiny).
 
 On the device machine (Python 3.12, torch, transformers, safetensors, numpy; no network, no
 bittensor). Here, once: `bash benchmarks/performance/gpu_wheels.sh` puts the wheels it lacks in the git-ignored
-`benchmarks/.gpu_wheels/` (23 wheels, 22 MB: pydantic and pydantic-core for cp312, loguru, and
+`benchmarks/.gpu_wheels/` (24 wheels, 22 MB: pydantic and pydantic-core for cp312, loguru, openskill, and
 aiobotocore with its closure, which `templar.data` imports through `templar.storage`). The one
 device call carries `benchmarks/.gpu_wheels` and `assets/corpus` (10 MB of text, from
 `scripts/build_assets.py`):
 
     python3 -m pip install -q --no-index --find-links benchmarks/.gpu_wheels --target /tmp/gpu_site \
-        pydantic loguru aiobotocore && \
+        pydantic loguru aiobotocore openskill && \
     PYTHONPATH=src:/tmp/gpu_site timeout 540 python3 -m benchmarks.performance.gpu 2>&1 | tee "$OUT/gpu.log"; \
     cp benchmarks/results/gpu_*.json "$OUT"/
 
@@ -467,6 +471,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--phases", default=",".join(PHASES), help=f"comma-separated, of {','.join(PHASES)}")
     parser.add_argument("--device", default=None, help="torch device (default: cuda if present; cpu with --smoke)")
     parser.add_argument("--budget", type=float, default=None, help="seconds for the whole run")
+    parser.add_argument("--cap", action="append", default=[], metavar="PHASE=SECONDS",
+                        help="a phase's cap in seconds (repeatable), e.g. noise=330 for the others' baseline's 4 peers")
     parser.add_argument("--hparams", default=None, help="another preset at the mode's scale (default: the mode's)")
     parser.add_argument("--out", type=Path, default=None, help="JSON path (default results/gpu_<device>.json)")
     parser.add_argument("--work", type=Path, default=None, help="prepared corpus (default assets/gpu_<mode>)")
@@ -476,6 +482,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     scale = SMOKE if args.smoke else PRODUCTION
     if args.budget is not None:
         scale = Scale(**{**scale.__dict__, "budget": args.budget})
+    if args.cap:
+        caps = dict(scale.caps)
+        for item in args.cap:
+            name, _, seconds = item.partition("=")
+            if name not in PHASES or not seconds:
+                parser.error(f"--cap takes PHASE=SECONDS with PHASE of {', '.join(PHASES)}, not {item!r}")
+            caps[name] = float(seconds)
+        scale = Scale(**{**scale.__dict__, "caps": caps})
     if args.hparams is not None:
         scale = Scale(**{**scale.__dict__, "hparams": args.hparams})
     device = torch.device(args.device or ("cpu" if args.smoke or not torch.cuda.is_available() else "cuda"))

@@ -9,7 +9,8 @@
 #
 # The set is what the script's imports pull in beyond the image (checked by importing them with
 # bittensor blocked): pydantic (templar.core.config, templar.wire), loguru (templar.compress,
-# templar.data), and aiobotocore with its closure (templar.data imports templar.storage, whose S3
+# templar.data), openskill (the noise phase's evaluation sequences come from templar.gauntlet, whose
+# package imports the rating), and aiobotocore with its closure (templar.data imports templar.storage, whose S3
 # bucket is aiobotocore; the benchmark reads a local corpus). Versions are those of this
 # repository's .venv, the ones the suite runs. tokenizers is not fetched: transformers depends on it,
 # so the image has it, and a newer one would drag in another huggingface-hub.
@@ -18,7 +19,7 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 python="${TEMPLAR_VENV:-$root/.venv}/bin/python"
 dest="${DEST:-$root/benchmarks/.gpu_wheels}"
 version="${PYTHON_VERSION:-3.12}"
-packages=(pydantic loguru aiobotocore)
+packages=(pydantic loguru aiobotocore openskill)
 
 pins=()
 for name in "${packages[@]}"; do

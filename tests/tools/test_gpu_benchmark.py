@@ -10,10 +10,13 @@ import math
 import subprocess
 import sys
 import textwrap
+import time
+from importlib import metadata
 from pathlib import Path
 
 import pytest
 import torch
+from packaging.requirements import Requirement
 
 from benchmarks.performance import gpu
 from templar.compress import native
@@ -142,6 +145,17 @@ def test_a_phase_without_time_left_is_skipped(tmp_path: Path, monkeypatch) -> No
     assert corpus["status"] == "skipped" and "left of the run's budget" in corpus["reason"]
 
 
+def test_a_phase_s_cap_is_set_from_the_command_line(tmp_path: Path, monkeypatch) -> None:
+    """`--cap noise=345` gives the noise phase the time the others' baseline's 4 peers take at 1.2B."""
+    deadlines = []
+    monkeypatch.setitem(gpu.PHASE_FUNCTIONS, "corpus", lambda b: deadlines.append(b.phase_deadline - time.monotonic()) or {})
+    out = tmp_path / "gpu.json"
+    assert gpu.main(["--smoke", "--phases", "corpus", "--cap", "corpus=7", "--out", str(out)]) == 0
+    assert 6 < deadlines[0] <= 7
+    with pytest.raises(SystemExit):
+        gpu.main(["--smoke", "--phases", "corpus", "--cap", "nosuchphase=7", "--out", str(out)])
+
+
 def test_nothing_it_imports_needs_bittensor(tmp_path: Path) -> None:
     """The GPU machine has torch, transformers, safetensors and numpy (plus the carried wheels), not
     the chain layer: importing `templar.runtime.consensus.outer` there would end the run before it starts."""
@@ -167,3 +181,59 @@ def test_nothing_it_imports_needs_bittensor(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-2000:]
     setup = json.loads(out.read_text())["phases"]["setup"]
     assert setup["status"] == "ok" and setup["bittensor_imported"] is False
+
+
+DEVICE_IMAGE = ("torch", "transformers", "safetensors", "numpy")
+"""What the GPU machine's image has (with what those need): docs/mining.md §6, "How to run it on a GPU"."""
+
+
+def _with_requirements(names: set[str]) -> set[str]:
+    """`names` and every distribution they require, as installed here (extras left out)."""
+    found: set[str] = set()
+    todo = [n.lower().replace("_", "-") for n in names]
+    while todo:
+        name = todo.pop()
+        if name in found:
+            continue
+        found.add(name)
+        try:
+            requires = metadata.requires(name) or []
+        except metadata.PackageNotFoundError:
+            continue
+        for line in requires:
+            req = Requirement(line)
+            if req.marker is None or req.marker.evaluate({"extra": ""}):
+                todo.append(req.name.lower().replace("_", "-"))
+    return found
+
+
+def test_every_package_it_imports_is_in_the_device_image_or_the_carried_wheels(tmp_path: Path) -> None:
+    """The device call installs `gpu_wheels.sh`'s packages with `--no-index`: a package that the phases
+    import and neither the image nor those wheels hold ends the paid call at its first import (openskill,
+    once the noise phase imported `templar.gauntlet`). Every other installed distribution is blocked
+    here (hidden from site-packages, as it is absent there); optional imports (torch's of dill,
+    transformers' of Pillow) fall back."""
+    script = (ROOT / "benchmarks" / "performance" / "gpu_wheels.sh").read_text()
+    wheels = set(script.split("packages=(", 1)[1].split(")", 1)[0].split())
+    assert "openskill" in wheels
+    allowed = _with_requirements(set(DEVICE_IMAGE)) | _with_requirements(wheels) | {"templar"}
+    blocked = sorted(top for top, dists in metadata.packages_distributions().items()
+                     if not top.startswith("_") and all(d.lower().replace("_", "-") not in allowed for d in dists))
+    code = textwrap.dedent(f"""
+        import os, sys, tempfile
+        BLOCKED = set({blocked!r})
+        for i, folder in enumerate(sys.path):  # site-packages as the machine has it: the blocked ones absent
+            if folder.endswith("site-packages") and os.path.isdir(folder):
+                view = tempfile.mkdtemp(dir={str(tmp_path)!r})
+                for entry in os.listdir(folder):
+                    if entry.split(".")[0].split("-")[0] not in BLOCKED:
+                        os.symlink(os.path.join(folder, entry), os.path.join(view, entry))
+                sys.path[i] = view
+        sys.path_importer_cache.clear()
+        from benchmarks.performance import gpu, gpu_noise, gpu_memory, gpu_consensus, gpu_report  # noqa: F401
+        from templar.data.prepare import prepare  # noqa: F401
+        from templar.gauntlet.selection import select_eval_sequences  # noqa: F401
+    """)
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, "imported on the GPU machine but neither in its image nor in gpu_wheels.sh:\n" + \
+        done.stderr[-2000:]
