@@ -24,6 +24,9 @@ GAUNTLET_SCALE = {
     "uids_per_window": "S_t follows the subnet's size (a localnet has a handful of miners)",
     "fast_eval_uids": "F_t follows the subnet's size (64 of 256 uids; 16 of a localnet)",
     "sync_max_steps": "a localnet lasts tens of windows: a stale model must show within a few of them",
+    "proof_sequences": "the proof reads a secret quarter of each page where that is a sample (production's 16 of 64; "
+                       "1 of 4 over the crowded localnet's 8 evaluated pages), every sequence where a quarter would "
+                       "be 1 or 2 sequences an evaluation (tiny's pages hold 4)",
 }
 INNER_SCALE = {
     "steps": "H follows the window's sequences (production's pages; a localnet's window holds 8 to 32)",
@@ -57,3 +60,6 @@ def test_a_preset_that_says_production_runs_production_s_gauntlet_and_inner_loop
     assert preset.inner.steps > 1, f"{path.name}: production takes several inner steps per window"
     assert preset.optimizer.method == production.optimizer.method, path.name
     assert preset.sync == production.sync, path.name
+    share = preset.gauntlet.proof_sequences / preset.data.sequences_per_page
+    assert share in (0, production.gauntlet.proof_sequences / production.data.sequences_per_page), \
+        f"{path.name}: the proof reads every sequence or production's share of them"

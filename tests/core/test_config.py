@@ -4,7 +4,14 @@ import json
 
 import pytest
 
-from templar.core.config import REPO_ROOT, HParams, HParamsError, load_hparams, resolve_hparams_path
+from templar.core.config import (
+    REPO_ROOT,
+    GauntletConfig,
+    HParams,
+    HParamsError,
+    load_hparams,
+    resolve_hparams_path,
+)
 
 
 def test_production_and_tiny_validate():
@@ -88,7 +95,7 @@ def test_tiny_scores_with_productions_rules_and_tiny_paper_with_the_papers():
     assert tiny.optimizer.model_copy(update={"warmup_steps": 0, "total_steps": 1, "micro_batch_size": 1}) == \
         prod.optimizer.model_copy(update={"warmup_steps": 0, "total_steps": 1, "micro_batch_size": 1})
     assert (signed.optimizer.method, signed.demo.topk) == ("signed", 32) and signed.gauntlet == tiny.gauntlet
-    scale = {"top_g", "uids_per_window", "fast_eval_uids", "sync_max_steps"}
+    scale = {"top_g", "uids_per_window", "fast_eval_uids", "sync_max_steps", "proof_sequences"}
     rules = {k: v for k, v in prod.gauntlet.model_dump().items() if k not in scale}
     assert {k: v for k, v in tiny.gauntlet.model_dump().items() if k not in scale} == rules
     g = paper.gauntlet
@@ -133,10 +140,12 @@ def test_sparseloco_refuses_an_outer_weight_decay_it_would_not_apply():
 
 
 def test_the_proofs_baseline_is_named_and_files_that_gave_only_groups_keep_their_meaning():
-    """`gauntlet.proof_baseline`: 'random' unless said; a file from before it that set
-    `proof_baseline_groups` k > 0 meant 'groups'; a count of groups with any other baseline is refused."""
+    """`gauntlet.proof_baseline`: 'random' unless said (production says 'others'); a file from before it
+    that set `proof_baseline_groups` k > 0 and no baseline meant 'groups'; a count of groups with any
+    other baseline is refused."""
     tiny = load_hparams("tiny")
-    assert tiny.gauntlet.proof_baseline == "random" and tiny.gauntlet.proof_baseline_groups == 0
+    assert tiny.gauntlet.proof_baseline == "others" and tiny.gauntlet.proof_baseline_groups == 0
+    assert GauntletConfig.model_fields["proof_baseline"].default == "random"
 
     def gauntlet(**changes):
         body = tiny.model_dump()

@@ -100,7 +100,7 @@ def test_validator_scores_weights_publishes_and_resumes(tmp_path):
     assert max(on_chain[lead_uid], key=on_chain[lead_uid].get) in honest_uids
 
 
-BASELINES = {"groups": ({"proof_baseline_groups": 3}, ("honest", "honest2")),
+BASELINES = {"groups": ({"proof_baseline": "groups", "proof_baseline_groups": 3}, ("honest", "honest2")),
              "others": ({"proof_baseline": "others"}, ("honest", "honest2", "honest3"))}
 """Each per-unit baseline with the honest miners it needs: the other peers' steps need 3 others of
 each evaluated peer (`proof_baseline_min_others`), so 4 miners; fewer would leave it on δ_rand."""
