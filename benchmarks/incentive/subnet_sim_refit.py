@@ -65,6 +65,7 @@ LEVERS: dict[str, dict] = {
     "mu_gamma 0.98 + rating tied": {"mu_gamma": 0.98, "rating_tie_band": 100.0},
     "uids_per_window 16 (twice the evaluations)": {"uids_per_window": 16},
     "noise 0.5 (about 4 pages an evaluation)": {"noise": 0.5},
+    "noise 0.71 (twice the units: production's 16 sequences an evaluation on a fit of 8)": {"noise": 0.7071},
     "uids_per_window 16 + noise 0.71": {"uids_per_window": 16, "noise": 0.7071},
     "mu_gamma 0.98 + noise 0.5": {"mu_gamma": 0.98, "noise": 0.5},
     "mu_gamma 0.98 + noise 0.71": {"mu_gamma": 0.98, "noise": 0.7071},
