@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -201,11 +200,10 @@ def test_partial_pooled_and_thin_work_earn_less_than_honest_work(tmp_path, setti
     assert per_token["thin0"] < min(per_token[name] for name in honest), summary
     assert tokens_per_window("short0") * 4 == tokens_per_window(honest[0]), summary
     assert weight["short0"] < weakest, summary
-    # Per token against the honest median, not the weakest: in 4 scored windows two identical honest miners
-    # are paid up to 2.7x apart (production-like seed 3: 0.65 and 0.24), and short's quarter of the work then
-    # earned 1.23x the weakest one's pay per token (0.67x the median's): identical miners' pay noise over short runs, not an
-    # advantage of the cheat (benchmarks/LOG.md §14).
-    assert per_token["short0"] < statistics.median(per_token[name] for name in honest), summary
+    # Per token against the weakest honest miner: on δ_rand two identical honest miners were paid up to 2.7x
+    # apart in these 4 scored windows, and short then earned 1.23x the weakest one's pay per token (LOG §14);
+    # against the other peers' own steps they are 1.04-1.50x apart and short earns 0.09-0.52x (LOG §34).
+    assert per_token["short0"] < min(per_token[name] for name in honest), summary
     if with_desync:
         assert miners["desync0"]["statuses"].get("desync", 0) >= 2, summary
         assert weight["desync0"] < weakest, summary
