@@ -472,7 +472,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--device", default=None, help="torch device (default: cuda if present; cpu with --smoke)")
     parser.add_argument("--budget", type=float, default=None, help="seconds for the whole run")
     parser.add_argument("--cap", action="append", default=[], metavar="PHASE=SECONDS",
-                        help="a phase's cap in seconds (repeatable), e.g. noise=330 for the others' baseline's 4 peers")
+                        help="a phase's cap in seconds (repeatable), e.g. noise=345 for the others' baseline's 4 peers")
     parser.add_argument("--hparams", default=None, help="another preset at the mode's scale (default: the mode's)")
     parser.add_argument("--out", type=Path, default=None, help="JSON path (default results/gpu_<device>.json)")
     parser.add_argument("--work", type=Path, default=None, help="prepared corpus (default assets/gpu_<mode>)")
