@@ -49,7 +49,8 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.incentive.subnet_sim_candidates import TiedOpenSkillBook, WeighedWindowsBook
-from benchmarks.incentive.subnet_sim_fit import FIT_FILE, draw, fit, fit_from_scores
+from benchmarks.incentive.subnet_sim_fit import FIT_FILE, EvalSize, draw, fit, fit_from_scores
+from benchmarks.incentive.subnet_sim_production import RULE_FIELDS, production_settings
 from templar.chain.embedded import yuma
 from templar.core.config import GauntletConfig, load_hparams
 from templar.gauntlet import FastVerdict, ScoreBook, Status, draw_window, score_window
@@ -133,21 +134,19 @@ class SimConfig:
     fit_file: str | None = None
     """the measured evaluations the draws resample (None: `FIT_FILE`'s pairs; `UNITS_FIT_FILE`: whole
     evaluations with every unit, `subnet_sim_fit.fit_from_evaluations`)"""
+    eval_size: EvalSize | None = None
+    """what the simulated validators read an evaluation; None: what the fit's localnet read.
+    Production's (`subnet_sim_production.production_size`) draws a fit of whole evaluations at production's size
+    (`subnet_sim_fit.draw`); a pair fit records no units and ignores it."""
 
     def gauntlet(self) -> GauntletConfig:
         """The hparams' gauntlet section this subnet scores with: production's, with this config's
         levers (the rules `templar.gauntlet.score_window` applies to every validator's book)."""
         production = load_hparams().gauntlet
         return production.model_copy(update={
-            "top_g": self.top_g, "power": self.power, "uids_per_window": self.uids_per_window,
-            "fast_eval_uids": self.fast_eval_uids, "mu_gamma": self.mu_gamma, "proof_margin": self.proof_margin,
-            "proof_credit": self.proof_credit, "proof_full_gap": self.proof_full_gap,
-            "fast_eval_penalty": self.phi, "openskill_beta": self.openskill_beta, "openskill_tau": self.openskill_tau,
-            "selection_sharpness": self.sharpness, "newcomer_evals": self.newcomer_evals,
-            "mu_prior_evals": self.mu_prior_evals,
+            **{key: getattr(self, name) for name, key in RULE_FIELDS.items()},
+            "top_g": self.top_g, "uids_per_window": self.uids_per_window, "fast_eval_uids": self.fast_eval_uids,
             "loss_rating": "relative" if self.rating == "relative" else "openskill",
-            "rating_gamma": self.rating_gamma, "rating_tie_band": self.rating_tie_band,
-            "rating_exponent": self.rating_exponent, "rating_cap": self.rating_cap,
             "relative_clip_high": production.relative_clip_high if self.rating_clip_high is None
             else self.rating_clip_high})
 
@@ -250,8 +249,8 @@ def simulate(cfg: SimConfig, *, keep_series: bool = False) -> Outcome:
                 if not verdict.passed:
                     first_penalty.setdefault(hk, window)
             noise = cfg.noise * math.exp(rng.gauss(0.0, cfg.window_noise)) if cfg.window_noise else cfg.noise
-            losses = {hk: draw(by_hotkey[hk].strategy, rng, noise, cfg.freak_rate, cfg.freak_scale, source)
-                      for hk in drawn.primary(verdicts)}
+            losses = {hk: draw(by_hotkey[hk].strategy, rng, noise, cfg.freak_rate, cfg.freak_scale, source,
+                               cfg.eval_size) for hk in drawn.primary(verdicts)}
             scored = score_window(book, rules, window, registry, verdicts, losses)
             x = scored.weights
             vectors.append(x)
@@ -585,9 +584,8 @@ def main(argv: list[str] | None = None) -> int:
 
 LEVERS: dict = {"sharpness": 2.0, "newcomer_evals": 32, "mu_prior_evals": 1.0}
 """The selection and μ levers of the first round (benchmarks/LOG.md §1), with the paper's OpenSkill rating."""
-CHOSEN: dict = {"proof_credit": "size", "proof_full_gap": 0.4, "sharpness": 2.0, "newcomer_evals": 32, "mu_prior_evals": 0.0, "rating": "relative",
-                "rating_gamma": 0.95, "rating_tie_band": 3.5, "rating_exponent": 10.0, "rating_cap": 2.0}
-"""The settings this benchmark argues for (docs/scoring.md §11; `hparams.json` gauntlet section)."""
+CHOSEN: dict = production_settings()
+"""The settings this benchmark argues for, as production runs them (`hparams.json`, docs/scoring.md §11)."""
 
 if __name__ == "__main__":
     sys.exit(main())

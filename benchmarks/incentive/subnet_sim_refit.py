@@ -5,18 +5,21 @@
     python -m benchmarks.incentive.subnet_sim_refit --quick        # 64 uids, 12 windows (tests)
     python -m benchmarks.incentive.subnet_sim_refit --tag sparseloco --fit DIR0 DIR1 DIR2   # another fit, beside
     python -m benchmarks.incentive.subnet_sim_refit --levers --tag T [--lever NAME ...]     # LEVERS on fit T
+    python -m benchmarks.incentive.subnet_sim_refit --spread       # where the fit's spread comes from
 
 `subnet_sim.py`'s `FIT_FILE` resamples (δ_rand, gap) pairs of a tiny localnet from before inner
 steps, one pair per evaluation. `--fit` refits from localnets whose validators recorded every unit
 of every primary evaluation (`--record-evaluations`, which a localnet passes): by default the
 crowded localnets of `fair_pay.py` (production's Gauntlet and inner loop on `micro`, one validator,
-4 honest miners and 12 adversaries, 16 windows, seeds 0-2), into `UNITS_FIT_FILE`. The draws then
-hand the score book what production's validator hands it, so μ runs the proof by size per unit,
-the extra-work classes of `moredata` and the dilution on measured units.
+4 honest miners and 12 adversaries, 16 windows, seeds 0-2), into `UNITS_FIT_FILE` (production's
+fit: `PRODUCTION_FIT_TAG`). The draws then hand the score book what production's validator hands
+it, so μ runs the proof by size per unit, the extra-work classes of `moredata` and the dilution
+on measured units.
 
-Then it runs production's settings (`CHOSEN`), on the simulator's cadence (every window an epoch)
-and on finney's (an epoch every 51 windows, weights every 15), seeds 0-2, with each fit, and
-prints the targets of docs/scoring.md §11: identical honest max/min over the last 12 windows,
+Then it runs production's settings (`CHOSEN`, read from hparams.json, at the size production's
+validator reads an evaluation: `subnet_sim_production.production_size`), on the simulator's cadence (every
+window an epoch) and on finney's (an epoch every 51 windows, weights every 15), seeds 0-2, with each
+fit, and prints the targets of docs/scoring.md §11: identical honest max/min over the last 12 windows,
 agreement, the best-paid cheat's share, `moredata` over honest, and how long the median newcomer
 takes to reach the honest median (the target: within 1 h at finney's cadence). Writes
 `benchmarks/results/subnet_sim_refit.json`; with `--tag T`, the fit and the results are
@@ -30,14 +33,24 @@ import argparse
 import json
 import statistics
 import sys
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from benchmarks.incentive.subnet_sim import CHOSEN, RESULTS_DIR, SimConfig, hours, line, run_jobs, worst_cheat
-from benchmarks.incentive.subnet_sim_fit import FIT_FILE, UNITS_FIT_FILE, fit_from_evaluations
+from benchmarks.incentive.subnet_sim_fit import (
+    FIT_FILE,
+    UNITS_FIT_FILE,
+    EvalSize,
+    fit,
+    fit_from_evaluations,
+    size_scales,
+    spread_sources,
+    window_share,
+)
 
 FIT_SOURCE = ("crowded localnets (`python -m benchmarks.incentive.fair_pay --seeds 0 1 2`: "
-              "micro_gauntlet_8pages, one validator, 4 honest miners and 12 adversaries, 16 windows)")
+              "micro_gauntlet_8pages, one validator, 4 honest miners and 12 adversaries, 16 windows; "
+              "production's Gauntlet: SparseLoCo, the proof against the other peers' own steps on 1 of 4 sequences)")
 KEYS = ("honest_max_over_min", "agreement_mean", "worst_cheat_share", "moredata_over_honest",
         "newcomer_median_hours", "newcomer_first_weight_hours", "newcomer_first_pay_over_median")
 
@@ -53,6 +66,9 @@ def summary(m: dict) -> dict:
 
 LEVERS: dict[str, dict] = {
     "production": {},
+    "the crowded localnet's size (8 sequences an evaluation, as fitted)": {"eval_size": None},
+    "32 sequences an evaluation (twice production's)": {"eval_size": EvalSize(32, 64, 4)},
+    "every sequence of the page (64, four times production's)": {"eval_size": EvalSize(64, 64, 4)},
     "mu_gamma 0.95 (a longer memory)": {"mu_gamma": 0.95},
     "mu_gamma 0.98": {"mu_gamma": 0.98},
     "proof_full_gap 0.2 (full credit at a smaller gap)": {"proof_full_gap": 0.2},
@@ -64,18 +80,17 @@ LEVERS: dict[str, dict] = {
     "power 1 + rating tied": {"power": 1.0, "rating_tie_band": 100.0},
     "mu_gamma 0.98 + rating tied": {"mu_gamma": 0.98, "rating_tie_band": 100.0},
     "uids_per_window 16 (twice the evaluations)": {"uids_per_window": 16},
-    "noise 0.5 (about 4 pages an evaluation)": {"noise": 0.5},
-    "noise 0.71 (twice the units: production's 16 sequences an evaluation on a fit of 8)": {"noise": 0.7071},
-    "uids_per_window 16 + noise 0.71": {"uids_per_window": 16, "noise": 0.7071},
+    "noise 0.5 (half of every evaluation's measured spread)": {"noise": 0.5},
     "mu_gamma 0.98 + noise 0.5": {"mu_gamma": 0.98, "noise": 0.5},
-    "mu_gamma 0.98 + noise 0.71": {"mu_gamma": 0.98, "noise": 0.7071},
     "mu_gamma 0.98 + power 1 + rating tied": {"mu_gamma": 0.98, "power": 1.0, "rating_tie_band": 100.0},
     "mu_gamma 0.98 + power 1 + noise 0.5": {"mu_gamma": 0.98, "power": 1.0, "noise": 0.5},
 }
-"""Production's Gauntlet with one knob changed, or two: the levers fair pay's noise names (μ's memory,
-how soon a unit earns the full credit, the power c, more evaluations, more units an evaluation: the
-simulator's `noise` scales every unit's scatter, 0.5 standing for four times the units) and the
-rating tied for every peer, which leaves μ alone to tell peers apart."""
+"""Production's Gauntlet (at production's size of an evaluation, `subnet_sim_production.production_settings`)
+with one knob changed, or two: the levers fair pay's noise names (how many units an evaluation reads,
+μ's memory, how soon a unit earns the full credit, the power c, more evaluations) and the rating
+tied for every peer, which leaves μ alone to tell peers apart. `noise` scales every evaluation's
+measured spread and its units' (0.5: half of it, whatever its cause), where more units shrink only
+the part that is the sampling of units."""
 
 
 def levers(processes: int, units_file: Path = UNITS_FIT_FILE, tag: str = "", only: list[str] | None = None) -> int:
@@ -100,7 +115,34 @@ def levers(processes: int, units_file: Path = UNITS_FIT_FILE, tag: str = "", onl
     out = RESULTS_DIR / ("subnet_sim_refit_levers" + (f"_{tag}" if tag else "") + ".json")
     out.write_text(json.dumps(
         {"fit": str(units_file.name), "cadence": "finney (tempo 51, weights every 15)", "levers": chosen,
-         "runs": runs, "ranges_over_seeds": ranges}, indent=1) + "\n")
+         "runs": runs, "ranges_over_seeds": ranges}, indent=1, default=asdict) + "\n")
+    print(f"wrote {out}")
+    return 0
+
+
+def spread(units_file: Path = UNITS_FIT_FILE) -> int:
+    """Where each strategy's evaluation-to-evaluation spread in a fit comes from, and what
+    production's size does to it: the gap's sd, the share of its variance that is the sampling of
+    the sequences read (`subnet_sim_fit.spread_sources`), the share the evaluations of one window
+    have in common (`window_share`), and the gap's and δ_rand's scale at production's size
+    (`size_scales`). Writes `subnet_sim_refit_spread.json`."""
+    source = fit(units_file)
+    size = CHOSEN["eval_size"]
+    rows = {}
+    for kind in source["evaluations"]:
+        s = spread_sources(source, kind, size.ranges)
+        gap_scale, rand_scale = size_scales(source, kind, size)
+        rows[kind] = {"evaluations": len(source["evaluations"][kind]), "gap_sd": round(s["gap_variance"] ** 0.5, 4),
+                      "gap_sampling_share": round(s["gap_sampling_variance"] / s["gap_variance"], 3),
+                      "rand_sd": round(s["rand_variance"] ** 0.5, 4),
+                      "rand_sampling_share": round(s["rand_sampling_variance"] / s["rand_variance"], 3),
+                      "gap_window_share": window_share(source, kind),
+                      "sequences_read": [s["assigned_sequences"], s["random_sequences"]],
+                      "production_scale": [round(gap_scale, 3), round(rand_scale, 3)]}
+        print(f"  {kind:<10} " + ", ".join(f"{k} {v}" for k, v in rows[kind].items()))
+    out = RESULTS_DIR / "subnet_sim_refit_spread.json"
+    out.write_text(json.dumps({"fit": units_file.name, "production_size": asdict(size), "strategies": rows},
+                              indent=1) + "\n")
     print(f"wrote {out}")
     return 0
 
@@ -116,8 +158,13 @@ def main(argv: list[str] | None = None) -> int:
                              "finney's cadence, seeds 0-2")
     parser.add_argument("--lever", action="append", default=None, metavar="NAME",
                         help="with --levers: only this lever (repeat for several; the names are LEVERS' keys)")
+    parser.add_argument("--spread", action="store_true",
+                        help="instead: where the fit's spread comes from (sampling, the window) and its scale at "
+                             "production's size")
     args = parser.parse_args(argv)
     units_file = RESULTS_DIR / f"subnet_sim_fit_units_{args.tag}.json" if args.tag else UNITS_FIT_FILE
+    if args.spread:
+        return spread(units_file)
     if args.levers:
         return levers(args.processes, units_file, args.tag, args.lever)
     if args.fit:
@@ -130,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         base = replace(base, windows=12, join_window=4, uids=64, per_class=2, fast_eval_uids=16)
     seeds = (0,) if args.quick else (0, 1, 2)
     fits = {"pairs (tiny, before inner steps)": None, "whole evaluations (micro, inner steps)": str(units_file)}
+    # Both at production's units an evaluation (`CHOSEN`); the pairs record none and are drawn as fitted.
     cadences = {"every window an epoch": {}, "finney (tempo 51, weights every 15)":
                 {"tempo_windows": 51, "weights_windows": 15}}
     jobs = [(f"{f} | {c} | seed={seed}", replace(base, seed=seed, fit_file=path, **change), False)

@@ -25,11 +25,12 @@ def test_only_the_named_levers_run_and_an_unknown_name_is_refused(tmp_path: Path
     monkeypatch.setattr(subnet_sim_refit, "run_jobs", run_jobs)
     monkeypatch.setattr(subnet_sim_refit, "worst_cheat", lambda m: ("copycat", 0.0))
     monkeypatch.setattr(subnet_sim_refit, "RESULTS_DIR", tmp_path)
-    names = ["production", "mu_gamma 0.98"]
+    names = ["production", "32 sequences an evaluation (twice production's)", "mu_gamma 0.98"]  # LEVERS' order
     assert subnet_sim_refit.main(["--levers", "--tag", "t", *(a for n in names for a in ("--lever", n))]) == 0
     assert ran == [f"{n} | seed={s}" for n in names for s in (0, 1, 2)]
     written = json.loads((tmp_path / "subnet_sim_refit_levers_t.json").read_text())
     assert list(written["levers"]) == names and list(written["ranges_over_seeds"]) == names
+    assert written["levers"][names[1]]["eval_size"] == {"assigned_sequences": 32, "random_sequences": 64, "ranges": 4}
 
     ran.clear()
     with pytest.raises(SystemExit, match="no lever"):

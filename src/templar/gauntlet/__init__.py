@@ -37,6 +37,7 @@ from templar.gauntlet.scores import (
     window_gap,
 )
 from templar.gauntlet.selection import (
+    eval_sequences_read,
     select_eval_pages,
     select_eval_peers,
     select_eval_sequences,
@@ -59,6 +60,7 @@ __all__ = [
     "competition_ranks",
     "declared_work",
     "draw_window",
+    "eval_sequences_read",
     "find_copies",
     "find_pools",
     "fingerprint",

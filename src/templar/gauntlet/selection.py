@@ -107,6 +107,15 @@ def select_eval_pages(seed: int, window: int, uid: int, pages: list[int], n: int
     return [pages[i] for i in sorted(ranked[:n])]
 
 
+def eval_sequences_read(per_page: int, n: int) -> int:
+    """How many of an evaluated page's `per_page` sequences the proof of computation reads under
+    `gauntlet.proof_sequences` = `n`: all of them when `n` is 0 or covers the page, else `n`. What
+    the validator reads and what the subnet simulator draws production's evaluations at."""
+    if n < 0 or per_page < 0:
+        raise ValueError(f"eval_sequences_read: n and per_page must be non-negative, got {n}, {per_page}")
+    return per_page if n == 0 or n >= per_page else n
+
+
 def select_eval_sequences(seed: int, window: int, uid: int, page: int, per_page: int, n: int) -> list[int]:
     """The `n` of an evaluated page's `per_page` sequences (their indices, in page order) that the
     proof of computation reads (`gauntlet.proof_sequences`; all of them when `n` is 0 or covers
@@ -116,9 +125,8 @@ def select_eval_sequences(seed: int, window: int, uid: int, page: int, per_page:
     count, so a miner that trains a share of them is read at that share in expectation, as when
     every sequence is read; fewer sequences make every pass of the evaluation smaller.
     """
-    if n < 0 or per_page < 0:
-        raise ValueError(f"select_eval_sequences: n and per_page must be non-negative, got {n}, {per_page}")
-    if n == 0 or n >= per_page:
+    read = eval_sequences_read(per_page, n)
+    if read == per_page:
         return list(range(per_page))
     key = _window_key(seed, window, f"sequences/{uid}/{page}")
-    return sorted(sorted(range(per_page), key=lambda i: (_priority(key, str(i)), i))[:n])
+    return sorted(sorted(range(per_page), key=lambda i: (_priority(key, str(i)), i))[:read])

@@ -42,6 +42,7 @@ from templar.gauntlet import (
     ScoreBook,
     declared_work,
     draw_window,
+    eval_sequences_read,
     score_window,
     select_eval_pages,
     select_eval_sequences,
@@ -536,7 +537,7 @@ class Validator:
             prefetch=node.plan.random_pages(window + 1, hp.data.eval_pages,
                                             salt=self.eval_seed(window + 1) % node.plan.pool))).batch
         beta = hp.gauntlet.eval_lr_factor * lr
-        read = min(hp.gauntlet.proof_sequences or per_page, per_page)  # sequences read per evaluated page
+        read = eval_sequences_read(per_page, hp.gauntlet.proof_sequences)
         scores = await asyncio.to_thread(self._evaluator(base).score_peers, signs, assigned, random_batch, beta,
                                          read)
         return {hk: replace(s, declared_units=len(s.sequence_deltas) * declared[hk] // len(evaluated[hk]))
