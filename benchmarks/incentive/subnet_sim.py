@@ -134,6 +134,9 @@ class SimConfig:
     fit_file: str | None = None
     """the measured evaluations the draws resample (None: `FIT_FILE`'s pairs; `UNITS_FIT_FILE`: whole
     evaluations with every unit, `subnet_sim_fit.fit_from_evaluations`)"""
+    mix: tuple[tuple[str, int], ...] | None = None
+    """the miners by strategy after the validators (None: `per_class` of each of `build_peers`' classes,
+    honest for the rest); any the fit holds, to simulate a localnet's own mix (`subnet_sim_residuals`)"""
     eval_size: EvalSize | None = None
     """what the simulated validators read an evaluation; None: what the fit's localnet read.
     Production's (`subnet_sim_production.production_size`) draws a fit of whole evaluations at production's size
@@ -177,8 +180,10 @@ def join_window(cfg: SimConfig, index: int) -> int:
 def build_peers(cfg: SimConfig, rng: random.Random) -> list[Peer]:
     peers = [Peer(f"v{i:02d}", i, "validator") for i in range(cfg.validators)]
     uid = cfg.validators
-    for strategy in ("moredata", "lazy", "copycat", "noise", "newcomer", "lazy_new"):
-        for i in range(cfg.per_class):
+    classes = cfg.mix or tuple((s, cfg.per_class) for s in ("moredata", "lazy", "copycat", "noise", "newcomer",
+                                                             "lazy_new"))
+    for strategy, count in classes:
+        for i in range(count):
             joins = join_window(cfg, i) if strategy in JOINING else 0
             peers.append(Peer(f"{strategy}{i:02d}", uid, strategy, joins))
             uid += 1
@@ -273,7 +278,7 @@ def simulate(cfg: SimConfig, *, keep_series: bool = False) -> Outcome:
         vtrust_hist[window] = result.validator_trust[: cfg.validators]
     return Outcome(asdict(cfg), metrics(cfg, peers, incentive_hist, agreement_hist, vtrust_hist, lead_weight_hist,
                                         first_penalty),
-                   series(cfg, peers, incentive_hist, agreement_hist) if keep_series else {})
+                   series(cfg, peers, incentive_hist, agreement_hist, lead_weight_hist) if keep_series else {})
 
 
 def metrics(cfg: SimConfig, peers: list[Peer], inc: np.ndarray, agreement: list[float], vtrust: np.ndarray,
@@ -305,14 +310,14 @@ def metrics(cfg: SimConfig, peers: list[Peer], inc: np.ndarray, agreement: list[
         first_vote.append(int(voted[0]) if voted.size else None)
 
     def typical(values: list[int | None]) -> float | None:
-        """Median over newcomers; one that never got there counts as the rest of the run."""
+        """Median over newcomers; one that never got there counts as the rest of the run (None: no newcomer)."""
         horizon = cfg.windows - cfg.join_window
-        return float(statistics.median(horizon if v is None else v for v in values))
+        return float(statistics.median(horizon if v is None else v for v in values)) if values else None
 
-    def worst(values: list[int | None]) -> float:
+    def worst(values: list[int | None]) -> float | None:
         """The last newcomer to get there (with epochs every tempo: the one that joined just after one)."""
         horizon = cfg.windows - cfg.join_window
-        return float(max(horizon if v is None else v for v in values))
+        return float(max(horizon if v is None else v for v in values)) if values else None
 
     tail = max(1, len(agreement) // 3)
     penalties = first_penalty or {}
@@ -344,11 +349,13 @@ def metrics(cfg: SimConfig, peers: list[Peer], inc: np.ndarray, agreement: list[
         "vtrust_min": float(vtrust[-tail:].mean(axis=0).min()),
         "share": {s: float(last[uids[s]].sum()) for s in STRATEGIES},
         "share_since_join": {s: float(inc[cfg.join_window:, uids[s]].sum(axis=1).mean()) for s in STRATEGIES},
-        "moredata_over_honest": float(last[uids["moredata"]].mean() / max(np.mean(honest), 1e-12)),
+        "moredata_over_honest": float(last[uids["moredata"]].mean() / max(np.mean(honest), 1e-12))
+        if uids["moredata"] else math.nan,
     }
 
 
-def series(cfg: SimConfig, peers: list[Peer], inc: np.ndarray, agreement: list[float]) -> dict:
+def series(cfg: SimConfig, peers: list[Peer], inc: np.ndarray, agreement: list[float],
+           lead_weights: np.ndarray) -> dict:
     uids = {s: [p.uid for p in peers if p.strategy == s] for s in STRATEGIES}
     honest = inc[:, uids["honest"]]
     return {
@@ -359,6 +366,8 @@ def series(cfg: SimConfig, peers: list[Peer], inc: np.ndarray, agreement: list[f
         "moredata_mean": inc[:, uids["moredata"]].mean(axis=1).tolist(),
         "cheat_share": inc[:, [u for s in CHEATS for u in uids[s]]].sum(axis=1).tolist(),
         "agreement": agreement,
+        # the lead's own weight of each uid over the run's second half, as `fair_pay.summarise` reads a localnet
+        "lead_weight_second_half": lead_weights[cfg.windows // 2:].mean(axis=0).tolist(),
     }
 
 

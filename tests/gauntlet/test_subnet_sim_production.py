@@ -103,3 +103,42 @@ def test_a_simulation_at_production_size_runs_on_the_committed_fit() -> None:
     share = subnet_sim.simulate(cfg).metrics["share"]
     assert share["honest"] + share["moredata"] + share["newcomer"] > 0.8
     assert sum(share[c] for c in subnet_sim.CHEATS) < 0.1
+
+
+def _localnet(tmp_path: Path, honest_weights: list[float]) -> Path:
+    """A localnet's out folder as `fair_pay.summarise` reads it: a validator, honest miners with the
+    given weight in every window, `moredata`, a pool of 3 and a `partial` miner (never evaluated)."""
+    import json
+
+    miners = [(f"honest{i}", "honest", w) for i, w in enumerate(honest_weights)]
+    miners += [("moredata0", "moredata", 0.3), ("pooled0-a", "pooled", 0.1), ("pooled0-b", "pooled", 0.0),
+               ("pooled0-c", "pooled", 0.0), ("partial0", "partial", 0.0)]
+    nodes = [{"name": "validator0", "role": "validator", "strategy": "honest", "hotkey": "v"}]
+    nodes += [{"name": n, "role": "miner", "strategy": s, "hotkey": n} for n, s, _ in miners]
+    peers = [{"name": n, "role": "miner", "strategy": s, "trained_tokens": 1000,
+              "weight_history": [[w, weight] for w in range(8)]} for n, s, weight in miners]
+    (tmp_path / "nodes.json").write_text(json.dumps(nodes))
+    (tmp_path / "report.json").write_text(json.dumps({"peers": peers}))
+    return tmp_path
+
+
+def test_a_localnets_shape_runs_through_the_simulator_and_its_residual_is_measured(tmp_path) -> None:
+    """`subnet_sim_residuals`: a localnet's mix is drawn by the fit's strategies (one hotkey of a pool
+    rated, never-evaluated miners as copycats), simulated at its shape, and the localnet's figures are
+    set against the simulator's: the residual is the localnet's less the simulator's median."""
+    from benchmarks.incentive import subnet_sim_residuals as residuals
+
+    run = _localnet(tmp_path, [0.2, 0.25, 0.3, 0.2])
+    evaluated = set(subnet_sim_fit.fit(subnet_sim_fit.UNITS_FIT_FILE)["evaluations"])
+    mix = dict(residuals.localnet_mix(run, evaluated))
+    assert mix == {"honest": 4, "moredata": 1, "pooled": 1, "copycat": 3}
+    peers = subnet_sim.build_peers(replace(subnet_sim.SimConfig(), validators=1, uids=10,
+                                           mix=tuple(sorted(mix.items()))), random.Random(0))
+    assert sorted(p.strategy for p in peers[1:]) == sorted(s for s, n in mix.items() for _ in range(n))
+
+    rows = residuals.residuals([run], str(PRESETS / "micro_gauntlet_8pages.json"), sims=4)
+    spread = rows[run.name]["honest_max_over_min"]
+    assert spread["localnet"] == pytest.approx(1.5)
+    assert spread["residual"] == pytest.approx(spread["localnet"] - spread["simulator_median"])
+    assert spread["simulator_median"] >= 1.0 and 0.0 <= spread["simulator_at_or_below_localnet"] <= 1.0
+    assert rows[run.name]["moredata_over_honest"]["simulator_median"] > 0
