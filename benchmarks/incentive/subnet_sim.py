@@ -138,9 +138,8 @@ class SimConfig:
     """the miners by strategy after the validators (None: `per_class` of each of `build_peers`' classes,
     honest for the rest); any the fit holds, to simulate a localnet's own mix (`subnet_sim_residuals`)"""
     eval_size: EvalSize | None = None
-    """what the simulated validators read an evaluation; None: what the fit's localnet read.
-    Production's (`subnet_sim_production.production_size`) draws a fit of whole evaluations at production's size
-    (`subnet_sim_fit.draw`); a pair fit records no units and ignores it."""
+    """what the validators read an evaluation (`subnet_sim_production.production_size`; None: as the fit's
+    localnet read), the size `subnet_sim_fit.draw` draws whole evaluations at; a pair fit ignores it"""
 
     def gauntlet(self) -> GauntletConfig:
         """The hparams' gauntlet section this subnet scores with: production's, with this config's
