@@ -80,6 +80,7 @@ LEVERS: dict[str, dict] = {
     "power 1 + rating tied": {"power": 1.0, "rating_tie_band": 100.0},
     "mu_gamma 0.98 + rating tied": {"mu_gamma": 0.98, "rating_tie_band": 100.0},
     "uids_per_window 16 (twice the evaluations)": {"uids_per_window": 16},
+    "mu_gamma 0.95 + uids_per_window 16": {"mu_gamma": 0.95, "uids_per_window": 16},
     "noise 0.5 (half of every evaluation's measured spread)": {"noise": 0.5},
     "mu_gamma 0.98 + noise 0.5": {"mu_gamma": 0.98, "noise": 0.5},
     "mu_gamma 0.98 + power 1 + rating tied": {"mu_gamma": 0.98, "power": 1.0, "rating_tie_band": 100.0},
