@@ -4,6 +4,7 @@ waiting, and time never jumps while work runs in a worker thread."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 
 import pytest
@@ -91,3 +92,32 @@ def test_the_loop_closes_cleanly():
         assert loop.time() == pytest.approx(START + 1, abs=1e-3)
     finally:
         loop.close()
+
+
+def test_computations_take_turns_on_one_thread_unless_told_otherwise():
+    """Virtual time makes overlapping computations buy nothing but GIL contention: one compute
+    thread by default, every job on it, one after another; more when asked."""
+    import threading
+
+    def job(seconds: float) -> tuple[str, float, float]:
+        started = time.perf_counter()
+        time.sleep(seconds)
+        return threading.current_thread().name, started, time.perf_counter()
+
+    async def three_jobs():
+        return await asyncio.gather(*(asyncio.to_thread(job, 0.05) for _ in range(3)))
+
+    runs = run_virtual(three_jobs(), start=START)
+    assert len({name for name, _, _ in runs}) == 1
+    spans = sorted((a, b) for _, a, b in runs)
+    assert all(later[0] >= earlier[1] for earlier, later in itertools.pairwise(spans))
+
+    loop = VirtualTimeLoop(START, compute_threads=3)
+    try:
+        runs = loop.run_until_complete(three_jobs())
+        assert len({name for name, _, _ in runs}) == 3
+    finally:
+        loop.run_until_complete(loop.shutdown_default_executor())
+        loop.close()
+    with pytest.raises(ValueError, match="compute_threads"):
+        VirtualTimeLoop(START, compute_threads=0)

@@ -111,7 +111,8 @@ def test_the_wallet_fix_is_the_one_recipe_of_the_docs(subnet, tmp_path):
         return Doctor(args, "miner")
 
     fresh = run(on_finney("W", tmp_path / "empty"), chain_checks.check_wallet)
-    assert fresh.status == Status.FAILED and "btcli" not in fresh.summary and "templar" not in fresh.summary
+    said = fresh.summary.replace(str(tmp_path), "")  # the scratch path may hold any word
+    assert fresh.status == Status.FAILED and "btcli" not in said and "templar" not in said
     assert fresh.fix == f"create them: btcli wallet create -w W -H default --wallet-path {tmp_path / 'empty'}"
     mining = (REPO_ROOT / "docs" / "mining.md").read_text()
     assert "btcli wallet create -w W -H H" in mining and "btcli wallet new-hotkey -w W -H H" in mining

@@ -209,7 +209,7 @@ def test_partial_pooled_and_thin_work_earn_less_than_honest_work(tmp_path, setti
         assert weight["desync0"] < weakest, summary
 
 
-@pytest.mark.slow(seconds=90)
+@pytest.mark.slow(seconds=90, waits=True)
 def test_localnet_runs_every_neuron_as_its_own_process(tmp_path):
     """Real time, real processes: the entry points start, join, score, stop cleanly on SIGTERM.
     miner0 runs under torchrun over 2 ranks (FSDP2, gloo) and its payloads pass every check, as the
@@ -244,9 +244,10 @@ def test_localnet_runs_every_neuron_as_its_own_process(tmp_path):
     statuses = {p["name"]: p["statuses"] for p in report["peers"] if p["role"] == "miner"}
     assert weight["copycat0"] < 0.01 and "ok" not in statuses["copycat0"], (weight, statuses)
     for name in ("miner0", "miner1"):  # every payload that was on time passed every check (on a loaded
-        # machine a first window's training can overrun its commitment deadline: `uncommitted`, said in its log)
+        # machine a window's training can overrun its commitment deadline, `uncommitted`, or its upload the
+        # put window, `late`: both said in its log; seen on 2 cores with the suite's other workers busy)
         assert statuses[name].get("ok", 0) >= 1, (statuses, (out / "nodes" / name / "node.log").read_text()[-3000:])
-        assert set(statuses[name]) <= {"ok", "warmup", "missing", "uncommitted"}, statuses
+        assert set(statuses[name]) <= {"ok", "warmup", "missing", "uncommitted", "late"}, statuses
     # All pay goes to the three that trained (moredata0 is honest with twice the pages); how it splits
     # among them is one or two evaluations' noise in 4 windows, which the in-process localnets measure.
     assert weight["miner0"] + weight["miner1"] + weight["moredata0"] > 0.99, weight
