@@ -11,6 +11,9 @@ Outputs:
   assets/shards/                           the corpus prepared for the tiny preset (templar.data
                                            format: manifest.json + token shards); its digest is
                                            pinned in hparams/tiny.json (data.manifest)
+  assets/tokenizer-1k/, assets/shards-1k/  the same corpus under a 1024-token tokenizer, for the
+                                           tests' small-vocabulary model (its digest is pinned in
+                                           tests/presets/micro-gauntlet-1k.json)
 
     python scripts/build_assets.py [--out assets] [--vocab 8192] [--force]
 """
@@ -111,6 +114,26 @@ def prepare_shards(out: Path) -> None:
     print(f"prepared {manifest.num_pages} pages in {shards}, manifest digest {manifest.digest()}")
 
 
+SMALL_VOCAB = 1024
+"""The tests' small-vocabulary corpus: with `micro`'s 64-wide model an 8192-way output layer is most of
+every forward pass, and an in-process localnet costs half the CPU on 1024 tokens."""
+
+
+def build_small_vocab(out: Path) -> None:
+    """The corpus again under a `SMALL_VOCAB`-token tokenizer (deterministic, idempotent)."""
+    from templar.data.prepare import Geometry, prepare
+
+    shards = out / "shards-1k"
+    if (shards / "manifest.json").exists():
+        return
+    tokenizer = out / "tokenizer-1k"
+    train_tokenizer([out / "corpus" / "wiki.jsonl", out / "corpus" / "shakespeare.jsonl"], tokenizer, SMALL_VOCAB)
+    geometry = Geometry(pages_per_shard=1 << 18, **SHARD_GEOMETRY)
+    manifest = prepare(str(out / "corpus"), str(tokenizer), shards, geometry, name="sample",
+                       workers=2, progress=False)
+    print(f"prepared {manifest.num_pages} pages in {shards}, manifest digest {manifest.digest()}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "assets")
@@ -123,12 +146,14 @@ def main() -> None:
     stamp = args.out / "BUILT"
     if stamp.exists() and not args.force:
         prepare_shards(args.out)
+        build_small_vocab(args.out)
         print(f"assets ready in {args.out}")
         return
     if args.force:
         import shutil
 
-        shutil.rmtree(args.out / "shards", ignore_errors=True)
+        for built in ("shards", "shards-1k", "tokenizer-1k"):
+            shutil.rmtree(args.out / built, ignore_errors=True)
     corpus.mkdir(parents=True, exist_ok=True)
     wiki = corpus / "wiki.jsonl"
     plays = corpus / "shakespeare.jsonl"
@@ -138,6 +163,7 @@ def main() -> None:
     size_mb = sum(p.stat().st_size for p in corpus.glob("*.jsonl")) / 1e6
     stamp.write_text(json.dumps({"corpus_mb": round(size_mb, 2), "vocab": args.vocab}) + "\n")
     prepare_shards(args.out)
+    build_small_vocab(args.out)
     print(f"built {size_mb:.1f} MB corpus and a {args.vocab}-token tokenizer in {args.out}")
 
 

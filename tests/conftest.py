@@ -34,7 +34,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 def assets_dir() -> Path:
     """The sample corpus and tokenizer; built on first use if a bare checkout lacks them."""
     assets = ROOT / "assets"
-    if not (assets / "BUILT").exists() or not (assets / "shards" / "manifest.json").exists():
+    if not all((assets / path).exists() for path in ("BUILT", "shards/manifest.json", "shards-1k/manifest.json")):
         subprocess.run([sys.executable, str(ROOT / "scripts" / "build_assets.py"), "--out", str(assets)], check=True)
     return assets
 
