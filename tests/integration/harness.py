@@ -53,6 +53,9 @@ MICRO_GAUNTLET_PRESET = MICRO_PRESET.with_name("micro-gauntlet.json")
 """The micro model under production's Gauntlet (`tiny`'s rules: the proof of computation by size, the
 relative LossRating) with H = 2 inner AdamW steps: the tests that judge who is paid."""
 
+MICRO_1K_PRESET = MICRO_PRESET.with_name("micro-1k.json")
+"""`micro` on the 1024-token corpus (see below): the heaviest mechanism tests, which read no 8192-token data."""
+
 MICRO_GAUNTLET_1K_PRESET = MICRO_PRESET.with_name("micro-gauntlet-1k.json")
 """`micro-gauntlet` on the sample corpus under a 1024-token tokenizer (`assets/shards-1k`, built by
 scripts/build_assets.py): with a 64-wide model the 8192-way output layer is 0.52 M of about 0.69 M
