@@ -60,7 +60,7 @@ MICRO_GAUNTLET_1K_PRESET = MICRO_PRESET.with_name("micro-gauntlet-1k.json")
 """`micro-gauntlet` on the sample corpus under a 1024-token tokenizer (`assets/shards-1k`, built by
 scripts/build_assets.py): with a 64-wide model the 8192-way output layer is 0.52 M of about 0.69 M
 multiply-adds per token, so a 9-node in-process localnet costs 10-11 s of CPU here against 24 s on
-`micro-gauntlet`. The many-seed runs of the cheats that only have to earn less than honest work use it."""
+`micro-gauntlet`. The incentive localnets of test_localnet.py and the validator's integration tests use it."""
 
 
 def write_fast_preset(directory: Path, sections: dict[str, dict] | None = None, base: Path = MICRO_PRESET,
