@@ -3,7 +3,8 @@
 - The incentive: `templar localnet --in-process` with every adversary, next to the same run
   without them, under production's Gauntlet on the `micro` test model (tests/presets/micro-gauntlet-1k.json:
   tiny's data under a 1024-token tokenizer and tiny's Gauntlet, a 4x narrower model, H = 2 inner AdamW
-  steps; the 8192-token output layer was most of every pass: 94-101 s of CPU for the pay localnet, now 47 s) and virtual time (deterministic windows, the computation's cost only; the seed fixes
+  steps; on 8192 tokens the output layer was most of every pass, and the pay localnet cost 94-101 s of
+  CPU, now 47 s) and virtual time (deterministic windows, the computation's cost only; the seed fixes
   hotkeys and evaluation secrets, so each run repeats bit for bit). Honest work is paid, cheating is
   not, and the model does not notice the cheats.
 - The processes: one real-time `templar localnet` with separate neuron processes through their
@@ -162,7 +163,8 @@ at one (it changes the payload's values, not how the proof of computation reads 
 def test_partial_pooled_and_thin_work_earn_less_than_honest_work(tmp_path, assets_dir, setting, seed):
     """The cheats of docs/scoring.md §8 on the in-process localnet under production's Gauntlet
     (tests/presets/micro-gauntlet-1k.json: `tiny`'s rules on the micro model, H = 2 inner AdamW steps,
-    the sample corpus under a 1024-token tokenizer: half the CPU of the 8192-token one), 3 seeds × {tiny, production-like} on SparseLoCo and one of the signed rule:
+    the sample corpus under a 1024-token tokenizer: half the CPU of the 8192-token one),
+    3 seeds × {tiny, production-like} on SparseLoCo and one of the signed rule:
     `partial` (1 of 2 pages trained, the rest borrowed from other miners' same-window uploads) earns less than
     the weakest honest miner, a `pooled` group of 3 hotkeys (one update on the union of their slots, posted by
     each with noise) earns less in total than the weakest honest miner, and `thin` (a quarter of each page's
