@@ -101,15 +101,15 @@ SHARD_GEOMETRY = {"sequence_length": 128, "sequences_per_page": 4}
 so its in-shard shuffle mixes Wikipedia and Shakespeare into every page."""
 
 
-def prepare_shards(out: Path) -> None:
+def prepare_shards(out: Path, shards_dir: str = "shards", tokenizer_dir: str = "tokenizer") -> None:
     """Tokenize the sample corpus into the shard format every node reads (deterministic)."""
     from templar.data.prepare import Geometry, prepare
 
-    shards = out / "shards"
+    shards = out / shards_dir
     if (shards / "manifest.json").exists():
         return
     geometry = Geometry(pages_per_shard=1 << 18, **SHARD_GEOMETRY)
-    manifest = prepare(str(out / "corpus"), str(out / "tokenizer"), shards, geometry, name="sample",
+    manifest = prepare(str(out / "corpus"), str(out / tokenizer_dir), shards, geometry, name="sample",
                        workers=2, progress=False)
     print(f"prepared {manifest.num_pages} pages in {shards}, manifest digest {manifest.digest()}")
 
@@ -121,17 +121,11 @@ every forward pass, and an in-process localnet costs half the CPU on 1024 tokens
 
 def build_small_vocab(out: Path) -> None:
     """The corpus again under a `SMALL_VOCAB`-token tokenizer (deterministic, idempotent)."""
-    from templar.data.prepare import Geometry, prepare
-
-    shards = out / "shards-1k"
-    if (shards / "manifest.json").exists():
+    if (out / "shards-1k" / "manifest.json").exists():
         return
-    tokenizer = out / "tokenizer-1k"
-    train_tokenizer([out / "corpus" / "wiki.jsonl", out / "corpus" / "shakespeare.jsonl"], tokenizer, SMALL_VOCAB)
-    geometry = Geometry(pages_per_shard=1 << 18, **SHARD_GEOMETRY)
-    manifest = prepare(str(out / "corpus"), str(tokenizer), shards, geometry, name="sample",
-                       workers=2, progress=False)
-    print(f"prepared {manifest.num_pages} pages in {shards}, manifest digest {manifest.digest()}")
+    corpus = out / "corpus"
+    train_tokenizer([corpus / "wiki.jsonl", corpus / "shakespeare.jsonl"], out / "tokenizer-1k", SMALL_VOCAB)
+    prepare_shards(out, "shards-1k", "tokenizer-1k")
 
 
 def main() -> None:
