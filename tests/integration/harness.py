@@ -54,7 +54,9 @@ MICRO_GAUNTLET_PRESET = MICRO_PRESET.with_name("micro-gauntlet.json")
 relative LossRating) with H = 2 inner AdamW steps: the tests that judge who is paid."""
 
 MICRO_1K_PRESET = MICRO_PRESET.with_name("micro-1k.json")
-"""`micro` on the 1024-token corpus (see below): the heaviest mechanism tests, which read no 8192-token data."""
+"""`micro` on the 1024-token corpus (see below): what a `Subnet` runs unless a test names another base.
+The nodes' integration tests cost half the CPU on it (181 -> 127 s for those of tests/integration,
+doctor, runtime and dashboard on virtual time) and check the same mechanisms."""
 
 MICRO_GAUNTLET_1K_PRESET = MICRO_PRESET.with_name("micro-gauntlet-1k.json")
 """`micro-gauntlet` on the sample corpus under a 1024-token tokenizer (`assets/shards-1k`, built by
@@ -63,9 +65,9 @@ multiply-adds per token, so a 9-node in-process localnet costs 10-11 s of CPU he
 `micro-gauntlet`. The incentive localnets of test_localnet.py and the validator's integration tests use it."""
 
 
-def write_fast_preset(directory: Path, sections: dict[str, dict] | None = None, base: Path = MICRO_PRESET,
+def write_fast_preset(directory: Path, sections: dict[str, dict] | None = None, base: Path = MICRO_1K_PRESET,
                       **windows: object) -> Path:
-    """The micro preset (or `base`) with 5-second windows (and optional window overrides; `sections`:
+    """The 1024-token micro preset (or `base`) with 5-second windows (and optional window overrides; `sections`:
     other hparams sections' overrides, e.g. less data per window for tests that only need the mechanics)."""
     body: dict[str, object] = {"base": str(base), "name": "micro-fast", **(sections or {}),
                                "windows": {**FAST_WINDOWS, **windows}}
@@ -85,7 +87,7 @@ class Subnet:
 
     @classmethod
     def create(cls, root: Path, stakes: dict[str, float], sections: dict[str, dict] | None = None,
-               base: Path = MICRO_PRESET, **windows: object) -> Subnet:
+               base: Path = MICRO_1K_PRESET, **windows: object) -> Subnet:
         hparams = write_fast_preset(root, sections, base, **windows)
         hp = load_hparams(hparams)
         dev = create_dev_chain(root / "chain.sqlite", netuid=NETUID, hotkeys=stakes, wallet_path=root / "wallets",

@@ -34,7 +34,7 @@ from templar.validator.loop import Validator
 from templar.validator.state import BOOK_FILE
 from templar.wire import read_gradient
 
-from .harness import MICRO_1K_PRESET, Subnet, parameters, same_parameters, untrained_windows
+from .harness import Subnet, parameters, same_parameters, untrained_windows
 
 # `slow` only orders the suite (long tests first, one per xdist worker; tests/conftest.py): both run always.
 pytestmark = [pytest.mark.slow(seconds=8), pytest.mark.timeout(240)]
@@ -189,7 +189,7 @@ def test_the_lead_killed_at_every_phase_hands_over_within_its_window_and_forks_n
     # still lands before the next commitment (8.35 s), as production's (75.25 s, against 78 s) does; an eager
     # miner forms its next update against that step, and one that came later would leave a window empty.
     subnet = Subnet.create(tmp_path, {"lead": 100.0, "v1": 50.0, "v2": 20.0, "m0": 0.0, "m1": 0.0}, LIGHT,
-                           base=MICRO_1K_PRESET, blocks_per_window=16, max_allowed_stale=6)
+                           blocks_per_window=16, max_allowed_stale=6)
     swarm = Swarm(subnet)
     add_listener(swarm.on_record)
     base = ("lead", "v1", "v2")
