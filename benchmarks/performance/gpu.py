@@ -1,7 +1,7 @@
 """The production window, memory settings, the validator, evaluation noise and cross-device consensus, on one GPU.
 
     python -m benchmarks.performance.gpu                   # 1.2B in bf16 on the GPU: writes results/gpu_<device>.json
-    python -m benchmarks.performance.gpu --smoke           # the same code on the tiny preset and the CPU (~10 s; tests)
+    python -m benchmarks.performance.gpu --smoke           # the same code on the tiny preset and the CPU (~15 s; tests)
     python -m benchmarks.performance.gpu --phases corpus,window --budget 200
 
 Every GPU figure of the project was an estimate (the sizing table of docs/mining.md assumes 40 %

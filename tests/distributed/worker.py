@@ -64,6 +64,10 @@ from templar.validator.evaluate import Evaluator
 from templar.wire import Gradient, Run, write_gradient
 
 RUN = Run(netuid=0, digest="0" * 64)  # the run these payloads are signed for
+PRESETS = Path(__file__).resolve().parents[1] / "presets"
+SIGNED, SPARSELOCO = PRESETS / "tiny-signed-1k.json", PRESETS / "tiny-sparseloco-1k.json"
+"""`tiny-signed` and `tiny-sparseloco` on the 1024-token corpus: the rules and the model's layers are theirs,
+the embedding and the output layer 8x smaller (what the ranks compute is shared out the same way)."""
 
 
 def pages(hp, window: int, n: int | None = None) -> torch.Tensor:
@@ -117,7 +121,7 @@ def equality(out_dir: Path) -> None:
     import templar.distributed.outer as sharded_outer
 
     sharded_outer.BUCKET_COEFFICIENTS = 20_000  # many small broadcasts here; `windows` runs the default
-    hp = load_hparams("tiny-signed")
+    hp = load_hparams(SIGNED)
     group = init_group("cpu")
     ref = build_model(hp)
     model = shard_model(build_model(hp), group)
@@ -355,7 +359,7 @@ def windows(state_dir: Path, until: int, delay: float, reference_dir: Path | Non
 def sparse(out_dir: Path) -> None:
     from templar.compress.methods import rule_of
 
-    hp = load_hparams("tiny-sparseloco")
+    hp = load_hparams(SPARSELOCO)
     rule = rule_of(hp.optimizer.method)
     group = init_group("cpu")
     ref = build_model(hp)
@@ -442,7 +446,7 @@ def sparse(out_dir: Path) -> None:
 
 
 def _windows(group: Group, state_dir: Path, until: int, delay: float) -> None:
-    hp = load_hparams("tiny-signed")
+    hp = load_hparams(SIGNED)
     model = shard_model(build_model(hp), group)
     demo = ShardedDeMo(model, group, compressor=DCTCompressor(hp.demo.target_chunk, hp.demo.topk),
                        decay=hp.demo.momentum_decay)

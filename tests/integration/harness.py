@@ -64,6 +64,12 @@ scripts/build_assets.py): with a 64-wide model the 8192-way output layer is 0.52
 multiply-adds per token, so a 9-node in-process localnet costs 10-11 s of CPU here against 24 s on
 `micro-gauntlet`. The incentive localnets of test_localnet.py and the validator's integration tests use it."""
 
+TINY_1K_PRESET = MICRO_PRESET.with_name("tiny-1k.json")
+"""`tiny` (production's rules, its 4-layer model) on the 1024-token corpus: the localnets whose neurons are
+OS processes in real time (test_localnet's end-to-end run, test_failover). Their windows last as long
+either way; what the vocabulary changes is the CPU those windows take from the suite's other tests
+(the end-to-end localnet: 73 -> 57 CPU-seconds, measured with every process's /proc times)."""
+
 
 def write_fast_preset(directory: Path, sections: dict[str, dict] | None = None, base: Path = MICRO_1K_PRESET,
                       **windows: object) -> Path:

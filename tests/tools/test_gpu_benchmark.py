@@ -156,33 +156,6 @@ def test_a_phase_s_cap_is_set_from_the_command_line(tmp_path: Path, monkeypatch)
         gpu.main(["--smoke", "--phases", "corpus", "--cap", "nosuchphase=7", "--out", str(out)])
 
 
-def test_nothing_it_imports_needs_bittensor(tmp_path: Path) -> None:
-    """The GPU machine has torch, transformers, safetensors and numpy (plus the carried wheels), not
-    the chain layer: importing `templar.runtime.consensus.outer` there would end the run before it starts."""
-    out = tmp_path / "setup.json"
-    code = textwrap.dedent(f"""
-        import sys
-        class NoBittensor:
-            def find_spec(self, name, path=None, target=None):
-                if name.split(".")[0] == "bittensor":
-                    raise ImportError("no bittensor on the GPU machine")
-        sys.meta_path.insert(0, NoBittensor())
-        from benchmarks.performance import gpu  # the repository root, the device call's working directory
-        from templar.data import LocalCorpus  # the phases' own imports too
-        from templar.data.prepare import prepare
-        from templar.compress.methods import rule_of  # the memory phase's
-        from templar.core.memory import SETTINGS
-        from templar.runtime.offload import HostStore
-        from templar.tools.sizing import model_memory
-        gpu._build_assets()
-        sys.exit(gpu.main(["--smoke", "--phases", "setup", "--out", {str(out)!r}]))
-    """)
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-2000:]
-    setup = json.loads(out.read_text())["phases"]["setup"]
-    assert setup["status"] == "ok" and setup["bittensor_imported"] is False
-
-
 DEVICE_IMAGE = ("torch", "transformers", "safetensors", "numpy")
 """What the GPU machine's image has (with what those need): docs/mining.md §6, "How to run it on a GPU"."""
 
@@ -207,18 +180,23 @@ def _with_requirements(names: set[str]) -> set[str]:
     return found
 
 
-def test_every_package_it_imports_is_in_the_device_image_or_the_carried_wheels(tmp_path: Path) -> None:
-    """The device call installs `gpu_wheels.sh`'s packages with `--no-index`: a package that the phases
-    import and neither the image nor those wheels hold ends the paid call at its first import (openskill,
-    once the noise phase imported `templar.gauntlet`). Every other installed distribution is blocked
-    here (hidden from site-packages, as it is absent there); optional imports (torch's of dill,
-    transformers' of Pillow) fall back."""
+def test_what_it_imports_is_in_the_device_image_or_the_carried_wheels_and_needs_no_bittensor(tmp_path: Path) -> None:
+    """The device call installs `gpu_wheels.sh`'s packages with `--no-index` on an image of torch,
+    transformers, safetensors and numpy: a package that the phases import and neither the image nor
+    those wheels hold ends the paid call at its first import (openskill, once the noise phase imported
+    `templar.gauntlet`), and so would the chain layer (importing `templar.runtime.consensus.outer` there
+    would end the run before it starts). One interpreter checks both: every other installed distribution
+    is hidden from site-packages (as it is absent there; optional imports, torch's of dill and
+    transformers' of Pillow, fall back), bittensor refuses to import, and the benchmark imports its
+    phases' modules and runs its setup phase."""
     script = (ROOT / "benchmarks" / "performance" / "gpu_wheels.sh").read_text()
     wheels = set(script.split("packages=(", 1)[1].split(")", 1)[0].split())
     assert "openskill" in wheels
     allowed = _with_requirements(set(DEVICE_IMAGE)) | _with_requirements(wheels) | {"templar"}
+    assert "bittensor" not in allowed
     blocked = sorted(top for top, dists in metadata.packages_distributions().items()
                      if not top.startswith("_") and all(d.lower().replace("_", "-") not in allowed for d in dists))
+    out = tmp_path / "setup.json"
     code = textwrap.dedent(f"""
         import os, sys, tempfile
         BLOCKED = set({blocked!r})
@@ -230,10 +208,24 @@ def test_every_package_it_imports_is_in_the_device_image_or_the_carried_wheels(t
                         os.symlink(os.path.join(folder, entry), os.path.join(view, entry))
                 sys.path[i] = view
         sys.path_importer_cache.clear()
+        class NoBittensor:
+            def find_spec(self, name, path=None, target=None):
+                if name.split(".")[0] == "bittensor":
+                    raise ImportError("no bittensor on the GPU machine")
+        sys.meta_path.insert(0, NoBittensor())
         from benchmarks.performance import gpu, gpu_noise, gpu_memory, gpu_consensus, gpu_report  # noqa: F401
+        from templar.data import LocalCorpus  # noqa: F401 (the phases' own imports too)
         from templar.data.prepare import prepare  # noqa: F401
         from templar.gauntlet.selection import select_eval_sequences  # noqa: F401
+        from templar.compress.methods import rule_of  # noqa: F401 (the memory phase's)
+        from templar.core.memory import SETTINGS  # noqa: F401
+        from templar.runtime.offload import HostStore  # noqa: F401
+        from templar.tools.sizing import model_memory  # noqa: F401
+        gpu._build_assets()
+        sys.exit(gpu.main(["--smoke", "--phases", "setup", "--out", {str(out)!r}]))
     """)
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, "imported on the GPU machine but neither in its image nor in gpu_wheels.sh:\n" + \
-        done.stderr[-2000:]
+    assert done.returncode == 0, "imported on the GPU machine but not in its image, nor in gpu_wheels.sh, or " \
+        "needs bittensor:\n" + done.stderr[-2000:]
+    setup = json.loads(out.read_text())["phases"]["setup"]
+    assert setup["status"] == "ok" and setup["bittensor_imported"] is False
