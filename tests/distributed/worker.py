@@ -4,14 +4,15 @@
 reference (plain model, `accumulate_gradients`, `DeMo`, `outer_step`, `save_node_state`) and checks
 the sharded node against it: gradients within float tolerance, the compressed update and the wire
 payload identical for the same gradient, the outer step and probes bit-identical, and the state file
-round trip. Rank 0 writes OUT/result.json.
+round trip. Rank 0 writes OUT/equality/result.json.
 
 It also runs a miner node with each memory setting (`memory`): the default's payloads, θ and state
 file, bit for bit, with the followers taking rank 0's settings.
 
-`sparse OUT`: the same checks for production's outer rule, SparseLoCo (`tiny-sparseloco`): the
+`sparse OUT` (OUT/sparse/result.json): the same checks for production's outer rule, SparseLoCo (`tiny-sparseloco`): the
 sharded SparseLoCo compressor's update and payload equal the 1-process one's for the same gradient,
 and the outer step (each peer clipped by its whole payload's norm) is bit-identical.
+`sparse,equality OUT` runs both in one launch.
 `windows STATE_DIR N DELAY [REFERENCE_DIR]`: a miner's compute loop without chain or bucket (train,
 compress, write the payload, outer step with its own update, save), resuming from STATE_DIR; each
 finished window is appended to STATE_DIR/progress.txt and each rank's pid written to
@@ -117,12 +118,11 @@ def same_update(a: dict, b: dict) -> bool:
     return all(torch.equal(a[k].indices, b[k].indices) and torch.equal(a[k].values, b[k].values) for k in a)
 
 
-def equality(out_dir: Path) -> None:
+def equality(out_dir: Path, group: Group) -> None:
     import templar.distributed.outer as sharded_outer
 
     sharded_outer.BUCKET_COEFFICIENTS = 20_000  # many small broadcasts here; `windows` runs the default
     hp = load_hparams(SIGNED)
-    group = init_group("cpu")
     ref = build_model(hp)
     model = shard_model(build_model(hp), group)
     check_layout(model, group)
@@ -244,7 +244,6 @@ def equality(out_dir: Path) -> None:
         group.barrier()
     if group.is_leader:
         (out_dir / "result.json").write_text(json.dumps(report, indent=1))
-    group.close()
 
 
 def driver(out_dir: Path, hp: HParams, group: Group, ref: torch.nn.Module, ref_sent: dict, report: dict) -> None:
@@ -356,12 +355,11 @@ def windows(state_dir: Path, until: int, delay: float, reference_dir: Path | Non
     group.close()
 
 
-def sparse(out_dir: Path) -> None:
+def sparse(out_dir: Path, group: Group) -> None:
     from templar.compress.methods import rule_of
 
     hp = load_hparams(SPARSELOCO)
     rule = rule_of(hp.optimizer.method)
-    group = init_group("cpu")
     ref = build_model(hp)
     model = shard_model(build_model(hp), group)
     comp = rule.compressor(hp.demo.target_chunk, hp.demo.topk)
@@ -442,7 +440,6 @@ def sparse(out_dir: Path) -> None:
                                                                            plain["a"].sequence_deltas, strict=True))
     if group.is_leader:
         (out_dir / "result.json").write_text(json.dumps(report))
-    group.close()
 
 
 def _windows(group: Group, state_dir: Path, until: int, delay: float) -> None:
@@ -473,10 +470,22 @@ def _windows(group: Group, state_dir: Path, until: int, delay: float) -> None:
         time.sleep(delay)
 
 
+CHECKS = {"equality": equality, "sparse": sparse}
+
+
+def checks(names: list[str], out_dir: Path) -> None:
+    """The named checks in order, in one process group (a launch costs each rank its interpreter,
+    torch and transformers: about 5 s); each writes OUT/<name>/. Equality's hung-rank check leaves
+    the group usable, and it sets the sharded outer step's bucket size for what follows: last."""
+    group = init_group("cpu")
+    for name in names:
+        (out_dir / name).mkdir(exist_ok=True)
+        CHECKS[name](out_dir / name, group)
+    group.close()
+
+
 if __name__ == "__main__":
-    if sys.argv[1] == "equality":
-        equality(Path(sys.argv[2]))
-    elif sys.argv[1] == "sparse":
-        sparse(Path(sys.argv[2]))
-    else:
+    if sys.argv[1] == "windows":
         windows(Path(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), Path(sys.argv[5]) if len(sys.argv) > 5 else None)
+    else:
+        checks(sys.argv[1].split(","), Path(sys.argv[2]))
