@@ -3,12 +3,13 @@ cannot be written is one line naming the path and the errno."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
 import pytest
 
-from templar.runtime.lock import StateDirLocked, StateLock
+from templar.runtime.lock import StateDirLocked, StateLock, lock_holder
 from templar.runtime.state import NodeState, StateWriteError, save_node_state
 
 
@@ -23,6 +24,18 @@ def test_a_second_holder_is_refused_with_the_first_ones_pid(tmp_path):
     assert other.returncode == 6 and "in use by another node" in other.stdout
     lock.release()
     StateLock(tmp_path).release()  # free again
+
+
+def test_asking_who_holds_a_directory_names_the_holder_and_holds_nothing(tmp_path):
+    """`lock_holder`, the entry points' question before torch loads: None for a directory no node
+    holds (or has ever held), the holder's pid while one does, and asking leaves the lock free."""
+    assert lock_holder(tmp_path / "never") is None and not (tmp_path / "never").exists()
+    assert lock_holder(tmp_path) is None
+    lock = StateLock(tmp_path)
+    assert lock_holder(tmp_path) == str(os.getpid())
+    lock.release()
+    assert lock_holder(tmp_path) is None
+    StateLock(tmp_path).release()  # the question took nothing
 
 
 def test_a_state_write_that_fails_is_one_line_with_the_errno(tmp_path):

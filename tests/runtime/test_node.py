@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -14,7 +15,8 @@ import pytest
 
 from templar.core.config import REPO_ROOT
 from templar.runtime.flags import add_node_args
-from templar.runtime.node import EXIT_CONFIG, Node, StartupError, start_node
+from templar.runtime.lock import StateLock
+from templar.runtime.node import EXIT_CONFIG, EXIT_STATE_LOCKED, Node, StartupError, start_node
 from templar.storage import LocalBucket
 
 
@@ -69,18 +71,31 @@ def test_the_node_flags_load_neither_torch_nor_transformers():
     assert _run("-c", probe).stdout.strip() == "[]"
 
 
-def test_a_bad_hparams_file_is_answered_before_torch_loads(tmp_path):
-    """The entry points' pre-flight check (`check_config`) names the bad file and gives the exit
-    code `start_node` would, without importing torch, transformers or the node."""
+def test_a_bad_hparams_file_or_a_held_state_directory_is_answered_before_torch_loads(tmp_path):
+    """The entry points' pre-flight check (`check_config`) names the bad file, or the pid of the node
+    holding the state directory, and gives the exit code `start_node` would, without importing torch,
+    transformers or the node. Under torchrun only rank 0 asks (the other ranks take no lock)."""
     bad = tmp_path / "typo.json"
     bad.write_text(json.dumps({"base": str(REPO_ROOT / "hparams" / "tiny.json"), "gauntlet": {"top_gg": 4}}))
-    probe = ("import sys, argparse, templar.runtime.flags as f; p = argparse.ArgumentParser(); f.add_node_args(p); "
+    held, free = tmp_path / "held", tmp_path / "free"
+    held.mkdir()
+    lock = StateLock(held)  # this process is the node on `held`
+    probe = ("import os, sys, argparse, templar.runtime.flags as f; p = argparse.ArgumentParser(); f.add_node_args(p); "
              f"code = f.check_config(p.parse_args(['--hparams', {str(bad)!r}])); "
-             "ok = f.check_config(p.parse_args(['--hparams', 'tiny'])); "
-             "print(code, ok, sorted(m for m in ('torch', 'transformers', 'templar.runtime.node') if m in sys.modules))")
-    done = _run("-c", probe)
-    assert done.stdout.strip() == f"{EXIT_CONFIG} 0 []", done.stderr
+             f"ok = f.check_config(p.parse_args(['--hparams', 'tiny', '--state.dir', {str(free)!r}])); "
+             f"locked = f.check_config(p.parse_args(['--hparams', 'tiny', '--state.dir', {str(held)!r}])); "
+             "os.environ['RANK'] = '1'; "
+             f"follower = f.check_config(p.parse_args(['--hparams', 'tiny', '--state.dir', {str(held)!r}])); "
+             "print(code, ok, locked, follower, sorted(m for m in ('torch', 'transformers', 'templar.runtime.node') "
+             "if m in sys.modules))")
+    try:
+        done = _run("-c", probe)
+    finally:
+        lock.release()
+    assert done.stdout.strip() == f"{EXIT_CONFIG} 0 {EXIT_STATE_LOCKED} 0 []", done.stderr
     assert "typo.json" in done.stderr and "top_gg" in done.stderr and "Traceback" not in done.stderr
+    assert f"in use by another node (pid {os.getpid()})" in done.stderr, done.stderr
+    assert not (free / "node.lock").exists()  # asking created nothing
 
 
 class _Chain:

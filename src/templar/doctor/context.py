@@ -14,6 +14,7 @@ from templar.chain import Chain, Neuron
 from templar.chain.embedded.store import Now
 from templar.chain.flags import DEFAULT_WALLET_PATH
 from templar.core.config import HParams
+from templar.runtime.flags import state_dir_of
 from templar.storage import Bucket
 from templar.storage.locator import BucketLocator, Credentials
 
@@ -63,7 +64,7 @@ class Doctor:
 
     @property
     def state_dir(self) -> Path:
-        return self.args.state_dir or Path.home() / ".templar" / self.args.wallet_name / self.args.wallet_hotkey
+        return state_dir_of(self.args)  # the node's own rule
 
     @property
     def hotkey(self) -> str | None:

@@ -16,6 +16,7 @@ from loguru import logger
 from templar.chain.flags import add_chain_args
 from templar.core.config import DEFAULT_CACHE_GB, HParamsError, load_hparams
 from templar.core.memory import CHECKPOINT_FLAG, OFFLOAD_FLAG, MemorySettings
+from templar.runtime.lock import in_use, lock_holder
 from templar.runtime.metrics import add_metrics_args
 
 EXIT_NOT_REGISTERED = 2
@@ -97,14 +98,25 @@ def add_validator_args(parser: argparse.ArgumentParser) -> None:
 def check_config(args: argparse.Namespace) -> int:
     """The exit code for what the command line alone shows is wrong (0: nothing), after one log
     line naming it. Entry points call this before the node's imports: an unreadable or invalid
-    `--hparams` is answered in about a second instead of after torch and the model code load
-    (about 5 s of CPU). `start_node` checks the same again; this only answers sooner."""
+    `--hparams`, or a state directory another node holds, is answered in about a second instead of
+    after torch and the model code load (about 5 s of CPU). `start_node` checks the same again
+    (and takes the lock); this only answers sooner."""
     try:
         load_hparams(args.hparams)
     except HParamsError as exc:
         logger.error(str(exc))
         return EXIT_CONFIG
+    if os.environ.get("RANK", "0") == "0":  # torchrun's other ranks take no lock: rank 0 holds the node's
+        state_dir = state_dir_of(args)
+        if (holder := lock_holder(state_dir)) is not None:
+            logger.error(in_use(state_dir, holder))
+            return EXIT_STATE_LOCKED
     return 0
+
+
+def state_dir_of(args: argparse.Namespace) -> Path:
+    """Where the node keeps its state: `--state.dir`, else ~/.templar/<wallet>/<hotkey>."""
+    return args.state_dir or Path.home() / ".templar" / args.wallet_name / args.wallet_hotkey
 
 
 def check_extra_pages(args: argparse.Namespace) -> int:

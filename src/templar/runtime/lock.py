@@ -20,6 +20,37 @@ class StateDirLocked(Exception):
     """Another process holds the state directory; the message names it."""
 
 
+def in_use(directory: Path, holder: str) -> str:
+    """What a node refused the directory says (the lock and `lock_holder`'s caller alike)."""
+    return (f"state directory {directory} is in use by another node (pid {holder}); one node per state "
+            "directory (pass another --state.dir)")
+
+
+def _holder(fd: int) -> str:
+    return os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+
+
+def lock_holder(directory: Path) -> str | None:
+    """The pid holding `directory`'s lock (as written in it), or None when no process holds it.
+
+    Only a question: the entry points ask it before torch loads, so a second node on a directory is
+    refused in about a second, not after 5 s of imports and a chain connection; `StateLock` is still
+    what takes and holds the lock. Asking takes a shared lock for an instant, so only a process that
+    starts on the same directory at that very instant could be refused for it, and of two nodes
+    starting on one directory one must be refused anyway."""
+    try:
+        fd = os.open(directory / LOCK_FILE, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return _holder(fd)
+    finally:
+        os.close(fd)  # closing drops the shared lock, if it was taken
+    return None
+
+
 class StateLock:
     """The held lock of one state directory (`release` it when the node closes)."""
 
@@ -29,10 +60,9 @@ class StateLock:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            holder = _holder(fd)
             os.close(fd)
-            raise StateDirLocked(f"state directory {directory} is in use by another node (pid {holder}); one "
-                                 "node per state directory (pass another --state.dir)") from None
+            raise StateDirLocked(in_use(directory, holder)) from None
         except OSError:
             os.close(fd)
             raise

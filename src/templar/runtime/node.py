@@ -41,6 +41,7 @@ from templar.runtime.flags import (
     EXIT_STATE_LOCKED,
     memory_settings,
     node_device,
+    state_dir_of,
 )
 from templar.runtime.lock import StateDirLocked, StateLock
 from templar.runtime.metrics import start_metrics
@@ -262,7 +263,7 @@ async def start_node(args: argparse.Namespace, role: str, *, time: TimeSource = 
     if uid is None:
         raise NotRegisteredError(f"hotkey {chain.hotkey} has no uid on netuid {args.netuid}")
 
-    state_dir = args.state_dir or Path.home() / ".templar" / args.wallet_name / args.wallet_hotkey
+    state_dir = state_dir_of(args)
     try:
         state_dir.mkdir(parents=True, exist_ok=True)
         lock = StateLock(state_dir)  # before anything in the directory is read or written
