@@ -21,7 +21,8 @@ class StateDirLocked(Exception):
 
 
 def in_use(directory: Path, holder: str) -> str:
-    """What a node refused the directory says (the lock and `lock_holder`'s caller alike)."""
+    """The one line that refuses a second node on `directory` (the lock's and the entry points' early
+    question's alike)."""
     return (f"state directory {directory} is in use by another node (pid {holder}); one node per state "
             "directory (pass another --state.dir)")
 
@@ -40,7 +41,7 @@ def lock_holder(directory: Path) -> str | None:
     starting on one directory one must be refused anyway."""
     try:
         fd = os.open(directory / LOCK_FILE, os.O_RDONLY)
-    except FileNotFoundError:
+    except OSError:  # none yet, or unreadable: `StateLock` gives the answer, with its reason
         return None
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
