@@ -138,7 +138,7 @@ def phase_setup(b: Bench) -> dict[str, Any]:
         "numpy": numpy.__version__, "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
         "device": str(b.device), "native_kernels": native.available(),
         "bittensor_imported": "bittensor" in sys.modules,
-        "hparams": hp.name, "digest": hp.digest(), "parameters": sizing["parameters"],
+        "hparams": hp.name, "digest": hp.digest(), "parameters": sizing["parameters"], "vocab": hp.model.vocab_size,
         "peak_bf16_flops": peak, "peak_source": peak_source,
         "estimate": {k: sizing[k] for k in ("tokens_per_window_per_peer", "train_flops_per_window", "mfu_assumed",
                                             "h100_train_seconds", "validator_eval_tokens_per_window",

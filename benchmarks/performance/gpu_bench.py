@@ -55,6 +55,8 @@ class Scale:
     name: str
     hparams: str | None             # preset (None: hparams.json, the production run)
     vocab: int                      # tokenizer entries of the prepared corpus
+    model_on_vocab: bool            # the model's vocabulary set to `vocab` (smoke: tiny's 8192 rows would be
+                                    # mostly never read); production measures hparams.json's model as it is
     max_documents: int | None       # per corpus file (None: the whole offline sample corpus)
     workers: int                    # tokenizer processes of `prepare` (0: in-process)
     timed_micro_batches: int        # forward+backward timed one by one
@@ -74,14 +76,14 @@ class Scale:
 
 
 PRODUCTION = Scale(
-    name="production", hparams=None, vocab=32000, max_documents=None, workers=min(8, max(1, (os.cpu_count() or 2) - 1)),
+    name="production", hparams=None, vocab=32000, model_on_vocab=False, max_documents=None, workers=min(8, max(1, (os.cpu_count() or 2) - 1)),
     timed_micro_batches=6, validator_peers=3, noise_peers=4, noise_min_peers=2, noise_pages_per_peer=3, noise_random_pages=4, noise_pretrain_pages=2,
     noise_pretrain_steps=48, inner_steps_exercised=0, kept_sets_layers=1, budget=480.0,
     caps={"corpus": 90, "window": 120, "memory": 90, "validator": 120, "consensus": 90, "noise": 150},
     minimum={"corpus": 30, "window": 40, "memory": 30, "validator": 20, "consensus": 25, "noise": 45},
 )
 SMOKE = Scale(
-    name="smoke", hparams="tiny", vocab=1024, max_documents=120, workers=0, timed_micro_batches=1,
+    name="smoke", hparams="tiny", vocab=1024, model_on_vocab=True, max_documents=120, workers=0, timed_micro_batches=1,
     validator_peers=2, noise_peers=4, noise_min_peers=4, noise_pages_per_peer=1 << 10, noise_random_pages=3, noise_pretrain_pages=2, noise_pretrain_steps=2,
     inner_steps_exercised=2, kept_sets_layers=None, budget=120.0,
     caps={"corpus": 30, "window": 30, "memory": 30, "validator": 20, "consensus": 30, "noise": 30},
@@ -128,9 +130,9 @@ class Bench:
         self.out = out
         self.work = work
         hp = load_hparams(scale.hparams)
-        # the model's vocabulary is the corpus tokenizer's, as in production (tiny's 8192 rows would be
-        # 7168 never-read embedding rows and output logits: most of the smoke's CPU)
-        self.hp: HParams = hp.model_copy(update={"model": hp.model.model_copy(update={"vocab_size": scale.vocab})})
+        if scale.model_on_vocab:
+            hp = hp.model_copy(update={"model": hp.model.model_copy(update={"vocab_size": scale.vocab})})
+        self.hp: HParams = hp
         self.started = time.monotonic()
         self.deadline = self.started + scale.budget
         self.phase_deadline = self.deadline

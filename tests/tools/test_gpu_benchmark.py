@@ -43,6 +43,8 @@ def test_smoke_runs_every_phase_and_prints_the_table(tmp_path: Path, assets_dir:
     corpus = phases["corpus"]
     assert corpus["page_tokens"] == hp.data.sequence_length * hp.data.sequences_per_page
     assert corpus["vocab"] <= hp.model.vocab_size and corpus["pages"] > 20
+    # the smoke's model reads its tokenizer's entries only (production's is hparams.json's, 32,000 either way)
+    assert phases["setup"]["vocab"] == corpus["vocab"] == gpu.SMOKE.vocab and not gpu.PRODUCTION.model_on_vocab
 
     window = phases["window"]
     paper = window["paper"]
