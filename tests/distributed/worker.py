@@ -9,10 +9,10 @@ round trip. Rank 0 writes OUT/equality/result.json.
 It also runs a miner node with each memory setting (`memory`): the default's payloads, θ and state
 file, bit for bit, with the followers taking rank 0's settings.
 
-`sparse OUT` (OUT/sparse/result.json): the same checks for production's outer rule, SparseLoCo (`tiny-sparseloco`): the
-sharded SparseLoCo compressor's update and payload equal the 1-process one's for the same gradient,
-and the outer step (each peer clipped by its whole payload's norm) is bit-identical.
-`sparse,equality OUT` runs both in one launch.
+`sparse OUT` (OUT/sparse/result.json): the same checks for production's outer rule, SparseLoCo
+(`tiny-sparseloco`): the sharded SparseLoCo compressor's update and payload equal the 1-process one's
+for the same gradient, and the outer step (each peer clipped by its whole payload's norm) is
+bit-identical. `sparse,equality OUT` runs both in one launch (`checks`).
 `windows STATE_DIR N DELAY [REFERENCE_DIR]`: a miner's compute loop without chain or bucket (train,
 compress, write the payload, outer step with its own update, save), resuming from STATE_DIR; each
 finished window is appended to STATE_DIR/progress.txt and each rank's pid written to
