@@ -31,7 +31,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if code := check_config(args):  # before torch: a bad --hparams is answered in a second
+    if code := check_config(args):  # before the node starts (its hooks above have loaded torch already)
         return code
     from templar.miner.loop import Miner
     from templar.runtime.node import run_node
