@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.incentive.localnet_consensus import PRESET
+from benchmarks.incentive.subnet_sim_fit import pooled_within_variance, sampling_variance
 from templar.core.config import GauntletConfig, load_hparams
 from templar.gauntlet.book import window_loss_scale
 from templar.gauntlet.scores import proof_gap, size_credit, typical_gap, window_gap
@@ -144,20 +145,14 @@ def spread(evaluations: list[Evaluation], ranges: int) -> dict:
     credits = [e.credit for e in honest]
     variance = statistics.variance(credits)
 
-    def sampling(e: Evaluation) -> float:
-        sequences = [math.fsum(e.units[i:i + ranges]) / ranges for i in range(0, len(e.units), ranges)]
-        return statistics.variance(sequences) / len(sequences) if len(sequences) > 1 else 0.0
-
     groups: dict[tuple, list[float]] = defaultdict(list)
     for e in honest:
         groups[e.window].append(e.credit)
-    shared = [g for g in groups.values() if len(g) > 1]
-    within = (sum(sum((x - statistics.fmean(g)) ** 2 for x in g) for g in shared) / sum(len(g) - 1 for g in shared)
-              if shared else math.nan)
-    mean_sampling = statistics.fmean(sampling(e) for e in honest)
+    within = pooled_within_variance(list(groups.values()))
+    mean_sampling = statistics.fmean(sampling_variance(list(e.units), ranges)[0] for e in honest)
     return {"evaluations": len(honest), "credit_mean": statistics.fmean(credits), "credit_sd": math.sqrt(variance),
             "sampling_sd": math.sqrt(mean_sampling), "sampling_share": mean_sampling / variance,
-            "window_share": max(0.0, 1 - within / variance) if shared else None}
+            "window_share": max(0.0, 1 - within / variance) if within is not None else None}
 
 
 def components(evaluations: list[Evaluation], ranges: int) -> dict | None:

@@ -142,6 +142,15 @@ def fit_from_evaluations(run_dirs: list[Path], source: str) -> dict:
             "evaluations": dict(sorted(evaluations.items())), "windows": dict(sorted(windows.items()))}
 
 
+def pooled_within_variance(groups: list[list[float]]) -> float | None:
+    """The variance within groups, pooled over those of two values or more (a one-way analysis of
+    variance's within part); None when no group holds two."""
+    shared = [g for g in groups if len(g) > 1]
+    if not shared:
+        return None
+    return sum(sum((x - statistics.fmean(g)) ** 2 for x in g) for g in shared) / sum(len(g) - 1 for g in shared)
+
+
 def window_share(source: dict, kind: str) -> float | None:
     """The share of a strategy's gap variance (across its evaluations) that the evaluations made in
     the same window have in common: the between-window component of a one-way analysis of variance
@@ -155,9 +164,9 @@ def window_share(source: dict, kind: str) -> float | None:
     for key, evaluation in zip(keys, source["evaluations"][kind], strict=True):
         groups.setdefault(key, []).append(evaluation[1])
     shared = [g for g in groups.values() if len(g) > 1]
-    if not shared:
+    within = pooled_within_variance(shared)
+    if within is None:
         return None
-    within = sum(sum((x - statistics.fmean(g)) ** 2 for x in g) for g in shared) / sum(len(g) - 1 for g in shared)
     gaps = [x for g in shared for x in g]
     total = statistics.variance(gaps)
     return max(0.0, min(1.0, 1 - within / total)) if total > 0 else None
@@ -173,7 +182,7 @@ class EvalSize:
     ranges: int
 
 
-def _sampling_variance(units: list[float], ranges: int) -> tuple[float, int]:
+def sampling_variance(units: list[float], ranges: int) -> tuple[float, int]:
     """The variance of a mean over an evaluation's sequences from their sampling alone (a sequence's
     `ranges` units are one draw: they share its text), and how many sequences it read."""
     sequences = [statistics.fmean(units[i:i + ranges]) for i in range(0, len(units), ranges)]
@@ -191,8 +200,8 @@ def spread_sources(source: dict, kind: str, ranges: int) -> dict:
     key = f"{kind}/{ranges}"
     if key not in spreads:
         evaluations = source["evaluations"][kind]
-        assigned = [_sampling_variance(e[3], ranges) for e in evaluations]
-        random_ = [_sampling_variance(e[4], ranges) for e in evaluations]
+        assigned = [sampling_variance(e[3], ranges) for e in evaluations]
+        random_ = [sampling_variance(e[4], ranges) for e in evaluations]
         sampling_rand = statistics.fmean(v for v, _ in random_)
         spreads[key] = {
             "gap_variance": statistics.variance([e[1] for e in evaluations]),
