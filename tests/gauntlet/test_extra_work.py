@@ -41,6 +41,31 @@ def test_the_classes_prove_the_multiple_and_it_pays_w_to_the_q() -> None:
         assert work_factor(RULES, w) ** RULES.power == pytest.approx(w ** RULES.extra_work_exponent)
 
 
+def test_a_floor_keeps_an_untrained_class_s_noise_from_proving_work() -> None:
+    """Without a floor every bit of an untrained class's noise above 0 counts as a share of the declared
+    work (the crowded localnet's `overclaim`: declared 0.19 against assigned 0.63 proved 1.43); a class
+    at most `floor` of the other proves nothing, a trained one is not touched, and in between the share
+    rises linearly. Floor 0 is the rule without it, to the bit."""
+    tau = 0.7
+    assert trained_multiple(2.0, 0.63, 0.19, tau) == pytest.approx(1.0 + 0.19 / 0.63 / tau)
+    assert trained_multiple(2.0, 0.63, 0.19, tau, 0.35) == 1.0
+    assert trained_multiple(2.0, 0.44, 0.44 * tau, tau, 0.35) == 2.0  # at the tolerance: fully trained
+    assert trained_multiple(2.0, 0.5, 0.5 * (0.35 + tau) / 2, tau, 0.35) == pytest.approx(1.5)  # half-way
+    assert trained_multiple(2.0, 0.1, 0.5, tau, 0.35) == 1.0  # assigned pages skipped: ρ_a = 0, ρ_d = 1
+    def before(w: float, a: float, d: float) -> float:  # the rule before the floor, as it was written
+        top = max(a, d)
+        return min(1.0, max(0.0, a / (tau * top))) + (w - 1.0) * min(1.0, max(0.0, d / (tau * top)))
+
+    rng = random.Random(1)
+    for _ in range(2000):
+        w, a, d = rng.uniform(1.0, 2.0), rng.uniform(0.001, 1.0), rng.uniform(-0.2, 1.0)
+        assert trained_multiple(w, a, d, tau, 0.0) == before(w, a, d)
+    with pytest.raises(ValueError, match="floor"):
+        trained_multiple(2.0, 0.3, 0.3, tau, tau)
+    with pytest.raises(ValueError, match="extra_work_floor"):
+        RULES.model_validate({**RULES.model_dump(), "extra_work_floor": RULES.extra_work_tolerance})
+
+
 def _evaluation(rng: random.Random, assigned_gap: float, declared_gap: float | None, noise: float) -> PrimaryResult:
     """One evaluation of `UNITS` units, the last half from declared pages when `declared_gap` is given
     (twice the pages: w = 2), each unit's gap plus Gaussian evaluation noise."""

@@ -244,6 +244,11 @@ class GauntletConfig(_Strict):
         default=0.7, gt=0, le=1, description="τ: a page class (assigned or declared) whose proof credit reaches τ "
         "times the other's counts as fully trained (extra_work.trained_multiple): forgives the two classes' "
         "evaluation noise; a class left untrained shows about 0 whatever τ")
+    extra_work_floor: float = Field(
+        default=0.0, ge=0, lt=1, description="a page class whose proof credit is at most this share of the other's "
+        "proves no work, and between it and extra_work_tolerance its share rises linearly "
+        "(extra_work.trained_multiple): an untrained class shows 0 plus noise, and a few evaluations' noise would "
+        "otherwise count as a share of the declared work; 0: no floor (docs/scoring.md §4)")
     position_ranges: int = Field(
         default=4, ge=1, le=64, description="consecutive position ranges of each assigned sequence that the "
         "proof by size measures and clips one by one (a miner training the first quarter of every sequence's "
@@ -306,6 +311,13 @@ class GauntletConfig(_Strict):
         if (self.proof_baseline == "groups") != (self.proof_baseline_groups > 0):
             raise ValueError("gauntlet.proof_baseline_groups must be > 0 exactly when gauntlet.proof_baseline is "
                              f"'groups' (got {self.proof_baseline!r} with {self.proof_baseline_groups} groups)")
+        return self
+
+    @model_validator(mode="after")
+    def _floor_below_tolerance(self) -> GauntletConfig:
+        if not self.extra_work_floor < self.extra_work_tolerance:
+            raise ValueError(f"gauntlet.extra_work_floor ({self.extra_work_floor}) must be below "
+                             f"gauntlet.extra_work_tolerance ({self.extra_work_tolerance})")
         return self
 
 

@@ -333,7 +333,7 @@ class ScoreBook:
                                 if record.assigned_credit_evals else None,
                                 ema_mean(record.declared_credit, record.declared_credit_evals, gamma, math.nan)
                                 if record.declared_credit_evals else None,
-                                rules.extra_work_tolerance)
+                                rules.extra_work_tolerance, rules.extra_work_floor)
 
     def record_pool(self, rules: GauntletConfig, members: Iterable[str], window: int) -> None:
         """Remember that `members` (hotkeys in the book) shared work in `window`: each is paid its

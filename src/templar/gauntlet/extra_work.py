@@ -16,10 +16,11 @@ and the two cannot be told apart by the mean. They are told apart class by class
 - `class_credits`: each evaluation's credit on its assigned units and on its declared units
   separately (`size_credit`, the window's full-credit gap). The book keeps an EMA of each.
 - `trained_multiple`: the work the classes prove, in units of the assigned work:
-  ρ_a + (w − 1)·ρ_d, ρ_x = min(1, credit_x / (τ · the larger class credit)), w the declared multiple
-  (A + K) / A and τ = `extra_work_tolerance`. Honest work shows the same gain per page on both
-  classes (ρ ≈ 1 each: w); pages declared and left untrained show none (ρ_d ≈ 0: 1), and so do
-  skipped assigned pages (ρ_a ≈ 0). τ < 1 forgives the classes' evaluation noise.
+  ρ_a + (w − 1)·ρ_d, ρ_x = clip((credit_x / the larger class credit − f) / (τ − f), 0, 1), w the
+  declared multiple (A + K) / A, τ = `extra_work_tolerance` and f = `extra_work_floor`. Honest work
+  shows the same gain per page on both classes (ρ ≈ 1 each: w); pages declared and left untrained
+  show none (ρ_d ≈ 0: 1), and so do skipped assigned pages (ρ_a ≈ 0). τ < 1 forgives a trained
+  class's evaluation noise downwards, f > 0 an untrained class's upwards.
 - `dilution_multiple`: the proof credit of the evaluation (μ's input) is the size credit over all
   its units times what the typical gap earns under this evaluation's noise over what 1/m of it earns
   (between 1 and m; the noise read from the random pages' units), at most 1 in all: the budget a
@@ -92,18 +93,26 @@ def ema_mean(ema: float, evaluations: int, gamma: float, empty: float) -> float:
 
 
 def trained_multiple(declared: float, assigned_credit: float | None, declared_credit: float | None,
-                     tolerance: float) -> float:
+                     tolerance: float, floor: float = 0.0) -> float:
     """The work the classes prove, in units of the assigned work (see the module's docstring):
     ρ_a + (declared − 1)·ρ_d. 1.0 for a peer that declared nothing; for a peer that declared pages
-    none of which was evaluated yet, 1.0 (nothing beyond the assigned work is proven)."""
+    none of which was evaluated yet, 1.0 (nothing beyond the assigned work is proven).
+
+    `floor` (`extra_work_floor`, below `tolerance`): a class at most that share of the larger one
+    proves nothing, ρ = (share − floor) / (tolerance − floor) in between. An untrained class's
+    credit is 0 plus the noise of the evaluations it rests on, and without a floor every bit of
+    that noise above 0 counted as declared work: 0.19 of the full credit over 9 evaluations, 0.3 of
+    the assigned class, proved 1.43× the work in a crowded localnet (benchmarks/LOG.md §37)."""
+    if not 0.0 <= floor < tolerance:
+        raise ValueError(f"trained_multiple: need 0 <= floor < tolerance, got {floor!r}, {tolerance!r}")
     if declared <= 1.0 or declared_credit is None or assigned_credit is None:
         return 1.0
     top = max(assigned_credit, declared_credit)
     if not top > 0.0 or not math.isfinite(top):
         return 1.0  # no class shows work: μ says so, this multiple does not have to
 
-    def share(credit: float) -> float:
-        return min(1.0, max(0.0, credit / (tolerance * top)))
+    def share(credit: float) -> float:  # written so that floor 0 is the rule before the floor, to the bit
+        return min(1.0, max(0.0, (credit - floor * top) / ((tolerance - floor) * top)))
 
     return share(assigned_credit) + (declared - 1.0) * share(declared_credit)
 
