@@ -14,7 +14,8 @@ window from the report and prints, per seed:
   (what an operator sees over hours, not one window's draw);
 - each other miner's pay per trained token over the weakest honest miner's (a `pooled` group's
   total pay over one member's tokens: the group's work is done once);
-- `moredata` (twice the pages, declared) over the honest median.
+- `moredata` (twice the pages, declared) over the honest median, and every other miner's pay over it
+  (`over_honest_median`; a group's total).
 
 Writes `benchmarks/results/fair_pay.json` (`--results` for another file).
 """
@@ -53,10 +54,12 @@ def summarise(out: Path) -> dict:
     relative = {key: (sum(mean[n] for n in names) / max(1, tokens[names[0]])) / weakest
                 for key, names in sorted(groups.items())}
     paid = [mean[n] for n in honest]
+    median = statistics.median(paid)
     return {"out": str(out), "windows": len(windows), "honest_second_half": {n: mean[n] for n in honest},
             "honest_max_over_min": max(paid) / min(paid) if min(paid) > 0 else float("inf"),
-            "moredata_over_honest": mean.get("moredata0", 0.0) / statistics.median(paid),
-            "per_token_over_weakest_honest": relative}
+            "moredata_over_honest": mean.get("moredata0", 0.0) / median,
+            "per_token_over_weakest_honest": relative,
+            "over_honest_median": {key: sum(mean[n] for n in names) / median for key, names in sorted(groups.items())}}
 
 
 def line(seed: int, s: dict) -> str:

@@ -35,3 +35,6 @@ def test_second_half_spread_and_pay_per_token_against_the_weakest_honest(tmp_pat
     assert per_token["short0"] == pytest.approx((0.05 / 25) / (0.1 / 100))  # a quarter of the work, half the pay
     assert per_token["pooled0"] == pytest.approx((0.04 / 100) / (0.1 / 100))  # the group's pay over one member's work
     assert per_token["moredata0"] == pytest.approx((0.3 / 200) / (0.1 / 100))
+    paid = s["over_honest_median"]
+    assert paid["short0"] == pytest.approx(0.05 / 0.15) and paid["pooled0"] == pytest.approx(0.04 / 0.15)
+    assert paid["moredata0"] == pytest.approx(s["moredata_over_honest"]) and "miner0" not in paid
