@@ -52,6 +52,7 @@ def test_a_floor_keeps_an_untrained_class_s_noise_from_proving_work() -> None:
     assert trained_multiple(2.0, 0.44, 0.44 * tau, tau, 0.35) == 2.0  # at the tolerance: fully trained
     assert trained_multiple(2.0, 0.5, 0.5 * (0.35 + tau) / 2, tau, 0.35) == pytest.approx(1.5)  # half-way
     assert trained_multiple(2.0, 0.1, 0.5, tau, 0.35) == 1.0  # assigned pages skipped: ρ_a = 0, ρ_d = 1
+
     def before(w: float, a: float, d: float) -> float:  # the rule before the floor, as it was written
         top = max(a, d)
         return min(1.0, max(0.0, a / (tau * top))) + (w - 1.0) * min(1.0, max(0.0, d / (tau * top)))
