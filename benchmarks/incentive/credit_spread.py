@@ -289,11 +289,11 @@ def when_evaluated(evaluations: list[Evaluation], gamma: float) -> list[dict]:
     level = {w: statistics.fmean(c) for w, c in windows.items()}
     overall = {book: statistics.fmean(c) for book, c in books.items()}
 
-    def mu(credits: list[float]) -> float:
-        ema = 0.0
+    def mu(credits: list[float]) -> float:  # the book's EMA step (`update_class`), read bias-corrected
+        ema = (0.0, 0)
         for credit in credits:
-            ema = gamma * ema + (1 - gamma) * credit
-        return ema_mean(ema, len(credits), gamma, math.nan)
+            ema = update_class(*ema, credit, gamma)
+        return ema_mean(*ema, gamma, math.nan)
 
     return [{"run": run, "validator": validator, "hotkey": hotkey, "evaluations": len(own),
              "mu": mu([e.credit for e in own]),
