@@ -106,8 +106,7 @@ class SimConfig:
     rating_gamma: float = 0.95
     rating_tie_band: float = 3.5
     rating_exponent: float = 10.0
-    rating_cap: float | None = None
-    """relative rating: LossRating ≤ 25 × this (hparams `rating_cap`; None: no cap)"""
+    rating_cap: float | None = None  # relative rating: LossRating ≤ 25 × this (hparams `rating_cap`; None: no cap)
     openskill_tie_band: float = 0.084
     """"openskill_ties": the tie width, × the window's median δ_rand (0.084 is one evaluation's spread)"""
     tempo_windows: int = 1
@@ -130,6 +129,8 @@ class SimConfig:
     rating_clip_high: float | None = None
     """relative rating: the upper clip of one relative LossScore (None: production's `relative_clip_high`);
     set only to replay the rule before the clip at 2 (4.0)"""
+    rules: tuple[tuple[str, float], ...] = ()
+    """any other Gauntlet rule by its hparams name (`gauntlet.mu_tie_band`, ...): production's unless named here"""
     seed: int = 0
     fit_file: str | None = None
     """the measured evaluations the draws resample (None: `FIT_FILE`'s pairs; `UNITS_FIT_FILE`: whole
@@ -150,7 +151,7 @@ class SimConfig:
             "top_g": self.top_g, "uids_per_window": self.uids_per_window, "fast_eval_uids": self.fast_eval_uids,
             "loss_rating": "relative" if self.rating == "relative" else "openskill",
             "relative_clip_high": production.relative_clip_high if self.rating_clip_high is None
-            else self.rating_clip_high})
+            else self.rating_clip_high, **dict(self.rules)})
 
 
 @dataclass

@@ -81,6 +81,9 @@ LEVERS: dict[str, dict] = {
     "mu_gamma 0.98 + rating tied": {"mu_gamma": 0.98, "rating_tie_band": 100.0},
     "uids_per_window 16 (twice the evaluations)": {"uids_per_window": 16},
     "mu_gamma 0.95 + uids_per_window 16": {"mu_gamma": 0.95, "uids_per_window": 16},
+    "no tie band under μ (the rule before LOG §38)": {"rules": (("mu_tie_band", 0.0),)},
+    "μ's tie band 0.25, power 4": {"rules": (("mu_tie_band", 0.25), ("mu_exponent", 4.0))},
+    "μ's tie band 0.2, power 2": {"rules": (("mu_tie_band", 0.2), ("mu_exponent", 2.0))},
     "noise 0.5 (half of every evaluation's measured spread)": {"noise": 0.5},
     "mu_gamma 0.98 + noise 0.5": {"mu_gamma": 0.98, "noise": 0.5},
     "mu_gamma 0.98 + power 1 + rating tied": {"mu_gamma": 0.98, "power": 1.0, "rating_tie_band": 100.0},
@@ -88,16 +91,17 @@ LEVERS: dict[str, dict] = {
 }
 """Production's Gauntlet (at production's size of an evaluation, `subnet_sim_production.production_settings`)
 with one knob changed, or two: the levers fair pay's noise names (how many units an evaluation reads,
-μ's memory, how soon a unit earns the full credit, the power c, more evaluations) and the rating
-tied for every peer, which leaves μ alone to tell peers apart. `noise` scales every evaluation's
+μ's memory, how soon a unit earns the full credit, the power c, more evaluations, μ's tie band under
+the paid level, `rules`: by their hparams names) and the rating tied for every peer, which leaves μ alone to tell peers apart. `noise` scales every evaluation's
 measured spread and its units' (0.5: half of it, whatever its cause), where more units shrink only
 the part that is the sampling of units."""
 
 
-def levers(processes: int, units_file: Path = UNITS_FIT_FILE, tag: str = "", only: list[str] | None = None) -> int:
+def levers(processes: int, units_file: Path = UNITS_FIT_FILE, tag: str = "", only: list[str] | None = None,
+           out: Path | None = None) -> int:
     """`LEVERS` (those named in `only`, when given) on the refit (`units_file`) at finney's cadence,
-    seeds 0-2: the targets of each, and its ranges, into `subnet_sim_refit_levers.json`
-    (`..._levers_TAG.json` with a tag)."""
+    seeds 0-2: the targets of each, and its ranges, into `out` (by default `subnet_sim_refit_levers.json`,
+    `..._levers_TAG.json` with a tag)."""
     unknown = sorted(set(only or ()) - set(LEVERS))
     if unknown:
         raise SystemExit(f"subnet_sim_refit: no lever {unknown}; the levers are {sorted(LEVERS)}")
@@ -113,7 +117,7 @@ def levers(processes: int, units_file: Path = UNITS_FIT_FILE, tag: str = "", onl
               for name in chosen}
     for name, r in ranges.items():
         print(f"  {name}: " + ", ".join(f"{k} {lo:.3g}–{hi:.3g}" for k, (lo, hi) in r.items()))
-    out = RESULTS_DIR / ("subnet_sim_refit_levers" + (f"_{tag}" if tag else "") + ".json")
+    out = out or RESULTS_DIR / ("subnet_sim_refit_levers" + (f"_{tag}" if tag else "") + ".json")
     out.write_text(json.dumps(
         {"fit": str(units_file.name), "cadence": "finney (tempo 51, weights every 15)", "levers": chosen,
          "runs": runs, "ranges_over_seeds": ranges}, indent=1, default=asdict) + "\n")
@@ -159,6 +163,8 @@ def main(argv: list[str] | None = None) -> int:
                              "finney's cadence, seeds 0-2")
     parser.add_argument("--lever", action="append", default=None, metavar="NAME",
                         help="with --levers: only this lever (repeat for several; the names are LEVERS' keys)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="with --levers: the results file (default: subnet_sim_refit_levers[_TAG].json)")
     parser.add_argument("--spread", action="store_true",
                         help="instead: where the fit's spread comes from (sampling, the window) and its scale at "
                              "production's size")
@@ -167,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.spread:
         return spread(units_file)
     if args.levers:
-        return levers(args.processes, units_file, args.tag, args.lever)
+        return levers(args.processes, units_file, args.tag, args.lever, args.out)
     if args.fit:
         fitted = fit_from_evaluations(args.fit, FIT_SOURCE + (f" ({args.tag})" if args.tag else ""))
         units_file.write_text(json.dumps(fitted, separators=(",", ":")) + "\n")

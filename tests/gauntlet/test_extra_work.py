@@ -144,11 +144,13 @@ def test_declared_work_is_kept_in_the_saved_book() -> None:
 
 
 
-def _relative_pay(paid_cap: bool, share: float, noise: float, lazy: int = 0, seed: int = 0) -> dict[str, float]:
+def _relative_pay(paid_cap: bool, share: float, noise: float, lazy: int = 0, seed: int = 0,
+                  band: float = 0.0) -> dict[str, float]:
     """Weights over the median honest miner's after 40 windows: five honest miners, `moredata` (twice
     the pages, each showing `share` of an honest page's gap), `declared_untrained` and `lazy` hotkeys
-    (assigned pages only, no gain)."""
-    rules = RULES.model_copy(update={"extra_work_paid_cap": paid_cap})
+    (assigned pages only, no gain). μ's tie band `band` (0: the cap on its own; the band also reads μ
+    at most at the paid level)."""
+    rules = RULES.model_copy(update={"extra_work_paid_cap": paid_cap, "mu_tie_band": band})
     rng = random.Random(seed)
     honest = [f"honest{i}" for i in range(5)]
     miners = {"moredata": (GAP * share, GAP * share), "declared_untrained": (GAP, 0.0)}
@@ -183,6 +185,9 @@ def test_the_paid_cap_pays_pages_that_share_their_gain_by_the_exponent_alone(noi
                                                        rel=0.02), case
             assert capped["declared_untrained"] < 0.8, case
     assert _relative_pay(False, 0.8, noise)["moredata"] > 1.5  # what the cap takes back
+    for cap in (True, False):  # μ's tie band reads every μ at most at the level: the give-back is not paid either
+        banded = _relative_pay(cap, 0.8, noise, band=RULES.mu_tie_band)
+        assert banded["moredata"] == pytest.approx(2 ** RULES.extra_work_exponent, rel=0.02), (cap, banded)
     # without a declaring peer the cap reads nothing: the same scores, bit for bit
     rng = random.Random(3)
     books = {cap: ScoreBook() for cap in (True, False)}
@@ -194,6 +199,8 @@ def test_the_paid_cap_pays_pages_that_share_their_gain_by_the_exponent_alone(noi
         for cap, book in books.items():
             book.record_primary(RULES.model_copy(update={"extra_work_paid_cap": cap}), results, window=window)
     assert books[True].scores(RULES) == books[False].scores(RULES.model_copy(update={"extra_work_paid_cap": False}))
+    unbanded = RULES.model_copy(update={"mu_tie_band": 0.0})
+    assert books[True].scores(unbanded) == books[False].scores(unbanded.model_copy(update={"extra_work_paid_cap": False}))
 
 
 def test_the_paid_level_is_the_pay_weighted_median_and_ignores_the_unpaid() -> None:

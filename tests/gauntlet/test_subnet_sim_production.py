@@ -142,3 +142,7 @@ def test_a_localnets_shape_runs_through_the_simulator_and_its_residual_is_measur
     assert spread["residual"] == pytest.approx(spread["localnet"] - spread["simulator_median"])
     assert spread["simulator_median"] >= 1.0 and 0.0 <= spread["simulator_at_or_below_localnet"] <= 1.0
     assert rows[run.name]["moredata_over_honest"]["simulator_median"] > 0
+    pooled = rows[run.name]["per_token_over_weakest_honest"]["pooled"]  # every miner trained as many tokens here
+    assert 0.0 <= pooled["simulator_median"] <= pooled["simulator_max"]
+    assert 0.0 <= pooled["simulator_above_weakest_honest"] <= 1.0
+    assert residuals.work_shares(run) == {"honest": 1.0, "moredata": 1.0, "pooled": 1.0, "partial": 1.0}

@@ -45,6 +45,7 @@ from templar.gauntlet.rating import (
     relative_spread,
     update_relative,
 )
+from templar.gauntlet.saturation import penalised_read, saturated_mu, unramped_mu
 from templar.gauntlet.scores import (
     normalise,
     peer_score,
@@ -290,15 +291,37 @@ class ScoreBook:
                                tie_band=rules.rating_tie_band, exponent=rules.rating_exponent,
                                noise=self.relative_noise[0], cap=rules.rating_cap)
 
+    def _penalised(self, rules: GauntletConfig, record: PeerRecord) -> float:
+        """The stored μ after a failed fast evaluation: φ·μ, or with `mu_tie_band` the μ whose paid value
+        is φ times the paid value before (`saturation.penalised_read`), so the band does not absorb it."""
+        read = self._read_mu(rules, record)
+        if not rules.mu_tie_band > 0.0 or not read > 0.0:
+            return penalise(record.mu, rules.fast_eval_penalty)
+        level, _ = self._paid_levels(rules)
+        if rules.extra_work_paid_cap and record.declared > 0.0 and level is not None:
+            read = min(read, level)
+        after = penalised_read(read, level, rules.mu_tie_band, rules.mu_exponent, rules.fast_eval_penalty)
+        return unramped_mu(after, record.primary_evals, rules.mu_gamma, rules.mu_prior_evals)
+
+    @staticmethod
+    def _reads_levels(rules: GauntletConfig, record: PeerRecord) -> bool:
+        """Whether `record`'s score reads the book's paid levels: under μ's tie band every score does,
+        under `extra_work_paid_cap` a declaring peer's."""
+        return rules.mu_tie_band > 0.0 or (rules.extra_work_paid_cap and record.declared > 0.0)
+
     def _rescore(self, rules: GauntletConfig, record: PeerRecord,
                  levels: tuple[float | None, float | None] | None = None) -> None:
         """Set `record.score`; `levels`: `_paid_levels` when the caller already has them (one pass over
-        the book for all of its declaring peers instead of one each)."""
+        the book for all of its peers instead of one each)."""
         record.score = self._score(rules, record)
-        if rules.extra_work_paid_cap and record.declared > 0.0:
-            mu_level, rating_level = levels if levels is not None else self._paid_levels(rules)
-            if mu_level is not None and rating_level is not None:
-                record.score = self._score(rules, record, mu_cap=mu_level, rating_cap=rating_level)
+        if not self._reads_levels(rules, record):
+            return
+        mu_level, rating_level = levels if levels is not None else self._paid_levels(rules)
+        tied = mu_level if rules.mu_tie_band > 0.0 else None
+        if rules.extra_work_paid_cap and record.declared > 0.0 and mu_level is not None and rating_level is not None:
+            record.score = self._score(rules, record, mu_cap=mu_level, rating_cap=rating_level, mu_level=tied)
+        elif tied is not None:
+            record.score = self._score(rules, record, mu_level=tied)
 
     def _paid_levels(self, rules: GauntletConfig) -> tuple[float | None, float | None]:
         """`paid_level` of the μ and of the LossRating PeerScore reads, over the peers that never declared
@@ -314,10 +337,10 @@ class ScoreBook:
         return ramped_mu(record.mu, record.primary_evals, rules.mu_gamma, rules.mu_prior_evals)
 
     def _score(self, rules: GauntletConfig, record: PeerRecord, mu_cap: float = math.inf,
-               rating_cap: float = math.inf) -> float:
+               rating_cap: float = math.inf, mu_level: float | None = None) -> float:
         """PeerScore of `record`, its μ and LossRating read at most `mu_cap` and `rating_cap`
-        (`extra_work_paid_cap`)."""
-        mu = min(self._read_mu(rules, record), mu_cap)
+        (`extra_work_paid_cap`), its μ saturated at `mu_level` (`mu_tie_band`; None: as read)."""
+        mu = saturated_mu(min(self._read_mu(rules, record), mu_cap), mu_level, rules.mu_tie_band, rules.mu_exponent)
         # A pool's members split one member's score (docs/scoring.md §8): n hotkeys sharing one piece of work
         # earn n·(s/n)^c ≤ s^c of the normalisation, never more than one hotkey doing all of it.
         # Declared extra work, proven page class by page class, is paid as a power of its size (extra_work).
@@ -390,14 +413,14 @@ class ScoreBook:
             raise ValueError(f"record_fast_eval: status must be 1-64 characters, got {status!r}")
         if sync_steps is not None and (math.isnan(sync_steps) or sync_steps < 0):
             raise ValueError(f"record_fast_eval: invalid sync_steps {sync_steps!r}")
-        if passed:
-            record.fast_eval_passes += 1
-        else:
-            record.fast_eval_fails += 1
-            record.mu = penalise(record.mu, rules.fast_eval_penalty)
         record.last_status = status
         if sync_steps is not None:
             record.last_sync_steps = sync_steps
+        if passed:  # nothing a score reads changed (`scores` rescores every peer against the current levels)
+            record.fast_eval_passes += 1
+            return record
+        record.fast_eval_fails += 1
+        record.mu = self._penalised(rules, record)
         self._rescore(rules, record)
         return record
 
@@ -487,17 +510,17 @@ class ScoreBook:
                 record.relative_evals += 1
             if window is not None:
                 record.last_primary_window = window
-            self._rescore(rules, record, (None, None))  # uncapped here: the caps read the whole book, below
+            self._rescore(rules, record, (None, None))  # unlevelled here: the levels read the whole book, below
         if relative_on and spread is not None:
             noise, windows = self.relative_noise
             self.relative_noise = (update_relative(noise, windows, spread, rules.rating_gamma), windows + 1)
-            levels = self._paid_levels(rules) if rules.extra_work_paid_cap else None
+            levels = self._paid_levels(rules) if rules.extra_work_paid_cap or rules.mu_tie_band > 0.0 else None
             for record in self._peers.values():
                 self._rescore(rules, record, levels)
-        elif rules.extra_work_paid_cap:  # the paid level moved with this window's μs: the capped scores follow
+        elif rules.extra_work_paid_cap or rules.mu_tie_band > 0.0:  # the paid level moved with this window's μs
             levels = self._paid_levels(rules)
             for record in self._peers.values():
-                if record.declared > 0.0:
+                if self._reads_levels(rules, record):
                     self._rescore(rules, record, levels)
 
     def _recent_gaps(self, rules: GauntletConfig, window: int | None) -> list[float]:
@@ -508,7 +531,7 @@ class ScoreBook:
 
     def scores(self, rules: GauntletConfig) -> dict[str, float]:
         """PeerScore_p for every hotkey in the book (eq. 4, floored factors)."""
-        levels = self._paid_levels(rules) if rules.extra_work_paid_cap else None
+        levels = self._paid_levels(rules) if rules.extra_work_paid_cap or rules.mu_tie_band > 0.0 else None
         for record in self._peers.values():
             self._rescore(rules, record, levels)
         return {hotkey: self._peers[hotkey].score for hotkey in sorted(self._peers)}

@@ -151,7 +151,8 @@ def paid_level(peers: Iterable[tuple[float, float]], power: float) -> float | No
     """The level of the work the run pays: the median of the values of (PeerScore, value) pairs, each
     weighted by PeerScore^`power`, its share of the pay. Weighting by pay leaves out whoever earns
     nothing (copies, noise, lazy hotkeys) and lets a tail of poorly paid peers count little, so a crowd
-    of them cannot pull the level down; None while no peer has a score."""
+    of them cannot pull the level down; None while no peer has a score. The paid cap reads it, and μ's
+    tie band (`saturation.saturated_mu`) saturates every peer's μ at it."""
     pairs = sorted((value, score ** power) for score, value in peers
                    if score > 0.0 and math.isfinite(score) and math.isfinite(value))
     half = math.fsum(weight for _, weight in pairs) / 2.0
