@@ -208,7 +208,7 @@ class GauntletConfig(_Strict):
         default=0.0, ge=0, lt=1, description="mu as PeerScore reads it saturates at the run's paid level (the "
         "pay-weighted median mu of the peers that declared nothing, extra_work.paid_level): a mu at least "
         "(1 - this) of the level reads the level, a lower one the level x (mu / its edge)^mu_exponent "
-        "(gauntlet.saturated_mu); 0: no saturation (docs/scoring.md §4)")
+        "(gauntlet.saturation); 0: no saturation (docs/scoring.md §4)")
     mu_exponent: float = Field(default=2.0, ge=1, le=16, description="with mu_tie_band > 0: the power at "
                                "which paid mu falls below the band's edge")
     loss_rating: Literal["openskill", "relative"] = Field(
