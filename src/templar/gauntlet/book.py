@@ -304,10 +304,10 @@ class ScoreBook:
         return unramped_mu(after, record.primary_evals, rules.mu_gamma, rules.mu_prior_evals)
 
     @staticmethod
-    def _reads_levels(rules: GauntletConfig, record: PeerRecord) -> bool:
-        """Whether `record`'s score reads the book's paid levels: under μ's tie band every score does,
-        under `extra_work_paid_cap` a declaring peer's."""
-        return rules.mu_tie_band > 0.0 or (rules.extra_work_paid_cap and record.declared > 0.0)
+    def _reads_levels(rules: GauntletConfig, record: PeerRecord | None = None) -> bool:
+        """Whether `record`'s score (any record's: None) reads the book's paid levels: under μ's tie band
+        every score does, under `extra_work_paid_cap` a declaring peer's."""
+        return rules.mu_tie_band > 0.0 or (rules.extra_work_paid_cap and (record is None or record.declared > 0.0))
 
     def _rescore(self, rules: GauntletConfig, record: PeerRecord,
                  levels: tuple[float | None, float | None] | None = None) -> None:
@@ -514,10 +514,10 @@ class ScoreBook:
         if relative_on and spread is not None:
             noise, windows = self.relative_noise
             self.relative_noise = (update_relative(noise, windows, spread, rules.rating_gamma), windows + 1)
-            levels = self._paid_levels(rules) if rules.extra_work_paid_cap or rules.mu_tie_band > 0.0 else None
+            levels = self._paid_levels(rules) if self._reads_levels(rules) else None
             for record in self._peers.values():
                 self._rescore(rules, record, levels)
-        elif rules.extra_work_paid_cap or rules.mu_tie_band > 0.0:  # the paid level moved with this window's μs
+        elif self._reads_levels(rules):  # the paid level moved with this window's μs
             levels = self._paid_levels(rules)
             for record in self._peers.values():
                 if self._reads_levels(rules, record):
@@ -531,7 +531,7 @@ class ScoreBook:
 
     def scores(self, rules: GauntletConfig) -> dict[str, float]:
         """PeerScore_p for every hotkey in the book (eq. 4, floored factors)."""
-        levels = self._paid_levels(rules) if rules.extra_work_paid_cap or rules.mu_tie_band > 0.0 else None
+        levels = self._paid_levels(rules) if self._reads_levels(rules) else None
         for record in self._peers.values():
             self._rescore(rules, record, levels)
         return {hotkey: self._peers[hotkey].score for hotkey in sorted(self._peers)}
