@@ -170,8 +170,9 @@ def test_our_own_bug_in_validate_propagates(tmp_path: Path) -> None:
 
 
 def test_server_dies_mid_gather_and_comes_back(tmp_path: Path) -> None:
-    """Kill the S3 server after the third peer is validated and restart it 1 s later: the round
-    still returns by its deadline, peers read before the crash keep their exact payloads, the
+    """Kill the S3 server after the third peer is validated and restart it 2.5 s later (longer than a
+    peer's 2 s timeout, so the read under way when it dies cannot ride it out on a retry; at 1 s a
+    retry sometimes did, and the crash went unseen): the round still returns by its deadline, peers read before the crash keep their exact payloads, the
     rest are unreachable/timeout or (after the restart) ok; the next round sees every peer."""
     server = SeaweedServer(tmp_path / "weed").start()
     restarter: threading.Thread | None = None
@@ -187,7 +188,7 @@ def test_server_dies_mid_gather_and_comes_back(tmp_path: Path) -> None:
                 server.stop(kill=True)
 
                 def later() -> None:
-                    time.sleep(1.0)
+                    time.sleep(2.5)
                     server.start()
 
                 restarter = threading.Thread(target=later)
