@@ -84,6 +84,8 @@ LEVERS: dict[str, dict] = {
     "no tie band under μ (the rule before LOG §38)": {"rules": (("mu_tie_band", 0.0),)},
     "μ's tie band 0.25, power 4": {"rules": (("mu_tie_band", 0.25), ("mu_exponent", 4.0))},
     "μ's tie band 0.2, power 2": {"rules": (("mu_tie_band", 0.2), ("mu_exponent", 2.0))},
+    "no tie band below the rating's median (the rule before LOG §39)": {"rules": (("rating_tie_band_below", 0.0),)},
+    "the rating's tie band below the median 2 standard errors": {"rules": (("rating_tie_band_below", 2.0),)},
     "noise 0.5 (half of every evaluation's measured spread)": {"noise": 0.5},
     "mu_gamma 0.98 + noise 0.5": {"mu_gamma": 0.98, "noise": 0.5},
     "mu_gamma 0.98 + power 1 + rating tied": {"mu_gamma": 0.98, "power": 1.0, "rating_tie_band": 100.0},
@@ -92,7 +94,8 @@ LEVERS: dict[str, dict] = {
 """Production's Gauntlet (at production's size of an evaluation, `subnet_sim_production.production_settings`)
 with one knob changed, or two: the levers fair pay's noise names (how many units an evaluation reads,
 μ's memory, how soon a unit earns the full credit, the power c, more evaluations, μ's tie band under
-the paid level, `rules`: by their hparams names) and the rating tied for every peer, which leaves μ alone to tell peers apart. `noise` scales every evaluation's
+the paid level and the rating's below its median, `rules`: by their hparams names) and the rating
+tied for every peer, which leaves μ alone to tell peers apart. `noise` scales every evaluation's
 measured spread and its units' (0.5: half of it, whatever its cause), where more units shrink only
 the part that is the sampling of units."""
 

@@ -110,6 +110,46 @@ def test_relative_rating_ties_inside_the_band_and_floors_at_zero() -> None:
         relative_rating(1.0, 1, gamma=0.9, tie_band=0.1, exponent=1.0, noise=math.inf)
 
 
+def test_the_band_below_the_median_lifts_a_short_mean_by_its_standard_errors_never_past_the_median() -> None:
+    below = {"gamma": 0.9, "tie_band": 2.5, "exponent": 10.0, "noise": 0.2}
+    # one evaluation (n_eff 1): a band of 1 standard error is 0.2; 0.85 + 0.2 passes the median: 25
+    assert relative_rating(0.85, 1, tie_band_below=1.0, **below) == 25.0
+    # 0.7 + 0.2 = 0.9 of the median; without the band the mean itself (0.7)
+    assert relative_rating(0.7, 1, tie_band_below=1.0, **below) == pytest.approx(0.9 * 25)
+    assert relative_rating(0.7, 1, tie_band_below=0.0, **below) == pytest.approx(0.7 * 25)
+    # more evaluations narrow it: the same short mean is lifted less (n 30 at γ 0.9: n_eff 17.4, band 0.048;
+    # n 2: n_eff 1.99, band 0.142)
+    lifted_few = relative_rating(0.85, 2, tie_band_below=1.0, **below)
+    lifted_many = relative_rating(0.85, 30, tie_band_below=1.0, **below)
+    n_eff = effective_evaluations(30, 0.9)
+    assert lifted_many == pytest.approx(25 * (0.85 + 0.2 / math.sqrt(n_eff)))
+    assert 0.85 * 25 < lifted_many < lifted_few == pytest.approx(25 * (0.85 + 0.2 / math.sqrt(1.9**2 / 1.81)))
+    # a quarter of the work stays about a quarter: the band is additive, never a multiple
+    assert relative_rating(0.25, 30, tie_band_below=1.0, **below) == pytest.approx(25 * (0.25 + 0.2 / math.sqrt(n_eff)))
+    # above the median and for a peer that made the loss worse the band below changes nothing
+    assert relative_rating(1.6, 30, tie_band_below=1.0, **below) == relative_rating(1.6, 30, **below)
+    assert relative_rating(-0.5, 30, tie_band_below=1.0, **below) == 0.0
+    with pytest.raises(ValueError):
+        relative_rating(0.9, 1, tie_band_below=-1.0, **below)
+    # 0 is the rule before it to the bit
+    for mean in (0.1, 0.3, 0.77, 0.999):
+        assert relative_rating(mean, 7, tie_band_below=0.0, **below) == 25.0 * mean
+
+
+def test_the_book_reads_the_band_below_from_its_rules() -> None:
+    """Production lifts a short mean by one standard error (docs/scoring.md §5, benchmarks/LOG.md §39): a
+    newcomer whose single evaluation read 0.8 of the median, at a noise of 0.3, is rated as the median."""
+    assert PRODUCTION.rating_tie_band_below == 1.0
+    book = _book()
+    record = book.peers["a"]
+    record.relative_delta, record.relative_evals = 0.8, 1
+    book.relative_noise = (0.3, book.relative_noise[1])
+    assert book.loss_rating(_rules(rating_tie_band_below=0.0), "a") == pytest.approx(0.8 * 25)
+    assert book.loss_rating(_rules(rating_tie_band_below=1.0), "a") == 25.0
+    with pytest.raises(ValidationError):
+        GauntletConfig.model_validate({**PRODUCTION.model_dump(), "rating_tie_band_below": -0.5})
+
+
 def _rules(**overrides: object) -> GauntletConfig:
     """The relative rating with these settings, OpenSkill's default β and τ and μ's γ 0.9."""
     return gauntlet_rules(**{"loss_rating": "relative", "rating_gamma": 0.9, "rating_cap": None, "mu_gamma": 0.9,

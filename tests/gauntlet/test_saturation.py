@@ -115,14 +115,19 @@ def test_hotkeys_that_earn_little_cannot_pull_the_level_down() -> None:
 
 def test_a_failed_fast_evaluation_bites_a_peer_inside_the_band() -> None:
     """A peer inside the band loses φ of its paid μ on a failed fast evaluation, as without the band
-    (where it would otherwise stay inside the band and lose nothing), and earns it back by evaluations."""
+    (where it would otherwise stay inside the band and lose nothing), and earns it back by evaluations.
+    The level is the pay-weighted median, and the penalty moves the peer's pay, so the level itself
+    moves a little (here by 0.13 %: four tied peers, one of whose weight drops): φ holds to that much."""
     miners = {f"honest{i}": 1.0 for i in range(4)}
     book = _book(RULES, miners, windows=10, noise=GAP / 4)
     before = book.scores(RULES)
+    level_before, _ = book._paid_levels(RULES)
     book.record_fast_eval(RULES, "honest0", passed=False, status="desync")
     after = book.scores(RULES)
-    assert after["honest0"] == pytest.approx(RULES.fast_eval_penalty * before["honest0"], rel=1e-9)
-    assert after["honest1"] == before["honest1"]
+    level_after, _ = book._paid_levels(RULES)
+    assert abs(level_after / level_before - 1.0) < 0.005
+    assert after["honest0"] == pytest.approx(RULES.fast_eval_penalty * before["honest0"], rel=0.005)
+    assert after["honest1"] == pytest.approx(before["honest1"], rel=0.005)
     off = RULES.model_copy(update={"mu_tie_band": 0.0})
     plain = _book(off, miners, windows=10, noise=GAP / 4)
     mu = plain.peers["honest0"].mu

@@ -220,6 +220,10 @@ class GauntletConfig(_Strict):
     rating_tie_band: float = Field(default=3.5, ge=0, le=10, description="relative rating: a mean within "
                                    "this many standard errors (noise / sqrt(n_eff), noise measured from the "
                                    "windows' spread) of the median counts as the median")
+    rating_tie_band_below: float = Field(
+        default=0.0, ge=0, le=10, description="relative rating: below the median the mean is raised by up to "
+        "this many standard errors, never past the median (a newcomer's few evaluations are not yet shown "
+        "to be less than a typical peer's); 0: the mean itself (gauntlet.relative_rating; docs/scoring.md §5)")
     rating_exponent: float = Field(default=10.0, gt=0, le=100, description="relative rating: LossRating = "
                                    "25 x (relative LossScore beyond the band)^this")
     rating_cap: float | None = Field(default=None, ge=1, le=100, description="relative rating: LossRating "

@@ -169,17 +169,23 @@ def _median(ordered: list[float]) -> float:
 
 def relative_rating(
     mean: float, evaluations: int, *, gamma: float, tie_band: float, exponent: float, noise: float,
-    cap: float | None = None,
+    cap: float | None = None, tie_band_below: float = 0.0,
 ) -> float:
-    """LossRating from the relative LossScores: 25 · max(0, mean) at or below the median (mean ≤ 1),
-    25 · min(cap, (1 + shrink(mean − 1))^exponent) above it.
+    """LossRating from the relative LossScores: 25 · max(0, min(1, mean + band_below)) at or below the
+    median (mean ≤ 1), 25 · min(cap, (1 + shrink(mean − 1))^exponent) above it.
 
-    Below the median the rating is the mean itself, with no band: work that is measurably less than
-    a typical peer's is paid measurably less, in proportion (a peer at 0.9 of the median is rated
-    0.9 × 25), so an update that helps the model a quarter as much earns a quarter, and identical
-    peers, whose means scatter by a few per cent around 1, are still rated within a few per cent of
-    each other. (A band below the median forgave up to three standard errors of missing work: a
-    miner training on a quarter of each page's sequences was rated 25 like everyone else.)
+    Below the median the mean moves up by at most `tie_band_below` standard errors
+    (band_below = tie_band_below · noise/√n_eff), never past the median. Beyond that the rating
+    follows the mean in proportion: work that is measurably less than a typical peer's is paid
+    measurably less (a peer at 0.9 of the median is rated 0.9 × 25 plus the band), so an update that
+    helps the model a quarter as much earns about a quarter. Within it a peer is not yet shown to do
+    less than a typical peer: a newcomer rated on two evaluations, whose mean scatters by σ/√2, is
+    rated 25 unless its mean lies more than `tie_band_below` of those standard errors under the
+    median, instead of sitting below the tied incumbents for as long as the EMA remembers one
+    unlucky evaluation. The band is absolute and shrinks as evaluations
+    accumulate, so it forgives at most that much of a persistent shortfall (0, the default, is the
+    rule before it: the mean itself; a band of three standard errors once rated a miner training on
+    a quarter of each page's sequences exactly 25, which is why it is small and additive).
 
     Above it, shrink(d) = max(0, d − tie_band · noise/√n_eff): a peer whose mean is within
     `tie_band` standard errors above the median (1.0) is not yet shown to do more than a typical
@@ -200,9 +206,10 @@ def relative_rating(
     """
     if cap is not None and not (math.isfinite(cap) and cap >= 1.0):
         raise ValueError(f"relative_rating: cap must be a finite number >= 1 (or None), got {cap!r}")
-    if not 0.0 <= gamma < 1.0 or not tie_band >= 0 or not exponent > 0 or not math.isfinite(exponent):
-        raise ValueError(f"relative_rating: need 0 <= gamma < 1, tie_band >= 0 and a finite exponent > 0, got "
-                         f"{gamma!r}, {tie_band!r}, {exponent!r}")
+    if (not 0.0 <= gamma < 1.0 or not tie_band >= 0 or not 0 <= tie_band_below < math.inf or not exponent > 0
+            or not math.isfinite(exponent)):
+        raise ValueError(f"relative_rating: need 0 <= gamma < 1, tie bands >= 0 and a finite exponent > 0, got "
+                         f"{gamma!r}, {tie_band!r}, {tie_band_below!r}, {exponent!r}")
     if not math.isfinite(mean) or not 0.0 <= noise < math.inf:
         raise ValueError(f"relative_rating: mean and noise must be finite (noise >= 0), got {mean!r}, {noise!r}")
     prior = DEFAULT_RATING[0]
@@ -210,7 +217,7 @@ def relative_rating(
     if n_eff <= 0:
         return prior
     if mean <= 1.0:
-        return prior * max(0.0, mean)
+        return prior * max(0.0, min(1.0, mean + tie_band_below * noise / math.sqrt(n_eff)))
     excess = mean - 1.0 - tie_band * noise / math.sqrt(n_eff)
     premium = (1.0 + excess) ** exponent if excess > 0 else 1.0
     return prior * (premium if cap is None else min(cap, premium))
