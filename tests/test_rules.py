@@ -103,6 +103,8 @@ ALLOWED: dict[str, str] = {
     "validator/loop.py:LATE_GATHER_SECONDS": "time a late validator still gives its gather (what counts is fixed by "
                                              "the uploads' storage timestamps)",
     "validator/weights.py:FIRST_BACKOFF_BLOCKS": "retry pauses of a refused weights extrinsic",
+    "validator/weights.py:SUBMIT_LAG_WINDOWS": "when weights are submitted (how long before an epoch), never what they "
+                                               "are",
 }
 """module:NAME → why it is not a rule of the run."""
 

@@ -54,6 +54,7 @@ from benchmarks.incentive.subnet_sim_production import RULE_FIELDS, production_s
 from templar.chain.embedded import yuma
 from templar.core.config import GauntletConfig, load_hparams
 from templar.gauntlet import FastVerdict, ScoreBook, Status, draw_window, score_window
+from templar.validator.weights import WeightsCadence
 
 RESULTS_DIR = Path(__file__).resolve().parents[1] / "results"
 WINDOW_SECONDS = 84.0
@@ -115,6 +116,9 @@ class SimConfig:
     weights_windows: int = 1
     """windows between a validator's weight submissions (hparams `windows_per_weights`, 15 in
     production): an epoch reads the vectors last submitted, not the validators' current ones"""
+    weights_at_epochs: bool = True
+    """production: submissions counted back from each epoch, the last two windows before it
+    (`weights_cadence`); False: every `weights_windows` windows from window 0 (the rule before)"""
     freak_rate: float = 0.0
     """probability that one draw's δ_rand (and δ_assigned) is multiplied by `freak_scale`: the rare freak
     evaluation of a late, noisy localnet window (benchmarks/LOG.md §3: 3.66× the window median)"""
@@ -214,6 +218,15 @@ def gini(values: list[float]) -> float:
     return sum((2 * (i + 1) - n - 1) * x for i, x in enumerate(xs)) / (n * total)
 
 
+def weights_cadence(cfg: SimConfig) -> WeightsCadence:
+    """The validators' submissions (`templar.validator.weights.WeightsCadence`) on the simulator's clock:
+    a block per window and an epoch in every window w with w % tempo_windows == 0 (tempo
+    tempo_windows − 1, the netuid that puts epochs there); `weights_at_epochs` False: every
+    `weights_windows` windows from window 0, the rule before."""
+    tempo = cfg.tempo_windows - 1 if cfg.weights_at_epochs else 0
+    return WeightsCadence(every=cfg.weights_windows, blocks_per_window=1, netuid=cfg.tempo_windows - 1, tempo=tempo)
+
+
 def simulate(cfg: SimConfig, *, keep_series: bool = False) -> Outcome:
     rng = random.Random(cfg.seed)
     source = fit(Path(cfg.fit_file)) if cfg.fit_file else fit()
@@ -241,6 +254,7 @@ def simulate(cfg: SimConfig, *, keep_series: bool = False) -> Outcome:
     agreement_hist: list[float] = []
     vtrust_hist = np.zeros((cfg.windows, cfg.validators))
     first_penalty: dict[str, int] = {}  # the first window a validator failed each peer's fast evaluation
+    cadence = weights_cadence(cfg)
     for window in range(cfg.windows):
         candidates = sorted(p.hotkey for p in miners if p.joins <= window)
         weights = np.zeros((cfg.uids, cfg.uids))
@@ -266,7 +280,7 @@ def simulate(cfg: SimConfig, *, keep_series: bool = False) -> Outcome:
         lead_weight_hist[window] = weights[0]
         pairs = [yuma.agreement(vectors[i], vectors[j]) for i in range(len(vectors)) for j in range(i)]
         agreement_hist.append(statistics.fmean(pairs) if pairs else 1.0)
-        if window % cfg.weights_windows == 0:
+        if cadence.due(window):
             submitted = weights
         if window % cfg.tempo_windows == 0:
             result = yuma.epoch(yuma.EpochInputs(
@@ -394,49 +408,6 @@ def line(label: str, m: dict) -> str:
             f"{m['moredata_over_honest']:.2f}")
 
 
-def plot(path: Path, baseline: Outcome, improved: Outcome, sweeps: dict[str, list[tuple[float, dict]]]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(2, 3, figsize=(15, 8))
-    def time_axis(n: int) -> np.ndarray:
-        return np.arange(n) * WINDOW_SECONDS / 3600
-
-    for ax, outcome, title in ((axes[0, 0], baseline, "baseline (paper settings)"),
-                               (axes[0, 1], improved, "with the chosen levers")):
-        s = outcome.series
-        t = time_axis(len(s["honest_median"]))
-        ax.fill_between(t, s["honest_p10"], s["honest_p90"], alpha=0.3, label="honest p10–p90")
-        ax.plot(t, s["honest_median"], label="honest median")
-        ax.plot(t, s["newcomer_mean"], label="newcomers (mean)")
-        ax.plot(t, s["moredata_mean"], label="moredata (mean)")
-        ax.axvline(outcome.config["join_window"] * WINDOW_SECONDS / 3600, color="grey", linestyle=":")
-        ax.set(title=title, xlabel="hours (84 s windows)", ylabel="Yuma incentive per uid")
-        ax.legend(fontsize=7)
-    ax = axes[0, 2]
-    for outcome, label in ((baseline, "baseline"), (improved, "levers")):
-        s = outcome.series
-        ax.plot(time_axis(len(s["agreement"])), s["agreement"], label=label)
-    ax.set(title="validator agreement (1 − TV)", xlabel="hours", ylim=(0, 1.02))
-    ax.legend(fontsize=7)
-    for ax, (name, points) in zip(axes[1], list(sweeps.items())[:3], strict=False):
-        xs = [p[0] for p in points]
-        ax.plot(xs, [hours(p[1]["newcomer_honest_median_windows"]) for p in points], "o-",
-                label="newcomer → honest median (h)")
-        ax.plot(xs, [min(p[1]["honest_p90_over_p10"], 10) for p in points], "s-", label="honest p90/p10 (cap 10)")
-        ax.plot(xs, [p[1]["agreement_mean"] * 5 for p in points], "^-", label="agreement × 5")
-        ax.plot(xs, [100 * worst_cheat(p[1])[1] for p in points], "x-", label="worst cheat class (%)")
-        ax.plot(xs, [min(p[1]["moredata_over_honest"], 10) for p in points], "d-", label="moredata / honest (cap 10)")
-        ax.axhline(1.0, color="grey", linewidth=0.5)
-        ax.set(title=f"trade-off: {name}", xlabel=name.split(", ")[-1])
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-
-
 def _run(job: tuple[str, SimConfig, bool]) -> tuple[str, Outcome]:
     label, cfg, keep = job
     return label, simulate(cfg, keep_series=keep)
@@ -514,44 +485,9 @@ def rating_candidates(levers: SimConfig) -> list[tuple[str, SimConfig]]:
     return out
 
 
-def plot_tradeoff(path: Path, outcomes: dict[str, Outcome]) -> None:
-    """Honest max/min and validator agreement against `moredata`'s premium, per LossRating candidate."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    families: dict[str, list[tuple[str, dict]]] = {}
-    for label, outcome in outcomes.items():
-        if label.startswith("candidate: "):
-            rest = label.removeprefix("candidate: ")
-            family = rest.split(", k=")[0] if rest.startswith("relative") else rest.split(",")[0]
-            families.setdefault(family, []).append((rest, outcome.metrics))
-    fig, axes = plt.subplots(1, 2, figsize=(14, 5.5))
-    for ax, key, target, title in ((axes[0], "honest_max_over_min", 1.5, "identical honest peers: max/min incentive"),
-                                   (axes[1], "agreement_mean", 0.95, "two validators' agreement (1 − TV)")):
-        for family, points in sorted(families.items()):
-            points = sorted(points, key=lambda p: p[1]["moredata_over_honest"])
-            xs = [p[1]["moredata_over_honest"] for p in points]
-            ys = [min(p[1][key], 20.0) for p in points]
-            ax.plot(xs, ys, "o-", label=family)
-        chosen = outcomes["chosen"].metrics
-        ax.plot([chosen["moredata_over_honest"]], [chosen[key]], "*", color="black", markersize=16, label="chosen")
-        ax.axhline(target, color="grey", linestyle="--", linewidth=1)
-        ax.axvline(1.0, color="grey", linewidth=0.5)
-        ax.set(xscale="log", xlabel="moredata / honest incentive (premium for 2× data)", title=title)
-        if key == "honest_max_over_min":
-            ax.set(yscale="log", ylabel="max/min over 206 identical peers (cap 20)")
-        else:
-            ax.set(ylabel="agreement")
-        ax.legend(fontsize=7)
-    fig.suptitle("LossRating candidates at 256 uids, 2 validators, 720 windows (target: left ≤ 1.5, right ≥ 0.95)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-
-
 def main(argv: list[str] | None = None) -> int:
+    from benchmarks.incentive.subnet_sim_plots import plot, plot_tradeoff
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="a handful of windows on 64 uids (for tests)")
     parser.add_argument("--fit", type=Path, default=None, help="refit FIT_FILE from a localnet --out directory")

@@ -51,15 +51,17 @@ from benchmarks.incentive.subnet_sim_fit import (
 FIT_SOURCE = ("crowded localnets (`python -m benchmarks.incentive.fair_pay --seeds 0 1 2`: "
               "micro_gauntlet_8pages, one validator, 4 honest miners and 12 adversaries, 16 windows; "
               "production's Gauntlet: SparseLoCo, the proof against the other peers' own steps on 1 of 4 sequences)")
-KEYS = ("honest_max_over_min", "agreement_mean", "worst_cheat_share", "moredata_over_honest",
-        "newcomer_median_hours", "newcomer_first_weight_hours", "newcomer_first_pay_over_median")
+KEYS = ("honest_max_over_min", "honest_p90_over_p10", "agreement_mean", "worst_cheat_share", "moredata_over_honest",
+        "newcomer_median_hours", "newcomer_last_hours", "newcomer_first_weight_hours", "newcomer_first_pay_over_median")
 
 
 def summary(m: dict) -> dict:
     cheat, share = worst_cheat(m)
-    return {"honest_max_over_min": m["honest_max_over_min"], "agreement_mean": m["agreement_mean"],
+    return {"honest_max_over_min": m["honest_max_over_min"], "honest_p90_over_p10": m["honest_p90_over_p10"],
+            "agreement_mean": m["agreement_mean"],
             "worst_cheat": cheat, "worst_cheat_share": share, "moredata_over_honest": m["moredata_over_honest"],
             "newcomer_median_hours": hours(m["newcomer_honest_median_windows"]),
+            "newcomer_last_hours": hours(m["newcomer_honest_median_windows_worst"]),
             "newcomer_first_weight_hours": hours(m["newcomer_first_weight_windows"]),
             "newcomer_first_pay_over_median": m["newcomer_first_pay_over_median"]}
 
@@ -86,6 +88,7 @@ LEVERS: dict[str, dict] = {
     "μ's tie band 0.2, power 2": {"rules": (("mu_tie_band", 0.2), ("mu_exponent", 2.0))},
     "no tie band below the rating's median (the rule before LOG §39)": {"rules": (("rating_tie_band_below", 0.0),)},
     "the rating's tie band below the median 2 standard errors": {"rules": (("rating_tie_band_below", 2.0),)},
+    "weights every 15 windows from window 0 (the rule before LOG §40)": {"weights_at_epochs": False},
     "noise 0.5 (half of every evaluation's measured spread)": {"noise": 0.5},
     "mu_gamma 0.98 + noise 0.5": {"mu_gamma": 0.98, "noise": 0.5},
     "mu_gamma 0.98 + power 1 + rating tied": {"mu_gamma": 0.98, "power": 1.0, "rating_tie_band": 100.0},
@@ -101,16 +104,15 @@ the part that is the sampling of units."""
 
 
 def levers(processes: int, units_file: Path = UNITS_FIT_FILE, tag: str = "", only: list[str] | None = None,
-           out: Path | None = None) -> int:
+           out: Path | None = None, seeds: tuple[int, ...] = (0, 1, 2)) -> int:
     """`LEVERS` (those named in `only`, when given) on the refit (`units_file`) at finney's cadence,
-    seeds 0-2: the targets of each, and its ranges, into `out` (by default `subnet_sim_refit_levers.json`,
+    at `seeds`: the targets of each, and its ranges, into `out` (by default `subnet_sim_refit_levers.json`,
     `..._levers_TAG.json` with a tag)."""
     unknown = sorted(set(only or ()) - set(LEVERS))
     if unknown:
         raise SystemExit(f"subnet_sim_refit: no lever {unknown}; the levers are {sorted(LEVERS)}")
     chosen = {name: change for name, change in LEVERS.items() if not only or name in only}
     base = replace(SimConfig(), **CHOSEN, fit_file=str(units_file), tempo_windows=51, weights_windows=15)
-    seeds = (0, 1, 2)
     jobs = [(f"{name} | seed={seed}", replace(base, seed=seed, **change), False)
             for name, change in chosen.items() for seed in seeds]
     outcomes = run_jobs(jobs, processes)
@@ -166,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
                              "finney's cadence, seeds 0-2")
     parser.add_argument("--lever", action="append", default=None, metavar="NAME",
                         help="with --levers: only this lever (repeat for several; the names are LEVERS' keys)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="with --levers: the seeds (0 1 2)")
     parser.add_argument("--out", type=Path, default=None,
                         help="with --levers: the results file (default: subnet_sim_refit_levers[_TAG].json)")
     parser.add_argument("--spread", action="store_true",
@@ -176,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.spread:
         return spread(units_file)
     if args.levers:
-        return levers(args.processes, units_file, args.tag, args.lever, args.out)
+        return levers(args.processes, units_file, args.tag, args.lever, args.out, tuple(args.seeds))
     if args.fit:
         fitted = fit_from_evaluations(args.fit, FIT_SOURCE + (f" ({args.tag})" if args.tag else ""))
         units_file.write_text(json.dumps(fitted, separators=(",", ":")) + "\n")

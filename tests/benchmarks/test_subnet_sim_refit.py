@@ -17,8 +17,9 @@ def test_only_the_named_levers_run_and_an_unknown_name_is_refused(tmp_path: Path
 
     def run_jobs(jobs, processes):  # the simulation itself is subnet_sim's (tests/benchmarks elsewhere)
         ran.extend(label for label, _, _ in jobs)
-        metrics = {"honest_max_over_min": 1.2, "agreement_mean": 0.9, "moredata_over_honest": 1.4,
-                   "newcomer_honest_median_windows": 60, "newcomer_first_weight_windows": 40,
+        metrics = {"honest_max_over_min": 1.2, "honest_p90_over_p10": 1.05, "agreement_mean": 0.9,
+                   "moredata_over_honest": 1.4, "newcomer_honest_median_windows": 60,
+                   "newcomer_honest_median_windows_worst": 90, "newcomer_first_weight_windows": 40,
                    "newcomer_first_pay_over_median": 1.0, "weight_by_strategy": {}}
         return {label: SimpleNamespace(metrics=metrics) for label, _, _ in jobs}
 

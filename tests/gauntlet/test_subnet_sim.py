@@ -119,6 +119,15 @@ def test_epochs_read_the_weights_last_submitted(monkeypatch) -> None:
     assert np.array_equal(held[0], live[0]) and np.array_equal(held[5], live[5])
 
 
+def test_the_validators_submit_when_production_does_counted_back_from_each_epoch() -> None:
+    """At finney's cadence (an epoch every 51 windows, here at 102 and 153; weights every 15) the simulator
+    submits with production's `WeightsCadence`: the epoch at 153 reads the book of window 151."""
+    cfg = replace(subnet_sim.SimConfig(), tempo_windows=51, weights_windows=15)
+    assert [w for w in range(102, 153) if subnet_sim.weights_cadence(cfg).due(w)] == [121, 136, 151]
+    before = replace(cfg, weights_at_epochs=False)
+    assert [w for w in range(102, 153) if subnet_sim.weights_cadence(before).due(w)] == [105, 120, 135, 150]
+
+
 def test_the_weighed_windows_candidate_counts_a_noisy_window_less() -> None:
     """`WeighedWindowsBook` (simulator-only) and the production `ScoreBook` see the same relative
     LossScores; after a calm window and a noisy one, production's mean moves by the EMA's weight,

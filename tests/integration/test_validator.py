@@ -15,9 +15,10 @@ from templar.gauntlet import ScoreBook
 from templar.localnet.adversaries import Late, Lazy, SignFlip
 from templar.miner.hooks import MinerHooks
 from templar.miner.loop import Miner
-from templar.runtime.records import SCORES_FILE, read_records
+from templar.runtime.records import SCORES_FILE, WEIGHTS_FILE, read_records
 from templar.validator.loop import Validator
 from templar.validator.state import BOOK_FILE
+from templar.validator.weights import WeightsCadence
 
 from .harness import MICRO_GAUNTLET_1K_PRESET, NETUID, Subnet
 
@@ -65,9 +66,9 @@ def test_validator_scores_weights_publishes_and_resumes(tmp_path):
         await v2.start()
         assert v2.book == book_before
         await v2.node.aclose()
-        return first, hotkeys, book_before, peers, agg, ckpt, v.state
+        return first, hotkeys, book_before, peers, agg, ckpt, v.state, v.hp.windows
 
-    first, hotkeys, book, peers, agg, ckpt, state = run_virtual(scenario())
+    first, hotkeys, book, peers, agg, ckpt, state, windows = run_virtual(scenario())
     records = [r for r in read_records(subnet.root / "nodes" / "lead" / SCORES_FILE)]
     last = {r["hotkey"]: r for r in records if r["window"] == first + 6}
     weights = {name: last[hk]["weight"] for name, hk in hotkeys.items()}
@@ -102,6 +103,12 @@ def test_validator_scores_weights_publishes_and_resumes(tmp_path):
     assert lead_uid in on_chain
     honest_uids = {subnet.wallets["honest"].uid, subnet.wallets["honest2"].uid}
     assert max(on_chain[lead_uid], key=on_chain[lead_uid].get) in honest_uids
+    # weights went in the windows counted back from the subnet's next epoch (`WeightsCadence`), not from window 0
+    cadence = WeightsCadence(every=windows.windows_per_weights, blocks_per_window=windows.blocks_per_window,
+                             netuid=NETUID, tempo=chain.weights_settings().tempo)
+    due = {w for w in range(first, first + 7) if cadence.due(w)}
+    attempted = {r["window"] for r in read_records(subnet.root / "nodes" / "lead" / WEIGHTS_FILE)}
+    assert cadence.tempo > 0 and max(due) in attempted and attempted <= due, (attempted, due)
 
 
 BASELINES = {"groups": ({"proof_baseline": "groups", "proof_baseline_groups": 3}, ("honest", "honest2")),

@@ -66,7 +66,9 @@ def test_every_refusal_is_told_once_retried_and_recorded(tmp_path):
         outcomes["hopeless"] = await setter.submit(w + 12, weights, uids)
         await setter.task
         gave_up_at = node.clock.now()
-        deadline = node.clock.times(w + 14).gather_start
+        cadence = await setter.cadence()
+        assert cadence.tempo == node.chain.weights_settings().tempo > 0, "the cadence aims at the subnet's epochs"
+        deadline = node.clock.times(cadence.next_due(w + 12)).gather_start
         store.close()
         await node.aclose()
         node.chain.close()

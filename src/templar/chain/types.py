@@ -58,6 +58,15 @@ class WeightsSettings:
     tempo: int
 
 
+def next_epoch_block(block: int, netuid: int, tempo: int) -> int | None:
+    """The first block at or after `block` at which the chain runs subnet `netuid`'s Yuma epoch
+    (subtensor's rule: (b + netuid + 1) % (tempo + 1) == 0, so subnets' epochs are staggered);
+    None when `tempo` is 0 (no epochs). Weights count in an epoch only if they landed before it."""
+    if tempo <= 0:
+        return None
+    return block + (-(block + netuid + 1)) % (tempo + 1)
+
+
 class _Staked(Protocol):
     @property
     def uid(self) -> int: ...

@@ -436,9 +436,10 @@ class Validator:
         self.sync.record(self.state.window, self.state.global_step)
 
     async def set_weights(self, work: ValidatorWindow) -> None:
-        """Every `windows_per_weights` scored windows: first attempt now; refusals are told and
-        retried in the background (`validator.weights`)."""
-        if work.evaluate and work.window % self.hp.windows.windows_per_weights == 0:
+        """When the cadence says (every `windows_per_weights` windows, counted back from each epoch:
+        `validator.weights.WeightsCadence`): first attempt now; refusals are told and retried in the
+        background (`validator.weights`)."""
+        if work.evaluate and await self.weights.due(work.window):
             assert work.scores is not None
             work.weights_set = await self.weights.submit(work.window, work.scores.weights, dict(work.miners))
 

@@ -33,7 +33,7 @@ import contextlib
 from dataclasses import dataclass, field
 
 from templar.chain import ChainError, NotRegistered, RateLimited
-from templar.chain.types import Refused
+from templar.chain.types import Refused, next_epoch_block
 from templar.core.log import context
 from templar.runtime.node import Node
 from templar.runtime.records import WEIGHTS_FILE, WeightsRecord, append_record
@@ -49,6 +49,60 @@ NEXT_STEP = {
     "stale_metagraph": "re-reading the metagraph and resolving hotkeys to uids again",
     "error": "backing off",
 }
+
+
+SUBMIT_LAG_WINDOWS = 2
+"""A window's weights are computed after its gather and evaluation, so they reach the chain during the
+next window: they surely count in an epoch whose block lies at least two windows on."""
+
+
+@dataclass(frozen=True)
+class WeightsCadence:
+    """When a validator submits its weights: every `every` windows (`windows_per_weights`, which the
+    subnet's rate limit bounds), counted back from each Yuma epoch.
+
+    An epoch reads the weights each validator last submitted, so what the chain pays until the next
+    epoch is the book as it stood at that submission. Counted from window 0 (the rule before), the
+    submission an epoch reads was up to `every` windows old when the epoch ran: a newcomer evaluated
+    in those windows, or a copycat caught in them, waited a whole tempo more. Counted back from the
+    epoch, the last submission before it carries the book of `SUBMIT_LAG_WINDOWS` windows earlier.
+    The submissions in between stay `every` windows apart, and the first after an epoch is at least
+    `every` windows after the last before it, so the rate limit is met as before. Without a tempo
+    (0: the chain runs no epochs) or with epochs closer than `every` windows there is nothing to aim
+    at, and weights go every `every` windows from window 0.
+
+    Only the timing of a submission changes, never the weights: this is no consensus rule.
+    """
+
+    every: int
+    blocks_per_window: int
+    netuid: int
+    tempo: int
+
+    def due(self, window: int) -> bool:
+        """Whether the weights computed in `window` are submitted."""
+        bounds = self._aim(window)
+        if bounds is None:
+            return window % self.every == 0
+        last, previous = bounds  # last − previous ≥ every: epochs are at least `every` windows apart (`_aim`)
+        return (last - window) % self.every == 0 and window - previous >= self.every
+
+    def next_due(self, window: int) -> int:
+        """The first window after `window` whose weights are submitted (a retry's deadline)."""
+        horizon = window + self.every + (self.tempo + 1) // max(1, self.blocks_per_window) + SUBMIT_LAG_WINDOWS + 1
+        return next((w for w in range(window + 1, horizon + 1) if self.due(w)), window + self.every)
+
+    def _aim(self, window: int) -> tuple[int, int] | None:
+        """(the last window whose weights reach the first epoch they can, the same window of the epoch
+        before), or None when there is no epoch to aim at."""
+        per_window = max(1, self.blocks_per_window)
+        if self.tempo <= 0 or self.tempo + 1 < self.every * per_window:
+            return None
+        epoch = next_epoch_block((window + SUBMIT_LAG_WINDOWS) * per_window, self.netuid, self.tempo)
+        assert epoch is not None
+        last = epoch // per_window - SUBMIT_LAG_WINDOWS
+        previous = (epoch - self.tempo - 1) // per_window - SUBMIT_LAG_WINDOWS
+        return last, previous
 
 
 def refusal_reason(exc: ChainError) -> str:
@@ -78,6 +132,29 @@ class WeightSetter:
         self.task: asyncio.Task | None = None
         self.last_set_window: int | None = None
         self._ended_by = ""
+        self._tempo: int | None = None
+        """The subnet's tempo, read once (`cadence`); None until a read succeeds."""
+        self._tempo_told = False
+
+    async def cadence(self) -> WeightsCadence:
+        """When weights are due (`WeightsCadence`), from the subnet's tempo, read from the chain once.
+        Until a read succeeds (the chain did not answer), weights go every `windows_per_weights` windows
+        from window 0, as with no epochs, and the next window asks again."""
+        if self._tempo is None:
+            try:
+                self._tempo = (await asyncio.to_thread(self.node.chain.weights_settings)).tempo
+            except ChainError as exc:
+                if not self._tempo_told:
+                    self._tempo_told = True
+                    context(phase="weights").warning(f"could not read the subnet's tempo ({exc}); weights go "
+                                                     "every windows_per_weights windows until it is read")
+        windows = self.node.hp.windows
+        return WeightsCadence(every=windows.windows_per_weights, blocks_per_window=windows.blocks_per_window,
+                              netuid=self.node.chain.netuid, tempo=self._tempo or 0)
+
+    async def due(self, window: int) -> bool:
+        """Whether the weights computed in `window` are submitted (`WeightsCadence.due`)."""
+        return (await self.cadence()).due(window)
 
     # -- the validator's side -----------------------------------------------------------------
 
@@ -100,8 +177,7 @@ class WeightSetter:
             log.info(f"shadow mode: weights for {len(positive)} uids computed, not set (top: "
                      + ", ".join(f"uid {uids[hk]} {w:.3f}" for hk, w in top) + ")")
             return False
-        every = self.node.hp.windows.windows_per_weights
-        next_weights = (window // every + 1) * every
+        next_weights = (await self.cadence()).next_due(window)
         deadline = self.node.clock.times(next_weights).gather_start
         current = _Round(window=window, weights=positive, deadline=deadline, uids=dict(uids))
         delay = await self._attempt(current)

@@ -24,6 +24,7 @@ import sqlite3
 import numpy as np
 
 from templar.chain.embedded import store, yuma
+from templar.chain.types import next_epoch_block
 
 EMISSION_PER_BLOCK = store.RAO_PER_TAO
 """Alpha emitted into the subnet per block on the embedded chain (1 alpha; finney varies)."""
@@ -34,7 +35,7 @@ COLUMNS = ("stake", "consensus", "incentive", "dividends", "trust", "validator_t
 
 
 def is_epoch_block(block: int, netuid: int, tempo: int) -> bool:
-    return tempo > 0 and (block + netuid + 1) % (tempo + 1) == 0
+    return next_epoch_block(block, netuid, tempo) == block
 
 
 def due_epochs(last: int, block: int, netuid: int, tempo: int) -> list[int]:
@@ -42,7 +43,8 @@ def due_epochs(last: int, block: int, netuid: int, tempo: int) -> list[int]:
     if tempo <= 0 or block <= last:
         return []
     period = tempo + 1
-    newest = block - (block + netuid + 1) % period
+    newest = next_epoch_block(block - tempo, netuid, tempo)  # the last epoch block at or before `block`
+    assert newest is not None
     out = []
     b = newest
     while b > last and len(out) < MAX_CATCH_UP:
