@@ -42,6 +42,8 @@ from templar.core.config import load_hparams
 FAIR_TARGET = 1.5
 """Fair pay's target for identical honest miners' max/min (docs/scoring.md §11): the share of the
 simulator's seeds within it is the chance that one localnet of that shape meets it."""
+MOREDATA_TARGET = 1.3
+"""Twice the pages, trained, earns at least this many times the honest median (docs/scoring.md §4)."""
 
 
 def localnet_mix(run: Path, evaluated: set[str]) -> tuple[tuple[str, int], ...]:
@@ -122,6 +124,8 @@ def residuals(runs: list[Path], preset: str, sims: int, rules: tuple[tuple[str, 
                 "simulator_p10_p90": [deciles[0], deciles[-1]],
                 "simulator_at_or_below_localnet": sum(v <= measured[key] for v in values) / len(values),
                 "residual": measured[key] - median}
+        rows[run.name]["moredata_over_honest"]["simulator_at_least_target"] = (
+            sum(s["moredata_over_honest"] >= MOREDATA_TARGET for s in sim) / len(sim))
         rows[run.name]["per_token_over_weakest_honest"] = {
             strategy: {"simulator_median": statistics.median(values), "simulator_max": max(values),
                        "simulator_above_weakest_honest": sum(v > 1.0 for v in values) / len(values)}
@@ -134,7 +138,9 @@ def residuals(runs: list[Path], preset: str, sims: int, rules: tuple[tuple[str, 
               f"{h['simulator_at_or_below_localnet']:.0%} of {sims} seeds at or below, "
               f"{h['simulator_within_target']:.0%} within {FAIR_TARGET}×) | moredata/honest localnet "
               f"{rows[run.name]['moredata_over_honest']['localnet']:.2f}, simulator "
-              f"{rows[run.name]['moredata_over_honest']['simulator_median']:.2f}", flush=True)
+              f"{rows[run.name]['moredata_over_honest']['simulator_median']:.2f} "
+              f"({rows[run.name]['moredata_over_honest']['simulator_at_least_target']:.0%} of seeds at least "
+              f"{MOREDATA_TARGET}×)", flush=True)
         print("    per token over the weakest honest miner (simulator median, max, share of seeds above 1): " + ", ".join(
             f"{k} {v['simulator_median']:.2f} {v['simulator_max']:.2f} {v['simulator_above_weakest_honest']:.0%}"
             for k, v in rows[run.name]["per_token_over_weakest_honest"].items()), flush=True)
