@@ -4,13 +4,16 @@ and never closer together than the rate limit allows."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
+from types import SimpleNamespace
 
 import pytest
 
+from templar.chain import ChainError
 from templar.chain.embedded.epochs import is_epoch_block
 from templar.chain.types import next_epoch_block
-from templar.validator.weights import SUBMIT_LAG_WINDOWS, WeightsCadence
+from templar.validator.weights import SUBMIT_LAG_WINDOWS, WeightsCadence, WeightSetter
 
 FINNEY = dict(every=15, blocks_per_window=7, tempo=360)  # 84 s windows, 100-block rate limit, 360-block tempo
 
@@ -56,3 +59,41 @@ def test_the_next_due_window_is_the_retry_deadline():
     due = due_windows(cadence, 600)
     for window in range(0, 560):
         assert cadence.next_due(window) == min(w for w in due if w > window)
+
+
+class _Chain:
+    """The two things the cadence reads from the chain: the subnet's tempo (or a refusal) and its netuid."""
+
+    netuid = 3
+
+    def __init__(self) -> None:
+        self.tempo: int | None = None  # None: the chain does not answer
+        self.reads = 0
+
+    def weights_settings(self):
+        self.reads += 1
+        if self.tempo is None:
+            raise ChainError("no answer")
+        return SimpleNamespace(tempo=self.tempo)
+
+
+def test_the_validator_reads_the_tempo_once_every_weights_window_and_keeps_the_last_one_read():
+    chain = _Chain()
+    windows = SimpleNamespace(windows_per_weights=15, blocks_per_window=7)
+    setter = WeightSetter(SimpleNamespace(chain=chain, hp=SimpleNamespace(windows=windows)))
+
+    async def scenario() -> list[WeightsCadence]:
+        seen = [await setter.cadence(100)]  # no answer: every 15 windows from window 0
+        chain.tempo = 360
+        seen += [await setter.cadence(101), await setter.cadence(110)]  # read at 101, not again at 110
+        chain.tempo = None
+        seen.append(await setter.cadence(116))  # due for a read, no answer: keeps 360
+        chain.tempo = 99
+        seen.append(await setter.cadence(117))  # the owner changed it: read again
+        return seen
+
+    seen = asyncio.run(scenario())
+    assert [c.tempo for c in seen] == [0, 360, 360, 360, 99]
+    assert chain.reads == 4  # at 100, 101, 116 and 117
+    assert [w for w in range(100, 160) if seen[0].due(w)] == [105, 120, 135, 150]
+    assert seen[1] == WeightsCadence(netuid=3, **FINNEY)

@@ -133,28 +133,36 @@ class WeightSetter:
         self.last_set_window: int | None = None
         self._ended_by = ""
         self._tempo: int | None = None
-        """The subnet's tempo, read once (`cadence`); None until a read succeeds."""
+        """The subnet's tempo as last read (`cadence`); None until a read succeeds."""
+        self._tempo_window: int | None = None
+        """The window of that read."""
         self._tempo_told = False
 
-    async def cadence(self) -> WeightsCadence:
-        """When weights are due (`WeightsCadence`), from the subnet's tempo, read from the chain once.
-        Until a read succeeds (the chain did not answer), weights go every `windows_per_weights` windows
-        from window 0, as with no epochs, and the next window asks again."""
-        if self._tempo is None:
+    async def cadence(self, window: int | None = None) -> WeightsCadence:
+        """When weights are due (`WeightsCadence`), from the subnet's tempo: read from the chain at the
+        first call and again once every `windows_per_weights` windows (`window`: the caller's), since the
+        subnet's owner may change it. A failed read keeps the tempo read before; with none yet, weights go
+        every `windows_per_weights` windows from window 0, as with no epochs, and the next call asks again."""
+        windows = self.node.hp.windows
+        every = windows.windows_per_weights
+        if self._tempo is None or (window is not None and (self._tempo_window is None
+                                                           or window - self._tempo_window >= every)):
             try:
                 self._tempo = (await asyncio.to_thread(self.node.chain.weights_settings)).tempo
+                self._tempo_window = window
             except ChainError as exc:
                 if not self._tempo_told:
                     self._tempo_told = True
-                    context(phase="weights").warning(f"could not read the subnet's tempo ({exc}); weights go "
-                                                     "every windows_per_weights windows until it is read")
-        windows = self.node.hp.windows
-        return WeightsCadence(every=windows.windows_per_weights, blocks_per_window=windows.blocks_per_window,
+                    context(phase="weights").warning(f"could not read the subnet's tempo ({exc}); "
+                                                     + ("keeping the last one read" if self._tempo is not None
+                                                        else "weights go every windows_per_weights windows "
+                                                        "until it is read"))
+        return WeightsCadence(every=every, blocks_per_window=windows.blocks_per_window,
                               netuid=self.node.chain.netuid, tempo=self._tempo or 0)
 
     async def due(self, window: int) -> bool:
         """Whether the weights computed in `window` are submitted (`WeightsCadence.due`)."""
-        return (await self.cadence()).due(window)
+        return (await self.cadence(window)).due(window)
 
     # -- the validator's side -----------------------------------------------------------------
 
@@ -177,7 +185,7 @@ class WeightSetter:
             log.info(f"shadow mode: weights for {len(positive)} uids computed, not set (top: "
                      + ", ".join(f"uid {uids[hk]} {w:.3f}" for hk, w in top) + ")")
             return False
-        next_weights = (await self.cadence()).next_due(window)
+        next_weights = (await self.cadence(window)).next_due(window)
         deadline = self.node.clock.times(next_weights).gather_start
         current = _Round(window=window, weights=positive, deadline=deadline, uids=dict(uids))
         delay = await self._attempt(current)
