@@ -74,9 +74,9 @@ ALLOWED: dict[str, str] = {
     "runtime/consensus/windows.py:STOP_CHECKPOINT_SECONDS": "a stopping lead's allowance for its checkpoint upload in the "
                                                  "stop timeout: how long a node may take to exit, not what counts",
     # ---- bounds of persisted state and memory, above anything a 256-uid subnet produces
-    "gauntlet/book.py:SCHEMA_VERSION": "version of the score book's file format",
-    "gauntlet/book.py:MAX_POOL": "schema bound of a pool record: a subnet has at most 256 uids",
-    "gauntlet/book.py:Hotkey": "schema bound of a hotkey's length",
+    "gauntlet/records.py:SCHEMA_VERSION": "version of the score book's file format",
+    "gauntlet/records.py:MAX_POOL": "schema bound of a pool record: a subnet has at most 256 uids",
+    "gauntlet/records.py:Hotkey": "schema bound of a hotkey's length",
     "validator/base.py:BaseKeeper.KEEP": "measured steps kept in memory; a base is at most two windows old, so an "
                                          "older measurement is never looked up",
     "validator/replays.py:MAX_DIGESTS_PER_WINDOW": "memory bound per window, far above any gather (256 uids)",

@@ -102,6 +102,7 @@ def score_window(book: ScoreBook, window: int, idx: int, nodes: list[NodeInfo], 
         book.record_primary(g, results)
     weights = book.weights(g)
     top = book.top_g(g)
+    paid = book.paid_mus(g)
     for hotkey in sorted(book):
         rec = book.peers[hotkey]
         status, sync = verdicts.get(hotkey, ("not-sampled", None))
@@ -110,7 +111,7 @@ def score_window(book: ScoreBook, window: int, idx: int, nodes: list[NodeInfo], 
             window=window, hotkey=hotkey, uid=rec.uid, status=status, evaluated=res is not None,
             sync_steps=sync, delta_assigned=res.delta_assigned if res else None,
             delta_rand=res.delta_rand if res else None, mu=rec.mu, rating=rec.loss_rating, score=rec.score,
-            weight=weights.get(hotkey, 0.0), in_top_g=hotkey in top))
+            weight=weights.get(hotkey, 0.0), in_top_g=hotkey in top, paid_mu=paid[hotkey]))
     append_record(state_dir / VALIDATOR_WINDOWS_FILE, ValidatorWindowRecord(
         window=window, global_step=idx, learning_rate=hp.optimizer.learning_rate * min(1.0, (idx + 1) / 2),
         holdout_loss=loss, peers_aggregated=min(len(top), 4), gathered=len(verdicts), evaluated=len(results),

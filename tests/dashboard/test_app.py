@@ -39,14 +39,16 @@ def test_pages_render_the_run_and_the_api_matches_the_score_book(run: Run, dashb
         assert p["uid"] == book[p["hotkey"]]["uid"]
         assert p["weight"] == pytest.approx(book[p["hotkey"]]["weight"])
         assert p["mu"] == pytest.approx(book[p["hotkey"]]["mu"])
+        assert p["paid_mu"] is not None  # μ̃, what the score reads (`ScoreBook.paid_mus`)
     summary = json.loads(get(dashboard.url + "api/summary")[2])
     assert summary["chain"]["lead"]["uid"] == run.node("validator0").uid and summary["problems"] == []
     assert summary["current_window"] >= run.last_window
     lazy = run.node("lazy0").hotkey
     for path, must in (("", ["Held-out loss", "Validator agreement", "Top-G now", "Weight setting", "priority_too_low",
                              "retrying in 1s", f"set w{run.last_window - run.last_window % 2}"]),
-                       ("peers", ["miner0", "copycat0", "late0", "δ assigned", "1 hotkey without a bucket not shown"]),
-                       (f"peers/{lazy}", ["no proof of its assigned work", "miner / lazy"]),
+                       ("peers", ["miner0", "copycat0", "late0", "δ assigned", "μ̃ (paid)",
+                                  "1 hotkey without a bucket not shown"]),
+                       (f"peers/{lazy}", ["no proof of its assigned work", "miner / lazy", "μ · μ̃ (paid) · rating"]),
                        ("miners", ["miner3", "tok/s", "busy", "the GPU's compute utilisation"]), ("miners/miner0", ["[SYNC] Active", "Upload size", "Busy: training; overhead"])):
         status, headers, html = get(dashboard.url + path)
         assert status == 200, path

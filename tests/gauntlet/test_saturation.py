@@ -134,3 +134,22 @@ def test_a_failed_fast_evaluation_bites_a_peer_inside_the_band() -> None:
     plain.record_fast_eval(off, "honest0", passed=False, status="desync")
     assert plain.peers["honest0"].mu == RULES.fast_eval_penalty * mu  # without the band: φ·μ, as always
     assert math.isfinite(book.peers["honest0"].mu)
+
+
+def test_the_paid_mu_an_operator_reads_is_the_one_the_score_reads() -> None:
+    """`ScoreBook.paid_mus` (μ̃, the records' `paid_mu`): identical miners with different stored μs read the
+    paid level, a quarter of the work reads far less, and each peer's score is PeerScore of its μ̃."""
+    from templar.gauntlet.scores import peer_score
+
+    miners = {**{f"honest{i}": 1.0 for i in range(8)}, "thin": 0.25}
+    book = _book(RULES, miners, windows=24, noise=3 * GAP, evaluated=5)
+    paid = book.paid_mus(RULES)
+    level, _ = book._paid_levels(RULES)
+    stored = {book.peers[f"honest{i}"].mu for i in range(8)}
+    assert len(stored) > 1 and {paid[f"honest{i}"] for i in range(8)} == {level}
+    assert paid["thin"] < 0.25 * level
+    for hotkey, record in book.peers.items():
+        assert record.score == pytest.approx(peer_score(paid[hotkey], book.loss_rating(RULES, hotkey)))
+    off = RULES.model_copy(update={"mu_tie_band": 0.0})  # no band: the μ read, start-up bias removed
+    assert book.paid_mus(off) == {hk: ramped_mu(r.mu, r.primary_evals, off.mu_gamma, off.mu_prior_evals)
+                                  for hk, r in book.peers.items()}

@@ -71,6 +71,9 @@ def test_validator_scores_weights_publishes_and_resumes(tmp_path):
     first, hotkeys, book, peers, agg, ckpt, state, windows = run_virtual(scenario())
     records = [r for r in read_records(subnet.root / "nodes" / "lead" / SCORES_FILE)]
     last = {r["hotkey"]: r for r in records if r["window"] == first + 6}
+    # every record says the μ the score read (μ̃) beside the stored μ: pay follows the first
+    assert all(r["paid_mu"] is not None for r in records)
+    assert last[hotkeys["honest"]]["paid_mu"] > 0 and last[hotkeys["lazy"]]["paid_mu"] < last[hotkeys["honest"]]["paid_mu"]
     weights = {name: last[hk]["weight"] for name, hk in hotkeys.items()}
     # the harness's secret: honest 0.48 and 0.49, lazy 0.026, the others 0. Over 13 random secrets (2026-11-30):
     # honest 0.42-0.57 each, lazy 0-0.058 (CI once drew 0.058), the others 0: a lazy miner, trained on other

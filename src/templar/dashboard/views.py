@@ -358,19 +358,20 @@ def peers(board: Board, vname: str | None) -> str:
             f"{td(num(r.sync_steps, '.2f'), r.sync_steps, 'num opt')}"
             f"{td(num(r.delta_assigned, '+.4f'), r.delta_assigned, 'num opt')}"
             f"{td(num(r.delta_rand, '+.4f'), r.delta_rand, 'num opt')}"
-            f"{td(num(r.mu, '+.3f'), r.mu, 'num opt')}{td(num(r.rating, '.2f'), r.rating, 'num opt')}"
+            f"{td(num(r.mu, '+.3f'), r.mu, 'num opt')}{td(num(r.paid_mu, '+.3f'), r.paid_mu, 'num opt')}"
+            f"{td(num(r.rating, '.2f'), r.rating, 'num opt')}"
             f"{td(num(r.score, '.3f'), r.score, 'num')}{td(num(r.weight, '.3f'), r.weight, 'num')}"
             f'<td data-v="{1 if r.in_top_g else 0}" class="c">{top}</td>'
             f"<td class=opt>{sparkline(weights, label=f'weight of uid {r.uid}, last {len(weights)} windows', lo=0)}</td>"
             f"{td(num(neuron.stake, ',.0f') if neuron else '–', neuron.stake if neuron else None, 'num opt')}</tr>")
     cols = [("uid", "num"), ("peer", "text"), ("status", "none"), ("sync", "num"), ("δ assigned", "num"),
-            ("δ rand", "num"), ("μ", "num"), ("rating", "num"), ("score", "num"), ("weight", "num"),
-            ("top-G", "num"), ("weight history", "none"), ("stake τ", "num")]
+            ("δ rand", "num"), ("μ", "num"), ("μ̃ (paid)", "num"), ("rating", "num"), ("score", "num"),
+            ("weight", "num"), ("top-G", "num"), ("weight history", "none"), ("stake τ", "num")]
     window = v.table_window()
     parts.append(f'<section class="panel"><h2>Peers <small>{escape(v.name)}\'s view, window '
                  f'{num(window, "d")} · {len(rows)} peers{_hidden_note(hidden)} · click a header to sort</small></h2>'
                  f'{STRIP_LEGEND}'
-                 f'{table(cols, rows, tid="peers", empty="no peer scored yet", optional=frozenset({3, 4, 5, 6, 7, 11, 12}))}'
+                 f'{table(cols, rows, tid="peers", empty="no peer scored yet", optional=frozenset({3, 4, 5, 6, 7, 8, 12, 13}))}'
                  "</section>")
     return "".join(parts)
 
@@ -452,8 +453,8 @@ def peer(board: Board, hotkey: str, vname: str | None) -> str | None:
         ("hotkey", f"<code>{escape(hotkey)}</code>"),
         ("role / strategy", escape(f"{node.role} / {node.strategy}") if node else "–"),
         ("status now", badge(last.status) + f" {escape(meaning(last.status))}" if last else "–"),
-        ("μ · rating · score", f"{num(last.mu, '+.3f')} · {num(last.rating, '.2f')} · {num(last.score, '.3f')}"
-         if last else "–"),
+        ("μ · μ̃ (paid) · rating · score", f"{num(last.mu, '+.3f')} · {num(last.paid_mu, '+.3f')} · "
+         f"{num(last.rating, '.2f')} · {num(last.score, '.3f')}" if last else "–"),
         ("weight (this validator)", num(last.weight, ".4f") if last else "–"),
         ("in top-G", ("yes" if last.in_top_g else "no") if last else "–"),
     ]

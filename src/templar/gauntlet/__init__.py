@@ -3,8 +3,8 @@
 Read in this order: `scores` (the paper's equations), `rating` (OpenSkill LossRating),
 `selection` (who is evaluated each window), `duplicates` (copy detection), `borrowed` (copies
 of earlier windows' public work), `extra_work` (declared pages and the paid level), `saturation` (μ
-read against that level), `book` (state),
-`window` (one window's draws and scoring, the steps the validator and the simulator share). Fast
+read against that level), `records` (what the book remembers), `book` (the state the rules
+update), `window` (one window's draws and scoring, the steps the validator and the simulator share). Fast
 evaluation's typed verdict is `templar.core.verdicts` (re-exported here), so that record readers
 (the dashboard, the metrics) know what a status means without importing torch.
 No model code and no I/O here except `ScoreBook.save`/`load`; the validator computes losses.

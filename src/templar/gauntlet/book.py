@@ -5,10 +5,8 @@ The book is state only: every method that scores takes the run's rules (`HParams
 the same rules, and no rule is remembered in the book or read from a module constant.
 
 The book is keyed by hotkey, not uid: uids are recycled when a hotkey deregisters, and a new
-hotkey on an old uid must never inherit its predecessor's μ or rating. All state is plain
-floats and ints; the JSON form (schema `SCHEMA_VERSION`) round-trips exactly (floats are
-written as their shortest repr). It is standard JSON except that an infinite sync score is
-written as `Infinity`, which Python's `json` and pydantic read back.
+hotkey on an old uid must never inherit its predecessor's μ or rating. Its records and its file's
+schema are `templar.gauntlet.records`.
 """
 
 from __future__ import annotations
@@ -19,9 +17,8 @@ from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from types import MappingProxyType
-from typing import Annotated, Literal, NamedTuple
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import ValidationError
 
 from templar.core.atomic import atomic_write
 from templar.core.config import HISTORY_LIMIT, GauntletConfig
@@ -37,14 +34,13 @@ from templar.gauntlet.extra_work import (
     work_factor,
 )
 from templar.gauntlet.rating import (
-    DEFAULT_RATING,
-    loss_rating,
     rate_match,
     relative_loss_scores,
     relative_rating,
     relative_spread,
     update_relative,
 )
+from templar.gauntlet.records import MAX_POOL, BookFile, PeerRecord, PrimaryResult, ScoreBookError
 from templar.gauntlet.saturation import penalised_read, saturated_mu, unramped_mu
 from templar.gauntlet.scores import (
     normalise,
@@ -58,121 +54,7 @@ from templar.gauntlet.scores import (
 )
 from templar.gauntlet.scores import top_g as select_top_g
 
-SCHEMA_VERSION = 1
-MAX_POOL = 256
-"""The most hotkeys one pool record holds: a subnet has at most 256 uids (a bound of the schema)."""
-
-Hotkey = Annotated[str, Field(min_length=1, max_length=64)]
-Finite = Annotated[float, Field(allow_inf_nan=False)]
-
-
-class ScoreBookError(ValueError):
-    """A persisted ScoreBook is unreadable or fails its schema; the message names the file and field."""
-
-
-class PrimaryResult(NamedTuple):
-    """One peer's primary evaluation in a window (Algorithm 1): LossScore on D_t^p and D_t^rand."""
-
-    delta_assigned: float
-    delta_rand: float
-    pages: tuple[float, ...] = ()
-    """δ of each evaluated assigned page on its own (empty: judge the mean only); see `page_credit`."""
-    sequences: tuple[float, ...] = ()
-    """δ of each evaluated assigned sequence (empty: judge the pages); see `size_credit`."""
-    work: float = 1.0
-    """The work the payload declared, in units of the assigned work ((A + K) / A, `declared_work`)."""
-    declared_units: int = 0
-    """How many of `sequences` (the last ones) are units of declared pages (`extra_work.class_credits`)."""
-    random_units: tuple[float, ...] = ()
-    """δ of each unit of the random pages (`extra_work.dilution_multiple`: the evaluation's noise per unit)."""
-
-
-class PeerRecord(BaseModel):
-    """Everything the validator remembers about one hotkey.
-
-    Mutable in memory (the book's methods update it in place); revalidated whenever the book is
-    serialised, so a record corrupted in memory fails `to_json` instead of writing a file that
-    `load` would refuse.
-    """
-
-    model_config = ConfigDict(
-        extra="forbid", strict=True, ser_json_inf_nan="constants", revalidate_instances="always"
-    )
-
-    uid: int = Field(ge=0)
-    mu: float = Field(default=0.0, ge=-1.0, le=1.0, allow_inf_nan=False,
-                      description="proof-of-computation EMA μ_p (paper eq. 3); starts at 0")
-    rating: tuple[Finite, Annotated[float, Field(gt=0, allow_inf_nan=False)]] = Field(
-        default=DEFAULT_RATING, description="OpenSkill (mu, sigma)")
-    last_delta_assigned: float | None = Field(default=None, description="LossScore on D_t^p; may be -inf")
-    last_delta_rand: float | None = Field(default=None, description="LossScore on D_t^rand; may be -inf")
-    last_sync_steps: float | None = Field(default=None, ge=0.0, description="SyncScore in steps; may be +inf")
-    primary_evals: int = Field(default=0, ge=0)
-    last_primary_window: int | None = Field(default=None, ge=0,
-                                            description="window of the last primary evaluation (None: never)")
-    fast_eval_passes: int = Field(default=0, ge=0)
-    fast_eval_fails: int = Field(default=0, ge=0)
-    last_status: str = Field(default="new", min_length=1, max_length=64)
-    first_seen_window: int = Field(ge=0)
-    last_seen_window: int = Field(ge=0)
-    score: float = Field(default=0.0, ge=0.0, allow_inf_nan=False, description="PeerScore (eq. 4)")
-    weight: float = Field(default=0.0, ge=0.0, le=1.0, allow_inf_nan=False,
-                          description="x_p (eq. 5) from the last weights() call")
-    relative_delta: float = Field(default=1.0, ge=-1.0, le=4.0, allow_inf_nan=False,
-                                  description="EMA of δ_rand / median δ_rand of S_t (relative LossRating)")
-    relative_evals: int = Field(default=0, ge=0, description="evaluations in relative_delta")
-    declared: float = Field(default=0.0, ge=0.0, le=4096.0, allow_inf_nan=False,
-                            description="EMA over primary evaluations of the declared work beyond the assigned "
-                            "(w − 1, gauntlet.extra_work); starts at 0")
-    assigned_credit: float = Field(default=0.0, ge=-1.0, le=1.0, allow_inf_nan=False,
-                                   description="EMA of the proof credit on assigned pages' units (extra_work)")
-    assigned_credit_evals: int = Field(default=0, ge=0)
-    declared_credit: float = Field(default=0.0, ge=-1.0, le=1.0, allow_inf_nan=False,
-                                   description="EMA of the proof credit on declared pages' units (extra_work)")
-    declared_credit_evals: int = Field(default=0, ge=0)
-    pool: list[Hotkey] = Field(default_factory=list, max_length=MAX_POOL,
-                               description="hotkeys whose uploads shared work with this one (itself included)")
-    pool_window: int | None = Field(default=None, ge=0, description="window the pool was last seen sharing")
-
-    @field_validator("last_delta_assigned", "last_delta_rand", "last_sync_steps")
-    @classmethod
-    def _not_nan(cls, value: float | None) -> float | None:
-        if value is not None and math.isnan(value):
-            raise ValueError("must not be NaN")
-        return value
-
-    @model_validator(mode="after")
-    def _windows_ordered(self) -> PeerRecord:
-        if self.first_seen_window > self.last_seen_window:
-            raise ValueError("first_seen_window is after last_seen_window")
-        return self
-
-    @property
-    def loss_rating(self) -> float:
-        """LossRating_p (the rating's mu; see `rating.loss_rating` for why)."""
-        return loss_rating(self.rating)
-
-
-class _Schema(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, ser_json_inf_nan="constants")
-
-    version: Literal[1] = SCHEMA_VERSION
-    peers: dict[Hotkey, PeerRecord]
-    relative_noise: float = Field(default=0.0, ge=0.0, le=8.0, allow_inf_nan=False,
-                                  description="EMA of the windows' relative_spread (relative LossRating)")
-    relative_noise_windows: int = Field(default=0, ge=0, description="windows in relative_noise")
-    proof_gaps: list[tuple[Annotated[int, Field(ge=0)] | None, Finite]] = Field(
-        default_factory=list, max_length=HISTORY_LIMIT,
-        description="(window, own median proof gap) of the last windows, oldest first (typical_gap's history)")
-
-    @model_validator(mode="after")
-    def _uids_unique(self) -> _Schema:
-        seen: dict[int, str] = {}
-        for hotkey, record in self.peers.items():
-            if record.uid in seen:
-                raise ValueError(f"uid {record.uid} held by both {seen[record.uid]} and {hotkey}")
-            seen[record.uid] = hotkey
-        return self
+__all__ = ["PeerRecord", "PrimaryResult", "ScoreBook", "ScoreBookError", "window_loss_scale"]
 
 
 def window_loss_scale(results: Iterable[PrimaryResult]) -> float:
@@ -314,15 +196,27 @@ class ScoreBook:
                  levels: tuple[float | None, float | None] | None = None) -> None:
         """Set `record.score`; `levels`: `_paid_levels` when the caller already has them (one pass over
         the book for all of its peers instead of one each)."""
-        record.score = self._score(rules, record)
+        record.score = self._score(rules, record, **self._reading(rules, record, levels))
+
+    def _reading(self, rules: GauntletConfig, record: PeerRecord,
+                 levels: tuple[float | None, float | None] | None = None) -> dict[str, float | None]:
+        """How `_score` reads `record` against the book's paid levels: its caps (`extra_work_paid_cap`, a
+        declaring peer's) and μ's saturation level (`mu_tie_band`); {} when its score reads no level."""
         if not self._reads_levels(rules, record):
-            return
+            return {}
         mu_level, rating_level = levels if levels is not None else self._paid_levels(rules)
         tied = mu_level if rules.mu_tie_band > 0.0 else None
         if rules.extra_work_paid_cap and record.declared > 0.0 and mu_level is not None and rating_level is not None:
-            record.score = self._score(rules, record, mu_cap=mu_level, rating_cap=rating_level, mu_level=tied)
-        elif tied is not None:
-            record.score = self._score(rules, record, mu_level=tied)
+            return {"mu_cap": mu_level, "rating_cap": rating_level, "mu_level": tied}
+        return {"mu_level": tied} if tied is not None else {}
+
+    def paid_mus(self, rules: GauntletConfig) -> dict[str, float]:
+        """Each peer's μ as its PeerScore reads it (μ̃: start-up ramp, a declaring peer's cap, saturation at
+        the paid level): the proof pay follows, where the stored μ is the EMA behind it."""
+        levels = self._paid_levels(rules) if self._reads_levels(rules) else None
+        readings = {hotkey: self._reading(rules, record, levels) for hotkey, record in self._peers.items()}
+        return {hotkey: self._paid_mu(rules, record, readings[hotkey].get("mu_cap", math.inf),
+                                      readings[hotkey].get("mu_level")) for hotkey, record in self._peers.items()}
 
     def _paid_levels(self, rules: GauntletConfig) -> tuple[float | None, float | None]:
         """`paid_level` of the μ and of the LossRating PeerScore reads, over the peers that never declared
@@ -341,12 +235,17 @@ class ScoreBook:
                rating_cap: float = math.inf, mu_level: float | None = None) -> float:
         """PeerScore of `record`, its μ and LossRating read at most `mu_cap` and `rating_cap`
         (`extra_work_paid_cap`), its μ saturated at `mu_level` (`mu_tie_band`; None: as read)."""
-        mu = saturated_mu(min(self._read_mu(rules, record), mu_cap), mu_level, rules.mu_tie_band, rules.mu_exponent)
+        mu = self._paid_mu(rules, record, mu_cap, mu_level)
         # A pool's members split one member's score (docs/scoring.md §8): n hotkeys sharing one piece of work
         # earn n·(s/n)^c ≤ s^c of the normalisation, never more than one hotkey doing all of it.
         # Declared extra work, proven page class by page class, is paid as a power of its size (extra_work).
         work = work_factor(rules, self._trained(rules, record))
         return peer_score(mu, min(self._loss_rating(rules, record), rating_cap)) * work / max(1, len(record.pool))
+
+    @classmethod
+    def _paid_mu(cls, rules: GauntletConfig, record: PeerRecord, mu_cap: float, mu_level: float | None) -> float:
+        """μ̃: the read μ at most `mu_cap`, saturated at `mu_level` (`_score`'s arguments)."""
+        return saturated_mu(min(cls._read_mu(rules, record), mu_cap), mu_level, rules.mu_tie_band, rules.mu_exponent)
 
     @staticmethod
     def _trained(rules: GauntletConfig, record: PeerRecord) -> float:
@@ -567,14 +466,14 @@ class ScoreBook:
         """
         ordered = {hotkey: self._peers[hotkey] for hotkey in sorted(self._peers)}
         noise, windows = self.relative_noise
-        return _Schema(peers=ordered, relative_noise=noise, relative_noise_windows=windows,
+        return BookFile(peers=ordered, relative_noise=noise, relative_noise_windows=windows,
                        proof_gaps=list(self.proof_gaps)).model_dump_json(indent=1)
 
     @classmethod
     def from_json(cls, text: str | bytes) -> ScoreBook:
         """Parse and strictly validate; raise ScoreBookError naming the bad field."""
         try:
-            schema = _Schema.model_validate_json(text, strict=True)
+            schema = BookFile.model_validate_json(text, strict=True)
         except ValidationError as exc:
             problems = "; ".join(
                 f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['msg']}" for err in exc.errors()

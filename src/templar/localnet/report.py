@@ -45,6 +45,7 @@ def build_report(out: Path) -> dict:
             "trained_windows": sum(1 for r in own if int(r.get("tokens", 0)) > 0),
             "statuses": dict(Counter(r["status"] for r in history)),
             "final_mu": last["mu"] if last else 0.0,
+            "final_paid_mu": (last.get("paid_mu") if last else None) or 0.0,  # μ̃: what the score reads
             "final_rating": last["rating"] if last else 0.0,
             "final_weight": weight if node.role == "miner" else 0.0,
             "weight_history": [[r["window"], r["weight"]] for r in history],
@@ -71,12 +72,13 @@ def render_markdown(report: dict, nodes: list[NodeInfo]) -> str:
         first, last = windows[0], windows[-1]
         lines += [f"Windows {first['window']}–{last['window']} ({len(windows)} evaluated); held-out loss "
                   f"{first['loss']:.4f} → {last['loss']:.4f}.", ""]
-    lines += ["| name | uid | role | strategy | uploads | final μ | final rating | final weight | statuses |",
-              "|---|---|---|---|---|---|---|---|---|"]
+    lines += ["| name | uid | role | strategy | uploads | final μ | final μ̃ (paid) | final rating | final weight | "
+              "statuses |", "|---|---|---|---|---|---|---|---|---|---|"]
     for p in sorted(report["peers"], key=lambda p: (p["role"] != "validator", -p["final_weight"], p["uid"])):
         statuses = ", ".join(f"{k}×{v}" for k, v in sorted(p["statuses"].items()))
         lines.append(f"| {p['name']} | {p['uid']} | {p['role']} | {p['strategy']} | {p['windows_uploaded']} | "
-                     f"{p['final_mu']:.3f} | {p['final_rating']:.3f} | {p['final_weight']:.3f} | {statuses} |")
+                     f"{p['final_mu']:.3f} | {p['final_paid_mu']:.3f} | {p['final_rating']:.3f} | "
+                     f"{p['final_weight']:.3f} | {statuses} |")
     lines += ["", "| window | held-out loss | peers aggregated | wall seconds |", "|---|---|---|---|"]
     lines += [f"| {w['window']} | {w['loss']:.4f} | {w['peers_aggregated']} | {w['wall_seconds']:.1f} |"
               for w in windows]

@@ -38,6 +38,9 @@ class PeerScoreRecord:
     score: float
     weight: float
     in_top_g: bool
+    paid_mu: float | None = None
+    """μ as the score reads it (μ̃: start-up ramp, a declaring peer's cap, saturation at the run's paid level,
+    docs/scoring.md §4); pay follows it, not `mu`, the EMA behind it. None in records written before it."""
 
 
 @dataclass(frozen=True)

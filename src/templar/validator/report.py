@@ -44,6 +44,7 @@ def record_window(state_dir: Path, window: int, book: ScoreBook, rules: Gauntlet
     evaluated this window (the LossRating as `rules` read it); with `primaries` (`--record-evaluations`)
     every unit of each primary evaluation (`EvaluationRecord`)."""
     log = context(window=window, phase="score")
+    paid = book.paid_mus(rules)
     for hotkey in sorted(book):
         rec = book.peers[hotkey]
         verdict = verdicts.get(hotkey)
@@ -54,14 +55,14 @@ def record_window(state_dir: Path, window: int, book: ScoreBook, rules: Gauntlet
             log.info(f"peer {short(hotkey)} uid {rec.uid}: {status} | sync "
                      f"{'-' if rec.last_sync_steps is None else f'{rec.last_sync_steps:.2f}'} | "
                      f"δa {'-' if not loss else f'{loss.delta_assigned:+.5f}'} δr "
-                     f"{'-' if not loss else f'{loss.delta_rand:+.5f}'} | μ {rec.mu:+.3f} | rating "
+                     f"{'-' if not loss else f'{loss.delta_rand:+.5f}'} | μ {rec.mu:+.3f} (read {paid[hotkey]:+.3f}) | rating "
                      f"{book.loss_rating(rules, hotkey):.2f} | score {rec.score:.3f} | weight {weight:.3f}")
         append_record(state_dir / SCORES_FILE, PeerScoreRecord(
             window=window, hotkey=hotkey, uid=rec.uid, status=status, evaluated=loss is not None,
             sync_steps=verdict.sync_steps if verdict else None,
             delta_assigned=loss.delta_assigned if loss else None,
             delta_rand=loss.delta_rand if loss else None, mu=rec.mu, rating=book.loss_rating(rules, hotkey),
-            score=rec.score, weight=weight, in_top_g=hotkey in scores.top_g))
+            score=rec.score, weight=weight, in_top_g=hotkey in scores.top_g, paid_mu=paid[hotkey]))
     for hotkey, result in sorted((primaries or {}).items()):
         append_record(state_dir / EVALUATIONS_FILE, EvaluationRecord(
             window=window, hotkey=hotkey, uid=book.peers[hotkey].uid if hotkey in book.peers else -1,
