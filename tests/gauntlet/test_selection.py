@@ -9,7 +9,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from templar.gauntlet import select_eval_pages, select_eval_peers, select_eval_sequences, selection_priority
+from templar.gauntlet import (
+    evaluated_pages,
+    select_eval_pages,
+    select_eval_peers,
+    select_eval_sequences,
+    selection_priority,
+)
 
 CANDIDATES = [f"5Hotkey{i:02d}" for i in range(10)]
 
@@ -113,3 +119,26 @@ def test_the_sequences_read_of_a_page_are_secret_and_cover_the_page_over_windows
     with pytest.raises(ValueError):
         select_eval_sequences(7, 12, 3, 40, 4, -1)
 
+
+
+def test_a_declaring_peer_is_evaluated_on_each_class_in_proportion() -> None:
+    """`declared_pages_evaluated`: shared draws n across both classes (an evaluation may read one class
+    only); in_proportion reads n assigned pages and n·K/A declared ones, each drawn apart with the
+    validator's secret, assigned first; a peer that declared nothing is read as before under either."""
+    assigned, declared = list(range(100, 116)), list(range(900, 916))
+    one_class = 0
+    for seed in range(64):
+        shared = evaluated_pages(seed, 12, 3, assigned, declared, 2, "shared")
+        both = evaluated_pages(seed, 12, 3, assigned, declared, 2, "in_proportion")
+        assert len(shared) == 2 and len(both) == 4
+        assert sum(p in assigned for p in both) == 2 and both[:2] == sorted(both[:2], key=assigned.index)
+        one_class += len({p in assigned for p in shared}) == 1
+        assert evaluated_pages(seed, 12, 3, assigned, [], 2, "in_proportion") == select_eval_pages(
+            seed, 12, 3, assigned, 2) == evaluated_pages(seed, 12, 3, assigned, [], 2, "shared")
+    assert 10 < one_class < 54  # shared: about half the evaluations read one class only
+    assert len({tuple(evaluated_pages(s, 12, 3, assigned, declared, 2, "in_proportion")[2:]) for s in range(64)}) > 30
+    few = evaluated_pages(5, 12, 3, assigned, declared[:3], 8, "in_proportion")[8:]
+    assert len(few) == 2 and set(few) <= set(declared[:3])  # ⌈8·3/16⌉
+    assert evaluated_pages(5, 12, 3, assigned[:2], declared[:3], 8, "in_proportion") == assigned[:2] + declared[:3]
+    with pytest.raises(ValueError, match="unknown rule"):
+        evaluated_pages(5, 12, 3, assigned, declared, 2, "all")

@@ -251,6 +251,13 @@ class GauntletConfig(_Strict):
         "twice the pages shows each page more than half the gap (the give-back of the dilution would pay its mu "
         "above honest work's) and gains more on the random pages (its rating); capped, the pages are paid by "
         "extra_work_exponent alone (docs/scoring.md §4)")
+    declared_pages_evaluated: Literal["shared", "in_proportion"] = Field(
+        default="shared", description="how many of a declaring peer's pages its primary evaluation reads "
+        "(gauntlet.evaluated_pages): shared, data.eval_pages across its assigned and declared pages alike (each "
+        "class proven on part of them, some evaluations on one class only); in_proportion, eval_pages of its "
+        "assigned pages and as many of its declared ones in proportion (at most all), so every evaluation proves "
+        "each class on as much as an honest miner's assigned work, at the price of reading more pages for a "
+        "peer that claims more work (docs/scoring.md §4)")
     extra_work_tolerance: float = Field(
         default=0.7, gt=0, le=1, description="τ: a page class (assigned or declared) whose proof credit reaches τ "
         "times the other's counts as fully trained (extra_work.trained_multiple): forgives the two classes' "

@@ -39,6 +39,7 @@ from templar.gauntlet.scores import (
 )
 from templar.gauntlet.selection import (
     eval_sequences_read,
+    evaluated_pages,
     select_eval_pages,
     select_eval_peers,
     select_eval_sequences,
@@ -62,6 +63,7 @@ __all__ = [
     "declared_work",
     "draw_window",
     "eval_sequences_read",
+    "evaluated_pages",
     "find_copies",
     "find_pools",
     "fingerprint",

@@ -2,8 +2,8 @@
 
 A miner may train on `K` pages beyond its `A` assigned ones (`--extra-pages`, at most the run's
 `data.max_extra_pages`), declared in its signed payload; which pages those are is public
-(`templar.data.PagePlan.declared_pages`), and validators draw the pages they evaluate across
-assigned and declared pages alike.
+(`templar.data.PagePlan.declared_pages`), and validators draw the pages they evaluate from
+assigned and declared pages in proportion, each class in every evaluation (`selection.evaluated_pages`).
 
 **Why the proof cannot simply be read as before.** A trial step has a bounded size (the sign, or
 the window's median norm), so an update's gains are a budget spread over the pages it was trained

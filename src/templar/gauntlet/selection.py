@@ -107,6 +107,25 @@ def select_eval_pages(seed: int, window: int, uid: int, pages: list[int], n: int
     return [pages[i] for i in sorted(ranked[:n])]
 
 
+def evaluated_pages(seed: int, window: int, uid: int, assigned: list[int], declared: list[int], n: int,
+                    rule: str) -> list[int]:
+    """The pages a peer's primary evaluation reads, its assigned ones first (`declared_pages_evaluated`).
+
+    "shared": `n` drawn across `assigned` and `declared` alike, so a miner cannot tell which class is read.
+    "in_proportion": `n` of `assigned` and ⌈n·|declared|/|assigned|⌉ of `declared` (at most all), each drawn
+    apart: the declared class is proven in every evaluation on as much evidence, per page of work, as the
+    assigned one, so how much of it was trained is told from its own few evaluations instead of from the
+    evaluations that happened to draw it (a class's credit over a 16-window localnet's 9 evaluations
+    scattered by a third and more, benchmarks/LOG.md §41). The miner still cannot tell which pages.
+    """
+    if rule == "shared" or not declared:
+        return select_eval_pages(seed, window, uid, assigned + declared, n)
+    if rule != "in_proportion":
+        raise ValueError(f"evaluated_pages: unknown rule {rule!r}")
+    extra = min(len(declared), math.ceil(n * len(declared) / max(1, len(assigned))))
+    return select_eval_pages(seed, window, uid, assigned, n) + select_eval_pages(seed, window, uid, declared, extra)
+
+
 def eval_sequences_read(per_page: int, n: int) -> int:
     """How many of an evaluated page's `per_page` sequences the proof of computation reads under
     `gauntlet.proof_sequences` = `n`: all of them when `n` is 0 or covers the page, else `n`. What

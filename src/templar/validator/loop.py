@@ -43,8 +43,8 @@ from templar.gauntlet import (
     declared_work,
     draw_window,
     eval_sequences_read,
+    evaluated_pages,
     score_window,
-    select_eval_pages,
     select_eval_sequences,
 )
 from templar.runtime.compute import PeerScorer
@@ -526,7 +526,8 @@ class Validator:
         for hk in chosen:
             own = node.plan.assigned_pages(miners[hk], window, hp.data.pages_per_window)
             extra = node.plan.declared_pages(miners[hk], window, results[hk].value.extra_pages)
-            evaluated[hk] = select_eval_pages(seed, window, miners[hk], own + extra, hp.data.eval_pages)
+            evaluated[hk] = evaluated_pages(seed, window, miners[hk], own, extra, hp.data.eval_pages,
+                                            hp.gauntlet.declared_pages_evaluated)
             declared[hk] = sum(page in extra for page in evaluated[hk])  # listed last: assignment order
         per_page = hp.data.sequences_per_page
         assigned = {hk: read_sequences((await node.pages.fetch(pages)).batch, [
