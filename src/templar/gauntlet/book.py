@@ -214,9 +214,11 @@ class ScoreBook:
         """Each peer's μ as its PeerScore reads it (μ̃: start-up ramp, a declaring peer's cap, saturation at
         the paid level): the proof pay follows, where the stored μ is the EMA behind it."""
         levels = self._paid_levels(rules) if self._reads_levels(rules) else None
-        readings = {hotkey: self._reading(rules, record, levels) for hotkey, record in self._peers.items()}
-        return {hotkey: self._paid_mu(rules, record, readings[hotkey].get("mu_cap", math.inf),
-                                      readings[hotkey].get("mu_level")) for hotkey, record in self._peers.items()}
+        paid = {}
+        for hotkey, record in self._peers.items():
+            reading = self._reading(rules, record, levels)
+            paid[hotkey] = self._paid_mu(rules, record, reading.get("mu_cap", math.inf), reading.get("mu_level"))
+        return paid
 
     def _paid_levels(self, rules: GauntletConfig) -> tuple[float | None, float | None]:
         """`paid_level` of the μ and of the LossRating PeerScore reads, over the peers that never declared
