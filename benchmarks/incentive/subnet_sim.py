@@ -227,6 +227,30 @@ def weights_cadence(cfg: SimConfig) -> WeightsCadence:
     return WeightsCadence(every=cfg.weights_windows, blocks_per_window=1, netuid=cfg.tempo_windows - 1, tempo=tempo)
 
 
+FIRST_EPOCH_READINGS = ("at the median", "proof", "rating", "not evaluated")
+
+
+def newcomer_readings(book: ScoreBook, rules: GauntletConfig, newcomers: list[str], honest: list[str]) -> list[str]:
+    """Where one validator's book puts each newcomer against its identical incumbents: "at the median"
+    (PeerScore at least the honest median's), else why not: "not evaluated" yet, "proof" (μ̃, the μ
+    PeerScore reads, under the honest median's) or "rating" (LossRating under the honest median's):
+    what a newcomer that misses the exact median at its first epoch lacked, in the validator's own terms."""
+    scores, paid = book.scores(rules), book.paid_mus(rules)
+    tolerance = 1.0 - SAME_INCENTIVE
+    median_score = statistics.median(scores.get(h, 0.0) for h in honest) * tolerance
+    median_mu = statistics.median(paid.get(h, 0.0) for h in honest) * tolerance
+    readings = []
+    for hotkey in newcomers:
+        record = book.peers.get(hotkey)
+        if record is None or record.primary_evals == 0:
+            readings.append("not evaluated")
+        elif scores.get(hotkey, 0.0) >= median_score:
+            readings.append("at the median")
+        else:
+            readings.append("proof" if paid[hotkey] < median_mu else "rating")
+    return readings
+
+
 def simulate(cfg: SimConfig, *, keep_series: bool = False) -> Outcome:
     rng = random.Random(cfg.seed)
     source = fit(Path(cfg.fit_file)) if cfg.fit_file else fit()
@@ -255,6 +279,9 @@ def simulate(cfg: SimConfig, *, keep_series: bool = False) -> Outcome:
     vtrust_hist = np.zeros((cfg.windows, cfg.validators))
     first_penalty: dict[str, int] = {}  # the first window a validator failed each peer's fast evaluation
     cadence = weights_cadence(cfg)
+    honest = [p.hotkey for p in miners if p.strategy == "honest"]
+    submitted_readings: dict[str, tuple[str, ...]] = {}  # newcomers in the vectors last submitted
+    first_epoch: dict[str, tuple[str, ...]] = {}  # what the first epoch to read a newcomer read of it
     for window in range(cfg.windows):
         candidates = sorted(p.hotkey for p in miners if p.joins <= window)
         weights = np.zeros((cfg.uids, cfg.uids))
@@ -282,17 +309,37 @@ def simulate(cfg: SimConfig, *, keep_series: bool = False) -> Outcome:
         agreement_hist.append(statistics.fmean(pairs) if pairs else 1.0)
         if cadence.due(window):
             submitted = weights
+            joined = [p.hotkey for p in miners if p.strategy == "newcomer" and p.joins <= window
+                      and p.hotkey not in first_epoch]
+            per_book = [newcomer_readings(book, rules, joined, honest) for book in books]
+            submitted_readings = {hk: tuple(r[i] for r in per_book) for i, hk in enumerate(joined)}
         if window % cfg.tempo_windows == 0:
             result = yuma.epoch(yuma.EpochInputs(
                 weights=submitted, stake=stake, permit=permit,
                 last_update=np.full(cfg.uids, window + 1, dtype=np.int64), registered_at=registered,
                 block=window + 1, bonds=bonds))
             bonds = result.bonds
+            for hotkey, readings in submitted_readings.items():
+                first_epoch.setdefault(hotkey, readings)
+            submitted_readings = {}
         incentive_hist[window] = result.incentive
         vtrust_hist[window] = result.validator_trust[: cfg.validators]
-    return Outcome(asdict(cfg), metrics(cfg, peers, incentive_hist, agreement_hist, vtrust_hist, lead_weight_hist,
-                                        first_penalty),
+    measured = metrics(cfg, peers, incentive_hist, agreement_hist, vtrust_hist, lead_weight_hist, first_penalty)
+    measured |= first_epoch_metrics(first_epoch)
+    return Outcome(asdict(cfg), measured,
                    series(cfg, peers, incentive_hist, agreement_hist, lead_weight_hist) if keep_series else {})
+
+
+def first_epoch_metrics(first_epoch: dict[str, tuple[str, ...]]) -> dict:
+    """What each newcomer's first epoch read of it (`newcomer_readings`, one per validator): how many
+    (newcomer, validator) readings were of each kind, and how many newcomers every validator read at
+    the median. A newcomer must be at the median in the vectors its first epoch reads to be paid as
+    the median within a tempo of joining (72 minutes on finney); after that the next epoch is a tempo away."""
+    readings = [r for per_book in first_epoch.values() for r in per_book]
+    return {"newcomer_first_epoch_readings": {kind: readings.count(kind) for kind in FIRST_EPOCH_READINGS},
+            "newcomers_at_median_first_epoch": sum(all(r == "at the median" for r in per_book)
+                                                   for per_book in first_epoch.values()),
+            "newcomers_with_first_epoch": len(first_epoch)}
 
 
 def metrics(cfg: SimConfig, peers: list[Peer], inc: np.ndarray, agreement: list[float], vtrust: np.ndarray,
@@ -401,7 +448,8 @@ def line(label: str, m: dict) -> str:
     cheat, share = worst_cheat(m)
     return (f"  {label:<44} newcomer: lead's weight {hours(m['newcomer_first_lead_weight_windows']):4.2f} h, >0 "
             f"{hours(m['newcomer_first_weight_windows']):5.2f} h, median {hours(m['newcomer_honest_median_windows']):5.2f} h "
-            f"(last {hours(m['newcomer_honest_median_windows_worst']):5.2f} h), first pay "
+            f"(last {hours(m['newcomer_honest_median_windows_worst']):5.2f} h), at the median at the first epoch "
+            f"{m.get('newcomers_at_median_first_epoch', '-')}/{m.get('newcomers_with_first_epoch', '-')}, first pay "
             f"{m['newcomer_first_pay_over_median']:4.2f}x the median | honest max/min {m['honest_max_over_min']:6.2f} "
             f"p90/p10 {m['honest_p90_over_p10']:5.2f} gini {m['honest_gini']:.3f} | agree {m['agreement_mean']:.3f} "
             f"vtrust min {m['vtrust_min']:.3f} | worst cheat {cheat} {share:.4f} | moredata/honest "

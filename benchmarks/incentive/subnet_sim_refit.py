@@ -52,7 +52,8 @@ FIT_SOURCE = ("crowded localnets (`python -m benchmarks.incentive.fair_pay --see
               "micro_gauntlet_8pages, one validator, 4 honest miners and 12 adversaries, 16 windows; "
               "production's Gauntlet: SparseLoCo, the proof against the other peers' own steps on 1 of 4 sequences)")
 KEYS = ("honest_max_over_min", "honest_p90_over_p10", "agreement_mean", "worst_cheat_share", "moredata_over_honest",
-        "newcomer_median_hours", "newcomer_last_hours", "newcomer_first_weight_hours", "newcomer_first_pay_over_median")
+        "newcomer_median_hours", "newcomer_last_hours", "newcomer_first_weight_hours", "newcomer_first_pay_over_median",
+        "newcomers_at_median_first_epoch")
 
 
 def summary(m: dict) -> dict:
@@ -63,7 +64,9 @@ def summary(m: dict) -> dict:
             "newcomer_median_hours": hours(m["newcomer_honest_median_windows"]),
             "newcomer_last_hours": hours(m["newcomer_honest_median_windows_worst"]),
             "newcomer_first_weight_hours": hours(m["newcomer_first_weight_windows"]),
-            "newcomer_first_pay_over_median": m["newcomer_first_pay_over_median"]}
+            "newcomer_first_pay_over_median": m["newcomer_first_pay_over_median"],
+            "newcomers_at_median_first_epoch": m["newcomers_at_median_first_epoch"],
+            "newcomer_first_epoch_readings": m["newcomer_first_epoch_readings"]}
 
 
 LEVERS: dict[str, dict] = {
@@ -87,7 +90,10 @@ LEVERS: dict[str, dict] = {
     "μ's tie band 0.25, power 4": {"rules": (("mu_tie_band", 0.25), ("mu_exponent", 4.0))},
     "μ's tie band 0.2, power 2": {"rules": (("mu_tie_band", 0.2), ("mu_exponent", 2.0))},
     "no tie band below the rating's median (the rule before LOG §39)": {"rules": (("rating_tie_band_below", 0.0),)},
+    "the rating's tie band below the median 1.5 standard errors": {"rules": (("rating_tie_band_below", 1.5),)},
     "the rating's tie band below the median 2 standard errors": {"rules": (("rating_tie_band_below", 2.0),)},
+    "rated as the median below it until 3 evaluations": {"rules": (("rating_below_after", 3),)},
+    "rated as the median below it until 5 evaluations": {"rules": (("rating_below_after", 5),)},
     "weights every 15 windows from window 0 (the rule before LOG §40)": {"weights_at_epochs": False},
     "noise 0.5 (half of every evaluation's measured spread)": {"noise": 0.5},
     "mu_gamma 0.98 + noise 0.5": {"mu_gamma": 0.98, "noise": 0.5},

@@ -150,6 +150,30 @@ def test_the_book_reads_the_band_below_from_its_rules() -> None:
         GauntletConfig.model_validate({**PRODUCTION.model_dump(), "rating_tie_band_below": -0.5})
 
 
+def test_below_the_median_a_peer_is_rated_as_it_only_after_its_first_evaluations() -> None:
+    """`rating_below_after` m: with fewer than m evaluations a mean below the median is rated as the
+    median (one to a few heavy-tailed draws cannot tell an unlucky evaluation from less useful work);
+    from the m-th on, the band's reading as before. Above the median nothing changes, and 0 is the
+    rule before it to the bit."""
+    below = {"gamma": 0.9, "tie_band": 3.0, "exponent": 10.0, "noise": 0.2, "tie_band_below": 1.0}
+    for evaluations in (1, 2):
+        assert relative_rating(0.3, evaluations, below_after=3, **below) == 25.0
+    assert relative_rating(0.3, 3, below_after=3, **below) == relative_rating(0.3, 3, **below) < 25.0
+    assert relative_rating(1.9, 1, below_after=3, **below) == relative_rating(1.9, 1, **below) > 25.0
+    for mean in (0.1, 0.77, 0.999):
+        for evaluations in (1, 4, 30):
+            assert relative_rating(mean, evaluations, below_after=0, **below) == relative_rating(mean, evaluations, **below)
+    with pytest.raises(ValueError):
+        relative_rating(0.9, 1, below_after=-1, **below)
+    book = _book()
+    record = book.peers["a"]
+    record.relative_delta, record.relative_evals = 0.5, 2
+    assert book.loss_rating(_rules(rating_below_after=3), "a") == 25.0
+    assert book.loss_rating(_rules(rating_below_after=2), "a") < 25.0
+    with pytest.raises(ValidationError):
+        GauntletConfig.model_validate({**PRODUCTION.model_dump(), "rating_below_after": -1})
+
+
 def _rules(**overrides: object) -> GauntletConfig:
     """The relative rating with these settings, OpenSkill's default β and τ and μ's γ 0.9."""
     return gauntlet_rules(**{"loss_rating": "relative", "rating_gamma": 0.9, "rating_cap": None, "mu_gamma": 0.9,

@@ -236,3 +236,32 @@ def test_a_fit_of_whole_evaluations_drives_the_score_book_with_every_unit(tmp_pa
     share = subnet_sim.simulate(cfg).metrics["share"]
     assert share["honest"] + share["moredata"] + share["newcomer"] > 0.8
     assert share["lazy"] + share["noise"] < 0.1
+
+
+def test_a_newcomers_first_epoch_is_read_as_each_validator_scores_it() -> None:
+    """`newcomer_readings` says what a validator's book lacked to pay a newcomer as the median: not yet
+    evaluated, its μ̃ (the proof) or its LossRating; `first_epoch_metrics` counts them per validator."""
+    from templar.core.config import load_hparams
+    from templar.gauntlet import ScoreBook
+
+    rules = load_hparams().gauntlet
+    book = ScoreBook(relative_noise=(0.05, 20))
+    states = {"h0": (0.6, 1.0), "h1": (0.6, 1.0), "h2": (0.6, 1.0), "same": (0.6, 1.0), "lazy": (0.05, 1.0),
+              "short": (0.6, 0.5)}
+    for uid, (hotkey, (mu, relative)) in enumerate(states.items()):
+        record = book.get_or_create(hotkey, uid, 0)
+        record.mu, record.primary_evals, record.relative_delta, record.relative_evals = mu, 20, relative, 20
+    readings = subnet_sim.newcomer_readings(book, rules, ["same", "lazy", "short", "unseen"], ["h0", "h1", "h2"])
+    assert readings == ["at the median", "proof", "rating", "not evaluated"]
+    counts = subnet_sim.first_epoch_metrics({"a": ("at the median", "at the median"), "b": ("at the median", "rating")})
+    assert counts["newcomers_at_median_first_epoch"] == 1 and counts["newcomers_with_first_epoch"] == 2
+    assert counts["newcomer_first_epoch_readings"] == {"at the median": 3, "proof": 0, "rating": 1, "not evaluated": 0}
+
+
+def test_the_quick_run_reads_every_newcomers_first_epoch_in_every_book() -> None:
+    base = replace(subnet_sim.SimConfig(), uids=64, per_class=2, fast_eval_uids=16, windows=40, join_window=10,
+                   tempo_windows=8, weights_windows=3, **subnet_sim.CHOSEN)
+    m = subnet_sim.simulate(base).metrics
+    assert m["newcomers_with_first_epoch"] == base.per_class
+    assert sum(m["newcomer_first_epoch_readings"].values()) == base.per_class * base.validators
+    assert 0 <= m["newcomers_at_median_first_epoch"] <= base.per_class

@@ -224,6 +224,11 @@ class GauntletConfig(_Strict):
         default=0.0, ge=0, le=10, description="relative rating: below the median the mean is raised by up to "
         "this many standard errors, never past the median (a newcomer's few evaluations are not yet shown "
         "to be less than a typical peer's); 0: the mean itself (gauntlet.relative_rating; docs/scoring.md §5)")
+    rating_below_after: int = Field(
+        default=0, ge=0, le=64, description="relative rating: a peer whose relative mean holds fewer evaluations "
+        "than this is rated as the median when the mean is below it (its proof of computation is read from the "
+        "first); 0: read from the first evaluation, production's (benchmarks/LOG.md §43: it did not bring a "
+        "newcomer to the median sooner; gauntlet.relative_rating; docs/scoring.md §5)")
     rating_exponent: float = Field(default=10.0, gt=0, le=100, description="relative rating: LossRating = "
                                    "25 x (relative LossScore beyond the band)^this")
     rating_cap: float | None = Field(default=None, ge=1, le=100, description="relative rating: LossRating "

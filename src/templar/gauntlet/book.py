@@ -172,7 +172,7 @@ class ScoreBook:
         return relative_rating(record.relative_delta, record.relative_evals, gamma=rules.rating_gamma,
                                tie_band=rules.rating_tie_band, exponent=rules.rating_exponent,
                                noise=self.relative_noise[0], cap=rules.rating_cap,
-                               tie_band_below=rules.rating_tie_band_below)
+                               tie_band_below=rules.rating_tie_band_below, below_after=rules.rating_below_after)
 
     def _penalised(self, rules: GauntletConfig, record: PeerRecord) -> float:
         """The stored μ after a failed fast evaluation: φ·μ, or with `mu_tie_band` the μ whose paid value

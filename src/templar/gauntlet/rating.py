@@ -169,7 +169,7 @@ def _median(ordered: list[float]) -> float:
 
 def relative_rating(
     mean: float, evaluations: int, *, gamma: float, tie_band: float, exponent: float, noise: float,
-    cap: float | None = None, tie_band_below: float = 0.0,
+    cap: float | None = None, tie_band_below: float = 0.0, below_after: int = 0,
 ) -> float:
     """LossRating from the relative LossScores: 25 · max(0, min(1, mean + band_below)) at or below the
     median (mean ≤ 1), 25 · min(cap, (1 + shrink(mean − 1))^exponent) above it.
@@ -182,7 +182,8 @@ def relative_rating(
     less than a typical peer: a newcomer rated on two evaluations, whose mean scatters by σ/√2, is
     rated 25 unless its mean lies more than `tie_band_below` of those standard errors under the
     median, instead of sitting below the tied incumbents for as long as the EMA remembers one
-    unlucky evaluation. The band is absolute and shrinks as evaluations
+    unlucky evaluation (`below_after` m > 0: with fewer than m evaluations a mean below the median is
+    not read at all, the rating is 25; production reads it from the first). The band is absolute and shrinks as evaluations
     accumulate, so it forgives at most that much of a persistent shortfall (0, the default, is the
     rule before it: the mean itself; a band of three standard errors once rated a miner training on
     a quarter of each page's sequences exactly 25, which is why it is small and additive).
@@ -204,6 +205,8 @@ def relative_rating(
     peer crosses into a disagreement between validators as large as the premium. Capped at 2, a
     peer doing clearly more useful work is paid up to 4× an honest peer (with c = 2), never more.
     """
+    if below_after < 0:
+        raise ValueError(f"relative_rating: below_after must be >= 0, got {below_after!r}")
     if cap is not None and not (math.isfinite(cap) and cap >= 1.0):
         raise ValueError(f"relative_rating: cap must be a finite number >= 1 (or None), got {cap!r}")
     if (not 0.0 <= gamma < 1.0 or not tie_band >= 0 or not 0 <= tie_band_below < math.inf or not exponent > 0
@@ -217,6 +220,8 @@ def relative_rating(
     if n_eff <= 0:
         return prior
     if mean <= 1.0:
+        if evaluations < below_after:
+            return prior
         return prior * max(0.0, min(1.0, mean + tie_band_below * noise / math.sqrt(n_eff)))
     excess = mean - 1.0 - tie_band * noise / math.sqrt(n_eff)
     premium = (1.0 + excess) ** exponent if excess > 0 else 1.0
