@@ -92,6 +92,9 @@ LEVERS: dict[str, dict] = {
     "no tie band below the rating's median (the rule before LOG §39)": {"rules": (("rating_tie_band_below", 0.0),)},
     "the rating's tie band below the median 1.5 standard errors": {"rules": (("rating_tie_band_below", 1.5),)},
     "the rating's tie band below the median 2 standard errors": {"rules": (("rating_tie_band_below", 2.0),)},
+    "μ's tie band widening as a standard error for a peer of few evaluations": {"rules": (("mu_tie_band_widens", True),)},
+    "μ's tie band widening and rated as the median below it until 5 evaluations":
+        {"rules": (("mu_tie_band_widens", True), ("rating_below_after", 5))},
     "rated as the median below it until 3 evaluations": {"rules": (("rating_below_after", 3),)},
     "rated as the median below it until 5 evaluations": {"rules": (("rating_below_after", 5),)},
     "weights every 15 windows from window 0 (the rule before LOG §40)": {"weights_at_epochs": False},

@@ -153,3 +153,30 @@ def test_the_paid_mu_an_operator_reads_is_the_one_the_score_reads() -> None:
     off = RULES.model_copy(update={"mu_tie_band": 0.0})  # no band: the μ read, start-up bias removed
     assert book.paid_mus(off) == {hk: ramped_mu(r.mu, r.primary_evals, off.mu_gamma, off.mu_prior_evals)
                                   for hk, r in book.peers.items()}
+
+
+def test_a_widening_band_lowers_the_edge_of_a_peer_of_few_evaluations_as_a_standard_error_grows() -> None:
+    """`mu_tie_band_widens`: the band is an incumbent's (n_eff at the EMA's saturation keeps it), and a peer
+    of fewer evaluations gets the edge (1 − b)^s · ℓ, s = √(n_sat / n_eff): lower the fewer its
+    evaluations, above 0 always, never higher than the incumbents'."""
+    from templar.gauntlet.rating import effective_evaluations
+    from templar.gauntlet.saturation import evaluated_band
+
+    gamma = RULES.mu_gamma
+    edges = [1.0 - evaluated_band(BAND, n, gamma) for n in (1, 2, 3, 5, 10, 20, 40, 400)]
+    assert edges == sorted(edges) and edges[0] > 0.0 and edges[-1] == pytest.approx(1.0 - BAND)
+    assert edges[0] == pytest.approx((1.0 - BAND) ** math.sqrt((1 + gamma) / (1 - gamma)))  # n_eff 1
+    two = math.sqrt((1 + gamma) / (1 - gamma) / effective_evaluations(2, gamma))
+    assert edges[1] == pytest.approx((1.0 - BAND) ** two)
+    assert evaluated_band(0.0, 1, gamma) == 0.0 and evaluated_band(BAND, 0, gamma) == BAND
+    # the book reads it: a newcomer whose one evaluation drew μ̂ at half the level reads the level
+    # when the band widens and far less when it does not
+    miners = {f"honest{i}": 1.0 for i in range(8)}
+    book = _book(RULES, miners, windows=24, noise=3 * GAP, evaluated=5)
+    record = book.get_or_create("newcomer", 99, 24)
+    level, _ = book._paid_levels(RULES)
+    record.mu, record.primary_evals = unramped_mu(0.5 * level, 1, gamma, RULES.mu_prior_evals), 1
+    widens = RULES.model_copy(update={"mu_tie_band_widens": True})
+    assert book.paid_mus(widens)["newcomer"] == pytest.approx(level)
+    assert book.paid_mus(RULES)["newcomer"] < 0.5 * level
+    assert book.paid_mus(widens)["honest0"] == book.paid_mus(RULES)["honest0"]

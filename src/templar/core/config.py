@@ -211,6 +211,10 @@ class GauntletConfig(_Strict):
         "(gauntlet.saturation); 0: no saturation (docs/scoring.md §4)")
     mu_exponent: float = Field(default=2.0, ge=1, le=16, description="with mu_tie_band > 0: the power at "
                                "which paid mu falls below the band's edge")
+    mu_tie_band_widens: bool = Field(
+        default=False, description="with mu_tie_band > 0: the band is an incumbent's, and a peer of fewer "
+        "evaluations, whose mu scatters more, gets its edge lowered as a standard error grows "
+        "(gauntlet.saturation.evaluated_band); False: the same band for every peer")
     loss_rating: Literal["openskill", "relative"] = Field(
         default="openskill", description="LossRating in PeerScore: the paper's OpenSkill mu, or 25 x the "
         "peer's relative LossScore (delta_rand / median of S_t) with a tie band and a power premium "

@@ -41,7 +41,7 @@ from templar.gauntlet.rating import (
     update_relative,
 )
 from templar.gauntlet.records import MAX_POOL, BookFile, PeerRecord, PrimaryResult, ScoreBookError
-from templar.gauntlet.saturation import penalised_read, saturated_mu, unramped_mu
+from templar.gauntlet.saturation import evaluated_band, penalised_read, saturated_mu, unramped_mu
 from templar.gauntlet.scores import (
     normalise,
     peer_score,
@@ -183,7 +183,7 @@ class ScoreBook:
         level, _ = self._paid_levels(rules)
         if rules.extra_work_paid_cap and record.declared > 0.0 and level is not None:
             read = min(read, level)
-        after = penalised_read(read, level, rules.mu_tie_band, rules.mu_exponent, rules.fast_eval_penalty)
+        after = penalised_read(read, level, self._mu_band(rules, record), rules.mu_exponent, rules.fast_eval_penalty)
         return unramped_mu(after, record.primary_evals, rules.mu_gamma, rules.mu_prior_evals)
 
     @staticmethod
@@ -247,7 +247,16 @@ class ScoreBook:
     @classmethod
     def _paid_mu(cls, rules: GauntletConfig, record: PeerRecord, mu_cap: float, mu_level: float | None) -> float:
         """μ̃: the read μ at most `mu_cap`, saturated at `mu_level` (`_score`'s arguments)."""
-        return saturated_mu(min(cls._read_mu(rules, record), mu_cap), mu_level, rules.mu_tie_band, rules.mu_exponent)
+        return saturated_mu(min(cls._read_mu(rules, record), mu_cap), mu_level, cls._mu_band(rules, record),
+                            rules.mu_exponent)
+
+    @staticmethod
+    def _mu_band(rules: GauntletConfig, record: PeerRecord) -> float:
+        """μ's tie band for `record`: `mu_tie_band`, widened for a peer of few evaluations when
+        `mu_tie_band_widens` (`saturation.evaluated_band`)."""
+        if not rules.mu_tie_band_widens:
+            return rules.mu_tie_band
+        return evaluated_band(rules.mu_tie_band, record.primary_evals, rules.mu_gamma)
 
     @staticmethod
     def _trained(rules: GauntletConfig, record: PeerRecord) -> float:

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import math
 
+from templar.gauntlet.rating import effective_evaluations
+
 
 def _saturates(mu: float, level: float, band: float) -> bool:
     return band > 0.0 and level > 0.0 and mu > 0.0
@@ -47,6 +49,20 @@ def penalised_read(mu: float, level: float | None, band: float, exponent: float,
     paid = saturated_mu(mu, level, band, exponent)
     edge = (1.0 - band) * level
     return edge * (phi * paid / level) ** (1.0 / exponent)
+
+
+def evaluated_band(band: float, evaluations: int, gamma: float) -> float:
+    """μ's tie band for a peer of `evaluations` primary evaluations when the band widens as a standard
+    error does (`gauntlet.mu_tie_band_widens`): the edge (1 − b)·ℓ holds for a peer whose μ̂ carries the
+    EMA's saturated n_sat = (1 + γ)/(1 − γ) effective evaluations, and a peer of fewer, whose μ̂ scatters
+    by s = √(n_sat / n_eff) times as much, gets the edge (1 − b)^s · ℓ: one more factor (1 − b) per
+    incumbent's standard error, never reaching 0. With b 0.2 and γ 0.9 the edge is 0.38 ℓ after one
+    evaluation, 0.50 ℓ after two and 0.73 ℓ after ten. 0 evaluations or b 0 keep `band`."""
+    if band <= 0.0 or evaluations <= 0 or not 0.0 < gamma < 1.0:
+        return band
+    saturated = (1.0 + gamma) / (1.0 - gamma)
+    widening = max(1.0, math.sqrt(saturated / effective_evaluations(evaluations, gamma)))
+    return 1.0 - (1.0 - band) ** widening
 
 
 def unramped_mu(read: float, evaluations: int, gamma: float, prior_evals: float | None) -> float:
