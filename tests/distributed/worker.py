@@ -343,15 +343,18 @@ def memory(out_dir: Path, hp: HParams, group: Group, report: dict) -> None:
     report["memory_theta_moved"] = not all(torch.equal(ta[0][k], ta[2][k]) for k in ta[0])
 
 
-def windows(state_dir: Path, until: int, delay: float, reference_dir: Path | None = None) -> None:
+def windows(state_dir: Path, until: int, delay: float, reference_dir: Path | None = None,
+            then: list[str] | None = None, checks_dir: Path | None = None) -> None:
     """Run (or resume) the windows in `state_dir`; then, given `reference_dir`, the same windows from
     θ_0 in a fresh directory without a stop: the uninterrupted run a resumed one must equal (every
-    object rebuilt, only the process group reused, so a restart and its reference cost one launch)."""
+    object rebuilt, only the process group reused, so a restart and its reference cost one launch);
+    then the checks named in `then`, into `checks_dir` (`checks`), in the same launch."""
     group = init_group("cpu")
     (state_dir / f"pid.{group.rank}").write_text(str(os.getpid()))
     _windows(group, state_dir, until, delay)
     if reference_dir is not None:
         _windows(group, reference_dir, until, 0.0)
+    _run_checks(then or [], checks_dir, group)
     group.close()
 
 
@@ -475,17 +478,25 @@ CHECKS = {"equality": equality, "sparse": sparse}
 
 def checks(names: list[str], out_dir: Path) -> None:
     """The named checks in order, in one process group (a launch costs each rank its interpreter,
-    torch and transformers: about 5 s); each writes OUT/<name>/. Equality's hung-rank check leaves
-    the group usable, and it sets the sharded outer step's bucket size for what follows: last."""
+    torch and transformers: about 5 s); each writes OUT/<name>/."""
     group = init_group("cpu")
-    for name in names:
-        (out_dir / name).mkdir(exist_ok=True)
-        CHECKS[name](out_dir / name, group)
+    _run_checks(names, out_dir, group)
     group.close()
 
 
+def _run_checks(names: list[str], out_dir: Path | None, group: Group) -> None:
+    """Equality's hung-rank check leaves the group usable, and it sets the sharded outer step's
+    bucket size for what follows: last."""
+    for name in names:
+        assert out_dir is not None
+        (out_dir / name).mkdir(parents=True, exist_ok=True)
+        CHECKS[name](out_dir / name, group)
+
+
 if __name__ == "__main__":
-    if sys.argv[1] == "windows":
-        windows(Path(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), Path(sys.argv[5]) if len(sys.argv) > 5 else None)
+    if sys.argv[1] == "windows":  # windows STATE UNTIL DELAY [REFERENCE [CHECKS OUT]]
+        args = sys.argv[2:]
+        windows(Path(args[0]), int(args[1]), float(args[2]), Path(args[3]) if len(args) > 3 else None,
+                args[4].split(",") if len(args) > 4 else [], Path(args[5]) if len(args) > 5 else None)
     else:
         checks(sys.argv[1].split(","), Path(sys.argv[2]))
