@@ -221,10 +221,12 @@ def test_partial_pooled_and_thin_work_earn_less_than_honest_work(tmp_path, asset
 def test_localnet_runs_every_neuron_as_its_own_process(tmp_path):
     """Real time, real processes: the entry points start, join, score, stop cleanly on SIGTERM.
     miner0 runs under torchrun over 2 ranks (FSDP2, gloo) and its payloads pass every check, as the
-    1-process miner1's do (with one or two evaluations each in 4 windows, pay alone cannot tell two
-    honest miners apart: one evaluation's two pages can draw opposite signs). 4 windows: the first is
-    everyone's warm-up, and on a loaded machine torchrun's ranks can start a window after the others
-    (then a 3-window run never scores miner0: seen in CI)."""
+    1-process moredata0's do (`neurons/miner.py --extra-pages 2`: honest work on twice the pages; with
+    one or two evaluations each in 4 windows, pay alone cannot tell two honest miners apart: one
+    evaluation's two pages can draw opposite signs). One honest 1-process miner fewer than before: each
+    neuron process costs about 9 s of CPU, 5 of them its imports. 4 windows: the first is everyone's
+    warm-up, and on a loaded machine torchrun's ranks can start a window after the others (then a
+    3-window run never scores miner0: seen in CI)."""
     preset = tmp_path / "fast.json"
     # 14-second windows, overlapped (tiny's eager mode, production's): a miner's inner steps of the next window begin
     # as this window's update is compressed, and it encodes that next payload once this window's step
@@ -235,7 +237,7 @@ def test_localnet_runs_every_neuron_as_its_own_process(tmp_path):
                                   "windows": {"blocks_per_window": 14, "put_window_seconds": 3.0,
                                               "gather_seconds": 2.0, "handover_seconds": 1.0}}))
     out = tmp_path / "e2e"
-    proc = _localnet(out, ["copycat", "moredata"], 2, "--hparams", str(preset), "--miner-ranks", "2", windows=4,
+    proc = _localnet(out, ["copycat", "moredata"], 1, "--hparams", str(preset), "--miner-ranks", "2", windows=4,
                      in_process=False)
     assert proc.wait(timeout=600) == 0, out.with_suffix(".log").read_text()[-3000:]
     report = json.loads((out / "report.json").read_text())
@@ -249,14 +251,14 @@ def test_localnet_runs_every_neuron_as_its_own_process(tmp_path):
     weight = {p["name"]: p["final_weight"] for p in report["peers"] if p["role"] == "miner"}
     statuses = {p["name"]: p["statuses"] for p in report["peers"] if p["role"] == "miner"}
     assert weight["copycat0"] < 0.01 and "ok" not in statuses["copycat0"], (weight, statuses)
-    for name in ("miner0", "miner1"):  # every payload that was on time passed every check (on a loaded
+    for name in ("miner0", "moredata0"):  # every payload that was on time passed every check (on a loaded
         # machine a window's training can overrun its commitment deadline, `uncommitted`, or its upload the
         # put window, `late`: both said in its log; seen on 2 cores with the suite's other workers busy)
         assert statuses[name].get("ok", 0) >= 1, (statuses, (out / "nodes" / name / "node.log").read_text()[-3000:])
         assert set(statuses[name]) <= {"ok", "warmup", "missing", "uncommitted", "late"}, statuses
-    # All pay goes to the three that trained (moredata0 is honest with twice the pages); how it splits
-    # among them is one or two evaluations' noise in 4 windows, which the in-process localnets measure.
-    assert weight["miner0"] + weight["miner1"] + weight["moredata0"] > 0.99, weight
+    # All pay goes to the two that trained (moredata0 is honest with twice the pages); how it splits
+    # between them is one or two evaluations' noise in 4 windows, which the in-process localnets measure.
+    assert weight["miner0"] + weight["moredata0"] > 0.99, weight
 
 
 def _dashboard_shows_the_run(out: Path) -> None:
