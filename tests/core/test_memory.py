@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from templar.core.config import load_hparams
+from templar.core.config import REPO_ROOT, load_hparams
 from templar.core.memory import (
     SETTINGS,
     MemorySettings,
@@ -17,7 +17,7 @@ from templar.core.memory import (
     activation_bytes,
     node_memory,
 )
-from templar.core.model import build_model, checkpoint_activations, parameter_count
+from templar.core.model import build_model, checkpoint_activations, parameter_count, parameter_shapes
 
 CONFIG = dict(vocab_size=1000, hidden_size=256, intermediate_size=1024, num_attention_heads=4, num_key_value_heads=2,
               num_hidden_layers=2, max_position_embeddings=256, use_cache=False, attention_dropout=0.0,
@@ -67,6 +67,21 @@ def test_shape_counts_the_models_parameters() -> None:
     for preset in (None, "tiny"):
         hp = load_hparams(preset)
         assert ModelShape.of(hp.model).parameters == parameter_count(build_model(hp, "meta"))
+
+
+@pytest.mark.parametrize("preset", [None, "tiny", "rehearsal", str(REPO_ROOT / "tests" / "presets" / "micro.json"), "untied"])
+def test_shape_names_every_tensor_of_the_model_in_its_order(preset: str | None) -> None:
+    """The sizing's schema (`ModelShape.parameter_shapes`) is the built model's, name by name and in
+    order: a payload's size cap reads the names, so a transformers release that renames or adds a
+    tensor fails here, not in `templar doctor`'s figures. Grouped-query attention (micro) and an
+    untied head included."""
+    if preset == "untied":
+        hp = load_hparams("tiny")
+        hp = hp.model_copy(update={"model": hp.model.model_copy(update={"tie_word_embeddings": False})})
+    else:
+        hp = load_hparams(preset)
+    built = {name: tuple(shape) for name, shape in parameter_shapes(build_model(hp, "meta")).items()}
+    assert list(ModelShape.of(hp.model).parameter_shapes().items()) == list(built.items())
 
 
 def test_settings_order_and_flags() -> None:

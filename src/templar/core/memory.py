@@ -124,6 +124,26 @@ class ModelShape:
     def parameters(self) -> int:
         return self.embedding * (1 if self.tied else 2) + self.layers * self.layer_parameters + self.hidden
 
+    def parameter_shapes(self) -> dict[str, tuple[int, ...]]:
+        """The names and shapes of `transformers.LlamaForCausalLM`'s trainable tensors, in its order
+        (`core.model.parameter_shapes` of the built model; `tests/core/test_memory.py` compares them for
+        every preset): the schema a payload's size cap reads, without importing transformers, which
+        costs `templar doctor` and `templar hparams` about 3 s of CPU. No biases (LLaMA has none); a tied
+        head is the embedding."""
+        d, kv, f = self.hidden, self.kv_dim, self.intermediate
+        shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (self.vocab, d)}
+        for i in range(self.layers):
+            layer = f"model.layers.{i}."
+            shapes |= {f"{layer}self_attn.{name}.weight": shape
+                       for name, shape in (("q_proj", (d, d)), ("k_proj", (kv, d)), ("v_proj", (kv, d)), ("o_proj", (d, d)))}
+            shapes |= {f"{layer}mlp.{name}.weight": shape
+                       for name, shape in (("gate_proj", (f, d)), ("up_proj", (f, d)), ("down_proj", (d, f)))}
+            shapes |= {f"{layer}{name}.weight": (d,) for name in ("input_layernorm", "post_attention_layernorm")}
+        shapes["model.norm.weight"] = (d,)
+        if not self.tied:
+            shapes["lm_head.weight"] = (self.vocab, d)
+        return shapes
+
     @property
     def largest_tensor(self) -> int:
         return max(self.embedding, self.hidden * self.intermediate)
