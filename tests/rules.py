@@ -16,7 +16,7 @@ from templar.core.config import GauntletConfig, load_hparams
 PAPER_SCORING: dict[str, Any] = {
     "proof_margin": 0.0, "proof_credit": "sign", "proof_full_gap": 1.0, "loss_rating": "openskill",
     "mu_prior_evals": None, "mu_tie_band": 0.0, "rating_tie_band_below": 0.0, "selection_sharpness": 0.0,
-    "newcomer_evals": 0,
+    "newcomer_evals": 0, "newcomer_first_evals": 0,
 }
 """The paper's proof of computation (a sign, no margin), OpenSkill LossRating, plain μ read as it is, uniform draws."""
 

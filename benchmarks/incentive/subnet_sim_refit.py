@@ -95,6 +95,11 @@ LEVERS: dict[str, dict] = {
     "μ's tie band widening as a standard error for a peer of few evaluations": {"rules": (("mu_tie_band_widens", True),)},
     "μ's tie band widening and rated as the median below it until 5 evaluations":
         {"rules": (("mu_tie_band_widens", True), ("rating_below_after", 5))},
+    "a newcomer drawn first until 3 evaluations": {"rules": (("newcomer_first_evals", 3),)},
+    "a newcomer drawn first until 5 evaluations": {"rules": (("newcomer_first_evals", 5),)},
+    "a newcomer drawn first until 8 evaluations": {"rules": (("newcomer_first_evals", 8),)},
+    "a newcomer drawn first until 5 evaluations and the rating's band below the median 2 standard errors":
+        {"rules": (("newcomer_first_evals", 5), ("rating_tie_band_below", 2.0))},
     "rated as the median below it until 3 evaluations": {"rules": (("rating_below_after", 3),)},
     "rated as the median below it until 5 evaluations": {"rules": (("rating_below_after", 5),)},
     "weights every 15 windows from window 0 (the rule before LOG §40)": {"weights_at_epochs": False},

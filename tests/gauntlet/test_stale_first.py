@@ -91,6 +91,11 @@ def test_book_staleness_ramp_and_newcomer_boost() -> None:
     book.get_or_create("c", 3, 25)  # seen, never evaluated: absent
     assert book.staleness(30) == {"a": 10.0, "b": 20.0}
     assert book.staleness(30, newcomer_evals=8) == pytest.approx({"a": 80 / 3, "b": 80.0})
+    # drawn first until 2 evaluations: b (1) is a newcomer again, a (2) is not; 0 is the rule without it
+    assert book.staleness(30, first_evals=2) == {"a": 10.0}
+    assert book.staleness(30, first_evals=3) == {} and book.staleness(30, first_evals=0) == book.staleness(30)
+    with pytest.raises(ValueError, match="first_evals"):
+        book.staleness(30, first_evals=-1)
     plain = book.scores(rules)["a"]
     # a: μ = 0.19 after two +1s; corrected 0.19 / (1 − 0.81) = 1.0, so its score is its rating
     assert book.scores(ramped)["a"] == pytest.approx(book.peers["a"].loss_rating)
@@ -104,3 +109,27 @@ def test_presets_accept_the_new_gauntlet_fields() -> None:
         g = load_hparams(name).gauntlet
         assert g.selection_sharpness >= 0 and g.newcomer_evals >= 0
         assert g.mu_prior_evals is None or g.mu_prior_evals >= 0
+
+
+def test_a_peer_is_drawn_first_until_its_first_evaluations() -> None:
+    """`newcomer_first_evals` through `draw_window`: 63 incumbents with 20 evaluations each, last at
+    windows 0-62, and a newcomer with one evaluation, last a window ago. Stale first alone, the
+    newcomer's weight is (1 x 32/2)^2 = 256 against the incumbents' ((w - last) x 32/21)^2, so it is
+    rarely in F_t (1 of 200 validator seeds); drawn first until 3 evaluations it counts as twice the
+    stalest (its weight 4 times the stalest's), so it is in most seeds' F_t (130 of 200), yet not in
+    every one: the draw stays keyed by the validator's secret."""
+    from templar.gauntlet import draw_window
+
+    base = gauntlet_rules(selection_sharpness=2.0, newcomer_evals=32, fast_eval_uids=8, uids_per_window=4)
+    book = ScoreBook()
+    for i, hotkey in enumerate(PEERS):
+        record = book.get_or_create(hotkey, i, 0)
+        record.primary_evals, record.last_primary_window = (1, 99) if hotkey == "hk000" else (20, i)
+    miners = {hotkey: i for i, hotkey in enumerate(PEERS)}
+
+    def drawn(rules) -> int:
+        return sum("hk000" in draw_window(book, rules, seed, 100, miners, []).fast for seed in range(200))
+
+    plain, first = drawn(base), drawn(base.model_copy(update={"newcomer_first_evals": 3}))
+    assert plain <= 5 and 100 < first < 190, (plain, first)
+    assert drawn(base.model_copy(update={"newcomer_first_evals": 1})) == plain  # it has 1: no longer a newcomer

@@ -201,6 +201,10 @@ class GauntletConfig(_Strict):
                                        "evaluation)^sharpness; 0 is the paper's uniform draw")
     newcomer_evals: int = Field(default=0, ge=0, description="with selection_sharpness > 0, a peer with fewer "
                                 "primary evaluations than this counts as newcomer_evals / (evals + 1) times staler")
+    newcomer_first_evals: int = Field(default=0, ge=0, le=64, description="with selection_sharpness > 0, a peer "
+                                      "with fewer primary evaluations than this is drawn as one never evaluated "
+                                      "(twice the stalest), so a newcomer collects this many within a few windows; "
+                                      "0: only a peer never evaluated (docs/scoring.md §1)")
     mu_prior_evals: float | None = Field(default=None, ge=0, description="PeerScore reads mu / (1 - gamma^(n + "
                                          "this)) after n primary evaluations (start-up bias removed); None is "
                                          "the paper's mu")

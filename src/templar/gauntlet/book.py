@@ -296,19 +296,22 @@ class ScoreBook:
         """Each pooled hotkey's pool (itself included)."""
         return {hotkey: list(record.pool) for hotkey, record in self._peers.items() if record.pool}
 
-    def staleness(self, window: int, newcomer_evals: int = 0) -> dict[str, float]:
+    def staleness(self, window: int, newcomer_evals: int = 0, first_evals: int = 0) -> dict[str, float]:
         """Windows since each peer's last primary evaluation; peers never evaluated are absent.
 
         The input of the stale-first draw of S_t (`select_eval_peers(staleness=...)`). A peer
         with fewer than `newcomer_evals` evaluations counts as `newcomer_evals / (evals + 1)`
         times staler, so a newcomer collects its first few evaluations within a few windows
-        instead of one per |peers| / |S_t| windows, while staying a random draw.
+        instead of one per |peers| / |S_t| windows, while staying a random draw. A peer with fewer
+        than `first_evals` evaluations is absent too, so it is drawn as a newcomer (twice the
+        stalest): its first epoch reads that many evaluations, not one or two of them.
         """
-        if newcomer_evals < 0:
-            raise ValueError(f"staleness: newcomer_evals must be >= 0, got {newcomer_evals}")
+        if newcomer_evals < 0 or first_evals < 0:
+            raise ValueError(f"staleness: newcomer_evals and first_evals must be >= 0, got {newcomer_evals}, "
+                             f"{first_evals}")
         out = {}
         for hotkey, record in self._peers.items():
-            if record.last_primary_window is None:
+            if record.last_primary_window is None or record.primary_evals < first_evals:
                 continue
             boost = max(1.0, newcomer_evals / (record.primary_evals + 1))
             out[hotkey] = float(max(0, window - record.last_primary_window)) * boost

@@ -53,10 +53,11 @@ def draw_window(book: ScoreBook, rules: GauntletConfig, seed: int, window: int, 
     `miners` drawn with its private `seed`, the peer list in effect always in (a failing aggregator
     is caught at once); S_t follows from F_t's verdicts (`WindowDraw.primary`). With
     `selection_sharpness` > 0 both draws favour peers the book has not evaluated for long
-    (`ScoreBook.staleness`, newcomers boosted by `newcomer_evals`); 0 is the paper's uniform draw.
+    (`ScoreBook.staleness`, newcomers boosted by `newcomer_evals` and drawn first until
+    `newcomer_first_evals`); 0 is the paper's uniform draw.
     The book is read once, before the window's scoring changes it."""
     tilted = rules.selection_sharpness > 0
-    staleness = book.staleness(window, rules.newcomer_evals) if tilted else None
+    staleness = book.staleness(window, rules.newcomer_evals, rules.newcomer_first_evals) if tilted else None
     sharpness = rules.selection_sharpness if tilted else 0.0
     fast = select_eval_peers(seed, window, sorted(miners), rules.fast_eval_uids,
                              always=[hotkey for hotkey in peer_list if hotkey in miners], purpose="fast",
