@@ -205,11 +205,22 @@ def hanging() -> Iterator[HangingServer]:
 
 
 @pytest.fixture
-def dead_endpoint() -> str:
-    """An endpoint with nothing listening (connection refused)."""
+def refused_port() -> Iterator[int]:
+    """A port that refuses every connection for the whole test: bound, never listening.
+
+    A port closed again before use is free for anyone: under xdist another worker's server can
+    take it and answer (one CI run read an object from a neighbour's server). Holding the bind
+    keeps the port ours, and the kernel answers a connect to a bound, non-listening port with a reset.
+    """
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return f"http://127.0.0.1:{s.getsockname()[1]}"
+        yield s.getsockname()[1]
+
+
+@pytest.fixture
+def dead_endpoint(refused_port: int) -> str:
+    """An endpoint with nothing listening (connection refused)."""
+    return f"http://127.0.0.1:{refused_port}"
 
 
 @pytest.fixture

@@ -50,12 +50,9 @@ def test_silent_endpoint_times_out_as_chain_unavailable(silent_server: int) -> N
         chain.close()
 
 
-def test_refused_endpoint_is_chain_unavailable() -> None:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]  # closed again before use: nothing listens there
+def test_refused_endpoint_is_chain_unavailable(refused_port) -> None:
     chain = connect(
-        network="local", chain_endpoint=f"ws://127.0.0.1:{port}", netuid=3, wallet_name=None, read_timeout=3.0
+        network="local", chain_endpoint=f"ws://127.0.0.1:{refused_port}", netuid=3, wallet_name=None, read_timeout=3.0
     )
     try:
         with pytest.raises(ChainUnavailable):

@@ -5,7 +5,6 @@ corpus is not the pinned one or too small for disjoint assignments."""
 from __future__ import annotations
 
 import json
-import socket
 
 import pytest
 
@@ -44,13 +43,8 @@ def test_a_streamed_dataset_gives_the_local_files_corpus(tmp_path, assets_dir, m
     assert capped.num_pages == 10 and capped.documents < len(docs)
 
 
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def test_prepare_checks_the_bucket_before_tokenizing(tmp_path, assets_dir, seaweed, monkeypatch, capsys):
+def test_prepare_checks_the_bucket_before_tokenizing(tmp_path, assets_dir, seaweed, monkeypatch, capsys,
+                                                     refused_port):
     """A server that is down, or a write key it refuses, ends `prepare` before any tokenizing,
     with what to fix; the work folder stays empty."""
     src = tmp_path / "src"
@@ -58,7 +52,7 @@ def test_prepare_checks_the_bucket_before_tokenizing(tmp_path, assets_dir, seawe
     (src / "a.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in _documents(assets_dir, 20)))
     monkeypatch.setenv("TEMPLAR_BUCKET_WRITE_KEY_ID", seaweed.admin.access_key_id)
     monkeypatch.setenv("TEMPLAR_BUCKET_WRITE_SECRET", seaweed.admin.secret_access_key)
-    down = f"s3:http://127.0.0.1:{_closed_port()}|corpus|{seaweed.reader.access_key_id}|" \
+    down = f"s3:http://127.0.0.1:{refused_port}|corpus|{seaweed.reader.access_key_id}|" \
            f"{seaweed.reader.secret_access_key}"
     bucket = seaweed.create_bucket("prepare-preflight")
     up = seaweed.locator(bucket).encode()
