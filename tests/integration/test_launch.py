@@ -23,6 +23,7 @@ import contextlib
 import json
 import os
 import queue
+import random
 import re
 import signal
 import socket
@@ -130,18 +131,26 @@ class Shell:
         self.proc.wait(10)
 
 
-def free_port(low: int = 1024, high: int = 55535) -> int:
-    """A free port p with p + 10000 free too (`templar s3 start` also binds that, for gRPC)."""
+def free_port(avoid: int | None = None) -> int:
+    """A free port p with p + 10000 free too (`templar s3 start` also binds that, for gRPC).
+
+    Drawn below the kernel's ephemeral range (32768 and up): the page starts its servers a minute
+    after this choice, and a port from that range can meanwhile become the local end of any
+    process's outgoing connection or another worker's `bind(0)`. `avoid`: a pair already chosen.
+    """
+    rng = random.SystemRandom()
     for _ in range(200):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if low <= port <= high:
+        port = rng.randrange(12000, 22768)
+        if avoid is not None and {port, port + 10000} & {avoid, avoid + 10000}:
+            continue
+        free = True
+        for p in (port, port + 10000):
             with socket.socket() as s:
                 try:
-                    s.bind(("127.0.0.1", port + 10000))
+                    s.bind(("127.0.0.1", p))
                 except OSError:
-                    continue
+                    free = False
+        if free:
             return port
     raise AssertionError("no free port pair")
 
@@ -202,7 +211,7 @@ def test_the_launch_runbook_runs_as_written_and_the_subnet_trains_and_pays(tmp_p
     home = tmp_path / "home"
     home.mkdir()
     env = {"HOME": str(home), "PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "TERM": "dumb",
-           "S3_PORT": str(free_port()), "DASHBOARD_PORT": str(free_port()),
+           "S3_PORT": str(s3_port := free_port()), "DASHBOARD_PORT": str(free_port(avoid=s3_port)),
            **{k: os.environ[k] for k in PASSED_THROUGH if k in os.environ}}
     rehearsal = home / "templar-rehearsal"
     netuid = int(settings["BT_NETUID"])
