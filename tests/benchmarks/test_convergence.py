@@ -15,12 +15,13 @@ from templar.runtime.train import inner_steps
 
 @pytest.mark.slow(seconds=25)
 def test_every_method_and_mode_learns_and_the_summary_reports_them(tmp_path, assets_dir, monkeypatch) -> None:
-    """H = 2 on P = 1 page, two windows of each planned method at its grid's centre, delayed and eager
+    """H = 2 on P = 1 page, K = 2 peers, two windows of each planned method at its grid's centre, delayed and eager
     at the two overlap targets, and two extra points (exact values; the signed vote): every run
     lowers the held-out loss, payloads are real wire bytes far below dense, an overlapped run
     computes something else than blocking once an outer step is in flight, and the JSON holds
     the tables."""
     monkeypatch.setattr(convergence_runs, "HOLDOUT_PAGES", 2)  # 8 held-out sequences: enough to see a step
+    monkeypatch.setattr(convergence_runs, "PEERS", 2)  # every rule over two peers: half the training, the same code
     monkeypatch.setattr(convergence, "RATIO_AT", (1, 2))
     monkeypatch.setattr(convergence_runs, "_data", convergence_runs._data.__wrapped__)
     argv = ["--quick", "--windows", "2", "--eval-every", "1", "--inner-steps", "2", "--pages", "1", "--threads", "1",
@@ -44,14 +45,15 @@ def test_every_method_and_mode_learns_and_the_summary_reports_them(tmp_path, ass
     assert all(r["dense_over_sent"] > 100 for r in body["equal_tokens"] if r["method"] != convergence_runs.BASELINE)
     extra = {r["spec"]["aggregate"]: r for r in body["runs"] if r["spec"]["tag"] == "extra"}
     assert set(extra) == {"exact", "vote"} and extra["exact"]["bytes_per_token"] is None
-    # tuned against tuned: an extra point stands for its method there when it is the method's best, never
-    # in the plan's table; both tables hold every planned method and the goals read each
+    # tuned against tuned: an extra point stands for its method there when it is the method's best and a
+    # run could send it (this test's two, exact values and the vote, never can), never in the plan's
+    # table; both tables hold every planned method and the goals read each
     tuned = {r["method"]: r for r in body["equal_tokens_tuned"]}
     assert set(tuned) == planned and tuned[convergence_runs.BASELINE]["ratio"] == {"1": 1.0, "2": 1.0}
     assert all(r["tag"] != "extra" for r in body["equal_tokens"])
     for method in ("sparseloco_h", "signed_h"):
         tried = [r for r in body["runs"] if r["spec"]["method"] == method and r["spec"]["mode"] == "blocking"
-                 and r["spec"]["sequences"] is None]
+                 and r["spec"]["sequences"] is None and convergence_plan.configurable(r["spec"])]
         assert tuned[method]["final_loss"] == min(r["final_loss"] for r in tried)
     assert body["goals"]["tuned_best"]["ratio"]["2"] == min(r["ratio"]["2"] for r in body["equal_tokens_tuned"]
                                                           if r["method"] != convergence_runs.BASELINE)
@@ -150,6 +152,21 @@ def test_refine_steps_beyond_an_edge_best_and_halfway_towards_the_better_neighbo
     second = {(s.method, s.inner_lr, s.outer_lr) for s in convergence_plan.refine_specs(results, convergence_runs.methods(4),
                                                                                     30, 2, {"adamw_dp_h", "signed_h"})}
     assert second == {("adamw_dp_h", 2.38e-3, None), ("signed_h", 2.4e-2, 3e-3)}
+
+
+def test_an_extra_point_stands_for_its_method_only_tuned_and_only_on_the_wire() -> None:
+    """The plan's table (equal tokens) takes each method's best of its searched points; the tuned table
+    also an extra point that beats them, if a run could choose it: exact values and the signed vote,
+    which no rule sends, are listed and never a method's best."""
+    r = lambda *a, **k: _result(convergence, *a, **k)  # noqa: E731
+    grid = [r("sparseloco_h", 3e-3, 1.0, 6.5), r("signed_h", 3e-3, 3e-3, 6.6)]
+    extras = [r("sparseloco_h", 3e-3, 1.0, 6.0, tag="extra", topk=128),
+              r("sparseloco_h", 3e-3, 1.0, 5.0, tag="extra", aggregate="exact"),
+              r("signed_h", 3e-3, 3e-3, 5.0, tag="extra", aggregate="vote")]
+    plain = convergence_plan.best_runs(grid + extras, 30)
+    tuned = convergence_plan.best_runs(grid + extras, 30, targeted=True)
+    assert {k: v["final_loss"] for k, v in plain.items()} == {"sparseloco_h": 6.5, "signed_h": 6.6}
+    assert {k: v["final_loss"] for k, v in tuned.items()} == {"sparseloco_h": 6.0, "signed_h": 6.6}
 
 
 def test_variants_run_at_the_best_of_their_family_and_the_overlap_at_its_targets() -> None:
