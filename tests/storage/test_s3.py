@@ -80,7 +80,8 @@ def test_hanging_endpoint_times_out_on_time(hanging) -> None:
             started = time.monotonic()
             with pytest.raises(StorageTimeout):
                 await b.head("v1/gradient/1.safetensors", timeout=0.8)
-            assert time.monotonic() - started < 1.5
+            # the call's own 0.8 s, not the default 30 s; the slack is for a loaded machine (3 workers, 2 cores)
+            assert time.monotonic() - started < 4.0
 
     asyncio.run(body())
 
