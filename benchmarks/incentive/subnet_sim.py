@@ -353,6 +353,7 @@ def metrics(cfg: SimConfig, peers: list[Peer], inc: np.ndarray, agreement: list[
     honest = [float(last[u]) for u in uids["honest"]]
     honest_min = min(honest)
     first_weight, reach_median, first_vote, first_pay = [], [], [], []
+    newcomer_at_median, incumbents_at_median = [], []  # at each newcomer's first paid epoch
     for peer in peers:
         if peer.strategy != "newcomer":
             continue
@@ -363,6 +364,9 @@ def metrics(cfg: SimConfig, peers: list[Peer], inc: np.ndarray, agreement: list[
                 first = w - peer.joins
                 if median > 0:
                     first_pay.append(float(inc[w, peer.uid]) / median)
+                    at_median = median * (1.0 - SAME_INCENTIVE)
+                    newcomer_at_median.append(float(inc[w, peer.uid] >= at_median))
+                    incumbents_at_median.append(float(np.mean(inc[w, uids["honest"]] >= at_median)))
             if reach is None and median > 0 and inc[w, peer.uid] >= median * (1.0 - SAME_INCENTIVE):
                 reach = w - peer.joins
         first_weight.append(first)
@@ -398,6 +402,13 @@ def metrics(cfg: SimConfig, peers: list[Peer], inc: np.ndarray, agreement: list[
         # incumbent (1: paid like one from its first epoch). NaN when no newcomer was paid.
         "newcomer_first_pay_over_median": float(statistics.median(first_pay)) if first_pay else math.nan,
         "newcomer_first_pay_over_median_range": [min(first_pay), max(first_pay)] if first_pay else [math.nan] * 2,
+        # The same epochs as a share: of the newcomers, those paid at least the honest median at the first
+        # epoch that pays them; of the identical incumbents, those paid at least it at those epochs (the
+        # mean over newcomers). Where both are about equal a newcomer is paid as an incumbent from its first
+        # epoch, and "the median newcomer at the median" is as likely as the median of that many incumbents.
+        "newcomers_at_median_first_pay": statistics.fmean(newcomer_at_median) if newcomer_at_median else math.nan,
+        "incumbents_at_median_at_newcomers_first_pay":
+            statistics.fmean(incumbents_at_median) if incumbents_at_median else math.nan,
         "honest_max_over_min": (max(honest) / honest_min) if honest_min > 0 else math.inf,
         "honest_p90_over_p10": float(np.percentile(honest, 90) / max(np.percentile(honest, 10), 1e-12)),
         "honest_zero_share": sum(h == 0 for h in honest) / len(honest),
@@ -450,7 +461,9 @@ def line(label: str, m: dict) -> str:
             f"{hours(m['newcomer_first_weight_windows']):5.2f} h, median {hours(m['newcomer_honest_median_windows']):5.2f} h "
             f"(last {hours(m['newcomer_honest_median_windows_worst']):5.2f} h), at the median at the first epoch "
             f"{m.get('newcomers_at_median_first_epoch', '-')}/{m.get('newcomers_with_first_epoch', '-')}, first pay "
-            f"{m['newcomer_first_pay_over_median']:4.2f}x the median | honest max/min {m['honest_max_over_min']:6.2f} "
+            f"{m['newcomer_first_pay_over_median']:4.2f}x the median (at it: newcomers "
+            f"{m.get('newcomers_at_median_first_pay', math.nan):.2f}, incumbents "
+            f"{m.get('incumbents_at_median_at_newcomers_first_pay', math.nan):.2f}) | honest max/min {m['honest_max_over_min']:6.2f} "
             f"p90/p10 {m['honest_p90_over_p10']:5.2f} gini {m['honest_gini']:.3f} | agree {m['agreement_mean']:.3f} "
             f"vtrust min {m['vtrust_min']:.3f} | worst cheat {cheat} {share:.4f} | moredata/honest "
             f"{m['moredata_over_honest']:.2f}")

@@ -53,7 +53,7 @@ FIT_SOURCE = ("crowded localnets (`python -m benchmarks.incentive.fair_pay --see
               "production's Gauntlet: SparseLoCo, the proof against the other peers' own steps on 1 of 4 sequences)")
 KEYS = ("honest_max_over_min", "honest_p90_over_p10", "agreement_mean", "worst_cheat_share", "moredata_over_honest",
         "newcomer_median_hours", "newcomer_last_hours", "newcomer_first_weight_hours", "newcomer_first_pay_over_median",
-        "newcomers_at_median_first_epoch")
+        "newcomers_at_median_first_epoch", "newcomers_at_median_first_pay", "incumbents_at_median_at_newcomers_first_pay")
 
 
 def summary(m: dict) -> dict:
@@ -66,6 +66,8 @@ def summary(m: dict) -> dict:
             "newcomer_first_weight_hours": hours(m["newcomer_first_weight_windows"]),
             "newcomer_first_pay_over_median": m["newcomer_first_pay_over_median"],
             "newcomers_at_median_first_epoch": m["newcomers_at_median_first_epoch"],
+            "newcomers_at_median_first_pay": m["newcomers_at_median_first_pay"],
+            "incumbents_at_median_at_newcomers_first_pay": m["incumbents_at_median_at_newcomers_first_pay"],
             "newcomer_first_epoch_readings": m["newcomer_first_epoch_readings"]}
 
 

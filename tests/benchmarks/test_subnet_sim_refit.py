@@ -22,6 +22,7 @@ def test_only_the_named_levers_run_and_an_unknown_name_is_refused(tmp_path: Path
                    "newcomer_honest_median_windows_worst": 90, "newcomer_first_weight_windows": 40,
                    "newcomer_first_pay_over_median": 1.0, "weight_by_strategy": {},
                    "newcomers_at_median_first_epoch": 5, "newcomers_with_first_epoch": 8,
+                   "newcomers_at_median_first_pay": 0.625, "incumbents_at_median_at_newcomers_first_pay": 0.7,
                    "newcomer_first_epoch_readings": {"at the median": 12, "proof": 2, "rating": 2, "not evaluated": 0}}
         return {label: SimpleNamespace(metrics=metrics) for label, _, _ in jobs}
 

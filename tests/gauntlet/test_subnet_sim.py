@@ -92,6 +92,8 @@ def test_newcomers_join_over_one_tempo_and_reach_the_median_within_rounding() ->
     # what each is paid at the first epoch that pays it, over the honest median then: 1.0 and 0.9
     assert m["newcomer_first_pay_over_median"] == pytest.approx(0.95)
     assert m["newcomer_first_pay_over_median_range"] == pytest.approx([0.9, 1.0])
+    # one newcomer of two at the median at its first paid epoch; every incumbent at the median then
+    assert m["newcomers_at_median_first_pay"] == 0.5 and m["incumbents_at_median_at_newcomers_first_pay"] == 1.0
 
 
 def test_epochs_read_the_weights_last_submitted(monkeypatch) -> None:
