@@ -360,14 +360,14 @@ def metrics(cfg: SimConfig, peers: list[Peer], inc: np.ndarray, agreement: list[
         first = reach = None
         for w in range(peer.joins, cfg.windows):
             median = float(np.median(inc[w, uids["honest"]]))
+            at_median = median * (1.0 - SAME_INCENTIVE)
             if first is None and inc[w, peer.uid] > 0:
                 first = w - peer.joins
                 if median > 0:
                     first_pay.append(float(inc[w, peer.uid]) / median)
-                    at_median = median * (1.0 - SAME_INCENTIVE)
                     newcomer_at_median.append(float(inc[w, peer.uid] >= at_median))
                     incumbents_at_median.append(float(np.mean(inc[w, uids["honest"]] >= at_median)))
-            if reach is None and median > 0 and inc[w, peer.uid] >= median * (1.0 - SAME_INCENTIVE):
+            if reach is None and median > 0 and inc[w, peer.uid] >= at_median:
                 reach = w - peer.joins
         first_weight.append(first)
         reach_median.append(reach)
