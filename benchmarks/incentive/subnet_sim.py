@@ -43,12 +43,19 @@ import random
 import statistics
 import sys
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 
 from benchmarks.incentive.subnet_sim_candidates import TiedOpenSkillBook, WeighedWindowsBook
+from benchmarks.incentive.subnet_sim_first_epoch import (
+    SAME_INCENTIVE,
+    at_median_share,
+    book_readings,
+    first_epoch_metrics,
+)
 from benchmarks.incentive.subnet_sim_fit import FIT_FILE, EvalSize, draw, fit, fit_from_scores
 from benchmarks.incentive.subnet_sim_production import RULE_FIELDS, production_settings
 from templar.chain.embedded import yuma
@@ -60,10 +67,6 @@ RESULTS_DIR = Path(__file__).resolve().parents[1] / "results"
 WINDOW_SECONDS = 84.0
 LAST = 12
 """Incentive is averaged over the last 12 windows (the fairness horizon of docs/scoring.md §11's targets)."""
-
-SAME_INCENTIVE = 1e-9
-"""Relative tolerance of "at the honest median": identical peers' incentives differ by float rounding
-(about 1e-16 relative), which an exact `>=` read as below the median."""
 
 STRATEGIES = ("honest", "newcomer", "moredata", "lazy", "copycat", "noise", "lazy_new")
 CHEATS = ("lazy", "copycat", "noise", "lazy_new")
@@ -227,30 +230,6 @@ def weights_cadence(cfg: SimConfig) -> WeightsCadence:
     return WeightsCadence(every=cfg.weights_windows, blocks_per_window=1, netuid=cfg.tempo_windows - 1, tempo=tempo)
 
 
-FIRST_EPOCH_READINGS = ("at the median", "proof", "rating", "not evaluated")
-
-
-def newcomer_readings(book: ScoreBook, rules: GauntletConfig, newcomers: list[str], honest: list[str]) -> list[str]:
-    """Where one validator's book puts each newcomer against its identical incumbents: "at the median"
-    (PeerScore at least the honest median's), else why not: "not evaluated" yet, "proof" (μ̃, the μ
-    PeerScore reads, under the honest median's) or "rating" (LossRating under the honest median's):
-    what a newcomer that misses the exact median at its first epoch lacked, in the validator's own terms."""
-    scores, paid = book.scores(rules), book.paid_mus(rules)
-    tolerance = 1.0 - SAME_INCENTIVE
-    median_score = statistics.median(scores.get(h, 0.0) for h in honest) * tolerance
-    median_mu = statistics.median(paid.get(h, 0.0) for h in honest) * tolerance
-    readings = []
-    for hotkey in newcomers:
-        record = book.peers.get(hotkey)
-        if record is None or record.primary_evals == 0:
-            readings.append("not evaluated")
-        elif scores.get(hotkey, 0.0) >= median_score:
-            readings.append("at the median")
-        else:
-            readings.append("proof" if paid[hotkey] < median_mu else "rating")
-    return readings
-
-
 def simulate(cfg: SimConfig, *, keep_series: bool = False) -> Outcome:
     rng = random.Random(cfg.seed)
     source = fit(Path(cfg.fit_file)) if cfg.fit_file else fit()
@@ -281,7 +260,9 @@ def simulate(cfg: SimConfig, *, keep_series: bool = False) -> Outcome:
     cadence = weights_cadence(cfg)
     honest = [p.hotkey for p in miners if p.strategy == "honest"]
     submitted_readings: dict[str, tuple[str, ...]] = {}  # newcomers in the vectors last submitted
+    submitted_incumbents: Counter[str] = Counter()  # the incumbents' readings in those vectors
     first_epoch: dict[str, tuple[str, ...]] = {}  # what the first epoch to read a newcomer read of it
+    incumbents_at_first_epochs: Counter[str] = Counter()  # the incumbents' readings in the same vectors
     for window in range(cfg.windows):
         candidates = sorted(p.hotkey for p in miners if p.joins <= window)
         weights = np.zeros((cfg.uids, cfg.uids))
@@ -311,8 +292,10 @@ def simulate(cfg: SimConfig, *, keep_series: bool = False) -> Outcome:
             submitted = weights
             joined = [p.hotkey for p in miners if p.strategy == "newcomer" and p.joins <= window
                       and p.hotkey not in first_epoch]
-            per_book = [newcomer_readings(book, rules, joined, honest) for book in books]
+            per_book = [book_readings(book, rules, joined, honest) for book in books]
             submitted_readings = {hk: tuple(r[i] for r in per_book) for i, hk in enumerate(joined)}
+            submitted_incumbents = Counter(r for book in books for r in book_readings(book, rules, honest, honest)) \
+                if joined else Counter()
         if window % cfg.tempo_windows == 0:
             result = yuma.epoch(yuma.EpochInputs(
                 weights=submitted, stake=stake, permit=permit,
@@ -321,25 +304,15 @@ def simulate(cfg: SimConfig, *, keep_series: bool = False) -> Outcome:
             bonds = result.bonds
             for hotkey, readings in submitted_readings.items():
                 first_epoch.setdefault(hotkey, readings)
-            submitted_readings = {}
+            if submitted_readings:
+                incumbents_at_first_epochs += submitted_incumbents
+            submitted_readings, submitted_incumbents = {}, Counter()
         incentive_hist[window] = result.incentive
         vtrust_hist[window] = result.validator_trust[: cfg.validators]
     measured = metrics(cfg, peers, incentive_hist, agreement_hist, vtrust_hist, lead_weight_hist, first_penalty)
-    measured |= first_epoch_metrics(first_epoch)
+    measured |= first_epoch_metrics(first_epoch, incumbents_at_first_epochs)
     return Outcome(asdict(cfg), measured,
                    series(cfg, peers, incentive_hist, agreement_hist, lead_weight_hist) if keep_series else {})
-
-
-def first_epoch_metrics(first_epoch: dict[str, tuple[str, ...]]) -> dict:
-    """What each newcomer's first epoch read of it (`newcomer_readings`, one per validator): how many
-    (newcomer, validator) readings were of each kind, and how many newcomers every validator read at
-    the median. A newcomer must be at the median in the vectors its first epoch reads to be paid as
-    the median within a tempo of joining (72 minutes on finney); after that the next epoch is a tempo away."""
-    readings = [r for per_book in first_epoch.values() for r in per_book]
-    return {"newcomer_first_epoch_readings": {kind: readings.count(kind) for kind in FIRST_EPOCH_READINGS},
-            "newcomers_at_median_first_epoch": sum(all(r == "at the median" for r in per_book)
-                                                   for per_book in first_epoch.values()),
-            "newcomers_with_first_epoch": len(first_epoch)}
 
 
 def metrics(cfg: SimConfig, peers: list[Peer], inc: np.ndarray, agreement: list[float], vtrust: np.ndarray,
@@ -463,7 +436,9 @@ def line(label: str, m: dict) -> str:
             f"{m.get('newcomers_at_median_first_epoch', '-')}/{m.get('newcomers_with_first_epoch', '-')}, first pay "
             f"{m['newcomer_first_pay_over_median']:4.2f}x the median (at it: newcomers "
             f"{m.get('newcomers_at_median_first_pay', math.nan):.2f}, incumbents "
-            f"{m.get('incumbents_at_median_at_newcomers_first_pay', math.nan):.2f}) | honest max/min {m['honest_max_over_min']:6.2f} "
+            f"{m.get('incumbents_at_median_at_newcomers_first_pay', math.nan):.2f}; per book reading "
+            f"{at_median_share(m.get('newcomer_first_epoch_readings', {})):.2f} / "
+            f"{at_median_share(m.get('incumbent_first_epoch_readings', {})):.2f}) | honest max/min {m['honest_max_over_min']:6.2f} "
             f"p90/p10 {m['honest_p90_over_p10']:5.2f} gini {m['honest_gini']:.3f} | agree {m['agreement_mean']:.3f} "
             f"vtrust min {m['vtrust_min']:.3f} | worst cheat {cheat} {share:.4f} | moredata/honest "
             f"{m['moredata_over_honest']:.2f}")

@@ -68,7 +68,8 @@ def summary(m: dict) -> dict:
             "newcomers_at_median_first_epoch": m["newcomers_at_median_first_epoch"],
             "newcomers_at_median_first_pay": m["newcomers_at_median_first_pay"],
             "incumbents_at_median_at_newcomers_first_pay": m["incumbents_at_median_at_newcomers_first_pay"],
-            "newcomer_first_epoch_readings": m["newcomer_first_epoch_readings"]}
+            "newcomer_first_epoch_readings": m["newcomer_first_epoch_readings"],
+            "incumbent_first_epoch_readings": m["incumbent_first_epoch_readings"]}
 
 
 LEVERS: dict[str, dict] = {

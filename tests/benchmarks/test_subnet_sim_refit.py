@@ -23,7 +23,9 @@ def test_only_the_named_levers_run_and_an_unknown_name_is_refused(tmp_path: Path
                    "newcomer_first_pay_over_median": 1.0, "weight_by_strategy": {},
                    "newcomers_at_median_first_epoch": 5, "newcomers_with_first_epoch": 8,
                    "newcomers_at_median_first_pay": 0.625, "incumbents_at_median_at_newcomers_first_pay": 0.7,
-                   "newcomer_first_epoch_readings": {"at the median": 12, "proof": 2, "rating": 2, "not evaluated": 0}}
+                   "newcomer_first_epoch_readings": {"at the median": 12, "proof": 2, "rating": 2, "not evaluated": 0},
+                   "incumbent_first_epoch_readings": {"at the median": 700, "proof": 4, "rating": 120,
+                                                      "not evaluated": 0}}
         return {label: SimpleNamespace(metrics=metrics) for label, _, _ in jobs}
 
     monkeypatch.setattr(subnet_sim_refit, "run_jobs", run_jobs)
@@ -34,6 +36,7 @@ def test_only_the_named_levers_run_and_an_unknown_name_is_refused(tmp_path: Path
     assert ran == [f"{n} | seed={s}" for n in names for s in (0, 1, 2)]
     written = json.loads((tmp_path / "subnet_sim_refit_levers_t.json").read_text())
     assert list(written["levers"]) == names and list(written["ranges_over_seeds"]) == names
+    assert written["runs"]["production | seed=0"]["incumbent_first_epoch_readings"]["rating"] == 120
     assert written["levers"][names[1]]["eval_size"] == {"assigned_sequences": 32, "random_sequences": 64, "ranges": 4}
 
     ran.clear()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from dataclasses import replace
 
 import pytest
@@ -241,8 +242,16 @@ def test_a_fit_of_whole_evaluations_drives_the_score_book_with_every_unit(tmp_pa
 
 
 def test_a_newcomers_first_epoch_is_read_as_each_validator_scores_it() -> None:
-    """`newcomer_readings` says what a validator's book lacked to pay a newcomer as the median: not yet
-    evaluated, its μ̃ (the proof) or its LossRating; `first_epoch_metrics` counts them per validator."""
+    """`book_readings` says what a validator's book lacked to pay a peer as the median: not yet
+    evaluated, its μ̃ (the proof) or its LossRating; `first_epoch_metrics` counts them per validator,
+    the newcomers' and the incumbents' of the same submissions apart."""
+    from collections import Counter
+
+    from benchmarks.incentive.subnet_sim_first_epoch import (
+        at_median_share,
+        book_readings,
+        first_epoch_metrics,
+    )
     from templar.core.config import load_hparams
     from templar.gauntlet import ScoreBook
 
@@ -253,11 +262,16 @@ def test_a_newcomers_first_epoch_is_read_as_each_validator_scores_it() -> None:
     for uid, (hotkey, (mu, relative)) in enumerate(states.items()):
         record = book.get_or_create(hotkey, uid, 0)
         record.mu, record.primary_evals, record.relative_delta, record.relative_evals = mu, 20, relative, 20
-    readings = subnet_sim.newcomer_readings(book, rules, ["same", "lazy", "short", "unseen"], ["h0", "h1", "h2"])
+    readings = book_readings(book, rules, ["same", "lazy", "short", "unseen"], ["h0", "h1", "h2"])
     assert readings == ["at the median", "proof", "rating", "not evaluated"]
-    counts = subnet_sim.first_epoch_metrics({"a": ("at the median", "at the median"), "b": ("at the median", "rating")})
+    assert book_readings(book, rules, ["h0", "h1", "h2"], ["h0", "h1", "h2"]) == ["at the median"] * 3
+    incumbents = Counter({"at the median": 5, "rating": 1})
+    counts = first_epoch_metrics({"a": ("at the median", "at the median"), "b": ("at the median", "rating")}, incumbents)
     assert counts["newcomers_at_median_first_epoch"] == 1 and counts["newcomers_with_first_epoch"] == 2
     assert counts["newcomer_first_epoch_readings"] == {"at the median": 3, "proof": 0, "rating": 1, "not evaluated": 0}
+    assert counts["incumbent_first_epoch_readings"] == {"at the median": 5, "proof": 0, "rating": 1, "not evaluated": 0}
+    assert at_median_share(counts["newcomer_first_epoch_readings"]) == 0.75
+    assert at_median_share(counts["incumbent_first_epoch_readings"]) == 5 / 6
 
 
 def test_the_quick_run_reads_every_newcomers_first_epoch_in_every_book() -> None:
@@ -267,3 +281,7 @@ def test_the_quick_run_reads_every_newcomers_first_epoch_in_every_book() -> None
     assert m["newcomers_with_first_epoch"] == base.per_class
     assert sum(m["newcomer_first_epoch_readings"].values()) == base.per_class * base.validators
     assert 0 <= m["newcomers_at_median_first_epoch"] <= base.per_class
+    # Beside them, every identical incumbent in every book of each submission a newcomer's first epoch read.
+    honest = sum(p.strategy == "honest" for p in subnet_sim.build_peers(base, random.Random(base.seed)))
+    incumbents = sum(m["incumbent_first_epoch_readings"].values())
+    assert incumbents > 0 and incumbents % (honest * base.validators) == 0
