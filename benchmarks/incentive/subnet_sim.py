@@ -292,10 +292,10 @@ def simulate(cfg: SimConfig, *, keep_series: bool = False) -> Outcome:
             submitted = weights
             joined = [p.hotkey for p in miners if p.strategy == "newcomer" and p.joins <= window
                       and p.hotkey not in first_epoch]
-            per_book = [book_readings(book, rules, joined, honest) for book in books]
+            # one reading of each book: the newcomers, then (when one is unread) the incumbents beside them
+            per_book = [book_readings(book, rules, joined + honest if joined else [], honest) for book in books]
             submitted_readings = {hk: tuple(r[i] for r in per_book) for i, hk in enumerate(joined)}
-            submitted_incumbents = Counter(r for book in books for r in book_readings(book, rules, honest, honest)) \
-                if joined else Counter()
+            submitted_incumbents = Counter(r for readings in per_book for r in readings[len(joined):])
         if window % cfg.tempo_windows == 0:
             result = yuma.epoch(yuma.EpochInputs(
                 weights=submitted, stake=stake, permit=permit,
