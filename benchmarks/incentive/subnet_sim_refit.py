@@ -99,7 +99,8 @@ LEVERS: dict[str, dict] = {
     "μ's tie band widening and rated as the median below it until 5 evaluations":
         {"rules": (("mu_tie_band_widens", True), ("rating_below_after", 5))},
     "a newcomer drawn first until 3 evaluations": {"rules": (("newcomer_first_evals", 3),)},
-    "a newcomer drawn first until 5 evaluations": {"rules": (("newcomer_first_evals", 5),)},
+    "a newcomer drawn first until 5 evaluations": {"rules": (("newcomer_first_evals", 5),)},  # production's since LOG §48
+    "no newcomer drawn first beyond its first evaluation (the rule before LOG §48)": {"rules": (("newcomer_first_evals", 0),)},
     "a newcomer drawn first until 8 evaluations": {"rules": (("newcomer_first_evals", 8),)},
     "a newcomer drawn first until 5 evaluations and the rating's band below the median 2 standard errors":
         {"rules": (("newcomer_first_evals", 5), ("rating_tie_band_below", 2.0))},

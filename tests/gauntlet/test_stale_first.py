@@ -133,3 +133,24 @@ def test_a_peer_is_drawn_first_until_its_first_evaluations() -> None:
     plain, first = drawn(base), drawn(base.model_copy(update={"newcomer_first_evals": 3}))
     assert plain <= 5 and 100 < first < 190, (plain, first)
     assert drawn(base.model_copy(update={"newcomer_first_evals": 1})) == plain  # it has 1: no longer a newcomer
+
+
+def test_a_window_with_a_place_for_every_peer_evaluates_them_all_whatever_the_newcomer_rule() -> None:
+    """Where a run has at most `fast_eval_uids` miners and `uids_per_window` places for them all (the
+    README's localnet: 7 miners, 16 and 8), F_t and S_t hold every miner, so drawing newcomers first
+    changes no one's evaluations there: only a crowded run (more miners than places) feels it."""
+    from templar.gauntlet import FastVerdict, Status, draw_window
+
+    book = ScoreBook()
+    miners = {hotkey: i for i, hotkey in enumerate(PEERS[:7])}
+    for i, hotkey in enumerate(miners):
+        record = book.get_or_create(hotkey, i, 0)
+        record.primary_evals, record.last_primary_window = (i, 90 + i) if i else (0, None)
+    for first_evals in (0, 5):
+        rules = gauntlet_rules(selection_sharpness=2.0, newcomer_evals=32, newcomer_first_evals=first_evals,
+                               fast_eval_uids=16, uids_per_window=8)
+        for seed in range(20):
+            draw = draw_window(book, rules, seed, 100, miners, [])
+            assert sorted(draw.fast) == sorted(miners)
+            verdicts = {hotkey: FastVerdict(Status.OK) for hotkey in miners}
+            assert sorted(draw.primary(verdicts)) == sorted(miners)
