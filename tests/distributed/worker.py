@@ -13,17 +13,12 @@ file, bit for bit, with the followers taking rank 0's settings.
 (`tiny-sparseloco`): the sharded SparseLoCo compressor's update and payload equal the 1-process one's
 for the same gradient, and the outer step (each peer clipped by its whole payload's norm) is
 bit-identical. `sparse,equality OUT` runs both in one launch (`checks`).
-`windows STATE_DIR N DELAY [REFERENCE_DIR]`: a miner's compute loop without chain or bucket (train,
-compress, write the payload, outer step with its own update, save), resuming from STATE_DIR; each
-finished window is appended to STATE_DIR/progress.txt and each rank's pid written to
-STATE_DIR/pid.RANK. With REFERENCE_DIR, the same windows once more from θ_0 there, uninterrupted.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import sys
 import time
 from datetime import timedelta
@@ -343,21 +338,6 @@ def memory(out_dir: Path, hp: HParams, group: Group, report: dict) -> None:
     report["memory_theta_moved"] = not all(torch.equal(ta[0][k], ta[2][k]) for k in ta[0])
 
 
-def windows(state_dir: Path, until: int, delay: float, reference_dir: Path | None = None,
-            then: list[str] | None = None, checks_dir: Path | None = None) -> None:
-    """Run (or resume) the windows in `state_dir`; then, given `reference_dir`, the same windows from
-    θ_0 in a fresh directory without a stop: the uninterrupted run a resumed one must equal (every
-    object rebuilt, only the process group reused, so a restart and its reference cost one launch);
-    then the checks named in `then`, into `checks_dir` (`checks`), in the same launch."""
-    group = init_group("cpu")
-    (state_dir / f"pid.{group.rank}").write_text(str(os.getpid()))
-    _windows(group, state_dir, until, delay)
-    if reference_dir is not None:
-        _windows(group, reference_dir, until, 0.0)
-    _run_checks(then or [], checks_dir, group)
-    group.close()
-
-
 def sparse(out_dir: Path, group: Group) -> None:
     from templar.compress.methods import rule_of
 
@@ -445,58 +425,19 @@ def sparse(out_dir: Path, group: Group) -> None:
         (out_dir / "result.json").write_text(json.dumps(report))
 
 
-def _windows(group: Group, state_dir: Path, until: int, delay: float) -> None:
-    hp = load_hparams(SIGNED)
-    model = shard_model(build_model(hp), group)
-    demo = ShardedDeMo(model, group, compressor=DCTCompressor(hp.demo.target_chunk, hp.demo.topk),
-                       decay=hp.demo.momentum_decay)
-    path = state_dir / "state.safetensors"
-    state = load_sharded_state(path, model, demo, group) or NodeState(window=-1, global_step=0)
-    for window in range(state.window + 1, until):
-        batch = pages(hp, window)
-        accumulate_sharded(model, batch, hp.optimizer.micro_batch_size, group, hp.optimizer.grad_clip)
-        sent = demo.step(model, learning_rate(state.global_step, hp.optimizer))
-        model.zero_grad(set_to_none=True)
-        probes = collect_probes_sharded(model, window, hp, group)
-        payload = None
-        if group.is_leader:
-            payload = write_gradient(sent, probes, window=window, global_step=state.global_step, hotkey="h",
-                                     hp=hp, run=RUN, sign=nosign)
-        mine = Gradient(window=window, global_step=state.global_step, hotkey="h", warmup=False, tensors=sent,
-                        probes=probes, digest=b"", nbytes=len(payload or b""))
-        outer_step_sharded(model, [mine] if group.is_leader else None, state, hp, group)
-        state.window = window
-        save_sharded_state(path, model, demo, state, group)
-        if group.is_leader:
-            with open(state_dir / "progress.txt", "a") as f:
-                f.write(f"{window} {group.world_size}\n")
-        time.sleep(delay)
-
-
 CHECKS = {"equality": equality, "sparse": sparse}
 
 
 def checks(names: list[str], out_dir: Path) -> None:
     """The named checks in order, in one process group (a launch costs each rank its interpreter,
-    torch and transformers: about 5 s); each writes OUT/<name>/."""
+    torch and transformers: about 5 s); each writes OUT/<name>/. Equality's hung-rank check leaves the
+    group usable, and it sets the sharded outer step's bucket size for what follows: last."""
     group = init_group("cpu")
-    _run_checks(names, out_dir, group)
+    for name in names:
+        (out_dir / name).mkdir(parents=True, exist_ok=True)
+        CHECKS[name](out_dir / name, group)
     group.close()
 
 
-def _run_checks(names: list[str], out_dir: Path | None, group: Group) -> None:
-    """Equality's hung-rank check leaves the group usable, and it sets the sharded outer step's
-    bucket size for what follows: last."""
-    for name in names:
-        assert out_dir is not None
-        (out_dir / name).mkdir(parents=True, exist_ok=True)
-        CHECKS[name](out_dir / name, group)
-
-
 if __name__ == "__main__":
-    if sys.argv[1] == "windows":  # windows STATE UNTIL DELAY [REFERENCE [CHECKS OUT]]
-        args = sys.argv[2:]
-        windows(Path(args[0]), int(args[1]), float(args[2]), Path(args[3]) if len(args) > 3 else None,
-                args[4].split(",") if len(args) > 4 else [], Path(args[5]) if len(args) > 5 else None)
-    else:
-        checks(sys.argv[1].split(","), Path(sys.argv[2]))
+    checks(sys.argv[1].split(","), Path(sys.argv[2]))  # CHECK[,CHECK...] OUT
