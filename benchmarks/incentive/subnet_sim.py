@@ -325,12 +325,12 @@ def metrics(cfg: SimConfig, peers: list[Peer], inc: np.ndarray, agreement: list[
     uids = {s: [p.uid for p in peers if p.strategy == s] for s in STRATEGIES}
     honest = [float(last[u]) for u in uids["honest"]]
     honest_min = min(honest)
-    first_weight, reach_median, first_vote, first_pay = [], [], [], []
+    first_weight, reach_median, reach_spread, first_vote, first_pay = [], [], [], [], []
     newcomer_at_median, incumbents_at_median = [], []  # at each newcomer's first paid epoch
     for peer in peers:
         if peer.strategy != "newcomer":
             continue
-        first = reach = None
+        first = reach = within = None
         for w in range(peer.joins, cfg.windows):
             median = float(np.median(inc[w, uids["honest"]]))
             at_median = median * (1.0 - SAME_INCENTIVE)
@@ -342,8 +342,11 @@ def metrics(cfg: SimConfig, peers: list[Peer], inc: np.ndarray, agreement: list[
                     incumbents_at_median.append(float(np.mean(inc[w, uids["honest"]] >= at_median)))
             if reach is None and median > 0 and inc[w, peer.uid] >= at_median:
                 reach = w - peer.joins
+            if within is None and median > 0 and inc[w, peer.uid] >= np.percentile(inc[w, uids["honest"]], 10):
+                within = w - peer.joins
         first_weight.append(first)
         reach_median.append(reach)
+        reach_spread.append(within)
         voted = np.flatnonzero(lead_weights[peer.joins:, peer.uid] > 0)
         first_vote.append(int(voted[0]) if voted.size else None)
 
@@ -368,6 +371,12 @@ def metrics(cfg: SimConfig, peers: list[Peer], inc: np.ndarray, agreement: list[
         "newcomer_honest_median_windows": typical(reach_median),
         "newcomer_honest_median_windows_worst": worst(reach_median),
         "newcomers_never_at_median": sum(v is None for v in reach_median),
+        # The same count against the identical incumbents' own spread: the first window each newcomer is
+        # paid at least their 10th percentile in that window (at most a tenth of them are paid less). Most
+        # incumbents share the saturated median exactly and the rest sit a per cent or two under it, so
+        # "at the median" also asks whether the newcomer drew the plateau; this asks whether it is paid
+        # as an incumbent is.
+        "newcomer_honest_spread_windows": typical(reach_spread),
         # What the first epoch that pays a newcomer pays it, over the honest median of that window: the
         # median over newcomers. An identical incumbent sits below the honest median half the time, so the
         # first window each newcomer is at or above it (above) measures the honest spread's persistence as
