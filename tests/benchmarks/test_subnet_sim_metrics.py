@@ -1,4 +1,4 @@
-"""`benchmarks/incentive/subnet_sim.metrics`: when a newcomer counts as paid like the identical
+"""`subnet_sim.metrics` (benchmarks/incentive/subnet_sim.py): when a newcomer counts as paid like the identical
 incumbents, read from a hand-made incentive history (no simulation)."""
 
 from __future__ import annotations
