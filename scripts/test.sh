@@ -9,13 +9,13 @@ cd "$root"
 echo "[test] ruff"
 "$venv/bin/ruff" check src neurons scripts tests benchmarks
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1
-# One pytest worker per core, plus one (at most 5): the long tests run first, one per worker
-# (tests/conftest.py), and each worker's torch keeps to one thread. About a third of the long tests'
-# time is waiting (neuron processes importing torch, real-time windows, torchrun rendezvous); the
-# extra worker fills it: on 2 cores -n 2 took 261 s, -n 3 235 s, -n 4 232 s (767 tests, quiet machine);
-# with 1,260 tests (2026-11-29, fresh clones) 559 s, 490 s and 487 s: a fourth worker finds nothing left to fill.
-workers="${TEMPLAR_TEST_WORKERS:-$(( $(nproc) + 1 ))}"
-[ "$workers" -gt 5 ] && workers=5
+# One pytest worker per core, plus two (at most 6), each worker's torch on one thread. The long tests
+# run first (tests/conftest.py): those that mostly wait (real-time localnets, kill -9 of real processes,
+# the launch rehearsal) in two lanes, the other workers on tests that compute, so the cores stay busy
+# while the waiting tests wait. On 2 cores (2026-12-01, 1,332 tests): 3 workers, the waiting tests
+# started together, 300 s of pytest (the cores 83-84 % busy); 4 workers in two lanes 269-272 s (93-94 %).
+workers="${TEMPLAR_TEST_WORKERS:-$(( $(nproc) + 2 ))}"
+[ "$workers" -gt 6 ] && workers=6
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 # glibc hands every tensor over 32 MB back to the kernel on free and maps it anew (zeroed) on the next
 # allocation: 31 M page faults and 97 s of system time per suite. Keeping freed memory in the heap
@@ -31,6 +31,9 @@ shm_free_mb=$(df --output=avail -BM /dev/shm 2>/dev/null | tail -1 | tr -dc 0-9 
 if [ "${shm_free_mb:-0}" -ge 4096 ]; then
   scratch="/dev/shm/pytest-suite-$$"
 fi
+# Bytecode for every module the suite's ~45 Python processes import, written once (0.4 s): where
+# PYTHONDONTWRITEBYTECODE is set (as in many containers), each process would compile them anew.
+"$venv/bin/python" -m compileall -q -j 0 src neurons scripts benchmarks tests >/dev/null
 echo "[test] pytest ($workers workers${scratch:+, scratch in $scratch})"
 set +e
 "$venv/bin/python" -m pytest -q -n "$workers" --maxschedchunk 1 ${scratch:+--basetemp "$scratch"} "$@"

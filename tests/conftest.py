@@ -3,6 +3,7 @@ preset, a real sr25519 key, real compressed gradients, and a real SeaweedFS S3 s
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import os
 import secrets
@@ -120,6 +121,19 @@ def real_peers(hp: HParams) -> tuple[dict[str, torch.Size], list[dict[str, Compr
             )
         peers.append(update)
     return shapes, peers
+
+
+@pytest.fixture(autouse=True)
+def _torch_keeps_its_threads() -> Iterator[None]:
+    """A test that changes torch's thread count (a benchmark's `main` choosing its own) gives it back.
+
+    scripts/test.sh runs every worker's torch on one thread. Left at two on 2 cores and four workers,
+    OpenMP's threads spun against the other workers for the rest of that worker's tests: the GPU
+    benchmark's smoke run took 35-50 s of CPU after it, 9 s alone."""
+    threads = torch.get_num_threads()
+    yield
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
 
 
 # -- storage: a real SeaweedFS S3 server for the session, buckets of both kinds, hostile endpoints.
@@ -301,23 +315,66 @@ def hostile_server() -> Iterator[Callable[[bytes], HostileServer]]:
         server.close()
 
 
+def _slow(item: pytest.Item) -> tuple[float, bool]:
+    """(seconds, waits) of a test marked `slow(seconds=N, waits=...)`: its rough wall time in a whole
+    suite run, and whether most of it is spent waiting (real-time windows, real processes)."""
+    marker = item.get_closest_marker("slow")
+    return float(marker.kwargs.get("seconds", 10)), bool(marker.kwargs.get("waits", False))
+
+
+QUICK_TEST_SECONDS = 0.2
+"""A test without the `slow` marker, in a whole suite run (2026-12-01: 1,310 of them in 285 s of wall)."""
+
+
+def long_tests_order(slow: list[pytest.Item], quick: list[pytest.Item], workers: int, cores: int) -> list[pytest.Item]:
+    """Every test, in the order a worker that frees up should take them.
+
+    The long tests first, longest first, each followed by one quick test: xdist hands a worker the
+    next test as it finishes one, so the quick one is what waits behind a long one, and the quick
+    tests that are left run last. The tests that wait (a real-time localnet, a kill -9 of real
+    processes, the launch rehearsal; `slow(waits=True)`) use a third to a half of a core over their
+    minute or two, so they run in two lanes (more only where the workers outnumber the cores by
+    more), and the other workers keep the cores busy: three at once on 2 cores left over a third of
+    them idle for the suite's first 75-90 s, and one lane would take their six minutes in a row. Once
+    no long test is left to compute, a worker takes quick tests until a lane frees. The order is a
+    list schedule of the markers' seconds over `workers` workers, so it depends only on the markers
+    and is the same on every xdist worker."""
+    waiting = sorted((i for i in slow if _slow(i)[1]), key=lambda i: -_slow(i)[0])
+    computing = sorted((i for i in slow if not _slow(i)[1]), key=lambda i: -_slow(i)[0])
+    quick = list(quick)
+    lanes = max(1, min(workers - 1, max(2, workers - cores)))
+    free = [(0.0, worker) for worker in range(workers)]
+    lanes_end: list[float] = []  # when each waiting test in flight ends
+    order: list[pytest.Item] = []
+    quick_next = False
+    while waiting or computing:
+        at, worker = heapq.heappop(free)
+        lanes_end = [end for end in lanes_end if end > at]
+        lanes_full = len(lanes_end) >= lanes
+        if quick and (quick_next or (waiting and lanes_full and not computing)):
+            item, seconds, quick_next = quick.pop(0), QUICK_TEST_SECONDS, False
+        else:
+            item = waiting.pop(0) if waiting and (not lanes_full or not computing) else computing.pop(0)
+            seconds, waits = _slow(item)
+            if waits:
+                lanes_end.append(at + seconds)
+            quick_next = True
+        order.append(item)
+        heapq.heappush(free, (at + seconds, worker))
+    return order + quick
+
+
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Longest first: the tests marked `slow` (whole localnets, real processes, torchrun ranks) run
-    before the rest, by their rough cost (`@pytest.mark.slow(seconds=N)`, default 10), each
-    followed by one quick test.
+    """Long tests first: the tests marked `slow` (whole localnets, real processes, torchrun ranks) run
+    before the rest, in `long_tests_order`.
 
     Under `pytest -n N` (scripts/test.sh) xdist hands every worker two tests at a time and then one
     per finished test, so this order gives each worker one long test at a time and keeps the quick
     ones for the end: the suite's wall time tends to total work / N instead of the long tests in a
     row. A serial run is unaffected (same tests, another order)."""
-    slow = sorted((item for item in items if item.get_closest_marker("slow")),
-                  key=lambda item: -item.get_closest_marker("slow").kwargs.get("seconds", 10))
+    slow = [item for item in items if item.get_closest_marker("slow")]
     if not slow:
         return
-    quick = [item for item in items if not item.get_closest_marker("slow")]
-    ordered: list[pytest.Item] = []
-    for item in slow:
-        ordered.append(item)
-        if quick:
-            ordered.append(quick.pop(0))
-    items[:] = ordered + quick
+    workers = int(getattr(config, "workerinput", {}).get("workercount", 1))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    items[:] = long_tests_order(slow, [item for item in items if not item.get_closest_marker("slow")], workers, cores)

@@ -13,7 +13,7 @@ from benchmarks.research import convergence, convergence_plan, convergence_runs
 from templar.runtime.train import inner_steps
 
 
-@pytest.mark.slow(seconds=25)
+@pytest.mark.slow(seconds=12)
 def test_every_method_and_mode_learns_and_the_summary_reports_them(tmp_path, assets_dir, monkeypatch) -> None:
     """H = 2 on P = 1 page, K = 2 peers, two windows of each planned method at its grid's centre, delayed and eager
     at the two overlap targets, and two extra points (exact values; the signed vote): every run

@@ -106,7 +106,7 @@ def _sparse_equals(report: dict) -> None:
     assert report["others_units_max_diff"] < 1e-5, report
 
 
-@pytest.mark.slow(seconds=35)
+@pytest.mark.slow(seconds=30)
 def test_the_two_rank_node_equals_one_process_under_both_rules(tmp_path: Path) -> None:
     """The 2-rank checks in one launch: the sharded node against the 1-process one under production's
     SparseLoCo (`_sparse_equals`) and the paper's signed rule (`_equals_one_process`). kill -9 of one

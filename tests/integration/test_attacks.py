@@ -87,7 +87,7 @@ def test_work_borrowed_from_the_window_s_uploads_is_uncommitted(tmp_path):
     assert statuses[m0.node.hotkey] <= {"ok", "warmup"}, statuses
 
 
-@pytest.mark.slow(seconds=20)
+@pytest.mark.slow(seconds=3)
 def test_a_miner_re_posting_its_own_earlier_upload_is_replay_across_a_restart(tmp_path):
     """Replays (docs/scoring.md §8): a `replay` miner trains as usual but, from its third window on,
     sends its upload of two windows earlier, re-signed with this window, the current step and fresh

@@ -22,7 +22,7 @@ from templar.validator.loop import Validator
 
 from .harness import Subnet, untrained_windows
 
-pytestmark = [pytest.mark.slow(seconds=15), pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.slow(seconds=3), pytest.mark.timeout(300)]
 
 WINDOWS = 6
 MAX_INPUT_POLLS = 6  # extra reads of the lead's inputs while its gather still runs (0.5 s apart)

@@ -17,7 +17,7 @@ from templar.runtime.records import MINER_WINDOWS_FILE, VALIDATOR_WINDOWS_FILE, 
 
 from .harness import TINY_1K_PRESET
 
-pytestmark = [pytest.mark.slow(seconds=100), pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.slow(seconds=95, waits=True), pytest.mark.timeout(600)]
 
 
 def _records(out: Path, name: str, file: str) -> list[dict]:

@@ -46,7 +46,7 @@ PASSED_THROUGH = ("TEMPLAR_VENV", "PYTHONPATH", "OMP_NUM_THREADS", "MALLOC_MMAP_
                   "MALLOC_TOP_PAD_", "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE", "TMPDIR")
 """What this checkout needs from the test's environment (see the module docstring); nothing else."""
 
-pytestmark = [pytest.mark.slow(seconds=100), pytest.mark.timeout(400)]  # the longest: started first
+pytestmark = [pytest.mark.slow(seconds=80, waits=True), pytest.mark.timeout(400)]
 
 
 @dataclass

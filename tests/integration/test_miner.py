@@ -81,8 +81,8 @@ def test_miners_join_train_and_a_late_joiner_catches_up_bit_identically(tmp_path
     assert m0.node.hotkey in scores
 
 
-@pytest.mark.slow(seconds=40)
-@pytest.mark.parametrize("ranks", [1, pytest.param(2, marks=pytest.mark.slow(seconds=60))], ids=["1-process", "2-ranks"])
+@pytest.mark.slow(seconds=45, waits=True)
+@pytest.mark.parametrize("ranks", [1, 2], ids=["1-process", "2-ranks"])
 def test_killed_miner_resumes_without_double_or_missed_updates(tmp_path, ranks):
     """kill -9 inside a window (of the process; of rank 1 under torchrun, which takes the node down
     with one DistError line), restart: the miner resumes from its state file and ends bit-identical
