@@ -87,6 +87,7 @@ LEVERS: dict[str, dict] = {
     "power 1": {"power": 1.0},
     "mu_gamma 0.98 + power 1": {"mu_gamma": 0.98, "power": 1.0},
     "rating tied (tie band 100: μ alone)": {"rating_tie_band": 100.0},
+    "the rating's tie band above the median 4.5 standard errors": {"rating_tie_band": 4.5},
     "power 1 + rating tied": {"power": 1.0, "rating_tie_band": 100.0},
     "mu_gamma 0.98 + rating tied": {"mu_gamma": 0.98, "rating_tie_band": 100.0},
     "uids_per_window 16 (twice the evaluations)": {"uids_per_window": 16},
