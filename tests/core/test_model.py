@@ -26,7 +26,8 @@ def test_tiny_model_loss_falls(tiny_pages: LocalCorpus):
     model = build_model(hp)
     assert 1e6 <= parameter_count(model) <= 1e7
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    batch = tiny_pages.batch(range(4))
+    batch = tiny_pages.batch(range(2))  # one window's pages: 1.65 s of CPU (4.15 s on four), the loss
+    # 9.05 -> 6.44 in 8 steps (9.05 -> 6.74 on four pages), over twice the margin asserted
     losses = []
     for _ in range(8):
         loss = causal_lm_loss(model, batch)
