@@ -19,6 +19,7 @@ import sys
 # (benchmarks/performance/compress.py). Must be set before torch is imported; harmless on GPU.
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
+from templar.core.startup import libraries_loading
 from templar.runtime.flags import add_memory_args, add_node_args, check_config, check_extra_pages
 
 
@@ -39,8 +40,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if code := check_config(args) or check_extra_pages(args):  # before torch: answered in a second
         return code
-    from templar.distributed.launch import run_node  # one process, or this rank of a torchrun node
-    from templar.miner.loop import Miner
+    with libraries_loading():  # torch, transformers, the chain SDK: templar/core/startup.py
+        from templar.distributed.launch import run_node  # one process, or this rank of a torchrun node
+        from templar.miner.loop import Miner
 
     code = run_node(args, "miner", lambda node: Miner(node, extra_pages=args.extra_pages).run(args.windows))
     gc.freeze()  # exiting: spare the interpreter's last collection of torch's objects (seconds after stopping)

@@ -18,6 +18,7 @@ import sys
 # (benchmarks/performance/compress.py). Must be set before torch is imported; harmless on GPU.
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
+from templar.core.startup import libraries_loading
 from templar.runtime.flags import add_node_args, add_validator_args, check_config
 
 
@@ -33,8 +34,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if code := check_config(args):  # before torch: a bad --hparams is answered in a second
         return code
-    from templar.distributed.launch import run_node  # one process, or this rank of a torchrun node
-    from templar.validator.loop import Validator
+    with libraries_loading():  # torch, transformers, the chain SDK: templar/core/startup.py
+        from templar.distributed.launch import run_node  # one process, or this rank of a torchrun node
+        from templar.validator.loop import Validator
 
     code = run_node(args, "validator", lambda node: Validator(node).run(args.windows))
     gc.freeze()  # exiting: spare the interpreter's last collection of torch's objects (seconds after stopping)

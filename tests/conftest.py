@@ -14,16 +14,18 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
-import torch
-from tests.faults import FaultPlan
 
-from templar.compress import Compressed, DCTCompressor, DeMo
-from templar.core.config import HParams, load_hparams
-from templar.core.model import build_model, causal_lm_loss, parameter_shapes
-from templar.storage import Bucket, LocalBucket, S3Bucket
-from templar.storage.seaweed import SeaweedServer
+if TYPE_CHECKING:  # imported where used: the controller of `pytest -n` runs no test (see below)
+    import torch
+    from tests.faults import FaultPlan
+
+    from templar.compress import Compressed
+    from templar.core.config import HParams
+    from templar.storage import Bucket
+    from templar.storage.seaweed import SeaweedServer
 
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -54,6 +56,8 @@ def tiny_pages(assets_dir: Path):
 def faults() -> FaultPlan:
     """A storage server's misbehaviour, rule by rule (tests/faults.py): `faults.wrap(bucket)` puts
     one bucket on it, `open_bucket=faults.open_bucket` every bucket a node opens."""
+    from tests.faults import FaultPlan
+
     return FaultPlan()
 
 
@@ -62,6 +66,8 @@ def hp() -> HParams:
     """`tiny-signed`: tiny on the paper's signed outer step, whose formulas the unit tests check bit for
     bit; tests/runtime/test_outer_methods.py runs the shared ones under both rules, and production's
     SparseLoCo has its own (tests/compress/, tests/wire/test_codec_q2.py)."""
+    from templar.core.config import load_hparams
+
     return load_hparams("tiny-signed")
 
 
@@ -86,6 +92,8 @@ def verify() -> Callable[[str, bytes, bytes], bool]:
 @pytest.fixture(scope="session")
 def small_shapes() -> dict[str, torch.Size]:
     """A compact schema with every chunking case: 2-D, 1-D, padded (prime) rows, tiny."""
+    import torch
+
     return {
         "emb": torch.Size([131, 64]),
         "proj": torch.Size([128, 128]),
@@ -96,6 +104,8 @@ def small_shapes() -> dict[str, torch.Size]:
 
 @pytest.fixture(scope="session")
 def tiny_shapes(hp: HParams) -> dict[str, torch.Size]:
+    from templar.core.model import build_model, parameter_shapes
+
     return parameter_shapes(build_model(hp, device="meta"))
 
 
@@ -103,6 +113,11 @@ def tiny_shapes(hp: HParams) -> dict[str, torch.Size]:
 def real_peers(hp: HParams) -> tuple[dict[str, torch.Size], list[dict[str, Compressed]]]:
     """Compressed pseudo-gradients of 4 peers: two DeMo steps each of real tiny-model backward
     passes on Zipf-distributed tokens (different tokens per peer)."""
+    import torch
+
+    from templar.compress import DCTCompressor, DeMo
+    from templar.core.model import build_model, causal_lm_loss, parameter_shapes
+
     torch.manual_seed(0)
     model = build_model(hp)
     shapes = parameter_shapes(model)
@@ -130,6 +145,8 @@ def _torch_keeps_its_threads() -> Iterator[None]:
     scripts/test.sh runs every worker's torch on one thread. Left at two on 2 cores and four workers,
     OpenMP's threads spun against the other workers for the rest of that worker's tests: the GPU
     benchmark's smoke run took 35-50 s of CPU after it, 9 s alone."""
+    import torch
+
     threads = torch.get_num_threads()
     yield
     if torch.get_num_threads() != threads:
@@ -148,6 +165,8 @@ def fresh_bucket_name(tag: str = "t") -> str:
 
 @pytest.fixture(scope="session")
 def seaweed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedServer]:
+    from templar.storage.seaweed import SeaweedServer
+
     server = SeaweedServer(tmp_path_factory.mktemp("seaweed"))
     server.start()
     try:
@@ -169,6 +188,8 @@ class BucketMaker:
 
 @pytest.fixture(params=["local", "s3"])
 def maker(request: pytest.FixtureRequest, tmp_path: Path) -> BucketMaker:
+    from templar.storage import LocalBucket, S3Bucket
+
     if request.param == "local":
         root = tmp_path / "bucket"
         return BucketMaker("local", lambda: LocalBucket(root))
@@ -179,6 +200,8 @@ def maker(request: pytest.FixtureRequest, tmp_path: Path) -> BucketMaker:
 
 @pytest.fixture
 def s3_maker(seaweed: SeaweedServer) -> BucketMaker:
+    from templar.storage import S3Bucket
+
     name = seaweed.create_bucket(fresh_bucket_name())
     return BucketMaker("s3", lambda: S3Bucket(seaweed.endpoint_url, name, seaweed.admin))
 
@@ -362,6 +385,18 @@ def long_tests_order(slow: list[pytest.Item], quick: list[pytest.Item], workers:
         order.append(item)
         heapq.heappush(free, (at + seconds, worker))
     return order + quick
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_collection(session: pytest.Session) -> Iterator[object]:
+    """Collect (import every test module, and with them torch, transformers and the chain SDK) with the
+    cyclic garbage collector paused, then freeze what the imports built, as the neurons do
+    (src/templar/core/startup.py). In a whole suite run each worker spent 3.6-6.5 s of CPU in the
+    collector's passes, 80 % of it in full passes over that heap (2026-12-01, 4 workers)."""
+    from templar.core.startup import libraries_loading
+
+    with libraries_loading():
+        return (yield)
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -14,6 +14,7 @@ import importlib
 import sys
 
 from templar import __version__
+from templar.core.startup import libraries_loading
 
 SUBCOMMANDS: dict[str, str] = {
     "hparams": "templar.tools.hparams_cmd",
@@ -54,7 +55,8 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    parser = build_parser(argv)
+    with libraries_loading():  # the command's module and what it loads (templar/core/startup.py)
+        parser = build_parser(argv)
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()

@@ -24,40 +24,43 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
-import torch
-import torch.distributed as dist
-from safetensors.torch import load_file, save_file
-from torch.distributed.tensor import DTensor
+from templar.core.startup import libraries_loading
 
-from templar.comms import CheckpointError
-from templar.compress import DCTCompressor, DeMo, aggregate
-from templar.core.config import HParams, load_hparams
-from templar.core.memory import MemorySettings
-from templar.core.model import build_model
-from templar.core.schedule import learning_rate
-from templar.distributed import (
-    DistError,
-    ShardedDeMo,
-    accumulate_sharded,
-    collect_probes_sharded,
-    init_group,
-    load_sharded_state,
-    outer_step_sharded,
-    save_sharded_state,
-    shard_model,
-)
-from templar.distributed.checkpoint import full_model_state
-from templar.distributed.compute import NodeCompute, update_dtype
-from templar.distributed.evaluate import ShardedEvaluator
-from templar.distributed.fsdp import check_layout, local
-from templar.distributed.group import Group
-from templar.runtime.consensus.fingerprint import model_fingerprint
-from templar.runtime.consensus.outer import apply_update, collect_probes, outer_step
-from templar.runtime.offload import StreamedOptimizer
-from templar.runtime.state import NodeState, load_node_state, save_node_state
-from templar.runtime.train import accumulate_gradients, evaluate_loss, gradients
-from templar.validator.evaluate import Evaluator
-from templar.wire import Gradient, Run, write_gradient
+with libraries_loading():  # as the neurons load theirs (src/templar/core/startup.py)
+    import torch
+    import torch.distributed as dist
+    from safetensors.torch import load_file, save_file
+    from torch.distributed.tensor import DTensor
+
+    from templar.comms import CheckpointError
+    from templar.compress import DCTCompressor, DeMo, aggregate
+    from templar.core.config import HParams, load_hparams
+    from templar.core.memory import MemorySettings
+    from templar.core.model import build_model
+    from templar.core.schedule import learning_rate
+    from templar.distributed import (
+        DistError,
+        ShardedDeMo,
+        accumulate_sharded,
+        collect_probes_sharded,
+        init_group,
+        load_sharded_state,
+        outer_step_sharded,
+        save_sharded_state,
+        shard_model,
+    )
+    from templar.distributed.checkpoint import full_model_state
+    from templar.distributed.compute import NodeCompute, update_dtype
+    from templar.distributed.evaluate import ShardedEvaluator
+    from templar.distributed.fsdp import check_layout, local
+    from templar.distributed.group import Group
+    from templar.runtime.consensus.fingerprint import model_fingerprint
+    from templar.runtime.consensus.outer import apply_update, collect_probes, outer_step
+    from templar.runtime.offload import StreamedOptimizer
+    from templar.runtime.state import NodeState, load_node_state, save_node_state
+    from templar.runtime.train import accumulate_gradients, evaluate_loss, gradients
+    from templar.validator.evaluate import Evaluator
+    from templar.wire import Gradient, Run, write_gradient
 
 RUN = Run(netuid=0, digest="0" * 64)  # the run these payloads are signed for
 PRESETS = Path(__file__).resolve().parents[1] / "presets"

@@ -14,8 +14,11 @@ import sys
 
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
-from templar.localnet.adversaries import ADVERSARIES, declared_extra_pages, make_adversary
-from templar.runtime.flags import add_node_args, check_config
+from templar.core.startup import libraries_loading
+
+with libraries_loading():  # the hooks load torch (templar/core/startup.py)
+    from templar.localnet.adversaries import ADVERSARIES, declared_extra_pages, make_adversary
+    from templar.runtime.flags import add_node_args, check_config
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -33,8 +36,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if code := check_config(args):  # before the node starts (its hooks above have loaded torch already)
         return code
-    from templar.miner.loop import Miner
-    from templar.runtime.node import run_node
+    with libraries_loading():  # templar/core/startup.py
+        from templar.miner.loop import Miner
+        from templar.runtime.node import run_node
 
     pool = [int(u) for u in args.pool_uids.split(",")] if args.pool_uids else None
     hooks = make_adversary(args.strategy, target=args.copy_hotkey, pool=pool)

@@ -42,10 +42,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from templar.core.log import setup_logging
-    from templar.localnet.report import build_report
-    from templar.localnet.runner import run_localnet
-    from templar.runtime.roster import RosterError
+    from templar.core.startup import libraries_loading
+
+    with libraries_loading():  # templar/core/startup.py
+        from templar.core.log import setup_logging
+        from templar.localnet.report import build_report
+        from templar.localnet.runner import run_localnet
+        from templar.runtime.roster import RosterError
+
+        if args.in_process:  # the nodes' code, torch and transformers: loaded here, run by run_localnet
+            import templar.localnet.inprocess  # noqa: F401
 
     setup_logging()
     if args.report_only:
