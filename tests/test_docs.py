@@ -99,6 +99,7 @@ def line_of(text: str, offset: int) -> int:
     return text.count("\n", 0, offset) + 1
 
 
+@pytest.mark.slow(seconds=3)
 def test_no_file_cites_a_document_outside_the_repository() -> None:
     found = []
     for path in text_files():

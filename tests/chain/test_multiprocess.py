@@ -37,6 +37,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.slow(seconds=3)
 def test_two_processes_register_concurrently_on_one_file(tmp_path: Path, child_env: dict) -> None:
     path, wallets, go = tmp_path / "chain.sqlite", tmp_path / "wallets", tmp_path / "go"
     create_dev_chain(path, netuid=3, hotkeys={}, wallet_path=wallets, block_time=0.05)

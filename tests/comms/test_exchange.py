@@ -54,6 +54,7 @@ def test_peer_lists_pick_newest_not_after_window(maker) -> None:
     asyncio.run(body())
 
 
+@pytest.mark.slow(seconds=4, waits=True)
 def test_peer_lists_are_found_without_listing_the_bucket(maker) -> None:
     """Every node asks for the list in effect every window: one GET when the lead named a list for
     that window, the index and the list otherwise; a LIST only past the index's 64 publications."""

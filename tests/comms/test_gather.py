@@ -52,6 +52,7 @@ def s3(server: SeaweedServer, name: str, creds: Credentials | None = None) -> S3
     return S3Bucket(server.endpoint_url, name, creds or server.reader)
 
 
+@pytest.mark.slow(seconds=4, waits=True)
 def test_gather_sorts_every_fault(seaweed, new_bucket, hanging, dead_endpoint, tmp_path: Path) -> None:
     names = {hk: new_bucket() for hk in ("good0", "good1", "good2", "missing", "garbage", "oversize")}
 
@@ -169,6 +170,7 @@ def test_our_own_bug_in_validate_propagates(tmp_path: Path) -> None:
     asyncio.run(body())
 
 
+@pytest.mark.slow(seconds=7, waits=True)
 def test_server_dies_mid_gather_and_comes_back(tmp_path: Path) -> None:
     """Kill the S3 server after the third peer is validated and restart it 2.5 s later (longer than a
     peer's 2 s timeout, so the read under way when it dies cannot ride it out on a retry; at 1 s a

@@ -1,5 +1,6 @@
 """The model: production size on the meta device; the tiny model learns on CPU."""
 
+import pytest
 import torch
 
 from templar.core.config import load_hparams
@@ -20,6 +21,7 @@ def test_init_is_deterministic():
         assert na == nb and torch.equal(pa, pb)
 
 
+@pytest.mark.slow(seconds=3)
 def test_tiny_model_loss_falls(tiny_pages: LocalCorpus):
     hp = load_hparams("tiny")
     torch.manual_seed(0)

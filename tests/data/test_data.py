@@ -140,6 +140,7 @@ def test_prepare_local_sources(tmp_path, assets_dir, kind):
     assert again.digest() == m.digest()
 
 
+@pytest.mark.slow(seconds=5)
 def test_prepare_is_deterministic_and_resumable(tmp_path, assets_dir, monkeypatch):
     import templar.data.prepare as prep
 

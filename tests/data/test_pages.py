@@ -158,6 +158,7 @@ def test_missing_shard_and_index_degrade_the_window(published, tmp_path: Path) -
     asyncio.run(body())
 
 
+@pytest.mark.slow(seconds=3, waits=True)
 def test_a_down_bucket_is_bounded_and_the_cache_still_serves(published, dead_endpoint: str, tmp_path: Path) -> None:
     maker, manifest, local = published
     cache = tmp_path / "cache"
@@ -182,6 +183,7 @@ def test_a_down_bucket_is_bounded_and_the_cache_still_serves(published, dead_end
     asyncio.run(body())
 
 
+@pytest.mark.slow(seconds=3, waits=True)
 def test_a_hanging_bucket_is_given_up_on_by_the_deadline(published, hanging, tmp_path: Path) -> None:
     maker, manifest, _ = published
     server = maker.make()

@@ -295,6 +295,7 @@ def test_bucket_configuration_failures(subnet, seaweed, new_bucket, monkeypatch)
     assert private.status == Status.FAILED and "refuse" in private.summary
 
 
+@pytest.mark.slow(seconds=4, waits=True)
 def test_a_stalled_bucket_fails_the_write_and_the_throughput(subnet, hanging, monkeypatch, tmp_path):
     monkeypatch.setenv(WRITE_KEY_ID_ENV, "stalledkey")
     monkeypatch.setenv(WRITE_SECRET_ENV, "stalledsecret")

@@ -18,6 +18,7 @@ from .harness import Subnet, parameters, same_parameters, untrained_windows
 pytestmark = pytest.mark.timeout(240)
 
 
+@pytest.mark.slow(seconds=3)
 def test_a_step_pumper_in_the_top_g_changes_nothing(tmp_path):
     """A miner claiming global_step + max_allowed_stale every window, kept in the top-G by force
     (the test rewrites the lead's peer list to name it every window; its work is honest, so it is

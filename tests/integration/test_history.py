@@ -96,6 +96,7 @@ class Unreadable:
         return await self.inner.head(key, *a, **kw)
 
 
+@pytest.mark.slow(seconds=9)
 def test_every_node_takes_the_leads_step_whatever_its_clock_or_its_gather_saw(tmp_path):
     """A miner whose clock is 1 s behind the chain (more than clock_skew_seconds) and a window in
     which the lead cannot read one top-G miner's payload that everyone else reads: every node
@@ -154,6 +155,7 @@ def _published(bucket_dir: Path) -> dict[str, bytes]:
             and "/checkpoint/" not in f"/{p.relative_to(bucket_dir)}" and p.name != "index.json"}
 
 
+@pytest.mark.slow(seconds=5)
 def test_a_lead_restarted_on_an_empty_directory_replays_its_history_and_rewrites_nothing(tmp_path):
     subnet = Subnet.create(tmp_path, {"lead": 100.0, "m0": 0.0, "m1": 0.0}, checkpoint_frequency=2)
     lead_bucket = tmp_path / "buckets" / "lead"
@@ -195,6 +197,7 @@ def test_a_lead_restarted_on_an_empty_directory_replays_its_history_and_rewrites
     assert all(len(set(t.values())) == 1 for t in seen), seen
 
 
+@pytest.mark.slow(seconds=3)
 def test_unreadable_history_never_restarts_the_run(tmp_path):
     """What a node reads at start, unreadable, is never taken for absent:
     - the lead's start window torn while it was down: back on its own state it catches up and leads on,

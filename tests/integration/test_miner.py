@@ -31,6 +31,7 @@ async def _window(validator: Validator, *miners: Miner, window: int) -> None:
     await asyncio.gather(validator.run_window(window), *(m.run_window(window) for m in miners))
 
 
+@pytest.mark.slow(seconds=4)
 def test_miners_join_train_and_a_late_joiner_catches_up_bit_identically(tmp_path):
     subnet = Subnet.create(tmp_path, {"lead": 100.0, "m0": 0.0, "m1": 0.0, "late": 0.0})
 

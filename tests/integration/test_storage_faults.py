@@ -21,6 +21,7 @@ from .harness import Subnet, parameters, same_parameters, untrained_windows
 pytestmark = pytest.mark.timeout(240)
 
 
+@pytest.mark.slow(seconds=3)
 def test_a_stalled_lead_bucket_delays_no_window(tmp_path, faults: FaultPlan):
     subnet = Subnet.create(tmp_path, {"lead": 100.0, "m0": 0.0, "m1": 0.0})
 

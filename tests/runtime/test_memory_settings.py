@@ -76,6 +76,7 @@ def default_run(hp: HParams) -> tuple[list[tuple[dict, bytes]], list[dict[str, t
     return payloads, thetas
 
 
+@pytest.mark.slow(seconds=4)
 @pytest.mark.parametrize("setting", ALL[1:], ids=lambda s: s.name)
 def test_every_setting_sends_the_defaults_payloads_and_holds_its_theta(hp, default_run, setting) -> None:
     payloads, thetas = default_run
@@ -92,6 +93,7 @@ def test_every_setting_sends_the_defaults_payloads_and_holds_its_theta(hp, defau
         assert all(s["exp_avg"].device.type == "cpu" for s in state.values())
 
 
+@pytest.mark.slow(seconds=6)
 def test_the_state_file_is_the_defaults_and_restores_across_settings(hp, tmp_path) -> None:
     """Offloaded moments and error feedback are saved as before: the same file, which either kind of
     node restores and continues from bit for bit."""
@@ -113,6 +115,7 @@ def test_the_state_file_is_the_defaults_and_restores_across_settings(hp, tmp_pat
         assert window(compute, hp, 2) == expected
 
 
+@pytest.mark.slow(seconds=5)
 def test_a_group_streamed_into_the_wrong_place_changes_the_payload(hp, default_run) -> None:
     """Layers 0 and 1 have the same shapes, so mixing up their streamed state raises nothing: the
     bit-for-bit comparison above is what would catch it, as it does here."""

@@ -54,6 +54,7 @@ def test_start_node_raises_instead_of_exiting(tmp_path):
     assert info.value.exit_code == EXIT_CONFIG and "chain" in str(info.value)
 
 
+@pytest.mark.slow(seconds=5)
 def test_the_production_miner_has_no_adversary_switches():
     shown = _run(str(REPO_ROOT / "neurons" / "miner.py"), "--help").stdout
     assert "--extra-pages" in shown

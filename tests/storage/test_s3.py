@@ -176,6 +176,7 @@ def test_a_nearly_full_disk_is_named_before_weed_starts(tmp_path: Path, monkeypa
     assert spawned == []  # no process was started, no 30-second wait
 
 
+@pytest.mark.slow(seconds=4, waits=True)
 def test_weed_retries_on_fresh_ports_after_one_is_taken(tmp_path: Path, monkeypatch) -> None:
     """Free ports are chosen, then bound by weed: another process can take one in between (seen
     in a loaded suite: 'bind: address already in use'). The next attempt's new ports must be the

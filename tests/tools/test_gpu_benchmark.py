@@ -182,6 +182,7 @@ def _with_requirements(names: set[str]) -> set[str]:
     return found
 
 
+@pytest.mark.slow(seconds=6)
 def test_what_it_imports_is_in_the_device_image_or_the_carried_wheels_and_needs_no_bittensor(tmp_path: Path) -> None:
     """The device call installs `gpu_wheels.sh`'s packages with `--no-index` on an image of torch,
     transformers, safetensors and numpy: a package that the phases import and neither the image nor

@@ -64,6 +64,7 @@ def test_norm_outliers_flag_only_shouting_peers():
     assert norm_outliers({"a": peers["a"], "shout": peers["shout"]}, 1000.0, min_peers=3) == []  # too few to judge
 
 
+@pytest.mark.slow(seconds=3)
 def test_an_untrained_page_is_credited_nothing_even_when_the_mean_hides_it(tiny_pages):
     """Page-by-page credit (docs/scoring.md §4): a peer that trained on 1 of its 2 assigned pages (hard, so
     the mean of both still shows a clear gap) drew the full +1 from the mean; page by page its untrained page
@@ -110,6 +111,7 @@ def test_evaluation_records_no_autograd_graph(tiny_pages):
     assert all(p.grad is None for p in model.parameters())
 
 
+@pytest.mark.slow(seconds=5)
 def test_common_steps_take_each_units_generic_gain_out_of_the_proof_and_nothing_else(tiny_pages):
     """`gauntlet.proof_baseline_groups` (docs/scoring.md §4): the LossScores are unchanged; the units'
     δs the proof reads are each less its share of the generic gain, so the random units (which no
@@ -139,6 +141,7 @@ def test_common_steps_take_each_units_generic_gain_out_of_the_proof_and_nothing_
         assert len(c.page_deltas) == 1
 
 
+@pytest.mark.slow(seconds=5)
 def test_the_other_peers_steps_take_each_units_generic_gain_out_and_too_few_leave_the_papers(tiny_pages):
     """`gauntlet.proof_baseline` "others" (docs/scoring.md §4): each peer's step runs over every
     unit once, serving as its own trial (the LossScores are the plain evaluation's, to rounding: the
