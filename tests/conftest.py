@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-if TYPE_CHECKING:  # imported where used: the controller of `pytest -n` runs no test (see below)
+if TYPE_CHECKING:  # the fixtures import what they use: `pytest -n`'s controller runs no test, and took 4 s to load them
     import torch
     from tests.faults import FaultPlan
 
