@@ -347,7 +347,7 @@ def _slow(item: pytest.Item) -> tuple[float, bool]:
 
 QUICK_TEST_SECONDS = 0.2
 """A test without the `slow` marker, in a whole suite run (2026-12-01: 1,310 of them in 285 s of wall; later
-that day 1,298 in 179 s, and those that still took 3 s or more, computing or waiting on a timeout, were
+that day 1,298 in 179 s, and those that still took about 3 s or more, computing or waiting on a timeout, were
 marked: unmarked, they ran in file order among the last tests and the slowest worker finished 4 s after
 the others)."""
 
