@@ -1,10 +1,12 @@
 """What each rank runs in tests/distributed (under torchrun, 1 or 2 ranks, gloo on CPU).
 
-`equality OUT` (`tiny-signed`: DeMo's DCT and the signed step): every rank also builds the 1-process
+`equality OUT` (`tiny-signed`: DeMo's DCT and the signed step): rank 0 also builds the 1-process
 reference (plain model, `accumulate_gradients`, `DeMo`, `outer_step`, `save_node_state`) and checks
 the sharded node against it: gradients within float tolerance, the compressed update and the wire
 payload identical for the same gradient, the outer step and probes bit-identical, and the state file
-round trip. Rank 0 writes OUT/equality/result.json.
+round trip. Rank 0 writes OUT/equality/result.json. The other ranks take their part in the
+collectives only (when every rank also built the reference, rank 1 of the 2-rank launch spent 14 s
+of CPU; now 8.5 s).
 
 It also runs a miner node with each memory setting (`memory`): the default's payloads, θ and state
 file, bit for bit, with the followers taking rank 0's settings.
@@ -121,11 +123,13 @@ def equality(out_dir: Path, group: Group) -> None:
 
     sharded_outer.BUCKET_COEFFICIENTS = 20_000  # many small broadcasts here; `windows` runs the default
     hp = load_hparams(SIGNED)
-    ref = build_model(hp)
+    leader = group.is_leader
+    # the 1-process reference is rank 0's alone: the other ranks only take their part in the collectives
+    ref = build_model(hp) if leader else None
     model = shard_model(build_model(hp), group)
     check_layout(model, group)
     comp = DCTCompressor(hp.demo.target_chunk, hp.demo.topk)
-    ref_demo = DeMo(ref, compressor=comp, decay=hp.demo.momentum_decay)
+    ref_demo = DeMo(ref, compressor=comp, decay=hp.demo.momentum_decay) if leader else None
     demo = ShardedDeMo(model, group, compressor=DCTCompressor(hp.demo.target_chunk, hp.demo.topk),
                        decay=hp.demo.momentum_decay)
     report: dict[str, object] = {"world_size": group.world_size, "windows": []}
@@ -134,63 +138,63 @@ def equality(out_dir: Path, group: Group) -> None:
     for window, n in ((0, None), (1, 9), (2, None)):
         batch = pages(hp, window, n)
         stats = accumulate_sharded(model, batch, 4, group, hp.optimizer.grad_clip)
-        ref_stats = accumulate_gradients(ref, batch, 4, hp.optimizer.grad_clip)
         got = full_grads(model, group)
         if window == 0:  # activation checkpointing (node-local memory option) changes no gradient
             ck = shard_model(build_model(hp), group, checkpoint_activations=True)
             accumulate_sharded(ck, batch, 4, group, hp.optimizer.grad_clip)
             ck_got = full_grads(ck, group)
-            if group.is_leader:
+            if leader:
                 report["checkpointed_grads_equal"] = all(torch.equal(ck_got[k], got[k]) for k in got)
             del ck
-        want = gradients(ref)
         lr = learning_rate(state.global_step, hp.optimizer)
         # the compressed update from the sharded state == the 1-process DeMo fed the same gradient and state
         ef_before = demo.gather_state()
         sent = demo.step(model, lr)
-        row: dict[str, object] = {"window": window, "loss": stats.loss, "ref_loss": ref_stats.loss}
-        if group.is_leader:
+        model.zero_grad(set_to_none=True)
+        probes = collect_probes_sharded(model, window, hp, group)
+        if leader:
+            ref_stats = accumulate_gradients(ref, batch, 4, hp.optimizer.grad_clip)
+            want = gradients(ref)
+            row: dict[str, object] = {"window": window, "loss": stats.loss, "ref_loss": ref_stats.loss}
             row["grad_max_abs_diff"] = max(float((got[k] - want[k]).abs().max()) for k in want)
             row["grad_max_rel"] = max(float((got[k] - want[k]).norm() / (want[k].norm() + 1e-30)) for k in want)
             twin_sent = twin_update(ref, comp, hp, ef_before, got, lr)
             row["same_coefficients_same_grad"] = same_update(sent, twin_sent)
-        ref_sent = ref_demo.step(want, lr)
-        ref.zero_grad(set_to_none=True)
-        model.zero_grad(set_to_none=True)
-        agree = [float((sent[k].indices == ref_sent[k].indices).float().mean()) for k in sent]
-        row["indices_agree_vs_1process_training"] = min(agree)
-        probes = collect_probes_sharded(model, window, hp, group)
-        ref_probes = collect_probes(ref, window, hp)
-        row["probes_equal"] = all(torch.equal(probes[k], ref_probes[k]) for k in probes)
-        if group.is_leader:
+            ref_sent = ref_demo.step(want, lr)
+            ref.zero_grad(set_to_none=True)
+            agree = [float((sent[k].indices == ref_sent[k].indices).float().mean()) for k in sent]
+            row["indices_agree_vs_1process_training"] = min(agree)
+            ref_probes = collect_probes(ref, window, hp)
+            row["probes_equal"] = all(torch.equal(probes[k], ref_probes[k]) for k in probes)
             payload = write_gradient(sent, probes, window=window, global_step=state.global_step, hotkey="h", hp=hp, run=RUN,
                                      sign=nosign)
             twin_payload = write_gradient(twin_sent, ref_probes, window=window, global_step=state.global_step,
                                           hotkey="h", hp=hp, run=RUN, sign=nosign)
             row["payload_identical_same_grad"] = same_payload(payload, twin_payload)
-        # outer step: three peers (ours and two others), the same on both
-        peers = [Gradient(window=window, global_step=state.global_step, hotkey=str(i), warmup=False,
-                          tensors=t, probes={}, digest=b"", nbytes=0)
-                 for i, t in enumerate((ref_sent, sent, ref_sent))]
-        step = outer_step_sharded(model, peers if group.is_leader else None, state, hp, group)
-        ref_step = outer_step(ref, peers, ref_state, hp)
+            # outer step: three peers (ours and two others), the same on both
+            peers = [Gradient(window=window, global_step=state.global_step, hotkey=str(i), warmup=False,
+                              tensors=t, probes={}, digest=b"", nbytes=0)
+                     for i, t in enumerate((ref_sent, sent, ref_sent))]
+        step = outer_step_sharded(model, peers if leader else None, state, hp, group)
         theta = full_model_state(model, group)
-        if group.is_leader:
+        if leader:
+            ref_step = outer_step(ref, peers, ref_state, hp)
             sd = ref.state_dict()
             row["theta_bit_identical"] = all(torch.equal(theta[k], sd[k]) for k in sd)
             row["global_step"] = [state.global_step, ref_state.global_step]
             row["peers"] = [step.peers, ref_step.peers]
-        report["windows"].append(row)
+            report["windows"].append(row)
     # validator: LossScores over all ranks == the 1-process Evaluator; θ restored bit for bit
-    shapes = {n: p.shape for n, p in ref.named_parameters()}
-    signs = {"a": aggregate([sent], [1.0], shapes), "b": aggregate([ref_sent], [1.0], shapes)}
     assigned = {"a": pages(hp, 10, 6), "b": pages(hp, 11, 5)}
     random_batch = pages(hp, 12, 7)
-    got = ShardedEvaluator(model, 4, group, position_ranges=4).score_peers(signs if group.is_leader else {"a": {}, "b": {}},
+    if leader:
+        shapes = {n: p.shape for n, p in ref.named_parameters()}
+        signs = {"a": aggregate([sent], [1.0], shapes), "b": aggregate([ref_sent], [1.0], shapes)}
+    got = ShardedEvaluator(model, 4, group, position_ranges=4).score_peers(signs if leader else {"a": {}, "b": {}},
                                                         assigned, random_batch, 0.05, 3)
-    want = Evaluator(ref, 4, position_ranges=4).score_peers(signs, assigned, random_batch, 0.05, 3)
     after = full_model_state(model, group)
-    if group.is_leader:
+    if leader:
+        want = Evaluator(ref, 4, position_ranges=4).score_peers(signs, assigned, random_batch, 0.05, 3)
         report["loss_score_max_diff"] = max(abs(getattr(got[p], f) - getattr(want[p], f)) for p in want
                                             for f in ("delta_assigned", "delta_rand", "loss_rand_after"))
         # page-by-page credit (docs/scoring.md §4): 2 pages of 3 sequences for "a"
@@ -209,7 +213,7 @@ def equality(out_dir: Path, group: Group) -> None:
     loaded = load_sharded_state(path, fresh, fresh_demo, group)
     a, b = full_model_state(model, group), full_model_state(fresh, group)
     ea, eb = demo.gather_state(), fresh_demo.gather_state()
-    if group.is_leader:
+    if leader:
         report["reload_equal"] = all(torch.equal(a[k], b[k]) for k in a) and all(torch.equal(ea[k], eb[k]) for k in ea)
         report["reload_state"] = [loaded.window, loaded.global_step]
         one = build_model(hp)
@@ -220,17 +224,17 @@ def equality(out_dir: Path, group: Group) -> None:
         save_node_state(out_dir / "one.safetensors", ref, ref_demo.state_dict(), ref_state)
     load_sharded_state(out_dir / "one.safetensors", fresh, fresh_demo, group)
     b, eb = full_model_state(fresh, group), fresh_demo.gather_state()
-    if group.is_leader:
+    if leader:
         sd, rd = ref.state_dict(), ref_demo.state_dict()
         report["loads_one_process_file"] = all(torch.equal(b[k], sd[k]) for k in sd) and \
             all(torch.equal(eb[k], rd[k]) for k in rd)
         report["comm_seconds"] = group.comm_seconds
-    driver(out_dir, hp, group, ref, ref_sent, report)
+    driver(out_dir, hp, group, ref, ref_sent if leader else None, report)
     memory(out_dir, hp, group, report)
     if group.world_size > 1:  # a hung rank: the others get DistError within the collective timeout
         short = dataclasses.replace(group, pg=dist.new_group(list(range(group.world_size)),
                                                              timeout=timedelta(seconds=3)))
-        if group.is_leader:
+        if leader:
             started = time.monotonic()
             try:
                 short.barrier()
@@ -240,13 +244,14 @@ def equality(out_dir: Path, group: Group) -> None:
         else:
             time.sleep(8)
         group.barrier()
-    if group.is_leader:
+    if leader:
         (out_dir / "result.json").write_text(json.dumps(report, indent=1))
 
 
-def driver(out_dir: Path, hp: HParams, group: Group, ref: torch.nn.Module, ref_sent: dict, report: dict) -> None:
+def driver(out_dir: Path, hp: HParams, group: Group, ref: torch.nn.Module | None, ref_sent: dict | None,
+           report: dict) -> None:
     """The validator's and catch-up's ops through `NodeCompute` as the neurons run it: rank 0
-    calls, the other ranks `follow()`. Results against the 1-process functions on `ref`."""
+    calls, the other ranks `follow()`. Results against the 1-process functions on `ref` (rank 0's)."""
     if not group.is_leader:
         NodeCompute.join(group).follow()
         return
@@ -346,28 +351,30 @@ def sparse(out_dir: Path, group: Group) -> None:
 
     hp = load_hparams(SPARSELOCO)
     rule = rule_of(hp.optimizer.method)
-    ref = build_model(hp)
+    leader = group.is_leader
+    # the 1-process reference is rank 0's alone: the other ranks only take their part in the collectives
+    ref = build_model(hp) if leader else None
     model = shard_model(build_model(hp), group)
     comp = rule.compressor(hp.demo.target_chunk, hp.demo.topk)
     demo = ShardedDeMo(model, group, compressor=rule.compressor(hp.demo.target_chunk, hp.demo.topk),
                        decay=hp.demo.momentum_decay)
-    ref_demo = DeMo(ref, compressor=comp, decay=hp.demo.momentum_decay)
+    ref_demo = DeMo(ref, compressor=comp, decay=hp.demo.momentum_decay) if leader else None
     state, ref_state = NodeState(window=-1, global_step=0), NodeState(window=-1, global_step=0)
     report: dict[str, object] = {"world_size": group.world_size, "windows": []}
     for window in (0, 1, 2):
         batch = pages(hp, window)
         accumulate_sharded(model, batch, 4, group, hp.optimizer.grad_clip)
-        accumulate_gradients(ref, batch, 4, hp.optimizer.grad_clip)
         got = full_grads(model, group)
         lr = learning_rate(state.global_step, hp.optimizer)
         ef_before = demo.gather_state()
         sent = demo.step(model, lr)
-        ref_sent = ref_demo.step(gradients(ref), lr)
-        ref.zero_grad(set_to_none=True)
         model.zero_grad(set_to_none=True)
-        row: dict[str, object] = {"window": window}
         probes = collect_probes_sharded(model, window, hp, group)
-        if group.is_leader:
+        if leader:
+            accumulate_gradients(ref, batch, 4, hp.optimizer.grad_clip)
+            ref_sent = ref_demo.step(gradients(ref), lr)
+            ref.zero_grad(set_to_none=True)
+            row: dict[str, object] = {"window": window}
             twin_sent = twin_update(ref, comp, hp, ef_before, got, lr)
             row["same_coefficients_same_grad"] = same_update(sent, twin_sent)
             payload = write_gradient(sent, probes, window=window, global_step=state.global_step, hotkey="h", hp=hp,
@@ -375,28 +382,29 @@ def sparse(out_dir: Path, group: Group) -> None:
             twin_payload = write_gradient(twin_sent, collect_probes(ref, window, hp), window=window,
                                           global_step=state.global_step, hotkey="h", hp=hp, run=RUN, sign=nosign)
             row["payload_identical_same_grad"] = same_payload(payload, twin_payload)
-        # three peers of different norms (the clip to the median acts on the largest), the same on both
-        scaled = {k: dataclasses.replace(c, values=c.values * 2) for k, c in ref_sent.items()}
-        peers = [Gradient(window=window, global_step=state.global_step, hotkey=str(i), warmup=False,
-                          tensors=t, probes={}, digest=b"", nbytes=0)
-                 for i, t in enumerate((ref_sent, sent, scaled))]
-        outer_step_sharded(model, peers if group.is_leader else None, state, hp, group)
-        outer_step(ref, peers, ref_state, hp)
+            # three peers of different norms (the clip to the median acts on the largest), the same on both
+            scaled = {k: dataclasses.replace(c, values=c.values * 2) for k, c in ref_sent.items()}
+            peers = [Gradient(window=window, global_step=state.global_step, hotkey=str(i), warmup=False,
+                              tensors=t, probes={}, digest=b"", nbytes=0)
+                     for i, t in enumerate((ref_sent, sent, scaled))]
+        outer_step_sharded(model, peers if leader else None, state, hp, group)
         theta = full_model_state(model, group)
-        if group.is_leader:
+        if leader:
+            outer_step(ref, peers, ref_state, hp)
             sd = ref.state_dict()
             row["theta_bit_identical"] = all(torch.equal(theta[k], sd[k]) for k in sd)
             row["global_step"] = [state.global_step, ref_state.global_step]
-        report["windows"].append(row)
+            report["windows"].append(row)
     # validator: SparseLoCo's trial steps carry magnitudes; over all ranks they score as on one process
-    shapes = {n: p.shape for n, p in ref.named_parameters()}
-    trials = {"a": rule.trial(ref_sent, shapes), "b": rule.trial(scaled, shapes)}
     assigned = {"a": pages(hp, 10, 6), "b": pages(hp, 11, 5)}
     random_batch = pages(hp, 12, 7)
+    if leader:
+        shapes = {n: p.shape for n, p in ref.named_parameters()}
+        trials = {"a": rule.trial(ref_sent, shapes), "b": rule.trial(scaled, shapes)}
     got = ShardedEvaluator(model, 4, group, position_ranges=4, step_dtype=update_dtype(hp)).score_peers(
-        trials if group.is_leader else {"a": {}, "b": {}}, assigned, random_batch, 0.5, 3)
-    want = Evaluator(ref, 4, position_ranges=4).score_peers(trials, assigned, random_batch, 0.5, 3)
-    if group.is_leader:
+        trials if leader else {"a": {}, "b": {}}, assigned, random_batch, 0.5, 3)
+    if leader:
+        want = Evaluator(ref, 4, position_ranges=4).score_peers(trials, assigned, random_batch, 0.5, 3)
         report["loss_score_max_diff"] = max(abs(getattr(got[p], f) - getattr(want[p], f)) for p in want
                                             for f in ("delta_assigned", "delta_rand", "loss_rand_after"))
         report["loss_score_delta_rand"] = want["a"].delta_rand
@@ -405,26 +413,28 @@ def sparse(out_dir: Path, group: Group) -> None:
     # whole) of 2 peers, then the other peers' own steps (each peer's step over every unit, its own trial
     # pass included) of 4, so that each has the 3 others the rule needs; the units are the 1-process
     # ones, and not the plain ones
-    accumulate_gradients(ref, torch.cat([random_batch, assigned["a"]]), 4, hp.optimizer.grad_clip)
-    descent = {n: g.clone() for n, g in gradients(ref).items()}
-    ref.zero_grad(set_to_none=True)
-    steps = {"a": descent, "b": {n: 0.5 * g for n, g in descent.items()}}
+    steps: dict[str, dict] = {"a": {}, "b": {}}
+    if leader:
+        accumulate_gradients(ref, torch.cat([random_batch, assigned["a"]]), 4, hp.optimizer.grad_clip)
+        descent = {n: g.clone() for n, g in gradients(ref).items()}
+        ref.zero_grad(set_to_none=True)
+        steps = {"a": descent, "b": {n: 0.5 * g for n, g in descent.items()}}
     for key, rules, more in (("baselined", {"baseline_groups": 2}, ()),
                              ("others", {"baseline": "others"}, (("c", 0.75, 13), ("d", 0.25, 14)))):
         for name, scale, page in more:
-            steps[name] = {n: scale * g for n, g in descent.items()}
+            steps[name] = {n: scale * g for n, g in descent.items()} if leader else {}
             assigned[name] = pages(hp, page, 5)
         got = ShardedEvaluator(model, 4, group, position_ranges=4, step_dtype=update_dtype(hp), **rules).score_peers(
-            steps if group.is_leader else {name: {} for name in steps}, assigned, random_batch, 0.01, 3)
-        want = Evaluator(ref, 4, position_ranges=4, **rules).score_peers(steps, assigned, random_batch, 0.01, 3)
-        if group.is_leader:
+            steps, assigned, random_batch, 0.01, 3)
+        if leader:
+            want = Evaluator(ref, 4, position_ranges=4, **rules).score_peers(steps, assigned, random_batch, 0.01, 3)
             report[f"{key}_units_max_diff"] = max(abs(x - y) for p in want for x, y in zip(
                 got[p].sequence_deltas + got[p].random_deltas, want[p].sequence_deltas + want[p].random_deltas,
                 strict=True))
             plain = Evaluator(ref, 4, position_ranges=4).score_peers(steps, assigned, random_batch, 0.01, 3)
             report[f"{key}_units_moved"] = max(abs(x - y) for x, y in zip(want["a"].sequence_deltas,
                                                                            plain["a"].sequence_deltas, strict=True))
-    if group.is_leader:
+    if leader:
         (out_dir / "result.json").write_text(json.dumps(report))
 
 
