@@ -236,6 +236,39 @@ def test_norms_are_exact() -> None:
         aggregate_clipped_mean([noisy], [1.0], SHAPES)
 
 
+def test_a_payloads_norms_in_one_pass_are_each_tensors_own_and_refuse_the_same(monkeypatch) -> None:
+    """`_payload_norm_terms` computes a payload's consecutive tensors of one chunk width together: each
+    result, and the first refusal, must be `_norm_terms`'s for that tensor, whatever the grouping."""
+    from templar.compress.sparseloco import aggregate
+    from templar.compress.sparseloco.aggregate import _norm_terms, _payload_norm_terms
+
+    gen = torch.Generator().manual_seed(11)
+    shapes = [(64, 64), (64,), (256, 64), (64,), (32, 64), (5, 3), (64, 16)]
+    widths = [8, 8, 8, 8, 8, 4, 2]  # top-k per chunk: the last two tensors have chunks of their own widths
+    named = [(f"t{i}", SparseLoCoCompressor(64, k).compress(torch.randn(s, generator=gen) * 2.0 ** (6 * i - 20)).values)
+             for i, (s, k) in enumerate(zip(shapes, widths, strict=True))]
+    named[3] = ("t3", torch.zeros_like(named[3][1]))  # all zero: (0, None)
+    want = [_norm_terms(values, name) for name, values in named]
+    assert want[3] == (Fraction(0), None) and all(top is not None for i, (_, top) in enumerate(want) if i != 3)
+    assert len({values.shape[1] for _, values in named}) == 3  # three chunk widths
+    one_by_one = []
+    monkeypatch.setattr(aggregate, "_norm_terms", lambda values, name="": one_by_one.append(name) or _norm_terms(values, name))
+    for group_values in (1, 64, 600, 1 << 20):
+        one_by_one.clear()
+        assert _payload_norm_terms(named, group_values) == want, group_values
+    assert one_by_one == ["t5", "t6"]  # the other widths, alone; t0-t4 in one pass
+    monkeypatch.undo()
+    # a tensor off the grid before a non-finite one: the off-grid one is refused, as one by one
+    off_grid, non_finite = named[2][1].clone(), named[4][1].clone()
+    off_grid[0, :2] = torch.tensor([0.75, 1.0])
+    non_finite[0, 1] = float("inf")
+    hostile = [*named[:2], ("t2", off_grid), named[3], ("t4", non_finite)]
+    with pytest.raises(ValueError, match="t2: values are not on the 2-bit grid"):
+        _payload_norm_terms(hostile)
+    with pytest.raises(ValueError, match="t4: non-finite"):
+        _payload_norm_terms([*named[:2], named[3], ("t4", non_finite)])
+
+
 def test_a_peer_scaled_a_thousand_times_counts_like_a_median_peer() -> None:
     peers = _peers(5, seed=3, scales=[1.0, 1.0, 1.0, 1.0, 1.0])
     loud = {n: Compressed(c.indices, c.values * 1024, c.shape, c.chunk) for n, c in peers[4].items()}
