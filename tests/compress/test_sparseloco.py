@@ -248,8 +248,10 @@ def test_a_payloads_norms_in_one_pass_are_each_tensors_own_and_refuse_the_same(m
     named = [(f"t{i}", SparseLoCoCompressor(64, k).compress(torch.randn(s, generator=gen) * 2.0 ** (6 * i - 20)).values)
              for i, (s, k) in enumerate(zip(shapes, widths, strict=True))]
     named[3] = ("t3", torch.zeros_like(named[3][1]))  # all zero: (0, None)
+    named.insert(5, ("empty", torch.zeros(0, 8)))  # no chunks at all: (0, None) too
     want = [_norm_terms(values, name) for name, values in named]
-    assert want[3] == (Fraction(0), None) and all(top is not None for i, (_, top) in enumerate(want) if i != 3)
+    assert want[3] == want[5] == (Fraction(0), None)
+    assert all(top is not None for i, (_, top) in enumerate(want) if i not in (3, 5))
     assert len({values.shape[1] for _, values in named}) == 3  # three chunk widths
     one_by_one = []
     monkeypatch.setattr(aggregate, "_norm_terms", lambda values, name="": one_by_one.append(name) or _norm_terms(values, name))
