@@ -253,12 +253,14 @@ def test_a_payloads_norms_in_one_pass_are_each_tensors_own_and_refuse_the_same(m
     assert want[3] == want[5] == (Fraction(0), None)
     assert all(top is not None for i, (_, top) in enumerate(want) if i not in (3, 5))
     assert len({values.shape[1] for _, values in named}) == 3  # three chunk widths
-    one_by_one = []
-    monkeypatch.setattr(aggregate, "_norm_terms", lambda values, name="": one_by_one.append(name) or _norm_terms(values, name))
+    passes = []
+    in_one_pass = aggregate._norms_in_one_pass
+    monkeypatch.setattr(aggregate, "_norms_in_one_pass",
+                        lambda group: passes.append([name for name, _ in group]) or in_one_pass(group))
     for group_values in (1, 64, 600, 1 << 20):
-        one_by_one.clear()
+        passes.clear()
         assert _payload_norm_terms(named, group_values) == want, group_values
-    assert one_by_one == ["t5", "t6"]  # the other widths, alone; t0-t4 in one pass
+    assert passes == [["t0", "t1", "t2", "t3", "t4", "empty"], ["t5"], ["t6"]]  # the other widths, alone
     monkeypatch.undo()
     # a tensor off the grid before a non-finite one: the off-grid one is refused, as one by one
     off_grid, non_finite = named[2][1].clone(), named[4][1].clone()

@@ -50,42 +50,17 @@ def _norm_terms(values: torch.Tensor, name: str = "") -> tuple[Fraction, int | N
     """Exact Σ v² of one tensor's values `[n_chunks, k]`, and the smallest E with every |v| < 2^E
     (None if all are 0). ValueError unless every chunk's non-zero values share one magnitude s
     (the grid) and every s has at most 12 significant bits."""
-    if values.numel() > 1 << 38:
-        raise ValueError(f"{name}: {values.numel()} values in one tensor, more than the exact norm allows")
-    magnitude = values.abs()
-    scale = magnitude.amax(dim=1)
-    if not bool(torch.isfinite(scale).all()):  # NaN propagates through amax
-        raise ValueError(f"{name}: non-finite values")
-    count = torch.count_nonzero(values, dim=1)
-    if not torch.equal(torch.where(scale > 0, (magnitude == scale[:, None]).sum(dim=1), 0), count):
-        raise ValueError(f"{name}: values are not on the 2-bit grid (a chunk holds more than one magnitude)")
-    fraction, exponent = torch.frexp(scale)  # s = fraction · 2^exponent, fraction in [0.5, 1)
-    mantissa = fraction * (1 << _MANTISSA_BITS)  # exact: a power-of-two scale
-    if not torch.equal(mantissa, torch.round(mantissa)):
-        raise ValueError(f"{name}: scales with more than {_MANTISSA_BITS} significant bits (not on the 2-bit grid)")
-    # Σ v² = Σ_chunks count · m² · 2^(2(e - 12)) with m² < 2^24 and Σ count <= 2^38 values: every
-    # int64 sum per exponent stays below 2^62, exact whatever order the additions run in.
-    terms = count * mantissa.to(torch.int64).square()
-    sums = torch.zeros(_EXP_OFFSET + 130, dtype=torch.int64, device=values.device)
-    sums.index_add_(0, exponent.to(torch.int64) + _EXP_OFFSET, terms)
-    total, top = Fraction(0), None
-    for index, value in enumerate(sums.tolist()):  # exponents grow with the index
-        if value:
-            e = index - _EXP_OFFSET
-            total += value * Fraction(2) ** (2 * (e - _MANTISSA_BITS))
-            top = e
-    return total, top
+    return _norms_in_one_pass([(name, values)])[0]
 
 
 def _payload_norm_terms(named_values: Sequence[tuple[str, torch.Tensor]],
                         group_values: int = 1 << 16) -> list[tuple[Fraction, int | None]]:
-    """`_norm_terms` of each of one payload's tensors, in order, with consecutive tensors of one chunk
-    width computed in one pass (groups of at most `group_values` values: a bounded copy).
+    """`_norm_terms` of each of one payload's tensors, in order, with consecutive tensors of one layout
+    computed in one pass (groups of at most `group_values` values: a bounded copy).
 
-    Why: each `_norm_terms` call is about 17 small torch operations, and on a small model (21 tensors
-    of a few chunks each) that overhead was most of an aggregate's time; see
-    `benchmarks/performance/aggregate.py`. Results are `_norm_terms`'s exactly, and so is the first
-    refusal (`_shared_norm_terms`)."""
+    Why: one tensor's norm is about 17 small torch operations, and on a small model (21 tensors of a
+    few chunks each) that overhead was most of an aggregate's time; see
+    `benchmarks/performance/aggregate.py`. Each result, and the first refusal, is the tensor's own."""
 
     def layout(values: torch.Tensor) -> tuple:
         return values.dim(), values.shape[-1] if values.dim() else 0, values.dtype, values.device
@@ -95,34 +70,47 @@ def _payload_norm_terms(named_values: Sequence[tuple[str, torch.Tensor]],
     size = 0
     for name, values in named_values:
         if group and (size + values.numel() > group_values or layout(values) != layout(group[0][1])):
-            results.extend(_shared_norm_terms(group))
+            results.extend(_norms_in_one_pass(group))
             group, size = [], 0
         group.append((name, values))
         size += values.numel()
-    results.extend(_shared_norm_terms(group))
+    if group:
+        results.extend(_norms_in_one_pass(group))
     return results
 
 
-def _shared_norm_terms(named_values: Sequence[tuple[str, torch.Tensor]]) -> list[tuple[Fraction, int | None]]:
-    """`_norm_terms` of several tensors of one layout `[chunks, k]` in one pass: per tensor the same
-    integers land in the same exponent bins, so each result is exactly `_norm_terms`'s. A group with
-    a tensor `_norm_terms` would refuse goes through `_norm_terms` one by one, in order, so the first
-    refusal raises the same ValueError."""
-    if len(named_values) < 2 or not all(v.dim() == 2 and v.shape[1] > 0 and v.dtype == torch.float32
-                                        for _, v in named_values):
-        return [_norm_terms(values, name) for name, values in named_values]
-    values = torch.cat([v for _, v in named_values])
+def _norms_in_one_pass(named_values: Sequence[tuple[str, torch.Tensor]]) -> list[tuple[Fraction, int | None]]:
+    """`_norm_terms` of tensors of one layout `[n_chunks, k]`, in one pass over all their chunks: per
+    tensor the same integers land in its own row of exponent bins. A refusal names the first tensor,
+    in order, that fails a check, and that tensor's first failing check, as one tensor alone would."""
+    for name, values in named_values:
+        if values.numel() > 1 << 38:
+            raise ValueError(f"{name}: {values.numel()} values in one tensor, more than the exact norm allows")
+    values = named_values[0][1] if len(named_values) == 1 else torch.cat([v for _, v in named_values])
     magnitude = values.abs()
     scale = magnitude.amax(dim=1)
     count = torch.count_nonzero(values, dim=1)
-    fraction, exponent = torch.frexp(scale)
-    mantissa = fraction * (1 << _MANTISSA_BITS)
-    if not (bool(torch.isfinite(scale).all())
-            and torch.equal(torch.where(scale > 0, (magnitude == scale[:, None]).sum(dim=1), 0), count)
-            and torch.equal(mantissa, torch.round(mantissa))):
-        return [_norm_terms(values, name) for name, values in named_values]  # raises the first refusal
+    fraction, exponent = torch.frexp(scale)  # s = fraction · 2^exponent, fraction in [0.5, 1)
+    mantissa = fraction * (1 << _MANTISSA_BITS)  # exact: a power-of-two scale
+    checks = (  # per chunk, in the order a refusal is reported
+        (torch.isfinite(scale), "non-finite values"),  # NaN propagates through amax
+        (torch.where(scale > 0, (magnitude == scale[:, None]).sum(dim=1), 0) == count,
+         "values are not on the 2-bit grid (a chunk holds more than one magnitude)"),
+        (mantissa == torch.round(mantissa),
+         f"scales with more than {_MANTISSA_BITS} significant bits (not on the 2-bit grid)"),
+    )
+    if not all(bool(passed.all()) for passed, _ in checks):
+        start = 0
+        for name, v in named_values:
+            rows = slice(start, start + v.shape[0])
+            start += v.shape[0]
+            for passed, why in checks:
+                if not bool(passed[rows].all()):
+                    raise ValueError(f"{name}: {why}")
+    # Σ v² = Σ_chunks count · m² · 2^(2(e - 12)) with m² < 2^24 and Σ count <= 2^38 values per tensor:
+    # every int64 sum per exponent stays below 2^62, exact whatever order the additions run in.
     terms = count * mantissa.to(torch.int64).square()
-    span = _EXP_OFFSET + 130  # one row of `_norm_terms`'s exponent bins per tensor
+    span = _EXP_OFFSET + 130  # a row of exponent bins per tensor
     chunks = torch.tensor([v.shape[0] for _, v in named_values], device=values.device)
     tensor_of_chunk = torch.repeat_interleave(torch.arange(len(named_values), device=values.device), chunks)
     sums = torch.zeros(len(named_values) * span, dtype=torch.int64, device=values.device)
