@@ -80,7 +80,7 @@ ALLOWED: dict[str, str] = {
     "validator/base.py:BaseKeeper.KEEP": "measured steps kept in memory; a base is at most two windows old, so an "
                                          "older measurement is never looked up",
     "validator/replays.py:MAX_DIGESTS_PER_WINDOW": "memory bound per window, far above any gather (256 uids)",
-    "validator/state.py:SECRET_BYTES": "size of the validator's private key for its draws",
+    "validator/files.py:SECRET_BYTES": "size of the validator's private key for its draws",
     # ---- our own I/O: timeouts, retries, queues, performance (what counts is fixed by timestamps and the lead)
     "compress/native.py:_ABI": "version of the native extension's ABI (a build check)",
     "compress/native.py:_MIN_PARALLEL_NUMEL": "below this the native kernels run on one thread (bit-identical)",

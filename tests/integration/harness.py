@@ -25,7 +25,7 @@ from templar.core.config import HParams, base_lag, load_hparams
 from templar.runtime.flags import add_node_args
 from templar.runtime.node import Node, start_node
 from templar.storage import Bucket, open_bucket
-from templar.validator.state import SECRET_FILE
+from templar.validator.files import SECRET_FILE
 
 NETUID = 7
 FAST_WINDOWS = {

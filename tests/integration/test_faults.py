@@ -30,8 +30,8 @@ from templar.runtime.records import (
     remove_listener,
 )
 from templar.runtime.sync import STATE_FILE
+from templar.validator.files import BOOK_FILE
 from templar.validator.loop import Validator
-from templar.validator.state import BOOK_FILE
 from templar.wire import read_gradient
 
 from .harness import Subnet, parameters, same_parameters, untrained_windows

@@ -299,7 +299,7 @@ def test_a_flood_of_hotkeys_earns_less_than_the_weakest_honest_miner(tmp_path, a
     baseline (docs/scoring.md §8) it is one pool: all but one member `copy`, and the whole group
     earns less than the weakest honest miner (per unit of compute it does `FLOOD_SIZE` slots' work
     once, so it earns far less again)."""
-    from templar.localnet.adversaries import FLOOD_SIZE
+    from templar.localnet.behaviours import FLOOD_SIZE
 
     # On the 1024-token micro model (tests/presets/micro-gauntlet-1k.json), 2026-11-30: the flood earned
     # 0.003 in total, the weakest honest miner 0.377.

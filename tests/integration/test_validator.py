@@ -16,8 +16,8 @@ from templar.localnet.adversaries import Late, Lazy, SignFlip
 from templar.miner.hooks import MinerHooks
 from templar.miner.loop import Miner
 from templar.runtime.records import SCORES_FILE, WEIGHTS_FILE, read_records
+from templar.validator.files import BOOK_FILE
 from templar.validator.loop import Validator
-from templar.validator.state import BOOK_FILE
 from templar.validator.weights import WeightsCadence
 
 from .harness import MICRO_GAUNTLET_1K_PRESET, NETUID, Subnet

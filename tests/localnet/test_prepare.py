@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from templar.localnet.runner import Localnet, LocalnetConfig
-from templar.validator.state import SECRET_FILE
+from templar.validator.files import SECRET_FILE
 
 
 def _prepared(out, seed: int) -> tuple[dict[str, str], dict[str, bytes]]:

@@ -7,7 +7,8 @@ from loguru import logger
 
 from templar.gauntlet import ScoreBook
 from templar.runtime.state import NodeState
-from templar.validator.state import BOOK_FILE, SECRET_BYTES, load_book, load_or_create_secret, with_book
+from templar.validator.files import BOOK_FILE, SECRET_BYTES
+from templar.validator.state import load_book, load_or_create_secret, with_book
 
 
 @pytest.fixture

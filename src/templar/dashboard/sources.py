@@ -37,8 +37,8 @@ from templar.runtime.records import (
     WeightsRecord,
 )
 from templar.runtime.roster import CHAIN_FILE, NodeInfo, RosterError, lead_validator, read_nodes
+from templar.validator.files import BOOK_FILE
 
-BOOK_FILE = "scorebook.json"  # the validator's readable copy (templar.validator.state.BOOK_FILE)
 LOG_FILE = "node.log"         # the localnet passes --logging.file <state dir>/node.log
 REPORT_FILE = "report.json"   # a localnet writes it when it ends
 MAX_WINDOWS = 2000

@@ -17,7 +17,6 @@ import torch
 from templar.comms.keys import gradient_key
 from templar.compress import Compressed
 from templar.compress.methods import rule_of
-from templar.core.config import DataConfig
 from templar.core.log import context, short
 from templar.miner.hooks import MinerHooks
 from templar.runtime.consensus.outer import payload_reader
@@ -324,7 +323,7 @@ class Pooled(MinerHooks):
 
 
 class Flood(Pooled):
-    """One operator, many hotkeys (`FLOOD_SIZE`), one piece of work: a `pooled` group large enough
+    """One operator, many hotkeys (`behaviours.FLOOD_SIZE`), one piece of work: a `pooled` group large enough
     to hold most of a window's uploads, each member posting the same update with a little noise.
     Judged against its own window's typical pair, such a group *is* the typical pair and would
     hide itself; the pool check's baseline (docs/scoring.md §8) does not move with it."""
@@ -345,31 +344,14 @@ class Overclaim(MinerHooks):
         return pages[: miner.hp.data.pages_per_window]  # the assigned ones come first
 
 
-def declared_extra_pages(strategy: str, data: DataConfig) -> int:
-    """The pages a localnet miner of `strategy` declares beyond its assigned ones: twice the work for
-    `moredata` (the production miner's `--extra-pages`), the run's most for `overclaim`, else none."""
-    return {"moredata": data.pages_per_window, "overclaim": data.max_extra_pages}.get(strategy, 0)
-
-
-ADVERSARIES: dict[str, type[MinerHooks]] = {
-    "lazy": Lazy, "scaled": Scaled, "signflip": SignFlip, "noise": Noise, "freerider": FreeRider,
-    "late": Late, "desync": Desync, "copycat": Copycat, "duplicate": Duplicate, "steppump": StepPump,
-    "partial": Partial, "pooled": Pooled, "thin": Thin, "replay": Replay, "flood": Flood, "overfit": Overfit, "short": Short,
-    "overclaim": Overclaim,
-}
-"""Every adversary by name. `duplicate` is started by the localnet as an honest twin plus this
-copier, `pooled` and `flood` as groups of hotkeys (`GROUP_SIZES`); `moredata` (the localnet's
-extra-work miner) is the production miner with `--extra-pages`."""
-
-POOL_SIZE = 3
-"""Hotkeys in each `pooled` group the localnet starts."""
-FLOOD_SIZE = 6
-"""Hotkeys in each `flood` group the localnet starts."""
-GROUP_SIZES = {"pooled": POOL_SIZE, "flood": FLOOD_SIZE}
-"""The adversaries the localnet starts as one operator's group of hotkeys, and each group's size."""
-
-LOCALNET_BEHAVIOURS = frozenset({*ADVERSARIES, "moredata"})
-"""What `templar localnet --adversary NAME` accepts."""
+ADVERSARIES: dict[str, type[MinerHooks]] = {cls.name: cls for cls in (
+    Lazy, Scaled, SignFlip, Noise, FreeRider, Late, Desync, Copycat, Duplicate, StepPump, Partial, Pooled, Thin,
+    Replay, Flood, Overfit, Short, Overclaim,
+)}
+"""Every adversary by name (`templar.localnet.behaviours.ADVERSARY_NAMES`, the roster's table, names the
+same). `duplicate` is started by the localnet as an honest twin plus this copier, `pooled` and `flood`
+as groups of hotkeys (`behaviours.GROUP_SIZES`); `moredata` (the localnet's extra-work miner) is the production
+miner with `--extra-pages`."""
 
 
 def make_adversary(name: str, *, target: str | None = None, pool: list[int] | None = None) -> MinerHooks:

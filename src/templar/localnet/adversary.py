@@ -15,16 +15,14 @@ import sys
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
 from templar.core.startup import libraries_loading
-
-with libraries_loading():  # the hooks load torch (templar/core/startup.py)
-    from templar.localnet.adversaries import ADVERSARIES, declared_extra_pages, make_adversary
-    from templar.runtime.flags import add_node_args, check_config
+from templar.localnet.behaviours import ADVERSARY_NAMES, declared_extra_pages
+from templar.runtime.flags import add_node_args, check_config
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="Templar localnet adversary (testing only)")
     add_node_args(parser)
-    parser.add_argument("--strategy", required=True, choices=sorted(ADVERSARIES))
+    parser.add_argument("--strategy", required=True, choices=sorted(ADVERSARY_NAMES))
     parser.add_argument("--copy.hotkey", dest="copy_hotkey", default=None,
                         help="copycat/duplicate: the hotkey whose payload to re-post")
     parser.add_argument("--pool.uids", dest="pool_uids", default=None,
@@ -34,9 +32,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if code := check_config(args):  # before the node starts (its hooks above have loaded torch already)
+    if code := check_config(args):  # before torch: answered in a second, as neurons/miner.py does
         return code
-    with libraries_loading():  # templar/core/startup.py
+    with libraries_loading():  # the hooks, torch, the miner: templar/core/startup.py
+        from templar.localnet.adversaries import make_adversary
         from templar.miner.loop import Miner
         from templar.runtime.node import run_node
 

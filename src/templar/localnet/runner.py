@@ -26,7 +26,9 @@ from rich.live import Live
 
 from templar.chain.devchain import create_dev_chain
 from templar.core.atomic import atomic_write
-from templar.core.config import REPO_ROOT, load_hparams, resolve_hparams_path
+from templar.core.config import REPO_ROOT, load_hparams, resolve_asset, resolve_hparams_path
+from templar.data.manifest import MANIFEST_KEY, parse_manifest
+from templar.localnet.behaviours import GROUP_SIZES, LOCALNET_BEHAVIOURS, declared_extra_pages
 from templar.localnet.live import live_table
 from templar.localnet.report import build_report
 from templar.runtime.records import VALIDATOR_WINDOWS_FILE, read_records
@@ -39,6 +41,7 @@ from templar.runtime.roster import (
     read_nodes,
     write_nodes,
 )
+from templar.validator.files import SECRET_BYTES, SECRET_FILE
 
 WALLET = "localnet"
 LEAD_STAKE = 10_000.0
@@ -71,8 +74,6 @@ class LocalnetConfig:
 def parse_adversary(spec: str) -> tuple[str, int]:
     """`NAME[:COUNT]` → (name, count)."""
     name, _, count = spec.partition(":")
-    from templar.localnet.adversaries import LOCALNET_BEHAVIOURS
-
     if name not in LOCALNET_BEHAVIOURS:
         raise ValueError(f"unknown adversary {name!r}; choose from {', '.join(sorted(LOCALNET_BEHAVIOURS))}")
     n = int(count) if count else 1
@@ -98,8 +99,6 @@ def plan_nodes(cfg: LocalnetConfig) -> list[tuple[str, str, str, float]]:
         for i in range(count):
             if name == "duplicate":
                 nodes.append((f"dup{i}-twin", "miner", "honest", 0.0))
-            from templar.localnet.adversaries import GROUP_SIZES
-
             if name in GROUP_SIZES:  # one operator's group of hotkeys
                 nodes += [(f"{name}{i}-{j}", "miner", name, 0.0) for j in range(GROUP_SIZES[name])]
                 continue
@@ -147,11 +146,9 @@ class Localnet:
         )
         self.nodes = [NodeInfo(name=name, hotkey=dev.wallets[name].hotkey, uid=dev.wallets[name].uid, role=role,
                                strategy=strategy, stake=stake) for name, role, strategy, stake in planned]
-        from templar.validator.state import SECRET_FILE  # torch and the model code: only when needed
-
         for node in self.nodes:
             if node.role == "validator":
-                secret = hashlib.blake2b(node.name.encode(), key=self.run_seed(), digest_size=32).digest()
+                secret = hashlib.blake2b(node.name.encode(), key=self.run_seed(), digest_size=SECRET_BYTES).digest()
                 atomic_write(node.directory(self.out) / SECRET_FILE, secret, mode=0o600)
         write_nodes(self.out, self.nodes)
 
@@ -187,8 +184,6 @@ class Localnet:
     def extra_pages(self, node: NodeInfo) -> int:
         """The pages `node` declares beyond its assigned ones: `moredata` is the production miner
         doing twice the work (`--extra-pages`), `overclaim` declares pages it does not train."""
-        from templar.localnet.adversaries import declared_extra_pages
-
         return declared_extra_pages(node.strategy, self.hp.data)
 
     def copy_target(self, node: NodeInfo) -> str | None:
@@ -199,8 +194,6 @@ class Localnet:
 
     def pool_uids(self, node: NodeInfo) -> list[int] | None:
         """The uids of a `pooled` or `flood` miner's group (its own included): the pages its operator shares."""
-        from templar.localnet.adversaries import GROUP_SIZES
-
         if node.strategy not in GROUP_SIZES:
             return None
         group = node.name.rpartition("-")[0]
@@ -233,12 +226,14 @@ class Localnet:
         bucket_args, env = self._bucket_args(node)
         return cmd + self.node_flags(node, bucket_args), env
 
-    def start(self) -> None:
-        # The neurons read pages from the prepared sample corpus; fail here, once, if it is missing.
-        from templar.core.config import resolve_asset
-        from templar.data import LocalCorpus
+    def check_corpus(self) -> None:
+        """The prepared sample corpus the neurons read their pages from is there and is the run's:
+        said here, once, instead of by every neuron (its manifest only: the pages are the neurons')."""
+        corpus = Path(resolve_asset(self.hp.data.corpus))
+        parse_manifest((corpus / MANIFEST_KEY).read_bytes(), expected_digest=self.hp.data.manifest or None)
 
-        LocalCorpus(resolve_asset(self.hp.data.corpus), digest=self.hp.data.manifest or None)
+    def start(self) -> None:
+        self.check_corpus()
         if self.cfg.storage == "s3":
             from templar.localnet.s3 import LocalS3
 

@@ -71,19 +71,13 @@ from templar.validator.base import Base, BaseKeeper
 from templar.validator.commits import CommitWatcher
 from templar.validator.evaluate import Evaluator, LossScores, evaluator_rules, read_sequences
 from templar.validator.fast_eval import PoolBaselines, fast_evaluate
+from templar.validator.files import BOOK_FILE, SECRET_FILE
 from templar.validator.lead import CheckpointPublisher, LeadError, WindowPublisher, publish_start_window
 from templar.validator.public_work import PublicWork
 from templar.validator.replays import ReplayMemory, Sighting
 from templar.validator.report import WindowSummary, record_window
 from templar.validator.roles import PUBLISH_MIN_SECONDS, FollowerRole, LeadRole, Role
-from templar.validator.state import (
-    BOOK_FILE,
-    SECRET_FILE,
-    load_book,
-    load_or_create_secret,
-    load_replays,
-    with_book,
-)
+from templar.validator.state import load_book, load_or_create_secret, load_replays, with_book
 from templar.validator.weights import WeightSetter
 from templar.validator.window import ValidatorWindow
 from templar.wire import Gradient

@@ -16,11 +16,8 @@ from templar.core.atomic import atomic_write
 from templar.core.log import context
 from templar.gauntlet import ScoreBook, ScoreBookError
 from templar.runtime.state import NodeState
+from templar.validator.files import BOOK_FILE, SECRET_BYTES
 from templar.validator.replays import ReplayMemory, ReplayMemoryError
-
-BOOK_FILE = "scorebook.json"
-SECRET_FILE = "eval_secret"
-SECRET_BYTES = 32
 
 
 def load_or_create_secret(path: Path) -> bytes:
