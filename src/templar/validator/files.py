@@ -1,8 +1,9 @@
 """The files a validator keeps in its state directory beside the node's, by name.
 
-Apart from `templar.validator.state`, which reads and writes them with torch and the score book
-loaded, so that a process that only places or reads them needs neither: the localnet's supervisor
-writes each validator's secret from the run's seed, the dashboard reads the book's readable copy.
+The names live apart from `templar.validator.state`, which reads and writes the files and loads torch
+and the score book to do so. A process that only places or reads a file needs neither: the localnet's
+supervisor writes each validator's secret from the run's seed, and the dashboard reads the book's
+readable copy.
 """
 
 from __future__ import annotations
