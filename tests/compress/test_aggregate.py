@@ -105,3 +105,47 @@ def test_signed_update_applies_decay_and_step() -> None:
         apply_signed_update(params, {"missing": torch.ones(2)}, lr=0.5, weight_decay=0.0)
     with pytest.raises(ValueError):
         apply_signed_update(params, {"w": torch.ones(3)}, lr=0.5, weight_decay=0.0)
+
+
+def _out_of_layout(c: Compressed) -> dict[str, tuple[dict[str, Compressed], str]]:
+    """One peer's coefficients of `w` as a hostile or broken caller might pass them, and the refusal
+    each must meet (`compress.check_peers`, which both aggregates apply)."""
+    beyond = c.indices.clone()
+    beyond[0, -1] = c.plan.chunk_numel
+    negative = c.indices.clone()
+    negative[0, 0] = -1
+    infinite = c.values.clone()
+    infinite[0, 0] = float("inf")
+    return {
+        "missing": ({}, "w: missing from peers"),
+        "other chunk": ({"w": Compressed(c.indices, c.values, c.shape, (c.chunk[0], c.chunk[1] // 2))},
+                        "disagree on chunking or k"),
+        "other k": ({"w": Compressed(c.indices[:, :-1], c.values[:, :-1], c.shape, c.chunk)}, "disagree on chunking or k"),
+        "float64 values": ({"w": Compressed(c.indices, c.values.double(), c.shape, c.chunk)}, "must be float32"),
+        "int32 indices": ({"w": Compressed(c.indices.int(), c.values, c.shape, c.chunk)}, "indices int64"),
+        "index past its chunk": ({"w": Compressed(beyond, c.values, c.shape, c.chunk)}, "index outside its chunk"),
+        "negative index": ({"w": Compressed(negative, c.values, c.shape, c.chunk)}, "index outside its chunk"),
+        "infinite value": ({"w": Compressed(c.indices, infinite, c.shape, c.chunk)}, "non-finite"),
+    }
+
+
+@pytest.mark.parametrize("rule", ["signed", "sparseloco"])
+def test_either_aggregate_refuses_a_peer_out_of_layout(rule: str) -> None:
+    """The signed aggregate and SparseLoCo's read peers' coefficients by index into one accumulator:
+    each refuses, by name, a peer whose tensor is missing, chunked or typed otherwise, or indexes
+    outside its chunk, whichever peer it is, and any tensor of another shape than the run's."""
+    from templar.compress.sparseloco import SparseLoCoCompressor, aggregate_clipped_mean
+
+    shapes = {"w": torch.Size([128, 64])}
+    gen = torch.Generator().manual_seed(3)
+    compressor = DCTCompressor(64, 16) if rule == "signed" else SparseLoCoCompressor(64, 16)
+    run = aggregate if rule == "signed" else aggregate_clipped_mean
+    honest = [{"w": compressor.compress(torch.randn(shapes["w"], generator=gen))} for _ in range(2)]
+    run(honest, [0.5, 0.5], shapes)  # the honest pair is aggregated
+    for case, (peer, refusal) in _out_of_layout(honest[1]["w"]).items():
+        for peers in ([honest[0], peer], [peer, honest[0]]):
+            with pytest.raises(ValueError, match=refusal):
+                run(peers, [0.5, 0.5], shapes)
+                pytest.fail(f"{rule} aggregated a peer with {case}")
+    with pytest.raises(ValueError, match=r"w: compressed shape \(128, 64\) != expected \(64, 128\)"):
+        run(honest, [0.5, 0.5], {"w": torch.Size([64, 128])})

@@ -18,32 +18,13 @@ import torch
 from torch import nn
 
 from templar.compress import native
-from templar.compress.compressor import Compressed
+from templar.compress.compressor import Compressed, check_peers
 from templar.compress.dct import ChunkedDCT, ChunkPlan
 
 __all__ = ["aggregate", "apply_signed_update"]
 
 _FIXED_BITS = 60
 _DEFAULT_DCT = ChunkedDCT()
-
-
-def _check(name: str, items: Sequence[Compressed], shape: torch.Size) -> ChunkPlan:
-    plan = items[0].plan
-    if plan.shape != shape:
-        raise ValueError(f"{name}: compressed shape {tuple(plan.shape)} != expected {tuple(shape)}")
-    k = items[0].k
-    for c in items:
-        if c.plan != plan or c.indices.shape != (plan.n_chunks, k) or c.values.shape != c.indices.shape:
-            raise ValueError(f"{name}: peers disagree on chunking or k")
-    # one pass over all peers: per-peer checks cost more in dispatch than in arithmetic
-    values = torch.cat([c.values.reshape(-1) for c in items]) if len(items) > 1 else items[0].values
-    if not bool(torch.isfinite(values).all()):
-        raise ValueError(f"{name}: non-finite values")
-    indices = torch.cat([c.indices.reshape(-1) for c in items]) if len(items) > 1 else items[0].indices
-    low, high = torch.aminmax(indices)
-    if int(low) < 0 or int(high) >= plan.chunk_numel:
-        raise ValueError(f"{name}: index outside its chunk")
-    return plan
 
 
 @torch.no_grad()
@@ -71,11 +52,12 @@ def aggregate(
     dct = dct if dct is not None else _DEFAULT_DCT
     signs: dict[str, torch.Tensor] = {}
     for name, shape in shapes.items():
-        missing = [i for i, p in enumerate(peers) if name not in p]
-        if missing:
-            raise ValueError(f"{name}: missing from peers {missing}")
+        plan = check_peers(name, peers, torch.Size(shape))
         items = [p[name] for p in peers]
-        plan = _check(name, items, torch.Size(shape))
+        # one pass over all peers: per-peer checks cost more in dispatch than in arithmetic
+        values = torch.cat([c.values.reshape(-1) for c in items]) if len(items) > 1 else items[0].values
+        if not bool(torch.isfinite(values).all()):
+            raise ValueError(f"{name}: non-finite values")
         device = items[0].values.device
         p_rows, p_cols = plan.padded
         included = []  # (peer, fixed-point scale); all-zero peers and zero weights add nothing

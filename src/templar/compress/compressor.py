@@ -7,6 +7,7 @@ decoder never needs the compressor's settings.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -15,7 +16,7 @@ from templar.compress import native
 from templar.compress.dct import ChunkedDCT, ChunkPlan, plan_chunks, topk_per_chunk
 from templar.compress.select import select_topk
 
-__all__ = ["Compressed", "DCTCompressor"]
+__all__ = ["Compressed", "DCTCompressor", "check_peers"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -49,6 +50,35 @@ class Compressed:
     def to(self, device: torch.device | str) -> Compressed:
         """The same coefficients on `device` (e.g. to aggregate on the GPU)."""
         return Compressed(self.indices.to(device), self.values.to(device), self.shape, self.chunk)
+
+
+def check_peers(name: str, peers: Sequence[Mapping[str, Compressed]], shape: torch.Size) -> ChunkPlan:
+    """Parameter `name` as every aggregate needs it from each peer, and its chunk plan: present, of
+    `shape`, chunked alike with one k, float32 values and int64 indices, each index inside its chunk.
+
+    The aggregates add the peers' coefficients into one accumulator by index, so one index outside
+    its chunk would land in a neighbour's. `templar.wire` refuses such a payload as it reads it; this
+    holds every aggregate (the signed one and SparseLoCo's) to the same, whatever its caller passes.
+    """
+    missing = [i for i, p in enumerate(peers) if name not in p]
+    if missing:
+        raise ValueError(f"{name}: missing from peers {missing}")
+    items = [p[name] for p in peers]
+    plan = items[0].plan
+    if plan.shape != shape:
+        raise ValueError(f"{name}: compressed shape {tuple(plan.shape)} != expected {tuple(shape)}")
+    k = items[0].k
+    for c in items:
+        if c.plan != plan or c.indices.shape != (plan.n_chunks, k) or c.values.shape != c.indices.shape:
+            raise ValueError(f"{name}: peers disagree on chunking or k")
+        if c.values.dtype != torch.float32 or c.indices.dtype != torch.int64:
+            raise ValueError(f"{name}: values must be float32 and indices int64")
+    # one pass over all peers: per-peer checks cost more in dispatch than in arithmetic
+    indices = torch.cat([c.indices.reshape(-1) for c in items]) if len(items) > 1 else items[0].indices
+    low, high = torch.aminmax(indices)
+    if int(low) < 0 or int(high) >= plan.chunk_numel:
+        raise ValueError(f"{name}: index outside its chunk")
+    return plan
 
 
 class DCTCompressor:

@@ -35,7 +35,7 @@ import torch
 from torch import nn
 
 from templar.compress import native
-from templar.compress.compressor import Compressed
+from templar.compress.compressor import Compressed, check_peers
 from templar.compress.dct import ChunkPlan
 
 __all__ = ["aggregate_clipped_mean", "apply_mean_update", "clip_factor", "clip_factors", "lower_median",
@@ -156,22 +156,6 @@ def clip_factors(norms_squared: Sequence[Fraction], weights: Sequence[float]) ->
     return factors
 
 
-def _check(name: str, items: Sequence[Compressed], shape: torch.Size) -> ChunkPlan:
-    plan = items[0].plan
-    if plan.shape != shape:
-        raise ValueError(f"{name}: compressed shape {tuple(plan.shape)} != expected {tuple(shape)}")
-    k = items[0].k
-    for c in items:
-        if c.plan != plan or c.indices.shape != (plan.n_chunks, k) or c.values.shape != c.indices.shape:
-            raise ValueError(f"{name}: peers disagree on chunking or k")
-        if c.values.dtype != torch.float32 or c.indices.dtype != torch.int64:
-            raise ValueError(f"{name}: values must be float32 and indices int64")
-    low, high = torch.aminmax(torch.cat([c.indices.reshape(-1) for c in items]))
-    if int(low) < 0 or int(high) >= plan.chunk_numel:
-        raise ValueError(f"{name}: index outside its chunk")
-    return plan
-
-
 def _times_power_of_two_(t: torch.Tensor, exponent: int) -> torch.Tensor:
     """`t *= 2^exponent` in float32 with one rounding (none unless a result is subnormal).
     `t` holds float32 images of int64 sums, so a non-zero |t| >= 1."""
@@ -226,10 +210,7 @@ def aggregate_clipped_mean(
     names = list(shapes)
     plans: dict[str, ChunkPlan] = {}
     for name in names:
-        missing = [i for i, p in enumerate(peers) if name not in p]
-        if missing:
-            raise ValueError(f"{name}: missing from peers {missing}")
-        plans[name] = _check(name, [p[name] for p in peers], torch.Size(shapes[name]))
+        plans[name] = check_peers(name, peers, torch.Size(shapes[name]))
 
     terms = [_payload_norm_terms([(name, p[name].values) for name in names]) for p in peers]  # [peer][name]
     norms_squared = [sum((t for t, _ in row), Fraction(0)) for row in terms]
