@@ -5,7 +5,7 @@
   tiny's data under a 1024-token tokenizer and tiny's Gauntlet, a 4x narrower model, H = 2 inner AdamW
   steps; on 8192 tokens the output layer was most of every pass, and the pay localnet cost 94-101 s of
   CPU, now 47 s) and virtual time (deterministic windows, the computation's cost only; the seed fixes
-  hotkeys and evaluation secrets, so each run repeats bit for bit). Honest work is paid, cheating is
+  hotkeys and evaluation secrets, so each run repeats bit for bit on one machine). Honest work is paid, cheating is
   not, and the model does not notice the cheats.
 - The processes: one real-time `templar localnet` with separate neuron processes through their
   entry points (`neurons/*.py` and the adversary entry point), a clean stop and a report; its
