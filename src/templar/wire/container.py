@@ -103,6 +103,16 @@ def _strict_json(text: str | bytes) -> Any:
     return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_reject_constant)
 
 
+def _utf8(document: str) -> bytes:
+    """The metadata document's UTF-8 bytes. JSON's `\\ud800` escape decodes to a lone surrogate,
+    which UTF-8 cannot encode: refused as `bad_metadata`, since a bare `UnicodeEncodeError` would
+    escape every reader that catches only `PayloadError` (and make `gather` raise)."""
+    try:
+        return document.encode()
+    except UnicodeEncodeError as exc:
+        raise PayloadError("bad_metadata", "metadata document is not valid Unicode (lone surrogate)") from exc
+
+
 def _is_int(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
@@ -142,8 +152,8 @@ def parse_container(data: bytes, *, max_header: int, max_document: int = _MAX_DO
     meta = header.pop("__metadata__", None)
     if not isinstance(meta, dict) or set(meta) != _META_KEYS or not all(isinstance(v, str) for v in meta.values()):
         raise PayloadError("bad_metadata", f"metadata must hold exactly {sorted(_META_KEYS)} as strings")
-    document, signature_hex = meta["templar"], meta["signature"]
-    if len(document.encode()) > max_document:
+    document, signature_hex = _utf8(meta["templar"]), meta["signature"]
+    if len(document) > max_document:
         raise PayloadError("bad_metadata", "metadata document too large")
     if len(signature_hex) > _MAX_SIGNATURE_HEX or len(signature_hex) % 2:
         raise PayloadError("bad_signature", "signature is not short, even-length hex")
@@ -160,7 +170,7 @@ def parse_container(data: bytes, *, max_header: int, max_document: int = _MAX_DO
         cursor = entry.end
     if cursor != len(data):
         raise PayloadError("not_safetensors", f"tensor data ends at {cursor}, payload has {len(data)} bytes")
-    return Container(data=data, document=document.encode(), signature=signature, entries=entries)
+    return Container(data=data, document=document, signature=signature, entries=entries)
 
 
 M = TypeVar("M", bound=BaseModel)
