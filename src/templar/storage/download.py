@@ -93,8 +93,11 @@ async def _transfer(bucket: Bucket, info: ObjectInfo, part: Path, offset: int, p
                 offset = await _copy_range(bucket, info, out, offset, advance)
                 break
             except (BucketUnreachable, StorageTimeout):
-                # A dropped or stalled stream: keep what arrived and resume from there.
+                # A dropped or stalled stream: keep what arrived and resume from there. The bytes
+                # written before the drop never came back as `_copy_range`'s result, so the file's
+                # own end is the offset: resuming from the old one would append them a second time.
                 out.flush()
+                offset = out.tell()
                 if attempt == RESUME_ATTEMPTS - 1:
                     raise
                 await asyncio.sleep(0.2 * 2**attempt)
