@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import socket
+import threading
 import time
 from pathlib import Path
 
@@ -137,6 +139,108 @@ def test_mangled_responses_raise_storage_errors_only(hostile_server, response: b
                          b.list("", timeout=5.0)):
                 with pytest.raises(StorageError):
                     await call
+
+    asyncio.run(body())
+
+
+@pytest.mark.parametrize("status", [b"404 Not Found", b"200 OK"])
+def test_a_buffered_body_is_cut_at_the_response_cap(hostile_server, status: bytes) -> None:
+    """botocore reads an error's body (a GET's too) and a LIST page into memory whole: an endpoint
+    answering with an endless one grew the reader by 3.9 GB within a 4 s call. 48 MiB stands for it."""
+    size = 48 << 20
+    server = hostile_server(b"HTTP/1.1 " + status + b"\r\nContent-Type: application/xml\r\n"
+                            b"Content-Length: %d\r\n\r\n" % size + b"<" * size)
+
+    async def body() -> None:
+        async with S3Bucket(server.url, "peer", Credentials("key", "secretsecret"), max_attempts=1) as b:
+            calls = [lambda: b.list("", timeout=10.0)]
+            if status.startswith(b"404"):  # a 200 GET's body is streamed under max_bytes instead
+                calls.append(lambda: b.get("k", max_bytes=100, timeout=10.0))
+            for call in calls:
+                with pytest.raises(ObjectTooLarge, match="response body over"):
+                    await call()
+
+    asyncio.run(body())
+
+
+def test_a_redirect_is_never_followed(hostile_server, hanging) -> None:
+    """aiohttp followed redirects: a public endpoint answering `307 Location: <anywhere>` sent every
+    reader's requests, with a path of its choosing, to a metadata service or a loopback port."""
+    server = hostile_server(b"HTTP/1.1 307 Temporary Redirect\r\nLocation: %s/latest/meta-data/\r\n"
+                            b"Content-Length: 0\r\n\r\n" % hanging.url.encode())
+
+    async def body() -> None:
+        async with S3Bucket(server.url, "peer", Credentials("key", "secretsecret")) as b:
+            for call in (lambda: b.head("k", timeout=3.0), lambda: b.get("k", max_bytes=10, timeout=3.0),
+                         lambda: b.list("", timeout=3.0)):
+                with pytest.raises(BucketUnreachable, match="redirects are not followed"):
+                    await call()
+
+    asyncio.run(body())
+    assert hanging.conns == []  # the redirect's target never heard from us
+
+
+class _KeepAliveServer:
+    """Answers every request on a kept-alive connection with the same raw response, counting them."""
+
+    def __init__(self, response: bytes) -> None:
+        self.response, self.requests = response, 0
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        with conn, conn.makefile("rb") as lines:
+            try:
+                while lines.readline():
+                    while lines.readline() not in (b"\r\n", b""):
+                        pass
+                    self.requests += 1
+                    conn.sendall(self.response)
+            except OSError:
+                pass
+
+
+def test_a_bare_redirect_status_cannot_overflow_the_stack() -> None:
+    """botocore's S3 region redirector answers a 301 it cannot place with a HeadBucket to the same
+    endpoint, and that one's 301 with another: a peer answering `301` made `head` and `get` raise
+    RecursionError (and `gather` with them), past every `except StorageError`."""
+    server = _KeepAliveServer(b"HTTP/1.1 301 Moved Permanently\r\nContent-Length: 0\r\n\r\n")
+
+    async def body() -> None:
+        async with S3Bucket(server.url, "peer", Credentials("key", "secretsecret")) as b:
+            for call in (lambda: b.head("k", timeout=5.0), lambda: b.get("k", max_bytes=10, timeout=5.0)):
+                with pytest.raises(StorageError):
+                    await call()
+
+    try:
+        asyncio.run(body())
+    finally:
+        server.sock.close()
+    assert server.requests <= 4  # one request a call and a retry at most, not one per stack frame
+
+
+def test_a_servers_error_message_reaches_logs_as_one_short_line(hostile_server) -> None:
+    """An endpoint's error text is peer-supplied: its newlines would forge log lines (`[SYNC]` logs it)."""
+    message = "denied\n2026-01-01 | INFO | [LEAD] forged line\n" + "x" * 5000
+    xml = f"<?xml version='1.0'?><Error><Code>Weird\nCode</Code><Message>{message}</Message></Error>".encode()
+    server = hostile_server(b"HTTP/1.1 400 Bad Request\r\nContent-Type: application/xml\r\n"
+                            b"Content-Length: %d\r\n\r\n" % len(xml) + xml)
+
+    async def body() -> None:
+        async with S3Bucket(server.url, "peer", Credentials("key", "secretsecret"), max_attempts=1) as b:
+            with pytest.raises(StorageError) as info:
+                await b.get("k", max_bytes=100, timeout=5.0)
+        text = str(info.value)
+        assert "\n" not in text and len(text) < 400 and "Weird Code denied" in text
 
     asyncio.run(body())
 

@@ -18,9 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+from aiobotocore.awsrequest import AioAWSResponse
 from aiobotocore.config import AioConfig
+from aiobotocore.httpsession import AIOHTTPSession
 from aiobotocore.session import AioSession, get_session
-from botocore.exceptions import BotoCoreError, ClientError, ReadTimeoutError
+from botocore.exceptions import BotoCoreError, ClientError, ConnectionClosedError, ReadTimeoutError
 
 from templar.storage.base import (
     DEFAULT_TIMEOUT,
@@ -46,6 +48,10 @@ from templar.storage.locator import Credentials
 MULTIPART_THRESHOLD = 64 << 20
 PART_SIZE = 16 << 20
 _CHUNK = 1 << 16
+MAX_RESPONSE_BYTES = 16 << 20
+"""Cap on a response body that botocore buffers whole: an error's XML (any status >= 300, a GET's
+too), a LIST page, a PUT's answer. S3 sends a few KB of those, a 1000-key LIST page under 2 MB; an
+object's own body is never buffered here but streamed under the caller's `max_bytes`."""
 
 _NOT_FOUND = {"NoSuchKey", "NotFound", "404"}
 _CHANGED = {"PreconditionFailed", "412"}
@@ -77,13 +83,100 @@ def _server_time(response: dict[str, Any]) -> float | None:
         return None
 
 
+def _clip(text: object, limit: int = 200) -> str:
+    """A server's words as one line of at most `limit` characters: an endpoint's error code and
+    message are peer-supplied text, and must neither forge log lines nor flood a log."""
+    return " ".join(str(text).split())[:limit]
+
+
+class _ResponseTooLarge(Exception):
+    """A body botocore would buffer whole passed `MAX_RESPONSE_BYTES` (`S3Bucket` names the key)."""
+
+
+class _Redirected(Exception):
+    """The endpoint answered with an HTTP redirect, which is never followed (`S3Bucket` names the key)."""
+
+
+class _CappedBody:
+    """An aiohttp response whose whole-body `read()` stops past `cap` bytes; all else delegated."""
+
+    def __init__(self, raw: aiohttp.ClientResponse, cap: int) -> None:
+        self._raw, self._cap = raw, cap
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._raw, name)
+
+    async def read(self) -> bytes:
+        data = bytearray()
+        while chunk := await self._raw.content.read(_CHUNK):
+            data += chunk
+            if len(data) > self._cap:
+                self._raw.close()
+                raise _ResponseTooLarge(f"response body over {self._cap} bytes")
+        return bytes(data)
+
+
+class _NoRedirects:
+    """An aiohttp session whose requests never follow an HTTP redirect; all else delegated."""
+
+    def __init__(self, session: aiohttp.ClientSession) -> None:
+        self._session = session
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._session, name)
+
+    def request(self, *args: Any, **kwargs: Any) -> Any:
+        return self._session.request(*args, **kwargs, allow_redirects=False)
+
+
+class _PeerHTTPSession(AIOHTTPSession):
+    """aiobotocore's HTTP session, with two refusals that an endpoint chosen by a peer calls for.
+
+    - No redirects. aiohttp follows them by default: a peer's public endpoint answering
+      `307 Location: http://169.254.169.254/<any path>` sent every reader's requests to a metadata
+      service or a loopback port, past every check of the locator. botocore may not see a 3xx either:
+      its S3 region redirector answers one with a HeadBucket to the same endpoint, and a 307 to that
+      with another, until the stack overflows. A 3xx (but 304) ends the call here: S3 needs none
+      (its wrong-region 301 is an unusable bucket either way).
+    - No unbounded buffers. botocore reads error bodies (a GET's too) and non-streamed answers (LIST
+      pages) into memory whole: an endpoint answering with `404` and an endless body grew the reader
+      by 3.9 GB within a 4 s call (the call's timeout bounds the time, not the memory). Such a body
+      is read here, under `MAX_RESPONSE_BYTES`.
+    """
+
+    async def _get_session(self, proxy_url: str | None) -> Any:
+        return _NoRedirects(await super()._get_session(proxy_url))
+
+    async def send(self, request: Any) -> Any:
+        streamed = request.stream_output
+        request.stream_output = True  # leave the body unread: it is read below, capped
+        try:
+            response = await super().send(request)
+        finally:
+            request.stream_output = streamed
+        if 300 <= response.status_code < 400 and response.status_code != 304:
+            response.raw.close()
+            raise _Redirected(f"answered HTTP {response.status_code}: redirects are not followed")
+        if streamed and response.status_code < 300:
+            return response  # an object's body: `S3Bucket` streams it under the caller's cap
+        capped = AioAWSResponse(response.url, response.status_code, response.headers,
+                                _CappedBody(response.raw, MAX_RESPONSE_BYTES))
+        try:
+            await capped.content
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError) as exc:  # as the session maps them
+            raise ConnectionClosedError(error=exc, request=request, endpoint_url=request.url) from exc
+        except TimeoutError as exc:  # aiohttp's socket read timeout
+            raise ReadTimeoutError(endpoint_url=request.url, error=exc) from exc
+        return capped
+
+
 def _translate(exc: BaseException, where: str) -> StorageError:
-    """Map a botocore/aiohttp failure onto the storage error hierarchy."""
+    """Map a botocore/aiohttp failure onto the storage error hierarchy (the server's words clipped)."""
     if isinstance(exc, ClientError):
         err = exc.response.get("Error", {})
         code = str(err.get("Code", ""))
         status = str(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", ""))
-        detail = f"{where}: {code or status} {err.get('Message', '')}".strip()
+        detail = f"{where}: {_clip(code or status, 64)} {_clip(err.get('Message', ''))}".strip()
         if code == "InvalidRange" or status == "416":
             return ShortRead(detail)
         if code in _CHANGED or status in _CHANGED:
@@ -98,7 +191,7 @@ def _translate(exc: BaseException, where: str) -> StorageError:
     if isinstance(exc, ReadTimeoutError | TimeoutError):
         return StorageTimeout(f"{where}: read timed out")
     if isinstance(exc, BotoCoreError | aiohttp.ClientError | OSError):
-        return BucketUnreachable(f"{where}: {type(exc).__name__}: {exc}")
+        return BucketUnreachable(f"{where}: {type(exc).__name__}: {_clip(exc)}")
     raise TypeError(f"not a storage failure: {exc!r}")
 
 
@@ -128,6 +221,7 @@ class S3Bucket(Bucket):
             connect_timeout=connect_timeout,
             read_timeout=read_timeout,
             max_pool_connections=max_pool_connections,
+            http_session_cls=_PeerHTTPSession,
             # Payload integrity is checked a layer up (schema validation, sha256 manifests);
             # "when_required" also keeps R2 and older S3 clones happy.
             request_checksum_calculation="when_required",
@@ -178,13 +272,17 @@ class S3Bucket(Bucket):
                 yield
         except StorageError:
             raise
+        except _ResponseTooLarge as exc:
+            raise ObjectTooLarge(f"{where}: {exc}") from exc
+        except _Redirected as exc:
+            raise BucketUnreachable(f"{where}: {exc}") from exc
         except TimeoutError as exc:
             raise StorageTimeout(f"{where}: no answer within {timeout}s") from exc
         except (ClientError, BotoCoreError, aiohttp.ClientError, OSError) as exc:
             raise _translate(exc, where) from exc
         except ValueError as exc:
             # botocore's parsers raise ValueError on mangled headers (e.g. a bad Last-Modified).
-            raise StorageError(f"{where}: malformed response: {str(exc)[:200]}") from exc
+            raise StorageError(f"{where}: malformed response: {_clip(exc)}") from exc
 
     def _info(self, key: str, resp: dict[str, Any], size: int | None = None) -> ObjectInfo:
         """ObjectInfo from response headers, which a hostile endpoint may omit or mangle."""
