@@ -82,6 +82,11 @@ def test_repr_never_shows_secrets() -> None:
     "s3:http://169.254.169.254|alice|keyid|secretsecret",          # cloud metadata (link-local)
     "s3:http://0.0.0.0:80|alice|keyid|secretsecret",
     "s3:http://999.1.1.1|alice|keyid|secretsecret",
+    "s3:http://0xa9fea9fe|alice|keyid|secretsecret",               # 169.254.169.254 to inet_aton
+    "s3:http://0x7f000001:8333|alice|keyid|secretsecret",          # 127.0.0.1 to inet_aton
+    "s3:http://0x7f.1|alice|keyid|secretsecret",
+    "s3:http://0xa9.0xfe.0xa9.0xfe|alice|keyid|secretsecret",
+    "s3:http://s3.example.0x1|alice|keyid|secretsecret",
     "s3:http://Host.Example|alice|keyid|secretsecret",             # uppercase host
     "s3:http://-bad.example|alice|keyid|secretsecret",
     "s3:file://127.0.0.1|alice|keyid|secretsecret",
@@ -138,6 +143,18 @@ def test_private_endpoint_flag() -> None:
     assert BucketLocator.s3("http://10.1.2.3", "abc", "key", "secretsecret").is_private_endpoint
     assert not BucketLocator.s3("https://s3.example.com", "abc", "key", "secretsecret").is_private_endpoint
     assert not BucketLocator.r2(ACCOUNT, KEY_ID, SECRET).is_private_endpoint
+    # shared address space: Alibaba Cloud's metadata service, neither `is_private` nor link-local
+    assert BucketLocator.s3("http://100.100.100.200", "abc", "key", "secretsecret").is_private_endpoint
+    assert not BucketLocator.s3("http://8.8.8.8", "abc", "key", "secretsecret").is_private_endpoint
+    assert not BucketLocator.s3("https://s3.0x1.example", "abc", "key", "secretsecret").is_private_endpoint
+
+
+def test_numeric_hosts_never_reach_the_resolver() -> None:
+    """glibc's resolver reads "0x7f000001" as 127.0.0.1 and "0xa9fea9fe" as the metadata address: a
+    host ending in a number must be refused, not judged as a name (it would pass every check)."""
+    for host in ("0xa9fea9fe", "0x7f000001", "0x7f.0.0.1", "0x0", "a.b.017700000001"):
+        with pytest.raises(LocatorError, match="IPv4"):
+            BucketLocator.s3(f"http://{host}", "abc", "key", "secretsecret")
 
 
 def test_bucket_name_rules() -> None:
@@ -164,3 +181,12 @@ def test_credentials_from_env_and_file(tmp_path) -> None:
     with pytest.raises(LocatorError) as info:
         Credentials.from_file(tmp_path / "missing.json")
     assert secret not in str(info.value)
+
+
+def test_only_the_public_networks_refuse_private_endpoints():
+    """One rule for the nodes, the doctor and `templar bucket check`: finney and test refuse peers'
+    private endpoints; a localnet's chain (embedded, local, a ws:// URL given as the network) reads them."""
+    from templar.storage.locator import allows_private_endpoints
+
+    assert not allows_private_endpoints("finney") and not allows_private_endpoints("test")
+    assert all(allows_private_endpoints(n) for n in ("embedded", "local", "ws://127.0.0.1:9944"))

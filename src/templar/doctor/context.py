@@ -16,10 +16,7 @@ from templar.chain.flags import DEFAULT_WALLET_PATH
 from templar.core.config import HParams
 from templar.runtime.flags import state_dir_of
 from templar.storage import Bucket
-from templar.storage.locator import BucketLocator, Credentials
-
-PUBLIC_NETWORKS = frozenset({"finney", "test"})
-"""Networks whose peers refuse local, loopback and private buckets (`templar.runtime.node`)."""
+from templar.storage.locator import BucketLocator, Credentials, allows_private_endpoints
 
 
 @dataclass
@@ -56,7 +53,7 @@ class Doctor:
     @property
     def public(self) -> bool:
         """Peers on this network refuse private endpoints (and so must we, reading them)."""
-        return self.network in PUBLIC_NETWORKS
+        return not allows_private_endpoints(self.network)
 
     @property
     def embedded(self) -> bool:

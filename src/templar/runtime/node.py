@@ -47,13 +47,10 @@ from templar.runtime.lock import StateDirLocked, StateLock
 from templar.runtime.metrics import start_metrics
 from templar.runtime.state import STATE_FILE, NodeState, StateWriteError
 from templar.storage import Bucket, StorageError, open_bucket
-from templar.storage.locator import BucketLocator, Credentials, LocatorError
+from templar.storage.locator import BucketLocator, Credentials, LocatorError, allows_private_endpoints
 from templar.wire import Run
 
 WRITABLE_PROBE_KEY = "writable-check"
-
-PUBLIC_NETWORKS = frozenset({"finney", "test"})
-
 
 class NodeError(Exception):
     """A node cannot go on, for a reason its operator must fix. The message is meant for the
@@ -114,7 +111,7 @@ class Node:
     torchrun launcher's `NodeCompute` for a node over several ranks (set before the role starts)."""
     allow_private_endpoints: bool = False
     """Whether peers' buckets may be on loopback/private addresses or local directories: never on
-    public networks (no SSRF into our LAN), always on the embedded chain."""
+    public networks (no SSRF into our LAN), always on the embedded chain (`allows_private_endpoints`)."""
     stop: asyncio.Event = field(default_factory=asyncio.Event)
     _peer_buckets: dict[str, tuple[str, Bucket]] = field(default_factory=dict)
     bucket_faults: dict[str, str] = field(default_factory=dict)
@@ -297,7 +294,7 @@ async def start_node(args: argparse.Namespace, role: str, *, time: TimeSource = 
     # a peer's local bucket answers by the same clock as ours (an S3 server by its own)
     return Node(hp=hp, chain=chain, clock=clock, uid=uid, model=model, pages=pages, plan=plan, bucket=bucket,
                 state_dir=state_dir, device=device, compute=LocalCompute(model, hp, memory), state_lock=lock,
-                allow_private_endpoints=args.subtensor_network not in PUBLIC_NETWORKS,
+                allow_private_endpoints=allows_private_endpoints(args.subtensor_network),
                 open_bucket=functools.partial(open_bucket, now=time.now), shadow=shadow,
                 record_evaluations=bool(getattr(args, "record_evaluations", False)))
 

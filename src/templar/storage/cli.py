@@ -23,12 +23,11 @@ import time
 from pathlib import Path
 
 from templar.storage.base import ObjectNotFound, StorageError
-from templar.storage.locator import BucketLocator, Credentials, LocatorError
+from templar.storage.locator import BucketLocator, Credentials, LocatorError, allows_private_endpoints
 from templar.storage.probe import Probe, peer_read, probe_key, read_only
 
 READ_KEY_ID_ENV = "TEMPLAR_BUCKET_READ_KEY_ID"
 READ_SECRET_ENV = "TEMPLAR_BUCKET_READ_SECRET"
-PUBLIC_NETWORKS = ("finney", "test")
 PUBLISHED = {
     "v2/start_window.json": "lead: the run's start window",
     "v2/peers/index.json": "lead: peer lists",
@@ -138,7 +137,7 @@ def check_locator(text: str, network: str, timeout: float, *, write_test: bool, 
         line("failed", "locator", f"not a valid locator: {exc}", "build it with `templar bucket locator`")
         return 1
     line("ok", "locator", _describe(locator))
-    public = network in PUBLIC_NETWORKS
+    public = not allows_private_endpoints(network)
     if public and locator.is_private_endpoint:
         line("failed", "endpoint", f"peers on {network} refuse {'local' if locator.kind == 'local' else 'private'} "
              "buckets and will score you missing", "use a bucket at a public hostname")

@@ -44,6 +44,7 @@ _KEY_ID = re.compile(r"[A-Za-z0-9_.-]{3,64}")
 _SECRET = re.compile(r"[A-Za-z0-9_.+/=-]{8,128}")
 _ENDPOINT = re.compile(r"(https?)://([^/?#@\s|]+)")
 _PORT = re.compile(r"[1-9][0-9]{0,4}")
+_NUMERIC_LABEL = re.compile(r"[0-9]+|0x[0-9a-f]*")  # a decimal, octal or hex IPv4 part to inet_aton
 _PATH_CHARS = re.compile(r"/[A-Za-z0-9._+@~/-]*")
 _R2_PAYLOAD_CHARS = 86  # base64url of 64 bytes, unpadded
 
@@ -122,7 +123,10 @@ def _validate_host(host: str) -> str:
         except ValueError:
             if len(host) > 253 or not all(_LABEL.fullmatch(p) for p in host.split(".")):
                 raise LocatorError("endpoint host is not a valid lowercase hostname or IP") from None
-            if re.fullmatch(r"[0-9.]+", host):
+            if _NUMERIC_LABEL.fullmatch(host.rsplit(".", 1)[-1]):
+                # No real hostname ends in a number (WHATWG's "ends in a number" rule); the resolver
+                # (glibc's inet_aton) reads "0x7f000001", "0xa9fea9fe" or "0x7f.1" as an IPv4 address
+                # that the loopback, private and metadata checks here would never see.
                 raise LocatorError("endpoint host looks like a malformed IPv4 address") from None
             return host
     if not ip.is_loopback and (ip.is_link_local or ip.is_multicast or ip.is_unspecified or ip.is_reserved):
@@ -177,6 +181,21 @@ def _unb64url(text: str) -> bytes:
     if len(raw) != 64 or _b64url(raw) != text:  # canonical form only: one locator, one string
         raise LocatorError("r2 payload is not the canonical encoding of 64 bytes")
     return raw
+
+
+PUBLIC_NETWORKS = frozenset({"finney", "test"})
+"""The chains whose nodes refuse peers' buckets at private endpoints (`allows_private_endpoints`)."""
+
+
+def allows_private_endpoints(network: str) -> bool:
+    """Whether nodes on `network` (the `--subtensor.network` name) may read peers' buckets at private
+    endpoints (`BucketLocator.is_private_endpoint`) and `local:` directories: on a localnet, yes; on
+    finney and test, never, so that no peer can aim a validator's requests at its LAN or a metadata
+    service. Decided by the name: a node that reaches finney through its own lite node names the
+    network `finney` and the node with `--subtensor.chain_endpoint`; a `ws://` URL or `local` given as
+    the network itself counts as a development chain. The doctor, `templar bucket check` and the nodes
+    all ask here."""
+    return network not in PUBLIC_NETWORKS
 
 
 @dataclass(frozen=True)
@@ -310,7 +329,10 @@ class BucketLocator:
 
     @property
     def is_private_endpoint(self) -> bool:
-        """True for loopback/private IP endpoints (fine on a localnet, suspicious on mainnet).
+        """True for `localhost` and every literal IP that is not globally routable (fine on a
+        localnet, refused on mainnet): loopback, private, and also shared address space
+        (100.64.0.0/10, where Alibaba Cloud's metadata service answers at 100.100.100.200), which
+        is neither `is_private` nor link-local.
 
         Only literal IPs are judged; a hostname that resolves to a private address is not.
         """
@@ -323,7 +345,7 @@ class BucketLocator:
             ip = ipaddress.ip_address(host)
         except ValueError:
             return False
-        return ip.is_private or ip.is_loopback
+        return not ip.is_global
 
     def __repr__(self) -> str:
         where = {"r2": f"account={self.account_id}", "s3": f"endpoint={self.endpoint}",
