@@ -4,13 +4,22 @@ records of windows the state never committed are dropped at the restart."""
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
 
 import pytest
 import torch
 
 from templar.core.model import build_model
 from templar.runtime.records import trim_records
-from templar.runtime.state import NodeState, load_node_state_or_previous, previous_path, save_node_state
+from templar.runtime.state import (
+    NodeState,
+    load_node_state_or_previous,
+    previous_path,
+    save_node_state,
+    write_state_file,
+)
 
 
 def test_a_torn_state_falls_back_to_the_previous_one(hp, tmp_path):
@@ -32,6 +41,29 @@ def test_a_torn_state_falls_back_to_the_previous_one(hp, tmp_path):
     previous_path(path).write_bytes(b"garbage")
     with pytest.raises(ValueError, match="unreadable too"):
         load_node_state_or_previous(path, fresh)
+
+
+def test_a_save_killed_midway_leaves_no_temporary_file_behind_the_next_save(tmp_path):
+    """`kill -9` during a save skips `atomic_write`'s cleanup: each crash left a temporary file the
+    size of the whole state (GBs) that nothing ever removed. The next save removes it."""
+    path = tmp_path / "state.safetensors"
+    write_state_file(path, lambda tmp: tmp.write_bytes(b"old"))
+    killed_midway = (
+        "import os, signal, sys\n"
+        "from pathlib import Path\n"
+        "from templar.core.atomic import atomic_write\n"
+        "def write(tmp):\n"
+        "    tmp.write_bytes(b'x' * 4096)\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n"
+        "atomic_write(Path(sys.argv[1]), write)\n"
+    )
+    for _ in range(2):
+        done = subprocess.run([sys.executable, "-c", killed_midway, str(path)], timeout=60)
+        assert done.returncode == -signal.SIGKILL
+    assert len(list(tmp_path.glob(".state.safetensors.*.tmp"))) == 2
+    write_state_file(path, lambda tmp: tmp.write_bytes(b"new"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["state.safetensors", "state.safetensors.prev"]
+    assert path.read_bytes() == b"new" and previous_path(path).read_bytes() == b"old"
 
 
 def test_trim_records_drops_uncommitted_windows_and_torn_lines(tmp_path):

@@ -11,6 +11,7 @@ The state file is a window's commit point: records of a window are appended befo
 
 from __future__ import annotations
 
+import contextlib
 import errno as errno_module
 import json
 import os
@@ -135,11 +136,31 @@ def write_state_file(path: Path, writer: Writer) -> None:
     the current file is kept as `.prev`, then `writer` fills a temporary file that `atomic_write`
     fsyncs and renames over `path`. `StateWriteError` for any local disk failure."""
     try:
+        _remove_dead_writers_temps(path)
         if path.exists():
             _keep_previous(path)
         atomic_write(path, writer)
     except (OSError, SafetensorError) as exc:
         raise StateWriteError(path, exc) from exc
+
+
+def _remove_dead_writers_temps(path: Path) -> None:
+    """Delete the temporary files `atomic_write` named `.<name>.<pid>.<8 hex>.tmp` beside `path`.
+
+    Why: a `kill -9` during a save skips `atomic_write`'s cleanup and leaves a temporary file the
+    size of a whole state (GBs on a real model) that nothing else removes, so every crash mid-save
+    costs that much disk for good, until the saves fail. Safe: one process holds a state directory
+    (`node.lock`) and saves its state one at a time, so a temporary file of `path` that exists
+    before a save belongs to a writer that died.
+    """
+    temp = re.compile(re.escape(f".{path.name}.") + r"[0-9]+\.[0-9a-f]{8}\.tmp")
+    try:
+        names = [entry.name for entry in os.scandir(path.parent)]
+    except FileNotFoundError:
+        return
+    for name in filter(temp.fullmatch, names):
+        with contextlib.suppress(OSError):  # best effort: the save itself says what is wrong
+            (path.parent / name).unlink(missing_ok=True)
 
 
 def previous_path(path: Path) -> Path:

@@ -15,7 +15,7 @@ import stat
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import BinaryIO, TypeVar
 
 from templar.core.atomic import atomic_write
 from templar.storage.base import (
@@ -47,6 +47,26 @@ def _info(key: str, path: Path, st: os.stat_result | None = None) -> ObjectInfo:
         raise ObjectNotFound(key)
     return ObjectInfo(key=key, size=st.st_size, timestamp=st.st_mtime_ns / 1e9,
                       etag=f"{st.st_ino:x}-{st.st_mtime_ns:x}-{st.st_size:x}")
+
+
+def _open_regular(key: str, path: Path) -> BinaryIO:
+    """An object's file, open for reading; `ObjectNotFound` for anything but a regular file, before
+    a byte is read.
+
+    Why non-blocking: opening a FIFO planted at a key waits for a writer, in a worker thread that no
+    timeout can stop; a few such reads fill asyncio's default executor (every `to_thread` of the
+    node then waits) and `asyncio.run` waits for that thread forever at exit. With `O_NONBLOCK` a
+    FIFO opens at once and `fstat` tells it from a file.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ObjectNotFound(key)
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 class LocalBucket(Bucket):
@@ -133,7 +153,7 @@ class LocalBucket(Bucket):
 
     def _read_capped(self, key: str, max_bytes: int) -> Blob:
         path = self._path(key)
-        with path.open("rb") as fh:
+        with _open_regular(key, path) as fh:
             info = _info(key, path, os.fstat(fh.fileno()))
             if info.size > max_bytes:
                 raise ObjectTooLarge(f"{self.name}/{key}: {info.size} bytes > cap {max_bytes}")
@@ -147,7 +167,7 @@ class LocalBucket(Bucket):
         return await self._run(lambda: self._read_capped(key, max_bytes), key, timeout)
 
     def _read_exact(self, key: str, start: int, length: int) -> bytes:
-        with self._path(key).open("rb") as fh:
+        with _open_regular(key, self._path(key)) as fh:
             fh.seek(start)
             data = fh.read(length)
         if len(data) < length:
@@ -188,8 +208,8 @@ class LocalBucket(Bucket):
     async def _read_range(self, key: str, start: int, expect: ObjectInfo) -> AsyncIterator[bytes]:
         path = self._path(key)
         try:
-            fh = await asyncio.to_thread(path.open, "rb")
-        except (FileNotFoundError, NotADirectoryError, IsADirectoryError) as exc:
+            fh = await asyncio.to_thread(_open_regular, key, path)
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError, ObjectNotFound) as exc:
             raise ObjectChanged(f"{self.name}/{key}: deleted during download") from exc
         try:
             # The open handle pins this version even if the key is replaced meanwhile.
