@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
+import random
 import threading
 import time
 from pathlib import Path
@@ -18,6 +19,7 @@ from safetensors.torch import save as st_save
 from tests.faults import Fault, FaultPlan
 
 from templar.comms import GatherStatus, gather, put_gradient
+from templar.comms.gather import start_order
 from templar.comms.keys import gradient_key
 from templar.core.clock import loop_time, run_virtual
 from templar.storage import Bucket, LocalBucket, S3Bucket
@@ -144,6 +146,35 @@ def test_round_deadline_caps_queued_and_hanging_peers(hanging) -> None:
     asyncio.run(body())
 
 
+def test_stallers_that_sort_first_cannot_queue_the_others_to_the_deadline(hanging, tmp_path: Path) -> None:
+    """Two stalling buckets whose hotkeys sort before an honest one hold both slots until the round
+    deadline. Peers take the slots in `start_order`, not in their hotkeys' order: the honest peer is
+    gathered whenever its draw puts it within the slots, and its hotkey's place decides nothing."""
+    stallers = ["0a", "0b"]
+    draws = {seed: start_order([*stallers, "z"], random.Random(seed)) for seed in range(12)}
+    assert all(sorted(order) == [*stallers, "z"] for order in draws.values())
+    first = next(s for s, order in draws.items() if order[-1] != "z")  # the honest peer drawn within the slots
+    last = next(s for s, order in draws.items() if order[-1] == "z")
+
+    async def body(seed: int) -> GatherStatus:
+        honest = LocalBucket(tmp_path / "honest")
+        await put_gradient(honest, WINDOW, payload(0))
+        peers: dict[str, Bucket] = {h: S3Bucket(hanging.url, "peer", Credentials("key", "secretsecret"))
+                                    for h in stallers}
+        peers["z"] = honest
+        now = time.time()
+        results = await gather(peers, WINDOW, put_window=(now - 5, now + 5), deadline=now + 1.0, max_bytes=100_000,
+                               validate=validate, concurrency=2, per_peer_timeout=30.0, rng=random.Random(seed))
+        assert list(results) == list(peers)  # in the order asked for, whatever the order of the transfers
+        assert {results[h].status for h in stallers} == {GatherStatus.TIMEOUT}
+        for h in stallers:
+            await peers[h].aclose()
+        return results["z"].status
+
+    assert asyncio.run(body(first)) is GatherStatus.OK
+    assert asyncio.run(body(last)) is GatherStatus.TIMEOUT  # queued behind both stallers: what sorting did always
+
+
 def test_deadline_already_past_and_no_peers() -> None:
     async def body() -> None:
         assert await gather({}, WINDOW, put_window=(0, 1), deadline=time.time() + 1, max_bytes=1,
@@ -166,6 +197,30 @@ def test_our_own_bug_in_validate_propagates(tmp_path: Path) -> None:
         with pytest.raises(KeyError):
             await gather({"p": b}, WINDOW, put_window=(now - 5, now + 5), deadline=now + 5,
                          max_bytes=100_000, validate=buggy)
+
+    asyncio.run(body())
+
+
+def test_a_hostile_header_is_malformed_under_the_strict_reader(tmp_path: Path, hp, small_shapes) -> None:
+    """The node's own configuration (`malformed_errors=(PayloadError,)`, the real reader): a payload
+    whose metadata escapes a lone surrogate is a malformed peer, not an exception out of gather."""
+    from templar.wire import PayloadError as WirePayloadError
+    from templar.wire import Run, read_gradient
+
+    header = (b'{"__metadata__":{"templar":"\\ud800","signature":"00"},'
+              b'"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}')
+    hostile = len(header).to_bytes(8, "little") + header + bytes(8)
+
+    def strict(hotkey: str, data: bytes):
+        return read_gradient(data, small_shapes, hp, run=Run(7, "ab" * 32), verify=None)
+
+    async def body() -> None:
+        evil = LocalBucket(tmp_path / "evil")
+        await put_gradient(evil, WINDOW, hostile)
+        now = time.time()
+        res = await gather({"evil": evil}, WINDOW, put_window=(now - 5, now + 5), deadline=now + 5,
+                           max_bytes=100_000, validate=strict, malformed_errors=(WirePayloadError,))
+        assert res["evil"].status is GatherStatus.MALFORMED and res["evil"].error.reason == "bad_metadata"
 
     asyncio.run(body())
 

@@ -1,7 +1,8 @@
 """Posting our pseudo-gradient and gathering the peers', with a hard deadline.
 
 `gather` is the fault-tolerant core of a window (docs/design.md §5): every peer gets a per-peer budget
-inside a whole-round deadline, at most `concurrency` transfers run at once, and each peer ends
+inside a whole-round deadline, at most `concurrency` transfers run at once (begun in an order no peer
+can choose: `start_order`), and each peer ends
 in exactly one `GatherStatus`. A peer can make its own result fail; it can never make `gather`
 raise, wait past the deadline, or spoil another peer's result. There are no retries past the
 deadline: what arrived valid is used, the rest is recorded with its reason for the scorer.
@@ -15,9 +16,10 @@ peer that swaps its object after the head is still judged on what we read), then
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Generic, TypeVar
@@ -159,6 +161,21 @@ async def _fetch_one(hotkey: str, bucket: Bucket, rules: _Rules[T], budget_end: 
     return GatherResult(GatherStatus.OK, value=value, nbytes=size, timestamp=stamp)
 
 
+def start_order(hotkeys: Iterable[str], rng: random.Random | None = None) -> list[str]:
+    """The order in which peers take the gather's transfer slots: a shuffle, by the system's randomness
+    unless `rng` is given (tests).
+
+    Why not the order asked for (the validator's is sorted by hotkey): a peer whose bucket stalls holds a
+    slot for its whole per-peer budget, so hotkeys ground to sort first (an SS58 address is cheap to
+    grind), with stalling buckets, would take every slot for the first budgets of each round and leave
+    the peers queued behind them (honest miners, the top-G among them) to the round deadline. Shuffled,
+    a staller's place is a draw, and stalling costs its owner a slot's share of the round, not a chosen
+    one. Which peers are gathered is no consensus: every node applies the lead's inputs."""
+    order = list(hotkeys)
+    (rng or random.SystemRandom()).shuffle(order)
+    return order
+
+
 async def gather(
     peers: Mapping[str, Bucket],
     window: int,
@@ -173,12 +190,14 @@ async def gather(
     malformed_errors: tuple[type[BaseException], ...] = (ValueError,),
     version: int = PROTOCOL_VERSION,
     now: Now = time.time,
+    rng: random.Random | None = None,
 ) -> dict[str, GatherResult[T]]:
     """Fetch and validate every peer's payload for `window`; returns by `deadline` (unix s by `now`).
 
     `put_window` is `(start, end)` in unix seconds; uploads outside it widened by `clock_skew`
     seconds (S3 timestamps have 1 s resolution and clocks drift) are early/late.
-    `per_peer_timeout` starts when the peer's transfer starts (after waiting for a slot).
+    `per_peer_timeout` starts when the peer's transfer starts (after waiting for a slot); peers take
+    the slots in `start_order` (`rng`: its randomness, for tests). The result lists them as `peers` does.
     `validate(hotkey, data)` runs in a worker thread; exceptions of `malformed_errors` mark the
     peer malformed (pass `templar.wire.PayloadError` to be strict), anything else is our bug
     and propagates.
@@ -207,8 +226,10 @@ async def gather(
         return GatherResult(result.status, result.value, result.reason, result.nbytes,
                             loop.time() - started, result.timestamp, result.error)
 
-    tasks = {hotkey: asyncio.create_task(one(hotkey, bucket), name=f"gather-{short(hotkey)}")
-             for hotkey, bucket in peers.items()}
+    # a task takes a free slot in the order the tasks were created (the semaphore's waiters are FIFO)
+    started_tasks = {hotkey: asyncio.create_task(one(hotkey, peers[hotkey]), name=f"gather-{short(hotkey)}")
+                     for hotkey in start_order(peers, rng)}
+    tasks = {hotkey: started_tasks[hotkey] for hotkey in peers}
     if tasks:
         _done, pending = await asyncio.wait(tasks.values(), timeout=max(round_end - loop.time(), 0)
                                             + DEADLINE_GRACE)
