@@ -226,3 +226,27 @@ def test_commitments_round_trip_and_refuse_garbage(tmp_path) -> None:
         assert await read_commits(buckets, 5, run=RUN, deadline=time.time() - 1.0, now=time.time) == {}
 
     asyncio.run(body())
+
+
+def test_stalling_buckets_cannot_leave_the_peers_read_after_them_unjudged(tmp_path) -> None:
+    """A read that waited for a slot held by other peers' stalling buckets was once "not started before the
+    deadline" and left its peer out, unjudged on its commitment: forty hotkeys whose buckets hang on every
+    read, sorting before a copier's, let the copier post a same-window payload it never committed to. Every
+    read now starts at once: the stallers commit nothing, the copier's silence is read as silence, and an
+    honest peer behind them is read as committed."""
+    from templar.comms.commit import put_commit, read_commits
+    from templar.storage import LocalBucket
+
+    async def body() -> None:
+        buckets = {}
+        for i in range(40):
+            staller = FaultPlan().wrap(LocalBucket(tmp_path / f"staller{i}"))
+            staller.plan.add(Fault.HANG, ops={"get"})
+            buckets[f"a{i:02d}"] = staller
+        honest = LocalBucket(tmp_path / "honest")
+        await put_commit(honest, 5, b"\x01" * 32, run=RUN)
+        buckets["z-copier"], buckets["z-honest"] = LocalBucket(tmp_path / "copier"), honest
+        found = await read_commits(buckets, 5, run=RUN, deadline=time.time() + 1.0, now=time.time)
+        assert found == {**{f"a{i:02d}": b"" for i in range(40)}, "z-copier": b"", "z-honest": b"\x01" * 32}
+
+    asyncio.run(body())

@@ -31,7 +31,6 @@ from templar.storage.base import DEFAULT_TIMEOUT, Bucket, ObjectNotFound, Storag
 from templar.wire import Run
 
 MAX_COMMIT_BYTES = 4096
-COMMIT_CONCURRENCY = 16
 
 
 class Commit(_RunRecord):
@@ -68,19 +67,22 @@ async def read_commits(buckets: Mapping[str, Bucket], window: int, *, run: Run, 
     b"" (committed nothing): otherwise a copier could hide its commitment by making its own bucket
     unreadable for the read span and serve the borrowed payload afterwards. Only a read this
     reader could not even start before the deadline (its own lateness) leaves the peer absent
-    (not judged on it)."""
-    limit = asyncio.Semaphore(COMMIT_CONCURRENCY)
+    (not judged on it).
+
+    Every read starts at once, none waits for another's slot: the reads are one small object per
+    miner (at most a subnet's uids), and a bounded pool let peers' stalling buckets hold every slot
+    until the deadline, so that the reads queued behind them never started and the peers behind
+    them (a copier whose hotkey sorts after its accomplices') went unjudged on their commitments."""
 
     async def one(hotkey: str, bucket: Bucket) -> tuple[str, bytes | None]:
-        async with limit:
-            left = deadline - now()
-            if left <= 0:
-                return hotkey, None
-            try:
-                digest = await asyncio.wait_for(get_commit(bucket, window, run=run, timeout=left), left)
-            except (RecordError, StorageError, TimeoutError):  # garbage, a failing or a stalling bucket
-                return hotkey, b""
-            return hotkey, (digest or b"") if now() <= deadline else b""
+        left = deadline - now()
+        if left <= 0:
+            return hotkey, None
+        try:
+            digest = await asyncio.wait_for(get_commit(bucket, window, run=run, timeout=left), left)
+        except (RecordError, StorageError, TimeoutError):  # garbage, a failing or a stalling bucket
+            return hotkey, b""
+        return hotkey, (digest or b"") if now() <= deadline else b""
 
     found = await asyncio.gather(*(one(hk, b) for hk, b in sorted(buckets.items())))
     return {hk: digest for hk, digest in found if digest is not None}

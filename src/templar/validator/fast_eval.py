@@ -141,9 +141,9 @@ def fast_evaluate(
     a payload whose probes lie nearer `other_base`'s than the base's.
     `commitments`: the document digests read before the window's gradients were readable
     (`templar.comms.commit`; b"": none); a payload whose `Gradient.document_digest` differs is
-    `uncommitted`. A peer absent from it (its bucket could not be read in time), or None for all, is
-    not judged on it. `replayed`: the peers whose gradient repeats an earlier window's upload
-    (`ReplayMemory.observe`), each `replay`.
+    `uncommitted`. A peer absent from it (this validator could not start its read in time,
+    `validator.commits.WindowCommits`), or None for all, is not judged on it. `replayed`: the
+    peers whose gradient repeats an earlier window's upload (`ReplayMemory.observe`), each `replay`.
     `earlier`: public work of earlier windows (window → hotkey → the aggregated payload,
     `validator.public_work`); an upload that copies one of them, or their mean, is `copy`.
     `baseline`: the validator's memory of earlier windows' typical pairs (`PoolBaselines`, which this

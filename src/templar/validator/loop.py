@@ -410,7 +410,7 @@ class Validator:
                                             declared_units=s.declared_units, random_units=s.random_deltas)
                           for hk, s in work.losses.items()}
         work.scores = score_window(self.book, self.hp.gauntlet, work.window, work.miners, work.verdicts,
-                                   work.primaries)
+                                   work.primaries, warmup_windows=self.hp.windows.warmup_windows)
 
     async def step(self, work: ValidatorWindow) -> None:
         """The outer step: every node, the lead included, takes exactly the window's applied inputs
@@ -482,7 +482,7 @@ class Validator:
             own_probes = await asyncio.to_thread(self.compute.probes, window)
         return await asyncio.to_thread(
             fast_evaluate, results, own_probes, unit, rules=self.hp.gauntlet, salt=self.eval_seed(window),
-            expected_step=base.global_step, commitments=self.commits.pop(window), replayed=replayed,
+            expected_step=base.global_step, commitments=self.commits.pop(window, results), replayed=replayed,
             earlier=self.public.before(window), baseline=self.pair_baseline, other_base=other,
             ulp_slack=ulp_slack)
 
