@@ -161,3 +161,44 @@ def test_the_validator_and_the_simulator_draw_with_the_same_function():
     assert subnet_sim.draw_window is validator_loop.draw_window is draw_window
     for module in (validator_loop, subnet_sim):
         assert "select_eval_peers" not in inspect.getsource(module)
+
+
+def test_a_miner_posting_warm_ups_for_ever_stops_being_paid_its_old_score():
+    """A warm-up upload passes and is never rated, so μ and the rating stay as they are: a miner that trained
+    until its score was good, then posted warm-up uploads for ever (no training, only the model kept in sync),
+    kept the honest miners' pay and its top-G slot for good, where one that posts nothing decays by φ. Now a
+    warm-up more than twice `warmup_windows` windows after the first one seen of it fails like a missing
+    upload; an honest warm-up (the window its sync check found a fork, then `warmup_windows` windows after
+    re-syncing, and a dropped window trained again) costs nothing, and any other verdict ends a warm-up."""
+    from templar.core.config import load_hparams
+
+    rules, warmup = load_hparams().gauntlet, load_hparams().windows.warmup_windows
+    miners = {"coaster": 0, "h1": 1, "h2": 2, "h3": 3, "resync": 4}
+    book, honest = ScoreBook(), PrimaryResult(0.02, 0.01, (0.02,), (0.02,) * 8, random_units=(0.01,) * 8)
+    # re-syncs twice, each the fork window, the run's warm-up and a dropped window: warm-up uploads for
+    # warmup + 2 windows, each episode after other verdicts
+    resyncing = {w for first in (30, 60) for w in range(first, first + warmup + 2)}
+    overdue_from = None
+    for window in range(1, 101):
+        verdicts = {hk: FastVerdict(Status.OK) for hk in ("h1", "h2", "h3")}
+        verdicts["coaster"] = FastVerdict(Status.OK if window <= 20 else Status.WARMUP)
+        verdicts["resync"] = FastVerdict(Status.WARMUP if window in resyncing else Status.OK)
+        losses = {hk: honest for hk, v in verdicts.items() if v.status is Status.OK}
+        scores = score_window(book, rules, window, miners, verdicts, losses, warmup_windows=warmup)
+        if overdue_from is None and book.peers["coaster"].last_status == "warmup:overdue":
+            overdue_from = window
+        if window == 20 + 2 * warmup + 1:  # twice the run's warm-up: still paid as before
+            assert scores.weights["coaster"] == pytest.approx(scores.weights["h1"])
+    assert overdue_from == 21 + 2 * warmup + 1  # the first warm-up more than 2 × warmup windows after the first
+    assert book.peers["resync"].fast_eval_fails == 0 and scores.weights["resync"] == pytest.approx(
+        scores.weights["h1"])
+    assert book.peers["coaster"].last_status == "warmup:overdue"
+    assert scores.weights["coaster"] < 1e-6  # as a miner that posts nothing: φ at every fast evaluation
+    # without a limit (the rule before), the coaster kept an honest miner's pay for all 80 windows
+    book = ScoreBook()
+    for window in range(1, 101):
+        verdicts = {hk: FastVerdict(Status.OK) for hk in ("h1", "h2", "h3")}
+        verdicts["coaster"] = FastVerdict(Status.OK if window <= 20 else Status.WARMUP)
+        losses = {hk: honest for hk, v in verdicts.items() if v.status is Status.OK}
+        scores = score_window(book, rules, window, miners, verdicts, losses)
+    assert scores.weights["coaster"] == pytest.approx(scores.weights["h1"])

@@ -92,6 +92,9 @@ class PeerRecord(BaseModel):
     pool: list[Hotkey] = Field(default_factory=list, max_length=MAX_POOL,
                                description="hotkeys whose uploads shared work with this one (itself included)")
     pool_window: int | None = Field(default=None, ge=0, description="window the pool was last seen sharing")
+    warmup_window: int | None = Field(default=None, ge=0,
+                                      description="window of the first warm-up upload seen of the peer's current "
+                                      "warm-up (None: not warming up; ScoreBook.warmup_overdue)")
 
     @field_validator("last_delta_assigned", "last_delta_rand", "last_sync_steps")
     @classmethod

@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from templar.core.config import GauntletConfig
-from templar.core.verdicts import FastVerdict
+from templar.core.verdicts import FastVerdict, Status
 from templar.gauntlet.book import PrimaryResult, ScoreBook
 from templar.gauntlet.selection import select_eval_peers
 
@@ -74,10 +74,13 @@ class WindowScores:
 
 
 def score_window(book: ScoreBook, rules: GauntletConfig, window: int, miners: Mapping[str, int],
-                 verdicts: Mapping[str, FastVerdict], losses: Mapping[str, PrimaryResult]) -> WindowScores:
+                 verdicts: Mapping[str, FastVerdict], losses: Mapping[str, PrimaryResult], *,
+                 warmup_windows: int | None = None) -> WindowScores:
     """Apply one window's evaluations to `book` and return its weights and top-G.
 
-    In order: each fast verdict (a failure multiplies μ by φ; `Status.passes`), the pools fast
+    In order: each fast verdict (a failure multiplies μ by φ; `Status.passes`; a warm-up upload more
+    than twice `warmup_windows` windows into the peer's warm-up fails too, `ScoreBook.warmup_overdue`:
+    the run's `windows.warmup_windows`, None for no limit), the pools fast
     evaluation found (paid once; forgotten after `pool_memory` windows), the primary evaluation
     of S_t (`losses`: OpenSkill match, μ update, relative LossScores), then x_p and SelectTopG.
     `miners` maps each miner's hotkey to its uid (the registry, `ScoreBook.sync_registry` run
@@ -93,7 +96,9 @@ def score_window(book: ScoreBook, rules: GauntletConfig, window: int, miners: Ma
         raise ValueError(f"score_window: LossScores for uploads that cannot earn: {unearned[:3]}")
     for hotkey, verdict in verdicts.items():
         book.get_or_create(hotkey, miners[hotkey], window)
-        book.record_fast_eval(rules, hotkey, verdict.passed, verdict.label, sync_steps=verdict.sync_steps)
+        overdue = book.warmup_overdue(hotkey, window, verdict.status is Status.WARMUP, warmup_windows)
+        book.record_fast_eval(rules, hotkey, verdict.passed and not overdue,
+                              f"{verdict.label}:overdue" if overdue else verdict.label, sync_steps=verdict.sync_steps)
     for pool in sorted({v.pool for v in verdicts.values() if v.pool}):
         book.record_pool(rules, pool, window)
     if verdicts:
