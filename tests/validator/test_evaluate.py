@@ -192,3 +192,34 @@ def test_the_sequences_read_are_taken_page_by_page_and_a_short_batch_is_left_who
     empty = batch[:0]
     assert read_sequences(empty, [[0], [1]]) is empty                     # a page the bucket could not serve
     assert read_sequences(batch[:5], [[0], [1]]).size(0) == 5             # not whole pages: left whole
+
+
+def test_a_trial_step_that_overflows_the_model_scores_minus_inf_and_scoring_goes_on(tiny_pages):
+    """A finite trial step large enough to overflow the model's activations makes its losses NaN. The units
+    already read that as −inf (the update broke the model), but δ_assigned and δ_rand were NaN, and
+    `record_primary` refuses a NaN LossScore: one peer's payload raised out of the window's scoring, so
+    nobody in S_t was scored. Now its δs are −inf like its units: it ranks last, earns nothing, the rest
+    are scored."""
+    from templar.core.verdicts import FastVerdict, Status
+    from templar.gauntlet import PrimaryResult, ScoreBook, score_window
+
+    hp = load_hparams("tiny")
+    model = build_model(hp)
+    assigned, random_data = tiny_pages.batch([10]), tiny_pages.batch([500])
+    accumulate_gradients(model, assigned, 8)
+    honest = {n: torch.sign(g) * 1e-3 for n, g in gradients(model).items()}
+    model.zero_grad(set_to_none=True)
+    broken = {n: torch.zeros_like(p) for n, p in model.named_parameters()}
+    broken["model.norm.weight"].fill_(-3e38)  # finite, as the wire demands; the forward overflows
+    peers = {"honest": honest, "other": {n: -s for n, s in honest.items()}, "broken": broken}
+    scores = Evaluator(model, micro_batch_size=8, position_ranges=4).score_peers(
+        peers, dict.fromkeys(peers, assigned), random_data, 1.0)
+    assert scores["broken"].delta_assigned == scores["broken"].delta_rand == float("-inf")
+    assert scores["honest"].delta_assigned == scores["honest"].loss_assigned_before - scores[
+        "honest"].loss_assigned_after  # a finite loss reads as before, to the bit
+    losses = {hk: PrimaryResult(s.delta_assigned, s.delta_rand, s.page_deltas, s.sequence_deltas,
+                                random_units=s.random_deltas) for hk, s in scores.items()}
+    book = ScoreBook()
+    out = score_window(book, load_hparams().gauntlet, 3, {"honest": 0, "other": 1, "broken": 2},
+                       dict.fromkeys(peers, FastVerdict(Status.OK)), losses)
+    assert out.weights["broken"] == 0.0 and book.peers["broken"].primary_evals == 1

@@ -45,11 +45,20 @@ class LossScores:
 
     @property
     def delta_assigned(self) -> float:
-        return self.loss_assigned_before - self.loss_assigned_after
+        return trial_delta(self.loss_assigned_before, self.loss_assigned_after)
 
     @property
     def delta_rand(self) -> float:
-        return self.loss_rand_before - self.loss_rand_after
+        return trial_delta(self.loss_rand_before, self.loss_rand_after)
+
+
+def trial_delta(before: float, after: float) -> float:
+    """δ = `before` − `after`, or −inf when the peer's trial step made the loss non-finite (the update
+    broke the model), as `gauntlet.loss_score` and the units (`sequence_deltas`) read it. A step that
+    overflows the model's activations gives a NaN loss, and a NaN δ made the window's scoring raise
+    (`ScoreBook.record_primary` refuses NaN): one peer's payload stopped every peer's scoring. Our own
+    `before` is not the peer's to break; a non-finite one is left to show (a bug of ours)."""
+    return before - after if math.isfinite(after) or not math.isfinite(before) else -math.inf
 
 
 def page_deltas(before: torch.Tensor, after: torch.Tensor, page_sequences: int | None) -> tuple[float, ...]:
