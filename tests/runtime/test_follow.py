@@ -196,3 +196,40 @@ def test_inputs_signed_by_someone_else_are_refused(hp, tmp_path, signed_payloads
             await window_inputs(node, WINDOW, deadline=node.clock.now() + 1)
 
     run_virtual(scenario(), start=IN_SLOT)
+
+
+@pytest.mark.parametrize("copy", ["gathered", "fetched"])
+def test_a_payload_re_signed_as_warm_up_still_enters_at_the_leads_weight(hp, tmp_path, signed_payloads, real_peers,
+                                                                         copy):
+    """The inputs name payloads by their content digest (the gradient tensors only), so a miner can sign the
+    same tensors again with its warm-up flag set and serve that copy to some readers (its own storage server,
+    or a re-upload after the lead's gather). The lead weighed the payload 1/G; a follower that got the warm-up
+    copy, from its own gather or fetched, must not weigh it 0 (its θ would leave the run's): the inputs, not
+    the flag, say who enters."""
+    raw, payloads = signed_payloads
+    a, b, c, _ = payloads
+    chosen = [payloads[a], payloads[b], payloads[c]]
+    inputs = inputs_of(WINDOW, 3, chosen)
+    reference = build_model(hp)
+    outer_step(reference, chosen, NodeState(window=WINDOW - 1, global_step=3), hp)
+    shapes, peers = real_peers
+    key = Keypair.create_from_uri("//Miner0")
+    probes = {n: torch.zeros(hp.gauntlet.probe_count) for n in shapes}
+    warm = write_gradient(peers[0], probes, window=WINDOW, global_step=3, hotkey=key.ss58_address, hp=hp, run=RUN,
+                          sign=key.sign, warmup=True)
+    warm_read = payload_reader(dict(shapes), hp, WINDOW, RUN)(a, warm)
+    assert key.ss58_address == a and warm_read.warmup and warm_read.digest == payloads[a].digest
+
+    async def scenario():
+        node = await _scenario(hp, tmp_path, {**raw, a: warm}, lead_inputs=inputs)()
+        state = NodeState(window=WINDOW - 1, global_step=3)
+        gathered = {hk: _ok(payloads[hk]) for hk in (b, c)}
+        if copy == "gathered":
+            gathered[a] = _ok(warm_read)
+        step = await follow_step(node, WINDOW, state, gathered)
+        return node.model, step
+
+    model, step = run_virtual(scenario(), start=IN_SLOT)
+    assert step.peers == 3
+    for (n, p), (_, q) in zip(model.named_parameters(), reference.named_parameters(), strict=True):
+        assert torch.equal(p, q), n

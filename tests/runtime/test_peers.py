@@ -2,15 +2,28 @@
 
 from __future__ import annotations
 
+import asyncio
 import random
+from dataclasses import dataclass, field
 
 import torch
 
-from templar.comms import GatherResult, GatherStatus
+from templar.chain import Neuron
+from templar.comms import GatherResult, GatherStatus, put_peers
+from templar.core.clock import loop_time, run_virtual
 from templar.core.model import build_model
 from templar.runtime.consensus.outer import aggregation_weights, outer_step
+from templar.runtime.consensus.peers import peers_in_effect
+from templar.runtime.consensus.succession import LeadHistory
+from templar.runtime.consensus.windows import Clock
+from templar.runtime.node import Lead
 from templar.runtime.state import NodeState
-from templar.wire import Gradient
+from templar.storage import LocalBucket
+from templar.wire import Gradient, Run
+
+GENESIS = 1_700_000_000.0
+RUN = Run(netuid=7, digest="ab" * 32)
+NAMES = ("lead", "v1", "v2", "low")
 
 
 def _gradient(hotkey: str, tensors, *, warmup: bool = False) -> Gradient:
@@ -54,3 +67,45 @@ def test_the_lead_chooses_the_inputs_and_every_node_follows_them(hp, real_peers)
     assert all(torch.equal(p, q) for p, q in zip(models[0].parameters(), models[1].parameters(), strict=True))
     assert not all(torch.equal(p, q) for p, q in zip(models[0].parameters(), build_model(hp).parameters(),
                                                       strict=True))
+
+
+@dataclass
+class PeersNode:
+    """What the peer-list rule reads of a node: hparams (3 slots), clock, run, and four validators able to
+    lead, most stake first, each with its bucket."""
+
+    hp: object
+    clock: Clock
+    buckets: dict
+    stop: asyncio.Event = field(default_factory=asyncio.Event)
+    run: Run = RUN
+    leads: LeadHistory = field(default_factory=LeadHistory)
+
+    async def candidates(self) -> list[Lead]:
+        return [Lead(Neuron(uid=i, hotkey=name, coldkey=name, stake=100.0 - i, validator_permit=True, last_update=0,
+                            commitment="local:/b"), self.buckets[name]) for i, name in enumerate(NAMES)]
+
+
+def test_a_validator_that_cannot_lead_never_names_the_peers_in_effect(hp, tmp_path):
+    """The lead takes the payloads of the list in effect into its inputs, so whoever names that list chooses
+    whose work moves θ. With no list from the validator that led the window before (the run's first windows,
+    or nobody led), only a candidate that can hold a slot may name it: a validator with a permit and a little
+    stake below the slots (`lead_slots`) that planted a list in its bucket names nothing, and the lead then
+    takes no payload rather than its choice (it publishes its own top-G for the next window)."""
+
+    async def scenario():
+        time = loop_time()
+        cfg = hp.windows.model_copy(update={"blocks_per_window": 10, "block_time": 1.0, "gather_seconds": 4.0,
+                                            "lead_slots": 3, "lead_cadence": 1})
+        clock = Clock(cfg, lambda: int(time.now() - GENESIS), lambda block: GENESIS + block, time)
+        node = PeersNode(hp.model_copy(update={"windows": cfg}), clock,
+                         {name: LocalBucket(tmp_path / name, now=time.now) for name in NAMES})
+        await put_peers(node.buckets["low"], 0, ["mallory-1", "mallory-2"], run=RUN)
+        planted = await peers_in_effect(node, 15)  # nobody led window 14: no inputs anywhere
+        await put_peers(node.buckets["v2"], 10, ["honest-1"], run=RUN)
+        slot_holder = await peers_in_effect(node, 15)
+        return planted, slot_holder
+
+    planted, slot_holder = run_virtual(scenario(), start=GENESIS + 165)
+    assert planted == [], "a validator below the lead slots chose the payloads of the lead's step"
+    assert slot_holder == ["honest-1"]

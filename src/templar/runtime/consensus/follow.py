@@ -17,6 +17,7 @@ the published update (`templar.runtime.sync.catch_up`), which names what it wait
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Mapping
 
 from templar.comms import GatherResult
@@ -90,7 +91,17 @@ async def collect_payloads(node: Node, window: int, inputs: StepInputs,
 
         fetched = await asyncio.gather(*(fetch(hk, d) for hk, d in missing))
         have.update({g.hotkey: g for g in fetched})
-    return [have[hk] for hk, _ in inputs.peers]
+    return [as_aggregated(have[hk]) for hk, _ in inputs.peers]
+
+
+def as_aggregated(payload: Gradient) -> Gradient:
+    """A payload the lead's inputs name, as the lead aggregated it: never a warm-up one. The inputs name
+    payloads by their content digest (the gradient tensors only), and the warm-up flag lies outside it: a
+    miner can sign the same tensors again as warm-up and serve that copy to some readers (its own storage
+    server, or a re-upload after the lead's gather). The lead only names payloads it weighed 1/G
+    (`templar.runtime.consensus.outer.aggregation_weights`), so every node weighs them so, whichever copy
+    it read; otherwise a reader of the warm-up copy would weigh it 0 and leave the run's θ."""
+    return dataclasses.replace(payload, warmup=False) if payload.warmup else payload
 
 
 async def apply_inputs(node: Node, window: int, inputs: StepInputs, state: NodeState,

@@ -1,9 +1,9 @@
 """Which peers' payloads make a window's outer step, for every node kind.
 
 Two rules, each once: the top-G list in effect for a window (the newest list published at or
-before it by the validator that led the window before) and, of what a gather returned, the payloads
-that enter the aggregate. Miners and
-validators call the same functions, so two nodes handed the same list and the same gather
+before it by the validator that led the window before, else by one that holds a slot) and, of
+what a gather returned, the payloads that enter the aggregate. Miners and validators call the
+same functions, so two nodes handed the same list and the same gather
 results choose the same aggregate inputs (`tests/runtime/test_peers.py`).
 """
 
@@ -25,14 +25,17 @@ PEER_LIST_SECONDS = 5.0
 async def peers_in_effect(node: Node, window: int) -> list[str]:
     """The top-G in effect for `window`: the newest list at or before it of the validator that led
     the window before (it names the next window's list with its publications), else of the first
-    candidate of the succession that has one. [] when there is none yet or it cannot be read in
-    `PEER_LIST_SECONDS` (logged). Nothing of consensus rests on it: every node applies the lead's
-    inputs, whatever it gathered; the list says which payloads to gather and score."""
+    candidate holding one of the succession's `lead_slots` that has one. [] when there is none yet or
+    it cannot be read in `PEER_LIST_SECONDS` (logged). Every node applies the lead's inputs, whatever
+    it gathered, but the lead chooses those inputs from this list: so only a validator that can lead
+    names it, never one below the slots (a permit and a little stake would otherwise choose whose
+    payloads move θ wherever no slot holder has a list yet, the run's first windows among them)."""
     before = await decide_window(node, window - 1) if window > 0 else None
     first = before.lead if before is not None and before.lead is not None else None
     found, problem = await _list_of(node, [first] if first is not None else [], window)
-    if found is None:  # the window before's lead named none: the first of the others that has one
-        others = [c for c in await node.candidates() if first is None or c.hotkey != first.hotkey]
+    if found is None:  # the window before's lead named none: the first of the other slot holders that has one
+        slots = (await node.candidates())[:node.hp.windows.lead_slots]
+        others = [c for c in slots if first is None or c.hotkey != first.hotkey]
         found, more = await _list_of(node, others, window)
         problem = problem or more
     if found is None and problem:
