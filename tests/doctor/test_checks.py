@@ -21,6 +21,7 @@ from templar.doctor import Doctor, Status, run_checks
 from templar.doctor import bucket as bucket_checks
 from templar.doctor import chain as chain_checks
 from templar.doctor import machine as machine_checks
+from templar.doctor.result import format_results
 from templar.runtime.flags import add_memory_args, add_node_args
 from templar.storage import LocalBucket, S3Bucket
 from templar.storage.locator import WRITE_KEY_ID_ENV, WRITE_SECRET_ENV, BucketLocator
@@ -210,6 +211,30 @@ def test_our_run_against_the_leads(subnet, tmp_path):
     assert other.status == Status.FAILED and "wrong_run" in other.summary and other.data["lead_run"] == "ab" * 32
     d = Doctor(flags(subnet, "lead"), "validator")
     assert run(d, *identity(d), chain_checks.check_lead_run).summary.startswith("this validator is the lead")
+
+
+def test_the_leads_words_cannot_rewrite_the_doctors_lines(subnet):
+    """The lead's start_window.json is a peer's file: its `run` is quoted in the failure, and a `\\r` or an
+    escape sequence in it would overwrite `failed` with `ok` on the operator's terminal."""
+    lead_bucket = subnet / "buckets" / "lead"
+    with create_dev_chain(subnet / "chain.sqlite", netuid=NETUID, block_time=1.0, weights_rate_limit=10,
+                          hotkeys={"lead": 100.0}, wallet_path=subnet / "wallets").connect("lead") as chain:
+        chain.commit_bucket(f"local:{lead_bucket}")
+    record = lead_bucket / "v2" / "start_window.json"
+    before = record.read_bytes() if record.exists() else None
+    record.parent.mkdir(parents=True, exist_ok=True)
+    record.write_text(json.dumps({"run": "\r\x1b[2Kok      \n", "netuid": NETUID, "window": 5}))
+    try:
+        d = Doctor(flags(subnet, "miner"), "miner")
+        result = run(d, *identity(d), chain_checks.check_lead_run)
+    finally:
+        record.unlink()
+        if before is not None:
+            record.write_bytes(before)
+    assert result.status == Status.FAILED and "\x1b" in result.data["lead_run"]  # the data keeps its words
+    shown = format_results([result])
+    assert shown.startswith("failed   lead-run  the lead runs \\r\\x1b[2Kok      \\n") and "\x1b" not in shown
+    assert len(shown.splitlines()) == 3 and "\r" not in shown  # the line, its fix, the total
 
 
 # -- the bucket ---------------------------------------------------------------------------------

@@ -6,7 +6,8 @@
     templar chain show --subtensor.network embedded --subtensor.chain_endpoint run/chain.sqlite [--json]
 
 `show` never prints a secret: committed bucket locators carry read keys, so only their kind
-and bucket are shown.
+and bucket are shown. What peers chose (a commitment is any printable ASCII) goes into the table
+as plain `rich.text.Text`, never as rich markup (`_peer_text`).
 """
 
 from __future__ import annotations
@@ -21,12 +22,14 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from templar.chain.client import EMBEDDED
 from templar.chain.devchain import OWNER_WALLET, ensure_subnet, register_wallet
 from templar.chain.embedded.store import ChainSpec, ChainStore, subnet_row
 from templar.chain.flags import add_chain_args, add_network_args, add_wallet_path_arg, connect_from_args
 from templar.chain.types import ChainError, Neuron
+from templar.core.log import printable
 from templar.storage.locator import redact_locator
 
 
@@ -189,6 +192,13 @@ def _snapshot(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def _peer_text(value: str) -> Text:
+    """A peer-chosen string as a table cell: rich reads `[...]` in a plain `str` cell as markup, so a
+    commitment holding `[/]` crashed `show` (MarkupError) and `[link=...]` planted a hyperlink in the
+    operator's terminal; a `Text` is shown as it is, and `printable` leaves no control character."""
+    return Text(printable(value))
+
+
 @_reported
 def run_show(args: argparse.Namespace) -> int:
     snapshot = _snapshot(args)
@@ -203,11 +213,11 @@ def run_show(args: argparse.Namespace) -> int:
     for n in snapshot["neurons"]:
         table.add_row(
             str(n["uid"]),
-            n["hotkey"][:12] + "…",
+            _peer_text(n["hotkey"][:12] + "…"),
             f"{n['stake']:.3f}",
             "✓" if n["validator_permit"] else "",
             str(n["last_update"]),
-            n["bucket"],
+            _peer_text(n["bucket"]),
         )
     console.print(table)
     epoch = Table(title="last Yuma epoch (fractions; emission in α per epoch)")

@@ -3,12 +3,17 @@
 Use `logger.bind(window=w, hotkey=hk, phase="gather")` (or `context(...)`) so every line says
 where in the run it happened. `setup_logging(json_lines=True)` writes machine-readable JSON lines
 for operators; the default is a compact human format.
+
+Every message is made `printable` before any sink sees it: peers choose much of what a node logs
+(a malformed payload's tensor names, a storage server's words, a lead's records), and a raw newline
+in it would forge a log line, an escape sequence would drive the terminal of whoever reads the log.
 """
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 from loguru import logger
 
@@ -25,12 +30,27 @@ def short(hotkey: str) -> str:
     return hotkey[:8] if hotkey else "-"
 
 
+def printable(text: str) -> str:
+    """`text` with every character that is not printable escaped as Python writes it (`\\n`, `\\x1b`,
+    `\\u202e`): one line, nothing a terminal acts on (ESC/OSC sequences, `\\r`, bidi overrides).
+
+    For any peer-chosen string bound for a log or a terminal; printable text passes unchanged."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
+def _printable_message(record: Any) -> None:
+    """The loguru patcher of `setup_logging`: no message reaches a sink with a control character."""
+    record["message"] = printable(record["message"])
+
+
 def setup_logging(
     *, debug: bool = False, json_lines: bool = False, logfile: Path | None = None, hotkey: str = ""
 ) -> None:
     """Configure loguru once per process. Defaults fill the structured fields."""
     logger.remove()
-    logger.configure(extra={"window": "-", "phase": "-", "hotkey": short(hotkey)})
+    logger.configure(extra={"window": "-", "phase": "-", "hotkey": short(hotkey)}, patcher=_printable_message)
     level = "DEBUG" if debug else "INFO"
     if json_lines:
         logger.add(sys.stderr, level=level, serialize=True)

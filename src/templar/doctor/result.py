@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from templar.core.log import printable
+
 
 class Status(StrEnum):
     OK = "ok"
@@ -46,13 +48,17 @@ def skipped(name: str, why: str) -> CheckResult:
 
 
 def format_results(results: list[CheckResult]) -> str:
-    """One line per check (`status  name  summary`), the fix indented beneath, then a total."""
+    """One line per check (`status  name  summary`), the fix indented beneath, then a total.
+
+    Summaries quote what peers and servers said (the lead's run record, a bucket's error, an
+    exception's text), so each is made `printable`: a `\\r`, a newline or an escape sequence in them
+    could otherwise rewrite a `failed` line as `ok` on the operator's terminal."""
     width = max((len(r.name) for r in results), default=8)
     lines = []
     for r in results:
-        lines.append(f"{r.status:<8} {r.name:<{width}}  {r.summary}")
+        lines.append(f"{r.status:<8} {r.name:<{width}}  {printable(r.summary)}")
         if r.fix and r.status in (Status.WARNING, Status.FAILED):
-            lines.append(f"{'':<8} {'':<{width}}  fix: {r.fix}")
+            lines.append(f"{'':<8} {'':<{width}}  fix: {printable(r.fix)}")
     counts = {s: sum(r.status == s for r in results) for s in Status}
     lines.append(", ".join(f"{n} {s}" for s, n in counts.items() if n) or "nothing checked")
     return "\n".join(lines)

@@ -1,0 +1,42 @@
+"""Logging of peer-chosen text: one event is one line, and nothing in it drives a terminal."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from loguru import logger
+
+from templar.core.log import printable, setup_logging
+from templar.wire import PayloadError
+from templar.wire.container import parse_container
+
+FORGED = "2030-01-01 00:00:00.000 INFO    w=9 score     5F3sa2TJ peer uid 1: ok"
+
+
+def test_printable_escapes_what_a_terminal_or_a_log_reader_acts_on():
+    assert printable("peer uid 3: μ +0.120 → ok … τ") == "peer uid 3: μ +0.120 → ok … τ"
+    assert printable("a\nb\r\x1b]0;t\x07\u202ec\x9b") == "a\\nb\\r\\x1b]0;t\\x07\\u202ec\\x9b"
+
+
+def test_a_malformed_payloads_words_cannot_forge_a_log_line(tmp_path: Path):
+    """A peer names a tensor of its payload; the wire's PayloadError quotes the name (its detail), and
+    a lead candidate's detail reaches `[SYNC]` warnings unclipped (`runtime.consensus.succession`)."""
+    key = f"w\n{FORGED}\x1b[2J\x1b]52;c;Y3VybCBldmlsfHNo\x07"
+    header = json.dumps({"__metadata__": {"templar": "{}", "signature": ""}, key: {"dtype": "F32"}}).encode()
+    with pytest.raises(PayloadError) as caught:
+        parse_container(len(header).to_bytes(8, "little") + header, max_header=4096)
+    assert FORGED in str(caught.value)
+    log = tmp_path / "node.log"
+    setup_logging(logfile=log)
+    try:
+        logger.warning(f"[SYNC] uid 1's inputs are malformed ({caught.value})")
+    finally:
+        logger.remove()
+        logger.configure(patcher=lambda record: None)
+        logger.add(sys.stderr)
+    lines = log.read_text().splitlines()
+    assert len(lines) == 1 and "[SYNC]" in lines[0] and FORGED in lines[0]  # said, inside the one line
+    assert "\x1b" not in lines[0] and "\x07" not in lines[0] and "\\x1b[2J" in lines[0]
