@@ -291,3 +291,40 @@ def test_the_run_state_says_live_only_while_windows_arrive(run: Run, tmp_path: P
     b = board()
     assert ">shadow</div>" in views.overview(b, None)
     assert any("less than two state files" in a for a in b.run_state(b.validator(None)).alerts)
+
+
+def test_self_weights_of_miners_neither_join_the_agreement_nor_slow_the_overview(monkeypatch: pytest.MonkeyPatch):
+    """Any uid may set a weight on itself without a validator permit (subtensor and the embedded chain
+    alike), so a subnet's miners can fill `current_weights` with a row each. The agreement listed every
+    such miner as a red, disagreeing validator, and compared every row with every other (64 validators
+    and 192 self-weights: 1.3 s of each overview render, the server's event loop blocked meanwhile);
+    it reads the permit holders' rows, as Yuma does, and the matrix only the rows it shows."""
+    import time
+
+    from templar.chain import Neuron
+    from templar.dashboard import chainwatch, views
+    from templar.dashboard.chainwatch import ChainSnapshot, ChainWatch
+
+    def neuron(uid: int) -> Neuron:
+        return Neuron(uid=uid, hotkey=f"5H{uid:046d}".replace("0", "z"), coldkey="c", stake=100.0 if uid < 2 else 0.0,
+                      validator_permit=uid < 2, last_update=1, commitment="s3:b", incentive=0.0, dividends=0.0,
+                      consensus=0.0, trust=0.0, validator_trust=0.0, emission=0.0)
+
+    weights = {uid: {uid: 1.0} for uid in range(2, 256)} | {0: {2: 0.5, 3: 0.5}, 1: {2: 0.4, 3: 0.6}}
+    board = Board(BoardConfig())
+    board.chain = ChainWatch(connect=lambda: None, label="test")  # type: ignore[arg-type,return-value]
+    board.chain.snapshot = ChainSnapshot(taken_at=time.time(), block=100, neurons=[neuron(u) for u in range(256)],
+                                         weights=weights)
+    calls = 0
+    cosine = chainwatch.cosine
+
+    def counted(a: dict[int, float], b: dict[int, float]) -> float | None:
+        nonlocal calls
+        calls += 1
+        return cosine(a, b)
+
+    monkeypatch.setattr(chainwatch, "cosine", counted)
+    html = views.overview(board, None)
+    table = html[html.index('id="agreement"'):].split("</table>")[0]
+    assert table.count("<tr>") == 3  # the header and the two validators
+    assert calls <= 2 + 2 * 2, calls  # their cosines against each other, not 256 × 256

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from loguru import logger
@@ -33,6 +33,16 @@ class ChainSnapshot:
     @property
     def by_hotkey(self) -> dict[str, Neuron]:
         return {n.hotkey: n for n in self.neurons}
+
+    @property
+    def validator_weights(self) -> dict[int, dict[int, float]]:
+        """The weight rows of validator-permit holders: the only rows Yuma reads.
+
+        Any uid may set a weight on itself without a permit, so `weights` can hold a row per uid of
+        the subnet: read as validators, every miner would show as one that disagrees, and miners
+        would choose the agreement's cost (it grows with the square of the rows)."""
+        permits = {n.uid for n in self.neurons if n.validator_permit}
+        return {uid: row for uid, row in self.weights.items() if uid in permits}
 
     def lead(self) -> Neuron | None:
         """The lead validator of this snapshot (`templar.chain.lead_of`, as `Chain.lead_validator`)."""
@@ -139,7 +149,9 @@ def agreement(weights: dict[int, dict[int, float]], stakes: dict[int, float]) ->
     return out
 
 
-def pairwise(weights: dict[int, dict[int, float]]) -> dict[tuple[int, int], float | None]:
-    """Cosine of every pair of validators' rows."""
+def pairwise(weights: dict[int, dict[int, float]],
+             rows: Sequence[int] | None = None) -> dict[tuple[int, int], float | None]:
+    """Cosine of every pair of validators' rows; with `rows`, only the pairs (a, b) with `a` in them
+    (the rows a page shows)."""
     uids = sorted(weights)
-    return {(a, b): cosine(weights[a], weights[b]) for a in uids for b in uids}
+    return {(a, b): cosine(weights[a], weights[b]) for a in (uids if rows is None else rows) for b in uids}

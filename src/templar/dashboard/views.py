@@ -300,11 +300,12 @@ def _agreement(board: Board) -> str:
     snap = board.snapshot
     if snap is None:
         return '<p class="muted">needs the chain: no snapshot yet</p>'
-    if not snap.weights:
+    weights = snap.validator_weights  # not the miners' self-weights: any uid may set one
+    if not weights:
         return '<p class="muted">no validator has set weights yet</p>'
     stakes = {n.uid: n.stake for n in snap.neurons}
     rows = []
-    for a in agreement(snap.weights, stakes):
+    for a in agreement(weights, stakes):
         n = snap.by_uid.get(a.uid)
         hk = n.hotkey if n else ""
         cos = "–" if a.cosine is None else f"{a.cosine:.3f}"
@@ -318,9 +319,9 @@ def _agreement(board: Board) -> str:
     cols = [("uid", "num"), ("validator", "text"), ("stake τ", "num"), ("uids weighted", "num"), ("top uid", "num"),
             ("cosine vs others", "num"), ("last update", "num")]
     out = table(cols, rows, tid="agreement", optional=frozenset({2, 3, 4, 6}))
-    if len(snap.weights) > 1:
-        uids = sorted(snap.weights)
-        pw = pairwise(snap.weights)
+    if len(weights) > 1:
+        uids = sorted(weights)
+        pw = pairwise(weights, uids[:16])
         head = "".join(f"<th>{u}</th>" for u in uids)
         body = "".join(
             f"<tr><th>{a}</th>" + "".join(
@@ -467,7 +468,7 @@ def peer(board: Board, hotkey: str, vname: str | None) -> str | None:
         facts += [("stake", f"{neuron.stake:,.3f} τ"), ("validator permit", "yes" if neuron.validator_permit else "no"),
                   ("last update (block)", str(neuron.last_update)), ("bucket", escape(bucket_label(neuron)))]
         if snap and neuron.uid is not None:
-            given = [(vu, row.get(neuron.uid, 0.0)) for vu, row in sorted(snap.weights.items())]
+            given = [(vu, row.get(neuron.uid, 0.0)) for vu, row in sorted(snap.validator_weights.items())]
             if given:
                 facts.append(("weight on chain by validator",
                               ", ".join(f"uid {vu}: {w:.3f}" for vu, w in given)))
