@@ -142,3 +142,28 @@ def test_an_overlapped_window_over_the_ranks_matches_one_process() -> None:
     assert all(torch.equal(base_probes[n], own[n]) for n in own)
     assert not all(torch.equal(sharded.probes(9)[n], own[n]) for n in own)  # θ moved on, its base did not
     sharded.stop()
+
+
+def test_a_window_with_no_usable_page_trains_nothing_over_the_ranks_as_in_one_process() -> None:
+    """The data bucket down (`PageReader.fetch` returned no page): the paper's window (H = 1 SGD) hands
+    the whole, empty batch to the sharded accumulation, which divided by its zero sequences
+    (ZeroDivisionError on every rank: the torchrun node stopped where the 1-process node sends a zero
+    update). Now both leave no gradient, an unknown loss and the same payload."""
+    import math
+
+    from templar.runtime.compute import LocalCompute
+
+    hp = load_hparams("tiny-paper")
+    empty = torch.zeros((0, hp.data.sequence_length), dtype=torch.int64)
+    sharded = NodeCompute.lead(build_model(hp), hp, init_group("cpu"), role="miner")
+    plain = LocalCompute(build_model(hp), hp)
+    plain.enable_error_feedback()
+    sent, stats = [], []
+    for compute in (sharded, plain):
+        stats.append(compute.train(empty, 2, hp.optimizer.grad_clip, 0.01))
+        sent.append(compute.compress(stats[-1].scale))
+    assert all(s.tokens == 0 and math.isnan(s.loss) and s.scale == 0.01 for s in stats), stats
+    a, b = sent
+    assert all(torch.equal(a[n].indices, b[n].indices) and torch.equal(a[n].values, b[n].values) for n in b)
+    assert all(not a[n].values.any() for n in a)  # nothing trained: a zero update
+    sharded.stop()

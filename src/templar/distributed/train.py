@@ -39,6 +39,12 @@ def accumulate_sharded(model: nn.Module, batch: torch.Tensor, micro_batch_size: 
     model.train()
     model.zero_grad(set_to_none=True)
     n = batch.size(0)
+    if n == 0:
+        # No usable page this window (the data bucket down), as `runtime.train.accumulate_gradients`
+        # says: a zero gradient and an unknown loss, never a division by the zero sequences. Every rank
+        # holds the same batch (rank 0 broadcast it with the op), so every rank returns here: no
+        # collective is left waiting for one that went on.
+        return TrainStats(loss=float("nan"), tokens=0, seconds=0.0)
     start, end = rank_share(n, group)
     mine = batch[start:end]
     # Every rank makes as many passes as the largest share needs (rank 0's share is the largest).
