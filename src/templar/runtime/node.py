@@ -14,7 +14,7 @@ import asyncio
 import functools
 import os
 import signal
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -174,6 +174,7 @@ class Node:
         A commitment that does not parse is ignored with a log line, never used to build a URL.
         """
         locators = await asyncio.to_thread(self.chain.bucket_locators)
+        await self._forget_uncommitted(locators)
         wanted = set(hotkeys) if hotkeys is not None else set(locators)
         out: dict[str, Bucket] = {}
         for hotkey in sorted(wanted):
@@ -192,13 +193,31 @@ class Node:
                 if self.bucket_faults.get(hotkey) != reason:
                     logger.warning(f"ignoring bucket of {short(hotkey)}: {reason}")
                 self.bucket_faults[hotkey] = reason
+                if (old := self._peer_buckets.pop(hotkey, None)) is not None:  # its commitment turned unusable
+                    await old[1].aclose()
                 continue
             self.bucket_faults.pop(hotkey, None)
+            # stored before the await below: a call meanwhile reuses it instead of opening (and leaking) another
+            self._peer_buckets[hotkey] = (raw, bucket)
             if cached:
                 await cached[1].aclose()
-            self._peer_buckets[hotkey] = (raw, bucket)
             out[hotkey] = bucket
         return out
+
+    async def _forget_uncommitted(self, locators: Mapping[str, str]) -> None:
+        """Close and forget the buckets, and forget the faults, of hotkeys that no longer hold a commitment
+        in `locators` (the chain names registered hotkeys only: a deregistered hotkey, or a uid that changed
+        hands), as a changed commitment closes the bucket it replaces.
+
+        Why: both caches are keyed by hotkey, and every hotkey that ever held a uid stayed in them, with
+        its opened client (an S3 client and its connection pool, about 0.3 MiB) and its reason string, for
+        as long as the node ran: one entry per registration, which a subnet's churn (or anyone paying to
+        re-register hotkeys) grows without end. Now they hold at most the registered hotkeys."""
+        for hotkey in [h for h in self.bucket_faults if h not in locators]:
+            del self.bucket_faults[hotkey]
+        for hotkey in [h for h in self._peer_buckets if h not in locators]:
+            if (gone := self._peer_buckets.pop(hotkey, None)) is not None:  # (a call meanwhile may have)
+                await gone[1].aclose()
 
     async def candidates(self) -> list[Lead]:
         """The succession order (`Chain.succession`) with each candidate's bucket (ours for us)."""
