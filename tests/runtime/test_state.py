@@ -74,3 +74,25 @@ def test_trim_records_drops_uncommitted_windows_and_torn_lines(tmp_path):
     assert [json.loads(x)["window"] for x in path.read_text().splitlines()] == [1, 1, 2, 2, 3, 3]
     assert trim_records(path, 3) == 0
     assert trim_records(tmp_path / "absent.jsonl", 3) == 0
+
+
+def test_trim_records_reads_the_uncommitted_tail_not_the_history(tmp_path, monkeypatch):
+    """A restart trimmed its record files by parsing every line and rewriting the file: a 256-peer
+    validator's `scores.jsonl` grows about 85 MB a day, and one day's history took ~5 s and ~100 MiB
+    (~260 MiB when a torn line made it rewrite), a month's a minute or more and gigabytes. Records
+    are appended in window order, so the restart reads the tail back to the last committed record
+    and cuts the file there."""
+    path = tmp_path / "scores.jsonl"
+    history = "".join(json.dumps({"window": w, "hotkey": h}) + "\n" for w in range(2000) for h in ("a", "b", "c"))
+    path.write_text(history + json.dumps({"window": 2000, "hotkey": "a"}) + "\n" + '{"window": 2000, "hot')
+    parsed = []
+    real_loads = json.loads
+    monkeypatch.setattr(json, "loads", lambda text, *a, **kw: parsed.append(text) or real_loads(text, *a, **kw))
+    assert trim_records(path, 1999) == 2  # window 2000's record and the torn line
+    assert len(parsed) <= 2, f"parsed {len(parsed)} lines of a 6,002-line file to drop its last two"
+    assert path.read_text() == history
+    parsed.clear()
+    assert trim_records(path, 1999) == 0 and len(parsed) == 1  # a clean restart reads one line
+    path.write_text("not a record\n" + history[:30])  # a line that never parsed, before the committed records
+    assert trim_records(path, 1999) == 1  # only the torn tail: the readers skip the line before it
+    assert path.read_text() == "not a record\n" + history[:history.index("\n", 1) + 1]

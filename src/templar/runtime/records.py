@@ -11,14 +11,16 @@ import os
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-
-from templar.core.atomic import atomic_write
+from typing import BinaryIO
 
 SCORES_FILE = "scores.jsonl"
 VALIDATOR_WINDOWS_FILE = "validator_windows.jsonl"
 MINER_WINDOWS_FILE = "miner_windows.jsonl"
 WEIGHTS_FILE = "weights.jsonl"
 EVALUATIONS_FILE = "evaluations.jsonl"
+
+_TAIL_BLOCK = 1 << 16
+"""Bytes `trim_records` reads at a time, from the end of a record file."""
 
 
 @dataclass(frozen=True)
@@ -173,26 +175,65 @@ def read_records(path: Path) -> Iterator[dict]:
 
 
 def trim_records(path: Path, last_window: int) -> int:
-    """Drop records of windows after `last_window` (and a torn last line): they were appended
-    for a window whose state never committed, and that window will be recorded again. Returns
-    how many lines were dropped; the file is rewritten atomically."""
+    """Drop the records of windows after `last_window` (and a torn last line) from the end of `path`:
+    they were appended for a window whose state never committed, and that window will be recorded
+    again. Returns how many lines were dropped.
+
+    Records are appended in window order, so those are the file's last lines: the file is read
+    backwards from its end, up to its last complete record of a window <= `last_window`, and cut
+    there (truncated in place and fsynced; a crash before the cut leaves the lines to the next
+    restart). Why not the whole file: a 256-peer validator appends about 85 MB a day to
+    `scores.jsonl` (rotating it is the operator's, docs/validating.md §7), and parsing all of it,
+    then holding and rewriting it, at every restart cost seconds and hundreds of MB of memory per
+    day of history. A line that does not parse before that record is left to the readers, which
+    skip it (`read_records`)."""
     if not path.exists():
         return 0
-    kept: list[str] = []
-    dropped = 0
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            try:
-                record = json.loads(line) if line.endswith("\n") else None
-            except json.JSONDecodeError:
-                record = None
-            if isinstance(record, dict) and isinstance(record.get("window"), int) and record["window"] <= last_window:
-                kept.append(line)
-            else:
-                dropped += 1
-    if dropped:
-        atomic_write(path, "".join(kept).encode())
+    with open(path, "r+b") as f:
+        cut = f.seek(0, os.SEEK_END)
+        dropped = 0
+        for start, line in _lines_from_end(f, cut):
+            window = _window_of(line)
+            if window is not None and window <= last_window:
+                break
+            cut, dropped = start, dropped + 1
+        if dropped:
+            f.truncate(cut)
+            f.flush()
+            os.fsync(f.fileno())
     return dropped
+
+
+def _lines_from_end(f: BinaryIO, end: int) -> Iterator[tuple[int, bytes]]:
+    """(offset, line) of the first `end` bytes of `f`, last line first; each line keeps its newline
+    (the last one may have none: torn)."""
+    data, position = b"", end
+    while True:
+        stop = len(data)
+        while (newline := data.rfind(b"\n", 0, max(stop - 1, 0))) >= 0:
+            yield position + newline + 1, data[newline + 1:stop]
+            stop = newline + 1
+        data = data[:stop]
+        if position == 0:
+            if data:
+                yield 0, data
+            return
+        size = min(_TAIL_BLOCK, position)
+        position -= size
+        f.seek(position)
+        data = f.read(size) + data
+
+
+def _window_of(line: bytes) -> int | None:
+    """The window of a complete record line; None for a torn line or one that is not a record."""
+    if not line.endswith(b"\n"):
+        return None
+    try:
+        record = json.loads(line)
+    except ValueError:  # not JSON, or not UTF-8
+        return None
+    window = record.get("window") if isinstance(record, dict) else None
+    return window if isinstance(window, int) else None
 
 
 def drop_uncommitted_records(state_dir: Path, names: list[str], last_window: int) -> None:
