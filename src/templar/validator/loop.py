@@ -54,7 +54,7 @@ from templar.runtime.consensus.peers import aggregate_payloads, peers_in_effect
 from templar.runtime.consensus.succession import decide_window, window_order
 from templar.runtime.consensus.windows import WindowTimes
 from templar.runtime.node import Node
-from templar.runtime.records import SCORES_FILE, VALIDATOR_WINDOWS_FILE, drop_uncommitted_records
+from templar.runtime.records import drop_uncommitted_records
 from templar.runtime.state import NodeState
 from templar.runtime.sync import (
     Phase,
@@ -75,7 +75,7 @@ from templar.validator.files import BOOK_FILE, SECRET_FILE
 from templar.validator.lead import CheckpointPublisher, LeadError, WindowPublisher, publish_start_window
 from templar.validator.public_work import PublicWork
 from templar.validator.replays import ReplayMemory, Sighting
-from templar.validator.report import WindowSummary, record_window
+from templar.validator.report import WINDOW_RECORDS, WindowSummary, record_window
 from templar.validator.roles import PUBLISH_MIN_SECONDS, FollowerRole, LeadRole, Role
 from templar.validator.state import load_book, load_or_create_secret, load_replays, with_book
 from templar.validator.weights import WeightSetter
@@ -182,7 +182,7 @@ class Validator:
             self.state, own = await restore_when_possible(node)
         self.book = load_book(node.state_dir, self.state, own, lead=self.slot == 0)
         self.replays = load_replays(self.state, own, self.hp.gauntlet.replay_windows)
-        drop_uncommitted_records(node.state_dir, [SCORES_FILE, VALIDATOR_WINDOWS_FILE], self.state.window)
+        drop_uncommitted_records(node.state_dir, list(WINDOW_RECORDS), self.state.window)
         self.holdout = (await node.pages.fetch(node.plan.holdout_pages()[:self.hp.data.holdout_eval_pages])).batch
         current = node.clock.current_window()
         await self.check_slot(current)

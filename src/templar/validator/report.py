@@ -1,5 +1,6 @@
 """What a validator says about each window: one log line per evaluated peer and the JSONL records
-(`scores.jsonl`, `validator_windows.jsonl`) that operators, the dashboard and the metrics read."""
+(`scores.jsonl`, `validator_windows.jsonl`, `evaluations.jsonl` with `--record-evaluations`) that
+operators, the dashboard and the metrics read."""
 
 from __future__ import annotations
 
@@ -21,6 +22,10 @@ from templar.runtime.records import (
 )
 from templar.validator.evaluate import LossScores
 
+WINDOW_RECORDS = (SCORES_FILE, EVALUATIONS_FILE, VALIDATOR_WINDOWS_FILE)
+"""Every file `record_window` appends to: a restart trims each of them to the committed window
+(`templar.runtime.records.drop_uncommitted_records`), or a window recorded before a crash and again
+after it would appear twice."""
 
 @dataclass(frozen=True)
 class WindowSummary:
