@@ -109,3 +109,41 @@ def test_a_validator_that_cannot_lead_never_names_the_peers_in_effect(hp, tmp_pa
     planted, slot_holder = run_virtual(scenario(), start=GENESIS + 165)
     assert planted == [], "a validator below the lead slots chose the payloads of the lead's step"
     assert slot_holder == ["honest-1"]
+
+
+def test_a_validator_below_the_slots_cannot_hold_back_the_runs_start(hp, tmp_path):
+    """Restore reads checkpoints and the start window from the succession's buckets. A validator below the
+    slots that plants a checkpoint pointer of a window it did not lead (readable, torn, or of a window still
+    to come) made it "a checkpoint that exists but cannot be used": every joiner, and the first slot's
+    validator at the run's first start, stopped until a real checkpoint existed. A start window it planted
+    ahead held every node back until that window. Now neither counts; a slot holder's pointer still does."""
+    from templar.comms.checkpoint import Latest, latest_checkpoint_key
+    from templar.comms.exchange import dump_record, put_start_window
+    from templar.core.config import PROTOCOL_VERSION
+    from templar.runtime.sync import _newest_intact_checkpoint, published_start
+
+    async def scenario():
+        time = loop_time()
+        cfg = hp.windows.model_copy(update={"blocks_per_window": 10, "block_time": 1.0, "gather_seconds": 4.0,
+                                            "lead_slots": 3, "lead_cadence": 1})
+        clock = Clock(cfg, lambda: int(time.now() - GENESIS), lambda block: GENESIS + block, time)
+        node = PeersNode(hp.model_copy(update={"windows": cfg}), clock,
+                         {name: LocalBucket(tmp_path / name, now=time.now) for name in NAMES})
+        candidates = await node.candidates()
+        low = node.buckets["low"]
+        found = []
+        for planted in (dump_record(Latest(protocol=PROTOCOL_VERSION, window=12)), b"torn",
+                        dump_record(Latest(protocol=PROTOCOL_VERSION, window=10_000))):
+            await low.put(latest_checkpoint_key(), planted)
+            found.append(await _newest_intact_checkpoint(node, candidates, newer_than=-1))
+        await node.buckets["v1"].put(latest_checkpoint_key(), b"torn")  # a slot holder's torn pointer still counts
+        slot_holder = await _newest_intact_checkpoint(node, candidates, newer_than=-1)
+        await put_start_window(low, clock.current_window() + 1000, run=RUN)
+        ahead = await published_start(node, candidates)
+        await put_start_window(node.buckets["v2"], 3, run=RUN)
+        return found, slot_holder, ahead, await published_start(node, candidates)
+
+    found, slot_holder, ahead, start = run_virtual(scenario(), start=GENESIS + 165)
+    assert found == [None, None, None], found
+    assert isinstance(slot_holder, str) and "latest.json" in slot_holder
+    assert ahead is None and start == 3

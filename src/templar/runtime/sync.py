@@ -139,9 +139,11 @@ async def published_start(node: Node, candidates: list[Lead] | None = None) -> i
     """The run's start window: the copy of the first candidate that has one. None only when every
     candidate's bucket says it has none; a copy that cannot be read or parsed is never taken for
     "no run yet": another candidate's is used (one line names the bad one), and with none readable
-    `ResyncError` names the object and what to do."""
+    `ResyncError` names the object and what to do. A copy naming a window that has not begun is not
+    the run's and is passed over (one line)."""
     candidates = candidates if candidates is not None else [c for c in await node.candidates() if c.bucket]
     problems: list[str] = []
+    latest = node.clock.current_window() + 1
     for lead in candidates:
         try:
             start = await get_start_window(lead.bucket, run=node.run)
@@ -150,6 +152,12 @@ async def published_start(node: Node, candidates: list[Lead] | None = None) -> i
             problems.append(f"{where} is unreadable ({str(exc)[:160]})")
             context(phase=Phase.DOWNLOAD).warning(f"[SYNC] {problems[-1]}; looking for the run's start window in "
                                                   "another candidate's bucket")
+            continue
+        if start is not None and start > latest:
+            # never the run's: a run starts at the window its first lead is in, and copies copy that. Taken, a
+            # copy planted far ahead (by any validator of the succession) held every node back until then.
+            context(phase=Phase.DOWNLOAD).warning(f"[SYNC] uid {lead.uid}'s {start_window_key()} names window "
+                                                  f"{start}, which has not begun: not the run's, ignored")
             continue
         if start is not None:
             return start
@@ -166,22 +174,32 @@ async def _newest_intact_checkpoint(node: Node, candidates: list[Lead], *, newer
     provided that candidate led the checkpoint's window (so a candidate that never led cannot make
     joiners load a model of its own). Returns its state; else why none could be used (a `[SYNC]`
     line for each unusable one); None when no candidate has published one (or none newer than
-    `newer_than`), every candidate's `latest.json` having said so."""
+    `newer_than`), every candidate's `latest.json` having said so. A validator below the lead slots
+    whose checkpoint is of a window it did not lead has published none of the run's."""
     log = context(window=node.clock.current_window(), phase=Phase.DOWNLOAD)
     problems: list[str] = []
     queue: list[tuple[int, int, Lead]] = []  # (window, slot, publisher), newest first
+    # Only these can have led a window by today's order (`succession.order_of`). What another one's bucket
+    # holds of checkpoints of windows it did not lead (a pointer, unreadable or not, a listing) is not "a
+    # checkpoint that exists but cannot be used": counted as one, a permit and a little stake kept every
+    # joiner (and the first slot's validator) from starting a run that had no checkpoint yet.
+    slot_holders = {c.hotkey for c in (await node.candidates())[:node.hp.windows.lead_slots]}
+
+    def problem(lead: Lead, text: str) -> None:
+        if lead.hotkey in slot_holders:
+            problems.append(text)
 
     async def older_manifests(slot: int, lead: Lead, below: float) -> None:
         try:
             queue.extend((w, slot, lead) for w in await checkpoint_windows(lead.bucket) if w < below)
         except StorageError as exc:
-            problems.append(f"listing uid {lead.uid}'s checkpoints: {str(exc)[:160]}")
+            problem(lead, f"listing uid {lead.uid}'s checkpoints: {str(exc)[:160]}")
 
     for slot, lead in enumerate(candidates):
         try:
             window = await latest_checkpoint_window(lead.bucket)
         except (CheckpointError, StorageError) as exc:
-            problems.append(f"uid {lead.uid}'s latest.json: {str(exc)[:160]}")
+            problem(lead, f"uid {lead.uid}'s latest.json: {str(exc)[:160]}")
             log.warning(f"[SYNC] uid {lead.uid}'s latest checkpoint pointer is unusable: {str(exc)[:160]}")
             await older_manifests(slot, lead, float("inf"))
             continue
@@ -197,12 +215,19 @@ async def _newest_intact_checkpoint(node: Node, candidates: list[Lead], *, newer
             continue
         tried.add((lead.hotkey, window))
         name = f"checkpoint {window} of uid {lead.uid}"
+        if window >= node.clock.current_window():  # its step is taken in the window after it, at the earliest
+            log.warning(f"[SYNC] {name} is not the run's: window {window} has not ended")
+            problem(lead, f"{name}: window {window} has not ended")
+            continue
         decision = await decide_window(node, window)
         if not decision.settled or decision.lead is None or decision.lead.hotkey != lead.hotkey:
             why = (f"who led window {window} cannot be told ({decision.problem})" if not decision.settled
                    else f"uid {lead.uid} did not lead window {window}")
-            problems.append(f"{name}: {why}")
             log.warning(f"[SYNC] {name} is not the run's: {why}")
+            if not decision.settled:
+                problems.append(f"{name}: {why}")
+            else:
+                problem(lead, f"{name}: {why}")
             continue
         log.info(f"[SYNC] Downloading {name} (the validator that led window {window})")
         try:
