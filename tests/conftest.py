@@ -304,6 +304,26 @@ class HostileServer:
         self.sock.close()
 
 
+class KeepAliveServer(HostileServer):
+    """Answers every request on a kept-alive connection with the same raw response, counting them: an
+    endpoint that keeps answering one status however often it is asked."""
+
+    def __init__(self, response: bytes) -> None:
+        self.response, self.requests = response, 0  # before the accepting thread starts
+        super().__init__(b"", stream_forever=False)
+
+    def _serve(self, conn: socket.socket) -> None:
+        with conn, conn.makefile("rb") as lines:
+            try:
+                while lines.readline():
+                    while lines.readline() not in (b"\r\n", b""):
+                        pass
+                    self.requests += 1
+                    conn.sendall(self.response)
+            except OSError:
+                pass
+
+
 _HEAD = (b"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\n"
          b"Last-Modified: Wed, 21 Oct 2026 07:28:00 GMT\r\nETag: \"abc\"\r\n")
 

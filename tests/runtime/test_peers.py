@@ -86,6 +86,16 @@ class PeersNode:
                             commitment="local:/b"), self.buckets[name]) for i, name in enumerate(NAMES)]
 
 
+def _peers_node(hp, tmp_path) -> PeersNode:
+    """Windows of 10 one-second blocks, 3 lead slots, a boundary every window; on the running loop's time."""
+    time = loop_time()
+    cfg = hp.windows.model_copy(update={"blocks_per_window": 10, "block_time": 1.0, "gather_seconds": 4.0,
+                                        "lead_slots": 3, "lead_cadence": 1})
+    clock = Clock(cfg, lambda: int(time.now() - GENESIS), lambda block: GENESIS + block, time)
+    return PeersNode(hp.model_copy(update={"windows": cfg}), clock,
+                     {name: LocalBucket(tmp_path / name, now=time.now) for name in NAMES})
+
+
 def test_a_validator_that_cannot_lead_never_names_the_peers_in_effect(hp, tmp_path):
     """The lead takes the payloads of the list in effect into its inputs, so whoever names that list chooses
     whose work moves θ. With no list from the validator that led the window before (the run's first windows,
@@ -94,12 +104,7 @@ def test_a_validator_that_cannot_lead_never_names_the_peers_in_effect(hp, tmp_pa
     takes no payload rather than its choice (it publishes its own top-G for the next window)."""
 
     async def scenario():
-        time = loop_time()
-        cfg = hp.windows.model_copy(update={"blocks_per_window": 10, "block_time": 1.0, "gather_seconds": 4.0,
-                                            "lead_slots": 3, "lead_cadence": 1})
-        clock = Clock(cfg, lambda: int(time.now() - GENESIS), lambda block: GENESIS + block, time)
-        node = PeersNode(hp.model_copy(update={"windows": cfg}), clock,
-                         {name: LocalBucket(tmp_path / name, now=time.now) for name in NAMES})
+        node = _peers_node(hp, tmp_path)
         await put_peers(node.buckets["low"], 0, ["mallory-1", "mallory-2"], run=RUN)
         planted = await peers_in_effect(node, 15)  # nobody led window 14: no inputs anywhere
         await put_peers(node.buckets["v2"], 10, ["honest-1"], run=RUN)
@@ -123,13 +128,8 @@ def test_a_validator_below_the_slots_cannot_hold_back_the_runs_start(hp, tmp_pat
     from templar.runtime.sync import _newest_intact_checkpoint, published_start
 
     async def scenario():
-        time = loop_time()
-        cfg = hp.windows.model_copy(update={"blocks_per_window": 10, "block_time": 1.0, "gather_seconds": 4.0,
-                                            "lead_slots": 3, "lead_cadence": 1})
-        clock = Clock(cfg, lambda: int(time.now() - GENESIS), lambda block: GENESIS + block, time)
-        node = PeersNode(hp.model_copy(update={"windows": cfg}), clock,
-                         {name: LocalBucket(tmp_path / name, now=time.now) for name in NAMES})
-        candidates = await node.candidates()
+        node = _peers_node(hp, tmp_path)
+        candidates, clock = await node.candidates(), node.clock
         low = node.buckets["low"]
         found = []
         for planted in (dump_record(Latest(protocol=PROTOCOL_VERSION, window=12)), b"torn",

@@ -5,12 +5,11 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
-import socket
-import threading
 import time
 from pathlib import Path
 
 import pytest
+from tests.conftest import KeepAliveServer
 
 from templar.storage import (
     BucketUnreachable,
@@ -180,40 +179,11 @@ def test_a_redirect_is_never_followed(hostile_server, hanging) -> None:
     assert hanging.conns == []  # the redirect's target never heard from us
 
 
-class _KeepAliveServer:
-    """Answers every request on a kept-alive connection with the same raw response, counting them."""
-
-    def __init__(self, response: bytes) -> None:
-        self.response, self.requests = response, 0
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
-
-    def _serve(self, conn: socket.socket) -> None:
-        with conn, conn.makefile("rb") as lines:
-            try:
-                while lines.readline():
-                    while lines.readline() not in (b"\r\n", b""):
-                        pass
-                    self.requests += 1
-                    conn.sendall(self.response)
-            except OSError:
-                pass
-
-
 def test_a_bare_redirect_status_cannot_overflow_the_stack() -> None:
     """botocore's S3 region redirector answers a 301 it cannot place with a HeadBucket to the same
     endpoint, and that one's 301 with another: a peer answering `301` made `head` and `get` raise
     RecursionError (and `gather` with them), past every `except StorageError`."""
-    server = _KeepAliveServer(b"HTTP/1.1 301 Moved Permanently\r\nContent-Length: 0\r\n\r\n")
+    server = KeepAliveServer(b"HTTP/1.1 301 Moved Permanently\r\nContent-Length: 0\r\n\r\n")
 
     async def body() -> None:
         async with S3Bucket(server.url, "peer", Credentials("key", "secretsecret")) as b:
@@ -224,7 +194,7 @@ def test_a_bare_redirect_status_cannot_overflow_the_stack() -> None:
     try:
         asyncio.run(body())
     finally:
-        server.sock.close()
+        server.close()
     assert server.requests <= 4  # one request a call and a retry at most, not one per stack frame
 
 
