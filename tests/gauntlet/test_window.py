@@ -185,14 +185,14 @@ def test_a_miner_posting_warm_ups_for_ever_stops_being_paid_its_old_score():
         verdicts["resync"] = FastVerdict(Status.WARMUP if window in resyncing else Status.OK)
         losses = {hk: honest for hk, v in verdicts.items() if v.status is Status.OK}
         scores = score_window(book, rules, window, miners, verdicts, losses, warmup_windows=warmup)
-        if overdue_from is None and book.peers["coaster"].last_status == "warmup:overdue":
+        if overdue_from is None and book.peers["coaster"].last_status == "warmup_overdue":
             overdue_from = window
         if window == 20 + 2 * warmup + 1:  # twice the run's warm-up: still paid as before
             assert scores.weights["coaster"] == pytest.approx(scores.weights["h1"])
     assert overdue_from == 21 + 2 * warmup + 1  # the first warm-up more than 2 × warmup windows after the first
     assert book.peers["resync"].fast_eval_fails == 0 and scores.weights["resync"] == pytest.approx(
         scores.weights["h1"])
-    assert book.peers["coaster"].last_status == "warmup:overdue"
+    assert book.peers["coaster"].last_status == "warmup_overdue"
     assert scores.weights["coaster"] < 1e-6  # as a miner that posts nothing: φ at every fast evaluation
     # without a limit (the rule before), the coaster kept an honest miner's pay for all 80 windows
     book = ScoreBook()

@@ -79,8 +79,8 @@ def score_window(book: ScoreBook, rules: GauntletConfig, window: int, miners: Ma
     """Apply one window's evaluations to `book` and return its weights and top-G.
 
     In order: each fast verdict (a failure multiplies μ by φ; `Status.passes`; a warm-up upload more
-    than twice `warmup_windows` windows into the peer's warm-up fails too, `ScoreBook.warmup_overdue`:
-    the run's `windows.warmup_windows`, None for no limit), the pools fast
+    than twice `warmup_windows` windows into the peer's warm-up fails as `warmup_overdue`,
+    `ScoreBook.warmup_overdue`: the run's `windows.warmup_windows`, None for no limit), the pools fast
     evaluation found (paid once; forgotten after `pool_memory` windows), the primary evaluation
     of S_t (`losses`: OpenSkill match, μ update, relative LossScores), then x_p and SelectTopG.
     `miners` maps each miner's hotkey to its uid (the registry, `ScoreBook.sync_registry` run
@@ -98,7 +98,7 @@ def score_window(book: ScoreBook, rules: GauntletConfig, window: int, miners: Ma
         book.get_or_create(hotkey, miners[hotkey], window)
         overdue = book.warmup_overdue(hotkey, window, verdict.status is Status.WARMUP, warmup_windows)
         book.record_fast_eval(rules, hotkey, verdict.passed and not overdue,
-                              f"{verdict.label}:overdue" if overdue else verdict.label, sync_steps=verdict.sync_steps)
+                              Status.WARMUP_OVERDUE.value if overdue else verdict.label, sync_steps=verdict.sync_steps)
     for pool in sorted({v.pool for v in verdicts.values() if v.pool}):
         book.record_pool(rules, pool, window)
     if verdicts:
