@@ -167,12 +167,14 @@ def test_a_miner_posting_warm_ups_for_ever_stops_being_paid_its_old_score():
     """A warm-up upload passes and is never rated, so μ and the rating stay as they are: a miner that trained
     until its score was good, then posted warm-up uploads for ever (no training, only the model kept in sync),
     kept the honest miners' pay and its top-G slot for good, where one that posts nothing decays by φ. Now a
-    warm-up more than twice `warmup_windows` windows after the first one seen of it fails like a missing
+    warm-up `warmup_overdue_windows` windows or more after the first one seen of it fails like a missing
     upload; an honest warm-up (the window its sync check found a fork, then `warmup_windows` windows after
     re-syncing, and a dropped window trained again) costs nothing, and any other verdict ends a warm-up."""
     from templar.core.config import load_hparams
 
-    rules, warmup = load_hparams().gauntlet, load_hparams().windows.warmup_windows
+    hp = load_hparams()
+    rules, warmup, allowance = hp.gauntlet, hp.windows.warmup_windows, hp.gauntlet.warmup_overdue_windows
+    assert allowance == 2 * warmup + 1  # production's: twice the run's warm-up
     miners = {"coaster": 0, "h1": 1, "h2": 2, "h3": 3, "resync": 4}
     book, honest = ScoreBook(), PrimaryResult(0.02, 0.01, (0.02,), (0.02,) * 8, random_units=(0.01,) * 8)
     # re-syncs twice, each the fork window, the run's warm-up and a dropped window: warm-up uploads for
@@ -184,21 +186,38 @@ def test_a_miner_posting_warm_ups_for_ever_stops_being_paid_its_old_score():
         verdicts["coaster"] = FastVerdict(Status.OK if window <= 20 else Status.WARMUP)
         verdicts["resync"] = FastVerdict(Status.WARMUP if window in resyncing else Status.OK)
         losses = {hk: honest for hk, v in verdicts.items() if v.status is Status.OK}
-        scores = score_window(book, rules, window, miners, verdicts, losses, warmup_windows=warmup)
-        if overdue_from is None and book.peers["coaster"].last_status == "warmup_overdue":
+        scores = score_window(book, rules, window, miners, verdicts, losses)
+        if overdue_from is None and book.peers["coaster"].last_status == Status.WARMUP_OVERDUE:
             overdue_from = window
-        if window == 20 + 2 * warmup + 1:  # twice the run's warm-up: still paid as before
+        if window == 20 + allowance:  # the last warm-up within the allowance: still paid as before
             assert scores.weights["coaster"] == pytest.approx(scores.weights["h1"])
-    assert overdue_from == 21 + 2 * warmup + 1  # the first warm-up more than 2 × warmup windows after the first
+    assert overdue_from == 21 + allowance  # the first warm-up `allowance` windows after the first one seen
     assert book.peers["resync"].fast_eval_fails == 0 and scores.weights["resync"] == pytest.approx(
         scores.weights["h1"])
-    assert book.peers["coaster"].last_status == "warmup_overdue"
+    assert book.peers["coaster"].last_status == Status.WARMUP_OVERDUE
     assert scores.weights["coaster"] < 1e-6  # as a miner that posts nothing: φ at every fast evaluation
-    # without a limit (the rule before), the coaster kept an honest miner's pay for all 80 windows
-    book = ScoreBook()
+    # with the check off (0, the rule before), the coaster kept an honest miner's pay for all 80 windows
+    book, off = ScoreBook(), rules.model_copy(update={"warmup_overdue_windows": 0})
     for window in range(1, 101):
         verdicts = {hk: FastVerdict(Status.OK) for hk in ("h1", "h2", "h3")}
         verdicts["coaster"] = FastVerdict(Status.OK if window <= 20 else Status.WARMUP)
         losses = {hk: honest for hk, v in verdicts.items() if v.status is Status.OK}
-        scores = score_window(book, rules, window, miners, verdicts, losses)
+        scores = score_window(book, off, window, miners, verdicts, losses)
     assert scores.weights["coaster"] == pytest.approx(scores.weights["h1"])
+
+
+def test_an_allowance_that_would_fail_honest_warm_ups_is_refused():
+    """`gauntlet.warmup_overdue_windows` at or within an honest warm-up (`windows.warmup_windows` and the fork's
+    window) would fail every re-syncing miner: the run refuses it; 0 (never) is allowed."""
+    from templar.core.config import load_hparams
+
+    hp = load_hparams()
+    warmup = hp.windows.warmup_windows
+    for allowance, ok in ((0, True), (warmup + 1, False), (warmup + 2, True)):
+        data = hp.model_dump()
+        data["gauntlet"]["warmup_overdue_windows"] = allowance
+        if ok:
+            type(hp).model_validate(data)
+        else:
+            with pytest.raises(ValueError, match="warmup_overdue_windows"):
+                type(hp).model_validate(data)

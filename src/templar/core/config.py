@@ -186,6 +186,10 @@ class GauntletConfig(_Strict):
         "with the validator's secret (gauntlet.select_eval_sequences); 0 reads them all")
     sync_max_steps: float = Field(gt=0, description="sync threshold in steps of alpha")
     fast_eval_penalty: float = Field(gt=0, lt=1, description="phi: mu multiplier on a failed fast eval")
+    warmup_overdue_windows: int = Field(ge=0, description="a warm-up upload this many windows or more after the first "
+                                        "warm-up upload a validator saw of the peer's warm-up fails fast evaluation "
+                                        "(warmup_overdue): a warm-up passes unrated, and posted for ever it kept "
+                                        "the score a miner had earned; 0: never (docs/scoring.md §2)")
     probe_count: int = Field(gt=0, description="parameter values probed per tensor for the sync score")
     openskill_beta: float = Field(gt=0)
     openskill_tau: float = Field(ge=0)
@@ -437,6 +441,16 @@ class HParams(_Strict):
             # both draws than the same decay in the inner steps (benchmarks/LOG.md §32).
             raise ValueError("optimizer.method sparseloco takes its weight decay in the inner steps "
                              "(inner.weight_decay); optimizer.weight_decay must be 0")
+        return self
+
+    @model_validator(mode="after")
+    def _honest_warm_ups_are_never_overdue(self) -> HParams:
+        """A miner warms up for `windows.warmup_windows` after joining or re-syncing, one window more when its
+        sync check found a fork: an allowance within that would fail honest warm-ups."""
+        allowance, warmup = self.gauntlet.warmup_overdue_windows, self.windows.warmup_windows
+        if 0 < allowance <= warmup + 1:
+            raise ValueError(f"gauntlet.warmup_overdue_windows ({allowance}) must exceed windows.warmup_windows + 1 "
+                             f"({warmup + 1}), or be 0 (never): an honest warm-up would fail")
         return self
 
     @model_validator(mode="after")

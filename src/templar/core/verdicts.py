@@ -19,7 +19,7 @@ class Status(StrEnum):
 
     OK = "ok"                      # on time, valid, committed, at our step, in sync, its own work
     WARMUP = "warmup"              # valid, marked warm-up (joining or re-syncing): no penalty, earns nothing
-    WARMUP_OVERDUE = "warmup_overdue"  # a warm-up past twice the run's warm-up (`ScoreBook.warmup_overdue`)
+    WARMUP_OVERDUE = "warmup_overdue"  # a warm-up past `gauntlet.warmup_overdue_windows` (`ScoreBook.warmup_overdue`)
     NOT_SAMPLED = "not-sampled"    # not drawn for fast evaluation this window (records only)
     # the gather's failures (`templar.comms.GatherStatus`)
     MISSING = "missing"            # no upload for the window, or no usable bucket committed
@@ -68,8 +68,8 @@ _MEANING = {
     Status.OK: "valid, on time, in sync, not a copy",
     Status.WARMUP: "valid but marked warm-up (a joining or re-syncing miner); never aggregated",
     Status.NOT_SAMPLED: "not drawn for fast evaluation this window",
-    Status.WARMUP_OVERDUE: "marked warm-up more than twice the run's warm-up windows after its warm-up began: "
-                           "a warm-up posted for ever keeps no score",
+    Status.WARMUP_OVERDUE: "marked warm-up longer after its warm-up began than the run allows "
+                           "(gauntlet.warmup_overdue_windows): a warm-up posted for ever keeps no score",
     Status.MISSING: "no upload for the window, or no usable bucket committed",
     Status.EARLY: "uploaded before the put window opened",
     Status.LATE: "uploaded after the put window closed",

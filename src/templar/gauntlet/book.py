@@ -317,28 +317,28 @@ class ScoreBook:
             out[hotkey] = float(max(0, window - record.last_primary_window)) * boost
         return out
 
-    def warmup_overdue(self, hotkey: str, window: int, warming: bool, warmup_windows: int | None) -> bool:
-        """Whether `hotkey`'s warm-up upload of `window` comes after its warm-up should have ended: more than
-        2 × `warmup_windows` (the run's `windows.warmup_windows`; None: never) windows after the first warm-up
-        upload seen of it since its last verdict of another kind. `warming`: this window's verdict is a
-        warm-up; any other verdict ends the warm-up.
+    def warmup_overdue(self, hotkey: str, window: int, warming: bool, allowance: int) -> bool:
+        """Whether `hotkey`'s warm-up upload of `window` comes after its warm-up should have ended: `allowance`
+        (the run's `gauntlet.warmup_overdue_windows`; 0: never) windows or more after the first warm-up upload
+        seen of it since its last verdict of another kind. `warming`: this window's verdict is a warm-up; any
+        other verdict ends the warm-up.
 
         Why: a warm-up upload passes fast evaluation and is never rated, so μ and the rating stay as they
         are. Posted for ever, it kept a miner that had trained until its score was good paid at that score
         with no training at all (and in the top-G, its slot aggregating nothing), where a miner that posts
-        nothing loses φ at every fast evaluation. Why twice the run's warm-up: an honest miner's warm-up
-        spans more than `warmup_windows` windows when its sync check finds a fork (that window's upload
-        weighs 0 too, then the re-sync's warm-up follows) or it drops a warm-up window's training (trained
-        again), and a validator that samples the peer sees no verdict of the windows between two warm-ups;
-        twice the length (and one) leaves those unpunished and still ends a free ride within a few
-        windows of the honest warm-up's length."""
+        nothing loses φ at every fast evaluation. Production's allowance is 2 × `windows.warmup_windows` + 1:
+        an honest miner's warm-up spans more than `warmup_windows` windows when its sync check finds a fork
+        (that window's upload weighs 0 too, then the re-sync's warm-up follows) or it drops a warm-up window's
+        training (trained again), and a validator that samples the peer sees no verdict of the windows
+        between two warm-ups; twice the length leaves those unpunished and still ends a free ride within a
+        few windows of the honest warm-up's length."""
         record = self._require(hotkey)
         if not warming:
             record.warmup_window = None
             return False
         if record.warmup_window is None or record.warmup_window > window:
             record.warmup_window = window
-        return warmup_windows is not None and window - record.warmup_window > 2 * warmup_windows
+        return allowance > 0 and window - record.warmup_window >= allowance
 
     def record_fast_eval(
         self, rules: GauntletConfig, hotkey: str, passed: bool, status: str, *, sync_steps: float | None = None

@@ -74,13 +74,12 @@ class WindowScores:
 
 
 def score_window(book: ScoreBook, rules: GauntletConfig, window: int, miners: Mapping[str, int],
-                 verdicts: Mapping[str, FastVerdict], losses: Mapping[str, PrimaryResult], *,
-                 warmup_windows: int | None = None) -> WindowScores:
+                 verdicts: Mapping[str, FastVerdict], losses: Mapping[str, PrimaryResult]) -> WindowScores:
     """Apply one window's evaluations to `book` and return its weights and top-G.
 
-    In order: each fast verdict (a failure multiplies μ by φ; `Status.passes`; a warm-up upload more
-    than twice `warmup_windows` windows into the peer's warm-up fails as `warmup_overdue`,
-    `ScoreBook.warmup_overdue`: the run's `windows.warmup_windows`, None for no limit), the pools fast
+    In order: each fast verdict (a failure multiplies μ by φ; `Status.passes`; a warm-up upload
+    `warmup_overdue_windows` windows or more into the peer's warm-up fails as `warmup_overdue`,
+    `ScoreBook.warmup_overdue`), the pools fast
     evaluation found (paid once; forgotten after `pool_memory` windows), the primary evaluation
     of S_t (`losses`: OpenSkill match, μ update, relative LossScores), then x_p and SelectTopG.
     `miners` maps each miner's hotkey to its uid (the registry, `ScoreBook.sync_registry` run
@@ -96,7 +95,7 @@ def score_window(book: ScoreBook, rules: GauntletConfig, window: int, miners: Ma
         raise ValueError(f"score_window: LossScores for uploads that cannot earn: {unearned[:3]}")
     for hotkey, verdict in verdicts.items():
         book.get_or_create(hotkey, miners[hotkey], window)
-        overdue = book.warmup_overdue(hotkey, window, verdict.status is Status.WARMUP, warmup_windows)
+        overdue = book.warmup_overdue(hotkey, window, verdict.status is Status.WARMUP, rules.warmup_overdue_windows)
         book.record_fast_eval(rules, hotkey, verdict.passed and not overdue,
                               Status.WARMUP_OVERDUE.value if overdue else verdict.label, sync_steps=verdict.sync_steps)
     for pool in sorted({v.pool for v in verdicts.values() if v.pool}):

@@ -410,7 +410,7 @@ class Validator:
                                             declared_units=s.declared_units, random_units=s.random_deltas)
                           for hk, s in work.losses.items()}
         work.scores = score_window(self.book, self.hp.gauntlet, work.window, work.miners, work.verdicts,
-                                   work.primaries, warmup_windows=self.hp.windows.warmup_windows)
+                                   work.primaries)
 
     async def step(self, work: ValidatorWindow) -> None:
         """The outer step: every node, the lead included, takes exactly the window's applied inputs
