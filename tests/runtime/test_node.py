@@ -177,3 +177,25 @@ def test_buckets_and_faults_of_hotkeys_that_left_are_closed_and_forgotten(tmp_pa
     locators[turned] = "garbage"  # its commitment changed to one that does not parse
     asyncio.run(node.peer_buckets())
     assert bucket.closed and turned not in node._peer_buckets and turned in node.bucket_faults
+
+
+def test_a_locator_carrying_the_write_secret_is_never_committed(monkeypatch):
+    """The node commits its `--bucket.locator` on chain, in public. Pasted with the write key's secret as its
+    read secret, it was committed as it was, and anyone reading the chain could overwrite or delete the
+    bucket: the node now refuses it at start, as `templar bucket locator` and the doctor do, naming neither key."""
+    import argparse
+
+    from templar.runtime.node import _open_own_bucket
+
+    secret = "writesecret1234567890"
+    monkeypatch.setenv("TEMPLAR_BUCKET_WRITE_KEY_ID", "writekeyid")
+    monkeypatch.setenv("TEMPLAR_BUCKET_WRITE_SECRET", secret)
+    args = argparse.Namespace(bucket_locator=f"s3:https://s3.example.com|my-bucket|writekeyid|{secret}",
+                              bucket_credentials=None)
+
+    def never(*_args, **_kwargs):
+        raise AssertionError("the bucket was opened (and its locator would be committed)")
+
+    with pytest.raises(StartupError, match="WRITE key") as info:
+        asyncio.run(_open_own_bucket(args, chain=None, time=None, open_bucket=never))  # type: ignore[arg-type]
+    assert info.value.exit_code == EXIT_CONFIG and secret not in str(info.value)

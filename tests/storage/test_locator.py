@@ -14,6 +14,7 @@ from templar.storage.locator import (
     BucketLocator,
     Credentials,
     LocatorError,
+    refuse_write_key,
     validate_bucket_name,
 )
 
@@ -181,6 +182,19 @@ def test_credentials_from_env_and_file(tmp_path) -> None:
     with pytest.raises(LocatorError) as info:
         Credentials.from_file(tmp_path / "missing.json")
     assert secret not in str(info.value)
+
+
+def test_a_locator_carrying_the_write_secret_is_refused() -> None:
+    """A node commits its `--bucket.locator` as given: one pasted with the WRITE key would publish
+    that key on chain for anyone to overwrite the bucket; `refuse_write_key` is the guard."""
+    write = Credentials("writekeyid", "writesecret1234567890")
+    leaky = BucketLocator.s3("https://s3.example.com", "my-bucket", "writekeyid", write.secret_access_key)
+    with pytest.raises(LocatorError, match="WRITE") as info:
+        refuse_write_key(leaky, write)
+    assert write.secret_access_key not in str(info.value)
+    refuse_write_key(BucketLocator.s3("https://s3.example.com", "my-bucket", "reader", "readsecret123"), write)
+    refuse_write_key(leaky, None)
+    refuse_write_key(BucketLocator.local("/srv/bucket"), write)
 
 
 def test_only_the_public_networks_refuse_private_endpoints():

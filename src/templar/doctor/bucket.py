@@ -12,7 +12,7 @@ from templar.chain import ChainError
 from templar.doctor.context import Doctor
 from templar.doctor.result import CheckResult, failed, ok, skipped, warning
 from templar.storage import StorageError, open_bucket
-from templar.storage.locator import BucketLocator, Credentials, LocatorError
+from templar.storage.locator import BucketLocator, Credentials, LocatorError, refuse_write_key
 from templar.storage.probe import peer_read, probe_key, read_only, write_round_trip
 
 PROBE_BYTES = 64 * 1024
@@ -37,7 +37,9 @@ async def check_bucket_locator(d: Doctor) -> CheckResult:
     if kind != "local" and d.credentials is None:
         return failed("bucket-locator", f"{kind} locator but no write key", "set TEMPLAR_BUCKET_WRITE_KEY_ID and "
                       "TEMPLAR_BUCKET_WRITE_SECRET, or pass --bucket.credentials FILE (mode 0600)")
-    if d.credentials is not None and d.credentials.secret_access_key == d.locator.read_secret:
+    try:
+        refuse_write_key(d.locator, d.credentials)
+    except LocatorError:
         return failed("bucket-locator", "the locator carries the WRITE key: it would be public on chain",
                       "create a read-only key for the locator")
     if d.public and d.locator.is_private_endpoint:

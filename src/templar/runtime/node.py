@@ -47,7 +47,13 @@ from templar.runtime.lock import StateDirLocked, StateLock
 from templar.runtime.metrics import start_metrics
 from templar.runtime.state import STATE_FILE, NodeState, StateWriteError
 from templar.storage import Bucket, StorageError, open_bucket
-from templar.storage.locator import BucketLocator, Credentials, LocatorError, allows_private_endpoints
+from templar.storage.locator import (
+    BucketLocator,
+    Credentials,
+    LocatorError,
+    allows_private_endpoints,
+    refuse_write_key,
+)
 from templar.wire import Run
 
 WRITABLE_PROBE_KEY = "writable-check"
@@ -329,6 +335,7 @@ async def _open_own_bucket(args: argparse.Namespace, chain: Chain, time: TimeSou
         locator = BucketLocator.parse(args.bucket_locator)
         credentials = (Credentials.from_file(args.bucket_credentials) if args.bucket_credentials
                        else Credentials.from_env())
+        refuse_write_key(locator, credentials)  # the locator goes on chain, in public
     except (LocatorError, ValueError) as exc:
         raise StartupError(f"bucket configuration: {exc}") from exc
     if locator.kind != "local" and credentials is None:

@@ -23,7 +23,13 @@ import time
 from pathlib import Path
 
 from templar.storage.base import ObjectNotFound, StorageError
-from templar.storage.locator import BucketLocator, Credentials, LocatorError, allows_private_endpoints
+from templar.storage.locator import (
+    BucketLocator,
+    Credentials,
+    LocatorError,
+    allows_private_endpoints,
+    refuse_write_key,
+)
 from templar.storage.probe import Probe, peer_read, probe_key, read_only
 
 READ_KEY_ID_ENV = "TEMPLAR_BUCKET_READ_KEY_ID"
@@ -74,13 +80,12 @@ def build_locator(args: argparse.Namespace) -> BucketLocator:
     if not args.read_key_id or not args.read_secret:
         raise LocatorError(f"give the read-only key: --read-key-id and --read-secret (or {READ_KEY_ID_ENV} "
                            f"and {READ_SECRET_ENV})")
-    write = _write_key()
-    if write is not None and write.secret_access_key == args.read_secret:
-        raise LocatorError("the read secret given is the WRITE key's secret (TEMPLAR_BUCKET_WRITE_*): a locator is "
-                           "public; create a read-only key for it")
     if args.kind == "r2":
-        return BucketLocator.r2(args.account_id, args.read_key_id, args.read_secret, args.bucket)
-    return BucketLocator.s3(args.endpoint, args.bucket, args.read_key_id, args.read_secret)
+        locator = BucketLocator.r2(args.account_id, args.read_key_id, args.read_secret, args.bucket)
+    else:
+        locator = BucketLocator.s3(args.endpoint, args.bucket, args.read_key_id, args.read_secret)
+    refuse_write_key(locator, _write_key())
+    return locator
 
 
 def _write_key() -> Credentials | None:

@@ -95,6 +95,18 @@ class Credentials:
         return cls(key_id, secret)
 
 
+def refuse_write_key(locator: BucketLocator, credentials: Credentials | None) -> None:
+    """Raise `LocatorError` when `locator` (about to be printed or committed on chain, both public)
+    carries the WRITE key's secret: anyone reading the chain could then overwrite the bucket.
+
+    The CLI (`templar bucket locator`) and the doctor refuse this; a node committing its
+    `--bucket.locator` must ask here too, since an operator can paste any locator there. The
+    message names neither key."""
+    if credentials is not None and locator.read_secret and locator.read_secret == credentials.secret_access_key:
+        raise LocatorError("the locator carries the WRITE key's secret (TEMPLAR_BUCKET_WRITE_* or "
+                           "--bucket.credentials): a locator is public; create a read-only key for it")
+
+
 def validate_bucket_name(name: str) -> str:
     """S3 bucket-name rules: 3-63 of [a-z0-9.-], alphanumeric ends, no '..', not an IP."""
     if not _BUCKET.fullmatch(name):
