@@ -280,3 +280,11 @@ def test_weed_retries_on_fresh_ports_after_one_is_taken(tmp_path: Path, monkeypa
     finally:
         server.stop()
         taken.close()
+
+
+def test_the_servers_keys_are_never_readable_by_others(seaweed) -> None:
+    """The bundled server's identities file holds its admin (write) key: it appears with mode 0600, set
+    before the rename (`atomic_write`), where it was written with the umask's mode and narrowed afterwards."""
+    identities = seaweed.data_dir / "s3.json"
+    assert identities.stat().st_mode & 0o777 == 0o600
+    assert seaweed.admin.secret_access_key in identities.read_text()

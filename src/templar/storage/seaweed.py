@@ -32,6 +32,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
+from templar.core.atomic import atomic_write
 from templar.storage.locator import BucketLocator, Credentials, validate_bucket_name
 
 _SERVICES = ("master", "volume", "filer", "s3", "admin")
@@ -141,8 +142,7 @@ class SeaweedServer:
         config = {"identities": [identity("admin", self.admin, ["Admin", "Read", "Write", "List", "Tagging"]),
                                  identity("reader", self.reader, ["Read", "List"])]}
         path = self.data_dir / "s3.json"
-        path.write_text(json.dumps(config))
-        path.chmod(0o600)
+        atomic_write(path, json.dumps(config).encode(), mode=0o600)  # the admin key: never readable by others
         return path
 
     def _spawn(self) -> subprocess.Popen[bytes]:
