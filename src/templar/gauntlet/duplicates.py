@@ -229,8 +229,11 @@ def find_pools(uploads: Sequence[Upload], rules: GauntletConfig, *,
     window's uploads: the
     connected components of size ≥ 2, each ordered by (timestamp, hotkey), so its first member is
     the earliest upload; groups ordered by their first member. `confirm`, when given, is asked
-    about every pair that `shares_work` on these figures and has the last word (identical digests
-    need no confirmation).
+    about every pair that `shares_work` on these figures and is not yet in one group, and has the
+    last word (identical digests need no confirmation). Why "not yet in one group": the second look
+    is the costly part (a larger sample per pair), and a pool of m members whose every pair crosses
+    would otherwise be confirmed m(m-1)/2 times (64 members: 2,016 looks, 13.8 s on 2 CPU cores)
+    where m - 1 decide the same groups.
     """
     if not 0.0 < rules.duplicate_threshold <= 1.0:
         raise ValueError(f"find_pools: cosine threshold must be in (0, 1], got {rules.duplicate_threshold!r}")
@@ -265,6 +268,8 @@ def find_pools(uploads: Sequence[Upload], rules: GauntletConfig, *,
         typical = Typical(typical_pair(cosine, min_pairs), typical_pair(shared, min_pairs) if shared else -math.inf)
     for i in range(len(ordered)):
         for j in range(i):
+            if root(i) == root(j):
+                continue  # already one group: joining again changes nothing, and asking `confirm` is not free
             a, b = ordered[i], ordered[j]
             alike = shares_work(cosine[i][j], shared[i][j] if shared else 0.0, rules, typical)
             if a.digest == b.digest or (alike and (confirm is None or confirm(a, b))):
