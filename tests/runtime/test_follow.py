@@ -108,15 +108,19 @@ def _ok(g) -> GatherResult:
     return GatherResult(GatherStatus.OK, value=g, timestamp=0.0)
 
 
+def _leads_step(hp, chosen: list) -> tuple:
+    """The lead's inputs over `chosen` (window WINDOW, step 3) and the model after its step: the reference."""
+    reference = build_model(hp)
+    outer_step(reference, chosen, NodeState(window=WINDOW - 1, global_step=3), hp)
+    return inputs_of(WINDOW, 3, chosen), reference
+
+
 def test_a_follower_takes_the_leads_step_whatever_its_own_gather_saw(hp, tmp_path, signed_payloads):
     """The lead aggregated a, b and c; the follower's own gather returned b, c and d (d was late for
     the lead, a was late for the follower). It applies a, b and c: a fetched from a's bucket."""
     raw, payloads = signed_payloads
     a, b, c, d = payloads
-    chosen = [payloads[a], payloads[b], payloads[c]]
-    inputs = inputs_of(WINDOW, 3, chosen)
-    reference = build_model(hp)
-    outer_step(reference, chosen, NodeState(window=WINDOW - 1, global_step=3), hp)
+    inputs, reference = _leads_step(hp, [payloads[a], payloads[b], payloads[c]])
 
     async def scenario():
         node = await _scenario(hp, tmp_path, raw, lead_inputs=inputs)()
@@ -208,10 +212,7 @@ def test_a_payload_re_signed_as_warm_up_still_enters_at_the_leads_weight(hp, tmp
     the flag, say who enters."""
     raw, payloads = signed_payloads
     a, b, c, _ = payloads
-    chosen = [payloads[a], payloads[b], payloads[c]]
-    inputs = inputs_of(WINDOW, 3, chosen)
-    reference = build_model(hp)
-    outer_step(reference, chosen, NodeState(window=WINDOW - 1, global_step=3), hp)
+    inputs, reference = _leads_step(hp, [payloads[a], payloads[b], payloads[c]])
     shapes, peers = real_peers
     key = Keypair.create_from_uri("//Miner0")
     probes = {n: torch.zeros(hp.gauntlet.probe_count) for n in shapes}
