@@ -27,7 +27,7 @@ from typing import Generic, TypeVar
 from templar.comms.keys import gradient_key
 from templar.core.clock import Now
 from templar.core.config import PROTOCOL_VERSION
-from templar.core.log import context, short
+from templar.core.log import context, peer_text, short
 from templar.storage.base import (
     DEFAULT_TIMEOUT,
     Bucket,
@@ -94,12 +94,6 @@ async def put_gradient(bucket: Bucket, window: int, data: bytes, *, timeout: flo
     return PutResult(key=key, nbytes=len(data), seconds=time.perf_counter() - started)
 
 
-def _clip(text: object, limit: int = 200) -> str:
-    """Peer-influenced text (server error messages, validator reasons) made safe for logs."""
-    flat = " ".join(str(text).split())
-    return flat if len(flat) <= limit else flat[:limit] + "…"
-
-
 def _status_of(exc: StorageError) -> GatherStatus:
     if isinstance(exc, ObjectNotFound):
         return GatherStatus.MISSING
@@ -148,7 +142,7 @@ async def _fetch_one(hotkey: str, bucket: Bucket, rules: _Rules[T], budget_end: 
                                 nbytes=info.size, timestamp=info.timestamp)
         blob = await bucket.fetch(rules.key, max_bytes=rules.max_bytes, timeout=left())
     except StorageError as exc:
-        return GatherResult(_status_of(exc), reason=_clip(exc))
+        return GatherResult(_status_of(exc), reason=peer_text(exc))
     if (verdict := rules.timing(blob.info)) is not None:
         return verdict
     size, stamp = len(blob.data), blob.info.timestamp
@@ -156,7 +150,7 @@ async def _fetch_one(hotkey: str, bucket: Bucket, rules: _Rules[T], budget_end: 
         # Off the event loop: decoding a payload must not stall the other transfers' deadlines.
         value = await asyncio.to_thread(rules.validate, hotkey, blob.data)
     except rules.malformed_errors as exc:
-        return GatherResult(GatherStatus.MALFORMED, reason=_clip(f"{type(exc).__name__}: {exc}"),
+        return GatherResult(GatherStatus.MALFORMED, reason=peer_text(f"{type(exc).__name__}: {exc}"),
                             nbytes=size, timestamp=stamp, error=exc)
     return GatherResult(GatherStatus.OK, value=value, nbytes=size, timestamp=stamp)
 

@@ -40,6 +40,13 @@ def printable(text: str) -> str:
     return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
+def peer_text(text: object, limit: int = 200) -> str:
+    """Text a peer or its server chose (an error message, a reason) as one short line for a log or a
+    message: whitespace runs made one space, `printable`, cut at `limit` characters (marked "…")."""
+    flat = printable(" ".join(str(text).split()))
+    return flat if len(flat) <= limit else flat[:limit] + "…"
+
+
 def _printable_message(record: Any) -> None:
     """The loguru patcher of `setup_logging`: no message reaches a sink with a control character."""
     record["message"] = printable(record["message"])

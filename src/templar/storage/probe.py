@@ -19,6 +19,7 @@ import os
 import time
 from dataclasses import dataclass
 
+from templar.core.log import peer_text
 from templar.storage.base import (
     AccessDenied,
     Bucket,
@@ -45,10 +46,6 @@ def probe_key(tag: str) -> str:
     return f"{PROBE_PREFIX}{tag}-{os.urandom(6).hex()}"
 
 
-def _clip(exc: BaseException) -> str:
-    return " ".join(str(exc).split())[:200]
-
-
 async def write_round_trip(bucket: Bucket, key: str, data: bytes, *, timeout: float,
                            keep: bool = False) -> Probe:
     """PUT `data` at `key` with our (write) key, GET it back, and DELETE it unless `keep` (then the
@@ -70,14 +67,14 @@ async def write_round_trip(bucket: Bucket, key: str, data: bytes, *, timeout: fl
             except ObjectNotFound:
                 pass
     except AccessDenied as exc:
-        return Probe(False, f"the write key was refused: {_clip(exc)}",
+        return Probe(False, f"the write key was refused: {peer_text(exc)}",
                      "use a key with read, write and delete permission on this bucket "
                      "(TEMPLAR_BUCKET_WRITE_KEY_ID/_SECRET or --bucket.credentials)")
     except StorageTimeout as exc:
-        return Probe(False, f"no answer within {timeout:.0f}s: {_clip(exc)}",
+        return Probe(False, f"no answer within {timeout:.0f}s: {peer_text(exc)}",
                      "check the endpoint and this machine's network; a stalled bucket misses every put window")
     except StorageError as exc:
-        return Probe(False, f"{type(exc).__name__}: {_clip(exc)}", _fix_for(exc))
+        return Probe(False, f"{type(exc).__name__}: {peer_text(exc)}", _fix_for(exc))
     return Probe(True, f"write key can write, read{'' if keep else ' and delete'} "
                        f"({len(data):,} bytes up in {uploaded:.2f}s)", seconds=uploaded)
 
@@ -99,7 +96,7 @@ async def peer_read(locator: BucketLocator, key: str, expected: bytes | None, *,
     try:
         bucket = open_bucket(locator, allow_private=allow_private)
     except LocatorError as exc:
-        return Probe(False, f"peers refuse this locator: {_clip(exc)}",
+        return Probe(False, f"peers refuse this locator: {peer_text(exc)}",
                      "use a public hostname (peers on finney and test refuse local, loopback and private "
                      "addresses)")
     try:
@@ -112,12 +109,12 @@ async def peer_read(locator: BucketLocator, key: str, expected: bytes | None, *,
         return Probe(False, "a peer does not see the object just written (another bucket, or not yet visible)",
                      "the locator must name the bucket the write key writes to")
     except AccessDenied as exc:
-        return Probe(False, f"the read key was refused: {_clip(exc)}",
+        return Probe(False, f"the read key was refused: {peer_text(exc)}",
                      "give the read key get, head and list permission on this bucket, and commit its pair")
     except StorageTimeout as exc:
-        return Probe(False, f"no answer within {timeout:.0f}s: {_clip(exc)}", "check the endpoint and the network")
+        return Probe(False, f"no answer within {timeout:.0f}s: {peer_text(exc)}", "check the endpoint and the network")
     except StorageError as exc:
-        return Probe(False, f"{type(exc).__name__}: {_clip(exc)}", _fix_for(exc))
+        return Probe(False, f"{type(exc).__name__}: {peer_text(exc)}", _fix_for(exc))
     seconds = time.perf_counter() - started
     if expected is not None and data != expected:
         return Probe(False, "a peer reads different bytes than were written",
@@ -142,9 +139,9 @@ async def read_only(locator: BucketLocator, *, timeout: float) -> Probe:
             with contextlib.suppress(StorageError, TimeoutError):
                 await asyncio.wait_for(bucket.delete(key, timeout=timeout), timeout)
     except StorageTimeout as exc:
-        return Probe(False, f"could not tell: no answer within {timeout:.0f}s ({_clip(exc)})",
+        return Probe(False, f"could not tell: no answer within {timeout:.0f}s ({peer_text(exc)})",
                      "check the endpoint and the network")
     except StorageError as exc:
-        return Probe(False, f"could not tell: {type(exc).__name__}: {_clip(exc)}", _fix_for(exc))
+        return Probe(False, f"could not tell: {type(exc).__name__}: {peer_text(exc)}", _fix_for(exc))
     return Probe(False, "the committed read key can WRITE: anyone reading the chain can overwrite your uploads",
                  "create a read-only key (get, head, list) for the locator; keep the write key to yourself")

@@ -24,6 +24,7 @@ from aiobotocore.httpsession import AIOHTTPSession
 from aiobotocore.session import AioSession, get_session
 from botocore.exceptions import BotoCoreError, ClientError, ConnectionClosedError, ReadTimeoutError
 
+from templar.core.log import peer_text
 from templar.storage.base import (
     DEFAULT_TIMEOUT,
     AccessDenied,
@@ -81,12 +82,6 @@ def _server_time(response: dict[str, Any]) -> float | None:
         return email.utils.parsedate_to_datetime(header).timestamp() if isinstance(header, str) else None
     except (TypeError, ValueError, IndexError, OverflowError):
         return None
-
-
-def _clip(text: object, limit: int = 200) -> str:
-    """A server's words as one line of at most `limit` characters: an endpoint's error code and
-    message are peer-supplied text, and must neither forge log lines nor flood a log."""
-    return " ".join(str(text).split())[:limit]
 
 
 class _ResponseTooLarge(Exception):
@@ -176,7 +171,7 @@ def _translate(exc: BaseException, where: str) -> StorageError:
         err = exc.response.get("Error", {})
         code = str(err.get("Code", ""))
         status = str(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", ""))
-        detail = f"{where}: {_clip(code or status, 64)} {_clip(err.get('Message', ''))}".strip()
+        detail = f"{where}: {peer_text(code or status, 64)} {peer_text(err.get('Message', ''))}".strip()
         if code == "InvalidRange" or status == "416":
             return ShortRead(detail)
         if code in _CHANGED or status in _CHANGED:
@@ -191,7 +186,7 @@ def _translate(exc: BaseException, where: str) -> StorageError:
     if isinstance(exc, ReadTimeoutError | TimeoutError):
         return StorageTimeout(f"{where}: read timed out")
     if isinstance(exc, BotoCoreError | aiohttp.ClientError | OSError):
-        return BucketUnreachable(f"{where}: {type(exc).__name__}: {_clip(exc)}")
+        return BucketUnreachable(f"{where}: {type(exc).__name__}: {peer_text(exc)}")
     raise TypeError(f"not a storage failure: {exc!r}")
 
 
@@ -282,7 +277,7 @@ class S3Bucket(Bucket):
             raise _translate(exc, where) from exc
         except ValueError as exc:
             # botocore's parsers raise ValueError on mangled headers (e.g. a bad Last-Modified).
-            raise StorageError(f"{where}: malformed response: {_clip(exc)}") from exc
+            raise StorageError(f"{where}: malformed response: {peer_text(exc)}") from exc
 
     def _info(self, key: str, resp: dict[str, Any], size: int | None = None) -> ObjectInfo:
         """ObjectInfo from response headers, which a hostile endpoint may omit or mangle."""
