@@ -17,6 +17,7 @@ from templar.storage.base import (
     Blob,
     Bucket,
     BucketUnreachable,
+    EndpointNotPublic,
     InvalidKey,
     ObjectChanged,
     ObjectExists,
@@ -31,7 +32,7 @@ from templar.storage.base import (
 from templar.storage.counting import observed
 from templar.storage.local import LocalBucket
 from templar.storage.locator import BucketLocator, Credentials, LocatorError
-from templar.storage.s3 import S3Bucket
+from templar.storage.s3 import PublicAddressesOnly, S3Bucket
 
 __all__ = [
     "DEFAULT_TIMEOUT",
@@ -39,6 +40,7 @@ __all__ = [
     "Blob",
     "Bucket",
     "BucketUnreachable",
+    "EndpointNotPublic",
     "InvalidKey",
     "LocalBucket",
     "ObjectChanged",
@@ -61,11 +63,12 @@ def open_bucket(locator: BucketLocator, credentials: Credentials | None = None, 
     """A bucket for `locator`: our own with write `credentials`, or a peer's with its read key.
 
     `allow_private=False` (mainnet validators) refuses loopback/private-IP endpoints a hostile
-    peer might commit to aim our requests at internal services. `own=True` for our own bucket:
-    only then may a local bucket's directory be created (a peer's locator never creates anything
-    on our disk). `now` stamps a local bucket's writes (an S3 server stamps its own).
-    `s3_options` go to `S3Bucket` (timeouts, pool size). Call inside the event loop that will
-    use the bucket.
+    peer might commit to aim our requests at internal services, and connects to a hostname only at
+    the public addresses it resolves to. `own=True` for our own bucket: only then may a local
+    bucket's directory be created (a peer's locator never creates anything on our disk). `now`
+    stamps a local bucket's writes (an S3 server stamps its own). `s3_options` go to `S3Bucket`
+    (timeouts, pool size, the resolver that names hosts). Call inside the event loop that will use
+    the bucket.
     """
     if locator.kind == "local":
         if not allow_private:
@@ -75,6 +78,8 @@ def open_bucket(locator: BucketLocator, credentials: Credentials | None = None, 
         raise LocatorError(f"refusing private/loopback endpoint {locator.endpoint}")
     creds = credentials or locator.read_credentials
     assert creds is not None  # r2/s3 locators always carry a read key
+    if not allow_private:  # a hostname is judged by the addresses it resolves to, when it is resolved
+        s3_options["resolver"] = PublicAddressesOnly(s3_options.get("resolver"))  # type: ignore[arg-type]
     return observed(S3Bucket(locator.endpoint_url, locator.bucket, creds, _region(locator),
                              **s3_options), own)  # type: ignore[arg-type]
 

@@ -54,6 +54,11 @@ class BucketUnreachable(StorageError):
     """The bucket cannot be used: connection refused/reset, DNS, TLS, auth or no such bucket."""
 
 
+class EndpointNotPublic(BucketUnreachable):
+    """A peer's endpoint hostname resolved to no globally routable address, on a network whose nodes
+    read peers' buckets at public addresses only (`storage.s3.PublicAddressesOnly`)."""
+
+
 class AccessDenied(BucketUnreachable):
     """The bucket answered and refused our key for this operation (HTTP 403, a wrong or revoked key,
     a key without this permission). A read-only key refused a write is the expected case."""

@@ -346,7 +346,9 @@ class BucketLocator:
         (100.64.0.0/10, where Alibaba Cloud's metadata service answers at 100.100.100.200), which
         is neither `is_private` nor link-local.
 
-        Only literal IPs are judged; a hostname that resolves to a private address is not.
+        Only the locator's own text is judged here. A hostname that resolves to a private address is
+        refused where it is resolved: `open_bucket(allow_private=False)` connects only to the public
+        addresses a name resolves to (`storage.s3.PublicAddressesOnly`).
         """
         if self.kind != "s3":
             return self.kind == "local"
@@ -354,10 +356,10 @@ class BucketLocator:
         if host == "localhost":
             return True
         try:
-            ip = ipaddress.ip_address(host)
+            ipaddress.ip_address(host)
         except ValueError:
             return False
-        return not ip.is_global
+        return not is_public_address(host)
 
     def __repr__(self) -> str:
         where = {"r2": f"account={self.account_id}", "s3": f"endpoint={self.endpoint}",
@@ -383,6 +385,17 @@ def redact_locator(value: str | None) -> str:
     if sep and kind == "local":
         return f"local:{body[:48]}"
     return value[:16] + ("…" if len(value) > 16 else "")
+
+
+def is_public_address(address: str) -> bool:
+    """Whether a literal IP address is globally routable: the one test of "public" for a locator's
+    literal IP and for every address a peer's hostname resolves to. Loopback, private, link-local and
+    shared address space (100.64.0.0/10, where one cloud's metadata service answers) are not; an
+    IPv4-mapped IPv6 address is judged as the IPv4 address it carries."""
+    ip = ipaddress.ip_address(address.split("%", 1)[0])
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip.is_global
 
 
 def is_loopback(host: str) -> bool:

@@ -24,6 +24,7 @@ from templar.storage.base import (
     AccessDenied,
     Bucket,
     BucketUnreachable,
+    EndpointNotPublic,
     ObjectNotFound,
     StorageError,
     StorageTimeout,
@@ -80,6 +81,9 @@ async def write_round_trip(bucket: Bucket, key: str, data: bytes, *, timeout: fl
 
 
 def _fix_for(exc: StorageError) -> str:
+    if isinstance(exc, EndpointNotPublic):
+        return ("use a hostname that resolves to public addresses (peers on finney and test never connect to "
+                "loopback, private or link-local ones)")
     if isinstance(exc, BucketUnreachable):
         return "check the locator's endpoint and bucket name (does the bucket exist?) and the network"
     return "see the message; `templar bucket check` shows what a peer sees"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import email.utils
+import socket
 from collections.abc import AsyncIterator
 from datetime import datetime
 from pathlib import Path
@@ -22,6 +23,8 @@ from aiobotocore.awsrequest import AioAWSResponse
 from aiobotocore.config import AioConfig
 from aiobotocore.httpsession import AIOHTTPSession
 from aiobotocore.session import AioSession, get_session
+from aiohttp.abc import AbstractResolver
+from aiohttp.resolver import DefaultResolver
 from botocore.exceptions import BotoCoreError, ClientError, ConnectionClosedError, ReadTimeoutError
 
 from templar.core.log import peer_text
@@ -31,6 +34,7 @@ from templar.storage.base import (
     Blob,
     Bucket,
     BucketUnreachable,
+    EndpointNotPublic,
     InvalidKey,
     ObjectChanged,
     ObjectExists,
@@ -44,7 +48,7 @@ from templar.storage.base import (
     validate_prefix,
     validate_range,
 )
-from templar.storage.locator import Credentials
+from templar.storage.locator import Credentials, is_public_address
 
 MULTIPART_THRESHOLD = 64 << 20
 PART_SIZE = 16 << 20
@@ -165,6 +169,59 @@ class _PeerHTTPSession(AIOHTTPSession):
         return capped
 
 
+class NotPublicAddress(OSError):
+    """A peer's endpoint name resolved to no public address (`PublicAddressesOnly`)."""
+
+
+def _not_public(exc: BaseException) -> NotPublicAddress | None:
+    """The `PublicAddressesOnly` refusal under botocore's and aiohttp's wrappers, if that is the cause."""
+    seen: set[int] = set()
+    stack: list[BaseException | None] = [exc]
+    while stack:
+        cause = stack.pop()
+        if cause is None or id(cause) in seen:
+            continue
+        if isinstance(cause, NotPublicAddress):
+            return cause
+        seen.add(id(cause))
+        kwargs = getattr(cause, "kwargs", None)  # botocore keeps the underlying error in kwargs["error"]
+        stack += [cause.__cause__, cause.__context__, getattr(cause, "os_error", None),
+                  kwargs.get("error") if isinstance(kwargs, dict) else None]
+    return None
+
+
+class PublicAddressesOnly(AbstractResolver):
+    """A name resolver that hands aiohttp only the globally routable addresses a host resolves to.
+
+    A peer chooses its endpoint's hostname, and the locator's checks see only its text: a name whose
+    DNS answer is 127.0.0.1, 10.x or 100.100.100.200 (one cloud's metadata service) aimed a mainnet
+    validator's requests at its own machine or LAN past every one of them. The judgment is made on
+    the addresses aiohttp then connects to, not on a lookup of its own, so a name that answers a
+    public address to a check and a private one to the connection (DNS rebinding) gains nothing.
+    A name with no public address fails to connect (`EndpointNotPublic`, a `BucketUnreachable`). `inner`
+    resolves (aiohttp's default resolver unless given one; built on first use, inside the loop).
+    """
+
+    def __init__(self, inner: AbstractResolver | None = None) -> None:
+        self._inner = inner
+
+    async def resolve(self, host: str, port: int = 0,
+                      family: socket.AddressFamily = socket.AF_INET) -> list[dict[str, Any]]:
+        if self._inner is None:
+            self._inner = DefaultResolver()
+        answers = await self._inner.resolve(host, port, family)
+        public = [answer for answer in answers if is_public_address(answer["host"])]
+        if not public:
+            shown = ", ".join(sorted({answer["host"] for answer in answers})[:4])
+            raise NotPublicAddress(f"{peer_text(host, 64)} resolves only to addresses that are not public ({shown}): "
+                          "peers' buckets are read at public addresses only")
+        return public
+
+    async def close(self) -> None:
+        if self._inner is not None:
+            await self._inner.close()
+
+
 def _translate(exc: BaseException, where: str) -> StorageError:
     """Map a botocore/aiohttp failure onto the storage error hierarchy (the server's words clipped)."""
     if isinstance(exc, ClientError):
@@ -186,6 +243,8 @@ def _translate(exc: BaseException, where: str) -> StorageError:
     if isinstance(exc, ReadTimeoutError | TimeoutError):
         return StorageTimeout(f"{where}: read timed out")
     if isinstance(exc, BotoCoreError | aiohttp.ClientError | OSError):
+        if (refused := _not_public(exc)) is not None:
+            return EndpointNotPublic(f"{where}: {refused}")
         return BucketUnreachable(f"{where}: {type(exc).__name__}: {peer_text(exc)}")
     raise TypeError(f"not a storage failure: {exc!r}")
 
@@ -193,13 +252,17 @@ def _translate(exc: BaseException, where: str) -> StorageError:
 class S3Bucket(Bucket):
     """A bucket on an S3-compatible endpoint (`endpoint_url=None` means AWS S3 itself).
 
+    `resolver` names the endpoint's host: aiohttp's default unless given (a peer's bucket on a public
+    network gets `PublicAddressesOnly`).
+
     Create inside the event loop that will use it; close with `aclose()` / `async with`.
     """
 
     def __init__(self, endpoint_url: str | None, bucket: str, credentials: Credentials, region: str = "auto",
                  *, max_pool_connections: int = 16, connect_timeout: float = 5.0, read_timeout: float = 20.0,
                  max_attempts: int = 2, multipart_threshold: int = MULTIPART_THRESHOLD,
-                 part_size: int = PART_SIZE, part_concurrency: int = 4):
+                 part_size: int = PART_SIZE, part_concurrency: int = 4,
+                 resolver: AbstractResolver | None = None):
         if part_size < 5 << 20:
             raise ValueError("S3 multipart parts must be at least 5 MiB")
         self.bucket = bucket
@@ -217,6 +280,8 @@ class S3Bucket(Bucket):
             read_timeout=read_timeout,
             max_pool_connections=max_pool_connections,
             http_session_cls=_PeerHTTPSession,
+            # A peer's bucket on a public network: `PublicAddressesOnly` (`open_bucket` decides).
+            connector_args={"resolver": resolver} if resolver is not None else None,
             # Payload integrity is checked a layer up (schema validation, sha256 manifests);
             # "when_required" also keeps R2 and older S3 clones happy.
             request_checksum_calculation="when_required",
