@@ -290,6 +290,20 @@ def test_only_a_names_public_addresses_are_kept() -> None:
     asyncio.run(body())
 
 
+def test_the_operators_own_proxy_is_resolved_as_it_is(monkeypatch) -> None:
+    """botocore sends through `HTTPS_PROXY` when one is set: aiohttp then resolves the proxy's name,
+    often a LAN address, and the proxy resolves the peer's. The proxy is this machine's choice."""
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.corp:3128")
+    guard = PublicAddressesOnly(_Hosts({"proxy.corp": ["10.0.0.8"], "bucket.peer.example": ["10.0.0.9"]}))
+
+    async def body() -> None:
+        assert [a["host"] for a in await guard.resolve("proxy.corp", 3128)] == ["10.0.0.8"]
+        with pytest.raises(OSError, match="not public"):
+            await guard.resolve("bucket.peer.example", 443)
+
+    asyncio.run(body())
+
+
 def test_the_machines_own_resolver_is_guarded_too() -> None:
     """Without a resolver given, the guard asks aiohttp's default one (the system's): `localhost` is
     in every hosts file and answers loopback only."""

@@ -13,10 +13,12 @@ import asyncio
 import contextlib
 import email.utils
 import socket
+import urllib.request
 from collections.abc import AsyncIterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 from aiobotocore.awsrequest import AioAWSResponse
@@ -200,16 +202,22 @@ class PublicAddressesOnly(AbstractResolver):
     public address to a check and a private one to the connection (DNS rebinding) gains nothing.
     A name with no public address fails to connect (`EndpointNotPublic`, a `BucketUnreachable`). `inner`
     resolves (aiohttp's default resolver unless given one; built on first use, inside the loop).
+
+    The operator's own HTTP(S) proxy (botocore reads `HTTPS_PROXY` and friends) is the one name
+    resolved as it is: it is this machine's choice, not a peer's, and behind it the proxy resolves.
     """
 
     def __init__(self, inner: AbstractResolver | None = None) -> None:
         self._inner = inner
+        self._proxies = {urlsplit(url).hostname for url in urllib.request.getproxies().values()} - {None}
 
     async def resolve(self, host: str, port: int = 0,
                       family: socket.AddressFamily = socket.AF_INET) -> list[dict[str, Any]]:
         if self._inner is None:
             self._inner = DefaultResolver()
         answers = await self._inner.resolve(host, port, family)
+        if host in self._proxies:
+            return answers
         public = [answer for answer in answers if is_public_address(answer["host"])]
         if not public:
             shown = ", ".join(sorted({answer["host"] for answer in answers})[:4])
