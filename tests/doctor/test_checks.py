@@ -318,6 +318,13 @@ def test_bucket_configuration_failures(subnet, seaweed, new_bucket, monkeypatch)
     public.subtensor_network = "finney"
     private = run(Doctor(public, "miner"), bucket_checks.check_bucket_locator)
     assert private.status == Status.FAILED and "refuse" in private.summary
+    key_file = subnet / "open-write-key.json"  # the write key in a file the umask left readable by all
+    key_file.write_text(json.dumps({"access_key_id": "writer", "secret_access_key": "writesecret123"}))
+    key_file.chmod(0o644)
+    open_file = run(Doctor(bucket_flags(subnet, locator, "--bucket.credentials", str(key_file)), "miner"),
+                    bucket_checks.check_bucket_locator)
+    assert open_file.status == Status.FAILED and "mode 0644" in open_file.summary and "0600" in open_file.fix
+    assert "writesecret123" not in open_file.summary + open_file.fix
 
 
 @pytest.mark.slow(seconds=4, waits=True)

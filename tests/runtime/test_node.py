@@ -199,3 +199,25 @@ def test_a_locator_carrying_the_write_secret_is_never_committed(monkeypatch):
     with pytest.raises(StartupError, match="WRITE key") as info:
         asyncio.run(_open_own_bucket(args, chain=None, time=None, open_bucket=never))  # type: ignore[arg-type]
     assert info.value.exit_code == EXIT_CONFIG and secret not in str(info.value)
+
+
+def test_a_write_key_file_other_users_may_open_stops_the_node(tmp_path):
+    """A write key file left mode 0644 by the umask lets every user of the machine overwrite the bucket:
+    the node stops at start with the fix (chmod 600), as ssh does with an open private key."""
+    import argparse
+    import json
+
+    from templar.runtime.node import _open_own_bucket
+
+    key_file = tmp_path / "bucket-write.json"
+    key_file.write_text(json.dumps({"access_key_id": "writekeyid", "secret_access_key": "writesecret1234567890"}))
+    key_file.chmod(0o644)
+    args = argparse.Namespace(bucket_locator="s3:https://s3.example.com|my-bucket|readkeyid|readsecret1234567890",
+                              bucket_credentials=str(key_file))
+
+    def never(*_args, **_kwargs):
+        raise AssertionError("the bucket was opened with a write key others can read")
+
+    with pytest.raises(StartupError, match=r"mode 0644.*chmod 600") as info:
+        asyncio.run(_open_own_bucket(args, chain=None, time=None, open_bucket=never))  # type: ignore[arg-type]
+    assert info.value.exit_code == EXIT_CONFIG and "writesecret" not in str(info.value)

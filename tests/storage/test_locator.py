@@ -175,7 +175,16 @@ def test_credentials_from_env_and_file(tmp_path) -> None:
         Credentials.from_env({"TEMPLAR_BUCKET_WRITE_KEY_ID": "writer"})
     path = tmp_path / "creds.json"
     path.write_text(json.dumps({"access_key_id": "writer", "secret_access_key": secret}))
+    path.chmod(0o600)
     assert Credentials.from_file(path) == Credentials("writer", secret)
+    path.chmod(0o400)
+    assert Credentials.from_file(path) == Credentials("writer", secret)
+    for open_mode in (0o644, 0o640, 0o602):  # readable by the group or the world, or writable by others
+        path.chmod(open_mode)
+        with pytest.raises(LocatorError, match=f"mode {open_mode:04o}.*chmod 600") as info:
+            Credentials.from_file(path)
+        assert secret not in str(info.value)
+    path.chmod(0o600)
     path.write_text(json.dumps({"access_key_id": "writer"}))
     with pytest.raises(LocatorError):
         Credentials.from_file(path)

@@ -28,11 +28,15 @@ async def check_bucket_locator(d: Doctor) -> CheckResult:
     try:
         d.locator = BucketLocator.parse(a.bucket_locator)
         size = len(d.locator.encode())
+    except LocatorError as exc:
+        return failed("bucket-locator", f"bucket configuration: {exc}", "rebuild the locator with `templar bucket "
+                      "locator`")
+    try:
         d.credentials = (Credentials.from_file(a.bucket_credentials) if a.bucket_credentials
                          else Credentials.from_env())
     except LocatorError as exc:
-        return failed("bucket-locator", f"bucket configuration: {exc}", "rebuild the locator with `templar bucket "
-                      "locator`; the write key goes in TEMPLAR_BUCKET_WRITE_KEY_ID/_SECRET or --bucket.credentials")
+        return failed("bucket-locator", f"write key: {exc}", "the write key goes in TEMPLAR_BUCKET_WRITE_KEY_ID/"
+                      "_SECRET, or in a --bucket.credentials file of mode 0600 (docs/buckets.md)")
     kind = d.locator.kind
     if kind != "local" and d.credentials is None:
         return failed("bucket-locator", f"{kind} locator but no write key", "set TEMPLAR_BUCKET_WRITE_KEY_ID and "

@@ -25,6 +25,7 @@ import json
 import os
 import posixpath
 import re
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -82,10 +83,19 @@ class Credentials:
 
     @classmethod
     def from_file(cls, path: str | Path) -> Credentials:
-        """A JSON file `{"access_key_id": ..., "secret_access_key": ...}` (keep it mode 0600)."""
+        """A JSON file `{"access_key_id": ..., "secret_access_key": ...}`, mode 0600 or stricter.
+
+        A write key file that others on the machine may read or write is refused, as ssh refuses an
+        open private key: a reader can overwrite the bucket, a writer can swap in its own key and
+        receive the node's uploads. The mode is read from the open file, so it is the one read."""
         try:
-            raw = json.loads(Path(path).read_text())
-        except (OSError, json.JSONDecodeError) as exc:
+            with open(path, "rb") as file:
+                mode = stat.S_IMODE(os.fstat(file.fileno()).st_mode)
+                if os.name == "posix" and mode & 0o077:
+                    raise LocatorError(f"credentials file {path} is open to other users (mode {mode:04o}): a write "
+                                       f"key must be private; run chmod 600 {path}")
+                raw = json.loads(file.read())
+        except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise LocatorError(f"cannot read credentials file {path}: {type(exc).__name__}") from exc
         if not isinstance(raw, dict) or set(raw) != {"access_key_id", "secret_access_key"}:
             raise LocatorError(f"{path}: expected exactly access_key_id and secret_access_key")
