@@ -3,6 +3,8 @@ echoing the write key, and read back as a peer would (a real SeaweedFS server)."
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from templar.cli import main
@@ -53,6 +55,20 @@ def test_the_write_key_is_refused_and_never_echoed(capsys, monkeypatch):
                  SECRET]) == 2
     out, err = capsys.readouterr()
     assert out == "" and "WRITE key" in err and SECRET not in err
+
+
+def test_a_write_key_that_cannot_be_used_is_named_not_skipped(capsys, monkeypatch, tmp_path):
+    """The locator is compared with this machine's write key; one configured in a file the node would
+    refuse (here: open to other users) was skipped, and the comparison with it."""
+    key_file = tmp_path / "bucket-write.json"
+    key_file.write_text(json.dumps({"access_key_id": "writer", "secret_access_key": SECRET}))
+    key_file.chmod(0o644)
+    monkeypatch.setenv("TEMPLAR_BUCKET_CREDENTIALS", str(key_file))
+    assert main(["bucket", "locator", "r2", "--account-id", ACCOUNT, "--read-key-id", KEY, "--read-secret",
+                 SECRET]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "write key this machine's node would use" in err and "chmod 600" in err
+    assert SECRET not in err
 
 
 def test_check_reads_as_a_peer_and_catches_a_read_key_that_writes(capsys, seaweed, new_bucket):

@@ -89,11 +89,13 @@ def build_locator(args: argparse.Namespace) -> BucketLocator:
 
 
 def _write_key() -> Credentials | None:
+    """The write key this machine's node would use, to refuse a locator that carries it. A write key
+    configured but unusable is named here rather than skipped: the node would stop on it at start."""
     try:
         path = os.getenv("TEMPLAR_BUCKET_CREDENTIALS")
         return Credentials.from_file(path) if path else Credentials.from_env()
-    except LocatorError:
-        return None
+    except LocatorError as exc:
+        raise LocatorError(f"the write key this machine's node would use: {exc}") from exc
 
 
 def run_locator(args: argparse.Namespace) -> int:
