@@ -37,7 +37,7 @@ def test_no_node_lists_in_a_window_and_a_miner_makes_what_it_should(production):
     miner = made(hp, sizes, "miner", miners=240)
     assert sum(r.list for r in miner.values()) == 0
     assert sum(r.list for r in made(hp, sizes, "validator", miners=240).values()) == 0
-    assert miner["own"] == Requests(put=2, delete=1, bytes_up=miner["own"].bytes_up)
+    assert miner["own"] == Requests(put=2, delete=2, bytes_up=miner["own"].bytes_up)
     assert miner["peers"].get == miner["peers"].head == hp.gauntlet.top_g
     assert miner["data"].get == hp.data.pages_per_window
     lead = made(hp, sizes, "lead", miners=240)["own"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 from templar.core.config import PROTOCOL_VERSION
 
@@ -74,6 +75,11 @@ def checkpoint_manifest_key(window: int, version: int = PROTOCOL_VERSION) -> str
 def latest_checkpoint_key(version: int = PROTOCOL_VERSION) -> str:
     """Pointer to the newest complete checkpoint; written last."""
     return f"{checkpoint_prefix(version)}latest.json"
+
+
+def folder_of(key_of: Callable[[int], str]) -> str:
+    """The folder of a per-window key: `folder_of(gradient_key)` is "v2/gradient/" (what a cleanup lists)."""
+    return key_of(0).rsplit("/", 1)[0] + "/"
 
 
 def window_of(key: str, prefix: str, suffix: str) -> int | None:

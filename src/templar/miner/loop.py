@@ -32,12 +32,12 @@ import torch
 
 from templar.comms import put_gradient
 from templar.comms.commit import put_commit
-from templar.comms.keys import gradient_key
 from templar.compress import Compressed
 from templar.compress.methods import rule_of
 from templar.core.config import base_lag, overlapped
 from templar.core.log import context
 from templar.miner.hooks import MinerHooks
+from templar.miner.upkeep import StaleObjects
 from templar.miner.window import MinerWindow, Training
 from templar.runtime.consensus.follow import FollowError, follow_step
 from templar.runtime.consensus.outer import gather_gradients
@@ -74,6 +74,7 @@ class Miner:
         self.extra_pages = extra_pages
         self.hooks = hooks or MinerHooks()
         self.compute = node.compute  # θ and the error feedback: one process, or torchrun's ranks
+        self.stale_objects = StaleObjects(node.hp)  # what our bucket keeps (`miner.upkeep`)
         self.compute.enable_error_feedback()
         self.state = NodeState(window=-1, global_step=0)
         self.phase = Phase.STARTUP
@@ -105,6 +106,7 @@ class Miner:
         drop_uncommitted_records(self.node.state_dir, [MINER_WINDOWS_FILE], self.state.window)
         self.start_window = self.state.window + 1
         await self.join(own_state=own)
+        await self.stale_objects.sweep(self.node.bucket, self.node.clock.current_window())
 
     async def run(self, max_windows: int = 0) -> None:
         """Join, then run windows until stopped (or `max_windows` windows, if not 0). The compute
@@ -468,7 +470,7 @@ class Miner:
             self.state.window = window
             self.sync.record(window, self.state.global_step)
             await self.advanced()
-            await self._delete_stale_gradient(window)
+            await self.stale_objects.after_step(self.node.bucket, window)
         work.stepped = True
         return True
 
@@ -549,15 +551,6 @@ class Miner:
         plan, n = self.node.plan, self.hp.data.pages_per_window
         return plan.assigned_pages(self.node.uid, window, n) + plan.declared_pages(self.node.uid, window,
                                                                                   self.extra_pages)
-
-    async def _delete_stale_gradient(self, window: int) -> None:
-        """Keep our bucket bounded: nobody reads a gradient older than `max_allowed_stale` windows."""
-        old = window - self.hp.windows.max_allowed_stale - 2
-        if old >= 0:
-            try:
-                await self.node.bucket.delete(gradient_key(old))
-            except StorageError as exc:
-                context(window=window, phase="cleanup").debug(f"could not delete gradient {old}: {exc}")
 
     def _encode(self, work: MinerWindow, compressed: dict[str, Compressed], weight_zero: bool = False) -> bytes:
         """The payload: the compressed pseudo-gradient, the base's probes and the base's global_step."""

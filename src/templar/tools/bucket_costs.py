@@ -7,7 +7,8 @@ it). Both are counted here per window from the hyperparameters and the subnet's 
 rules the nodes follow (the steady state of an active node; start-up, catch-up and joins aside):
 
 miner, each window
-  own bucket     PUT gradient, PUT commitment; DELETE the gradient `max_allowed_stale + 2` windows old
+  own bucket     PUT gradient, PUT commitment; DELETE the gradient and commitment `max_allowed_stale + 2`
+                 windows old (`miner.upkeep`; a LIST of each at the first step after a start)
   lead's bucket  GET its inputs of the window (the step every node takes; a few more while its gather
                  runs), GET progress (the sync check), GET the peer list of the window (one request: the
                  lead names a list every window, `comms.exchange.get_peers`). With the lead down, one GET
@@ -23,10 +24,10 @@ lead validator, in addition
   own bucket     PUT (create-only) inputs, aggregate, peer list and progress, GET + PUT of the peer index,
                  GET its own inputs (the window's decision) and peer list (instead of the lead's bucket
                  above; the lead checks no sync); every `checkpoint_frequency` windows a checkpoint
-                 (multipart PUT of the model, manifest, latest.json), its cleanup (GET latest.json, four
+                 (multipart PUT of the model, manifest, latest.json), its cleanup (GET latest.json, five
                  LISTs, DELETEs of old files)
 
-No request is a LIST in the steady state: the four LISTs are the lead's cleanup after each checkpoint.
+No request is a LIST in the steady state: the five LISTs are the lead's cleanup after each checkpoint.
 `tests/integration/test_bucket_operations.py` counts a localnet window's real requests against this.
 
 Prices are the providers' published list prices (Cloudflare R2 Standard; AWS S3 Standard in
@@ -138,7 +139,7 @@ def made(hp: HParams, sizes: Sizes, role: str, *, miners: int) -> dict[str, Requ
     lead = Requests(get=3, bytes_down=PROGRESS_RECORD + SMALL_RECORD + inputs_record(hp))
     if role == "miner":
         return {
-            "own": Requests(put=2, delete=1, bytes_up=sizes.gradient + SMALL_RECORD),
+            "own": Requests(put=2, delete=2, bytes_up=sizes.gradient + SMALL_RECORD),
             "lead": lead,
             "peers": Requests(head=g, get=g, bytes_down=g * sizes.gradient),
             "data": Requests(get=data.pages_per_window, bytes_down=data.pages_per_window * sizes.page),
@@ -164,11 +165,12 @@ def made(hp: HParams, sizes: Sizes, role: str, *, miners: int) -> dict[str, Requ
 
 def checkpoint(hp: HParams, sizes: Sizes) -> Requests:
     """One checkpoint and its cleanup (`comms.checkpoint`, `validator.lead`): uploads, then the old
-    checkpoint's two files and the history no joiner can replay any more (aggregates, inputs and
-    progress records older than `runtime.consensus.succession.retained_windows`) are deleted."""
+    checkpoint's two files and the history no joiner can replay any more (aggregates, inputs,
+    progress records and peer lists older than `runtime.consensus.succession.retained_windows`) are
+    deleted."""
     listings = max(1, -(-retained_windows(hp) // 1000))  # 1,000 keys per LIST page, per kind of record
-    return Requests(put=_put_requests(sizes.checkpoint) + 2, get=1, list=1 + 3 * listings,
-                    delete=2 + 3 * hp.windows.checkpoint_frequency, bytes_up=sizes.checkpoint + 2 * SMALL_RECORD,
+    return Requests(put=_put_requests(sizes.checkpoint) + 2, get=1, list=1 + 4 * listings,
+                    delete=2 + 4 * hp.windows.checkpoint_frequency, bytes_up=sizes.checkpoint + 2 * SMALL_RECORD,
                     bytes_down=SMALL_RECORD)
 
 

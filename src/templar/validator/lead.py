@@ -22,7 +22,7 @@ from templar.comms import (
     put_start_window,
     save_checkpoint,
 )
-from templar.comms.keys import aggregate_key, inputs_key, progress_key, window_of
+from templar.comms.keys import aggregate_key, folder_of, inputs_key, peers_key, progress_key, window_of
 from templar.comms.progress import put_progress
 from templar.core.log import context
 from templar.runtime.consensus.outer import OuterStep, aggregation_weights
@@ -30,7 +30,7 @@ from templar.runtime.consensus.windows import retained_windows
 from templar.runtime.flags import EXIT_HISTORY
 from templar.runtime.node import Node, NodeError
 from templar.runtime.sync import MODEL_FILE
-from templar.storage import ObjectExists, StorageError
+from templar.storage import Bucket, ObjectExists, StorageError
 from templar.wire import (
     Gradient,
     PayloadError,
@@ -206,7 +206,7 @@ class CheckpointPublisher:
             return
         finally:
             path.unlink(missing_ok=True)
-        await _delete_history_before(node, window - retained_windows(node.hp))
+        await delete_history_before(node.bucket, window - retained_windows(node.hp))
 
     async def wait(self) -> None:
         """Let an upload under way finish (or time out): called when the validator stops."""
@@ -214,17 +214,22 @@ class CheckpointPublisher:
             await asyncio.gather(self.task, return_exceptions=True)
 
 
-async def _delete_history_before(node: Node, oldest_needed: int) -> None:
+async def delete_history_before(bucket: Bucket, oldest_needed: int) -> None:
     """Aggregates (and the inputs and progress records beside them) older than the history every
     candidate keeps (`retained_windows`: the oldest kept checkpoint's) can no longer be replayed by
     anyone: every node replays from a kept checkpoint on, and no reader takes a missing record of
-    such a window for absent."""
-    for key_of, suffix in ((aggregate_key, ".safetensors"), (inputs_key, ".safetensors"), (progress_key, ".json")):
-        prefix = key_of(0).rsplit("/", 1)[0] + "/"
+    such a window for absent. Peer lists go too, but the newest of those older ones: it may still be
+    the list in effect at `oldest_needed` and after (`comms.exchange.get_peers` reads the newest list
+    at or before a window), so every window a node may ask about keeps the answer it had."""
+    for key_of, suffix in ((aggregate_key, ".safetensors"), (inputs_key, ".safetensors"), (progress_key, ".json"),
+                           (peers_key, ".json")):
+        prefix = folder_of(key_of)
         try:
-            for obj in await node.bucket.list(prefix):
-                window = window_of(obj.key, prefix, suffix)
-                if window is not None and window < oldest_needed:
-                    await node.bucket.delete(obj.key)
+            old = sorted((window, obj.key) for obj in await bucket.list(prefix)
+                         if (window := window_of(obj.key, prefix, suffix)) is not None and window < oldest_needed)
+            if key_of is peers_key:
+                old = old[:-1]  # kept: it may be the list in effect at oldest_needed
+            for _, key in old:
+                await bucket.delete(key)
         except StorageError as exc:
             context(phase="cleanup").debug(f"cleanup of {prefix} incomplete: {exc}")

@@ -31,7 +31,7 @@ from dataclasses import replace
 import torch
 
 from templar.comms import GatherResult, GatherStatus, RecordError, get_start_window, put_start_window
-from templar.comms.keys import inputs_key, start_window_key
+from templar.comms.keys import folder_of, inputs_key, start_window_key
 from templar.compress import Compressed
 from templar.compress.methods import rule_of
 from templar.core.log import context, short
@@ -223,7 +223,7 @@ class Validator:
         try:
             if await published_start(node) is not None:
                 return False
-            history = await node.bucket.list(inputs_key(0).rsplit("/", 1)[0] + "/", limit=1)
+            history = await node.bucket.list(folder_of(inputs_key), limit=1)
         except ResyncError as exc:
             raise LeadError(f"{exc}. Fix: {exc.fix}") from exc
         except StorageError as exc:

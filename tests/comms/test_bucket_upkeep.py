@@ -1,0 +1,108 @@
+"""What nodes delete from their own buckets, on a real local bucket: a miner's gradients and
+commitments past the kept windows (each window, and what a stop left, found when it starts), and the
+lead's history past what any node replays, peer lists included but the one that may still be in effect."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from templar.comms.keys import (
+    aggregate_key,
+    checkpoint_manifest_key,
+    commit_key,
+    gradient_key,
+    inputs_key,
+    peers_index_key,
+    peers_key,
+    progress_key,
+)
+from templar.core.config import load_hparams
+from templar.miner.upkeep import DELETES_PER_STEP, StaleObjects, kept_windows
+from templar.storage import LocalBucket, StorageError
+from templar.validator.lead import delete_history_before
+
+
+async def _listed(bucket: LocalBucket) -> set[str]:
+    return {obj.key for obj in await bucket.list("")}
+
+
+def _keys(bucket: LocalBucket) -> set[str]:
+    return asyncio.run(_listed(bucket))
+
+
+def _fill(bucket: LocalBucket, keys: list[str]) -> None:
+    async def body() -> None:
+        for key in keys:
+            await bucket.put(key, b"x")
+
+    asyncio.run(body())
+
+
+def test_a_miner_keeps_its_newest_windows_and_clears_what_a_stop_left(tmp_path: Path) -> None:
+    hp = load_hparams("tiny")
+    kept = kept_windows(hp)
+    bucket = LocalBucket(tmp_path / "miner", create=True)
+    left = [w for w in range(0, 200) if w % 7]  # a long run with gaps, then a stop
+    others = [peers_index_key(), "v2/gradient/notes.txt", "v2/commit/index.json"]  # never a window's object
+    _fill(bucket, [key_of(w) for w in left for key_of in (gradient_key, commit_key)] + others)
+    upkeep = StaleObjects(hp)
+    start = 300  # the miner comes back 100 windows later
+    asyncio.run(upkeep.sweep(bucket, start))
+    assert len(upkeep.pending) == 2 * len(left)  # every one is older than the kept range at start
+
+    async def steps(first: int, last: int) -> None:
+        for window in range(first, last + 1):
+            before = len(await _listed(bucket))
+            await upkeep.after_step(bucket, window)
+            assert before - len(await _listed(bucket)) <= DELETES_PER_STEP  # a backlog costs no window more
+
+    asyncio.run(steps(start, start + 2 * len(left) // DELETES_PER_STEP + 1))
+    assert _keys(bucket) == set(others) and not upkeep.pending
+    now = start + 2 * len(left) // DELETES_PER_STEP + 1
+    # from here on, each window's own objects, and exactly the window that falls out of the range
+    _fill(bucket, [key_of(w) for w in range(now + 1, now + 2 * kept) for key_of in (gradient_key, commit_key)])
+    asyncio.run(steps(now + 1, now + 2 * kept - 1))
+    windows = range(now + kept, now + 2 * kept)
+    assert _keys(bucket) == set(others) | {key_of(w) for w in windows for key_of in (gradient_key, commit_key)}
+
+
+def test_a_jump_is_swept_again_and_a_failing_bucket_never_stops_the_window(tmp_path: Path) -> None:
+    hp = load_hparams("tiny")
+    kept = kept_windows(hp)
+    bucket = LocalBucket(tmp_path / "miner", create=True)
+    upkeep = StaleObjects(hp)
+    asyncio.run(upkeep.sweep(bucket, 100))
+    _fill(bucket, [gradient_key(w) for w in range(100, 110)])  # uploaded, then a re-sync jumps far ahead
+    asyncio.run(upkeep.after_step(bucket, 110 + 3 * kept))
+    assert not any(k.startswith("v2/gradient/") for k in _keys(bucket))
+
+    class Refusing(LocalBucket):
+        async def list(self, prefix: str = "", **_: object) -> list:
+            raise StorageError("listing refused")
+
+        async def delete(self, key: str, **_: object) -> None:
+            raise StorageError("delete refused")
+
+    refusing = Refusing(tmp_path / "refusing", create=True)
+    upkeep = StaleObjects(hp)
+    asyncio.run(upkeep.sweep(refusing, 500))  # logged, not raised
+    for window in range(500, 503):
+        asyncio.run(upkeep.after_step(refusing, window))
+    assert upkeep.clean_before == 502 - kept + 1 and upkeep.pending == []
+
+
+def test_the_leads_history_goes_but_the_peer_list_still_in_effect(tmp_path: Path) -> None:
+    bucket = LocalBucket(tmp_path / "lead", create=True)
+    per_window = (aggregate_key, inputs_key, progress_key)
+    lists = [3, 9, 15, 21, 40, 46]  # the lead named a new list in these windows only
+    _fill(bucket, [key_of(w) for w in range(0, 50) for key_of in per_window]
+          + [peers_key(w) for w in lists] + [peers_index_key(), checkpoint_manifest_key(10)])
+    asyncio.run(delete_history_before(bucket, 30))
+    keys = _keys(bucket)
+    assert {key_of(w) for w in range(30, 50) for key_of in per_window} <= keys
+    assert not any(key_of(w) in keys for w in range(0, 30) for key_of in per_window)
+    # windows 30..39 are still answered by the list of window 21: it stays, the older ones go
+    assert {k for k in keys if k.startswith("v2/peers/")} == {peers_key(21), peers_key(40), peers_key(46),
+                                                              peers_index_key()}
+    assert checkpoint_manifest_key(10) in keys  # checkpoints have their own cleanup
