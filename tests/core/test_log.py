@@ -40,3 +40,26 @@ def test_a_malformed_payloads_words_cannot_forge_a_log_line(tmp_path: Path):
     lines = log.read_text().splitlines()
     assert len(lines) == 1 and "[SYNC]" in lines[0] and FORGED in lines[0]  # said, inside the one line
     assert "\x1b" not in lines[0] and "\x07" not in lines[0] and "\\x1b[2J" in lines[0]
+
+
+def _no_bucket_for(key: str) -> None:
+    raise LookupError("no bucket for a key of length " + str(len(key)))
+
+
+def test_a_logged_traceback_never_shows_the_values_of_its_variables(tmp_path: Path):
+    """loguru's default (`diagnose=True`) prints each frame's variables beside a logged traceback: a
+    crash while holding the write key printed its secret into the log file."""
+    log = tmp_path / "node.log"
+    setup_logging(logfile=log)
+    secret = "write-secret-0123456789"
+    try:
+        try:
+            _no_bucket_for(secret)
+        except LookupError as exc:
+            logger.opt(exception=exc).error("the commit watcher stopped")
+    finally:
+        logger.remove()
+        logger.configure(patcher=lambda record: None)
+        logger.add(sys.stderr)
+    text = log.read_text()
+    assert "the commit watcher stopped" in text and "LookupError" in text and secret not in text

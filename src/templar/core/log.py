@@ -59,14 +59,16 @@ def setup_logging(
     logger.remove()
     logger.configure(extra={"window": "-", "phase": "-", "hotkey": short(hotkey)}, patcher=_printable_message)
     level = "DEBUG" if debug else "INFO"
+    # diagnose=False: loguru's default writes every variable of a logged traceback's frames beside it,
+    # a write key's secret or a peer's bytes among them, into logs operators paste into issues.
     if json_lines:
-        logger.add(sys.stderr, level=level, serialize=True)
+        logger.add(sys.stderr, level=level, serialize=True, diagnose=False)
     else:
-        logger.add(sys.stderr, level=level, format=_HUMAN, colorize=sys.stderr.isatty())
+        logger.add(sys.stderr, level=level, format=_HUMAN, colorize=sys.stderr.isatty(), diagnose=False)
     if logfile is not None:
         logfile.parent.mkdir(parents=True, exist_ok=True)
         logger.add(logfile, level="DEBUG", format=_PLAIN if not json_lines else "{message}",
-                   serialize=json_lines, enqueue=False)
+                   serialize=json_lines, enqueue=False, diagnose=False)
 
 
 def context(*, window: int | str = "-", phase: str = "-", hotkey: str | None = None):
