@@ -9,12 +9,10 @@ import time
 from pathlib import Path
 
 import pytest
-from aiohttp.abc import AbstractResolver
 from tests.conftest import KeepAliveServer
 
 from templar.storage import (
     BucketUnreachable,
-    EndpointNotPublic,
     LocalBucket,
     ObjectTooLarge,
     S3Bucket,
@@ -22,8 +20,7 @@ from templar.storage import (
     StorageTimeout,
     open_bucket,
 )
-from templar.storage.locator import BucketLocator, Credentials, LocatorError, is_public_address
-from templar.storage.s3 import PublicAddressesOnly
+from templar.storage.locator import BucketLocator, Credentials, LocatorError
 
 
 def test_multipart_upload_round_trip(seaweed, new_bucket, tmp_path: Path) -> None:
@@ -230,92 +227,6 @@ def test_open_bucket_dispatch_and_private_policy(tmp_path: Path) -> None:
     assert isinstance(r2, S3Bucket)
     assert r2.endpoint_url == f"https://{'a' * 32}.r2.cloudflarestorage.com" and r2.bucket == "grads"
     assert "c" * 64 not in repr(r2)
-
-
-class _Hosts(AbstractResolver):
-    """A hosts table as a resolver: what a peer's DNS would answer for its endpoint's name (the tests
-    reach no real DNS), counting the lookups."""
-
-    def __init__(self, table: dict[str, list[str]]) -> None:
-        self.table, self.lookups = table, 0
-
-    async def resolve(self, host: str, port: int = 0, family: int = 0) -> list[dict]:
-        self.lookups += 1
-        return [{"hostname": host, "host": address, "port": port, "family": 0, "proto": 0, "flags": 0}
-                for address in self.table[host]]
-
-    async def close(self) -> None:
-        pass
-
-
-def test_a_hostname_that_resolves_to_a_private_address_is_never_connected_to() -> None:
-    """The locator judges only its text: `http://bucket.peer.example` whose DNS answers 127.0.0.1 sent a
-    mainnet validator's requests to its own machine. With `allow_private=False` the name is judged by
-    the addresses it resolves to, and no request leaves; with `allow_private=True` (a localnet) the
-    same locator reaches the server, so the refusal is the policy's, not the table's."""
-    server = KeepAliveServer(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n")
-    locator = BucketLocator.s3(f"http://bucket.peer.example:{server.url.rsplit(':', 1)[1]}", "peer",
-                               "key", "secretsecret")
-    hosts = _Hosts({"bucket.peer.example": ["127.0.0.1"]})
-
-    async def head(allow_private: bool) -> None:
-        async with open_bucket(locator, allow_private=allow_private, resolver=hosts, max_attempts=1) as b:
-            await b.head("k", timeout=5.0)
-
-    try:
-        with pytest.raises(EndpointNotPublic, match=r"resolves only to addresses that are not public \(127\.0\.0\.1\)"):
-            asyncio.run(head(allow_private=False))
-        assert hosts.lookups == 1 and server.requests == 0
-        with pytest.raises(StorageError, match="404"):
-            asyncio.run(head(allow_private=True))
-        assert server.requests == 1
-    finally:
-        server.close()
-
-
-def test_only_a_names_public_addresses_are_kept() -> None:
-    """A name answering public and private addresses is connected to at the public ones only; every
-    kind of address that is not globally routable counts as private, IPv4 inside IPv6 included."""
-    private = ["127.0.0.1", "10.1.2.3", "192.168.0.1", "100.100.100.200", "169.254.169.254", "::1",
-               "fe80::1%eth0", "fd00::1", "::ffff:127.0.0.1", "::ffff:10.0.0.1", "0.0.0.0"]
-    public = ["93.184.215.14", "2606:2800:21f:cb07:6820:80da:af6b:8b2c", "::ffff:93.184.215.14"]
-    assert not any(map(is_public_address, private)) and all(map(is_public_address, public))
-    guard = PublicAddressesOnly(_Hosts({"mixed.example": private + public, "lan.example": private}))
-
-    async def body() -> None:
-        assert [a["host"] for a in await guard.resolve("mixed.example", 443)] == public
-        with pytest.raises(OSError, match="not public"):
-            await guard.resolve("lan.example", 443)
-
-    asyncio.run(body())
-
-
-def test_the_operators_own_proxy_is_resolved_as_it_is(monkeypatch) -> None:
-    """botocore sends through `HTTPS_PROXY` when one is set: aiohttp then resolves the proxy's name,
-    often a LAN address, and the proxy resolves the peer's. The proxy is this machine's choice."""
-    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.corp:3128")
-    guard = PublicAddressesOnly(_Hosts({"proxy.corp": ["10.0.0.8"], "bucket.peer.example": ["10.0.0.9"]}))
-
-    async def body() -> None:
-        assert [a["host"] for a in await guard.resolve("proxy.corp", 3128)] == ["10.0.0.8"]
-        with pytest.raises(OSError, match="not public"):
-            await guard.resolve("bucket.peer.example", 443)
-
-    asyncio.run(body())
-
-
-def test_the_machines_own_resolver_is_guarded_too() -> None:
-    """Without a resolver given, the guard asks aiohttp's default one (the system's): `localhost` is
-    in every hosts file and answers loopback only."""
-    async def body() -> None:
-        guard = PublicAddressesOnly()
-        try:
-            with pytest.raises(OSError, match="localhost resolves only to addresses that are not public"):
-                await guard.resolve("localhost", 80)
-        finally:
-            await guard.close()
-
-    asyncio.run(body())
 
 
 def test_a_nearly_full_disk_is_named_before_weed_starts(tmp_path: Path, monkeypatch) -> None:

@@ -32,7 +32,8 @@ from templar.storage.base import (
 from templar.storage.counting import observed
 from templar.storage.local import LocalBucket
 from templar.storage.locator import BucketLocator, Credentials, LocatorError
-from templar.storage.s3 import PublicAddressesOnly, S3Bucket
+from templar.storage.resolve import Lookup, PeerResolver, system_lookup
+from templar.storage.s3 import S3Bucket
 
 __all__ = [
     "DEFAULT_TIMEOUT",
@@ -59,16 +60,16 @@ __all__ = [
 
 def open_bucket(locator: BucketLocator, credentials: Credentials | None = None, *,
                 allow_private: bool = True, own: bool = False, now: Now | None = None,
-                **s3_options: object) -> Bucket:
+                lookup: Lookup = system_lookup, **s3_options: object) -> Bucket:
     """A bucket for `locator`: our own with write `credentials`, or a peer's with its read key.
 
     `allow_private=False` (mainnet validators) refuses loopback/private-IP endpoints a hostile
     peer might commit to aim our requests at internal services, and connects to a hostname only at
     the public addresses it resolves to. `own=True` for our own bucket: only then may a local
     bucket's directory be created (a peer's locator never creates anything on our disk). `now`
-    stamps a local bucket's writes (an S3 server stamps its own). `s3_options` go to `S3Bucket`
-    (timeouts, pool size, the resolver that names hosts). Call inside the event loop that will use
-    the bucket.
+    stamps a local bucket's writes (an S3 server stamps its own). `lookup` asks the endpoint's name
+    (the system's resolver; a test's table). `s3_options` go to `S3Bucket` (timeouts, pool size).
+    Call inside the event loop that will use the bucket.
     """
     if locator.kind == "local":
         if not allow_private:
@@ -78,9 +79,9 @@ def open_bucket(locator: BucketLocator, credentials: Credentials | None = None, 
         raise LocatorError(f"refusing private/loopback endpoint {locator.endpoint}")
     creds = credentials or locator.read_credentials
     assert creds is not None  # r2/s3 locators always carry a read key
-    if not allow_private:  # a hostname is judged by the addresses it resolves to, when it is resolved
-        s3_options["resolver"] = PublicAddressesOnly(s3_options.get("resolver"))  # type: ignore[arg-type]
-    return observed(S3Bucket(locator.endpoint_url, locator.bucket, creds, _region(locator),
+    # a hostname is judged by the addresses it resolves to, when it is resolved (`storage.resolve`)
+    resolver = PeerResolver(public_only=not allow_private, lookup=lookup)
+    return observed(S3Bucket(locator.endpoint_url, locator.bucket, creds, _region(locator), resolver=resolver,
                              **s3_options), own)  # type: ignore[arg-type]
 
 

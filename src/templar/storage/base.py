@@ -56,7 +56,7 @@ class BucketUnreachable(StorageError):
 
 class EndpointNotPublic(BucketUnreachable):
     """A peer's endpoint hostname resolved to no globally routable address, on a network whose nodes
-    read peers' buckets at public addresses only (`storage.s3.PublicAddressesOnly`)."""
+    read peers' buckets at public addresses only (`storage.resolve.PeerResolver`)."""
 
 
 class AccessDenied(BucketUnreachable):

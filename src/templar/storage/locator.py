@@ -358,7 +358,7 @@ class BucketLocator:
 
         Only the locator's own text is judged here. A hostname that resolves to a private address is
         refused where it is resolved: `open_bucket(allow_private=False)` connects only to the public
-        addresses a name resolves to (`storage.s3.PublicAddressesOnly`).
+        addresses a name resolves to (`storage.resolve.PeerResolver`).
         """
         if self.kind != "s3":
             return self.kind == "local"

@@ -12,13 +12,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import email.utils
-import socket
-import urllib.request
 from collections.abc import AsyncIterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import aiohttp
 from aiobotocore.awsrequest import AioAWSResponse
@@ -26,7 +23,6 @@ from aiobotocore.config import AioConfig
 from aiobotocore.httpsession import AIOHTTPSession
 from aiobotocore.session import AioSession, get_session
 from aiohttp.abc import AbstractResolver
-from aiohttp.resolver import DefaultResolver
 from botocore.exceptions import BotoCoreError, ClientError, ConnectionClosedError, ReadTimeoutError
 
 from templar.core.log import peer_text
@@ -50,7 +46,8 @@ from templar.storage.base import (
     validate_prefix,
     validate_range,
 )
-from templar.storage.locator import Credentials, is_public_address
+from templar.storage.locator import Credentials
+from templar.storage.resolve import NotPublicAddress, PeerResolver
 
 MULTIPART_THRESHOLD = 64 << 20
 PART_SIZE = 16 << 20
@@ -171,12 +168,8 @@ class _PeerHTTPSession(AIOHTTPSession):
         return capped
 
 
-class NotPublicAddress(OSError):
-    """A peer's endpoint name resolved to no public address (`PublicAddressesOnly`)."""
-
-
 def _not_public(exc: BaseException) -> NotPublicAddress | None:
-    """The `PublicAddressesOnly` refusal under botocore's and aiohttp's wrappers, if that is the cause."""
+    """The `PeerResolver` refusal under botocore's and aiohttp's wrappers, if that is the cause."""
     seen: set[int] = set()
     stack: list[BaseException | None] = [exc]
     while stack:
@@ -190,44 +183,6 @@ def _not_public(exc: BaseException) -> NotPublicAddress | None:
         stack += [cause.__cause__, cause.__context__, getattr(cause, "os_error", None),
                   kwargs.get("error") if isinstance(kwargs, dict) else None]
     return None
-
-
-class PublicAddressesOnly(AbstractResolver):
-    """A name resolver that hands aiohttp only the globally routable addresses a host resolves to.
-
-    A peer chooses its endpoint's hostname, and the locator's checks see only its text: a name whose
-    DNS answer is 127.0.0.1, 10.x or 100.100.100.200 (one cloud's metadata service) aimed a mainnet
-    validator's requests at its own machine or LAN past every one of them. The judgment is made on
-    the addresses aiohttp then connects to, not on a lookup of its own, so a name that answers a
-    public address to a check and a private one to the connection (DNS rebinding) gains nothing.
-    A name with no public address fails to connect (`EndpointNotPublic`, a `BucketUnreachable`). `inner`
-    resolves (aiohttp's default resolver unless given one; built on first use, inside the loop).
-
-    The operator's own HTTP(S) proxy (botocore reads `HTTPS_PROXY` and friends) is the one name
-    resolved as it is: it is this machine's choice, not a peer's, and behind it the proxy resolves.
-    """
-
-    def __init__(self, inner: AbstractResolver | None = None) -> None:
-        self._inner = inner
-        self._proxies = {urlsplit(url).hostname for url in urllib.request.getproxies().values()} - {None}
-
-    async def resolve(self, host: str, port: int = 0,
-                      family: socket.AddressFamily = socket.AF_INET) -> list[dict[str, Any]]:
-        if self._inner is None:
-            self._inner = DefaultResolver()
-        answers = await self._inner.resolve(host, port, family)
-        if host in self._proxies:
-            return answers
-        public = [answer for answer in answers if is_public_address(answer["host"])]
-        if not public:
-            shown = ", ".join(sorted({answer["host"] for answer in answers})[:4])
-            raise NotPublicAddress(f"{peer_text(host, 64)} resolves only to addresses that are not public ({shown}): "
-                          "peers' buckets are read at public addresses only")
-        return public
-
-    async def close(self) -> None:
-        if self._inner is not None:
-            await self._inner.close()
 
 
 def _translate(exc: BaseException, where: str) -> StorageError:
@@ -260,8 +215,8 @@ def _translate(exc: BaseException, where: str) -> StorageError:
 class S3Bucket(Bucket):
     """A bucket on an S3-compatible endpoint (`endpoint_url=None` means AWS S3 itself).
 
-    `resolver` names the endpoint's host: aiohttp's default unless given (a peer's bucket on a public
-    network gets `PublicAddressesOnly`).
+    `resolver` names the endpoint's host: a `PeerResolver` (lookups in threads of their own) unless
+    given one; `open_bucket` gives a peer's bucket on a public network one with `public_only`.
 
     Create inside the event loop that will use it; close with `aclose()` / `async with`.
     """
@@ -288,8 +243,7 @@ class S3Bucket(Bucket):
             read_timeout=read_timeout,
             max_pool_connections=max_pool_connections,
             http_session_cls=_PeerHTTPSession,
-            # A peer's bucket on a public network: `PublicAddressesOnly` (`open_bucket` decides).
-            connector_args={"resolver": resolver} if resolver is not None else None,
+            connector_args={"resolver": resolver or PeerResolver()},
             # Payload integrity is checked a layer up (schema validation, sha256 manifests);
             # "when_required" also keeps R2 and older S3 clones happy.
             request_checksum_calculation="when_required",
