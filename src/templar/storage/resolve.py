@@ -42,6 +42,7 @@ from templar.storage.locator import is_public_address
 Lookup = Callable[[str, int, int], list[tuple[Any, ...]]]
 """`getaddrinfo`'s answer for (host, port, family): what a `PeerResolver` asks."""
 
+_NO_ANSWER = {getattr(socket, name) for name in ("EAI_NONAME", "EAI_ADDRFAMILY", "EAI_NODATA") if hasattr(socket, name)}
 _NUMERIC = socket.AI_NUMERICHOST | socket.AI_NUMERICSERV  # what aiohttp passes on to connect: no second lookup
 
 
@@ -50,8 +51,15 @@ class NotPublicAddress(OSError):
 
 
 def system_lookup(host: str, port: int, family: int) -> list[tuple[Any, ...]]:
-    """The system's resolver (`/etc/hosts`, then DNS), as aiohttp's own resolver asks it."""
-    return socket.getaddrinfo(host, port, family=family, type=socket.SOCK_STREAM, flags=socket.AI_ADDRCONFIG)
+    """The system's resolver (`/etc/hosts`, then DNS), as aiohttp's own resolver asks it: only the
+    address families this machine has an address of, unless that leaves none (a machine whose only
+    interface is loopback, where glibc then answers nothing even for `localhost`)."""
+    try:
+        return socket.getaddrinfo(host, port, family=family, type=socket.SOCK_STREAM, flags=socket.AI_ADDRCONFIG)
+    except socket.gaierror as exc:
+        if exc.errno not in _NO_ANSWER:
+            raise  # a name server that timed out is not asked twice
+        return socket.getaddrinfo(host, port, family=family, type=socket.SOCK_STREAM)
 
 
 async def _in_own_thread(lookup: Lookup, host: str, port: int, family: int) -> list[tuple[Any, ...]]:
