@@ -21,6 +21,7 @@ import pytest
 
 from templar.chain.embedded.store import ChainSpec
 from templar.core.config import DEFAULT_CACHE_GB, REPO_ROOT, load_hparams
+from templar.core.startup import OPEN_FILES_NEEDED, OPEN_FILES_WANTED
 from templar.dashboard import sources, views
 from templar.dashboard.app import WATCH_GRACE
 from templar.dashboard.board import BEHIND_WINDOWS, STALE_WINDOWS
@@ -126,7 +127,9 @@ def computed() -> list[tuple[str, str]]:
         f"torchrun gives\n  its workers {_torchrun_grace()} s before SIGKILL",
         f"`TEMPLAR_DIST_TIMEOUT` (seconds,\n  default {g(DEFAULT_TIMEOUT_S)})",
     ]
-    return [("mining.md", p) for p in mining] + [("operating.md", p) for p in operating]
+    validating = [f"(up to {OPEN_FILES_WANTED:,})", f"leaves fewer than {OPEN_FILES_NEEDED:,}"]  # core.startup
+    return ([("mining.md", p) for p in mining] + [("operating.md", p) for p in operating]
+            + [("validating.md", p) for p in validating])
 
 
 MEASURED = [

@@ -1,10 +1,13 @@
-"""`libraries_loading`: a process's imports with the cyclic garbage collector paused, then frozen."""
+"""A process's start-up: its imports with the cyclic garbage collector paused, then frozen
+(`libraries_loading`), and room for its open files (`raise_open_files_limit`)."""
 
 from __future__ import annotations
 
 import gc
 
-from templar.core.startup import libraries_loading
+import pytest
+
+from templar.core.startup import libraries_loading, raise_open_files_limit
 
 
 def test_the_collector_is_paused_inside_and_what_was_built_is_frozen_after():
@@ -31,3 +34,19 @@ def test_a_collector_that_was_off_stays_off_and_an_error_still_resumes_it():
     except ImportError:
         pass
     assert gc.isenabled()
+
+
+def test_a_node_raises_its_open_files_limit_within_the_hard_one() -> None:
+    """A soft limit of 1,024 (the usual default) left a full subnet's validator little room: every
+    connection fails past it. The node asks for more, never past the hard limit the operator set."""
+    resource = pytest.importorskip("resource", reason="open-file limits are POSIX")
+    before = resource.getrlimit(resource.RLIMIT_NOFILE)
+    soft, hard = before
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(256, soft), hard))
+        raised, kept = raise_open_files_limit(wanted=8_192)
+        ceiling = 8_192 if hard == resource.RLIM_INFINITY else min(8_192, hard)
+        assert kept == hard and raised == ceiling == resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        assert raise_open_files_limit(wanted=512) == (ceiling, hard)  # never lowered
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, before)

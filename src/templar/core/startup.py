@@ -1,4 +1,5 @@
-"""A process's start-up: its libraries loaded with the cyclic garbage collector paused.
+"""A process's start-up: its libraries loaded with the cyclic garbage collector paused, and room for
+the files and sockets a node keeps open (`raise_open_files_limit`).
 
 Importing torch, transformers and bittensor builds about 0.7 million objects that live as long as
 the process. While that heap grows, the collector's full passes walk all of it again and again:
@@ -18,6 +19,13 @@ import gc
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+OPEN_FILES_WANTED = 65_536
+"""The soft limit on open files a node asks for (within the hard limit the operator allows)."""
+OPEN_FILES_NEEDED = 4_096
+"""Below this a node warns: a validator of a full subnet (256 uids) opens a connection to every
+miner's bucket at once when it reads their commitments, and while a name is looked up a socket
+more, beside its own files, its data and the chain's connection: about a thousand at the peak."""
+
 
 @contextmanager
 def libraries_loading() -> Iterator[None]:
@@ -31,3 +39,24 @@ def libraries_loading() -> Iterator[None]:
         gc.freeze()
         if was_enabled:
             gc.enable()
+
+
+def raise_open_files_limit(wanted: int = OPEN_FILES_WANTED) -> tuple[int, int]:
+    """Raise this process's soft limit on open files to `wanted`, or to the hard limit if that is lower,
+    as Go does for every program it starts. The usual soft limit, 1,024, leaves a validator of a full
+    subnet little room (`OPEN_FILES_NEEDED`), and running out fails every open at once: connections to
+    honest peers (scored unreachable), the state save, the log. Returns (soft, hard) afterwards;
+    (-1, -1) where the platform has no such limit."""
+    try:
+        import resource
+    except ImportError:  # not POSIX
+        return -1, -1
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):  # macOS caps the soft limit below an unlimited hard one
+            pass
+    return soft, hard

@@ -28,6 +28,7 @@ from templar.core.clock import SYSTEM_TIME, TimeSource
 from templar.core.config import HParams, HParamsError, load_hparams
 from templar.core.log import setup_logging, short
 from templar.core.model import build_model, parameter_shapes
+from templar.core.startup import OPEN_FILES_NEEDED, raise_open_files_limit
 from templar.data import ManifestError, PagePlan, PageReader
 from templar.data.source import open_reader
 from templar.runtime.compute import Compute, LocalCompute
@@ -274,6 +275,12 @@ async def start_node(args: argparse.Namespace, role: str, *, time: TimeSource = 
         setup_logging(debug=args.logging_debug, json_lines=args.logging_json, logfile=args.logging_file,
                       hotkey=chain.hotkey)
     log = logger.bind(phase="startup")
+    open_files, _ = raise_open_files_limit()
+    if role == "validator" and 0 <= open_files < OPEN_FILES_NEEDED:
+        log.warning(f"this process may open only {open_files} files (the hard limit, `ulimit -Hn`): a validator of a "
+                    "full subnet holds about a thousand at its peak, and past the limit every connection fails. Fix: "
+                    f"raise it to {OPEN_FILES_NEEDED:,} or more (systemd LimitNOFILE=, docker --ulimit nofile=, "
+                    "/etc/security/limits.conf)")
     log.info(f"[SYNC] Checking registration of {role} hotkey {chain.hotkey} on netuid {args.netuid}")
     try:
         await asyncio.to_thread(chain.require_registered)
