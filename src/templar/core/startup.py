@@ -24,7 +24,8 @@ OPEN_FILES_WANTED = 65_536
 OPEN_FILES_NEEDED = 4_096
 """Below this a node warns: a validator of a full subnet (256 uids) opens a connection to every
 miner's bucket at once when it reads their commitments, and while a name is looked up a socket
-more, beside its own files, its data and the chain's connection: about a thousand at the peak."""
+more, beside its own files, its data and the chain's connection: several hundred at the peak (an
+estimate, not a count), with room to spare."""
 
 
 @contextmanager

@@ -278,7 +278,7 @@ async def start_node(args: argparse.Namespace, role: str, *, time: TimeSource = 
     open_files, _ = raise_open_files_limit()
     if role == "validator" and 0 <= open_files < OPEN_FILES_NEEDED:
         log.warning(f"this process may open only {open_files} files (the hard limit, `ulimit -Hn`): a validator of a "
-                    "full subnet holds about a thousand at its peak, and past the limit every connection fails. Fix: "
+                    "full subnet holds several hundred at its peak, and past the limit every connection fails. Fix: "
                     f"raise it to {OPEN_FILES_NEEDED:,} or more (systemd LimitNOFILE=, docker --ulimit nofile=, "
                     "/etc/security/limits.conf)")
     log.info(f"[SYNC] Checking registration of {role} hotkey {chain.hotkey} on netuid {args.netuid}")
