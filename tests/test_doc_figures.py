@@ -127,7 +127,9 @@ def computed() -> list[tuple[str, str]]:
         f"torchrun gives\n  its workers {_torchrun_grace()} s before SIGKILL",
         f"`TEMPLAR_DIST_TIMEOUT` (seconds,\n  default {g(DEFAULT_TIMEOUT_S)})",
     ]
-    validating = [f"(up to {OPEN_FILES_WANTED:,})", f"leaves fewer than {OPEN_FILES_NEEDED:,}"]  # core.startup
+    # the open-files limit a node asks for, and under which a validator warns (core.startup)
+    validating = [f"(up to {OPEN_FILES_WANTED:,})", f"leaves fewer than {OPEN_FILES_NEEDED:,}"]
+    operating += [f"the hard one, up to {OPEN_FILES_WANTED:,}", f"a validator under {OPEN_FILES_NEEDED:,}"]
     return ([("mining.md", p) for p in mining] + [("operating.md", p) for p in operating]
             + [("validating.md", p) for p in validating])
 

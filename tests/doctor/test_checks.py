@@ -408,6 +408,12 @@ def test_gpu_memory_and_disks(subnet, monkeypatch):
     monkeypatch.setattr(machine_checks, "_meminfo", lambda: {"MemAvailable": 1e8, "MemTotal": 2e9})
     assert run(Doctor(flags(subnet, "miner"), "miner"), chain_checks.check_hparams,
                machine_checks.check_host_memory).status == Status.WARNING
+    resource = pytest.importorskip("resource", reason="open-file limits are POSIX")
+    assert run(Doctor(flags(subnet, "lead"), "validator"), machine_checks.check_open_files).status == Status.OK
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (1024, 2048))  # a hard limit a validator outgrows
+    low = run(Doctor(flags(subnet, "lead"), "validator"), machine_checks.check_open_files)
+    assert low.status == Status.WARNING and "2,048 files" in low.summary and "LimitNOFILE" in low.fix
+    assert run(Doctor(flags(subnet, "miner"), "miner"), machine_checks.check_open_files).status == Status.OK
 
 
 def production_doctor(role: str, *memory_flags: str) -> Doctor:
@@ -473,7 +479,8 @@ def test_the_whole_doctor_and_its_exit_code(subnet, capsys):
     assert code == 0 and report["ok"], statuses
     assert set(statuses) == {"hparams", "wallet", "chain", "registration", "weights-settings", "lead-run",
                              "bucket-locator", "bucket-write", "bucket-read", "bucket-read-only",
-                             "bucket-throughput", "manifest", "cache-space", "gpu", "host-memory", "state-disk"}
+                             "bucket-throughput", "manifest", "cache-space", "gpu", "host-memory", "state-disk",
+                             "open-files"}
     assert main([*argv[:4], "stranger", *argv[5:-1]]) == 1
     text = capsys.readouterr().out
     assert "failed   registration" in text and "fix: templar chain register" in text

@@ -42,6 +42,15 @@ def libraries_loading() -> Iterator[None]:
             gc.enable()
 
 
+def open_files_target(soft: int, hard: int, wanted: int = OPEN_FILES_WANTED) -> int:
+    """The soft limit a node sets, from the process's (soft, hard) limits: `wanted`, within the hard
+    limit, and never lower than the soft limit already is. Linux writes "unlimited" as -1
+    (`resource.RLIM_INFINITY`); where it is a huge number instead, the same arithmetic holds."""
+    if soft < 0:
+        return soft  # unlimited already
+    return max(soft, wanted if hard < 0 else min(wanted, hard))
+
+
 def raise_open_files_limit(wanted: int = OPEN_FILES_WANTED) -> tuple[int, int]:
     """Raise this process's soft limit on open files to `wanted`, or to the hard limit if that is lower,
     as Go does for every program it starts. The usual soft limit, 1,024, leaves a validator of a full
@@ -53,8 +62,8 @@ def raise_open_files_limit(wanted: int = OPEN_FILES_WANTED) -> tuple[int, int]:
     except ImportError:  # not POSIX
         return -1, -1
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
-    if soft != resource.RLIM_INFINITY and soft < target:
+    target = open_files_target(soft, hard, wanted)
+    if target != soft:
         try:
             resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
             soft = target

@@ -1,6 +1,7 @@
 """Checks of the machine and the run's data: the corpus manifest against the pinned digest, the
 page cache's disk, the GPU against the memory table of this role (`templar.tools.sizing`: the
-setting that fits and its flags), host memory, and the disk for the node's state."""
+setting that fits and its flags), host memory, the disk for the node's state, and the files the
+node may keep open."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import asyncio
 import shutil
 from pathlib import Path
 
+from templar.core.startup import OPEN_FILES_NEEDED, open_files_target
 from templar.data import ManifestError
 from templar.data.plan import disjoint_assignment_pages
 from templar.data.reader import load_manifest
@@ -236,3 +238,22 @@ def window_time(d: Doctor, name: str, memory) -> str | None:
     return (f"a window's training takes about {total:.0f} s here ({train:.0f} s at {s['mfu_assumed']:.0%} MFU"
             + (f", {transfer + recompute:.0f} s for the memory setting" if transfer + recompute else "")
             + f"), the window leaves {span:.1f} s: payloads would miss their commitment deadline")
+
+
+async def check_open_files(d: Doctor) -> CheckResult:
+    """The open-files limit the node will run with (it raises its soft limit towards the hard one,
+    `core.startup.raise_open_files_limit`) against a full subnet's validator's peak."""
+    try:
+        import resource
+    except ImportError:
+        return skipped("open-files", "this platform has no open-files limit")
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    gets = open_files_target(soft, hard)
+    line = ("the node may keep any number of files open" if gets < 0 else
+            f"the node may keep {gets:,} files open (this shell: {soft if soft >= 0 else 'unlimited'}, "
+            f"hard limit {hard if hard >= 0 else 'unlimited'})")
+    if d.role == "validator" and 0 <= gets < OPEN_FILES_NEEDED:
+        return warning("open-files", line, f"raise the hard limit to {OPEN_FILES_NEEDED:,} or more (systemd "
+                       "LimitNOFILE=, docker --ulimit nofile=, /etc/security/limits.conf): a validator connects "
+                       "to every miner's bucket at once", open_files=gets)
+    return ok("open-files", line, open_files=gets)

@@ -29,6 +29,7 @@ from templar.doctor.machine import (
     check_gpu,
     check_host_memory,
     check_manifest,
+    check_open_files,
     check_state_disk,
 )
 from templar.doctor.result import CheckResult, failed
@@ -38,7 +39,7 @@ Check = Callable[[Doctor], Awaitable[CheckResult]]
 CHECKS: tuple[Check, ...] = (
     check_hparams, check_wallet, check_chain, check_registration, check_weights_settings, check_lead_run,
     check_bucket_locator, check_bucket_write, check_bucket_read, check_bucket_read_only, check_bucket_throughput,
-    check_manifest, check_cache_space, check_gpu, check_host_memory, check_state_disk,
+    check_manifest, check_cache_space, check_gpu, check_host_memory, check_state_disk, check_open_files,
 )
 """Every check a node's start-up and first windows depend on, in the order they would bite."""
 
