@@ -18,6 +18,7 @@ from templar.comms.keys import (
     progress_key,
 )
 from templar.core.config import load_hparams
+from templar.miner import upkeep
 from templar.miner.upkeep import DELETES_PER_STEP, StaleObjects, kept_windows
 from templar.storage import LocalBucket, StorageError
 from templar.validator.lead import delete_history_before
@@ -90,6 +91,25 @@ def test_a_jump_is_swept_again_and_a_failing_bucket_never_stops_the_window(tmp_p
     for window in range(500, 503):
         asyncio.run(upkeep.after_step(refusing, window))
     assert upkeep.clean_before == 502 - kept + 1 and upkeep.pending == []
+
+
+def test_a_stalling_bucket_holds_the_step_no_longer_than_its_time(tmp_path: Path, monkeypatch) -> None:
+    """The next window's upload waits behind the step: deletes that stall (a bucket that accepts the
+    connection and never answers) end at `STEP_SECONDS`, and what they left undone is asked again."""
+    hp = load_hparams("tiny")
+    monkeypatch.setattr(upkeep, "STEP_SECONDS", 0.2)
+
+    class Stalling(LocalBucket):
+        async def delete(self, key: str, **_: object) -> None:
+            await asyncio.sleep(3600)
+
+    bucket = Stalling(tmp_path / "stalling", create=True)
+    stale = StaleObjects(hp)
+    asyncio.run(stale.sweep(bucket, 100))
+    stale.pending = [gradient_key(w) for w in range(10)]
+
+    asyncio.run(asyncio.wait_for(stale.after_step(bucket, 100), 30))  # without its time, an hour
+    assert stale.pending[:10] == [gradient_key(w) for w in range(10)]  # undone, first in line again
 
 
 def test_the_leads_history_goes_but_the_peer_list_still_in_effect(tmp_path: Path) -> None:

@@ -66,8 +66,11 @@ def test_only_a_names_public_addresses_are_kept() -> None:
     """A name answering public and private addresses is connected to at the public ones only; every
     kind of address that is not globally routable counts as private, IPv4 inside IPv6 included."""
     private = ["127.0.0.1", "10.1.2.3", "192.168.0.1", "100.100.100.200", "169.254.169.254", "::1",
-               "fe80::1%eth0", "fd00::1", "::ffff:127.0.0.1", "::ffff:10.0.0.1", "0.0.0.0"]
-    public = ["93.184.215.14", "2606:2800:21f:cb07:6820:80da:af6b:8b2c", "::ffff:93.184.215.14"]
+               "fe80::1%eth0", "fd00::1", "::ffff:127.0.0.1", "::ffff:10.0.0.1", "0.0.0.0", "224.0.1.1",
+               # IPv6 that a gateway turns into a private IPv4 (NAT64, local NAT64, 6to4, IPv4-compatible)
+               "64:ff9b::a00:5", "64:ff9b:1::5", "2002:a00:5::1", "::a9fe:a9fe"]
+    public = ["93.184.215.14", "2606:2800:21f:cb07:6820:80da:af6b:8b2c", "::ffff:93.184.215.14",
+              "64:ff9b::5db8:d70e", "2002:5db8:d70e::1"]
     assert not any(map(is_public_address, private)) and all(map(is_public_address, public))
     names = _Names({"mixed.example": private + public, "lan.example": private})
     guard, open_to_all = PeerResolver(public_only=True, lookup=names), PeerResolver(lookup=names)
@@ -87,16 +90,20 @@ def test_only_a_names_public_addresses_are_kept() -> None:
 def test_the_operators_own_proxy_is_resolved_as_it_is(monkeypatch) -> None:
     """botocore sends through `HTTPS_PROXY` when one is set: aiohttp then resolves the proxy's name,
     often a LAN address, and the proxy resolves the peer's. The proxy is this machine's choice."""
-    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.corp:3128")
-    guard = PeerResolver(public_only=True, lookup=_Names({"proxy.corp": ["10.0.0.8"],
-                                                          "bucket.peer.example": ["10.0.0.9"]}))
+    names = _Names({"proxy.corp": ["10.0.0.8"], "bucket.peer.example": ["10.0.0.9"]})
 
     async def body() -> None:
+        guard = PeerResolver(public_only=True, lookup=names)
         assert [a["host"] for a in await guard.resolve("proxy.corp", 3128)] == ["10.0.0.8"]
         with pytest.raises(OSError, match="not public"):
             await guard.resolve("bucket.peer.example", 443)
+        with pytest.raises(OSError, match="not public"):  # a peer naming the proxy's host, at another port
+            await guard.resolve("proxy.corp", 443)
 
-    asyncio.run(body())
+    for value in ("http://proxy.corp:3128", "proxy.corp:3128"):  # botocore reads a bare host:port as http://
+        monkeypatch.setenv("HTTPS_PROXY", value)
+        monkeypatch.setenv("NO_PROXY", "localhost,127.0.0.1")
+        asyncio.run(body())
 
 
 def test_the_machines_own_resolver_is_asked_by_default() -> None:

@@ -21,6 +21,7 @@ from contextlib import contextmanager
 
 OPEN_FILES_WANTED = 65_536
 """The soft limit on open files a node asks for (within the hard limit the operator allows)."""
+_MACOS_OPEN_MAX = 10_240  # OPEN_MAX: the most macOS's setrlimit takes under an unlimited hard limit
 OPEN_FILES_NEEDED = 4_096
 """Below this a node warns: a validator of a full subnet (256 uids) opens a connection to every
 miner's bucket at once when it reads their commitments, and while a name is looked up a socket
@@ -63,10 +64,13 @@ def raise_open_files_limit(wanted: int = OPEN_FILES_WANTED) -> tuple[int, int]:
         return -1, -1
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     target = open_files_target(soft, hard, wanted)
-    if target != soft:
+    for limit in dict.fromkeys((target, min(target, _MACOS_OPEN_MAX))):
+        if limit <= soft:
+            break
         try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-            soft = target
-        except (ValueError, OSError):  # macOS caps the soft limit below an unlimited hard one
-            pass
+            resource.setrlimit(resource.RLIMIT_NOFILE, (limit, hard))
+            soft = limit
+            break
+        except (ValueError, OSError):  # macOS refuses a soft limit over OPEN_MAX under an unlimited hard one
+            continue
     return soft, hard

@@ -22,6 +22,9 @@ from templar.storage import Bucket, StorageError
 
 DELETES_PER_STEP = 64
 """The most stale objects one window's step deletes (a sweep's backlog waits for the next windows)."""
+STEP_SECONDS = 5.0
+"""The most time one window's step spends deleting (and, after a jump, listing): the next window's
+upload waits behind the step. 64 deletes, 8 at a time, take well under a second on R2 or S3."""
 DELETE_CONCURRENCY = 8
 DELETE_SECONDS = 10.0
 LIST_SECONDS = 30.0
@@ -66,27 +69,39 @@ class StaleObjects:
         self.pending = [key for _, key in sorted(stale)]
 
     async def after_step(self, bucket: Bucket, window: int) -> None:
-        """Called once `window`'s outer step is taken: queue what fell out of the kept range, delete a batch
-        from our `bucket`."""
+        """Called once `window`'s outer step is taken: queue what fell out of the kept range, and delete
+        a batch from our `bucket`, within `STEP_SECONDS` (the next window's upload waits behind the step;
+        what the time leaves undone waits for the next window)."""
         first_kept = window - self.kept + 1
         if first_kept <= 0:
             return
-        if self.clean_before is None or first_kept - self.clean_before > self.kept:
-            await self.sweep(bucket, window)  # a jump (a re-sync): what is there, by a LIST
-        else:
-            self.pending += [key_of(w) for w in range(self.clean_before, first_kept) for key_of, _ in _KINDS]
-            self.clean_before = max(first_kept, self.clean_before)
-        batch, self.pending = self.pending[:DELETES_PER_STEP], self.pending[DELETES_PER_STEP:]
-        limit = asyncio.Semaphore(DELETE_CONCURRENCY)
         log = context(window=window, phase="cleanup")
+        try:
+            async with asyncio.timeout(STEP_SECONDS):
+                if self.clean_before is None or first_kept - self.clean_before > self.kept:
+                    await self.sweep(bucket, window)  # a jump (a re-sync): what is there, by a LIST
+                else:
+                    self.pending += [key_of(w) for w in range(self.clean_before, first_kept) for key_of, _ in _KINDS]
+                    self.clean_before = max(first_kept, self.clean_before)
+                await self._delete_batch(bucket, log)
+        except TimeoutError:
+            log.debug(f"cleanup stopped after {STEP_SECONDS:g}s; {len(self.pending)} stale objects wait for the next "
+                      "windows")
+
+    async def _delete_batch(self, bucket: Bucket, log) -> None:
+        """Delete up to `DELETES_PER_STEP` of the queue; those a cancellation leaves undone go back first."""
+        batch, self.pending = self.pending[:DELETES_PER_STEP], self.pending[DELETES_PER_STEP:]
+        limit, settled = asyncio.Semaphore(DELETE_CONCURRENCY), set()
 
         async def delete(key: str) -> None:
             async with limit:
                 try:
-                    await asyncio.wait_for(bucket.delete(key, timeout=DELETE_SECONDS), DELETE_SECONDS)
-                except (StorageError, TimeoutError) as exc:
+                    await bucket.delete(key, timeout=DELETE_SECONDS)
+                except StorageError as exc:  # best effort: logged, left to a lifecycle rule
                     log.debug(f"could not delete {key}: {exc}")
+                settled.add(key)
 
-        await asyncio.gather(*(delete(key) for key in batch))
-        if self.pending:
-            log.debug(f"{len(self.pending)} stale objects left to delete in the next windows")
+        try:
+            await asyncio.gather(*(delete(key) for key in batch))
+        finally:
+            self.pending[:0] = [key for key in batch if key not in settled]

@@ -55,6 +55,7 @@ from templar.storage.locator import (
     allows_private_endpoints,
     refuse_write_key,
 )
+from templar.storage.resolve import operator_proxies
 from templar.wire import Run
 
 WRITABLE_PROBE_KEY = "writable-check"
@@ -323,6 +324,11 @@ async def start_node(args: argparse.Namespace, role: str, *, time: TimeSource = 
     clock = Clock(hp.windows, chain.block, chain.block_timestamp, time)
     log.info(f"{role} uid {uid} ready: model {hp.name} on {device} (memory: {memory.name}), {pages.num_pages} pages, "
              f"state in {state_dir}")
+    if not allows_private_endpoints(args.subtensor_network) and (proxies := operator_proxies()):
+        shown = ", ".join(sorted(f"{host}:{port}" for host, port in proxies))
+        log.warning(f"peers' buckets are read through the proxy ({shown}, HTTPS_PROXY): it resolves their names, so "
+                    "refusing the private addresses a peer's name may point at is the proxy's to do. Fix: a proxy "
+                    "that refuses them, or none")
     # a peer's local bucket answers by the same clock as ours (an S3 server by its own)
     return Node(hp=hp, chain=chain, clock=clock, uid=uid, model=model, pages=pages, plan=plan, bucket=bucket,
                 state_dir=state_dir, device=device, compute=LocalCompute(model, hp, memory), state_lock=lock,

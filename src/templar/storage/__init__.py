@@ -65,7 +65,8 @@ def open_bucket(locator: BucketLocator, credentials: Credentials | None = None, 
 
     `allow_private=False` (mainnet validators) refuses loopback/private-IP endpoints a hostile
     peer might commit to aim our requests at internal services, and connects to a hostname only at
-    the public addresses it resolves to. `own=True` for our own bucket: only then may a local
+    the public addresses it resolves to (behind an HTTP(S) proxy, the proxy resolves it: see
+    `storage.resolve`). `own=True` for our own bucket: only then may a local
     bucket's directory be created (a peer's locator never creates anything on our disk). `now`
     stamps a local bucket's writes (an S3 server stamps its own). `lookup` asks the endpoint's name
     (the system's resolver; a test's table). `s3_options` go to `S3Bucket` (timeouts, pool size).

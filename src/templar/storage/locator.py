@@ -397,15 +397,25 @@ def redact_locator(value: str | None) -> str:
     return value[:16] + ("…" if len(value) > 16 else "")
 
 
+_NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
+
+
 def is_public_address(address: str) -> bool:
     """Whether a literal IP address is globally routable: the one test of "public" for a locator's
-    literal IP and for every address a peer's hostname resolves to. Loopback, private, link-local and
-    shared address space (100.64.0.0/10, where one cloud's metadata service answers) are not; an
-    IPv4-mapped IPv6 address is judged as the IPv4 address it carries."""
-    ip = ipaddress.ip_address(address.split("%", 1)[0])
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    return ip.is_global
+    literal IP and for every address a peer's hostname resolves to. Loopback, private, link-local,
+    multicast, reserved and shared address space (100.64.0.0/10, where one cloud's metadata service
+    answers) are not. An IPv6 address that carries an IPv4 one to a gateway (IPv4-mapped, NAT64's
+    well-known prefix, 6to4) is judged as the IPv4 address it reaches: `64:ff9b::a00:5` is 10.0.0.5
+    to a NAT64 gateway, and the DNS64 of an IPv6-only host answers it for a private A record."""
+    ip: ipaddress.IPv4Address | ipaddress.IPv6Address = ipaddress.ip_address(address.split("%", 1)[0])
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            ip = ip.ipv4_mapped
+        elif ip in _NAT64:
+            ip = ipaddress.IPv4Address(int(ip) & 0xFFFF_FFFF)
+        elif ip.sixtofour is not None:
+            ip = ip.sixtofour
+    return ip.is_global and not (ip.is_reserved or ip.is_multicast or ip.is_link_local)
 
 
 def is_loopback(host: str) -> bool:

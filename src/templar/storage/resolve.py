@@ -18,9 +18,11 @@ things follow, and `PeerResolver` answers both.
   mainnet validator's requests at its own machine or LAN. With `public_only`, only the globally
   routable addresses a name resolves to are handed to aiohttp, which connects to exactly those: a
   name that answers a public address to one lookup and a private one to the next gains nothing.
-  A name with none fails to connect (`NotPublicAddress`, reported as `EndpointNotPublic`). The
-  operator's own HTTP(S) proxy (botocore reads `HTTPS_PROXY` and friends) is the one name taken as
-  it resolves: it is this machine's choice, not a peer's, and behind it the proxy resolves.
+  A name with none fails to connect (`NotPublicAddress`, reported as `EndpointNotPublic`).
+- **A proxy.** The operator's own HTTP(S) proxy (botocore reads `HTTPS_PROXY` and friends,
+  `operator_proxies`) is the one name taken as it resolves: it is this machine's choice, not a
+  peer's. Behind it the proxy resolves peers' names and connects to them, so the public-address
+  guard is the proxy's to keep; a validator on a public network says so when it starts.
 """
 
 from __future__ import annotations
@@ -88,6 +90,23 @@ async def _in_own_thread(lookup: Lookup, host: str, port: int, family: int) -> l
     return await answer
 
 
+def operator_proxies() -> set[tuple[str, int]]:
+    """The (host, port) of each HTTP(S) proxy this process is configured with (`HTTPS_PROXY` and the
+    rest, `NO_PROXY` aside), read as botocore reads them: a value without a scheme is `http://`."""
+    found = set()
+    for scheme, url in urllib.request.getproxies().items():
+        if scheme == "no" or not url:
+            continue
+        parts = urlsplit(url if "://" in url else f"http://{url}")
+        try:
+            port = parts.port or (443 if parts.scheme == "https" else 80)
+        except ValueError:  # a port that is not a number: botocore cannot use it either
+            continue
+        if parts.hostname:
+            found.add((parts.hostname, port))
+    return found
+
+
 class PeerResolver(AbstractResolver):
     """aiohttp's resolver for buckets' endpoints (see the module): lookups in their own threads,
     and with `public_only` only the public addresses a name resolves to. `lookup` asks the names
@@ -96,7 +115,7 @@ class PeerResolver(AbstractResolver):
     def __init__(self, *, public_only: bool = False, lookup: Lookup = system_lookup) -> None:
         self.public_only = public_only
         self._lookup = lookup
-        self._proxies = {urlsplit(url).hostname for url in urllib.request.getproxies().values()} - {None}
+        self._proxies = operator_proxies()
 
     async def resolve(self, host: str, port: int = 0,
                       family: socket.AddressFamily = socket.AF_INET) -> list[dict[str, Any]]:
@@ -110,7 +129,7 @@ class PeerResolver(AbstractResolver):
                 address_text = address[0]
             answers.append({"hostname": host, "host": address_text, "port": address[1], "family": found,
                             "proto": proto, "flags": _NUMERIC})
-        if not self.public_only or host in self._proxies:
+        if not self.public_only or (host, port) in self._proxies:
             return answers
         public = [answer for answer in answers if is_public_address(answer["host"])]
         if not public:
