@@ -182,8 +182,11 @@ def test_the_lead_killed_at_every_phase_hands_over_within_its_window_and_forks_n
     twice, every window had its outer step (a kill costs at most one without: here none), each window's
     inputs are those of the lowest slot stored within its slot, and every node says in one `[LEAD]` line
     who leads instead, and why."""
+    from templar.chain import verify_signature
     from templar.comms.keys import aggregate_key, checkpoint_prefix, inputs_key
     from templar.runtime.consensus.follow import inputs_of
+    from templar.runtime.sync import read_published
+    from templar.wire import read_inputs
 
     # 9.6-second windows: with two slots dead, the third's step (by slot_deadline(2), 6.75 s after a window)
     # still lands before the next commitment (8.35 s), as production's (75.25 s, against 78 s) does; an eager
@@ -252,9 +255,17 @@ def test_the_lead_killed_at_every_phase_hands_over_within_its_window_and_forks_n
         await swarm.kill("v1")
         expect.update({b: (base, "lead"), b + 1: (base, "v2"), b + 2: (v2_keeps, "v2"), b + 3: (v2_keeps, "lead")})
         await until(clock, clock.times(b + 2).gather_start + 1.0)
-        await swarm.start("lead")
+        lead = await swarm.start("lead")
         await swarm.start("v1")
         await until(clock, clock.times(b + 3).gather_start - 0.2)  # v2 led b + 2 and keeps its slot: gone
+        # back, the lead published the aggregate of b it never sent, while the miners still held b's payloads:
+        # a node replaying b later (from an older checkpoint) reads it, signed by the lead, as any other
+        published = subnet.root / "buckets" / "lead" / aggregate_key(b)
+        assert published.exists(), "the lead never published the aggregate of the window it was killed in"
+        inputs = read_inputs((subnet.root / "buckets" / "lead" / inputs_key(b)).read_bytes(), run=lead.node.run,
+                             verify=verify_signature, expected_hotkey=lead.node.hotkey, expected_window=b)
+        replayed = read_published(lead.node, published.read_bytes(), lead.node.hotkey, b)
+        assert replayed.global_step == inputs.global_step and replayed.update, "not the step its inputs made"
         await swarm.kill("v2")
 
         # 3. two validators left: the lead, leading the boundary, killed during its checkpoint upload (its

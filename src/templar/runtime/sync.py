@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -40,13 +41,14 @@ from templar.core.log import context
 from templar.core.schedule import learning_rate
 from templar.runtime.consensus.fingerprint import model_in_sync, off_positions
 from templar.runtime.consensus.follow import FollowError, apply_inputs
-from templar.runtime.consensus.outer import peer_weight, update_step
+from templar.runtime.consensus.outer import OuterStep, peer_weight, update_step
 from templar.runtime.consensus.succession import POLL_SECONDS, Decision, decide_window
 from templar.runtime.consensus.windows import apply_span
 from templar.runtime.node import Lead, Node
 from templar.runtime.state import STATE_FILE, NodeState
 from templar.storage import StorageError
 from templar.wire import (
+    Gradient,
     PayloadError,
     max_aggregate_bytes,
     max_bundle_bytes,
@@ -326,7 +328,13 @@ async def _window_update(node: Node, window: int, cap: int) -> tuple[Decision, P
         return decision, None, f"{name} is malformed ({exc.reason})"
 
 
-async def catch_up(node: Node, state: NodeState, until: int, *, verify: bool = True) -> NodeState:
+Republish = Callable[[int, OuterStep | None, list[Gradient], int], Awaitable[None]]
+"""A validator's hook for a window it led whose aggregate it never published: (window, the step its
+inputs made, the payloads it aggregated, global_step after it)."""
+
+
+async def catch_up(node: Node, state: NodeState, until: int, *, verify: bool = True,
+                   republish: Republish | None = None) -> NodeState:
     """Phase 3: apply each window's published update for windows (state.window, until], read from
     the validator that led it.
 
@@ -338,6 +346,11 @@ async def catch_up(node: Node, state: NodeState, until: int, *, verify: bool = T
     the live step did. Failing all that, catch-up stops *before* that window, never assuming it was
     empty (that would fork this node from the run for good), names the object in its `[SYNC]` line
     and returns: the caller retries, and past `max_allowed_stale` re-syncs from a newer checkpoint.
+
+    A validator passes `republish`: a window it led itself and left without its aggregate (it stopped
+    between the two) is stepped from its inputs' payloads, as above, and handed to `republish` while
+    those payloads are still in the miners' buckets. Without it, every node replaying that window
+    later would need them long after the miners deleted them.
 
     With `verify`, the replayed model is then compared with the fingerprint published by the lead
     of the window it ends at: a fork never heals by itself (the same later updates keep two models
@@ -367,11 +380,16 @@ async def catch_up(node: Node, state: NodeState, until: int, *, verify: bool = T
             late = node.clock.now() > publish_by or node.stop.is_set()
             if not resolved and decision.settled and tries < 1 + late:
                 tries = 2 if late else 1
+                ours = republish is not None and decision.lead is not None and decision.lead.hotkey == node.hotkey
                 try:  # the lead's inputs without its aggregate (not out yet, or its lead stopped before it):
                     # the payloads they name, as the live step took them
-                    await apply_inputs(node, window, decision.inputs, state, {}, deadline=node.clock.now() + span)
+                    step, payloads = await apply_inputs(node, window, decision.inputs, state, {}, keep_signs=ours,
+                                                        deadline=node.clock.now() + span)
                     resolved, agg = True, None
                     applied += 1
+                    if ours:
+                        assert republish is not None
+                        await republish(window, step, payloads, state.global_step)
                 except FollowError as exc:
                     problem = f"{problem}, and the payloads its inputs name cannot be had ({exc})"
             if resolved or late:

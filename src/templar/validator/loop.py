@@ -49,7 +49,7 @@ from templar.gauntlet import (
 )
 from templar.runtime.compute import PeerScorer
 from templar.runtime.consensus.follow import FollowError, inputs_of, window_inputs
-from templar.runtime.consensus.outer import aggregation_weights, gather_gradients
+from templar.runtime.consensus.outer import OuterStep, aggregation_weights, gather_gradients
 from templar.runtime.consensus.peers import aggregate_payloads, peers_in_effect
 from templar.runtime.consensus.succession import decide_window, window_order
 from templar.runtime.consensus.windows import WindowTimes
@@ -152,7 +152,7 @@ class Validator:
             window = self.state.window + 1
             behind = node.clock.current_window() - window
             if behind > self.hp.windows.max_allowed_stale:
-                self.state = await catch_up(node, self.state, node.clock.current_window() - 1)
+                self.state = await catch_up(node, self.state, node.clock.current_window() - 1, republish=self.republish)
                 self.sync.record(self.state.window, self.state.global_step)
                 continue
             await self.run_window(window, evaluate=behind <= 1)
@@ -212,8 +212,18 @@ class Validator:
         target = current - 1
         if node.clock.now() < node.clock.times(target).gather_start:
             target -= 1
-        self.state = await catch_up(node, self.state, target)
+        self.state = await catch_up(node, self.state, target, republish=self.republish)
         return target
+
+    async def republish(self, window: int, step: OuterStep | None, applied: list[Gradient], global_step: int) -> None:
+        """A window we led and left without its aggregate (stopped between our inputs and it), stepped
+        again in catch-up from the payloads our inputs name: publish what the live step would have, while
+        the miners still hold those payloads (`catch_up`'s `republish`). Create-only, as every record."""
+        context(window=window, phase="lead").warning(
+            f"[LEAD] publishing our aggregate of window {window}: we stopped before it went out, and every node "
+            "replaying the window later needs it")
+        await self.publisher.publish(window, step, None, global_step, applied=applied,
+                                     deadline=self.node.clock.now() + PUBLISH_MIN_SECONDS)
 
     async def _new_run(self) -> bool:
         """Whether the run has not started: no candidate published a start window (every bucket says

@@ -106,5 +106,5 @@ class FollowerRole(Role):
                     context(window=window, phase="sync").warning(f"[SYNC] Re-sync not possible now ({exc}); retrying")
                     await node.clock.sleep_until(node.clock.now() + RETRY_SECONDS, node.stop)
                 continue
-            v.state = await catch_up(node, v.state, window)
+            v.state = await catch_up(node, v.state, window, republish=v.republish)
         return None, []
