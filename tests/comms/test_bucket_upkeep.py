@@ -5,6 +5,7 @@ lead's history past what any node replays, peer lists included but the one that 
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from pathlib import Path
 
 from templar.comms.keys import (
@@ -90,7 +91,66 @@ def test_a_jump_is_swept_again_and_a_failing_bucket_never_stops_the_window(tmp_p
     asyncio.run(upkeep.sweep(refusing, 500))  # logged, not raised
     for window in range(500, 503):
         asyncio.run(upkeep.after_step(refusing, window))
-    assert upkeep.clean_before == 502 - kept + 1 and upkeep.pending == []
+    assert upkeep.clean_before == 502 - kept + 1
+
+
+def test_a_bucket_down_for_a_while_loses_nothing_and_one_down_for_good_costs_little(tmp_path: Path) -> None:
+    """A failed LIST is asked again, and a failed DELETE tried again, after 1, 2, 4, ... windows: what a
+    miner left before a stop, and the windows that fell out meanwhile, all go once the bucket answers.
+    A bucket that never does is asked a LIST a handful of times and each DELETE `DELETE_ATTEMPTS` times."""
+    hp = load_hparams("tiny")
+    kept = kept_windows(hp)
+
+    class Down(LocalBucket):
+        down, lists = True, 0
+        deletes: Counter
+
+        async def list(self, prefix: str = "", **kwargs: object) -> list:
+            self.lists += 1
+            if self.down:
+                raise StorageError("503 Slow Down")
+            return await super().list(prefix, **kwargs)
+
+        async def delete(self, key: str, **kwargs: object) -> None:
+            self.deletes = getattr(self, "deletes", Counter())
+            self.deletes[key] += 1
+            if self.down:
+                raise StorageError("503 Slow Down")
+            await super().delete(key, **kwargs)
+
+    bucket = Down(tmp_path / "flaky", create=True)
+    objects = LocalBucket(tmp_path / "flaky")  # what the bucket holds, read past its outage
+    left = [key_of(w) for w in range(0, 40) for key_of in (gradient_key, commit_key)]  # before a stop
+    _fill(bucket, left)
+    stale = StaleObjects(hp)
+    asyncio.run(stale.sweep(bucket, 100))  # the start's LIST fails
+
+    async def run(first: int, last: int, fill: bool) -> None:
+        for window in range(first, last + 1):
+            if fill:
+                for key_of in (gradient_key, commit_key):
+                    await bucket.put(key_of(window), b"x")
+            await stale.after_step(bucket, window)
+
+    asyncio.run(run(100, 110, fill=True))
+    assert set(left) <= _keys(objects)  # nothing went while the bucket was down
+    bucket.down = False
+    asyncio.run(run(111, 130, fill=True))  # a retried LIST finds the stop's backlog; failed deletes go again
+    assert _keys(objects) == {key_of(w) for w in range(130 - kept + 1, 131) for key_of in (gradient_key, commit_key)}
+    assert not stale.pending and not stale.failures and not stale.retry_at
+
+    gone = Down(tmp_path / "gone", create=True)
+    stale = StaleObjects(hp)
+    asyncio.run(stale.sweep(gone, 1000))
+    for window in range(1000, 1301):
+        asyncio.run(stale.after_step(gone, window))
+    # listed at 1000, 1001, 1003, 1007, ..., 1127, then every 64 windows: 2 LISTs each
+    assert gone.lists == 2 * (8 + len(range(1127 + 64, 1301, 64)))
+    first_out = [key_of(1000 - kept + 1) for key_of in (gradient_key, commit_key)]
+    assert all(gone.deletes[key] == upkeep.DELETE_ATTEMPTS for key in first_out)  # then left to a lifecycle rule
+    assert max(gone.deletes.values()) == upkeep.DELETE_ATTEMPTS
+    patience = 2 ** upkeep.DELETE_ATTEMPTS - 1  # windows from a key's first try to its last
+    assert len(stale.failures) <= 2 * patience and not stale.pending  # nothing piles up
 
 
 def test_a_stalling_bucket_holds_the_step_no_longer_than_its_time(tmp_path: Path, monkeypatch) -> None:
@@ -126,3 +186,54 @@ def test_the_leads_history_goes_but_the_peer_list_still_in_effect(tmp_path: Path
     assert {k for k in keys if k.startswith("v2/peers/")} == {peers_key(21), peers_key(40), peers_key(46),
                                                               peers_index_key()}
     assert checkpoint_manifest_key(10) in keys  # checkpoints have their own cleanup
+
+
+class _Counting(LocalBucket):
+    lists = 0
+
+    async def list(self, prefix: str = "", **kwargs: object) -> list:
+        self.lists += 1
+        return await super().list(prefix, **kwargs)
+
+
+def test_a_former_lead_clears_its_history_once_it_follows_and_then_lists_no_more(tmp_path: Path) -> None:
+    """A validator that led windows and follows now (or was restarted) clears its own history as the lead
+    does, at the checkpoints' windows it follows, until the last window it led is out of the kept range;
+    after that its cleanup lists nothing until it leads again."""
+    from types import SimpleNamespace
+
+    from templar.runtime.consensus.windows import retained_windows
+    from templar.validator.lead import CheckpointPublisher
+    from templar.validator.roles import FollowerRole
+
+    hp = load_hparams("tiny")
+    kept, every = retained_windows(hp), hp.windows.checkpoint_frequency
+    bucket = _Counting(tmp_path / "former-lead", create=True)
+    per_window = (aggregate_key, inputs_key, progress_key)
+    _fill(bucket, [key_of(w) for w in range(0, 50) for key_of in per_window] + [peers_key(w) for w in (0, 20, 40)]
+          + [peers_index_key()])
+    checkpoints = CheckpointPublisher(SimpleNamespace(hp=hp, bucket=bucket))
+    follower = FollowerRole(SimpleNamespace(hp=hp, checkpoints=checkpoints))
+
+    async def follow(window: int) -> None:
+        await follower.checkpoint(SimpleNamespace(window=window))
+        await checkpoints.wait()
+
+    async def scenario() -> None:
+        await follow(every + 1)  # not a checkpoint's window: nothing
+        assert bucket.lists == 0
+        await follow(every * (1 + 49 // every))  # restarted: what it led before is unknown, so it looks
+        assert bucket.lists == 4 and not checkpoints.history_clean  # and finds windows still in the kept range
+        assert checkpoints.last_led == 49
+        first_clear = every * (1 + (49 + kept) // every)
+        await follow(first_clear)
+        assert checkpoints.history_clean and bucket.lists == 8
+        await follow(first_clear + every)
+        assert bucket.lists == 8  # nothing of ours left: no LIST
+        checkpoints.led(first_clear + every + 1)  # it leads again, then follows
+        await follow(first_clear + 2 * every)
+        assert bucket.lists == 12
+
+    asyncio.run(scenario())
+    assert {k for k in _keys(bucket) if not k.startswith("v2/peers/")} == set()
+    assert {k for k in _keys(bucket) if k.startswith("v2/peers/")} == {peers_key(40), peers_index_key()}

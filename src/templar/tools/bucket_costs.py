@@ -27,7 +27,8 @@ lead validator, in addition
                  (multipart PUT of the model, manifest, latest.json), its cleanup (GET latest.json, five
                  LISTs, DELETEs of old files)
 
-No request is a LIST in the steady state: the five LISTs are the lead's cleanup after each checkpoint.
+No request is a LIST in the steady state: the five LISTs are the lead's cleanup after each checkpoint
+(a validator's four after a start, and a former lead's until its history is gone, are start-up's).
 `tests/integration/test_bucket_operations.py` counts a localnet window's real requests against this.
 
 Prices are the providers' published list prices (Cloudflare R2 Standard; AWS S3 Standard in

@@ -9,6 +9,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 from pathlib import Path
+from typing import NamedTuple
 
 from safetensors import SafetensorError
 
@@ -166,11 +167,45 @@ class CheckpointPublisher:
     """θ after a window's aggregate, snapshotted to disk between windows (never mid-update) and
     uploaded in the background, so a large model or a slow bucket never delays a window. One
     upload at a time, bounded by `checkpoint_frequency` windows; a checkpoint falling due while
-    the previous one is still uploading is skipped with a log line (the next one will do)."""
+    the previous one is still uploading is skipped with a log line (the next one will do).
+
+    Each upload is followed by the cleanup of the history no node replays any more. A validator that
+    follows a checkpoint's window instead runs that cleanup alone (`clean_history`) while its own
+    bucket may still hold history: once after it starts (a restart does not know what it published
+    before) and after it led a window, until its last such window is out of the kept range."""
 
     def __init__(self, node: Node) -> None:
         self.node = node
         self.task: asyncio.Task | None = None
+        self.cleaning: asyncio.Task | None = None  # a follower's history cleanup
+        self.last_led: int | None = None  # the newest window whose records we published, since we started
+        self.history_clean = False  # our bucket holds none of them before the kept range (a sweep found so)
+
+    def led(self, window: int) -> None:
+        """We published `window`'s records: our bucket holds history the kept range will leave behind."""
+        self.last_led = window if self.last_led is None else max(self.last_led, window)
+        self.history_clean = False
+
+    def clean_history(self, window: int) -> None:
+        """At a checkpoint's window another validator led: delete our own history older than the kept
+        range in the background, as the lead does after its upload, while some may be left."""
+        busy = [task for task in (self.task, self.cleaning) if task is not None and not task.done()]
+        if self.history_clean or busy:
+            return
+        self.cleaning = asyncio.create_task(self._clean(window), name=f"history-{window}")
+
+    async def _clean(self, window: int) -> None:
+        hp = self.node.hp
+        oldest_needed = window - retained_windows(hp)
+        try:
+            async with asyncio.timeout(hp.windows.checkpoint_frequency * hp.windows.window_seconds):
+                done = await delete_history_before(self.node.bucket, oldest_needed)
+        except TimeoutError:
+            return
+        if done.newest is not None:  # records of windows we led before a restart count as ours too
+            self.last_led = done.newest if self.last_led is None else max(self.last_led, done.newest)
+        if done.complete and (self.last_led is None or self.last_led < oldest_needed):
+            self.history_clean = True  # every record we published is of a window before the kept range
 
     async def publish(self, window: int, global_step: int) -> None:
         log = context(window=window, phase="checkpoint")
@@ -209,27 +244,41 @@ class CheckpointPublisher:
         await delete_history_before(node.bucket, window - retained_windows(node.hp))
 
     async def wait(self) -> None:
-        """Let an upload under way finish (or time out): called when the validator stops."""
-        if self.task is not None:
-            await asyncio.gather(self.task, return_exceptions=True)
+        """Let an upload or a cleanup under way finish (or time out): called when the validator stops."""
+        await asyncio.gather(*(task for task in (self.task, self.cleaning) if task is not None), return_exceptions=True)
 
 
-async def delete_history_before(bucket: Bucket, oldest_needed: int) -> None:
+class HistoryCleanup(NamedTuple):
+    """What `delete_history_before` did: whether every LIST and DELETE succeeded, and the newest
+    window whose aggregate, inputs or progress record our bucket holds (kept or deleted; None: none)."""
+
+    complete: bool
+    newest: int | None
+
+
+async def delete_history_before(bucket: Bucket, oldest_needed: int) -> HistoryCleanup:
     """Aggregates (and the inputs and progress records beside them) older than the history every
     candidate keeps (`retained_windows`: the oldest kept checkpoint's) can no longer be replayed by
     anyone: every node replays from a kept checkpoint on, and no reader takes a missing record of
     such a window for absent. Peer lists go too, but the newest of those older ones: it may still be
     the list in effect at `oldest_needed` and after (`comms.exchange.get_peers` reads the newest list
-    at or before a window), so every window a node may ask about keeps the answer it had."""
+    at or before a window), so every window a node may ask about keeps the answer it had. A failed
+    LIST or DELETE is logged and left for the next time."""
+    complete, newest = True, None
     for key_of, suffix in ((aggregate_key, ".safetensors"), (inputs_key, ".safetensors"), (progress_key, ".json"),
                            (peers_key, ".json")):
         prefix = folder_of(key_of)
         try:
-            old = sorted((window, obj.key) for obj in await bucket.list(prefix)
-                         if (window := window_of(obj.key, prefix, suffix)) is not None and window < oldest_needed)
+            windows = sorted((window, obj.key) for obj in await bucket.list(prefix)
+                             if (window := window_of(obj.key, prefix, suffix)) is not None)
+            if windows and key_of is not peers_key:
+                newest = max(windows[-1][0], newest if newest is not None else windows[-1][0])
+            old = [(window, key) for window, key in windows if window < oldest_needed]
             if key_of is peers_key:
                 old = old[:-1]  # kept: it may be the list in effect at oldest_needed
             for _, key in old:
                 await bucket.delete(key)
         except StorageError as exc:
             context(phase="cleanup").debug(f"cleanup of {prefix} incomplete: {exc}")
+            complete = False
+    return HistoryCleanup(complete, newest)

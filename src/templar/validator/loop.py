@@ -222,6 +222,7 @@ class Validator:
         context(window=window, phase="lead").warning(
             f"[LEAD] publishing our aggregate of window {window}: we stopped before it went out, and every node "
             "replaying the window later needs it")
+        self.checkpoints.led(window)
         await self.publisher.publish(window, step, None, global_step, applied=applied,
                                      deadline=self.node.clock.now() + PUBLISH_MIN_SECONDS)
 
@@ -368,6 +369,7 @@ class Validator:
         if clock.now() >= times.slot_deadline(slot):
             return
         eligible, _ = aggregation_weights(aggregate_payloads(work.peer_list, work.results), self.hp)
+        self.checkpoints.led(window)  # our bucket holds this window's records, to be cleaned in time
         await self.publisher.publish_inputs(inputs_of(window, self.state.global_step, eligible),
                                             deadline=times.slot_deadline(slot))
 

@@ -79,7 +79,13 @@ class LeadRole(Role):
 
 class FollowerRole(Role):
     """A window another validator led (or nobody did): take its step, publish nothing (only its
-    weights, like every validator)."""
+    weights, like every validator), and at a checkpoint's window clear what our own bucket may still
+    hold of windows we led before (`CheckpointPublisher.clean_history`)."""
+
+    async def checkpoint(self, work: ValidatorWindow) -> None:
+        v = self.v
+        if work.window % v.hp.windows.checkpoint_frequency == 0:
+            v.checkpoints.clean_history(work.window)
 
     async def step(self, work: ValidatorWindow) -> tuple[OuterStep | None, list[Gradient]]:
         """The window's inputs, applied. When they cannot be had in time the validator does not
