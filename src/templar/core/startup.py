@@ -25,8 +25,8 @@ _MACOS_OPEN_MAX = 10_240  # OPEN_MAX: the most macOS's setrlimit takes under an 
 OPEN_FILES_NEEDED = 4_096
 """Below this a node warns: a validator of a full subnet (256 uids) opens a connection to every
 miner's bucket at once when it reads their commitments, and while a name is looked up a socket
-more, beside its own files, its data and the chain's connection: several hundred at the peak (an
-estimate, not a count), with room to spare."""
+more, beside its own files, its data and the chain's connection: 265 files at the peak for 256 peers
+(counted: `benchmarks.performance.open_files`, one socket per peer), with room to spare."""
 
 
 @contextmanager
