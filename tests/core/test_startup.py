@@ -7,7 +7,12 @@ import gc
 
 import pytest
 
-from templar.core.startup import libraries_loading, raise_open_files_limit
+from templar.core.startup import (
+    OPEN_FILES_WANTED,
+    libraries_loading,
+    open_files_target,
+    raise_open_files_limit,
+)
 
 
 def test_the_collector_is_paused_inside_and_what_was_built_is_frozen_after():
@@ -50,3 +55,15 @@ def test_a_node_raises_its_open_files_limit_within_the_hard_one() -> None:
         assert raise_open_files_limit(wanted=512) == (ceiling, hard)  # never lowered
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, before)
+
+
+def test_what_a_node_gets_is_what_the_doctor_reports_on_linux_and_macos() -> None:
+    """The doctor reports `open_files_target`; macOS's setrlimit takes no more than OPEN_MAX (10,240)
+    under an unlimited hard limit, so that, not the 65,536 a node asks for, is what it gets there."""
+    linux_unlimited, macos_unlimited = -1, 2**63 - 1
+    assert open_files_target(1_024, linux_unlimited, platform="linux") == OPEN_FILES_WANTED
+    assert open_files_target(1_024, 4_096, platform="linux") == 4_096
+    assert open_files_target(256, macos_unlimited, platform="darwin") == 10_240
+    assert open_files_target(256, 8_192, platform="darwin") == 8_192  # a finite hard limit is taken as it is
+    assert open_files_target(12_000, macos_unlimited, platform="darwin") == 12_000  # never lowered
+    assert open_files_target(-1, -1, platform="darwin") == -1

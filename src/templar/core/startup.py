@@ -16,12 +16,14 @@ memory in a miner) stays for the process's life; collecting it first would cost 
 from __future__ import annotations
 
 import gc
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 OPEN_FILES_WANTED = 65_536
 """The soft limit on open files a node asks for (within the hard limit the operator allows)."""
 _MACOS_OPEN_MAX = 10_240  # OPEN_MAX: the most macOS's setrlimit takes under an unlimited hard limit
+_MACOS_UNLIMITED = 2**63 - 1  # macOS's RLIM_INFINITY
 OPEN_FILES_NEEDED = 4_096
 """Below this a node warns: a validator of a full subnet (256 uids) opens a connection to every
 miner's bucket at once when it reads their commitments, and while a name is looked up a socket
@@ -43,13 +45,18 @@ def libraries_loading() -> Iterator[None]:
             gc.enable()
 
 
-def open_files_target(soft: int, hard: int, wanted: int = OPEN_FILES_WANTED) -> int:
+def open_files_target(soft: int, hard: int, wanted: int = OPEN_FILES_WANTED, platform: str = sys.platform) -> int:
     """The soft limit a node sets, from the process's (soft, hard) limits: `wanted`, within the hard
     limit, and never lower than the soft limit already is. Linux writes "unlimited" as -1
-    (`resource.RLIM_INFINITY`); where it is a huge number instead, the same arithmetic holds."""
+    (`resource.RLIM_INFINITY`); where it is a huge number instead, the same arithmetic holds. macOS
+    takes no soft limit over OPEN_MAX (10,240) under an unlimited hard one, so that is what a node gets
+    there (and what `templar doctor` reports)."""
     if soft < 0:
         return soft  # unlimited already
-    return max(soft, wanted if hard < 0 else min(wanted, hard))
+    target = max(soft, wanted if hard < 0 else min(wanted, hard))
+    if platform == "darwin" and (hard < 0 or hard >= _MACOS_UNLIMITED):
+        target = max(soft, min(target, _MACOS_OPEN_MAX))
+    return target
 
 
 def raise_open_files_limit(wanted: int = OPEN_FILES_WANTED) -> tuple[int, int]:
