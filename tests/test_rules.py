@@ -23,9 +23,10 @@ from templar.core.config import REPO_ROOT, HParams, load_hparams
 
 SRC = REPO_ROOT / "src" / "templar"
 
-CONSENSUS_RUNTIME = ("sync", "train", "compute")
+CONSENSUS_RUNTIME = ("restore", "sync", "train", "compute")
 """The modules of `runtime` outside `runtime/consensus/` whose arithmetic every node must share: joining
-and the sync check, the inner steps, what a node computes on θ (the rest is node plumbing)."""
+(the state a node starts from, the catch-up) and the sync check, the inner steps, what a node computes on
+θ (the rest is node plumbing)."""
 
 
 def consensus_modules() -> list[Path]:
@@ -92,7 +93,7 @@ ALLOWED: dict[str, str] = {
                                                     "candidate is never skipped, so a slow read delays, never decides",
     "runtime/consensus/succession.py:LeadHistory.KEEP": "settled decisions kept in memory; one forgotten is read "
                                                         "again from create-only inputs and decided the same",
-    "runtime/sync.py:CHECKPOINT_DOWNLOAD_SECONDS": "timeout of a checkpoint download",
+    "runtime/restore.py:CHECKPOINT_DOWNLOAD_SECONDS": "timeout of a checkpoint download",
     "runtime/sync.py:PROGRESS_READ_SECONDS": "timeout of one read of a lead's progress record; one not read in "
                                              "time is no evidence, never a verdict",
     "runtime/sync.py:RETRY_SECONDS": "pause before catch-up retries a window it could not establish",

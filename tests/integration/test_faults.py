@@ -29,7 +29,7 @@ from templar.runtime.records import (
     read_records,
     remove_listener,
 )
-from templar.runtime.sync import STATE_FILE
+from templar.runtime.state import STATE_FILE
 from templar.validator.files import BOOK_FILE
 from templar.validator.loop import Validator
 from templar.wire import read_gradient

@@ -207,7 +207,7 @@ def test_unreadable_history_never_restarts_the_run(tmp_path):
     - no checkpoint left at all and the start window torn: the lead stops naming the start window and
       the fix, and a joining miner cannot restore either, never starting a run of its own."""
     from templar.comms.keys import start_window_key
-    from templar.runtime.sync import ResyncError, restore
+    from templar.runtime.restore import ResyncError, restore
 
     subnet = Subnet.create(tmp_path, {"lead": 100.0, "m0": 0.0, "m1": 0.0}, checkpoint_frequency=2)
     lead_bucket = tmp_path / "buckets" / "lead"

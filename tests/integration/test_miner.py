@@ -18,8 +18,8 @@ from templar.core.clock import run_virtual
 from templar.localnet.runner import torchrun_ranks
 from templar.miner.loop import Miner
 from templar.runtime.records import MINER_WINDOWS_FILE, read_records
-from templar.runtime.state import load_node_state
-from templar.runtime.sync import STATE_FILE, Phase
+from templar.runtime.restore import Phase
+from templar.runtime.state import STATE_FILE, load_node_state
 from templar.validator.loop import Validator
 
 from .harness import Subnet, parameters, same_parameters, untrained_windows

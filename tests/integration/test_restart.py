@@ -14,8 +14,7 @@ from templar.core.clock import run_virtual
 from templar.gauntlet import ScoreBook
 from templar.miner.loop import Miner
 from templar.runtime.records import SCORES_FILE, VALIDATOR_WINDOWS_FILE, read_records
-from templar.runtime.state import previous_path
-from templar.runtime.sync import STATE_FILE
+from templar.runtime.state import STATE_FILE, previous_path
 from templar.validator.loop import Validator
 
 from .harness import Subnet

@@ -125,7 +125,7 @@ def test_a_validator_below_the_slots_cannot_hold_back_the_runs_start(hp, tmp_pat
     from templar.comms.checkpoint import Latest, latest_checkpoint_key
     from templar.comms.exchange import dump_record, put_start_window
     from templar.core.config import PROTOCOL_VERSION
-    from templar.runtime.sync import _newest_intact_checkpoint, published_start
+    from templar.runtime.restore import _newest_intact_checkpoint, published_start
 
     async def scenario():
         node = _peers_node(hp, tmp_path)
@@ -147,3 +147,67 @@ def test_a_validator_below_the_slots_cannot_hold_back_the_runs_start(hp, tmp_pat
     assert found == [None, None, None], found
     assert isinstance(slot_holder, str) and "latest.json" in slot_holder
     assert ahead is None and start == 3
+
+
+def test_a_start_window_below_the_slots_is_read_only_when_usable_and_only_when_no_slot_holder_may_have_one(
+        hp, tmp_path):
+    """Below the slots, a garbage start window is passed over (it stopped the first lead with exit 8) and so
+    is one naming a window older than the history every candidate keeps (no node can replay from it: the first
+    lead replayed forever). One naming a recent window is still read when every slot holder has none (a former
+    lead's copy), but never when a slot holder's copy cannot be read: unreadable is not absent."""
+    from templar.comms.exchange import put_start_window
+    from templar.runtime.consensus.windows import retained_windows
+    from templar.runtime.restore import ResyncError, published_start
+
+    async def scenario():
+        node = _peers_node(hp, tmp_path)
+        candidates, current = await node.candidates(), node.clock.current_window()
+        low = node.buckets["low"]
+        seen = []
+        await low.put("v2/start_window.json", b"{not json")
+        seen.append(await published_start(node, candidates))
+        await low.delete("v2/start_window.json")
+        await put_start_window(low, current - retained_windows(node.hp) - 1, run=RUN)
+        seen.append(await published_start(node, candidates))
+        await low.delete("v2/start_window.json")
+        await put_start_window(low, current - 2, run=RUN)
+        seen.append(await published_start(node, candidates))
+        await node.buckets["v1"].put("v2/start_window.json", b"torn")
+        try:
+            seen.append(await published_start(node, candidates))
+        except ResyncError as exc:
+            seen.append(str(exc))
+        return current, seen
+
+    current, seen = run_virtual(scenario(), start=GENESIS + 1650)
+    assert seen[:3] == [None, None, current - 2], seen
+    assert isinstance(seen[3], str) and "uid 1's v2/start_window.json is unreadable" in seen[3]
+
+
+def test_a_bucket_listing_thousands_of_checkpoints_costs_a_restore_a_few(hp, tmp_path, monkeypatch):
+    """A slot holder whose pointer is unusable has its older checkpoints listed; a listing of thousands
+    (planted, or a cleanup that never ran) is read for the newest few a candidate keeps, not each of them:
+    each entry cost a sort of the whole queue and a look at who led its window (minutes at 100,000)."""
+    import templar.runtime.restore as restore
+    from templar.comms.checkpoint import checkpoint_manifest_key, latest_checkpoint_key
+
+    looked: list[int] = []
+    decide = restore.decide_window
+
+    async def counted(node, window, **kwargs):
+        looked.append(window)
+        return await decide(node, window, **kwargs)
+
+    monkeypatch.setattr(restore, "decide_window", counted)
+
+    async def scenario():
+        node = _peers_node(hp, tmp_path)
+        v1 = node.buckets["v1"]
+        await v1.put(latest_checkpoint_key(), b"torn")
+        for window in range(1, 2001):
+            await v1.put(checkpoint_manifest_key(window), b"{}")
+        return await restore._newest_intact_checkpoint(node, await node.candidates(), newer_than=-1)
+
+    found = run_virtual(scenario(), start=GENESIS + 1650)
+    assert isinstance(found, str)  # the slot holder's torn pointer counts
+    assert len(looked) <= hp.windows.retained_checkpoints + 1, len(looked)

@@ -48,8 +48,9 @@ from templar.runtime.records import (
     append_record,
     drop_uncommitted_records,
 )
+from templar.runtime.restore import Phase, ResyncError, restore_when_possible
 from templar.runtime.state import NodeState
-from templar.runtime.sync import Phase, ResyncError, SyncCheck, catch_up, restore_when_possible, resync
+from templar.runtime.sync import SyncCheck, catch_up, resync
 from templar.runtime.train import inner_lr, window_parts
 from templar.storage import StorageError
 from templar.wire import document_digest, max_gradient_bytes, write_gradient

@@ -14,7 +14,7 @@ import torch
 
 from templar.runtime.consensus.windows import WindowTimes
 from templar.runtime.records import MinerWindowRecord
-from templar.runtime.sync import Phase
+from templar.runtime.restore import Phase
 from templar.runtime.train import TrainStats
 
 

@@ -2,9 +2,7 @@
 
 Phases, each announced by one `[SYNC]` line:
   1. registration check (in `templar.runtime.node.start_node`)
-  2. state download: own local state if recent, else the newest intact checkpoint among the
-     candidates of the succession whose publisher led its window (sha256-verified, resumable,
-     progress bar), else θ_0 of the run if none was ever published
+  2. state download (`templar.runtime.restore`)
   3. catch-up: replay each window's published update, from the validator that led it
      (`templar.runtime.consensus.succession`), up to the current window, no uploads
   4. warm-up and 5. active are the roles' business.
@@ -20,21 +18,15 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from enum import StrEnum
 
 import torch
 
 from templar.chain import verify_signature
 from templar.comms import (
-    CheckpointError,
     RecordError,
-    checkpoint_windows,
-    download_latest_checkpoint,
     get_aggregate,
-    get_start_window,
-    latest_checkpoint_window,
 )
-from templar.comms.keys import aggregate_key, progress_key, start_window_key
+from templar.comms.keys import aggregate_key, progress_key
 from templar.comms.progress import Progress, decode_fingerprint, get_progress
 from templar.compress.methods import rule_of
 from templar.core.log import context
@@ -45,7 +37,8 @@ from templar.runtime.consensus.outer import OuterStep, peer_weight, update_step
 from templar.runtime.consensus.succession import POLL_SECONDS, Decision, decide_window
 from templar.runtime.consensus.windows import apply_span
 from templar.runtime.node import Lead, Node
-from templar.runtime.state import STATE_FILE, NodeState
+from templar.runtime.restore import Phase, ResyncError, restore
+from templar.runtime.state import NodeState
 from templar.storage import StorageError
 from templar.wire import (
     Gradient,
@@ -56,218 +49,10 @@ from templar.wire import (
     read_bundle,
 )
 
-MODEL_FILE = "model.safetensors"
-CHECKPOINT_DOWNLOAD_SECONDS = 1800.0
 PROGRESS_READ_SECONDS = 10.0
 """The longest one read of a lead's progress record may take."""
 RETRY_SECONDS = 2.0
 """Pause before catch-up retries a window whose update it could not establish."""
-
-
-class ResyncError(Exception):
-    """A re-sync could not be made now (no lead, or its checkpoint could not be read): the node
-    stays out of sync and tries again later. `fix`: what an operator can do about it, when the
-    cause is known (a validator that must not wait says it in its exit line)."""
-
-    def __init__(self, message: str, *, fix: str | None = None) -> None:
-        super().__init__(message)
-        self.fix = fix
-
-
-class Phase(StrEnum):
-    STARTUP = "startup"      # registration, bucket commitment, model build
-    DOWNLOAD = "download"    # fetching the lead's checkpoint
-    CATCHUP = "catchup"      # replaying published aggregates; no uploads
-    WARMUP = "warmup"        # training to fill the error-feedback buffer; uploads carry weight 0
-    ACTIVE = "active"        # full participation
-
-
-async def restore(node: Node, *, use_local: bool = True) -> tuple[NodeState, bool]:
-    """Phase 2. Returns the state and whether it is this node's own (so its error feedback, if
-    the node keeps one, was restored with θ and warm-up may be skipped). `use_local=False` (a
-    re-sync: our own model is known to differ from the run's) takes only published checkpoints.
-
-    The newest intact checkpoint among the candidates of the succession is taken, if its publisher
-    led its window (an unusable one is said to be unusable, and older ones are tried). θ_0 and the
-    run's start window are taken only when no candidate ever published a checkpoint: a run whose
-    checkpoints exist but cannot be used is never restarted from θ_0, because the history before
-    the oldest kept checkpoint is gone and a replay from θ_0 would not be the run's history.
-    `ResyncError` when nothing usable can be read now (the model is then untouched, and the message
-    names the object at fault): the caller retries later."""
-    hp, current = node.hp, node.clock.current_window()
-    log = context(window=current, phase=Phase.DOWNLOAD)
-    compute = node.compute
-    local = None
-    try:
-        local, source = (await asyncio.to_thread(compute.load_state, node.state_dir / STATE_FILE) if use_local
-                         else (None, "nothing"))
-    except ValueError as exc:
-        log.warning(f"[SYNC] ignoring unreadable local state: {exc}")
-        local, source = None, "nothing"
-    if local is not None:
-        if current - local.window - 1 <= hp.windows.max_allowed_stale:
-            log.info(f"[SYNC] Resuming from local state at window {local.window} (global_step {local.global_step}); "
-                     f"restored from the {source}")
-            return local, True
-        log.info(f"[SYNC] Local state is {current - local.window - 1} windows old; looking for a newer checkpoint")
-
-    candidates = [c for c in await node.candidates() if c.bucket is not None]
-    if not candidates:
-        log.warning("[SYNC] No validator able to lead has a readable bucket yet")
-        if local is not None:
-            return local, True
-        if not use_local:
-            raise ResyncError("no validator able to lead has a readable bucket")
-        log.info(f"[SYNC] No checkpoint yet: starting from the run's initial weights (start window {current})")
-        return NodeState(window=current - 1, global_step=0), False
-    loaded = await _newest_intact_checkpoint(node, candidates, newer_than=local.window if local is not None else -1)
-    if isinstance(loaded, NodeState):
-        return loaded, False
-    if local is not None:
-        return local, True
-    if loaded is not None:  # checkpoints exist (or may), and none could be used
-        raise ResyncError(loaded)
-    start = await published_start(node, candidates)
-    if start is None and not use_local:
-        raise ResyncError("no checkpoint yet and no start window published")
-    if not use_local:  # the model in memory is not θ_0: rebuild it (deterministic from init_seed)
-        await asyncio.to_thread(compute.reset_model)
-    start = current if start is None else start
-    log.info(f"[SYNC] No checkpoint published yet: starting from the run's initial weights (start window {start})")
-    return NodeState(window=start - 1, global_step=0), False
-
-
-async def published_start(node: Node, candidates: list[Lead] | None = None) -> int | None:
-    """The run's start window: the copy of the first candidate that has one. None only when every
-    candidate's bucket says it has none; a copy that cannot be read or parsed is never taken for
-    "no run yet": another candidate's is used (one line names the bad one), and with none readable
-    `ResyncError` names the object and what to do. A copy naming a window that has not begun is not
-    the run's and is passed over (one line)."""
-    candidates = candidates if candidates is not None else [c for c in await node.candidates() if c.bucket]
-    problems: list[str] = []
-    latest = node.clock.current_window() + 1
-    for lead in candidates:
-        try:
-            start = await get_start_window(lead.bucket, run=node.run)
-        except (StorageError, RecordError) as exc:
-            where = f"uid {lead.uid}'s {start_window_key()}"
-            problems.append(f"{where} is unreadable ({str(exc)[:160]})")
-            context(phase=Phase.DOWNLOAD).warning(f"[SYNC] {problems[-1]}; looking for the run's start window in "
-                                                  "another candidate's bucket")
-            continue
-        if start is not None and start > latest:
-            # never the run's: a run starts at the window its first lead is in, and copies copy that. Taken, a
-            # copy planted far ahead (by any validator of the succession) held every node back until then.
-            context(phase=Phase.DOWNLOAD).warning(f"[SYNC] uid {lead.uid}'s {start_window_key()} names window "
-                                                  f"{start}, which has not begun: not the run's, ignored")
-            continue
-        if start is not None:
-            return start
-    if problems:
-        raise ResyncError("; ".join(problems) + ": the run's start window cannot be read, and no checkpoint "
-                          "was published to start from instead",
-                          fix=f"restore {start_window_key()} in that bucket from a backup (it is never "
-                          "rewritten, and a new run is never started over an existing one), then start again")
-    return None
-
-
-async def _newest_intact_checkpoint(node: Node, candidates: list[Lead], *, newer_than: int) -> NodeState | str | None:
-    """Load the newest usable checkpoint newer than `newer_than` into the model: of any candidate,
-    provided that candidate led the checkpoint's window (so a candidate that never led cannot make
-    joiners load a model of its own). Returns its state; else why none could be used (a `[SYNC]`
-    line for each unusable one); None when no candidate has published one (or none newer than
-    `newer_than`), every candidate's `latest.json` having said so. A validator below the lead slots
-    whose checkpoint is of a window it did not lead has published none of the run's."""
-    log = context(window=node.clock.current_window(), phase=Phase.DOWNLOAD)
-    problems: list[str] = []
-    queue: list[tuple[int, int, Lead]] = []  # (window, slot, publisher), newest first
-    # Only these can have led a window by today's order (`succession.order_of`). What another one's bucket
-    # holds of checkpoints of windows it did not lead (a pointer, unreadable or not, a listing) is not "a
-    # checkpoint that exists but cannot be used": counted as one, a permit and a little stake kept every
-    # joiner (and the first slot's validator) from starting a run that had no checkpoint yet.
-    slot_holders = {c.hotkey for c in (await node.candidates())[:node.hp.windows.lead_slots]}
-
-    def problem(lead: Lead, text: str) -> None:
-        if lead.hotkey in slot_holders:
-            problems.append(text)
-
-    async def older_manifests(slot: int, lead: Lead, below: float) -> None:
-        try:
-            queue.extend((w, slot, lead) for w in await checkpoint_windows(lead.bucket) if w < below)
-        except StorageError as exc:
-            problem(lead, f"listing uid {lead.uid}'s checkpoints: {str(exc)[:160]}")
-
-    for slot, lead in enumerate(candidates):
-        try:
-            window = await latest_checkpoint_window(lead.bucket)
-        except (CheckpointError, StorageError) as exc:
-            problem(lead, f"uid {lead.uid}'s latest.json: {str(exc)[:160]}")
-            log.warning(f"[SYNC] uid {lead.uid}'s latest checkpoint pointer is unusable: {str(exc)[:160]}")
-            await older_manifests(slot, lead, float("inf"))
-            continue
-        if window is not None:
-            queue.append((window, slot, lead))
-    tried: set[tuple[str, int]] = set()
-    while queue:
-        queue.sort(key=lambda item: (-item[0], item[1]))
-        window, slot, lead = queue.pop(0)
-        if window <= newer_than:
-            break
-        if (lead.hotkey, window) in tried:
-            continue
-        tried.add((lead.hotkey, window))
-        name = f"checkpoint {window} of uid {lead.uid}"
-        if window >= node.clock.current_window():  # its step is taken in the window after it, at the earliest
-            log.warning(f"[SYNC] {name} is not the run's: window {window} has not ended")
-            problem(lead, f"{name}: window {window} has not ended")
-            continue
-        decision = await decide_window(node, window)
-        if not decision.settled or decision.lead is None or decision.lead.hotkey != lead.hotkey:
-            why = (f"who led window {window} cannot be told ({decision.problem})" if not decision.settled
-                   else f"uid {lead.uid} did not lead window {window}")
-            log.warning(f"[SYNC] {name} is not the run's: {why}")
-            if not decision.settled:
-                problems.append(f"{name}: {why}")
-            else:
-                problem(lead, f"{name}: {why}")
-            continue
-        log.info(f"[SYNC] Downloading {name} (the validator that led window {window})")
-        try:
-            ckpt = await download_latest_checkpoint(
-                lead.bucket, node.state_dir / "download", run=node.run, max_bytes=_checkpoint_cap(node.model),
-                deadline=node.clock.now() + CHECKPOINT_DOWNLOAD_SECONDS, progress=True, now=node.clock.now,
-                window=window)
-            if ckpt is None:
-                continue
-            await asyncio.to_thread(node.compute.load_model_file, ckpt.files[MODEL_FILE])
-        except (CheckpointError, StorageError, KeyError) as exc:
-            problems.append(f"{name}: {str(exc)[:200]}")
-            log.warning(f"[SYNC] {name} is unusable: {str(exc)[:200]}")
-            await older_manifests(slot, lead, window)
-            continue
-        log.info(f"[SYNC] Loaded checkpoint of window {ckpt.window} (global_step {ckpt.global_step})")
-        return NodeState(window=ckpt.window, global_step=ckpt.global_step)
-    return "the candidates' checkpoints are unusable (" + "; ".join(problems)[:600] + ")" if problems else None
-
-
-async def restore_when_possible(node: Node) -> tuple[NodeState, bool]:
-    """`restore`, waiting while the run's state cannot be read (the lead's checkpoints unusable or
-    its bucket down), with one `[SYNC]` line per attempt: a follower never starts from a guess.
-    Raises `ResyncError` only if the node is stopped while it waits."""
-    while True:
-        try:
-            return await restore(node)
-        except ResyncError as exc:
-            if node.stop.is_set():
-                raise
-            times = node.clock.times(node.clock.current_window())
-            context(phase=Phase.DOWNLOAD).warning(f"[SYNC] Cannot restore the run's state yet ({exc}); retrying "
-                                                  "in a window")
-            await node.clock.sleep_until(node.clock.now() + times.end - times.start, node.stop)
-
-
-def _checkpoint_cap(model: torch.nn.Module) -> int:
-    return int(sum(t.numel() * t.element_size() for t in model.state_dict().values()) * 1.05) + (1 << 20)
 
 
 @dataclass(frozen=True)
@@ -441,14 +226,15 @@ async def fingerprint_problem(node: Node, state: NodeState) -> str | None:
     return compare_with_lead(node, progress, state.global_step, own)
 
 
-async def resync(node: Node) -> NodeState:
+async def resync(node: Node, *, newer_than: int = -1) -> NodeState:
     """Checkpoint + replay, never from our own state: the newest intact checkpoint of a candidate
     that led its window (or θ_0 and the run's start window when none was published), then the
     published updates up to the last finished window, then the fingerprint check. Error feedback (a miner's own residual, not part
     of the run's model) is kept. `ResyncError` when the lead or its checkpoint cannot be read now,
     or when the re-synced model still differs from the lead's fingerprint (the object at fault is
-    named): the node stays out of sync and retries."""
-    state, _ = await restore(node, use_local=False)
+    named): the node stays out of sync and retries. `newer_than`: only a checkpoint of a later window
+    will do (`restore`)."""
+    state, _ = await restore(node, use_local=False, newer_than=newer_than)
     state = await catch_up(node, state, node.clock.current_window() - 1, verify=False)
     problem = await fingerprint_problem(node, state)
     if problem is not None:

@@ -30,7 +30,7 @@ from templar.runtime.consensus.outer import OuterStep, aggregation_weights
 from templar.runtime.consensus.windows import retained_windows
 from templar.runtime.flags import EXIT_HISTORY
 from templar.runtime.node import Node, NodeError
-from templar.runtime.sync import MODEL_FILE
+from templar.runtime.restore import MODEL_FILE
 from templar.storage import Bucket, ObjectExists, StorageError
 from templar.wire import (
     Gradient,

@@ -51,21 +51,13 @@ from templar.runtime.compute import PeerScorer
 from templar.runtime.consensus.follow import FollowError, inputs_of, window_inputs
 from templar.runtime.consensus.outer import OuterStep, aggregation_weights, gather_gradients
 from templar.runtime.consensus.peers import aggregate_payloads, peers_in_effect
-from templar.runtime.consensus.succession import decide_window, window_order
+from templar.runtime.consensus.succession import POLL_SECONDS, decide_window, window_order
 from templar.runtime.consensus.windows import WindowTimes
 from templar.runtime.node import Node
 from templar.runtime.records import drop_uncommitted_records
+from templar.runtime.restore import Phase, ResyncError, published_start, restore, restore_when_possible
 from templar.runtime.state import NodeState
-from templar.runtime.sync import (
-    Phase,
-    ResyncError,
-    SyncCheck,
-    catch_up,
-    published_start,
-    restore,
-    restore_when_possible,
-    resync,
-)
+from templar.runtime.sync import SyncCheck, catch_up, resync
 from templar.storage import StorageError
 from templar.validator.base import Base, BaseKeeper
 from templar.validator.commits import CommitWatcher
@@ -152,7 +144,16 @@ class Validator:
             window = self.state.window + 1
             behind = node.clock.current_window() - window
             if behind > self.hp.windows.max_allowed_stale:
+                stuck_at = self.state.window
                 self.state = await catch_up(node, self.state, node.clock.current_window() - 1, republish=self.republish)
+                if self.state.window == stuck_at and not node.stop.is_set():
+                    # a window whose update cannot be had (its payloads deleted, its history gone): a later
+                    # checkpoint passes it, as a follower's step and a miner re-sync
+                    try:
+                        self.state = await resync(node, newer_than=stuck_at)
+                    except ResyncError as exc:
+                        context(window=window, phase=Phase.CATCHUP).warning(
+                            f"[SYNC] {behind} windows behind and no re-sync past window {stuck_at} yet ({exc})")
                 self.sync.record(self.state.window, self.state.global_step)
                 continue
             await self.run_window(window, evaluate=behind <= 1)
@@ -185,7 +186,10 @@ class Validator:
         drop_uncommitted_records(node.state_dir, list(WINDOW_RECORDS), self.state.window)
         self.holdout = (await node.pages.fetch(node.plan.holdout_pages()[:self.hp.data.holdout_eval_pages])).batch
         current = node.clock.current_window()
-        await self.check_slot(current)
+        await self.check_slot(current, wait=True)
+        if node.clock.current_window() != current:  # the wait reached the next window: its slots, then
+            current = node.clock.current_window()
+            await self.check_slot(current, wait=True)
         target = await self.join(current, own=own)
         self.sync.record(self.state.window, self.state.global_step)
         behind = target - self.state.window
@@ -247,11 +251,26 @@ class Validator:
             return False
         return True
 
-    async def check_slot(self, window: int) -> int | None:
+    async def check_slot(self, window: int, *, wait: bool = False) -> int | None:
         """Our slot in this window (`templar.runtime.consensus.succession.window_order`; None: not among its
         slots, or they cannot be told): stake can move, and a candidate takes its slot at once. One
-        line when it changes."""
+        line when it changes.
+
+        The first slot of a window is the one who led the window before, which is told only once that
+        window's slots have settled (in production up to about 70 s into this window). `wait` (a
+        validator starting) waits until then when it cannot be told yet: the first validator of a new
+        run, taking itself for no slot holder, would never publish the run's start window, and every
+        node joining before the first checkpoint would start from θ_0 at its own window."""
         order = await window_order(self.node, window)
+        if isinstance(order, str) and wait and window > 0:
+            before = self.node.clock.times(window - 1)
+            settled = before.slot_settled(self.hp.windows.lead_slots - 1)
+            if self.node.clock.now() < settled:
+                context(window=window, phase=Phase.STARTUP).info(
+                    f"[SYNC] who holds the first slot of window {window} is told once window {window - 1}'s slots "
+                    f"settle: waiting {settled - self.node.clock.now():.1f}s")
+                await decide_window(self.node, window - 1, deadline=settled + POLL_SECONDS)
+                order = await window_order(self.node, window)
         hotkeys = [] if isinstance(order, str) else [lead.hotkey for lead in order]
         slot = hotkeys.index(self.node.hotkey) if self.node.hotkey in hotkeys else None
         if slot != self.slot:

@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING
 from templar.core.log import context
 from templar.runtime.consensus.follow import FollowError, apply_inputs
 from templar.runtime.consensus.outer import OuterStep
-from templar.runtime.sync import RETRY_SECONDS, ResyncError, catch_up, resync
+from templar.runtime.restore import ResyncError
+from templar.runtime.sync import RETRY_SECONDS, catch_up, resync
 from templar.validator.window import ValidatorWindow
 from templar.wire import Gradient
 
@@ -66,10 +67,10 @@ class LeadRole(Role):
         in_time = clock.now() < clock.times(window + 1).gather_start
         due = in_time and (window % hp.windows.peer_replacement_frequency == 0 or not peer_list)
         again = peer_list if in_time and peer_list else None
-        await v.ensure_start_window(window)
         await v.publisher.publish(window, work.step, work.scores.top_g if due else again, v.state.global_step,
                                   applied=work.applied,
                                   deadline=max(clock.times(window + 1).gather_start, clock.now() + PUBLISH_MIN_SECONDS))
+        await v.ensure_start_window(window)  # after: its reads of the other candidates never delay the window's records
 
     async def checkpoint(self, work: ValidatorWindow) -> None:
         v = self.v
