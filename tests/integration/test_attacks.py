@@ -134,3 +134,64 @@ def test_a_miner_re_posting_its_own_earlier_upload_is_replay_across_a_restart(tm
     assert {status[(cheat.node.hotkey, w)] for w in scored[:2]} <= {"ok", "warmup"}, status
     assert [status[(cheat.node.hotkey, w)] for w in scored[2:]] == ["replay"] * len(scored[2:]), status
     assert first + 4 in scored[2:]  # re-posting its upload of first + 2, which the lead saw before its restart
+
+
+@pytest.mark.slow(seconds=4)
+def test_a_top_g_miner_that_serves_its_payload_to_validators_only_costs_the_other_miners_nothing(tmp_path):
+    """A peer in the top-G answers validators (whose IPs it knows: they read every commitment) and refuses
+    the miners. Every node takes the step from the payloads the lead's inputs name, so a miner that cannot
+    fetch one waits for the lead's aggregate. Published after the lead's evaluation (in production about
+    40 s of an 84 s window, modelled here by a slower evaluation), it came too late for the miner's next
+    window: 'missing' every window, about 0.002 of the weight against the others' 0.5. Under SparseLoCo
+    the aggregate is the payloads themselves, so the lead publishes it once its inputs are out, before
+    it evaluates anyone, and the refused miner steps and uploads in time."""
+    from tests.faults import Fault, FaultPlan
+
+    from templar.runtime.records import MINER_WINDOWS_FILE
+    from templar.storage import open_bucket
+
+    from .harness import MICRO_GAUNTLET_1K_PRESET
+
+    subnet = Subnet.create(tmp_path, {"lead": 100.0, "m0": 0.0, "victim": 0.0, "hostile": 0.0},
+                           base=MICRO_GAUNTLET_1K_PRESET)
+    hostile = str(tmp_path / "buckets" / "hostile")
+    refuse = FaultPlan()
+    refuse.add(Fault.ERROR, ops={"get", "head"}, keys=lambda key: "/gradient/" in key, message="403: not for your IP")
+
+    def victims_buckets(locator, *args, **kwargs):
+        bucket = open_bucket(locator, *args, **kwargs)
+        theirs = locator.kind == "local" and str(locator.path).rstrip("/") == hostile and not kwargs.get("own")
+        return refuse.wrap(bucket) if theirs else bucket
+
+    async def scenario():
+        v = Validator(await subnet.node("lead"))
+        evaluate = v.evaluate
+
+        async def production_paced(work):
+            await asyncio.sleep(0.5 * v.hp.windows.window_seconds)
+            await evaluate(work)
+
+        v.evaluate = production_paced
+        miners = [Miner(await subnet.node(name)) for name in ("m0", "hostile")]
+        subnet.open_bucket = victims_buckets
+        victim = Miner(await subnet.node("victim"))
+        lead = asyncio.create_task(v.run(6))
+        await asyncio.sleep(0)
+        runs = [asyncio.create_task(m.run()) for m in (*miners, victim)]
+        try:
+            await lead
+        finally:
+            for role in (v, *miners, victim):
+                role.node.stop.set()
+            await asyncio.gather(*runs, return_exceptions=True)
+            for role in (v, *miners, victim):
+                await role.node.aclose()
+        return {role.node.hotkey: name for name, role in (("m0", miners[0]), ("hostile", miners[1]),
+                                                            ("victim", victim))}
+
+    names = run_virtual(scenario())
+    verdicts = {name: [r["status"] for r in read_records(tmp_path / "nodes" / "lead" / SCORES_FILE)
+                       if r["hotkey"] == hotkey] for hotkey, name in names.items()}
+    assert "missing" not in verdicts["victim"] and verdicts["victim"].count("ok") >= 4, verdicts
+    uploaded = [r["uploaded"] for r in read_records(tmp_path / "nodes" / "victim" / MINER_WINDOWS_FILE)]
+    assert all(uploaded[:5]), uploaded

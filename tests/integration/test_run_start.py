@@ -13,7 +13,13 @@ import pytest
 
 from templar.comms.checkpoint import Latest
 from templar.comms.exchange import StartWindow, dump_record
-from templar.comms.keys import aggregate_key, checkpoint_prefix, gradient_key, latest_checkpoint_key, start_window_key
+from templar.comms.keys import (
+    aggregate_key,
+    checkpoint_prefix,
+    gradient_key,
+    latest_checkpoint_key,
+    start_window_key,
+)
 from templar.core.clock import run_virtual
 from templar.core.config import PROTOCOL_VERSION
 from templar.miner.loop import Miner

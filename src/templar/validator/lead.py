@@ -26,6 +26,7 @@ from templar.comms import (
 from templar.comms.keys import aggregate_key, folder_of, inputs_key, peers_key, progress_key, window_of
 from templar.comms.progress import put_progress
 from templar.core.log import context
+from templar.core.schedule import learning_rate
 from templar.runtime.consensus.outer import OuterStep, aggregation_weights
 from templar.runtime.consensus.windows import retained_windows
 from templar.runtime.flags import EXIT_HISTORY
@@ -124,9 +125,7 @@ class WindowPublisher:
                                        learning_rate=step.learning_rate, hotkey=node.hotkey, run=run,
                                        sign=node.chain.sign)
             else:  # the method's update has no compact exact form: the payloads that make it
-                data = write_bundle([(g.hotkey, g.tensors) for g in aggregation_weights(applied, node.hp)[0]],
-                                    window=window, global_step=step.global_step, learning_rate=step.learning_rate,
-                                    hotkey=node.hotkey, hp=node.hp, run=run, sign=node.chain.sign)
+                data = self.bundle(window, applied, step.global_step)
             self.queued[f"aggregate/{window}"] = partial(put_aggregate, node.bucket, window, data)
         if next_peers is not None:
             self.queued[f"peers/{window + 1}"] = partial(put_peers, node.bucket, window + 1, next_peers, run=run)
@@ -139,6 +138,36 @@ class WindowPublisher:
             del self.queued[dropped]
             context(window=window, phase="lead").warning(f"dropping {dropped}: never published in time")
         return await self.flush(window, deadline)
+
+    def bundle(self, window: int, applied: Sequence[Gradient], global_step: int) -> bytes:
+        """The aggregate of a method whose update has no compact exact form (SparseLoCo): the payloads
+        that make the step, signed, with the step and learning rate they are applied at."""
+        node = self.node
+        return write_bundle([(g.hotkey, g.tensors) for g in aggregation_weights(applied, node.hp)[0]],
+                            window=window, global_step=global_step,
+                            learning_rate=learning_rate(global_step, node.hp.optimizer), hotkey=node.hotkey,
+                            hp=node.hp, run=node.run, sign=node.chain.sign)
+
+    async def publish_bundle_early(self, inputs: StepInputs, payloads: Sequence[Gradient], *, deadline: float) -> bool:
+        """The aggregate of a window whose inputs we just published, before we evaluate anyone, when it
+        is the payloads themselves (`bundle`; the signed rule's signs come from the step). Every node
+        takes the step from the payloads the inputs name, fetched from their owners; a peer that serves
+        its payload to validators and refuses miners would leave them no step until our aggregate, and
+        published after our evaluation that came too late for their next window. True once it is in
+        our bucket (written now, or already there); False when it could not be written by `deadline`
+        (the window's publication writes it then)."""
+        node, window = self.node, inputs.window
+        if node.hp.optimizer.method == "signed" or not payloads:
+            return False
+        data = await asyncio.to_thread(self.bundle, window, payloads, inputs.global_step)
+        try:
+            async with asyncio.timeout(max(0.1, deadline - node.clock.now())):
+                await put_aggregate(node.bucket, window, data)
+        except (TimeoutError, StorageError) as exc:
+            context(window=window, phase="lead").debug(f"the early aggregate of window {window} is not out "
+                                                       f"({type(exc).__name__}); it goes with the window's records")
+            return False
+        return True
 
     async def flush(self, window: int, deadline: float) -> bool:
         """Upload what is queued, oldest first, until `deadline`; True when nothing is left."""

@@ -314,6 +314,8 @@ class Validator:
         work.holdout_loss = await asyncio.to_thread(self.compute.evaluate_loss, self.holdout)
         await self.set_weights(work)
         await self.role.checkpoint(work)
+        if work.early_aggregate is not None and not work.early_aggregate.done():
+            work.early_aggregate.cancel()  # another slot's inputs applied: ours is nobody's step
         self.finish(work)
         # The commit point: model, window and book change together here, after the window's records
         # (a crash before it redoes the window; its uncommitted records are dropped at the restart).
@@ -389,8 +391,11 @@ class Validator:
             return
         eligible, _ = aggregation_weights(aggregate_payloads(work.peer_list, work.results), self.hp)
         self.checkpoints.led(window)  # our bucket holds this window's records, to be cleaned in time
-        await self.publisher.publish_inputs(inputs_of(window, self.state.global_step, eligible),
-                                            deadline=times.slot_deadline(slot))
+        ours = inputs_of(window, self.state.global_step, eligible)
+        if await self.publisher.publish_inputs(ours, deadline=times.slot_deadline(slot)) is ours:
+            # the aggregate goes out while we evaluate: no peer can keep the others from the step
+            work.early_aggregate = asyncio.create_task(self.publisher.publish_bundle_early(
+                ours, eligible, deadline=self.node.clock.times(window + 1).gather_start), name=f"aggregate-{window}")
 
     async def registry(self, work: ValidatorWindow) -> None:
         """The subnet's miners (the book follows the registry), the peer list in effect and the

@@ -67,7 +67,9 @@ class LeadRole(Role):
         in_time = clock.now() < clock.times(window + 1).gather_start
         due = in_time and (window % hp.windows.peer_replacement_frequency == 0 or not peer_list)
         again = peer_list if in_time and peer_list else None
-        await v.publisher.publish(window, work.step, work.scores.top_g if due else again, v.state.global_step,
+        early = work.early_aggregate is not None and await work.early_aggregate  # out already: not sent twice
+        await v.publisher.publish(window, None if early else work.step, work.scores.top_g if due else again,
+                                  v.state.global_step,
                                   applied=work.applied,
                                   deadline=max(clock.times(window + 1).gather_start, clock.now() + PUBLISH_MIN_SECONDS))
         await v.ensure_start_window(window)  # after: its reads of the other candidates never delay the window's records

@@ -3,6 +3,7 @@ hand to the next, and what the role in force (`templar.validator.roles`) acts on
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -43,6 +44,8 @@ class ValidatorWindow:
     """The window's applied inputs and who led it (`templar.runtime.consensus.succession`)."""
     step: OuterStep | None = None
     applied: list[Gradient] = field(default_factory=list)
+    early_aggregate: asyncio.Task[bool] | None = None
+    """Our aggregate of the window, uploading since our inputs went out (`WindowPublisher.publish_bundle_early`)."""
     holdout_loss: float = 0.0
     weights_set: bool = False
     wall_seconds: float = 0.0
