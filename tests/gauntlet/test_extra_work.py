@@ -240,3 +240,46 @@ def test_the_paid_cap_reads_the_rating_of_twice_the_data_at_the_paid_level_too()
     assert rating > top_honest and uncapped > 2.0, (uncapped, rating, top_honest)  # paid twice for the same work
     capped, _, _ = pay(True)
     assert capped == pytest.approx(2 ** RULES.extra_work_exponent, rel=0.1), capped
+
+
+def _skipping_miners_pay(rules, share: float, seed: int, windows: int = 60) -> dict[str, float]:
+    """Production's page counts (A assigned, in_proportion: one evaluated page of each class, 64 units each):
+    six honest miners, and two that train only `share` of their assigned pages, one of which declares a
+    single extra page and trains it. Pay against the honest median."""
+    hp = load_hparams("hparams.json")
+    pages, units, gap, rand = hp.data.pages_per_window, 64, 0.02, 0.05
+    rng = random.Random(seed)
+    peers = {**{f"honest{i}": (1.0, 0) for i in range(6)}, "skips": (share, 0), "skips+1": (share, 1)}
+    book = ScoreBook()
+    for uid, hotkey in enumerate(peers):
+        book.get_or_create(hotkey, uid, window=0)
+    for window in range(windows):
+        results = {}
+        for hotkey, (trained, extra) in peers.items():
+            gaps = [gap if rng.random() < trained else 0.0] + [gap] * extra  # the declared page is trained
+            read = tuple(rand + g + rng.gauss(0.0, gap / 2) for g in gaps for _ in range(units))
+            mean = sum(read) / len(read)
+            results[hotkey] = PrimaryResult(mean, rand, (mean,), read, work=(pages + extra) / pages,
+                                            declared_units=units * extra,
+                                            random_units=tuple(rand + rng.gauss(0.0, gap / 2) for _ in range(units)))
+        book.record_primary(rules, results, window=window)
+    weights = book.weights(rules)
+    median = sorted(weights[f"honest{i}"] for i in range(6))[3]
+    return {hotkey: weights[hotkey] / median for hotkey in ("skips", "skips+1")}
+
+
+def test_one_declared_page_does_not_hide_assigned_pages_left_untrained() -> None:
+    """Read in proportion, a declaring peer's evaluation reads as many units of its one declared page as of
+    its 29 assigned ones. Each unit alike ("units"), the declared page weighed as much as all the assigned
+    pages: half of them left untrained and one page declared was paid about 0.6x the honest median for about
+    half the work, against 0.08x without declaring. Weighed by the work ("work", production), the declared
+    page counts for 1/30 and the miner is paid as if it had declared nothing."""
+    production = load_hparams("hparams.json").gauntlet
+    assert production.class_credit_weights == "work"
+    units = production.model_copy(update={"class_credit_weights": "units"})
+    for seed in range(3):
+        before, now = _skipping_miners_pay(units, 0.5, seed), _skipping_miners_pay(production, 0.5, seed)
+        assert before["skips+1"] > before["skips"] + 0.3, before  # the hole, under "units"
+        assert now["skips+1"] <= now["skips"] + 0.05 and now["skips+1"] < 0.2, now
+    honest_plus_one = _skipping_miners_pay(production, 1.0, 0)
+    assert honest_plus_one["skips+1"] >= honest_plus_one["skips"] >= 0.99  # a trained extra page still pays

@@ -275,6 +275,12 @@ class GauntletConfig(_Strict):
         "assigned pages and as many of its declared ones in proportion (at most all), so every evaluation proves "
         "each class on as much as an honest miner's assigned work, at the price of reading more pages for a "
         "peer that claims more work (docs/scoring.md §4)")
+    class_credit_weights: Literal["units", "work"] = Field(
+        default="units", description="how an evaluation's proof credit weighs the units of a declaring peer's "
+        "assigned and declared pages (scores.update_mu): units, each unit alike, so under in_proportion one "
+        "declared page read on as many units as the assigned ones weighed as much as all of them together (a "
+        "miner declaring one page hid half its assigned pages left untrained, paid 0.63x the honest median for "
+        "0.53x the work); work, each class by its share of the declared work (K and A pages of A + K)")
     extra_work_tolerance: float = Field(
         default=0.7, gt=0, le=1, description="τ: a page class (assigned or declared) whose proof credit reaches τ "
         "times the other's counts as fully trained (extra_work.trained_multiple): forgives the two classes' "

@@ -25,6 +25,7 @@ from templar.core.config import HISTORY_LIMIT, GauntletConfig
 from templar.gauntlet.duplicates import one_per_pool
 from templar.gauntlet.extra_work import (
     class_credits,
+    declared_share,
     dilution_multiple,
     ema_mean,
     paid_level,
@@ -415,7 +416,8 @@ class ScoreBook:
         new_mus = {
             hotkey: update_mu(records[hotkey].mu, result.delta_assigned, result.delta_rand, rules.mu_gamma,
                               rules.proof_margin, scale, pages=result.pages, typical=typical,
-                              sequences=result.sequences,
+                              sequences=result.sequences, declared_units=result.declared_units,
+                              declared_share=declared_share(result.work, rules),
                               multiple=dilution_multiple(self._trained(rules, evidence[hotkey]), result.random_units,
                                                          result.delta_rand, typical, rules.proof_full_gap)
                               if typical is not None else 1.0)

@@ -68,6 +68,15 @@ def update_declared(ema: float, work: float, gamma: float) -> float:
     return gamma * ema + (1.0 - gamma) * (max(1.0, work) - 1.0)
 
 
+def declared_share(work: float, rules: GauntletConfig) -> float | None:
+    """The declared pages' share of an evaluation's proof credit under `gauntlet.class_credit_weights`
+    "work": K / (A + K) for `work` = (A + K) / A (`declared_work`); None (each unit alike) under "units"
+    or for a peer that declared nothing (`scores.evaluation_credit`)."""
+    if rules.class_credit_weights == "units" or not work > 1.0:
+        return None
+    return (work - 1.0) / work
+
+
 def class_credits(units: Sequence[float], declared_units: int, delta_rand: float,
                   full_gap: float) -> tuple[float | None, float | None]:
     """(assigned, declared): the size credit of an evaluation's units from assigned pages and from

@@ -173,6 +173,21 @@ def size_credit(deltas: Sequence[float], delta_rand: float, typical: float) -> f
     return total / len(deltas)
 
 
+def evaluation_credit(units: Sequence[float], delta_rand: float, typical: float, declared_units: int = 0,
+                      declared_share: float | None = None) -> float:
+    """An evaluation's size credit (`size_credit`). With `declared_share` (`gauntlet.class_credit_weights`
+    "work": K / (A + K) of a peer that declared K pages beyond its A assigned ones), the units of its
+    declared pages (the last `declared_units`) and of its assigned ones are each a class weighed by its
+    share of the work, not by how many units were read of it: read in proportion, one declared page is
+    as many units as the assigned pages together, and a miner declaring one page and leaving half its
+    assigned pages untrained was paid as if it had trained most of them."""
+    split = len(units) - max(0, min(declared_units, len(units)))
+    if declared_share is None or split in (0, len(units)):
+        return size_credit(units, delta_rand, typical)
+    return ((1.0 - declared_share) * size_credit(units[:split], delta_rand, typical)
+            + declared_share * size_credit(units[split:], delta_rand, typical))
+
+
 def proof_gap(delta_assigned: float, delta_rand: float, pages: Sequence[float] | None) -> float:
     """A peer's gap δ_assigned − δ_rand (its pages' mean when it has them), for `typical_gap`."""
     if pages:
@@ -183,7 +198,7 @@ def proof_gap(delta_assigned: float, delta_rand: float, pages: Sequence[float] |
 def update_mu(
     mu: float, delta_assigned: float, delta_rand: float, gamma: float, margin: float = 0.0, scale: float = 0.0,
     pages: Sequence[float] | None = None, typical: float | None = None, sequences: Sequence[float] | None = None,
-    multiple: float = 1.0,
+    multiple: float = 1.0, declared_units: int = 0, declared_share: float | None = None,
 ) -> float:
     """Proof of computation (paper eq. 3): μ ← γμ + (1−γ)·sign(δ_assigned − δ_rand).
 
@@ -228,7 +243,8 @@ def update_mu(
     if math.isnan(mu) or math.isnan(delta_assigned) or math.isnan(delta_rand):
         raise ValueError("update_mu: NaN input (loss_score never produces NaN; this is a caller bug)")
     if typical is not None:
-        credit = size_credit(sequences or pages or (delta_assigned,), delta_rand, typical)
+        credit = evaluation_credit(sequences or pages or (delta_assigned,), delta_rand, typical,
+                                   declared_units, declared_share)
         direction = max(-1.0, min(1.0, credit * multiple)) if credit > 0 else credit
     elif pages:
         direction = page_credit(pages, delta_rand, margin, scale)
