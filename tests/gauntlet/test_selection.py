@@ -142,3 +142,21 @@ def test_a_declaring_peer_is_evaluated_on_each_class_in_proportion() -> None:
     assert evaluated_pages(5, 12, 3, assigned[:2], declared[:3], 8, "in_proportion") == assigned[:2] + declared[:3]
     with pytest.raises(ValueError, match="unknown rule"):
         evaluated_pages(5, 12, 3, assigned, declared, 2, "all")
+
+
+def test_one_declared_page_is_read_in_proportion_to_its_work_on_average() -> None:
+    """Production's pages (29 assigned, one evaluated): rounded up, a peer declaring one page was read on a
+    declared page in every evaluation, which made it 1.5× as long for a thirtieth more work, and a validator
+    whose evaluated peers all declared one page overran its evaluation time. On average (the rounding drawn
+    with the secret), one evaluation in 29 reads it; twice the pages is read exactly as before, and which
+    evaluations read the declared page is the validator's secret."""
+    assigned, rule = list(range(100, 129)), "in_proportion_on_average"
+    reads = [evaluated_pages(seed, window, 3, assigned, [900], 1, rule) for seed in range(40) for window in range(73)]
+    declared_read = sum(len(pages) == 2 and pages[1] == 900 for pages in reads)
+    assert all(len(pages) in (1, 2) and pages[0] in assigned for pages in reads)
+    assert 2920 / 29 * 0.7 < declared_read < 2920 / 29 * 1.3, declared_read  # 1 in 29 (100.7 expected)
+    twice = list(range(900, 929))
+    for seed in range(16):
+        assert (evaluated_pages(seed, 12, 3, assigned, twice, 1, rule)
+                == evaluated_pages(seed, 12, 3, assigned, twice, 1, "in_proportion"))
+    assert len(evaluated_pages(0, 12, 3, assigned, twice[:15], 2, rule)) in (3, 4)  # 2·15/29 = 1.03: 1 or 2

@@ -268,13 +268,15 @@ class GauntletConfig(_Strict):
         "twice the pages shows each page more than half the gap (the give-back of the dilution would pay its mu "
         "above honest work's) and gains more on the random pages (its rating); capped, the pages are paid by "
         "extra_work_exponent alone (docs/scoring.md §4)")
-    declared_pages_evaluated: Literal["shared", "in_proportion"] = Field(
+    declared_pages_evaluated: Literal["shared", "in_proportion", "in_proportion_on_average"] = Field(
         default="shared", description="how many of a declaring peer's pages its primary evaluation reads "
         "(gauntlet.evaluated_pages): shared, data.eval_pages across its assigned and declared pages alike (each "
         "class proven on part of them, some evaluations on one class only); in_proportion, eval_pages of its "
         "assigned pages and as many of its declared ones in proportion (at most all), so every evaluation proves "
         "each class on as much as an honest miner's assigned work, at the price of reading more pages for a "
-        "peer that claims more work (docs/scoring.md §4)")
+        "peer that claims more work (docs/scoring.md §4); in_proportion_on_average, as in_proportion but the "
+        "declared count rounded by a keyed draw instead of up, so one declared page of 29 is read in one "
+        "evaluation of 29 on average, not in every one (a validator's time in proportion to the work)")
     class_credit_weights: Literal["units", "work"] = Field(
         default="units", description="how an evaluation's proof credit weighs the units of a declaring peer's "
         "assigned and declared pages (scores.update_mu): units, each unit alike, so under in_proportion one "

@@ -117,12 +117,24 @@ def evaluated_pages(seed: int, window: int, uid: int, assigned: list[int], decla
     assigned one, so how much of it was trained is told from its own few evaluations instead of from the
     evaluations that happened to draw it (a class's credit over a 16-window localnet's 9 evaluations
     scattered by a third and more, benchmarks/LOG.md §41). The miner still cannot tell which pages.
+
+    "in_proportion_on_average": as "in_proportion", but n·|declared|/|assigned| is rounded by a draw keyed
+    by the secret (up with the probability of its fraction), so a validator reads a peer's declared pages
+    in proportion to the work they add on average. Rounded up, one declared page of 29 was read on as many
+    pages as the assigned ones, and every peer declaring one page made its evaluations 1.5× as long for a
+    thirtieth more work. The same count for twice the pages (a whole number).
     """
     if rule == "shared" or not declared:
         return select_eval_pages(seed, window, uid, assigned + declared, n)
-    if rule != "in_proportion":
+    exact = n * len(declared) / max(1, len(assigned))
+    if rule == "in_proportion":
+        extra = math.ceil(exact)
+    elif rule == "in_proportion_on_average":
+        draw = int.from_bytes(_priority(_window_key(seed, window, f"declared/{uid}"), "round")[:8], "big") / 2.0**64
+        extra = math.floor(exact) + (draw < exact - math.floor(exact))
+    else:
         raise ValueError(f"evaluated_pages: unknown rule {rule!r}")
-    extra = min(len(declared), math.ceil(n * len(declared) / max(1, len(assigned))))
+    extra = min(len(declared), extra)
     return select_eval_pages(seed, window, uid, assigned, n) + select_eval_pages(seed, window, uid, declared, extra)
 
 
