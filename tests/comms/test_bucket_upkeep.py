@@ -149,7 +149,7 @@ def test_a_bucket_down_for_a_while_loses_nothing_and_one_down_for_good_costs_lit
     first_out = [key_of(1000 - kept + 1) for key_of in (gradient_key, commit_key)]
     assert all(gone.deletes[key] == upkeep.DELETE_ATTEMPTS for key in first_out)  # then left to a lifecycle rule
     assert max(gone.deletes.values()) == upkeep.DELETE_ATTEMPTS
-    patience = 2 ** upkeep.DELETE_ATTEMPTS - 1  # windows from a key's first try to its last
+    patience = 2 ** (upkeep.DELETE_ATTEMPTS - 1) - 1  # windows from a key's first try to its last: 63
     assert len(stale.failures) <= 2 * patience and not stale.pending  # nothing piles up
 
 

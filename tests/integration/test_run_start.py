@@ -17,6 +17,7 @@ from templar.comms.keys import (
     aggregate_key,
     checkpoint_prefix,
     gradient_key,
+    inputs_key,
     latest_checkpoint_key,
     start_window_key,
 )
@@ -67,6 +68,36 @@ def test_the_first_lead_started_early_in_a_window_starts_the_run_and_a_joiner_ho
     joined, (same, joiner_step, lead_step) = run_virtual(scenario())
     assert (tmp_path / "buckets" / "lead" / start_window_key()).exists()
     assert joined and same and joiner_step == lead_step
+
+
+def test_a_lead_restarted_early_in_a_window_still_leads_the_window_before(tmp_path):
+    """Restarted on its own state 0.2 s into window W, before W−1's gather: the lead runs and leads W−1
+    itself, as before. Waiting to know its slot (what a validator that may start a new run does) would have
+    given W−1 away: to a stand-in, who keeps the first slot until the next boundary, or to nobody."""
+    subnet = Subnet.create(tmp_path, {"lead": 100.0, "m0": 0.0, "m1": 0.0})
+
+    async def scenario():
+        lead = Validator(await subnet.node("lead"))
+        miners = [Miner(await subnet.node(name)) for name in ("m0", "m1")]
+        first = asyncio.create_task(lead.run(3))
+        await asyncio.sleep(0)
+        running = [asyncio.create_task(m.run()) for m in miners]
+        await first
+        await lead.node.aclose()
+        clock = miners[0].node.clock
+        window = clock.current_window() + 1
+        window += window % lead.hp.windows.lead_cadence == 0  # at a boundary the slots need no window before
+        await clock.sleep_until(clock.times(window).start + 0.2)
+        await Validator(await subnet.node("lead")).run(2)
+        for m in miners:
+            m.node.stop.set()
+        await asyncio.gather(*running, return_exceptions=True)
+        for m in miners:
+            await m.node.aclose()
+        return window
+
+    window = run_virtual(scenario())
+    assert (tmp_path / "buckets" / "lead" / inputs_key(window - 1)).exists()
 
 
 def _plant_old_start(node, bucket: Path) -> None:
@@ -146,5 +177,6 @@ def test_a_validator_behind_a_window_that_cannot_be_had_re_syncs_past_it(tmp_pat
 
     stuck, (window, current) = run_virtual(scenario())
     assert window > stuck and window >= current - 2, (stuck, window, current)
-    assert not (tmp_path / "nodes" / "v2" / "download").exists()  # the checkpoint it loaded is not kept twice
+    kept = [p.name for p in (tmp_path / "nodes" / "v2" / "download").iterdir()]
+    assert len(kept) == 1, kept  # the checkpoint it loaded, and no other copy of the model
     assert (tmp_path / "nodes" / "v2" / STATE_FILE).exists()

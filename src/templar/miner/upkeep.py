@@ -9,7 +9,7 @@ or the windows a re-sync jumped over) is found with one LIST of each prefix, whe
 and after a jump, and deleted a bounded batch per window, so a bucket a miner left for months costs
 no window more than `DELETES_PER_STEP` deletes. A LIST that fails is asked again after 1, 2, 4, ...
 windows (at most `SWEEP_RETRY_MAX_WINDOWS`), and a DELETE that fails is tried again after 1, 2, 4, ...
-windows, `DELETE_ATTEMPTS` times in all (127 windows, about 3 h at 84 s windows): a bucket down for a
+windows, `DELETE_ATTEMPTS` times in all (over 63 windows, about 1.5 h at 84 s windows): a bucket down for a
 while loses nothing, and one that refuses for good costs a few requests a window. What still stays
 is left to the bucket's lifecycle rule, if it has one (docs/buckets.md).
 """

@@ -15,6 +15,7 @@ import heapq
 import itertools
 import shutil
 from enum import StrEnum
+from pathlib import Path
 
 import torch
 
@@ -37,7 +38,8 @@ from templar.storage import StorageError
 MODEL_FILE = "model.safetensors"
 CHECKPOINT_DOWNLOAD_SECONDS = 1800.0
 DOWNLOAD_FOLDER = "download"
-"""Under the state directory: a checkpoint being downloaded (a partial file resumes), deleted once loaded."""
+"""Under the state directory: a checkpoint being downloaded (a partial file resumes), and the newest one
+loaded (the others are deleted then)."""
 
 
 class ResyncError(Exception):
@@ -254,8 +256,9 @@ async def _newest_intact_checkpoint(node: Node, candidates: list[Lead], *, newer
             await older_manifests(slot, lead, window)
             continue
         log.info(f"[SYNC] Loaded checkpoint of window {ckpt.window} (global_step {ckpt.global_step})")
-        # θ is in the model now; a copy of the whole model per re-sync (4.8 GB at 1.2B) would fill the disk
-        await asyncio.to_thread(shutil.rmtree, node.state_dir / DOWNLOAD_FOLDER, True)
+        # one copy on disk: each re-sync that loaded another checkpoint left the whole model (4.8 GB at 1.2B);
+        # the one loaded stays, so a re-sync of the same checkpoint verifies it instead of downloading it again
+        await asyncio.to_thread(_keep_only, node.state_dir / DOWNLOAD_FOLDER, str(ckpt.window))
         return NodeState(window=ckpt.window, global_step=ckpt.global_step)
     return "the candidates' checkpoints are unusable (" + "; ".join(problems)[:600] + ")" if problems else None
 
@@ -274,6 +277,17 @@ async def restore_when_possible(node: Node) -> tuple[NodeState, bool]:
             context(phase=Phase.DOWNLOAD).warning(f"[SYNC] Cannot restore the run's state yet ({exc}); retrying "
                                                   "in a window")
             await node.clock.sleep_until(node.clock.now() + times.end - times.start, node.stop)
+
+
+def _keep_only(folder: Path, name: str) -> None:
+    """Delete every entry of `folder` but `name`."""
+    for entry in folder.iterdir() if folder.is_dir() else ():
+        if entry.name == name:
+            continue
+        if entry.is_dir():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
 
 
 def _checkpoint_cap(model: torch.nn.Module) -> int:

@@ -186,10 +186,13 @@ class Validator:
         drop_uncommitted_records(node.state_dir, list(WINDOW_RECORDS), self.state.window)
         self.holdout = (await node.pages.fetch(node.plan.holdout_pages()[:self.hp.data.holdout_eval_pages])).batch
         current = node.clock.current_window()
-        await self.check_slot(current, wait=True)
+        # only a validator that may start a new run waits to know its slot: a lead restarting on its own
+        # state runs the window before itself, and waiting for that window's slots would give it away
+        may_start = not own and self.state.global_step == 0
+        await self.check_slot(current, wait=may_start)
         if node.clock.current_window() != current:  # the wait reached the next window: its slots, then
             current = node.clock.current_window()
-            await self.check_slot(current, wait=True)
+            await self.check_slot(current, wait=may_start)
         target = await self.join(current, own=own)
         self.sync.record(self.state.window, self.state.global_step)
         behind = target - self.state.window
@@ -258,9 +261,10 @@ class Validator:
 
         The first slot of a window is the one who led the window before, which is told only once that
         window's slots have settled (in production up to about 70 s into this window). `wait` (a
-        validator starting) waits until then when it cannot be told yet: the first validator of a new
-        run, taking itself for no slot holder, would never publish the run's start window, and every
-        node joining before the first checkpoint would start from θ_0 at its own window."""
+        validator starting that may start a new run) waits until then when it cannot be told yet: the
+        first validator of a new run, taking itself for no slot holder, would never publish the run's
+        start window, and every node joining before the first checkpoint would start from θ_0 at its
+        own window."""
         order = await window_order(self.node, window)
         if isinstance(order, str) and wait and window > 0:
             before = self.node.clock.times(window - 1)
