@@ -11,8 +11,9 @@ Who leads a window is the succession's rule (`templar.runtime.consensus.successi
 first `lead_slots` of the order publishes the window's inputs in its own slot, once those before it
 are confirmed absent (`Validator.candidate`). Then every validator takes the window's decision, and
 the window runs in one `Role`: `LeadRole` when its own inputs are the ones that apply (it steps with
-them and publishes the window's aggregate, progress, next peer list and checkpoint), `FollowerRole`
-otherwise (it takes the lead's step and publishes nothing).
+them and publishes the window's aggregate, progress, next peer list and checkpoint; under SparseLoCo
+the aggregate, the payloads themselves, already went out with the inputs), `FollowerRole` otherwise
+(it takes the lead's step and publishes nothing).
 
 The scoring rule is `score_window`, shared with the subnet simulator; the commitment reader runs
 beside the windows (`templar.validator.commits`); the records are `templar.validator.report`'s.
