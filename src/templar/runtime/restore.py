@@ -120,6 +120,13 @@ async def restore(node: Node, *, use_local: bool = True, newer_than: int = -1) -
     return NodeState(window=start - 1, global_step=0), False
 
 
+async def _slot_holders(node: Node) -> set[str]:
+    """The hotkeys of the first `lead_slots` of the succession: only they can have led a window by today's
+    order (`succession.order_of`: the validator that led the window before keeps the first slot, and it
+    was one of them)."""
+    return {c.hotkey for c in (await node.candidates())[:node.hp.windows.lead_slots]}
+
+
 async def published_start(node: Node, candidates: list[Lead] | None = None) -> int | None:
     """The run's start window: the copy of the first candidate that has one. None only when every
     candidate's bucket says it has none. A copy naming a window that has not begun is not the run's
@@ -135,7 +142,7 @@ async def published_start(node: Node, candidates: list[Lead] | None = None) -> i
     a little stake held back every node of a new run, the first lead included (a garbage copy
     stopped it, a copy naming an old window kept it replaying windows whose history is gone)."""
     candidates = candidates if candidates is not None else [c for c in await node.candidates() if c.bucket]
-    slot_holders = {c.hotkey for c in (await node.candidates())[:node.hp.windows.lead_slots]}
+    slot_holders = await _slot_holders(node)
     problems: list[str] = []
     current = node.clock.current_window()
     log = context(window=current, phase=Phase.DOWNLOAD)
@@ -190,7 +197,7 @@ async def _newest_intact_checkpoint(node: Node, candidates: list[Lead], *, newer
     # lead cannot be told) is not "a checkpoint that exists but cannot be used": counted as one, a permit and
     # a little stake kept every joiner (and the first slot's validator) from starting a run that had no
     # checkpoint yet.
-    slot_holders = {c.hotkey for c in (await node.candidates())[:node.hp.windows.lead_slots]}
+    slot_holders = await _slot_holders(node)
     listed_at_most = node.hp.windows.retained_checkpoints + 1  # a candidate keeps that many (one being written)
 
     def problem(lead: Lead, text: str) -> None:

@@ -231,8 +231,8 @@ class CheckpointPublisher:
                 done = await delete_history_before(self.node.bucket, oldest_needed)
         except TimeoutError:
             return
-        if done.newest is not None:  # records of windows we led before a restart count as ours too
-            self.last_led = done.newest if self.last_led is None else max(self.last_led, done.newest)
+        if done.newest is not None and (self.last_led is None or done.newest > self.last_led):
+            self.last_led = done.newest  # records of windows we led before a restart count as ours too
         if done.complete and (self.last_led is None or self.last_led < oldest_needed):
             self.history_clean = True  # every record we published is of a window before the kept range
 
