@@ -86,3 +86,49 @@ def _previous_book(state_dir) -> str:
 
     with safe_open(str(previous_path(state_dir / STATE_FILE)), framework="pt") as f:
         return json.loads(f.metadata()["extra"])["scorebook"]
+
+
+def test_a_follower_stopped_while_catching_up_keeps_the_window_before(tmp_path, monkeypatch):
+    """SIGTERM while a follower waits for a window's published update (its own fetch of a payload the
+    lead named failed): the window's step is not in its model, so it must not claim the window. It
+    saved a state file saying window w with θ and step still w - 1's; restarted, it said "Active"
+    holding a model that is not the run's."""
+    import templar.validator.roles as roles
+    from templar.runtime.consensus.follow import FollowError
+    from templar.runtime.state import load_node_state
+
+    from .harness import parameters, same_parameters
+
+    subnet = Subnet.create(tmp_path, {"lead": 100.0, "follower": 50.0, "m0": 0.0, "m1": 0.0}, max_allowed_stale=12)
+
+    async def scenario():
+        lead, follower = Validator(await subnet.node("lead")), Validator(await subnet.node("follower"))
+        miners = [Miner(await subnet.node(name)) for name in ("m0", "m1")]
+        for node in (lead, follower, *miners):
+            await node.start()
+        for _ in range(3):
+            w = lead.state.window + 1
+            await asyncio.gather(*(n.run_window(w) for n in (lead, follower, *miners)))
+        w, before = lead.state.window + 1, parameters(follower.node)
+        committed = (follower.state.window, follower.state.global_step)
+        apply_inputs = roles.apply_inputs
+
+        async def stopped_while_fetching(node, window, *args, **kwargs):
+            if node is follower.node and window == w:
+                node.stop.set()  # the SIGTERM, while a named payload's fetch times out
+                raise FollowError("m0's payload, aggregated by the lead, could not be read (TimeoutError)")
+            return await apply_inputs(node, window, *args, **kwargs)
+
+        monkeypatch.setattr(roles, "apply_inputs", stopped_while_fetching)
+        await asyncio.gather(*(n.run_window(w) for n in (lead, follower, *miners)))
+        assert lead.state.global_step == committed[1] + 1  # the window had a step
+        assert (follower.state.window, follower.state.global_step) == committed
+        assert same_parameters(parameters(follower.node), before)
+        loaded = load_node_state(follower.node.state_dir / STATE_FILE, follower.node.model)
+        assert loaded is not None and (loaded[0].window, loaded[0].global_step) == committed
+        assert same_parameters(parameters(follower.node), before)  # the state file holds what it says
+        assert w not in _windows(follower.node.state_dir / VALIDATOR_WINDOWS_FILE)
+        for node in (lead, follower, *miners):
+            await node.node.aclose()
+
+    run_virtual(scenario())

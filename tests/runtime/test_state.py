@@ -43,6 +43,29 @@ def test_a_torn_state_falls_back_to_the_previous_one(hp, tmp_path):
         load_node_state_or_previous(path, fresh)
 
 
+@pytest.mark.parametrize("meta", [{"window": "three", "global_step": "3"}, {"global_step": "3"},
+                                  {"window": "3", "global_step": "3", "extra": "{torn"},
+                                  {"window": "3", "global_step": "3", "extra": "[]"}])
+def test_a_state_file_with_unreadable_metadata_is_refused_before_it_touches_the_model(hp, tmp_path, meta):
+    """Its tensors were loaded into the model before its metadata was read: refused, it left its θ in
+    the model, and a node with nothing else to fall back on started "at θ_0" holding it."""
+    from safetensors.torch import load_file, save_file
+
+    from templar.runtime.state import load_node_state
+
+    model = build_model(hp)
+    path = tmp_path / "state.safetensors"
+    with torch.no_grad():
+        next(model.parameters()).fill_(7.0)
+    save_node_state(path, model, {}, NodeState(window=3, global_step=3))
+    save_file(load_file(str(path)), str(path), metadata=meta)
+    fresh = build_model(hp)
+    before = {k: v.clone() for k, v in fresh.state_dict().items()}
+    with pytest.raises(ValueError, match="unreadable state metadata"):
+        load_node_state(path, fresh)
+    assert all(torch.equal(before[k], v) for k, v in fresh.state_dict().items())
+
+
 def test_a_save_killed_midway_leaves_no_temporary_file_behind_the_next_save(tmp_path):
     """`kill -9` during a save skips `atomic_write`'s cleanup: each crash left a temporary file the
     size of the whole state (GBs) that nothing ever removed. The next save removes it."""

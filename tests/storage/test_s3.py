@@ -118,9 +118,19 @@ def test_announced_huge_body_rejected_before_reading(huge_length_server) -> None
     asyncio.run(body())
 
 
+_LIST_1E300 = (b'<?xml version="1.0" encoding="UTF-8"?><ListBucketResult><Name>peer</Name><IsTruncated>false</IsTruncated>'
+               b"<Contents><Key>k</Key><LastModified>1e300</LastModified><Size>5</Size></Contents></ListBucketResult>")
+"""A LIST page whose one object's timestamp is past any datetime."""
+
+
 @pytest.mark.parametrize("response", [
     b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello",                                   # no Last-Modified
     b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nLast-Modified: garbage\r\n\r\nhello",
+    # A number botocore reads as epoch seconds past any datetime: its parser raised RuntimeError ("Unable
+    # to calculate correct timezone offset"), which crashed gather, the commitment reader and succession.
+    b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nLast-Modified: 1e300\r\n\r\nhello",
+    b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nLast-Modified: inf\r\n\r\nhello",
+    b"HTTP/1.1 200 OK\r\nContent-Type: application/xml\r\nContent-Length: %d\r\n\r\n%s" % (len(_LIST_1E300), _LIST_1E300),
     b"HTTP/1.1 200 OK\r\nContent-Length: abc\r\n\r\nhello",
     b"HTTP/1.1 200 OK\r\nContent-Length: 50\r\nLast-Modified: Wed, 21 Oct 2026 07:28:00 GMT\r\n\r\nhi",
     b"HTTP/1.1 500 Oops\r\nContent-Length: 9\r\n\r\n<<<<<<<<<",

@@ -115,6 +115,18 @@ def test_a_shouting_peer_is_scale(real_peers, probes):
     assert all(verdicts[f"p{i}"].passed for i in range(3))
 
 
+def test_warm_ups_cannot_move_the_scale_checks_median(real_peers, probes):
+    """Warm-ups pass unrated and cost nothing: four hotkeys posting near-zero ones made the median of
+    the passing uploads theirs, and every honest upload `scale`. The check reads earning uploads only."""
+    _, peers = real_peers
+    results = {f"p{i}": _ok(_gradient(t, probes, hotkey=f"p{i}"), 100.0 + i) for i, t in enumerate(peers[:3])}
+    results |= {f"w{i}": _ok(_gradient(_scaled(peers[3], 1e-9 * (i + 1)), probes, hotkey=f"w{i}", warmup=True), 104.0 + i)
+                for i in range(4)}
+    verdicts = _evaluate(results, probes)
+    assert [verdicts[f"p{i}"].status for i in range(3)] == ["ok"] * 3
+    assert all(verdicts[f"w{i}"].status == "warmup" for i in range(4))
+
+
 def test_a_payload_claiming_another_step_is_wrong_step(real_peers, probes):
     _, peers = real_peers
     honest = _gradient(peers[0], probes, hotkey="honest")

@@ -107,6 +107,58 @@ def test_decoder_rejects_non_canonical_streams() -> None:
     assert attempt(exp=torch.full_like(good["exp"], 127)) == "non_finite"
 
 
+def recoded_indices(parts: dict[str, torch.Tensor], c: Compressed, b: int) -> dict[str, torch.Tensor]:
+    """`c`'s indices Rice-coded under parameter `b` instead of the writer's: the same index set."""
+    idx = c.indices.to(torch.int64)
+    gaps = (torch.diff(idx, dim=1, prepend=torch.full((c.plan.n_chunks, 1), -1)) - 1).reshape(-1).numpy()
+    low = ((gaps[:, None] >> np.arange(b)) & 1).reshape(-1)
+    high = gaps >> b
+    unary = np.zeros(int(high.sum()) + gaps.size, dtype=np.uint8)
+    unary[np.cumsum(high + 1) - 1] = 1
+    pack = lambda bits: torch.from_numpy(np.packbits(bits.astype(np.uint8), bitorder="little"))  # noqa: E731
+    return {**parts, "idx_lo": pack(low), "idx_hi": pack(unary), "rice": torch.tensor([b], dtype=torch.uint8)}
+
+
+def test_one_update_has_one_encoding(monkeypatch) -> None:
+    """An update re-coded under another Rice parameter, or with a chunk scaled by more than its values
+    need (or holding -128), decoded to the same values under a new content digest: a miner re-posting
+    an earlier upload that way passed the validators' replay memory. The reader now refuses both."""
+    x = torch.randn(128, 128, generator=torch.Generator().manual_seed(0))
+    x[:64] = 0.0  # the first chunks hold only zeros
+    c = DCTCompressor(64, 32).compress(x)
+    good = codec.encode(c)
+    b = int(good["rice"][0])
+    for other in (b - 1, b + 1):  # each decodes to c's indices exactly, but is not the writer's
+        parts = recoded_indices(good, c, other)
+        with pytest.raises(PayloadError, match=f"rice parameter {other}, where these indices' is {b}"):
+            codec.decode(parts, c.plan, c.k, "x")
+        with monkeypatch.context() as patch:  # the reader before: any parameter within the bound
+            patch.setattr(codec, "_is_rice_parameter", lambda gaps, b, max_bits: True)
+            assert torch.equal(codec.decode(parts, c.plan, c.k, "x").indices, c.indices)
+
+    def refused(**changes: torch.Tensor) -> None:
+        with pytest.raises(PayloadError, match="scaled by") as info:
+            codec.decode({**good, **changes}, c.plan, c.k, "x")
+        assert info.value.reason == "bad_encoding"
+
+    val, exp = good["val"].view(c.plan.n_chunks, c.k), good["exp"]
+    signal = int(torch.nonzero(val.abs().amax(dim=1) > 0)[0, 0])
+    halved, coarser = val.clone(), exp.clone()
+    halved[signal] //= 2
+    coarser[signal] += 1  # half the integers at twice the scale
+    refused(val=halved.reshape(-1), exp=coarser)
+    small = val.clone()
+    small[signal] //= 4  # the same scale for a quarter of the values
+    refused(val=small.reshape(-1))
+    low = val.clone()
+    low[signal, 0] = -128
+    refused(val=low.reshape(-1))
+    assert int(val[0].abs().max()) == 0
+    scaled_zeros = exp.clone()
+    scaled_zeros[0] = 3
+    refused(exp=scaled_zeros)
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     rows=st.integers(min_value=1, max_value=140),
@@ -136,3 +188,13 @@ def test_fixed_width_fields_match_the_bit_stream(b: int) -> None:
     bits = ((fields[:, None] >> np.arange(b)) & 1).reshape(-1)
     stream = np.packbits(bits.astype(np.uint8), bitorder="little")
     assert np.array_equal(codec._fixed_width(stream, n, b), fields)
+
+
+@settings(max_examples=200, deadline=None)
+@given(gaps=st.lists(st.integers(min_value=0, max_value=5000), min_size=1, max_size=64), max_bits=st.integers(0, 13))
+def test_the_readers_rice_check_accepts_the_writers_parameter_only(gaps: list[int], max_bits: int) -> None:
+    """The reader checks `b` against its neighbours' costs only (the cost is convex in b); that must
+    accept exactly the writer's choice, the first minimum over every b."""
+    g = np.array(gaps, dtype=np.int64)
+    writers = codec._rice_parameter(g, max_bits)
+    assert [b for b in range(max_bits + 1) if codec._is_rice_parameter(g, b, max_bits)] == [writers]

@@ -215,6 +215,13 @@ def load_node_state(path: Path, model: torch.nn.Module) -> tuple[NodeState, dict
 
     with safe_open(str(path), framework="pt") as f:
         meta = f.metadata() or {}
+    try:  # before the model is touched: a file refused here must leave it as it was
+        state = NodeState(window=int(meta["window"]), global_step=int(meta["global_step"]),
+                          extra=json.loads(meta.get("extra", "{}")))
+    except (KeyError, ValueError) as exc:  # json's errors are ValueErrors
+        raise ValueError(f"{path}: unreadable state metadata ({exc!r})") from exc
+    if not isinstance(state.extra, dict):
+        raise ValueError(f"{path}: unreadable state metadata (extra is not an object)")
     tensors = load_file(str(path))
     model_sd = {k[len(_MODEL):]: v for k, v in tensors.items() if k.startswith(_MODEL)}
     expected = model.state_dict()
@@ -224,6 +231,4 @@ def load_node_state(path: Path, model: torch.nn.Module) -> tuple[NodeState, dict
     model.load_state_dict({k: v.to(device) for k, v in model_sd.items()})
     ef = {k[len(_EF):]: v.to(device) for k, v in tensors.items() if k.startswith(_EF)}
     ef.update({k: v for k, v in tensors.items() if k.startswith(INNER_PREFIX)})  # the caller splits them off
-    state = NodeState(window=int(meta["window"]), global_step=int(meta["global_step"]),
-                      extra=json.loads(meta.get("extra", "{}")))
     return state, ef

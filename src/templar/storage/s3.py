@@ -302,9 +302,12 @@ class S3Bucket(Bucket):
             raise StorageTimeout(f"{where}: no answer within {timeout}s") from exc
         except (ClientError, BotoCoreError, aiohttp.ClientError, OSError) as exc:
             raise _translate(exc, where) from exc
-        except ValueError as exc:
-            # botocore's parsers raise ValueError on mangled headers (e.g. a bad Last-Modified).
-            raise StorageError(f"{where}: malformed response: {peer_text(exc)}") from exc
+        except Exception as exc:
+            # Whatever else escapes the call came from parsing what the endpoint sent, which a peer
+            # chooses: botocore's parsers raise ValueError on a mangled header, RuntimeError on a
+            # Last-Modified of 1e300 or inf, and others on XML they cannot place. Callers are promised
+            # StorageError for anything the endpoint does (cancellation is not an Exception).
+            raise StorageError(f"{where}: malformed response ({type(exc).__name__}: {peer_text(exc)})") from exc
 
     def _info(self, key: str, resp: dict[str, Any], size: int | None = None) -> ObjectInfo:
         """ObjectInfo from response headers, which a hostile endpoint may omit or mangle."""

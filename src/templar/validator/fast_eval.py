@@ -203,8 +203,11 @@ def fast_evaluate(
         for hotkey, ref in borrowed.items():
             verdicts[hotkey] = FastVerdict(Status.COPY, sync_steps=verdicts[hotkey].sync_steps, copied_from=ref.source,
                                            pool=verdicts[hotkey].pool)
-    passing = {hk: results[hk].value for hk, v in verdicts.items() if v.passed}
-    for hotkey in norm_outliers(passing, rules.max_norm_ratio, min_peers=rules.norm_check_min_peers):
+    # The scale check protects the aggregate, so it reads the uploads that may enter it: a warm-up is
+    # never aggregated and costs nothing to post, and counted in the median, tiny warm-ups from a few
+    # hotkeys dragged it down until every honest upload was `scale`.
+    earning = {hk: results[hk].value for hk, v in verdicts.items() if v.status.earns}
+    for hotkey in norm_outliers(earning, rules.max_norm_ratio, min_peers=rules.norm_check_min_peers):
         verdicts[hotkey] = FastVerdict(Status.SCALE, sync_steps=verdicts[hotkey].sync_steps)
     return verdicts
 

@@ -35,7 +35,7 @@ from templar.comms import GatherResult, GatherStatus, RecordError, get_start_win
 from templar.comms.keys import folder_of, inputs_key, start_window_key
 from templar.compress import Compressed
 from templar.compress.methods import rule_of
-from templar.core.log import context, short
+from templar.core.log import context
 from templar.core.schedule import learning_rate
 from templar.gauntlet import (
     FastVerdict,
@@ -314,7 +314,8 @@ class Validator:
         await self.candidate(work, in_sync=in_sync)
         await self.evaluate(work)
         self.score(work)
-        await self.step(work)
+        if not await self.step(work):
+            return  # stopped before the model held the window: the state file keeps the window before
         await self.role.publish(work)
         work.holdout_loss = await asyncio.to_thread(self.compute.evaluate_loss, self.holdout)
         await self.set_weights(work)
@@ -325,7 +326,7 @@ class Validator:
         # The commit point: model, window and book change together here, after the window's records
         # (a crash before it redoes the window; its uncommitted records are dropped at the restart).
         await asyncio.to_thread(self._save)
-        self._log_done(work)
+        context(window=window, phase="validate").info(work.done_line(self.state.global_step))
 
     async def ensure_start_window(self, window: int) -> None:
         """A validator that leads keeps a copy of the run's start window in its bucket (create-only,
@@ -453,9 +454,10 @@ class Validator:
         work.scores = score_window(self.book, self.hp.gauntlet, work.window, work.miners, work.verdicts,
                                    work.primaries)
 
-    async def step(self, work: ValidatorWindow) -> None:
+    async def step(self, work: ValidatorWindow) -> bool:
         """The outer step: every node, the lead included, takes exactly the window's applied inputs
-        (`window_inputs`). The window's role follows from who led it: ours (`LeadRole`) or not."""
+        (`window_inputs`). The window's role follows from who led it: ours (`LeadRole`) or not.
+        False when stopped before the model held the window: claiming it then skipped its step."""
         try:
             work.decision = await window_inputs(self.node, work.window, deadline=work.times.apply_deadline)
         except FollowError as exc:
@@ -465,10 +467,13 @@ class Validator:
             and work.decision.lead.hotkey == self.node.hotkey
         self.role = self.leading if led else self.following
         await asyncio.to_thread(self.bases.before_step, self.state, work.window)
-        work.step, work.applied = await self.role.step(work)
+        if (taken := await self.role.step(work)) is None:
+            return False
+        work.step, work.applied = taken
         self.state.window = max(self.state.window, work.window)
         await asyncio.to_thread(self.bases.after_step, self.state)
         self.sync.record(self.state.window, self.state.global_step)
+        return True
 
     async def set_weights(self, work: ValidatorWindow) -> None:
         """When the cadence says (every `windows_per_weights` windows, counted back from each epoch:
@@ -588,12 +593,3 @@ class Validator:
             except OSError as exc:
                 context(window=self.state.window, phase="save").warning(
                     f"readable copy {BOOK_FILE} not written ({exc}); the book is safe in the state file")
-
-    def _log_done(self, work: ValidatorWindow) -> None:
-        results, step = work.results, work.step
-        assert work.scores is not None
-        context(window=work.window, phase="validate").info(
-            f"window done in {work.wall_seconds:.1f}s | held-out loss {work.holdout_loss:.4f} | gathered "
-            f"{sum(r.ok for r in results.values())}/{len(results)} | evaluated {len(work.losses)} | "
-            f"aggregated {step.peers if step else 0} | step {self.state.global_step} | top-G "
-            + ",".join(short(h) for h in work.scores.top_g))

@@ -31,8 +31,9 @@ class Role:
     def __init__(self, validator: Validator) -> None:
         self.v = validator
 
-    async def step(self, work: ValidatorWindow) -> tuple[OuterStep | None, list[Gradient]]:
-        """The window's outer step (None when it had none) and the payloads it aggregated."""
+    async def step(self, work: ValidatorWindow) -> tuple[OuterStep | None, list[Gradient]] | None:
+        """The window's outer step (None when it had none) and the payloads it aggregated; None when
+        the node was stopped before its model held the window (nothing of the window may be kept)."""
         raise NotImplementedError
 
     async def publish(self, work: ValidatorWindow) -> None:
@@ -90,11 +91,11 @@ class FollowerRole(Role):
         if work.window % v.hp.windows.checkpoint_frequency == 0:
             v.checkpoints.clean_history(work.window)
 
-    async def step(self, work: ValidatorWindow) -> tuple[OuterStep | None, list[Gradient]]:
+    async def step(self, work: ValidatorWindow) -> tuple[OuterStep | None, list[Gradient]] | None:
         """The window's inputs, applied. When they cannot be had in time the validator does not
         guess: it waits for the window's published update (catch-up), re-syncing from a checkpoint
         once it is `max_allowed_stale` windows behind, so the model it saves always holds this
-        window's update."""
+        window's update. Stopped while waiting, it returns None: the window is not held."""
         v, node, window = self.v, self.v.node, work.window
         decision = work.decision
         if decision is not None:
@@ -116,4 +117,4 @@ class FollowerRole(Role):
                     await node.clock.sleep_until(node.clock.now() + RETRY_SECONDS, node.stop)
                 continue
             v.state = await catch_up(node, v.state, window, republish=v.republish)
-        return None, []
+        return (None, []) if v.state.window >= window else None

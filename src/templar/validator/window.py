@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from templar.comms import GatherResult
+from templar.core.log import short
 from templar.gauntlet import FastVerdict, PrimaryResult, WindowDraw, WindowScores
 from templar.runtime.consensus.outer import OuterStep
 from templar.runtime.consensus.succession import Decision
@@ -49,3 +50,12 @@ class ValidatorWindow:
     holdout_loss: float = 0.0
     weights_set: bool = False
     wall_seconds: float = 0.0
+
+    def done_line(self, global_step: int) -> str:
+        """The window's one-line summary, said when it is committed."""
+        assert self.scores is not None
+        gathered = sum(r.ok for r in self.results.values())
+        return (f"window done in {self.wall_seconds:.1f}s | held-out loss {self.holdout_loss:.4f} | gathered "
+                f"{gathered}/{len(self.results)} | evaluated {len(self.losses)} | aggregated "
+                f"{self.step.peers if self.step else 0} | step {global_step} | top-G "
+                + ",".join(short(h) for h in self.scores.top_g))
