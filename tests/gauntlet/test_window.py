@@ -178,10 +178,10 @@ def test_a_miner_posting_warm_ups_for_ever_stops_being_paid_its_old_score():
     miners = {"coaster": 0, "h1": 1, "h2": 2, "h3": 3, "resync": 4}
     book, honest = ScoreBook(), PrimaryResult(0.02, 0.01, (0.02,), (0.02,) * 8, random_units=(0.01,) * 8)
     # re-syncs twice, each the fork window, the run's warm-up and a dropped window: warm-up uploads for
-    # warmup + 2 windows, each episode after other verdicts
-    resyncing = {w for first in (30, 60) for w in range(first, first + warmup + 2)}
+    # warmup + 2 windows, each episode after other verdicts, the second past `warmup_overdue_horizon`
+    resyncing = {w for first in (30, 30 + rules.warmup_overdue_horizon + 10) for w in range(first, first + warmup + 2)}
     overdue_from = None
-    for window in range(1, 101):
+    for window in range(1, 51 + rules.warmup_overdue_horizon):
         verdicts = {hk: FastVerdict(Status.OK) for hk in ("h1", "h2", "h3")}
         verdicts["coaster"] = FastVerdict(Status.OK if window <= 20 else Status.WARMUP)
         verdicts["resync"] = FastVerdict(Status.WARMUP if window in resyncing else Status.OK)
@@ -204,6 +204,36 @@ def test_a_miner_posting_warm_ups_for_ever_stops_being_paid_its_old_score():
         losses = {hk: honest for hk, v in verdicts.items() if v.status is Status.OK}
         scores = score_window(book, off, window, miners, verdicts, losses)
     assert scores.weights["coaster"] == pytest.approx(scores.weights["h1"])
+
+
+def test_a_miner_training_one_window_in_eleven_between_warm_ups_is_not_paid_as_honest():
+    """Any verdict but a warm-up ends a warm-up episode, so a top-G miner (in F_t every window) that posted
+    ten warm-ups, one trained upload, and again, never overran one episode's allowance and was paid as an
+    honest miner for a tenth of the work (its μ and rating only ever saw its trained uploads). The budget
+    (`warmup_overdue_horizon`: `warmup_overdue_windows` warm-ups in that many windows) fails what passes
+    it, so the rider loses φ at nearly every warm-up; the rule before kept its pay at the honest one's."""
+    from templar.core.config import load_hparams
+
+    rules = load_hparams().gauntlet
+    allowance = rules.warmup_overdue_windows
+    miners = {"rider": 0, "h1": 1, "h2": 2, "h3": 3}
+    honest = PrimaryResult(0.02, 0.01, (0.02,), (0.02,) * 8, random_units=(0.01,) * 8)
+
+    def run(rules) -> tuple[dict[str, float], ScoreBook]:
+        book = ScoreBook()
+        for window in range(1, 181):
+            riding = window > 20 and (window - 21) % allowance != allowance - 1  # 10 warm-ups, 1 trained
+            verdicts = {hk: FastVerdict(Status.OK) for hk in ("h1", "h2", "h3")}
+            verdicts["rider"] = FastVerdict(Status.WARMUP if riding else Status.OK)
+            losses = {hk: honest for hk, v in verdicts.items() if v.status is Status.OK}
+            scores = score_window(book, rules, window, miners, verdicts, losses)
+        return scores.weights, book
+
+    weights, book = run(rules)
+    assert book.peers["rider"].fast_eval_fails > 50 and book.peers["h1"].fast_eval_fails == 0
+    assert weights["rider"] < 0.01 * weights["h1"], weights
+    before, book = run(rules.model_copy(update={"warmup_overdue_horizon": 0}))
+    assert book.peers["rider"].fast_eval_fails == 0 and before["rider"] == pytest.approx(before["h1"])
 
 
 def test_an_allowance_that_would_fail_honest_warm_ups_is_refused():

@@ -186,10 +186,15 @@ class GauntletConfig(_Strict):
         "with the validator's secret (gauntlet.select_eval_sequences); 0 reads them all")
     sync_max_steps: float = Field(gt=0, description="sync threshold in steps of alpha")
     fast_eval_penalty: float = Field(gt=0, lt=1, description="phi: mu multiplier on a failed fast eval")
-    warmup_overdue_windows: int = Field(ge=0, description="a warm-up upload this many windows or more after the first "
+    warmup_overdue_windows: int = Field(ge=0, le=HISTORY_LIMIT, description="a warm-up upload this many windows or more after the first "
                                         "warm-up upload a validator saw of the peer's warm-up fails fast evaluation "
                                         "(warmup_overdue): a warm-up passes unrated, and posted for ever it kept "
                                         "the score a miner had earned; 0: never (docs/scoring.md §2)")
+    warmup_overdue_horizon: int = Field(default=0, ge=0, le=HISTORY_LIMIT, description="a warm-up upload also "
+                                        "fails (warmup_overdue) when a validator saw warmup_overdue_windows warm-ups of "
+                                        "the peer within this many windows before it, whatever came between: one "
+                                        "trained upload between runs of warm-ups no longer starts the allowance "
+                                        "again; 0: no such budget (docs/scoring.md §2)")
     probe_count: int = Field(gt=0, description="parameter values probed per tensor for the sync score")
     openskill_beta: float = Field(gt=0)
     openskill_tau: float = Field(ge=0)
@@ -459,6 +464,10 @@ class HParams(_Strict):
         if 0 < allowance <= warmup + 1:
             raise ValueError(f"gauntlet.warmup_overdue_windows ({allowance}) must exceed windows.warmup_windows + 1 "
                              f"({warmup + 1}), or be 0 (never): an honest warm-up would fail")
+        if 0 < self.gauntlet.warmup_overdue_horizon <= allowance:
+            raise ValueError(f"gauntlet.warmup_overdue_horizon ({self.gauntlet.warmup_overdue_horizon}) must exceed "
+                             f"warmup_overdue_windows ({allowance}), or be 0 (no budget): a horizon within one "
+                             "allowance budgets nothing")
         return self
 
     @model_validator(mode="after")

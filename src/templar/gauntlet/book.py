@@ -175,13 +175,15 @@ class ScoreBook:
                                noise=self.relative_noise[0], cap=rules.rating_cap,
                                tie_band_below=rules.rating_tie_band_below, below_after=rules.rating_below_after)
 
-    def _penalised(self, rules: GauntletConfig, record: PeerRecord) -> float:
+    def _penalised(self, rules: GauntletConfig, record: PeerRecord,
+                   levels: tuple[float | None, float | None] | None = None) -> float:
         """The stored μ after a failed fast evaluation: φ·μ, or with `mu_tie_band` the μ whose paid value
-        is φ times the paid value before (`saturation.penalised_read`), so the band does not absorb it."""
+        is φ times the paid value before (`saturation.penalised_read`), so the band does not absorb it.
+        `levels`: the paid levels to read it at (`paid_levels`; None: the book's now)."""
         read = self._read_mu(rules, record)
         if not rules.mu_tie_band > 0.0 or not read > 0.0:
             return penalise(record.mu, rules.fast_eval_penalty)
-        level, _ = self._paid_levels(rules)
+        level, _ = levels if levels is not None else self._paid_levels(rules)
         if rules.extra_work_paid_cap and record.declared > 0.0 and level is not None:
             read = min(read, level)
         after = penalised_read(read, level, self._mu_band(rules, record), rules.mu_exponent, rules.fast_eval_penalty)
@@ -220,6 +222,11 @@ class ScoreBook:
             reading = self._reading(rules, record, levels)
             paid[hotkey] = self._paid_mu(rules, record, reading.get("mu_cap", math.inf), reading.get("mu_level"))
         return paid
+
+    def paid_levels(self, rules: GauntletConfig) -> tuple[float | None, float | None]:
+        """The book's paid levels of μ and of the LossRating now (`_paid_levels`): a window's fast verdicts
+        are all applied at the levels before the first of them (`score_window`)."""
+        return self._paid_levels(rules)
 
     def _paid_levels(self, rules: GauntletConfig) -> tuple[float | None, float | None]:
         """`paid_level` of the μ and of the LossRating PeerScore reads, over the peers that never declared
@@ -318,7 +325,7 @@ class ScoreBook:
             out[hotkey] = float(max(0, window - record.last_primary_window)) * boost
         return out
 
-    def warmup_overdue(self, hotkey: str, window: int, warming: bool, allowance: int) -> bool:
+    def warmup_overdue(self, hotkey: str, window: int, warming: bool, allowance: int, horizon: int = 0) -> bool:
         """Whether `hotkey`'s warm-up upload of `window` comes after its warm-up should have ended: `allowance`
         (the run's `gauntlet.warmup_overdue_windows`; 0: never) windows or more after the first warm-up upload
         seen of it since its last verdict of another kind. `warming`: this window's verdict is a warm-up; any
@@ -332,20 +339,35 @@ class ScoreBook:
         (that window's upload weighs 0 too, then the re-sync's warm-up follows) or it drops a warm-up window's
         training (trained again), and a validator that samples the peer sees no verdict of the windows
         between two warm-ups; twice the length leaves those unpunished and still ends a free ride within a
-        few windows of the honest warm-up's length."""
+        few windows of the honest warm-up's length.
+
+        `horizon` (the run's `gauntlet.warmup_overdue_horizon`; 0: none) budgets warm-ups across episodes: one
+        also fails when `allowance` warm-ups of the peer were seen within the `horizon` windows before it. An
+        episode ends at any other verdict, so a top-G miner (seen every window) that posted ten warm-ups, then
+        one trained upload, and again, never overran one episode's allowance: paid as an honest miner for a
+        tenth of the work. Under the budget that costs a φ for each warm-up past it, so a miner can skip at
+        most `allowance` windows of every `horizon`. An honest miner joins or re-syncs with one episode of at
+        most `allowance`, and only a second re-sync within the horizon is charged for what passes it."""
         record = self._require(hotkey)
         if not warming:
             record.warmup_window = None
             return False
         if record.warmup_window is None or record.warmup_window > window:
             record.warmup_window = window
-        return allowance > 0 and window - record.warmup_window >= allowance
+        within = [w for w in record.warmups if window - horizon < w < window] if horizon > 0 else []
+        if allowance > 0 and (not record.warmups or record.warmups[-1] < window):
+            record.warmups = [*record.warmups, window][-allowance:]
+        return allowance > 0 and (window - record.warmup_window >= allowance or len(within) >= allowance)
 
     def record_fast_eval(
-        self, rules: GauntletConfig, hotkey: str, passed: bool, status: str, *, sync_steps: float | None = None
+        self, rules: GauntletConfig, hotkey: str, passed: bool, status: str, *, sync_steps: float | None = None,
+        levels: tuple[float | None, float | None] | None = None,
     ) -> PeerRecord:
         """Apply one fast evaluation (paper §3.2): on failure μ ← φ·μ (φ: `fast_eval_penalty`);
-        counts and status kept."""
+        counts and status kept. `levels`: the paid levels a failure is read at (`paid_levels`; None:
+        the book's now). A window passes the levels before its first verdict, so its failures do not
+        depend on the order they are applied in: read at the levels each left, one peer's penalty moved
+        the next one's (μ 0.505 or 0.606 for the same peer, one order or the other)."""
         record = self._require(hotkey)
         if not 0 < len(status) <= 64:
             raise ValueError(f"record_fast_eval: status must be 1-64 characters, got {status!r}")
@@ -358,8 +380,8 @@ class ScoreBook:
             record.fast_eval_passes += 1
             return record
         record.fast_eval_fails += 1
-        record.mu = self._penalised(rules, record)
-        self._rescore(rules, record)
+        record.mu = self._penalised(rules, record, levels)
+        self._rescore(rules, record, levels)
         return record
 
     def record_primary(self, rules: GauntletConfig, results: Mapping[str, PrimaryResult], *,

@@ -95,6 +95,9 @@ class PeerRecord(BaseModel):
     warmup_window: int | None = Field(default=None, ge=0,
                                       description="window of the first warm-up upload seen of the peer's current "
                                       "warm-up (None: not warming up; ScoreBook.warmup_overdue)")
+    warmups: list[int] = Field(default_factory=list, max_length=HISTORY_LIMIT,
+                               description="windows of the newest warm-up uploads seen of the peer, ascending, at most "
+                               "gauntlet.warmup_overdue_windows of them (ScoreBook.warmup_overdue)")
 
     @field_validator("last_delta_assigned", "last_delta_rand", "last_sync_steps")
     @classmethod

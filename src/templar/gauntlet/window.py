@@ -77,7 +77,8 @@ def score_window(book: ScoreBook, rules: GauntletConfig, window: int, miners: Ma
                  verdicts: Mapping[str, FastVerdict], losses: Mapping[str, PrimaryResult]) -> WindowScores:
     """Apply one window's evaluations to `book` and return its weights and top-G.
 
-    In order: each fast verdict (a failure multiplies μ by φ; `Status.passes`; a warm-up upload
+    In order: each fast verdict (a failure multiplies μ by φ, read at the paid levels before the window's
+    first verdict, so the verdicts' order does not matter; `Status.passes`; a warm-up upload
     `warmup_overdue_windows` windows or more into the peer's warm-up fails as `warmup_overdue`,
     `ScoreBook.warmup_overdue`), the pools fast
     evaluation found (paid once; forgotten after `pool_memory` windows), the primary evaluation
@@ -93,11 +94,15 @@ def score_window(book: ScoreBook, rules: GauntletConfig, window: int, miners: Ma
     unearned = sorted(hk for hk in losses if hk not in verdicts or not verdicts[hk].status.earns)
     if unearned:
         raise ValueError(f"score_window: LossScores for uploads that cannot earn: {unearned[:3]}")
-    for hotkey, verdict in verdicts.items():
+    for hotkey in verdicts:
         book.get_or_create(hotkey, miners[hotkey], window)
-        overdue = book.warmup_overdue(hotkey, window, verdict.status is Status.WARMUP, rules.warmup_overdue_windows)
+    levels = book.paid_levels(rules)  # every failure of the window is read at the levels before it
+    for hotkey, verdict in verdicts.items():
+        overdue = book.warmup_overdue(hotkey, window, verdict.status is Status.WARMUP, rules.warmup_overdue_windows,
+                                      rules.warmup_overdue_horizon)
         book.record_fast_eval(rules, hotkey, verdict.passed and not overdue,
-                              Status.WARMUP_OVERDUE.value if overdue else verdict.label, sync_steps=verdict.sync_steps)
+                              Status.WARMUP_OVERDUE.value if overdue else verdict.label, sync_steps=verdict.sync_steps,
+                              levels=levels)
     for pool in sorted({v.pool for v in verdicts.values() if v.pool}):
         book.record_pool(rules, pool, window)
     if verdicts:
