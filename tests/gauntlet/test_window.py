@@ -151,6 +151,30 @@ def test_the_draw_favours_peers_the_book_has_not_evaluated_for_long():
     assert counts["never"] > 2 * counts["fresh"], counts  # 632 against 168 (weights 4:1); uniform would be 1:1
 
 
+@pytest.mark.parametrize("failure", [Status.MISSING, Status.WARMUP_OVERDUE])
+def test_a_hotkey_that_never_passes_is_no_newcomer_for_ever(failure):
+    """Never evaluated, a registered hotkey that never uploads (or posts warm-ups past their allowance)
+    was drawn as a newcomer, twice the stalest, in every F_t for good: 48 such hotkeys of 256 took 58 % of
+    F_t's places. Its staleness is now the windows since its last fast evaluation; once it passes again
+    it is a newcomer again."""
+    rules = gauntlet_rules(fast_eval_uids=4, uids_per_window=2, selection_sharpness=2.0, newcomer_evals=4)
+    miners = {f"m{i:02d}": i for i in range(12)}
+    book = ScoreBook()
+    for hotkey, uid in miners.items():
+        book.get_or_create(hotkey, uid, 0)
+    book.record_primary(rules, {hk: PrimaryResult(0.02, 0.01) for hk in list(miners)[:6]}, window=10)
+    dead = ["m06", "m07", "m08"]
+    score_window(book, rules, 12, miners, {hk: FastVerdict(failure) for hk in dead}, {})
+    staleness = book.staleness(20, rules.newcomer_evals, rules.newcomer_first_evals)
+    assert {hk: staleness.get(hk) for hk in dead} == dict.fromkeys(dead, 8.0)  # seen at 12, not since
+    assert all(hk not in staleness for hk in ("m09", "m10", "m11"))  # never seen: newcomers, drawn first
+    drawn = [hk for window in range(20, 220) for hk in draw_window(book, rules, 7, window, miners, []).fast]
+    counts = {"dead": sum(hk in dead for hk in drawn), "new": sum(hk in ("m09", "m10", "m11") for hk in drawn)}
+    assert counts["new"] > 4 * counts["dead"], counts  # 422 against 60; before, all six were newcomers alike
+    score_window(book, rules, 21, miners, {"m06": FastVerdict(Status.WARMUP)}, {})  # it came back: a newcomer
+    assert "m06" not in book.staleness(22, rules.newcomer_evals, rules.newcomer_first_evals)
+
+
 def test_the_validator_and_the_simulator_draw_with_the_same_function():
     """Neither re-scripts F_t or S_t: both call `draw_window` (and neither draws with
     `select_eval_peers` itself)."""

@@ -22,6 +22,7 @@ from pydantic import ValidationError
 
 from templar.core.atomic import atomic_write
 from templar.core.config import HISTORY_LIMIT, GauntletConfig
+from templar.core.verdicts import Status
 from templar.gauntlet.duplicates import one_per_pool
 from templar.gauntlet.extra_work import (
     class_credits,
@@ -313,12 +314,22 @@ class ScoreBook:
         instead of one per |peers| / |S_t| windows, while staying a random draw. A peer with fewer
         than `first_evals` evaluations is absent too, so it is drawn as a newcomer (twice the
         stalest): its first epoch reads that many evaluations, not one or two of them.
+
+        A peer never evaluated whose last fast evaluation failed (no upload, a warm-up past its allowance,
+        anything that costs μ) is no newcomer: it counts as stale by the windows since that fast
+        evaluation. Drawn as a newcomer, a registered hotkey that never uploads, or posts warm-ups for
+        ever, was twice the stalest peer in every draw of F_t for good: 48 such hotkeys of 256 took 58 %
+        of F_t's places. Once it passes again (a late start's first warm-up) it is a newcomer again.
         """
         if newcomer_evals < 0 or first_evals < 0:
             raise ValueError(f"staleness: newcomer_evals and first_evals must be >= 0, got {newcomer_evals}, "
                              f"{first_evals}")
         out = {}
         for hotkey, record in self._peers.items():
+            last = Status.of_label(record.last_status)  # None: "new", no verdict yet
+            if record.last_primary_window is None and last is not None and not last.passes:
+                out[hotkey] = float(max(0, window - record.last_seen_window))
+                continue
             if record.last_primary_window is None or record.primary_evals < first_evals:
                 continue
             boost = max(1.0, newcomer_evals / (record.primary_evals + 1))
