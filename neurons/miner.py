@@ -1,4 +1,5 @@
-"""Templar miner: train on your assigned pages, post DeMo-compressed updates, earn by improving the model.
+"""Templar miner: train on your assigned pages, post compressed updates (SparseLoCo in production), earn by
+improving the model.
 
     python neurons/miner.py --wallet.name W --wallet.hotkey H --netuid N --subtensor.network finney \
         --bucket.locator r2:... --device cuda

@@ -481,6 +481,10 @@ def test_the_whole_doctor_and_its_exit_code(subnet, capsys):
                              "bucket-locator", "bucket-write", "bucket-read", "bucket-read-only",
                              "bucket-throughput", "manifest", "cache-space", "gpu", "host-memory", "state-disk",
                              "open-files"}
+    # the validator's own flags, as the docs say: the node's command line works unchanged (a shadow commits nothing)
+    assert main([*argv, "--shadow", "--record-evaluations"]) == 0
+    shadow = {c["name"]: c for c in json.loads(capsys.readouterr().out)["checks"]}
+    assert "--shadow: the node never commits it" in shadow["bucket-locator"]["summary"], shadow["bucket-locator"]
     assert main([*argv[:4], "stranger", *argv[5:-1]]) == 1
     text = capsys.readouterr().out
     assert "failed   registration" in text and "fix: templar chain register" in text

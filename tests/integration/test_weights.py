@@ -155,3 +155,46 @@ def test_a_shadow_validator_scores_as_usual_and_writes_nothing_on_chain(tmp_path
     metrics.on_record(node.state_dir / WEIGHTS_FILE, records[0])
     assert metrics.shadow.collect()[0].samples[0].value == 1
     assert metrics.weights_pending.collect()[0].samples[0].value == 0
+
+
+def test_a_shadow_on_the_leads_hotkey_follows_the_live_lead_and_publishes_nothing(tmp_path):
+    """The docs say a shadow can run beside the validator that sets the weights, on the same hotkey. It
+    took its own bucket (which the chain names for nobody) for its hotkey's: it held the live lead's
+    slot, led windows from its own inputs and published them there, and followed itself. Now it reads
+    its hotkey's committed bucket like any node, holds no slot, and takes the live lead's steps."""
+    from templar.core.clock import loop_time
+    from templar.miner.loop import Miner
+    from templar.runtime.node import start_node
+    from templar.validator.files import SECRET_FILE
+    from templar.validator.loop import Validator
+
+    from .harness import parameters, same_parameters
+
+    subnet = Subnet.create(tmp_path, {"lead": 100.0, "m0": 0.0, "m1": 0.0})
+    own_bucket = subnet.root / "buckets" / "lead-shadow"
+
+    async def scenario():
+        lead = Validator(await subnet.node("lead"))
+        miners = [Miner(await subnet.node(name)) for name in ("m0", "m1")]
+        await lead.start()
+        for m in miners:
+            await m.start()
+        args = subnet.args("lead")
+        args.shadow, args.state_dir, args.bucket_locator = True, subnet.root / "nodes" / "lead-shadow", f"local:{own_bucket}"
+        own_bucket.mkdir(parents=True)
+        args.state_dir.mkdir(parents=True)
+        (args.state_dir / SECRET_FILE).write_bytes(b"another machine's secret".ljust(32, b"."))
+        shadow = Validator(await start_node(args, "test", time=loop_time(), open_bucket=subnet.open_bucket))
+        await shadow.start()
+        for _ in range(4):
+            w = max(lead.state.window, shadow.state.window) + 1
+            await asyncio.gather(*(n.run_window(w) for n in (lead, shadow, *miners)))
+            assert shadow.slot is None and not shadow.is_lead and lead.is_lead
+            assert (shadow.state.window, shadow.state.global_step) == (lead.state.window, lead.state.global_step)
+            assert same_parameters(parameters(shadow.node), parameters(lead.node)), w
+        for node in (lead, shadow, *miners):
+            await node.node.aclose()
+        return lead.state.global_step
+
+    assert run_virtual(scenario()) >= 2
+    assert not any(own_bucket.rglob("*inputs*")) and not any(own_bucket.rglob("*progress*")), sorted(own_bucket.rglob("*"))

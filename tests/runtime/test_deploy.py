@@ -45,6 +45,15 @@ def test_the_units_stop_timeout_and_restart_rules_are_the_codes(role):
     sources = "".join(p.read_text() for p in (REPO_ROOT / "src" / "templar").rglob("*.py"))
     assert names and all(f'"{n}"' in sources or n == "TEMPLAR_ARGS" for n in names), names
     assert "$TEMPLAR_ARGS" in service["ExecStart"]
+    # its flags are the neuron's, and the log goes where the dashboard and the docs look for it
+    import argparse
+    import shlex
+
+    parser = argparse.ArgumentParser()
+    flags.add_node_args(parser)
+    flags.add_memory_args(parser) if role == "miner" else flags.add_validator_args(parser)
+    args = parser.parse_args(shlex.split(re.search(r"^TEMPLAR_ARGS=(.*)$", example, re.M).group(1)))
+    assert str(args.logging_file) == "/opt/templar/.templar/W/H/node.log"  # ~templar (the unit's home), W/H
 
 
 def exported_metrics() -> set[str]:

@@ -73,8 +73,8 @@ def test_the_node_flags_load_neither_torch_nor_transformers():
 
 
 def test_a_bad_hparams_file_or_a_held_state_directory_is_answered_before_torch_loads(tmp_path):
-    """The entry points' pre-flight check (`check_config`) names the bad file, or the pid of the node
-    holding the state directory, and gives the exit code `start_node` would, without importing torch,
+    """The entry points' pre-flight check (`check_config`) names the bad file, the unpublished corpus, or the
+    pid of the node holding the state directory, and gives the exit code `start_node` would, without importing torch,
     transformers or the node. Under torchrun only rank 0 asks (the other ranks take no lock)."""
     bad = tmp_path / "typo.json"
     bad.write_text(json.dumps({"base": str(REPO_ROOT / "hparams" / "tiny.json"), "gauntlet": {"top_gg": 4}}))
@@ -87,13 +87,16 @@ def test_a_bad_hparams_file_or_a_held_state_directory_is_answered_before_torch_l
              f"locked = f.check_config(p.parse_args(['--hparams', 'tiny', '--state.dir', {str(held)!r}])); "
              "os.environ['RANK'] = '1'; "
              f"follower = f.check_config(p.parse_args(['--hparams', 'tiny', '--state.dir', {str(held)!r}])); "
-             "print(code, ok, locked, follower, sorted(m for m in ('torch', 'transformers', 'templar.runtime.node') "
-             "if m in sys.modules))")
+             f"unpublished = f.check_config(p.parse_args(['--state.dir', {str(free)!r}])); "
+             "print(code, ok, locked, follower, unpublished, sorted(m for m in ('torch', 'transformers', "
+             "'templar.runtime.node') if m in sys.modules))")
     try:
         done = _run("-c", probe)
     finally:
         lock.release()
-    assert done.stdout.strip() == f"{EXIT_CONFIG} 0 {EXIT_STATE_LOCKED} 0 []", done.stderr
+    assert done.stdout.strip() == f"{EXIT_CONFIG} 0 {EXIT_STATE_LOCKED} 0 {EXIT_CONFIG} []", done.stderr
+    # production's hparams.json before its corpus is published: the docs' exit 3 and line, before the chain
+    assert "data: this run's corpus is not published yet (hparams data.manifest is empty)" in done.stderr
     assert "typo.json" in done.stderr and "top_gg" in done.stderr and "Traceback" not in done.stderr
     assert f"in use by another node (pid {os.getpid()})" in done.stderr, done.stderr
     assert not (free / "node.lock").exists()  # asking created nothing

@@ -56,6 +56,9 @@ async def check_bucket_locator(d: Doctor) -> CheckResult:
             return warning("bucket-locator", f"{kind} locator ({size} of 128 bytes); cannot read the commitment: {exc}",
                            "check the chain")
     where = d.locator.bucket or d.locator.path
+    if getattr(a, "shadow", False):
+        return ok("bucket-locator", f"{kind} bucket {where} ({size} of 128 bytes); --shadow: the node never commits "
+                  "it, the chain keeps " + ("no locator" if d.committed is None else "the live validator's"))
     if d.committed == a.bucket_locator:
         return ok("bucket-locator", f"{kind} bucket {where}, committed on chain ({size} of 128 bytes)")
     if d.committed is None:

@@ -18,7 +18,7 @@ import json
 from templar.doctor.context import Doctor
 from templar.doctor.result import Status, format_results
 from templar.doctor.runner import ROLES, run_checks
-from templar.runtime.flags import add_memory_args, add_node_args
+from templar.runtime.flags import add_memory_args, add_node_args, add_validator_args
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -31,6 +31,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_memory_args(parser)  # the miner's: the GPU check sizes the node with them
     parser.add_argument("--extra-pages", type=int, default=0, help="the miner's own flag, accepted so that its "
                         "command line works here unchanged")
+    add_validator_args(parser)  # the validator's own flags, likewise (--shadow: its locator is never committed)
     parser.set_defaults(func=run)
 
 

@@ -91,20 +91,25 @@ def add_validator_args(parser: argparse.ArgumentParser) -> None:
                              "bucket locator on chain: to try a new machine beside the one that sets weights")
     parser.add_argument("--record-evaluations", dest="record_evaluations", action="store_true",
                         help="also write every unit of every primary evaluation to evaluations.jsonl in the state "
-                             "directory (about 13 kB per evaluated peer in production: the evidence behind each μ; "
+                             "directory (about 8 kB per evaluated peer in production: the evidence behind each μ; "
                              "localnets do, for the simulator's fit)")
 
 
 def check_config(args: argparse.Namespace) -> int:
     """The exit code for what the command line alone shows is wrong (0: nothing), after one log
     line naming it. Entry points call this before the node's imports: an unreadable or invalid
-    `--hparams`, or a state directory another node holds, is answered in about a second instead of
+    `--hparams`, a run whose corpus is not published yet, or a state directory another node holds, is
+    answered in about a second (before the chain, the bucket and the lock) instead of
     after torch and the model code load (about 5 s of CPU). `start_node` checks the same again
     (and takes the lock); this only answers sooner."""
     try:
-        load_hparams(args.hparams)
+        hp = load_hparams(args.hparams)
     except HParamsError as exc:
         logger.error(str(exc))
+        return EXIT_CONFIG
+    if not hp.data.manifest:  # before the chain, the lock and the bucket: nothing on this machine to fix
+        logger.error("data: this run's corpus is not published yet (hparams data.manifest is empty): nothing to fix "
+                     "on this machine; the subnet owner publishes and pins it (docs/launch.md §11)")
         return EXIT_CONFIG
     if os.environ.get("RANK", "0") == "0":  # torchrun's other ranks take no lock: rank 0 holds the node's
         state_dir = state_dir_of(args)

@@ -228,10 +228,13 @@ class Node:
                 await gone[1].aclose()
 
     async def candidates(self) -> list[Lead]:
-        """The succession order (`Chain.succession`) with each candidate's bucket (ours for us)."""
+        """The succession order (`Chain.succession`) with each candidate's bucket (ours for us). A shadow
+        reads its hotkey's as every other node does, from the chain: the live validator on the same
+        hotkey publishes there, and the shadow's own bucket is nobody's (it holds no slot either)."""
         order = await asyncio.to_thread(self.chain.succession)
-        buckets = await self.peer_buckets([n.hotkey for n in order if n.hotkey != self.hotkey])
-        return [Lead(n, self.bucket if n.hotkey == self.hotkey else buckets.get(n.hotkey)) for n in order]
+        ours = not self.shadow
+        buckets = await self.peer_buckets([n.hotkey for n in order if n.hotkey != self.hotkey or not ours])
+        return [Lead(n, self.bucket if ours and n.hotkey == self.hotkey else buckets.get(n.hotkey)) for n in order]
 
     def install_signal_handlers(self) -> None:
         """SIGINT/SIGTERM finish the current window, save, and exit."""

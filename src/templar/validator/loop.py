@@ -226,7 +226,10 @@ class Validator:
     async def republish(self, window: int, step: OuterStep | None, applied: list[Gradient], global_step: int) -> None:
         """A window we led and left without its aggregate (stopped between our inputs and it), stepped
         again in catch-up from the payloads our inputs name: publish what the live step would have, while
-        the miners still hold those payloads (`catch_up`'s `republish`). Create-only, as every record."""
+        the miners still hold those payloads (`catch_up`'s `republish`). Create-only, as every record. A
+        shadow on the hotkey publishes nothing: the window is the live validator's."""
+        if self.node.shadow:
+            return
         context(window=window, phase="lead").warning(
             f"[LEAD] publishing our aggregate of window {window}: we stopped before it went out, and every node "
             "replaying the window later needs it")
@@ -276,8 +279,8 @@ class Validator:
                     f"settle: waiting {settled - self.node.clock.now():.1f}s")
                 await decide_window(self.node, window - 1, deadline=settled + POLL_SECONDS)
                 order = await window_order(self.node, window)
-        hotkeys = [] if isinstance(order, str) else [lead.hotkey for lead in order]
-        slot = hotkeys.index(self.node.hotkey) if self.node.hotkey in hotkeys else None
+        hotkeys = [] if isinstance(order, str) or self.node.shadow else [lead.hotkey for lead in order]
+        slot = hotkeys.index(self.node.hotkey) if self.node.hotkey in hotkeys else None  # a shadow: never one
         if slot != self.slot:
             if slot == 0:
                 said = "now holds the first slot: it leads every window it publishes inputs for in time"
@@ -464,7 +467,7 @@ class Validator:
             context(window=work.window, phase="sync").warning(
                 f"[SYNC] {exc}: not guessing the window's step; catching up on its published update")
         led = work.decision is not None and work.decision.lead is not None \
-            and work.decision.lead.hotkey == self.node.hotkey
+            and work.decision.lead.hotkey == self.node.hotkey and not self.node.shadow  # a shadow's hotkey: the live one's
         self.role = self.leading if led else self.following
         await asyncio.to_thread(self.bases.before_step, self.state, work.window)
         if (taken := await self.role.step(work)) is None:
