@@ -28,6 +28,29 @@ def test_one_process_node_is_sharded_and_stops_cleanly() -> None:
         compute.train(batch, 2, None, 0.01)
 
 
+def test_a_collective_failing_inside_training_stops_the_node_with_the_rank_lost_code(monkeypatch) -> None:
+    """FSDP's own collectives (its gathers in the forward pass, its reductions in the backward one) raise
+    gloo's or nccl's RuntimeError, which `Group` never sees: a rank killed while the others trained ended
+    the node with exit 1 and a traceback (2 ranks on gloo, a review). Any RuntimeError out of an op is now
+    the node's `DistError`: one line and `EXIT_RANK_LOST`, as docs/mining.md §12 says."""
+    import templar.distributed.compute as compute_module
+    from templar.distributed.group import EXIT_RANK_LOST, DistError
+
+    hp = load_hparams("tiny")
+    compute = NodeCompute.lead(build_model(hp), hp, init_group("cpu"), role="miner")
+    batch = torch.randint(0, hp.model.vocab_size, (4, hp.data.sequence_length), generator=torch.Generator().manual_seed(1))
+
+    def peer_gone(*args, **kwargs):
+        raise RuntimeError("[gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:40412: Connection reset by peer")
+
+    monkeypatch.setattr(compute_module, "accumulate_sharded", peer_gone)
+    with pytest.raises(DistError, match=r"rank 0: train failed .*Connection reset by peer") as info:
+        compute.train(batch, 2, hp.optimizer.grad_clip, 0.01)
+    assert info.value.exit_code == EXIT_RANK_LOST
+    assert all(isinstance(p, DTensor) for p in compute.model.parameters())  # left resharded
+    compute.stop()
+
+
 def test_sharded_state_keeps_the_previous_file_and_falls_back_to_it(tmp_path) -> None:
     """The sharded save goes through `runtime.state.write_state_file` and the load through
     `load_node_state_or_previous`: `.prev` is kept, and a torn newest file falls back to it."""

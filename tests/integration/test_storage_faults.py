@@ -88,3 +88,49 @@ def test_a_miner_whose_bucket_refuses_writes_stops_with_one_clear_error(tmp_path
             await node.aclose()
 
     run_virtual(scenario())
+
+
+
+def test_a_slow_data_bucket_costs_a_validators_evaluation_one_wait_and_a_lost_page_only_itself(tmp_path):
+    """The primary evaluation read each evaluated peer's pages, then the random pages, one call after the
+    other, each waiting up to the reader's deadline: a stalled data bucket cost a window that deadline once
+    per peer (about 9 × 21 s in production's 84 s window). Now every read goes out at once. And a page that
+    does not come no longer shifts the others' rows: each peer is read on the pages that came."""
+    import json
+
+    subnet = Subnet.create(tmp_path, {"lead": 100.0, "m0": 0.0, "m1": 0.0},
+                           sections={"data": {"eval_pages": 2}, "gauntlet": {"uids_per_window": 2}})
+    seen: dict[str, int] = {"inflight": 0, "most": 0, "dropped": 0}
+
+    async def scenario():
+        v = Validator(await subnet.node("lead"))
+        v.node.record_evaluations = True  # the validator's --record-evaluations
+        miners = [Miner(await subnet.node(name)) for name in ("m0", "m1")]
+        for node in (v, *miners):
+            await node.start()
+        fetch = v.node.pages.fetch
+
+        async def slow(pages, **kwargs):
+            seen["inflight"] += 1
+            seen["most"] = max(seen["most"], seen["inflight"])
+            await asyncio.sleep(1.0)  # a data bucket that answers slowly
+            seen["inflight"] -= 1
+            got = await fetch(pages, **kwargs)
+            if not kwargs and len(got.pages) == 2 and not seen["dropped"]:  # a peer's first page does not come
+                seen["dropped"] = 1
+                return type(got)(got.batch[got.batch.size(0) // 2:], got.pages[1:])
+            return got
+
+        v.node.pages.fetch = slow
+        for _ in range(3 + untrained_windows(v.hp)):
+            w = v.state.window + 1
+            await asyncio.gather(v.run_window(w), *(m.run_window(w) for m in miners))
+        for node in (v, *miners):
+            await node.node.aclose()
+        return v.node.state_dir / "evaluations.jsonl"
+
+    records = [json.loads(line) for line in run_virtual(scenario()).read_text().splitlines()]
+    assert seen["most"] == 3, seen  # both peers' pages and the random ones at once (before: 1)
+    assert seen["dropped"] and sorted({len(r["pages"]) for r in records}) == [1, 2], records
+    one, two = (next(r for r in records if len(r["pages"]) == n) for n in (1, 2))
+    assert 2 * len(one["units"]) == len(two["units"])  # read on the page that came, as much as on each of two

@@ -156,8 +156,18 @@ class NodeCompute:
             return self._run(op, {**kwargs, **(leader_only or {})})
 
     def _run(self, op: str, kwargs: dict[str, Any]) -> Any:
+        """Run `op` on this rank. A RuntimeError out of it is a node that failed: a collective inside it
+        failed (FSDP's gathers and reductions, the gradient clip's norm: not `Group`'s own, which say so
+        already) or this rank failed alone (out of memory, a device error), and its ranks are out of step.
+        It becomes the `DistError` the entry point exits with (`EXIT_RANK_LOST`, one line): a rank lost
+        while training, the likeliest moment, ended the node with exit 1 and a traceback instead."""
         try:
             return getattr(self, "_" + op)(**kwargs)
+        except RuntimeError as exc:
+            if isinstance(exc, DistError):
+                raise
+            logger.opt(exception=exc).debug(f"{op} failed on rank {self.group.rank}")
+            raise DistError(f"rank {self.group.rank}: {op} failed (a rank died or timed out): {exc}") from exc
         finally:
             for model in {id(m): m for m in (self.model, self.work, self.base_model) if m is not None}.values():
                 reshard(model)  # between ops, parameters are always the shards

@@ -565,27 +565,28 @@ class Validator:
         signs: dict[str, dict[str, torch.Tensor]] = {
             hk: await asyncio.to_thread(functools.partial(rule.trial, reference=reference), results[hk].value.tensors,
                                         shapes) for hk in chosen}
-        evaluated, declared = {}, {}
+        planned, extra = {}, {}
         for hk in chosen:
             own = node.plan.assigned_pages(miners[hk], window, hp.data.pages_per_window)
-            extra = node.plan.declared_pages(miners[hk], window, results[hk].value.extra_pages)
-            evaluated[hk] = evaluated_pages(seed, window, miners[hk], own, extra, hp.data.eval_pages,
-                                            hp.gauntlet.declared_pages_evaluated)
-            declared[hk] = sum(page in extra for page in evaluated[hk])  # listed last: assignment order
-        per_page = hp.data.sequences_per_page
-        assigned = {hk: read_sequences((await node.pages.fetch(pages)).batch, [
+            extra[hk] = node.plan.declared_pages(miners[hk], window, results[hk].value.extra_pages)
+            planned[hk] = evaluated_pages(seed, window, miners[hk], own, extra[hk], hp.data.eval_pages,
+                                          hp.gauntlet.declared_pages_evaluated)
+        # Every read at once, under one deadline (one after another, a stalled data bucket held the window for
+        # each); each peer's sequences drawn on the pages that came (a page missing shifted the others' rows).
+        *fetched, randoms = await asyncio.gather(*(node.pages.fetch(pages) for pages in planned.values()), node.pages.fetch(
+            node.plan.random_pages(window, hp.data.eval_pages, salt=seed % node.plan.pool),  # the next window's read ahead
+            prefetch=node.plan.random_pages(window + 1, hp.data.eval_pages, salt=self.eval_seed(window + 1) % node.plan.pool)))
+        evaluated = {hk: got.pages for hk, got in zip(planned, fetched, strict=True)}
+        declared = {hk: sum(page in extra[hk] for page in pages) for hk, pages in evaluated.items()}  # listed last
+        per_page, random_batch = hp.data.sequences_per_page, randoms.batch
+        assigned = {hk: read_sequences(got.batch, [
             select_eval_sequences(seed, window, miners[hk], page, per_page, hp.gauntlet.proof_sequences)
-            for page in pages]) for hk, pages in evaluated.items()}
-        salt = seed % node.plan.pool
-        random_batch = (await node.pages.fetch(  # the next window's random pages are read ahead
-            node.plan.random_pages(window, hp.data.eval_pages, salt=salt),
-            prefetch=node.plan.random_pages(window + 1, hp.data.eval_pages,
-                                            salt=self.eval_seed(window + 1) % node.plan.pool))).batch
+            for page in got.pages]) for hk, got in zip(planned, fetched, strict=True)}
         beta = hp.gauntlet.eval_lr_factor * lr
         read = eval_sequences_read(per_page, hp.gauntlet.proof_sequences)
         scores = await asyncio.to_thread(self._evaluator(base).score_peers, signs, assigned, random_batch, beta,
                                          read)
-        return {hk: replace(s, declared_units=len(s.sequence_deltas) * declared[hk] // len(evaluated[hk]))
+        return {hk: replace(s, declared_units=len(s.sequence_deltas) * declared[hk] // max(1, len(evaluated[hk])))
                 for hk, s in scores.items()}
 
     def _save(self) -> None:
