@@ -157,6 +157,16 @@ def test_one_update_has_one_encoding(monkeypatch) -> None:
     scaled_zeros = exp.clone()
     scaled_zeros[0] = 3
     refused(exp=scaled_zeros)
+    # a chunk whose values all round to 0 (under 2^-128: float32's subnormals, where error feedback that
+    # stopped getting gradient decays) is written as a chunk of zeros, which the reader takes; written
+    # with the clamped exponent 2^-127, an honest upload was refused
+    tiny = x.clone()
+    tiny[64:] *= 1e-40
+    c = DCTCompressor(64, 32).compress(tiny)
+    parts = codec.encode(c)
+    decoded = codec.decode(parts, c.plan, c.k, "x")
+    small = c.values.abs().amax(dim=1) < 2.0 ** -128
+    assert bool(small.any()) and not bool(parts["exp"][small].any()) and not bool(decoded.values[small].any())
 
 
 @settings(max_examples=60, deadline=None)

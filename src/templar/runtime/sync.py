@@ -322,8 +322,8 @@ class SyncCheck:
             decision, progress = await self._lead_record(held, until)
             if decision is None:
                 continue
-            if decision.lead is not None and decision.lead.hotkey == node.hotkey:
-                return True  # we led it: we are the reference
+            if decision.lead is not None and decision.lead.hotkey == node.hotkey and not node.shadow:
+                return True  # we led it: we are the reference (a shadow's hotkey is the live validator's)
             if progress is None:
                 continue
             if held == state.window:
@@ -350,7 +350,7 @@ class SyncCheck:
             if lead is None or lead.bucket is None:
                 if decision.settled or node.clock.now() + POLL_SECONDS > until or node.stop.is_set():
                     return None, None
-            elif lead.hotkey == node.hotkey:
+            elif lead.hotkey == node.hotkey and not node.shadow:
                 return decision, None
             else:
                 timeout = min(PROGRESS_READ_SECONDS, max(until - node.clock.now(), POLL_SECONDS))

@@ -171,11 +171,11 @@ def encode(c: Compressed) -> dict[str, torch.Tensor]:
 
     exp = _shared_exponent(values.abs().amax(dim=1))
     scaled = torch.ldexp(values, (-exp).to(torch.float32)[:, None])
-    return {
-        **parts,
-        "val": torch.round(scaled).clamp(-_QMAX, _QMAX).to(torch.int8).reshape(-1),
-        "exp": exp.to(torch.int8),
-    }
+    val = torch.round(scaled).clamp(-_QMAX, _QMAX).to(torch.int8)
+    # a chunk whose values all round to 0 (every one under 2^-128, float32's subnormals) is a chunk of zeros,
+    # and is written as one: the reader requires the exponent of the values it decodes
+    exp = torch.where(val.abs().amax(dim=1) > 0, exp, 0)
+    return {**parts, "val": val.reshape(-1), "exp": exp.to(torch.int8)}
 
 
 def _bits(stream: torch.Tensor) -> np.ndarray:
