@@ -28,7 +28,7 @@ from templar.dashboard.board import BEHIND_WINDOWS, STALE_WINDOWS
 from templar.dashboard.jsonl import MAX_LINE_BYTES
 from templar.data.plan import MAX_UIDS
 from templar.distributed.group import DEFAULT_TIMEOUT_S
-from templar.runtime import flags
+from templar.runtime import flags, metrics_server
 from templar.runtime.consensus.windows import stop_timeout_seconds, window_times
 from templar.tools.sizing import window_sizing
 
@@ -119,6 +119,8 @@ def computed() -> list[tuple[str, str]]:
         f"`TimeoutStopSec` is {stop_timeout_seconds(w, 'miner')} s\n  for a miner and "
         f"{stop_timeout_seconds(w, 'validator')} s for a validator",
         f"torchrun gives its ranks {_torchrun_grace()} s after a SIGTERM",
+        f"at most\n{metrics_server.CONNECTIONS} connections are served at once (more are closed on arrival), one that "
+        f"sends no request within {g(metrics_server.REQUEST_SECONDS)} s",
         f"no table scrolls sideways at {_browser('PHONE')['width']} px",
         f"at {_browser('DESKTOP')['width']}×{_browser('DESKTOP')['height']} and "
         f"{_browser('PHONE')['width']}×{_browser('PHONE')['height']}",

@@ -104,3 +104,39 @@ def test_miner_metrics_and_a_broken_listener_never_stop_a_record(tmp_path):
         remove_listener(broken)
         metrics.close()
     assert len(list(read_records(tmp_path / "miner_windows.jsonl"))) == 1
+
+
+def test_idle_connections_hold_a_bounded_number_of_threads_and_a_foreign_host_reads_nothing(monkeypatch):
+    """prometheus_client's server ran a thread per connection, each waiting on its request for ever: 300
+    idle connections held 300 of the node's threads. And it answered any Host header, so a web page could
+    read a loopback exporter (every peer's hotkey, score and weight) through a name re-pointed at 127.0.0.1.
+    Now at most `CONNECTIONS` are served at once, one that sends no request is closed after
+    `REQUEST_SECONDS`, and on loopback a request must name a loopback host, as the dashboard's must."""
+    import http.client
+    import socket
+    import threading
+    import time
+
+    from templar.runtime import metrics_server
+
+    monkeypatch.setattr(metrics_server._Handler, "timeout", 0.5)  # the test waits half a second, not ten
+    metrics = NeuronMetrics("miner", "5Min", 4)
+    port = metrics.serve("127.0.0.1", 0)
+    before = threading.active_count()
+    try:
+        idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(3 * metrics_server.CONNECTIONS)]
+        time.sleep(0.2)
+        assert threading.active_count() <= before + metrics_server.CONNECTIONS
+        time.sleep(1.0)  # the held ones timed out: their slots are free again, the clients still connected
+        assert "templar_info" in str(scrape(port))
+        for sock in idle:
+            sock.close()
+        for host, status in (("attacker.example", 400), (f"127.0.0.1:{port}", 200), (f"localhost:{port}", 200)):
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+            conn.request("GET", "/metrics", headers={"Host": host})
+            response = conn.getresponse()
+            assert response.status == status, host
+            assert (b"templar_" in response.read()) == (status == 200)
+            conn.close()
+    finally:
+        metrics.close()

@@ -19,11 +19,10 @@ from loguru import logger
 
 from templar.dashboard.app import create_app
 from templar.dashboard.board import Board
-from templar.storage.locator import is_loopback
+from templar.storage.locator import is_loopback, loopback_hosts
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8787
-LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 
 
 class BindError(ValueError):
@@ -60,13 +59,8 @@ def url_of(sock: socket.socket) -> str:
     return f"http://[{host}]:{port}/" if ":" in host else f"http://{host}:{port}/"
 
 
-def allowed_hosts(host: str) -> list[str] | None:
-    """Host headers accepted: loopback names when bound to loopback (DNS-rebinding guard), else any."""
-    return [*LOOPBACK_NAMES, "[::1]"] if is_loopback(host) else None
-
-
 def build_server(board: Board, host: str) -> uvicorn.Server:
-    app = create_app(board, allowed_hosts=allowed_hosts(host))
+    app = create_app(board, allowed_hosts=loopback_hosts(host))
     config = uvicorn.Config(app, log_level="warning", access_log=False, server_header=False,
                             proxy_headers=False, timeout_graceful_shutdown=2, limit_concurrency=128,
                             lifespan="on")

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 
 from templar.chain import ChainError, connect, is_miner, load_wallet, succession_of
+from templar.comms.exchange import RecordError, StartWindow, parse_record
+from templar.comms.keys import start_window_key
 from templar.core.config import HParamsError, load_hparams
 from templar.doctor.context import Doctor
 from templar.doctor.result import CheckResult, failed, ok, skipped, warning
@@ -199,16 +200,16 @@ async def check_lead_run(d: Doctor) -> CheckResult:
         return warning("lead-run", f"the lead's bucket is unusable: {exc}", "tell the subnet owner")
     try:
         async with bucket:
-            data = await bucket.get("v2/start_window.json", max_bytes=4096, timeout=d.timeout)
+            data = await bucket.get(start_window_key(), max_bytes=4096, timeout=d.timeout)
     except ObjectNotFound:
         return warning("lead-run", f"the lead (uid {lead.uid}) has not published its run yet", "start after the lead")
     except StorageError as exc:
         return warning("lead-run", f"the lead's bucket did not answer: {exc}", "retry later; tell the subnet owner")
-    try:
-        record = json.loads(data)
-        theirs, netuid = str(record["run"]), int(record["netuid"])
-    except (ValueError, KeyError, TypeError):
+    try:  # the nodes' own reader of it: `{"netuid": Infinity}` or deep nesting made this check fail as a bug
+        record: StartWindow = parse_record(data, StartWindow, "the lead's start_window.json")
+    except RecordError:
         return warning("lead-run", "the lead's start_window.json is not a run record", "tell the subnet owner")
+    theirs, netuid = record.run, record.netuid
     if theirs != ours or netuid != d.args.netuid:
         return failed("lead-run", f"the lead runs {theirs[:16]}… on netuid {netuid}; these hparams are {ours[:16]}…: every "
                       "payload would be refused as wrong_run", "use the run's hparams file (same digest as the "

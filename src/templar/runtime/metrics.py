@@ -20,12 +20,13 @@ import time
 from pathlib import Path
 
 from loguru import logger
-from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.process_collector import ProcessCollector
 
 from templar import __version__
 from templar.core.config import WindowConfig
 from templar.core.verdicts import Status
+from templar.runtime.metrics_server import serve_metrics
 from templar.runtime.records import (
     MinerWindowRecord,
     PeerScoreRecord,
@@ -226,7 +227,7 @@ class NeuronMetrics:
         """Start the HTTP endpoint; returns the bound port (0 picks a free one). Raises OSError."""
         if not is_loopback(host):
             logger.warning(f"metrics bound to {host}:{port}: reachable from the network, without authentication")
-        server, _thread = start_http_server(port, addr=host, registry=self.registry)
+        server = serve_metrics(self.registry, host, port)  # bounded, timed, Host-checked (metrics_server)
         self._server = server
         return server.server_address[1]
 

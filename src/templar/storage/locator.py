@@ -418,6 +418,13 @@ def is_public_address(address: str) -> bool:
     return ip.is_global and not (ip.is_reserved or ip.is_multicast or ip.is_link_local)
 
 
+def loopback_hosts(host: str) -> list[str] | None:
+    """The Host headers a server listening on `host` accepts: loopback names when it is bound to this
+    machine only, so that a web page elsewhere cannot read it through a name it re-points at 127.0.0.1
+    (DNS rebinding); None (any) when it listens on the network anyway."""
+    return ["localhost", "127.0.0.1", "::1", "[::1]"] if is_loopback(host) else None
+
+
 def is_loopback(host: str) -> bool:
     """Whether a listening address is this machine only ("localhost", 127.0.0.0/8, ::1): what the
     dashboard and the metrics exporter bind to unless told otherwise."""
