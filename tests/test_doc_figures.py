@@ -22,6 +22,7 @@ import pytest
 from templar.chain.embedded.store import ChainSpec
 from templar.core.config import DEFAULT_CACHE_GB, REPO_ROOT, load_hparams
 from templar.core.startup import OPEN_FILES_NEEDED, OPEN_FILES_WANTED
+from templar.dashboard import server as dashboard_server
 from templar.dashboard import sources, views
 from templar.dashboard.app import WATCH_GRACE
 from templar.dashboard.board import BEHIND_WINDOWS, STALE_WINDOWS
@@ -119,6 +120,7 @@ def computed() -> list[tuple[str, str]]:
         f"`TimeoutStopSec` is {stop_timeout_seconds(w, 'miner')} s\n  for a miner and "
         f"{stop_timeout_seconds(w, 'validator')} s for a validator",
         f"torchrun gives its ranks {_torchrun_grace()} s after a SIGTERM",
+        f"a connection that sends nothing is closed after {g(dashboard_server.IDLE_SECONDS)} s",
         f"at most\n{metrics_server.CONNECTIONS} connections are served at once (more are closed on arrival), one that "
         f"sends no request within {g(metrics_server.REQUEST_SECONDS)} s",
         f"no table scrolls sideways at {_browser('PHONE')['width']} px",

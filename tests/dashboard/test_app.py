@@ -328,3 +328,28 @@ def test_self_weights_of_miners_neither_join_the_agreement_nor_slow_the_overview
     table = html[html.index('id="agreement"'):].split("</table>")[0]
     assert table.count("<tr>") == 3  # the header and the two validators
     assert calls <= 2 + 2 * 2, calls  # their cosines against each other, not 256 × 256
+
+
+def test_connections_that_send_nothing_are_closed_and_lock_no_page_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """uvicorn times out an idle connection only after answering a request on it: 128 connections that sent
+    nothing held every place of `limit_concurrency` for as long as they stayed open, and every page,
+    /healthz included, answered 503 (a review, with `--allow-remote`). They are closed after
+    `IDLE_SECONDS` now, like kept-alive ones."""
+    import socket
+    import time
+
+    from templar.dashboard import server
+
+    monkeypatch.setattr(server, "IDLE_SECONDS", 0.5)
+    (tmp_path / "validator").mkdir()
+    dash = BackgroundDashboard(Board(BoardConfig(validator_dirs=[tmp_path / "validator"])), "127.0.0.1", 0).start()
+    host, port = dash.sock.getsockname()[:2]
+    idle = [socket.create_connection((host, port)) for _ in range(130)]
+    try:
+        time.sleep(1.5)
+        assert get(dash.url + "healthz")[0] == 200  # before: 503, for as long as they stayed open
+        assert all(sock.recv(1) == b"" for sock in idle[:8])  # the server closed them
+    finally:
+        for sock in idle:
+            sock.close()
+        dash.stop()

@@ -8,6 +8,7 @@ port is a clear error at once and port 0 picks a free one.
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import socket
 import threading
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import uvicorn
 from loguru import logger
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from templar.dashboard.app import create_app
 from templar.dashboard.board import Board
@@ -23,6 +25,8 @@ from templar.storage.locator import is_loopback, loopback_hosts
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8787
+IDLE_SECONDS = 5.0
+"""A connection that sends nothing for this long is closed (uvicorn's keep-alive timeout, from the first byte)."""
 
 
 class BindError(ValueError):
@@ -59,11 +63,22 @@ def url_of(sock: socket.socket) -> str:
     return f"http://[{host}]:{port}/" if ":" in host else f"http://{host}:{port}/"
 
 
+class _IdleClosingH11(H11Protocol):
+    """uvicorn closes an idle kept-alive connection after `timeout_keep_alive`, but only once it has answered a
+    request on it: a connection that never sent one held one of `limit_concurrency`'s places for as long as it
+    stayed open, and 128 of them locked every page, /healthz included. The same timer now starts when a
+    connection opens; its first bytes stop it, as they do on a kept-alive one."""
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive, self.timeout_keep_alive_handler)
+
+
 def build_server(board: Board, host: str) -> uvicorn.Server:
     app = create_app(board, allowed_hosts=loopback_hosts(host))
     config = uvicorn.Config(app, log_level="warning", access_log=False, server_header=False,
                             proxy_headers=False, timeout_graceful_shutdown=2, limit_concurrency=128,
-                            lifespan="on")
+                            lifespan="on", http=_IdleClosingH11, timeout_keep_alive=IDLE_SECONDS)
     server = uvicorn.Server(config)
     app.state.refresher.exiting = lambda: server.should_exit
     return server
