@@ -275,3 +275,34 @@ def test_an_allowance_that_would_fail_honest_warm_ups_is_refused():
         else:
             with pytest.raises(ValueError, match="warmup_overdue_windows"):
                 type(hp).model_validate(data)
+
+
+def test_a_windows_failures_do_not_depend_on_the_order_they_are_applied_in():
+    """Each failed verdict was read at the paid levels the penalties before it had left, so the same three
+    failures applied in two orders gave the same peer μ 0.505 or 0.606 (a review, with production's rules).
+    The validator and the simulator both applied F_t's priority order, but nothing said so; every failure
+    of a window is now read at the levels before its first verdict."""
+    import random
+
+    from templar.core.config import load_hparams
+
+    rules = load_hparams().gauntlet
+    miners = {f"hk{i:02d}": i for i in range(10)}
+
+    def book_after(order: list[str]) -> ScoreBook:
+        rng, book = random.Random(0), ScoreBook()
+        for window in range(1, 30):  # evaluations that leave the peers at different μ and ratings
+            chosen = rng.sample(sorted(miners), 8)
+            results = {}
+            for hk in chosen:
+                skill = 1.0 if miners[hk] < 6 else 0.3
+                rand = 0.1 * (1 + 0.1 * rng.gauss(0, 1)) * (1.5 if hk == "hk00" else 1.0)
+                units = tuple(rand + skill * 0.05 * (1 + 0.3 * rng.gauss(0, 1)) for _ in range(16))
+                results[hk] = PrimaryResult(rand + skill * 0.05, rand, (rand + skill * 0.05,), units,
+                                            random_units=tuple(rand * (1 + 0.2 * rng.gauss(0, 1)) for _ in range(16)))
+            score_window(book, rules, window, miners, {hk: FastVerdict(Status.OK) for hk in chosen}, results)
+        score_window(book, rules, 31, miners, {hk: FastVerdict(Status.MISSING) for hk in order}, {})
+        return book
+
+    books = [book_after(order) for order in (["hk00", "hk03", "hk07"], ["hk07", "hk03", "hk00"], ["hk03", "hk00", "hk07"])]
+    assert books[0].to_json() == books[1].to_json() == books[2].to_json()
