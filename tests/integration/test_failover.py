@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from templar.localnet.forkserver import ForkedProcess
 from templar.localnet.runner import Localnet, LocalnetConfig
 from templar.runtime.records import MINER_WINDOWS_FILE, VALIDATOR_WINDOWS_FILE, read_records
 
@@ -53,6 +54,9 @@ def test_the_lead_process_killed_9_hands_over_to_the_next_validator(tmp_path):
     net.prepare()
     uid = {n.name: n.uid for n in net.nodes}
     net.start()
+    # one-process neurons are forks of the fork server (templar/localnet/forkserver.py): kill -9 of one, and
+    # starting it again, are the same to the run as for a process started by exec
+    assert all(isinstance(proc, ForkedProcess) for proc in net.procs.values()), net.procs
     try:
         def lead_named_peers() -> bool:
             """the lead to have run two windows (the second names the peers the next one aggregates)"""

@@ -246,6 +246,9 @@ def test_localnet_runs_every_neuron_as_its_own_process(tmp_path):
     report = json.loads((out / "report.json").read_text())
     assert report["outcome"] == "finished"
     assert set(report["exit_codes"].values()) <= {0}, report["exit_codes"]  # every neuron stopped cleanly
+    # validator0, copycat0 and moredata0 forked from the fork server (templar/localnet/forkserver.py), the
+    # torchrun node by exec: the same entry points and flags either way
+    assert "started 4 neurons (3 forked from the fork server, 1 by exec)" in out.with_suffix(".log").read_text()
     assert all((out / "nodes" / p["name"] / "node.log").stat().st_size > 0 for p in report["peers"])
     miner0_log = (out / "nodes" / "miner0" / "stdout.log").read_text()
     assert "rank 1 following rank 0 (miner)" in miner0_log and "rank 1 stopped" in miner0_log, miner0_log[-3000:]

@@ -26,10 +26,11 @@ from loguru import logger
 
 from templar.runtime.node import NodeError
 
-__all__ = ["DEFAULT_TIMEOUT_S", "EXIT_RANK_LOST", "DistError", "Group", "init_group", "world_size"]
+__all__ = ["DEFAULT_TIMEOUT_S", "EXIT_RANK_LOST", "DistError", "Group", "collective_timeout_s", "init_group", "world_size"]
 
-DEFAULT_TIMEOUT_S = float(os.environ.get("TEMPLAR_DIST_TIMEOUT", "600"))
-"""Longest a collective may wait (rank 0 pings idle followers at a quarter of it)."""
+DEFAULT_TIMEOUT_S = 600.0
+"""Longest a collective may wait (rank 0 pings idle followers at a quarter of it), unless the
+environment's `TEMPLAR_DIST_TIMEOUT` says otherwise (`collective_timeout_s`)."""
 
 
 EXIT_RANK_LOST = 5
@@ -135,12 +136,19 @@ def world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
-def init_group(device: str | torch.device | None = None, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> Group:
+def collective_timeout_s() -> float:
+    """`TEMPLAR_DIST_TIMEOUT` seconds, else `DEFAULT_TIMEOUT_S`: read when a group is made, never at
+    import (a neuron forked from a pre-loaded interpreter reads its own environment)."""
+    return float(os.environ.get("TEMPLAR_DIST_TIMEOUT", DEFAULT_TIMEOUT_S))
+
+
+def init_group(device: str | torch.device | None = None, *, timeout_s: float | None = None) -> Group:
     """Join (or create) this node's process group; idempotent within a process.
 
     Under torchrun: env:// rendezvous, backend nccl when the device is CUDA (each rank on
     `cuda:LOCAL_RANK`), gloo otherwise. Without torchrun: a 1-rank group over an in-memory store.
     """
+    timeout_s = collective_timeout_s() if timeout_s is None else timeout_s
     world = int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     dev = torch.device(device) if device is not None else torch.device(

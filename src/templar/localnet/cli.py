@@ -38,6 +38,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--dashboard", type=int, default=8787, metavar="PORT",
                    help="serve `templar dashboard` for this net on 127.0.0.1:PORT (default 8787; busy: a free port)")
     p.add_argument("--no-dashboard", action="store_true", help="do not start the dashboard")
+    p.add_argument("--no-fork-server", action="store_true",
+                   help="start every neuron by exec, each loading torch, transformers and the SDK itself (4-5 s of "
+                        "CPU each), instead of forking one-process neurons from an interpreter that loaded them once")
     p.set_defaults(func=run)
 
 
@@ -46,6 +49,7 @@ def run(args: argparse.Namespace) -> int:
 
     with libraries_loading():  # templar/core/startup.py
         from templar.core.log import setup_logging
+        from templar.localnet.forkserver import ForkServerError
         from templar.localnet.report import build_report
         from templar.localnet.runner import run_localnet
         from templar.runtime.roster import RosterError
@@ -81,13 +85,17 @@ def run(args: argparse.Namespace) -> int:
                          hparams=args.hparams, adversaries=adversaries, storage=args.storage, seed=args.seed,
                          resume=args.resume, live=not args.no_live, in_process=args.in_process,
                          dashboard=None if args.no_dashboard else args.dashboard, miner_ranks=args.miner_ranks,
-                         validator_ranks=args.validator_ranks)
+                         validator_ranks=args.validator_ranks, fork_server=not args.no_fork_server)
     starter = None
     if cfg.dashboard is not None:  # the command line joins the two tools; neither imports the other
         from templar.dashboard.server import start_localnet_dashboard
 
         starter = start_localnet_dashboard
-    report = run_localnet(cfg, start_dashboard=starter)
+    try:
+        report = run_localnet(cfg, start_dashboard=starter)
+    except ForkServerError as exc:
+        print(f"error: {exc} (--no-fork-server starts every neuron by exec)")
+        return 1
     summary = [{k: p.get(k) for k in ("name", "strategy", "final_weight", "final_incentive", "final_mu")}
                for p in report["peers"] if p["role"] == "miner"]
     print(json.dumps({"outcome": report["outcome"], "miners": summary}, indent=2))

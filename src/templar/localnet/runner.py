@@ -1,7 +1,9 @@
 """Start an embedded chain, wallets, buckets and one OS process per neuron; stop them; report.
 
 Every neuron runs through its real entry point (`neurons/miner.py`, `neurons/validator.py`) with
-the same flags an operator would type, so the localnet exercises exactly the production code.
+the same flags an operator would type, so the localnet exercises exactly the production code. A
+one-process neuron is forked from a fork server that has loaded its libraries once
+(`templar.localnet.forkserver`); torchrun's nodes, and every neuron with `fork_server=False`, start by exec.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from templar.core.atomic import atomic_write
 from templar.core.config import REPO_ROOT, load_hparams, resolve_asset, resolve_hparams_path
 from templar.data.manifest import MANIFEST_KEY, parse_manifest
 from templar.localnet.behaviours import GROUP_SIZES, LOCALNET_BEHAVIOURS, declared_extra_pages
+from templar.localnet.forkserver import ForkedProcess, ForkServer, forkable
 from templar.localnet.live import live_table
 from templar.localnet.report import build_report
 from templar.runtime.records import VALIDATOR_WINDOWS_FILE, read_records
@@ -69,6 +72,9 @@ class LocalnetConfig:
     """Honest miner0 runs as one node over this many torchrun ranks (FSDP2, gloo on CPU; docs/mining.md §12)."""
     validator_ranks: int = 1
     """The lead, validator0, runs over this many torchrun ranks."""
+    fork_server: bool = True
+    """Fork one-process neurons from an interpreter that has loaded torch, transformers and the SDK
+    once (`templar.localnet.forkserver`; Linux), instead of each loading them (4-5 s of CPU each)."""
 
 
 def parse_adversary(spec: str) -> tuple[str, int]:
@@ -112,7 +118,8 @@ class Localnet:
         self.out = cfg.out.resolve()
         self.hparams = cfg.hparams
         self.hp = load_hparams(cfg.hparams)
-        self.procs: dict[str, subprocess.Popen] = {}
+        self.procs: dict[str, subprocess.Popen | ForkedProcess] = {}
+        self.fork_server: ForkServer | None = None
         self.nodes: list[NodeInfo] = []
         self.resumed_after = -1  # the last window the lead scored before a --resume
         self.s3 = None
@@ -243,20 +250,35 @@ class Localnet:
         # one-process neuron's, and started last they would miss the run's first windows
         for node in sorted(self.nodes, key=self.ranks, reverse=True):
             self.spawn(node.name)
-        logger.info(f"started {len(self.procs)} neurons; logs under {self.out / 'nodes'}")
+        forked = sum(isinstance(proc, ForkedProcess) for proc in self.procs.values())
+        logger.info(f"started {len(self.procs)} neurons ({forked} forked from the fork server, "
+                    f"{len(self.procs) - forked} by exec); logs under {self.out / 'nodes'}")
+
+    @staticmethod
+    def base_env() -> dict[str, str]:
+        """Every neuron's environment, before its own bucket keys."""
+        return {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+                "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 
     def spawn(self, name: str) -> None:
         """Start the neuron `name` as its own process (again, after `kill`: from its state dir)."""
-        base_env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
-                    "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-                    "PYTHONUNBUFFERED": "1"}
         node = next(n for n in self.nodes if n.name == name)
         cmd, env = self._command(node)
-        stdout = open(node.directory(self.out) / "stdout.log", "ab")  # noqa: SIM115 - owned by the child
-        self.procs[node.name] = subprocess.Popen(
-            cmd, stdout=stdout, stderr=subprocess.STDOUT, env={**base_env, **env},
-            cwd=REPO_ROOT, start_new_session=True,
-        )
+        env = {**self.base_env(), **env}
+        stdout_path = node.directory(self.out) / "stdout.log"
+        if self.ranks(node) == 1 and (server := self._fork_server()) is not None and forkable(server.env, env):
+            self.procs[node.name] = server.spawn(cmd, env, REPO_ROOT, stdout_path)
+            return
+        stdout = open(stdout_path, "ab")  # noqa: SIM115 - owned by the child
+        self.procs[node.name] = subprocess.Popen(cmd, stdout=stdout, stderr=subprocess.STDOUT, env=env,
+                                                 cwd=REPO_ROOT, start_new_session=True)
+
+    def _fork_server(self) -> ForkServer | None:
+        """The running fork server, started at the first neuron it can fork (None: not used here)."""
+        if self.fork_server is None and self.cfg.fork_server and ForkServer.supported():
+            self.fork_server = ForkServer(self.base_env(), self.out / "forkserver.log")
+            self.fork_server.start()
+        return self.fork_server
 
     def kill(self, name: str) -> int:
         """kill -9 of the neuron `name` and everything it started (a failover rehearsal); its exit code."""
@@ -330,6 +352,9 @@ class Localnet:
                         os.kill(rank_pid, signal.SIGKILL)
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
+        if self.fork_server is not None:
+            self.fork_server.close()
+            self.fork_server = None
         if self.s3 is not None:
             self.s3.stop()
         return {name: proc.returncode for name, proc in self.procs.items()}
@@ -385,11 +410,11 @@ def run_localnet(cfg: LocalnetConfig, *, deadline_seconds: float | None = None,
 
             outcome = run_in_process(net)
         else:
-            net.start()
             window_seconds = net.hp.windows.window_seconds
             deadline = deadline_seconds or (cfg.windows + 6) * window_seconds + 120
             outcome = "interrupted"
             try:
+                net.start()  # inside: the neurons started before a failure are stopped
                 outcome = net.wait(deadline)
             except KeyboardInterrupt:
                 logger.warning("Ctrl-C: stopping every neuron and writing the report")
