@@ -237,3 +237,25 @@ def test_a_former_lead_clears_its_history_once_it_follows_and_then_lists_no_more
     asyncio.run(scenario())
     assert {k for k in _keys(bucket) if not k.startswith("v2/peers/")} == set()
     assert {k for k in _keys(bucket) if k.startswith("v2/peers/")} == {peers_key(40), peers_index_key()}
+
+
+def test_a_checkpoint_write_killed_midway_leaves_no_copy_of_the_model_behind(tmp_path):
+    """`kill -9` while the lead writes its local checkpoint leaves `atomic_write`'s temporary file (the
+    model's size: 4.8 GB at 1.2B) that the next checkpoint's cleanup did not match, so each such crash
+    kept one for good. The next checkpoint removes it with the last checkpoint's file."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from templar.validator.lead import CheckpointPublisher
+
+    folder = tmp_path / "checkpoint"
+    folder.mkdir()
+    for name in ("4-model.safetensors", ".5-model.safetensors.2451.3096dfc7.tmp"):
+        (folder / name).write_bytes(b"x" * 64)
+    written = []
+    node = SimpleNamespace(state_dir=tmp_path, hp=load_hparams("tiny"),
+                           compute=SimpleNamespace(write_model_file=lambda path: written.append(path.name)))
+    publisher = CheckpointPublisher(node)
+    publisher._upload = lambda *args: asyncio.sleep(0)  # the upload is not this test's
+    asyncio.run(publisher.publish(6, 3))
+    assert written == ["6-model.safetensors"] and list(folder.iterdir()) == []

@@ -132,3 +132,37 @@ def test_a_follower_stopped_while_catching_up_keeps_the_window_before(tmp_path, 
             await node.node.aclose()
 
     run_virtual(scenario())
+
+
+def test_a_validator_down_longer_than_its_state_keeps_its_book_beside_the_checkpoint(tmp_path):
+    """Down more than `max_allowed_stale` windows, a validator takes θ from the lead's checkpoint, and
+    its score book and replay memory from its own state file: no window was scored after it was saved,
+    so none counts twice (before: both started empty, every peer's reputation from zero)."""
+    subnet = Subnet.create(tmp_path, {"lead": 100.0, "v2": 50.0, "m0": 0.0, "m1": 0.0}, max_allowed_stale=2,
+                           checkpoint_frequency=2)
+
+    async def windows(roles: list, count: int) -> None:
+        for _ in range(count):
+            w = roles[0].state.window + 1
+            await asyncio.gather(*(r.run_window(w) for r in roles if r.state.window < w))
+
+    async def scenario():
+        lead, v2 = Validator(await subnet.node("lead")), Validator(await subnet.node("v2"))
+        miners = [Miner(await subnet.node(name)) for name in ("m0", "m1")]
+        for role in (lead, v2, *miners):
+            await role.start()
+        await windows([lead, v2, *miners], 3)
+        book, replays, stopped_at = ScoreBook.from_json(v2.book.to_json()), v2.replays.to_json(), v2.state.window
+        assert len(book) > 0
+        await v2.node.aclose()
+        await windows([lead, *miners], 5)  # v2 down for 5 windows: its state file is too old for θ
+        v2 = Validator(await subnet.node("v2"))
+        await v2.start()
+        restarted = v2.state.window, v2.book, v2.replays.to_json()
+        for role in (lead, v2, *miners):
+            await role.node.aclose()
+        return stopped_at, book, replays, restarted
+
+    stopped_at, book, replays, (window, restored_book, restored_replays) = run_virtual(scenario())
+    assert window > stopped_at + 2, "θ came from a checkpoint, not the old state file"
+    assert restored_book == book and restored_replays == replays

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from templar.core.model import build_model
-from templar.runtime.records import trim_records
+from templar.runtime import records
+from templar.runtime.records import read_records, trim_records
 from templar.runtime.state import (
     NodeState,
     load_node_state_or_previous,
@@ -119,3 +120,45 @@ def test_trim_records_reads_the_uncommitted_tail_not_the_history(tmp_path, monke
     path.write_text("not a record\n" + history[:30])  # a line that never parsed, before the committed records
     assert trim_records(path, 1999) == 1  # only the torn tail: the readers skip the line before it
     assert path.read_text() == "not a record\n" + history[:history.index("\n", 1) + 1]
+
+
+FULL_DISK = """
+import resource, signal, sys
+from pathlib import Path
+from templar.runtime.records import append_record
+path = Path(sys.argv[1])
+record = lambda w, hk: {"window": w, "hotkey": hk, "pad": "x" * 40}
+for hk in "abc":
+    append_record(path, record(1, hk))
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (path.stat().st_size + 30, resource.RLIM_INFINITY))  # full mid-record
+print(append_record(path, record(2, "a")))
+resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))  # space again
+print(append_record(path, record(2, "b")), append_record(path, record(3, "a")))
+"""
+
+
+def test_a_record_the_disk_cut_short_is_cut_off_and_the_next_one_is_whole(tmp_path):
+    """A full disk mid-record (a file-size limit here, errno 27 as ENOSPC is 28): that record is lost
+    and said so, and the file is as it was. Before, its fragment stayed and the next record was glued to it,
+    lost to every reader although its append said it was written."""
+    path = tmp_path / "scores.jsonl"
+    done = subprocess.run([sys.executable, "-c", FULL_DISK, str(path)], capture_output=True, text=True, timeout=60)
+    assert done.stdout.split() == ["False", "True", "True"], done.stdout + done.stderr
+    assert "this record is lost" in done.stderr
+    assert [(r["window"], r["hotkey"]) for r in read_records(path)] == [(1, "a"), (1, "b"), (1, "c"), (2, "b"), (3, "a")]
+
+
+def test_a_record_file_that_cannot_be_trimmed_at_start_is_said_and_the_node_goes_on(tmp_path, monkeypatch):
+    """An unwritable record file (a log-rotation rule with the wrong owner) stopped the node at every
+    start with a traceback, though appends to it are one line each at run time."""
+    said = []
+    monkeypatch.setattr(records, "trim_records", lambda path, window: (_ for _ in ()).throw(PermissionError(1, "no")))
+    from loguru import logger
+
+    sink = logger.add(lambda message: said.append(str(message)), level="ERROR")
+    try:
+        records.drop_uncommitted_records(tmp_path, ["scores.jsonl", "weights.jsonl"], 3)
+    finally:
+        logger.remove(sink)
+    assert len(said) == 2 and all("cannot drop the uncommitted records" in line and "errno 1" in line for line in said)

@@ -93,23 +93,24 @@ def test_the_memory_spans_the_last_windows_only(work):
 
 
 def test_the_memory_survives_a_restart_in_the_state_file(work, tmp_path):
-    """Saved with θ, window and book in one atomic file; read back only from our own state."""
+    """Saved with θ, window and book in one atomic file; read back only from our own state file (a
+    checkpoint carries none)."""
     memory = ReplayMemory(REPLAY_WINDOWS)
     memory.observe(10, {"m": _upload(work, "m", b"a" * 32)})
     model = torch.nn.Linear(2, 2)
     save_node_state(tmp_path / "state.safetensors", model, {},
                     with_book(NodeState(window=10, global_step=3), ScoreBook(), memory))
     state, _ = load_node_state(tmp_path / "state.safetensors", model)
-    restored = load_replays(state, own=True, windows=REPLAY_WINDOWS)
+    restored = load_replays(state, windows=REPLAY_WINDOWS)
     assert restored == memory
     assert restored.observe(12, {"m": _upload(work, "m", b"a" * 32)}) == {"m": Sighting("m", 10)}
-    assert len(load_replays(state, own=False, windows=REPLAY_WINDOWS)) == 0  # the lead's checkpoint: not our memory
+    assert len(load_replays(NodeState(window=12, global_step=5), windows=REPLAY_WINDOWS)) == 0  # a checkpoint's
     # the span is the run's: a memory saved under a longer one keeps only the run's newest windows
     memory.observe(11, {"m": _upload(work, "m", b"b" * 32)})
     save_node_state(tmp_path / "state.safetensors", model, {},
                     with_book(NodeState(window=11, global_step=4), ScoreBook(), memory))
     state, _ = load_node_state(tmp_path / "state.safetensors", model)
-    assert sorted(load_replays(state, own=True, windows=1).seen) == [11]
+    assert sorted(load_replays(state, windows=1).seen) == [11]
 
 
 @pytest.mark.parametrize("damage", [
@@ -120,5 +121,5 @@ def test_the_memory_survives_a_restart_in_the_state_file(work, tmp_path):
 def test_a_damaged_memory_is_refused_and_restarts_empty(damage, warnings):
     with pytest.raises(ReplayMemoryError):
         ReplayMemory.from_json(damage, REPLAY_WINDOWS)
-    assert len(load_replays(NodeState(window=1, global_step=0, extra={"replays": damage}), own=True,
+    assert len(load_replays(NodeState(window=1, global_step=0, extra={"replays": damage}),
                             windows=REPLAY_WINDOWS)) == 0

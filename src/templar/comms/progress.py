@@ -61,14 +61,20 @@ def decode_fingerprint(text: str, count: int) -> torch.Tensor:
     return values
 
 
+def progress_bytes(window: int, global_step: int, *, run: Run, fingerprint: torch.Tensor | None = None) -> bytes:
+    """The progress record of `window` as published."""
+    record = Progress(protocol=PROTOCOL_VERSION, netuid=run.netuid, run=run.digest, window=window,
+                      global_step=global_step,
+                      fingerprint=None if fingerprint is None else encode_fingerprint(fingerprint))
+    return dump_record(record)
+
+
 async def put_progress(bucket: Bucket, window: int, global_step: int, *, run: Run,
                        fingerprint: torch.Tensor | None = None, timeout: float = DEFAULT_TIMEOUT) -> bool:
     """Publish the progress record of `window`, unless one is already published (`put_new`: history
     is append-only). True when written."""
-    record = Progress(protocol=PROTOCOL_VERSION, netuid=run.netuid, run=run.digest, window=window,
-                      global_step=global_step,
-                      fingerprint=None if fingerprint is None else encode_fingerprint(fingerprint))
-    return await put_new(bucket, progress_key(window), dump_record(record), timeout=timeout)
+    data = progress_bytes(window, global_step, run=run, fingerprint=fingerprint)
+    return await put_new(bucket, progress_key(window), data, timeout=timeout)
 
 
 async def get_progress(bucket: Bucket, window: int, *, run: Run, timeout: float = DEFAULT_TIMEOUT) -> Progress | None:

@@ -6,6 +6,7 @@ Readers skip a torn last line instead of failing.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Callable, Iterator
@@ -140,10 +141,7 @@ def append_record(path: Path, record: object) -> bool:
     line = json.dumps(asdict(record) if hasattr(record, "__dataclass_fields__") else record, sort_keys=True)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "a", encoding="utf-8") as f:
-            f.write(line + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        _append_whole(path, (line + "\n").encode())
     except OSError as exc:
         from loguru import logger
 
@@ -158,6 +156,25 @@ def append_record(path: Path, record: object) -> bool:
 
             logger.warning(f"record listener {getattr(listener, '__name__', listener)!r} failed: {exc!r}")
     return True
+
+
+def _append_whole(path: Path, data: bytes) -> None:
+    """Append `data` and fsync it, or leave the file as it was: a write the disk cut short (full, a
+    size limit) is cut off again, else the next record would be glued to its fragment and both lost."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        size = os.fstat(fd).st_size
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, size)
+            raise
+    finally:
+        os.close(fd)
 
 
 def read_records(path: Path) -> Iterator[dict]:
@@ -239,10 +256,17 @@ def _window_of(line: bytes) -> int | None:
 def drop_uncommitted_records(state_dir: Path, names: list[str], last_window: int) -> None:
     """At a restart: `trim_records` on each of a node's record files, with one log line saying
     what was dropped (nothing is logged when the records and the state already agree)."""
-    dropped = {name: trim_records(state_dir / name, last_window) for name in names}
-    if any(dropped.values()):
-        from loguru import logger
+    from loguru import logger
 
+    dropped = {}
+    for name in names:
+        try:
+            dropped[name] = trim_records(state_dir / name, last_window)
+        except OSError as exc:  # as an append that fails: the records are the operator's view, never the node's
+            logger.bind(phase="startup").error(
+                f"cannot drop the uncommitted records of {state_dir / name}: errno {exc.errno} ({exc.strerror or exc}); "
+                "windows after the state's may be recorded twice there. Fix: make the file writable by this user")
+    if any(dropped.values()):
         logger.bind(phase="startup").info(
             "[SYNC] dropped records of windows after the restored state's window "
             f"{last_window} (written before a crash, never committed): "

@@ -31,7 +31,7 @@ from templar.comms.keys import start_window_key
 from templar.core.log import context
 from templar.runtime.consensus.succession import decide_window
 from templar.runtime.consensus.windows import retained_windows
-from templar.runtime.node import Lead, Node
+from templar.runtime.node import Lead, Node, StateDiskError
 from templar.runtime.state import STATE_FILE, NodeState
 from templar.storage import StorageError
 
@@ -103,6 +103,8 @@ async def restore(node: Node, *, use_local: bool = True, newer_than: int = -1) -
     loaded = await _newest_intact_checkpoint(node, candidates,
                                              newer_than=local.window if local is not None else newer_than)
     if isinstance(loaded, NodeState):
+        if local is not None:  # our own state, too old for its θ: what the role keeps beside θ is still
+            loaded.extra = local.extra  # ours (a validator's book: nothing was scored after it was saved)
         return loaded, False
     if local is not None:
         return local, True
@@ -257,6 +259,12 @@ async def _newest_intact_checkpoint(node: Node, candidates: list[Lead], *, newer
             if ckpt is None:
                 continue
             await asyncio.to_thread(node.compute.load_model_file, ckpt.files[MODEL_FILE])
+        except OSError as exc:  # our own disk (a bucket's faults are StorageError): full, read-only, a size limit
+            folder = node.state_dir / DOWNLOAD_FOLDER
+            await asyncio.to_thread(shutil.rmtree, folder, True)  # the partial copy would hold the space
+            raise StateDiskError(f"cannot write {name} under {folder}: errno {exc.errno} ({exc.strerror or exc}). "
+                                 "Fix: free space (a checkpoint is the model's size) or fix the directory, then start "
+                                 "again") from exc
         except (CheckpointError, StorageError, KeyError) as exc:
             problems.append(f"{name}: {str(exc)[:200]}")
             log.warning(f"[SYNC] {name} is unusable: {str(exc)[:200]}")

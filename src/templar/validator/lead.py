@@ -6,8 +6,9 @@ due, a checkpoint; and the run's start window. Every history object is written c
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
-from functools import partial
+import re
+import shutil
+from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple
 
@@ -24,7 +25,8 @@ from templar.comms import (
     save_checkpoint,
 )
 from templar.comms.keys import aggregate_key, folder_of, inputs_key, peers_key, progress_key, window_of
-from templar.comms.progress import put_progress
+from templar.comms.progress import progress_bytes
+from templar.core.atomic import atomic_write
 from templar.core.log import context
 from templar.core.schedule import learning_rate
 from templar.runtime.consensus.outer import OuterStep, aggregation_weights
@@ -65,19 +67,86 @@ async def publish_start_window(node: Node, window: int) -> None:
         context(window=window, phase="lead").warning(f"could not publish the start window: {exc}")
 
 
+OUTBOX_DIR = "outbox"
+"""The state directory's folder of publications held back by a slow bucket, one subfolder per run."""
+_OUTBOX_NAME = re.compile(r"^(aggregate|peers|progress)-(\d{1,12})$")
+
+
 class WindowPublisher:
     """The lead's per-window publications (inputs; then aggregate, peer list, progress with the
     model's fingerprint, `templar.runtime.consensus.fingerprint`), each upload bounded by a deadline so a slow
     or stalled bucket never delays the next window. What misses its deadline (but the inputs) stays
     queued, is logged, and goes out first at the next window (oldest first). Followers wait for a late
     aggregate until its publish deadline (one window after its own), so a publication retried one
-    window later still serves them."""
+    window later still serves them.
+
+    The queue is history the run needs (a window's aggregate is how every later node replays it), and
+    the window that made it is committed with the state file. So the queue goes to disk before each
+    commit (`save_outbox`) and is read back at start (`load_outbox`): a lead killed with publications
+    held back sends them when it starts again, not never."""
 
     MAX_QUEUED = 32
 
     def __init__(self, node: Node) -> None:
         self.node = node
-        self.queued: dict[str, Callable[[], Awaitable[object]]] = {}
+        self.queued: dict[str, bytes] = {}
+        """name ("aggregate/12") -> the object's bytes (a peer list's: its hotkeys, one per line)."""
+
+    @property
+    def outbox(self) -> Path:
+        return self.node.state_dir / OUTBOX_DIR / self.node.run.digest[:16]
+
+    def save_outbox(self) -> None:
+        """The queue on disk (before the window's commit point): what is queued and not yet there is
+        written, what is no longer queued is removed, and so are other runs' folders. A failed write is
+        logged; the queue is still retried in memory."""
+        folder, wanted = self.outbox, {name.replace("/", "-") for name in self.queued}
+        try:
+            if not wanted and not folder.parent.exists():
+                return
+            for other in folder.parent.iterdir() if folder.parent.exists() else ():
+                if other != folder:
+                    shutil.rmtree(other, ignore_errors=True)
+            folder.mkdir(parents=True, exist_ok=True)
+            for name, data in self.queued.items():
+                path = folder / name.replace("/", "-")
+                if not path.exists():
+                    atomic_write(path, data)
+            for path in folder.iterdir():
+                if path.name not in wanted:
+                    path.unlink()
+        except OSError as exc:
+            context(phase="save").warning(f"held-back publications not saved to {folder} ({exc}); they are "
+                                          "retried from memory, and lost if this validator stops first")
+
+    def load_outbox(self) -> None:
+        """Queue what a previous run of this validator held back (oldest first); anything in the
+        folder that is not a publication's name is removed."""
+        folder = self.outbox
+        if self.node.shadow or not folder.is_dir():  # a shadow publishes nothing
+            return
+        found = []
+        for path in folder.iterdir():
+            match = _OUTBOX_NAME.match(path.name)
+            if match is None:  # a dead writer's temporary file
+                path.unlink(missing_ok=True)
+                continue
+            found.append((int(match[2]), match[1], path))
+        for window, kind, path in sorted(found):
+            self.queued[f"{kind}/{window}"] = path.read_bytes()
+        if found:
+            context(phase="lead").warning(f"[LEAD] {len(found)} publications held back when this validator last "
+                                          f"stopped ({', '.join(self.queued)}): publishing them first")
+
+    async def _put(self, name: str, data: bytes) -> None:
+        kind, window = name.split("/")
+        bucket = self.node.bucket
+        if kind == "aggregate":
+            await put_aggregate(bucket, int(window), data)
+        elif kind == "peers":
+            await put_peers(bucket, int(window), data.decode().split(), run=self.node.run)
+        else:
+            await put_new(bucket, progress_key(int(window)), data)
 
     async def publish_inputs(self, inputs: StepInputs, *, deadline: float) -> StepInputs | None:
         """The inputs of this window's step, published create-only ahead of everything else (every
@@ -126,13 +195,12 @@ class WindowPublisher:
                                        sign=node.chain.sign)
             else:  # the method's update has no compact exact form: the payloads that make it
                 data = self.bundle(window, applied, step.global_step)
-            self.queued[f"aggregate/{window}"] = partial(put_aggregate, node.bucket, window, data)
+            self.queued[f"aggregate/{window}"] = data
         if next_peers is not None:
-            self.queued[f"peers/{window + 1}"] = partial(put_peers, node.bucket, window + 1, next_peers, run=run)
+            self.queued[f"peers/{window + 1}"] = "\n".join(next_peers).encode()
         # θ after this window's step, so every node can check that it holds the run's model.
         fingerprint = node.compute.fingerprint(window)
-        self.queued[f"progress/{window}"] = partial(put_progress, node.bucket, window, global_step, run=run,
-                                                    fingerprint=fingerprint)
+        self.queued[f"progress/{window}"] = progress_bytes(window, global_step, run=run, fingerprint=fingerprint)
         while len(self.queued) > self.MAX_QUEUED:
             dropped = next(iter(self.queued))
             del self.queued[dropped]
@@ -178,7 +246,7 @@ class WindowPublisher:
                 if left <= 0:
                     raise TimeoutError
                 async with asyncio.timeout(left):
-                    await self.queued[name]()
+                    await self._put(name, self.queued[name])
             except TimeoutError:
                 log.warning(f"publishing is late ({len(self.queued)} objects queued, next: {name}); "
                             "retrying next window")
@@ -242,7 +310,8 @@ class CheckpointPublisher:
             log.warning("the previous checkpoint is still uploading: skipping this one")
             return
         folder = self.node.state_dir / "checkpoint"
-        for old in folder.glob("*.safetensors") if folder.exists() else ():
+        # the last one, and any a writer killed mid-file left as `.<name>.<pid>.<hex>.tmp` (the model's size each)
+        for old in [*folder.glob("*.safetensors"), *folder.glob(".*.tmp")] if folder.exists() else ():
             old.unlink(missing_ok=True)
         path = folder / f"{window}-{MODEL_FILE}"
         try:

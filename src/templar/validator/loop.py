@@ -64,13 +64,13 @@ from templar.validator.base import Base, BaseKeeper
 from templar.validator.commits import CommitWatcher
 from templar.validator.evaluate import Evaluator, LossScores, evaluator_rules, read_sequences
 from templar.validator.fast_eval import PoolBaselines, fast_evaluate
-from templar.validator.files import BOOK_FILE, SECRET_FILE
+from templar.validator.files import SECRET_FILE
 from templar.validator.lead import CheckpointPublisher, LeadError, WindowPublisher, publish_start_window
 from templar.validator.public_work import PublicWork
 from templar.validator.replays import ReplayMemory, Sighting
 from templar.validator.report import WINDOW_RECORDS, WindowSummary, record_window
 from templar.validator.roles import PUBLISH_MIN_SECONDS, FollowerRole, LeadRole, Role
-from templar.validator.state import load_book, load_or_create_secret, load_replays, with_book
+from templar.validator.state import load_book, load_or_create_secret, load_replays, save_book_copy, with_book
 from templar.validator.weights import WeightSetter
 from templar.validator.window import ValidatorWindow
 from templar.wire import Gradient
@@ -135,6 +135,7 @@ class Validator:
             watcher.cancel()
             await asyncio.gather(watcher, return_exceptions=True)
             await self.weights.close()
+            await self.publisher.flush(self.state.window, self.node.clock.now() + PUBLISH_MIN_SECONDS)  # held back
         await self.checkpoints.wait()
         context(phase="stopped").info("validator stopped cleanly")
 
@@ -183,8 +184,9 @@ class Validator:
             context(phase=Phase.DOWNLOAD).warning(f"[SYNC] Cannot restore the run's state yet ({exc})")
             self.state, own = await restore_when_possible(node)
         self.book = load_book(node.state_dir, self.state, own, lead=self.slot == 0)
-        self.replays = load_replays(self.state, own, self.hp.gauntlet.replay_windows)
+        self.replays = load_replays(self.state, self.hp.gauntlet.replay_windows)
         drop_uncommitted_records(node.state_dir, list(WINDOW_RECORDS), self.state.window)
+        self.publisher.load_outbox()
         self.holdout = (await node.pages.fetch(node.plan.holdout_pages()[:self.hp.data.holdout_eval_pages])).batch
         current = node.clock.current_window()
         # only a validator that may start a new run waits to know its slot: a lead restarting on its own
@@ -590,10 +592,7 @@ class Validator:
                 for hk, s in scores.items()}
 
     def _save(self) -> None:
-        """State, model, score book and replay memory in one atomic file; scorebook.json is a readable copy."""
+        """Held-back publications; then state, model, book and replays in one atomic file (scorebook.json: a copy)."""
+        self.publisher.save_outbox()
         if self.node.save_state(with_book(self.state, self.book, self.replays)):
-            try:
-                self.book.save(self.node.state_dir / BOOK_FILE)
-            except OSError as exc:
-                context(window=self.state.window, phase="save").warning(
-                    f"readable copy {BOOK_FILE} not written ({exc}); the book is safe in the state file")
+            save_book_copy(self.node.state_dir, self.book, self.state.window)

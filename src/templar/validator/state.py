@@ -45,12 +45,14 @@ def load_or_create_secret(path: Path) -> bytes:
 
 
 def load_book(state_dir: Path, state: NodeState, own: bool, *, lead: bool = False) -> ScoreBook:
-    """The book saved atomically with our state (never a window apart from it).
+    """The book saved atomically with our state (never a window apart from it); after a long stop, the
+    book of our own state file beside the checkpoint's θ (`restore` carries it: the windows between
+    were scored by no one here, so none counts twice).
 
     `scorebook.json` is only a readable copy: it may be a window ahead of or behind any state
     we could restore, so it is read only for an own state saved without a book (older versions).
-    A state that is not our own (the lead's checkpoint) starts an empty book rather than one
-    that would count some windows twice."""
+    Without a state file of our own, a checkpoint starts an empty book rather than one that would
+    count some windows twice."""
     log = context(phase="startup")
     saved = state.extra.get("scorebook")
     if isinstance(saved, str):
@@ -61,7 +63,7 @@ def load_book(state_dir: Path, state: NodeState, own: bool, *, lead: bool = Fals
     path = state_dir / BOOK_FILE
     if not own:
         if path.exists():
-            log.warning(f"[SYNC] no own state to take the score book from: starting an empty one "
+            log.warning(f"[SYNC] no state file of our own to take the score book from: starting an empty one "
                         f"({path.name} is a readable copy that may be windows ahead of or behind this state)")
         elif lead:
             log.warning("[SYNC] the lead starts without its score book: every peer's reputation restarts from "
@@ -76,19 +78,28 @@ def load_book(state_dir: Path, state: NodeState, own: bool, *, lead: bool = Fals
         return ScoreBook()
 
 
-def load_replays(state: NodeState, own: bool, windows: int) -> ReplayMemory:
+def load_replays(state: NodeState, windows: int) -> ReplayMemory:
     """The replay memory saved with our own state, spanning `windows` (the run's `replay_windows`;
-    empty for a state that is not our own, or for one saved without a memory by an older version);
+    empty without a state file of our own, or for one saved without a memory by an older version);
     a damaged one is said out loud and restarts empty (replays of the windows it held go unnoticed;
     nothing else is lost)."""
-    saved = state.extra.get("replays")
-    if not own or saved is None:
+    saved = state.extra.get("replays")  # only ever our own (`restore` carries it beside a checkpoint's θ)
+    if saved is None:
         return ReplayMemory(windows)
     try:
         return ReplayMemory.from_json(saved, windows)
     except ReplayMemoryError as exc:
         context(phase="startup").error(f"replay memory in the state file unreadable ({exc}): starting an empty one")
         return ReplayMemory(windows)
+
+
+def save_book_copy(state_dir: Path, book: ScoreBook, window: int) -> None:
+    """`scorebook.json`, the book's readable copy (after the state file, which holds the book itself)."""
+    try:
+        book.save(state_dir / BOOK_FILE)
+    except OSError as exc:
+        context(window=window, phase="save").warning(
+            f"readable copy {BOOK_FILE} not written ({exc}); the book is safe in the state file")
 
 
 def with_book(state: NodeState, book: ScoreBook, replays: ReplayMemory | None = None) -> NodeState:
