@@ -56,6 +56,7 @@ ALLOWED: dict[str, str] = {
     "wire/codec.py:_EXP_MAX": "shared-exponent range of the rice-mxint8 codec: a payload format",
     "wire/codec.py:_LEVEL_OF_CODE": "the 2-bit codec's code table: a payload format",
     "wire/codec.py:_CODE_SHIFTS": "bit positions of four 2-bit codes in a byte: a payload format",
+    "wire/codec.py:_POPCOUNT": "the number of 1 bits of each byte value: arithmetic, not a rule",
     "wire/container.py:_ITEMSIZE": "bytes per element of the dtypes a payload may hold",
     "wire/container.py:_MAX_DOC_BYTES": "byte cap of a payload's signed metadata, checked before parsing",
     "wire/container.py:_MAX_SIGNATURE_HEX": "byte cap of a signature field",

@@ -130,11 +130,13 @@ def test_one_update_has_one_encoding(monkeypatch) -> None:
     b = int(good["rice"][0])
     for other in (b - 1, b + 1):  # each decodes to c's indices exactly, but is not the writer's
         parts = recoded_indices(good, c, other)
-        with pytest.raises(PayloadError, match=f"rice parameter {other}, where these indices' is {b}"):
+        # b - 1's unary stream is longer than the cheapest parameter's can be (2n high bits): refused by its size
+        with pytest.raises(PayloadError, match=f"rice parameter {other}, where these indices' is {b}|idx_hi: 73 bytes"):
             codec.decode(parts, c.plan, c.k, "x")
-        with monkeypatch.context() as patch:  # the reader before: any parameter within the bound
-            patch.setattr(codec, "_is_rice_parameter", lambda gaps, b, max_bits: True)
-            assert torch.equal(codec.decode(parts, c.plan, c.k, "x").indices, c.indices)
+        if other == b + 1:
+            with monkeypatch.context() as patch:  # the reader before: any parameter within the bound
+                patch.setattr(codec, "_is_rice_parameter", lambda gaps, b, max_bits: True)
+                assert torch.equal(codec.decode(parts, c.plan, c.k, "x").indices, c.indices)
 
     def refused(**changes: torch.Tensor) -> None:
         with pytest.raises(PayloadError, match="scaled by") as info:
@@ -208,3 +210,34 @@ def test_the_readers_rice_check_accepts_the_writers_parameter_only(gaps: list[in
     g = np.array(gaps, dtype=np.int64)
     writers = codec._rice_parameter(g, max_bits)
     assert [b for b in range(max_bits + 1) if codec._is_rice_parameter(g, b, max_bits)] == [writers]
+
+
+def test_an_index_stream_of_ones_is_refused_by_its_size_before_it_is_expanded() -> None:
+    """idx_hi of 0xFF bytes up to the bound the reader had (n + every chunk's worst high bits): one int64
+    per set bit was made before the count was checked, 72x the field's size (a 8.2 MB field of a
+    production payload cost 564 MB and 2.5 s). The cheapest Rice parameter leaves at most 2n high bits."""
+    c = DCTCompressor(64, 32).compress(torch.randn(128, 128, generator=torch.Generator().manual_seed(1)))
+    good = codec.encode(c)
+    n, b = c.plan.n_chunks * c.k, 0
+    old_bound = -(-(n + c.plan.n_chunks * ((c.plan.chunk_numel - c.k) >> b)) // 8)
+    bomb = {**good, "idx_lo": torch.zeros(0, dtype=torch.uint8), "rice": torch.tensor([b], dtype=torch.uint8),
+            "idx_hi": torch.full((old_bound,), 0xFF, dtype=torch.uint8)}
+    with pytest.raises(PayloadError, match=f"bytes outside \\(0, {-(-3 * n // 8)}\\]") as info:
+        codec.decode(bomb, c.plan, c.k, "x")
+    assert info.value.reason == "bad_shape"
+    within = {**bomb, "idx_hi": torch.full((3 * n // 8,), 0xFF, dtype=torch.uint8)}
+    with pytest.raises(PayloadError, match=f"{3 * n} terminators, expected {n}"):  # counted, not expanded
+        codec.decode(within, c.plan, c.k, "x")
+
+
+def test_the_largest_float32_values_are_written_as_the_reader_reads_them() -> None:
+    """A chunk near float32's limit took exponent 122, where a full int8 overflows to inf: the writer's
+    own payload was refused as non-finite. Exponents stop at 121 on both sides."""
+    c = DCTCompressor(64, 32).compress(torch.randn(128, 128, generator=torch.Generator().manual_seed(2)))
+    values = c.values.clone()
+    values[0, :4] = torch.tensor([3.4e38, -3.39e38, 1.0, 3.3e38])
+    c = Compressed(indices=c.indices, values=values, shape=c.shape, chunk=c.chunk)
+    parts = codec.encode(c)
+    decoded = codec.decode(parts, c.plan, c.k, "x")
+    assert int(parts["exp"][0]) == 121 and bool(torch.isfinite(decoded.values).all())
+    assert decoded.values[0, 0] == 127 * 2.0**121 and decoded.values[0, 3] == pytest.approx(3.3e38, rel=1e-2)

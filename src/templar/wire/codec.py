@@ -64,7 +64,9 @@ __all__ = [
 CODEC = "rice-mxint8"
 Q2_CODEC = "rice-q2"
 _QMAX = 127
-_EXP_MIN, _EXP_MAX = -127, 127
+_EXP_MIN, _EXP_MAX = -127, 121  # 127 * 2^121 is the largest float32 a chunk can hold; at 2^122 a full q overflows
+
+_POPCOUNT = np.array([bin(byte).count("1") for byte in range(256)], dtype=np.uint8)
 
 PART_DTYPES: dict[str, torch.dtype] = {
     "idx_lo": torch.uint8,
@@ -205,7 +207,10 @@ def _decode_indices(parts: Mapping[str, torch.Tensor], plan: ChunkPlan, k: int, 
     lo, hi = parts["idx_lo"], parts["idx_hi"]
     if lo.ndim != 1 or lo.numel() != math.ceil(n * b / 8):
         raise PayloadError("bad_shape", f"{name}/idx_lo: {lo.numel()} bytes, expected {math.ceil(n * b / 8)}")
-    max_high = plan.n_chunks * ((plan.chunk_numel - k) >> b)
+    # The cheapest b (required below) leaves at most 2n high bits in all: were there more, b + 1 would
+    # save a bit per gap's halved high part, ceil(h/2) each, more than the n bits it adds. So the
+    # stream is at most 3n bits, and no idx_hi can ask for more memory than that before it is read.
+    max_high = min(plan.n_chunks * ((plan.chunk_numel - k) >> b), 2 * n)
     if hi.ndim != 1 or not 0 < hi.numel() <= math.ceil((n + max_high) / 8):
         raise PayloadError("bad_shape", f"{name}/idx_hi: {hi.numel()} bytes outside (0, {math.ceil((n + max_high) / 8)}]")
 
@@ -213,9 +218,10 @@ def _decode_indices(parts: Mapping[str, torch.Tensor], plan: ChunkPlan, k: int, 
     if (n * b) % 8 and lo_bytes[-1] >> ((n * b) % 8):
         raise PayloadError("bad_encoding", f"{name}/idx_lo: non-zero padding bits")
     low = _fixed_width(lo_bytes, n, b)
+    terminators = int(_POPCOUNT[hi.numpy()].sum(dtype=np.int64))  # counted before one index is made per bit
+    if terminators != n:
+        raise PayloadError("bad_encoding", f"{name}/idx_hi: {terminators} terminators, expected {n}")
     ones = np.flatnonzero(_bits(hi))
-    if ones.size != n:
-        raise PayloadError("bad_encoding", f"{name}/idx_hi: {ones.size} terminators, expected {n}")
     if ones[-1] // 8 != hi.numel() - 1:
         raise PayloadError("bad_encoding", f"{name}/idx_hi: trailing zero bytes")
     high = np.diff(ones, prepend=-1) - 1
