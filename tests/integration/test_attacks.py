@@ -136,15 +136,25 @@ def test_a_miner_re_posting_its_own_earlier_upload_is_replay_across_a_restart(tm
     assert first + 4 in scored[2:]  # re-posting its upload of first + 2, which the lead saw before its restart
 
 
+PRODUCTION_QUARTER = dict(blocks_per_window=7, block_time=3.0, put_window_seconds=6.0, clock_skew_seconds=0.5,
+                          gather_seconds=5.0, settle_seconds=0.0625, handover_seconds=1.25, handover_settle_seconds=0.25,
+                          apply_seconds=1.25, commit_read_seconds=1.0)
+"""hparams.json's window settings with every duration divided by 4 (21-second windows)."""
+
+
 @pytest.mark.slow(seconds=4)
-def test_a_top_g_miner_that_serves_its_payload_to_validators_only_costs_the_other_miners_nothing(tmp_path):
+@pytest.mark.parametrize("refusal", ["refuses", "stalls"])
+def test_a_top_g_miner_that_serves_its_payload_to_validators_only_costs_the_other_miners_nothing(tmp_path, refusal):
     """A peer in the top-G answers validators (whose IPs it knows: they read every commitment) and refuses
     the miners. Every node takes the step from the payloads the lead's inputs name, so a miner that cannot
     fetch one waits for the lead's aggregate. Published after the lead's evaluation (in production about
     40 s of an 84 s window, modelled here by a slower evaluation), it came too late for the miner's next
     window: 'missing' every window, about 0.002 of the weight against the others' 0.5. Under SparseLoCo
     the aggregate is the payloads themselves, so the lead publishes it once its inputs are out, before
-    it evaluates anyone, and the refused miner steps and uploads in time."""
+    it evaluates anyone, and the refused miner steps and uploads in time. A bucket that stalls the miners
+    instead of refusing them held each one's fetch to the apply deadline, past its next commitment: every
+    honest miner 'missing' every window, the hostile one 0.99 of the weight (a review's run). A payload is
+    now fetched for at most the apply span, then the step is taken from that aggregate."""
     from tests.faults import Fault, FaultPlan
 
     from templar.runtime.records import MINER_WINDOWS_FILE
@@ -152,11 +162,16 @@ def test_a_top_g_miner_that_serves_its_payload_to_validators_only_costs_the_othe
 
     from .harness import MICRO_GAUNTLET_1K_PRESET
 
+    # A stalled read lasts to the gather's deadline: the stall is run on production's window geometry (a
+    # quarter of its seconds), where the gather ends 32 s before the next commitment; the suite's 6-second
+    # windows leave none (the gather ends 1 s before it, and no miner could step in time).
+    geometry = {} if refusal == "refuses" else PRODUCTION_QUARTER
     subnet = Subnet.create(tmp_path, {"lead": 100.0, "m0": 0.0, "victim": 0.0, "hostile": 0.0},
-                           base=MICRO_GAUNTLET_1K_PRESET)
+                           base=MICRO_GAUNTLET_1K_PRESET, **geometry)
     hostile = str(tmp_path / "buckets" / "hostile")
     refuse = FaultPlan()
-    refuse.add(Fault.ERROR, ops={"get", "head"}, keys=lambda key: "/gradient/" in key, message="403: not for your IP")
+    refuse.add(Fault.ERROR if refusal == "refuses" else Fault.HANG, ops={"get", "head"},
+               keys=lambda key: "/gradient/" in key, message="403: not for your IP")
 
     def victims_buckets(locator, *args, **kwargs):
         bucket = open_bucket(locator, *args, **kwargs)

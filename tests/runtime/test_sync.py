@@ -290,7 +290,7 @@ def test_the_sync_check_waits_for_the_leads_record_of_the_step_it_just_took(hp, 
         for window, step in ((11, 2), (12, 3)):
             await lead_inputs(node, tmp_path / "lead", window, step, keypair)
         check = SyncCheck(node)
-        check.record(11, 3)
+        await check.record(11, 3)
         await put_progress(bucket, 11, 3, run=RUN, fingerprint=node.compute.fingerprint(11))
         # the run's model after window 12 (as the lead holds it), then this node's, changed
         run_after_12 = node.compute.fingerprint(12)

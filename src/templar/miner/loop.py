@@ -146,7 +146,7 @@ class Miner:
                 if self.training is not None and self.training.window < current:
                     await self.drop_training(f"window {current} has begun")
                 self.state = await catch_up(node, self.state, current - 1)
-                self.sync.record(self.state.window, self.state.global_step)
+                await self.sync.record(self.state.window, self.state.global_step)
                 await self.advanced()
                 if self._stuck_at is not None and self.state.window >= node.clock.current_window() - 1:
                     self._stuck_at = None  # the gap a join found is closed: now the phase can be said
@@ -163,7 +163,7 @@ class Miner:
         self.phase = Phase.CATCHUP
         await self.drop_training("joining")
         self.state = await catch_up(node, self.state, node.clock.current_window() - 1)
-        self.sync.record(self.state.window, self.state.global_step)
+        await self.sync.record(self.state.window, self.state.global_step)
         self.save()
         self.note_saved()
         self.warmup_left = 0 if own_state else self.hp.windows.warmup_windows
@@ -360,6 +360,7 @@ class Miner:
                     f"[SYNC] window {window - 1}'s step did not land in time for window {window}'s commitment: its "
                     "update has no base to be formed against; not sending it")
                 training.given_up = True  # a step that lands from now on has no inner steps to move
+                self.warmup_left += work.warmup  # a warm-up given up is still to be sent
                 await asyncio.to_thread(self.compute.end_window)
                 return False
             context(window=window, phase=self.phase).warning(
@@ -469,7 +470,7 @@ class Miner:
                 return False
             self.hooks.after_step(self, window)
             self.state.window = window
-            self.sync.record(window, self.state.global_step)
+            await self.sync.record(window, self.state.global_step)
             await self.advanced()
             await self.stale_objects.after_step(self.node.bucket, window)
         work.stepped = True
@@ -515,7 +516,7 @@ class Miner:
                                                          "next window, uploading with weight 0 until then")
             return False
         self.resync_pending = False
-        self.sync.record(self.state.window, self.state.global_step)
+        await self.sync.record(self.state.window, self.state.global_step)
         return True
 
     async def _commit(self, window: int, payload: bytes) -> None:

@@ -291,11 +291,13 @@ class SyncCheck:
         self.node = node
         self.own: dict[int, tuple[int, torch.Tensor]] = {}
 
-    def record(self, window: int, global_step: int) -> None:
-        """Call after the model holds `window`'s update (live step, catch-up or re-sync)."""
+    async def record(self, window: int, global_step: int) -> None:
+        """Call after the model holds `window`'s update (live step, catch-up or re-sync). The fingerprint
+        waits for the compute lock in a thread: an inner step of the next window may hold it, and the
+        event loop (gathers, the commitment's deadline) must not wait behind it."""
         if window < 0:  # nothing applied yet (before the run's start window)
             return
-        self.own[window] = (global_step, self.node.compute.fingerprint(window))
+        self.own[window] = (global_step, await asyncio.to_thread(self.node.compute.fingerprint, window))
         for old in [w for w in self.own if w <= window - self.KEEP or w > window]:
             del self.own[old]
 
@@ -327,7 +329,7 @@ class SyncCheck:
             if progress is None:
                 continue
             if held == state.window:
-                self.record(state.window, state.global_step)
+                await self.record(state.window, state.global_step)
             global_step, own = self.own[held]
             problem = compare_with_lead(node, progress, global_step, own)
             if problem is None:

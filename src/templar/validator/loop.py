@@ -156,7 +156,7 @@ class Validator:
                     except ResyncError as exc:
                         context(window=window, phase=Phase.CATCHUP).warning(
                             f"[SYNC] {behind} windows behind and no re-sync past window {stuck_at} yet ({exc})")
-                self.sync.record(self.state.window, self.state.global_step)
+                await self.sync.record(self.state.window, self.state.global_step)
                 continue
             await self.run_window(window, evaluate=behind <= 1)
             if self._behind_at_start and self.state.window >= node.clock.current_window() - 1:
@@ -197,7 +197,7 @@ class Validator:
             current = node.clock.current_window()
             await self.check_slot(current, wait=may_start)
         target = await self.join(current, own=own)
-        self.sync.record(self.state.window, self.state.global_step)
+        await self.sync.record(self.state.window, self.state.global_step)
         behind = target - self.state.window
         self._behind_at_start = behind > 0
         if behind > 0:
@@ -380,7 +380,7 @@ class Validator:
             context(window=window, phase="validate").warning(
                 f"[SYNC] Re-sync not possible now ({exc}); not evaluating this window")
             return False
-        self.sync.record(self.state.window, self.state.global_step)
+        await self.sync.record(self.state.window, self.state.global_step)
         await asyncio.to_thread(self._save)
         return None
 
@@ -477,7 +477,7 @@ class Validator:
         work.step, work.applied = taken
         self.state.window = max(self.state.window, work.window)
         await asyncio.to_thread(self.bases.after_step, self.state)
-        self.sync.record(self.state.window, self.state.global_step)
+        await self.sync.record(self.state.window, self.state.global_step)
         return True
 
     async def set_weights(self, work: ValidatorWindow) -> None:

@@ -25,6 +25,7 @@ from templar.comms.keys import gradient_key
 from templar.core.log import short
 from templar.runtime.consensus.outer import OuterStep, payload_reader, update_step
 from templar.runtime.consensus.succession import Decision, decide_window
+from templar.runtime.consensus.windows import apply_span
 from templar.runtime.node import Node
 from templar.runtime.state import NodeState
 from templar.storage import StorageError
@@ -61,13 +62,18 @@ async def collect_payloads(node: Node, window: int, inputs: StepInputs,
     """The payloads `inputs` name, in their order: from `gathered` when the digest matches, else
     fetched from the owner's bucket (strict reader, signature, the lead's digest). No put-window
     check here: the lead already judged the timing; the digest makes the bytes the same.
-    `FollowError` when one cannot be had by `deadline`."""
+    `FollowError` when one cannot be had by `deadline`, or within the apply span (`apply_span`: 5 s in
+    production). An owner's bucket may serve validators and stall everyone else: waited on to the apply
+    deadline, it held every miner's step past its next commitment, window after window, while the lead's
+    published aggregate, which holds that payload, was out within seconds. Past the span the step fails
+    and the node takes it from that aggregate (`templar.runtime.sync.catch_up`)."""
     have = {hk: r.value for hk, r in gathered.items() if r.ok and r.value is not None}
     missing = [(hk, digest) for hk, digest in inputs.peers if not (hk in have and have[hk].digest == digest)]
     if missing:
         buckets = await node.peer_buckets([hk for hk, _ in missing])
         read = payload_reader(node.shapes, node.hp, window, node.run)
         cap = max_gradient_bytes(node.shapes, node.hp)
+        fetch_budget = apply_span(node.hp.windows)
 
         async def fetch(hotkey: str, digest: bytes) -> Gradient:
             bucket = buckets.get(hotkey)
@@ -75,7 +81,7 @@ async def collect_payloads(node: Node, window: int, inputs: StepInputs,
                 raise FollowError(f"{short(hotkey)}'s {gradient_key(window)}, aggregated by the lead, is unreachable "
                                   "(no usable bucket committed)")
             try:
-                left = deadline - node.clock.now()
+                left = min(deadline - node.clock.now(), fetch_budget)
                 if left <= 0:
                     raise TimeoutError
                 async with asyncio.timeout(left):
