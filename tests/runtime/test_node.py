@@ -114,7 +114,7 @@ class _Chain:
 
 def _node(locators: dict[str, str], **kw) -> Node:
     unused = SimpleNamespace()
-    return Node(hp=unused, chain=_Chain(locators), clock=unused, uid=0, model=unused, pages=unused, plan=unused,
+    return Node(hp=unused, chain=_Chain(locators), clock=SimpleNamespace(now=lambda: 0.0), uid=0, model=unused, pages=unused, plan=unused,
                 bucket=unused, state_dir=unused, device=unused, compute=unused, **kw)
 
 

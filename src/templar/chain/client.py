@@ -52,6 +52,9 @@ EMBEDDED = "embedded"
 EMBEDDED_LABEL = "ws://embedded.invalid"  # SDK label: keeps embedded caches apart from a real localnet
 DEFAULT_WALLET_PATH = "~/.bittensor/wallets"
 
+HEAD_EXTRAPOLATION_SECONDS = 120.0
+"""How long an endpoint that does not answer is bridged by counting blocks from the last head read
+(about 10 blocks on finney); past it, a read of the head raises `ChainUnavailable`."""
 _READ_ONLY = "this Chain was opened read-only (no wallet); pass --wallet.name to act as a hotkey"
 
 
@@ -268,7 +271,14 @@ class Chain:
             return self._clock.block()
         ttl = min(1.0, self.block_time / 4)
         if self._head is None or time.monotonic() - self._head[1] > ttl:
-            self._head = (int(self._call("read block", lambda c: c.block())), time.monotonic())
+            try:
+                self._head = (int(self._call("read block", lambda c: c.block())), time.monotonic())
+            except ChainUnavailable as exc:  # counted on from the last head read, for a while
+                since = time.monotonic() - self._head[1] if self._head is not None else None
+                if since is None or since > HEAD_EXTRAPOLATION_SECONDS:
+                    raise
+                logger.warning(f"{exc}; counting blocks from the head read {since:.0f}s ago")
+                return self._head[0] + int(since // self.block_time)
         return self._head[0]
 
     def block_timestamp(self, block: int) -> float:

@@ -18,11 +18,12 @@ from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 from loguru import logger
 
-from templar.chain import Chain, ChainError, Neuron, NotRegistered, is_miner
+from templar.chain import Chain, ChainError, ChainUnavailable, Neuron, NotRegistered, is_miner
 from templar.chain.flags import connect_from_args
 from templar.core.clock import SYSTEM_TIME, TimeSource
 from templar.core.config import HParams, HParamsError, load_hparams
@@ -100,6 +101,9 @@ class OwnBucketError(NodeError):
     exit_code = EXIT_OWN_BUCKET
 
 
+T = TypeVar("T")
+
+
 @dataclass
 class Node:
     """A started neuron: chain, clock, model, data and its own bucket."""
@@ -137,6 +141,25 @@ class Node:
     failed_saves: int = 0
     leads: LeadHistory = field(default_factory=LeadHistory)
     """Who led the windows this node applied (`templar.runtime.consensus.succession`)."""
+    _last_reads: dict[str, tuple[float, object]] = field(default_factory=dict, repr=False)
+    """Each chain read's last answer and when (the node's clock): `_chain_read`'s fallback."""
+
+    async def _chain_read(self, what: str, read: Callable[[], T]) -> T:
+        """`read()` of the chain, off the event loop. When the endpoint does not answer
+        (`ChainUnavailable`: a public endpoint reconnecting, a node restarting), its last answer if it
+        is at most a window old, with one warning: an RPC hiccup degrades a window, never stops the
+        node mid-window (it did: exit 1, and a lead lost its slot for the rest of the order's cadence)."""
+        try:
+            value = await asyncio.to_thread(read)
+        except ChainUnavailable as exc:
+            last = self._last_reads.get(what)
+            age = None if last is None else self.clock.now() - last[0]
+            if age is None or age > self.hp.windows.window_seconds:
+                raise
+            logger.bind(phase="chain").warning(f"{exc}; using the {what} read {age:.0f}s ago")
+            return last[1]  # type: ignore[return-value]
+        self._last_reads[what] = (self.clock.now(), value)
+        return value
 
     def save_state(self, state: NodeState) -> bool:
         """A window's commit point: θ (and what the role keeps with it) in the state file. A local
@@ -170,7 +193,7 @@ class Node:
         return Run(self.chain.netuid, self.hp.digest())
 
     async def neurons(self) -> list[Neuron]:
-        return await asyncio.to_thread(self.chain.metagraph)
+        return await self._chain_read("metagraph", self.chain.metagraph)
 
     async def miners(self) -> dict[str, int]:
         """The subnet's miners but ourselves, hotkey → uid (`templar.chain.is_miner`)."""
@@ -181,7 +204,7 @@ class Node:
 
         A commitment that does not parse is ignored with a log line, never used to build a URL.
         """
-        locators = await asyncio.to_thread(self.chain.bucket_locators)
+        locators = await self._chain_read("commitments", self.chain.bucket_locators)
         await self._forget_uncommitted(locators)
         wanted = set(hotkeys) if hotkeys is not None else set(locators)
         out: dict[str, Bucket] = {}
@@ -231,7 +254,7 @@ class Node:
         """The succession order (`Chain.succession`) with each candidate's bucket (ours for us). A shadow
         reads its hotkey's as every other node does, from the chain: the live validator on the same
         hotkey publishes there, and the shadow's own bucket is nobody's (it holds no slot either)."""
-        order = await asyncio.to_thread(self.chain.succession)
+        order = await self._chain_read("succession", self.chain.succession)
         ours = not self.shadow
         buckets = await self.peer_buckets([n.hotkey for n in order if n.hotkey != self.hotkey or not ours])
         return [Lead(n, self.bucket if ours and n.hotkey == self.hotkey else buckets.get(n.hotkey)) for n in order]

@@ -57,7 +57,14 @@ class CommitWatcher:
         node = self.node
         window = node.clock.current_window()
         while not node.stop.is_set():
-            opens, closes = node.clock.times(window).commit_read
+            try:
+                opens, closes = node.clock.times(window).commit_read
+            except ChainError as exc:  # the chain's head unreadable: this window's span goes by, not the reader
+                context(window=window, phase="commit").warning(f"commitments of window {window} not read: {exc}")
+                if not await node.clock.sleep_until(node.clock.now() + 1.0, node.stop):
+                    return
+                window += 1
+                continue
             if node.clock.now() >= closes - 0.5:
                 window += 1  # too late for this window's span: its gradients are not judged on it
                 continue
