@@ -6,6 +6,7 @@ import asyncio
 import random
 from dataclasses import dataclass, field
 
+import pytest
 import torch
 
 from templar.chain import Neuron
@@ -211,3 +212,32 @@ def test_a_bucket_listing_thousands_of_checkpoints_costs_a_restore_a_few(hp, tmp
     found = run_virtual(scenario(), start=GENESIS + 1650)
     assert isinstance(found, str)  # the slot holder's torn pointer counts
     assert len(looked) <= hp.windows.retained_checkpoints + 1, len(looked)
+
+
+def test_buckets_that_never_answer_cost_a_restore_one_timeout_not_one_each(hp, tmp_path):
+    """Restore reads every candidate's checkpoint pointer (and lists a slot holder's checkpoints when its
+    pointer fails) and, with no checkpoint yet, their start windows. One after another, each bucket that
+    never answered cost its whole timeout: here 3 pointers and 2 listings of 60 s (300 s), then 2 start
+    windows of 30 s; 5 silent buckets of hotkeys with a permit and a little stake held every join and
+    re-sync 300 s, then 150 s more. Now each kind is read at once: one timeout each."""
+    from tests.faults import Fault, FaultPlan
+
+    from templar.runtime.restore import ResyncError, _newest_intact_checkpoint, published_start
+
+    async def scenario():
+        node = _peers_node(hp, tmp_path)
+        silent = FaultPlan()
+        silent.add(Fault.HANG, ops={"get", "list"})
+        for name in NAMES[1:]:
+            node.buckets[name] = silent.wrap(node.buckets[name])
+        candidates, clock = await node.candidates(), node.clock
+        started = clock.now()
+        found = await _newest_intact_checkpoint(node, candidates, newer_than=-1)
+        pointers, started = clock.now() - started, clock.now()
+        with pytest.raises(ResyncError, match="start window cannot be read"):
+            await published_start(node, candidates)
+        return found, pointers, clock.now() - started
+
+    found, pointers, starts = run_virtual(scenario(), start=GENESIS + 165)
+    assert pointers <= 121.0 and starts <= 31.0, (pointers, starts)
+    assert isinstance(found, str) and "uid 1's latest.json" in found and "uid 2's latest.json" in found  # slot holders

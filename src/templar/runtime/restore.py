@@ -150,13 +150,17 @@ async def published_start(node: Node, candidates: list[Lead] | None = None) -> i
     log = context(window=current, phase=Phase.DOWNLOAD)
     ordered = ([c for c in candidates if c.hotkey in slot_holders]
                + [c for c in candidates if c.hotkey not in slot_holders])
-    for lead in ordered:
+    # every copy read at once: one after another, each bucket that never answers cost its timeout (30 s)
+    copies = await asyncio.gather(*(get_start_window(lead.bucket, run=node.run) for lead in ordered),
+                                  return_exceptions=True)
+    for lead, start in zip(ordered, copies, strict=True):
         below = lead.hotkey not in slot_holders
         if below and problems:
             break  # a slot holder's copy may exist: never one below the slots instead
         where = f"uid {lead.uid}'s {start_window_key()}"
         try:
-            start = await get_start_window(lead.bucket, run=node.run)
+            if isinstance(start, BaseException):
+                raise start
         except (StorageError, RecordError) as exc:
             if below:
                 log.warning(f"[SYNC] {where} (below the lead slots) is unreadable ({str(exc)[:160]}): passed over")
@@ -219,16 +223,20 @@ async def _newest_intact_checkpoint(node: Node, candidates: list[Lead], *, newer
         for w in windows[:listed_at_most]:
             heapq.heappush(queue, (-w, slot, next(order), lead))
 
-    for slot, lead in enumerate(candidates):
-        try:
-            window = await latest_checkpoint_window(lead.bucket)
-        except (CheckpointError, StorageError) as exc:
-            problem(lead, f"uid {lead.uid}'s latest.json: {str(exc)[:160]}")
-            log.warning(f"[SYNC] uid {lead.uid}'s latest checkpoint pointer is unusable: {str(exc)[:160]}")
-            await older_manifests(slot, lead, float("inf"))
-            continue
-        if window is not None:
+    # every pointer read at once: one after another, each bucket that never answers cost its timeout (60 s)
+    pointers = await asyncio.gather(*(latest_checkpoint_window(lead.bucket) for lead in candidates),
+                                    return_exceptions=True)
+    unusable = []
+    for slot, (lead, window) in enumerate(zip(candidates, pointers, strict=True)):
+        if isinstance(window, CheckpointError | StorageError):
+            problem(lead, f"uid {lead.uid}'s latest.json: {str(window)[:160]}")
+            log.warning(f"[SYNC] uid {lead.uid}'s latest checkpoint pointer is unusable: {str(window)[:160]}")
+            unusable.append(older_manifests(slot, lead, float("inf")))
+        elif isinstance(window, BaseException):
+            raise window
+        elif window is not None:
             heapq.heappush(queue, (-window, slot, next(order), lead))
+    await asyncio.gather(*unusable)
     tried: set[tuple[str, int]] = set()
     while queue:
         negative, slot, _, lead = heapq.heappop(queue)
