@@ -13,7 +13,7 @@ from templar.miner.loop import Miner
 from templar.runtime.records import SCORES_FILE, read_records
 from templar.validator.loop import Validator
 
-from .harness import Subnet, parameters, same_parameters, untrained_windows
+from .harness import PRODUCTION_QUARTER, Subnet, parameters, same_parameters, untrained_windows
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -134,12 +134,6 @@ def test_a_miner_re_posting_its_own_earlier_upload_is_replay_across_a_restart(tm
     assert {status[(cheat.node.hotkey, w)] for w in scored[:2]} <= {"ok", "warmup"}, status
     assert [status[(cheat.node.hotkey, w)] for w in scored[2:]] == ["replay"] * len(scored[2:]), status
     assert first + 4 in scored[2:]  # re-posting its upload of first + 2, which the lead saw before its restart
-
-
-PRODUCTION_QUARTER = dict(blocks_per_window=7, block_time=3.0, put_window_seconds=6.0, clock_skew_seconds=0.5,
-                          gather_seconds=5.0, settle_seconds=0.0625, handover_seconds=1.25, handover_settle_seconds=0.25,
-                          apply_seconds=1.25, commit_read_seconds=1.0)
-"""hparams.json's window settings with every duration divided by 4 (21-second windows)."""
 
 
 @pytest.mark.slow(seconds=4)

@@ -97,6 +97,8 @@ class Miner:
         self.saved_through = -1
         """The window the state file's θ holds (`note_saved`)."""
         self._saved = asyncio.Event()
+        self.train_seconds: float | None = None
+        """The last window's pages and inner steps, begin to end, on the node's clock (`can_finish`)."""
         self.encode_seconds = 0.0
         """How long the last payload took to compress and encode (the margin before its commitment)."""
 
@@ -202,7 +204,7 @@ class Miner:
         if training is None:
             if not await self.ensure_base(window):
                 return
-            training = await self.begin(window) if self.may_begin(window) else None
+            training = await self.begin(window) if self.may_begin(window) and self.can_finish(window) else None
         work = training.work if training is not None else MinerWindow(window, times)
         if self.overlapped and not self.node.stop.is_set():
             if training is not None:
@@ -276,8 +278,23 @@ class Miner:
     async def read_ahead(self, window: int) -> None:
         """Begin `window`'s compute half now, while the window before it goes through its exchange:
         the GPU does not wait for the put window, the gather and the step."""
-        if self.training is None and self.may_begin(window):
+        if self.training is None and self.may_begin(window) and self.can_finish(window):
             self.training = await self.begin(window)
+
+    def can_finish(self, window: int) -> bool:
+        """Whether `window`'s inner steps, begun now at the last window's pace, end before its payload must
+        be encoded (unknown before a first window: yes). Overlapped, a window begun too late (after a
+        restart, a catch-up) missed its commitment, and the next one began only when it ended: a restart
+        cost a run of windows (9 in a review's run). Such a window is left untrained; the next begins now."""
+        if not self.overlapped or self.train_seconds is None:
+            return True
+        times = self.node.clock.times(window)
+        if self.node.clock.now() + self.train_seconds <= self.encode_deadline(MinerWindow(window, times)):
+            return True
+        context(window=window, phase=self.phase).warning(
+            f"too late to train window {window} before its commitment ({self.train_seconds:.1f}s of training): "
+            "not training it; the next window's inner steps begin now")
+        return False
 
     async def begin(self, window: int) -> Training:
         """Begin `window`'s inner steps from θ as it is now (in a task: `train`). Delayed: θ is the
@@ -346,7 +363,7 @@ class Miner:
         one op each, then the payload encoded and committed. Eager: the pseudo-gradient waits for the
         previous window's step to land (until the commitment deadline: else the window is dropped)."""
         hp, work = self.hp, training.work
-        window = work.window
+        window, began = work.window, self.node.clock.now()
         pages = self.hooks.pages(self, window, self.pages(window))
         batch, work.pages = await self.node.pages.fetch(  # only these pages' bytes
             pages, prefetch=self.hooks.pages(self, window + 1, self.pages(window + 1)))
@@ -354,6 +371,7 @@ class Miner:
         with work.busy():
             for part in window_parts(batch, hp.inner):
                 await asyncio.to_thread(self.compute.inner_step, part)
+        self.train_seconds = self.node.clock.now() - began
         if not await self.exchanged(window - 1, self.encode_deadline(work)):
             if training.lands and not training.landed.is_set():
                 context(window=window, phase=self.phase).warning(
