@@ -19,6 +19,7 @@ from functools import cache
 
 import pytest
 
+from templar.chain.client import HEAD_EXTRAPOLATION_SECONDS
 from templar.chain.embedded.store import ChainSpec
 from templar.core.config import DEFAULT_CACHE_GB, REPO_ROOT, load_hparams
 from templar.core.startup import OPEN_FILES_NEEDED, OPEN_FILES_WANTED
@@ -130,6 +131,7 @@ def computed() -> list[tuple[str, str]]:
     mining += [
         f"torchrun gives\n  its workers {_torchrun_grace()} s before SIGKILL",
         f"`TEMPLAR_DIST_TIMEOUT` (seconds,\n  default {g(DEFAULT_TIMEOUT_S)})",
+        f"(the head: {g(HEAD_EXTRAPOLATION_SECONDS)} s)",
     ]
     # the open-files limit a node asks for, and under which a validator warns (core.startup)
     validating = [f"(up to {OPEN_FILES_WANTED:,})", f"leaves fewer than {OPEN_FILES_NEEDED:,}"]
