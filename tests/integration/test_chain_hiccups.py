@@ -7,6 +7,7 @@ one unreadable chain head stopped the commitment reader for the process's life. 
 from __future__ import annotations
 
 import asyncio
+import itertools
 
 import pytest
 
@@ -56,7 +57,7 @@ def test_one_unanswered_read_costs_no_node_its_window(tmp_path):
 
         def times(window):
             seen["n"] += 1
-            if seen["n"] == 2:  # one read of the chain head that does not answer
+            if 2 <= seen["n"] <= 5:  # the chain head unanswered for 4 reads (about 4 s)
                 raise ChainUnavailable(NO_ANSWER)
             return real_times(window)
 
@@ -68,8 +69,10 @@ def test_one_unanswered_read_costs_no_node_its_window(tmp_path):
         await asyncio.gather(task, return_exceptions=True)
         for role in (v, m):
             await role.node.aclose()
-        return w, windows, [calls["failed"] for calls in armed], alive, len(watcher.commits)
+        return w, windows, [calls["failed"] for calls in armed], alive, sorted(watcher.commits)
 
     w, windows, failed, alive, read = run_virtual(scenario())
     assert windows == (w + 1, w + 1) and sum(failed) >= 2, (windows, failed)
-    assert alive and read >= 2, "the commitment reader skipped one window and read the next ones"
+    # it lost at most the window it could not time, and never ran ahead of the chain (a first fix moved
+    # on a window per failed read, 1 s apart: after a minute's outage it skipped 14 windows)
+    assert alive and len(read) >= 3 and max(b - a for a, b in itertools.pairwise(read)) <= 2, read

@@ -169,13 +169,16 @@ def test_killed_miner_resumes_without_double_or_missed_updates(tmp_path, ranks):
                for k in reference), "no update was applied at all"
 
 
-def test_a_miner_restarted_mid_window_misses_two_windows_not_a_run_of_them(tmp_path):
+@pytest.mark.parametrize("late", ["restarted", "one slow window"])
+def test_a_miner_late_in_a_window_misses_two_windows_not_a_run_of_them(tmp_path, late):
     """Overlapped, a miner trains the next window while this one's exchange runs. Restarted 8 s into a
     window of production's geometry (21 s here, 19.3 s of it training), it trained that window from then,
     missed its commitment, and began each next window only when the one before ended: 5 windows in a row
     'uncommitted' (9 when restarted 15 s in; a review's run). Now a window it cannot finish at the last
     window's pace is left untrained and the next begins at once: the first window after the restart (its
-    pace still unknown) and the one it was too late for."""
+    pace still unknown) and the one it was too late for. The pace is measured again after a window left
+    untrained: one window slowed by 30 s (a stalled page read) stopped a review's miner from training
+    any window after it."""
     from templar.runtime.records import SCORES_FILE
 
     from .harness import PRODUCTION_QUARTER
@@ -183,13 +186,18 @@ def test_a_miner_restarted_mid_window_misses_two_windows_not_a_run_of_them(tmp_p
     subnet = Subnet.create(tmp_path, {"lead": 100.0, "m0": 0.0}, {"data": {"pages_per_window": 1, "eval_pages": 1}},
                            **PRODUCTION_QUARTER)
 
+    stall = {"at": None}
+
     async def miner() -> tuple[Miner, asyncio.Task]:
         node = await subnet.node("m0")
         fetch = node.pages.fetch
 
         async def at_a_gpus_pace(*args, **kwargs):  # what a window's inner steps take on the GPU, a quarter
             out = await fetch(*args, **kwargs)
-            await asyncio.sleep(19.3)
+            await asyncio.sleep(19.3 if late == "restarted" else 10.0)
+            if stall["at"] is not None and node.clock.current_window() >= stall["at"]:
+                stall["at"] = None
+                await asyncio.sleep(30.0)
             return out
 
         node.pages.fetch = at_a_gpus_pace
@@ -203,12 +211,15 @@ def test_a_miner_restarted_mid_window_misses_two_windows_not_a_run_of_them(tmp_p
         m0, running = await miner()
         clock = lead.node.clock
         restarted = clock.current_window() + 5
+        if late == "one slow window":
+            stall["at"] = restarted - 1
         await clock.sleep_until(clock.times(restarted).start + 8.0)
-        running.cancel()  # kill -9: nothing saved
-        await asyncio.gather(running, return_exceptions=True)
-        m0.node.state_lock.release()
-        await m0.node.aclose()
-        m0, running = await miner()
+        if late == "restarted":
+            running.cancel()  # kill -9: nothing saved
+            await asyncio.gather(running, return_exceptions=True)
+            m0.node.state_lock.release()
+            await m0.node.aclose()
+            m0, running = await miner()
         await clock.sleep_until(clock.times(restarted + 7).end)
         for role in (lead, m0):
             role.node.stop.set()

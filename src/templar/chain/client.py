@@ -203,6 +203,7 @@ class Chain:
         self._block_time: float | None = clock.block_time if clock else None
         self._head: tuple[int, float] | None = None  # (block, monotonic time read) for real nodes
         self._timestamps: dict[int, float] = {}
+        self._head_retry_at: float | None = None  # the endpoint did not answer the head: not asked again before
         # Public views only: reading addresses never unlocks (or prompts for) a key.
         self._hotkey: str | None = bt.public_view(wallet, "hotkey").ss58_address if wallet else None
         self._coldkey: str | None = bt.public_view(wallet, "coldkey").ss58_address if wallet else None
@@ -270,16 +271,24 @@ class Chain:
         if self._clock is not None:
             return self._clock.block()
         ttl = min(1.0, self.block_time / 4)
-        if self._head is None or time.monotonic() - self._head[1] > ttl:
+        if self._head is not None and time.monotonic() - self._head[1] <= ttl:
+            return self._head[0]
+        if self._head_retry_at is None or time.monotonic() >= self._head_retry_at:
             try:
                 self._head = (int(self._call("read block", lambda c: c.block())), time.monotonic())
+                self._head_retry_at = None
+                return self._head[0]
             except ChainUnavailable as exc:  # counted on from the last head read, for a while
-                since = time.monotonic() - self._head[1] if self._head is not None else None
-                if since is None or since > HEAD_EXTRAPOLATION_SECONDS:
+                if self._head is None or time.monotonic() - self._head[1] > HEAD_EXTRAPOLATION_SECONDS:
                     raise
-                logger.warning(f"{exc}; counting blocks from the head read {since:.0f}s ago")
-                return self._head[0] + int(since // self.block_time)
-        return self._head[0]
+                if self._head_retry_at is None:  # one line per outage
+                    logger.warning(f"{exc}; counting blocks from the head read "
+                                   f"{time.monotonic() - self._head[1]:.0f}s ago")
+                self._head_retry_at = time.monotonic() + self.block_time  # asked again a block later
+        since = time.monotonic() - self._head[1]
+        if since > HEAD_EXTRAPOLATION_SECONDS:
+            raise ChainUnavailable(f"read block: no answer for {since:.0f}s")
+        return self._head[0] + int(since // self.block_time)
 
     def block_timestamp(self, block: int) -> float:
         """Unix time of `block`: the chain's timestamp for past blocks, extrapolated for future ones."""
@@ -290,7 +299,13 @@ class Chain:
         head = self.block()
         if block > head:
             return self.block_timestamp(head) + (block - head) * self.block_time
-        stamp = self._call(f"read timestamp of block {block}", lambda c: c.timestamp(block)).timestamp()
+        try:
+            stamp = self._call(f"read timestamp of block {block}", lambda c: c.timestamp(block)).timestamp()
+        except ChainUnavailable:
+            known = [b for b in self._timestamps if b <= block]
+            if self._head_retry_at is None or not known:  # counted on only while the head is
+                raise
+            return self._timestamps[max(known)] + (block - max(known)) * self.block_time
         if len(self._timestamps) > 4096:
             self._timestamps.clear()
         self._timestamps[block] = stamp

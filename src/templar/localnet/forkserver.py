@@ -100,9 +100,13 @@ class ForkedProcess:
         return self.returncode
 
     def send_signal(self, sig: int) -> None:
+        """Through the pidfd where there is one: never a process that reused the pid."""
         if self.poll() is None:
             with contextlib.suppress(ProcessLookupError):
-                os.kill(self.pid, sig)
+                if self._pidfd is not None:
+                    signal.pidfd_send_signal(self._pidfd, sig)
+                else:
+                    os.kill(self.pid, sig)
 
     def terminate(self) -> None:
         self.send_signal(signal.SIGTERM)
@@ -276,6 +280,19 @@ def _reap(children: dict[int, socket.socket]) -> None:
             conn.close()
 
 
+def _await_session(pid: int, timeout_s: float = 5.0) -> None:
+    """Until the forked `pid` leads its own session (its first act), at most `timeout_s`: a client told the
+    pid earlier could `killpg` it before the group exists, and miss it."""
+    until = time.monotonic() + timeout_s
+    while time.monotonic() < until:
+        try:
+            if os.getsid(pid) == pid:
+                return
+        except ProcessLookupError:
+            return
+        time.sleep(0.0005)
+
+
 def serve(listener: socket.socket) -> dict | None:
     """Fork a neuron for each request until stdin closes and the last neuron has ended. Returns
     None in the server, and the request in each forked neuron (which then runs it)."""
@@ -300,6 +317,7 @@ def serve(listener: socket.socket) -> dict | None:
                 continue
             pid = os.fork()
             if pid == 0:
+                os.setsid()  # its own session before anyone is told its pid: a kill of its group reaches it
                 events.close()
                 listener.close()
                 for other in children.values():
@@ -307,6 +325,7 @@ def serve(listener: socket.socket) -> dict | None:
                 conn.close()
                 return request
             children[pid] = conn
+            _await_session(pid)
             with contextlib.suppress(OSError):
                 conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
         _reap(children)
@@ -315,8 +334,8 @@ def serve(listener: socket.socket) -> dict | None:
 
 def run_entry_point(request: dict) -> None:
     """In a forked neuron: become the process `request` describes, then run its entry point as
-    `__main__` (its `sys.exit` ends this process as it would end `python script ...`)."""
-    os.setsid()
+    `__main__` (its `sys.exit` ends this process as it would end `python script ...`). Its session is
+    its own already (`serve`)."""
     null = os.open(os.devnull, os.O_RDONLY)
     out = os.open(request["stdout"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(null, 0)

@@ -85,8 +85,7 @@ class Miner:
         self.failed_uploads = 0
         self.sync = SyncCheck(node)
         self.resync_pending = False
-        self._stuck_at: int | None = None
-        """The window a join last found the miner stuck at (the `[SYNC]` line says it once)."""
+        self._stuck_at: int | None = None  # the window a join last found the miner stuck at (said once)
         self.lag = base_lag(self.hp.inner)
         self.overlapped = overlapped(self.hp.inner)
         self.training: Training | None = None
@@ -94,11 +93,10 @@ class Miner:
         self.own_update: tuple[int, dict[str, Compressed]] | None = None
         """Eager: our last payload's window and its coefficients (the proxy of that window's step)."""
         self._group: asyncio.TaskGroup | None = None
-        self.saved_through = -1
-        """The window the state file's θ holds (`note_saved`)."""
+        self.saved_through = -1  # the window the state file's θ holds (`note_saved`)
         self._saved = asyncio.Event()
-        self.train_seconds: float | None = None
-        """The last window's pages and inner steps, begin to end, on the node's clock (`can_finish`)."""
+        self.train_seconds: float | None = None  # the last window's pages and inner steps, on the node's clock
+        self._untrained = -1  # the window `can_finish` last left untrained
         self.encode_seconds = 0.0
         """How long the last payload took to compress and encode (the margin before its commitment)."""
 
@@ -282,18 +280,22 @@ class Miner:
             self.training = await self.begin(window)
 
     def can_finish(self, window: int) -> bool:
-        """Whether `window`'s inner steps, begun now at the last window's pace, end before its payload must
-        be encoded (unknown before a first window: yes). Overlapped, a window begun too late (after a
-        restart, a catch-up) missed its commitment, and the next one began only when it ended: a restart
-        cost a run of windows (9 in a review's run). Such a window is left untrained; the next begins now."""
-        if not self.overlapped or self.train_seconds is None:
+        """Whether `window`'s inner steps, begun now at the last window's pace, end before its payload must be
+        encoded (pace unknown: yes). Overlapped, a window begun too late (a restart, a catch-up) missed its
+        commitment and the next began only when it ended: a run of windows (9 in a review's run). Such a
+        window is left untrained and the next begins now, its pace measured anew (one slow window must not
+        stop every later one)."""
+        if not self.overlapped or (self.train_seconds is None and window != self._untrained):
             return True
+        if window == self._untrained:  # left so at its read-ahead: not begun late now either
+            return False
         times = self.node.clock.times(window)
         if self.node.clock.now() + self.train_seconds <= self.encode_deadline(MinerWindow(window, times)):
             return True
         context(window=window, phase=self.phase).warning(
             f"too late to train window {window} before its commitment ({self.train_seconds:.1f}s of training): "
             "not training it; the next window's inner steps begin now")
+        self._untrained, self.train_seconds = window, None
         return False
 
     async def begin(self, window: int) -> Training:

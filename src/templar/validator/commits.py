@@ -59,12 +59,11 @@ class CommitWatcher:
         while not node.stop.is_set():
             try:
                 opens, closes = node.clock.times(window).commit_read
-            except ChainError as exc:  # the chain's head unreadable: this window's span goes by, not the reader
-                context(window=window, phase="commit").warning(f"commitments of window {window} not read: {exc}")
+            except ChainError as exc:  # the chain's head unreadable: tried again, never ahead of the chain
+                context(window=window, phase="commit").warning(f"window {window}'s span cannot be timed: {exc}")
                 if not await node.clock.sleep_until(node.clock.now() + 1.0, node.stop):
                     return
-                window += 1
-                continue
+                continue  # a span that closed meanwhile is passed over above, window by window
             if node.clock.now() >= closes - 0.5:
                 window += 1  # too late for this window's span: its gradients are not judged on it
                 continue

@@ -138,6 +138,12 @@ class WindowPublisher:
             context(phase="lead").warning(f"[LEAD] {len(found)} publications held back when this validator last "
                                           f"stopped ({', '.join(self.queued)}): publishing them first")
 
+    async def flush_at_stop(self, window: int, deadline: float) -> None:
+        """Stopping: what a slow bucket held back goes out now if it can, and the outbox says what is left."""
+        if self.queued:
+            await self.flush(window, deadline)
+            self.save_outbox()
+
     async def _put(self, name: str, data: bytes) -> None:
         kind, window = name.split("/")
         bucket = self.node.bucket

@@ -135,7 +135,7 @@ class Validator:
             watcher.cancel()
             await asyncio.gather(watcher, return_exceptions=True)
             await self.weights.close()
-            await self.publisher.flush(self.state.window, self.node.clock.now() + PUBLISH_MIN_SECONDS)  # held back
+            await self.publisher.flush_at_stop(self.state.window, self.node.clock.now() + PUBLISH_MIN_SECONDS)
         await self.checkpoints.wait()
         context(phase="stopped").info("validator stopped cleanly")
 
