@@ -95,6 +95,13 @@ def test_signals_timeouts_and_a_server_killed_under_its_neurons(server, tmp_path
     proc.terminate()
     assert proc.wait(timeout=30) == -signal.SIGTERM
 
+    sleeper = tmp_path / "sleeper.py"
+    sleeper.write_text("import time\ntime.sleep(60)\n")
+    for _ in range(10):  # its group exists as soon as its pid is known (before: killpg missed it 20 in 20)
+        proc = server.spawn([sys.executable, str(sleeper)], env, tmp_path, tmp_path / "stdout.log")
+        os.killpg(proc.pid, signal.SIGKILL)
+        assert proc.wait(timeout=30) == -signal.SIGKILL
+
     # The server killed -9 while a neuron runs: the neuron runs on, and its end is still seen.
     proc = server.spawn([sys.executable, str(script), "sleep"], env, tmp_path, tmp_path / "stdout.log")
     server._proc.kill()
