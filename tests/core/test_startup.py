@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import gc
+from types import SimpleNamespace
 
 import pytest
 
@@ -67,3 +68,31 @@ def test_what_a_node_gets_is_what_the_doctor_reports_on_linux_and_macos() -> Non
     assert open_files_target(256, 8_192, platform="darwin") == 8_192  # a finite hard limit is taken as it is
     assert open_files_target(12_000, macos_unlimited, platform="darwin") == 12_000  # never lowered
     assert open_files_target(-1, -1, platform="darwin") == -1
+
+
+FLUSHING = """
+import torch
+from templar.core.startup import flushes_subnormals
+before = flushes_subnormals()
+torch.set_flush_denormal(True)  # what loading a library built with -ffast-math does to the process
+print(before, flushes_subnormals())
+"""
+
+
+def test_a_process_that_flushes_subnormals_is_found_and_no_node_starts_in_it(tmp_path, monkeypatch) -> None:
+    """An operator's CFLAGS=-ffast-math made the kernels' library set the CPU's flush-to-zero bits for the
+    whole process as it loaded, and the node's floats near zero differed from every other node's (the
+    kernels now build with -fno-fast-math after any CFLAGS; this finds any other library that does it)."""
+    import asyncio
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", FLUSHING], capture_output=True, text=True, timeout=120)
+    assert done.stdout.split() == ["False", "True"], done.stdout + done.stderr
+
+    from templar.runtime import node as node_module
+
+    monkeypatch.setattr(node_module, "flushes_subnormals", lambda: True)
+    args = SimpleNamespace(hparams="tiny")
+    with pytest.raises(node_module.StartupError, match="flushes subnormal floats to zero"):
+        asyncio.run(node_module.start_node(args, "miner"))

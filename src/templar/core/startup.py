@@ -45,6 +45,15 @@ def libraries_loading() -> Iterator[None]:
             gc.enable()
 
 
+def flushes_subnormals() -> bool:
+    """Whether this process's CPU flushes subnormal floats to zero (x86's FTZ/DAZ bits). A native library
+    built with `-ffast-math` sets them for the whole process when it loads (`crtfastmath.o`), and then
+    every float the node computes near zero, torch's included, differs from every other node's. The
+    operands are made at run time, so the compiler folds nothing."""
+    smallest, small, tenth = float("5e-324"), float("1e-308"), float("0.1")
+    return smallest * 1.0 == 0.0 or small * tenth == 0.0
+
+
 def open_files_target(soft: int, hard: int, wanted: int = OPEN_FILES_WANTED, platform: str = sys.platform) -> int:
     """The soft limit a node sets, from the process's (soft, hard) limits: `wanted`, within the hard
     limit, and never lower than the soft limit already is. Linux writes "unlimited" as -1

@@ -29,7 +29,7 @@ from templar.core.clock import SYSTEM_TIME, TimeSource
 from templar.core.config import HParams, HParamsError, load_hparams
 from templar.core.log import setup_logging, short
 from templar.core.model import build_model, parameter_shapes
-from templar.core.startup import OPEN_FILES_NEEDED, raise_open_files_limit
+from templar.core.startup import OPEN_FILES_NEEDED, flushes_subnormals, raise_open_files_limit
 from templar.data import ManifestError, PagePlan, PageReader
 from templar.data.source import open_reader
 from templar.runtime.compute import Compute, LocalCompute
@@ -294,6 +294,10 @@ async def start_node(args: argparse.Namespace, role: str, *, time: TimeSource = 
         hp = load_hparams(args.hparams)
     except HParamsError as exc:
         raise StartupError(str(exc)) from exc
+    if flushes_subnormals():
+        raise StartupError("this process flushes subnormal floats to zero (a native library loaded into it was built "
+                           "with -ffast-math): its arithmetic would differ from every other node's. Fix: rebuild "
+                           "without -ffast-math or -funsafe-math-optimizations in CFLAGS (`./scripts/bootstrap.sh`)")
     try:
         chain = await asyncio.to_thread(connect_from_args, args, now=time.now)
     except (ChainError, OSError, ValueError) as exc:
