@@ -102,3 +102,37 @@ def test_clock_skew_against_the_chain_is_measured_and_said_once():
         logger.remove(handler)
     assert len([line for line in lines if "ahead of the chain" in line]) == 1
     assert len([line for line in lines if "back within" in line]) == 1
+
+
+def test_a_window_has_ended_when_the_chain_made_its_next_block_not_when_it_was_foreseen():
+    """A node foresees a window's end from the head (the next window's first block, one block time per
+    block). A slot the chain misses moves the real end a block later, and validators judge an upload by the
+    real one: timed on the foreseen end, every punctual miner's upload was `early` (production's geometry,
+    one missed slot: 12 s early against a 2 s allowance; a review's run). `Clock.ended` waits for the block."""
+    from templar.core.clock import loop_time, run_virtual
+
+    cfg = load_hparams("hparams.json").windows  # 7 blocks of 12 s
+    genesis, missed_after = 1_700_000_000.0, 7 * 1000 + 3  # an author misses its slot inside window 1000
+
+    async def scenario():
+        time = loop_time()
+
+        def stamp(block: int) -> float:  # the chain's timestamps; past the missed slot, a block time later
+            return genesis + block * 12.0 + (12.0 if block > missed_after else 0.0)
+
+        def head() -> int:
+            block = int((time.now() - genesis) // 12.0)
+            return block if block <= missed_after else max(missed_after, int((time.now() - genesis - 12.0) // 12.0))
+
+        def timestamp(block: int) -> float:  # past blocks as made, future ones extrapolated from the head
+            return stamp(block) if block <= head() else stamp(head()) + (block - head()) * 12.0
+
+        clock = Clock(cfg, head, timestamp, time)
+        await clock.sleep_until(stamp(7 * 1000))  # the window's first block: a miner foresees its end now
+        foreseen = clock.times(1000).end
+        ended = await clock.ended(1000)
+        return foreseen, ended.end, time.now(), head()
+
+    foreseen, end, woke, block = run_virtual(scenario(), start=genesis + 7 * 1000 * 12.0 - 1.0)
+    assert end == foreseen + 12.0 and block == 7 * 1001, (foreseen, end, block)
+    assert end <= woke <= end + 3.0  # within a poll (a quarter block) of the block's arrival

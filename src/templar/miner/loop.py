@@ -451,7 +451,7 @@ class Miner:
         lands. A stop request does not interrupt a window: the error feedback already gave up what
         we send. `OwnBucketError` once our bucket has refused `MAX_FAILED_UPLOADS` in a row."""
         window = work.window
-        await self.node.clock.sleep_until(work.times.end)
+        await self.node.clock.ended(window)  # the next window's first block out: the put window is open
         payload = await self.hooks.before_upload(self, window, work.payload)
         with work.busy():
             try:
@@ -480,7 +480,7 @@ class Miner:
                 context(window=window, phase=self.phase).warning(
                     f"[SYNC] still before window {window - 1}: not stepping window {window}")
                 return False
-        await self.node.clock.sleep_until(work.times.gather_start)
+        await self.node.clock.sleep_until(self.node.clock.times(window).gather_start)  # from the real end
         with work.busy():
             try:
                 work.peers_aggregated = await self._aggregate(window)

@@ -302,7 +302,8 @@ class Validator:
         times = node.clock.times(window)
         await asyncio.to_thread(node.clock.check_skew)
         await self.flush_publications(window, times)
-        if not await node.clock.sleep_until(times.gather_start, node.stop):
+        times = await node.clock.ended(window, node.stop)  # the end as the chain made it (a missed slot moves it)
+        if times is None or not await node.clock.sleep_until(times.gather_start, node.stop):
             return
         started = time.perf_counter()
         deadline = max(times.gather_deadline,

@@ -150,6 +150,20 @@ class Clock:
         """Wait until unix time `ts`; False if `stop` is set first."""
         return await sleep_until(self.time.now, ts, stop)
 
+    async def ended(self, window: int, stop: asyncio.Event | None = None) -> WindowTimes | None:
+        """`window`'s landmarks once it has ended, that is once the next window's first block is out (None
+        if `stop` is set first). The end foreseen before then is extrapolated from the head; a block slot
+        the chain misses moves the real one later, and validators judge an upload by the real one: one
+        missed slot made every punctual miner's upload `early`. Waits at most a window past the foreseen
+        end (a halted chain: then the foreseen landmarks, as before)."""
+        foreseen = self.times(window).end
+        if not await self.sleep_until(foreseen, stop):
+            return None
+        while self._block() < self.first_block(window + 1) and self.now() < foreseen + self.cfg.window_seconds:
+            if not await self.sleep_until(self.now() + min(1.0, self.cfg.block_time / 4), stop):
+                return None
+        return self.times(window)
+
     def window_of(self, block: int) -> int:
         return block // self.cfg.blocks_per_window
 
