@@ -113,7 +113,7 @@ def _protocol(root: Path, windows: int) -> dict:
         if path.name == MINER_WINDOWS_FILE and path.parent.name == "m0" and record.peers_aggregated:
             steps[record.window] = asyncio.get_running_loop().time()
 
-    async def node(name: str):
+    async def node(name: str, role: str):
         parser = argparse.ArgumentParser()
         add_node_args(parser)
         (root / "buckets" / name).mkdir(parents=True, exist_ok=True)
@@ -122,10 +122,11 @@ def _protocol(root: Path, windows: int) -> dict:
             "--subtensor.network", "embedded", "--subtensor.chain_endpoint", str(root / "chain.sqlite"),
             "--hparams", str(preset), "--device", "cpu", "--state.dir", str(root / "nodes" / name),
             "--bucket.locator", f"local:{root / 'buckets' / name}"])
-        return await start_node(args, "bench", time=loop_time(), configure_logging=False)
+        return await start_node(args, role, time=loop_time(), configure_logging=False)
 
     async def scenario():
-        roles = {name: (Validator if stakes[name] else Miner)(await node(name)) for name in stakes}
+        roles = {name: Validator(await node(name, "validator")) if stakes[name] else Miner(await node(name, "miner"))
+                 for name in stakes}
         tasks = {name: asyncio.create_task(role.run(), name=name) for name, role in roles.items()}
         clock = roles["lead"].node.clock
         first = clock.current_window() + 3  # warm-up, then the first peer list
@@ -150,9 +151,9 @@ def _protocol(root: Path, windows: int) -> dict:
         remove_listener(on_record)
 
     def phase(ws: range, leader: str) -> dict:
-        stored = {w: round((root / "buckets" / leader / f"v2/inputs/{w}.safetensors").stat().st_mtime
+        stored = {w: round((root / "buckets" / leader / f"v3/inputs/{w}.safetensors").stat().st_mtime
                            - times[w].gather_start, 3)
-                  for w in ws if (root / "buckets" / leader / f"v2/inputs/{w}.safetensors").exists()}
+                  for w in ws if (root / "buckets" / leader / f"v3/inputs/{w}.safetensors").exists()}
         stepped = {w: round(steps[w] - times[w].end, 3) for w in ws if w in steps}
         return {"windows": [ws.start, ws.stop - 1], "led_by": leader, "inputs_stored_after_gather_start_s": stored,
                 "step_done_after_window_end_s": stepped, "windows_without_a_step": [w for w in ws if w not in steps]}

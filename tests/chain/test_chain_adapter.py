@@ -7,15 +7,19 @@ import os
 import pytest
 
 from templar.chain import (
+    VALIDATOR_MARK,
     ChainError,
+    Commitment,
     DevChain,
     Neuron,
     NotRegistered,
     RateLimited,
     connect,
+    is_miner,
     verify_signature,
 )
 from templar.chain.embedded import ChainStore
+from templar.chain.embedded.store import commitment_record
 from templar.chain.types import CommitRevealPending, InsufficientStake, PoolRejected, StaleMetagraph
 
 
@@ -84,6 +88,35 @@ def test_commit_and_read_bucket_locators(dev_chain: DevChain, open_chains: dict)
     assert neurons[dev_chain.wallets["miner2"].uid].commitment is None
     open_chains["miner1"].commit_bucket("local:/tmp/moved")  # a new commitment replaces the old one
     assert open_chains["val2"].bucket_locators()[dev_chain.wallets["miner1"].hotkey] == "local:/tmp/moved"
+
+
+def test_a_hotkey_declares_itself_a_validator_and_a_strangers_stake_does_not_make_a_miner_one(
+        dev_chain: DevChain, open_chains: dict) -> None:
+    """The role is the hotkey's own commitment (`VALIDATOR_MARK`): a validator's reads back as its locator and
+    its role; a miner that a stranger stakes into a validator permit is still a miner and never leads (the
+    rule of "a permit and stake" stopped scoring it, and on a dTAO subnet a miner's own pay is such stake)."""
+    val2, miner1 = dev_chain.wallets["val2"], dev_chain.wallets["miner1"]
+    open_chains["val2"].commit_bucket("local:/tmp/val2", validator=True)
+    open_chains["miner1"].commit_bucket("local:/tmp/miner1")
+    with ChainStore(dev_chain.path) as store, store.read() as conn:  # what the chain holds: the mark, then the locator
+        raw = commitment_record(conn, dev_chain.netuid, val2.hotkey)["info"]["fields"]
+    assert raw == [{"Raw17": "0x" + f"{VALIDATOR_MARK}local:/tmp/val2".encode().hex()}]
+    assert open_chains["miner2"].bucket_locators() == {val2.hotkey: "local:/tmp/val2", miner1.hotkey: "local:/tmp/miner1"}
+    assert open_chains["miner2"].commitments()[val2.hotkey] == Commitment("local:/tmp/val2", validates=True)
+    dev_chain.fund("val1", 1000.0)
+    open_chains["val1"].add_stake(500.0, miner1.hotkey)  # val1's coldkey stakes onto miner1: a stranger's stake
+    neurons = {n.uid: n for n in open_chains["miner2"].metagraph()}
+    assert neurons[val2.uid].validates and not is_miner(neurons[val2.uid])
+    staked = neurons[miner1.uid]
+    assert staked.validator_permit and staked.stake == pytest.approx(500.0)
+    assert not staked.validates and is_miner(staked)
+    assert [n.uid for n in open_chains["miner2"].succession()] == [val2.uid]
+    with pytest.raises(ValueError):  # the mark takes 2 of the chain's 128 bytes
+        open_chains["val1"].commit_bucket("local:/" + "x" * 121, validator=True)
+    with pytest.raises(ValueError):  # no locator begins with the mark: a miner cannot commit one that reads as a validator's
+        open_chains["miner1"].commit_bucket(f"{VALIDATOR_MARK}local:/tmp/x")
+    assert Commitment.read("v:") is None and Commitment.read("v:local:/x") == Commitment("local:/x", True)
+    assert Commitment.read("local:/x") == Commitment("local:/x", False) and Commitment.read(b"v:local:/x") is None
 
 
 @pytest.mark.parametrize("bad", ["x" * 129, "", "tab\there", "caf\u00e9:/x", "line\nbreak"])
@@ -195,12 +228,14 @@ def test_set_weights_rejects_malformed_input(open_chains: dict, weights: dict) -
 
 
 def test_lead_validator_is_highest_stake_then_lowest_uid(dev_chain: DevChain, open_chains: dict) -> None:
-    """The succession order (`succession_of`): validators with a permit, stake and a committed bucket,
-    most stake first, the lower uid on ties; the lead is its first."""
+    """The succession order (`succession_of`): validators with a permit, stake and a bucket committed as a
+    validator's, most stake first, the lower uid on ties; the lead is its first."""
     assert open_chains["miner1"].lead_validator() is None  # no validator has committed a bucket yet
-    open_chains["val2"].commit_bucket("local:/tmp/val2")
+    open_chains["val2"].commit_bucket("local:/tmp/val2", validator=True)
     assert open_chains["miner1"].lead_validator().uid == dev_chain.wallets["val2"].uid
-    open_chains["val1"].commit_bucket("local:/tmp/val1")
+    open_chains["val1"].commit_bucket("local:/tmp/val1")  # a permit and the most stake, but a miner's commitment
+    assert open_chains["miner1"].lead_validator().uid == dev_chain.wallets["val2"].uid
+    open_chains["val1"].commit_bucket("local:/tmp/val1", validator=True)
     lead = open_chains["miner1"].lead_validator()
     assert lead is not None and lead.uid == dev_chain.wallets["val1"].uid
     assert [n.uid for n in open_chains["miner1"].succession()] == [dev_chain.wallets[v].uid for v in ("val1", "val2")]

@@ -119,7 +119,7 @@ def test_cli_init_register_show_and_redaction(tmp_path: Path, child_env: dict, c
     with connect(
         network="embedded", chain_endpoint=where[1], netuid=3, wallet_name="val", wallet_path=where[-1]
     ) as chain:
-        chain.commit_bucket(f"s3:http://127.0.0.1:9000|val-bucket|READKEYID|{secret}")
+        chain.commit_bucket(f"s3:http://127.0.0.1:9000|val-bucket|READKEYID|{secret}", validator=True)
         chain.set_weights({2: 1.0})
     with connect(
         network="embedded", chain_endpoint=where[1], netuid=3, wallet_name="miner", wallet_path=where[-1]
@@ -132,6 +132,7 @@ def test_cli_init_register_show_and_redaction(tmp_path: Path, child_env: dict, c
     assert shown["neurons"][1]["bucket"] == "s3:val-bucket"
     assert shown["neurons"][1]["stake"] == pytest.approx(12.5) and shown["neurons"][1]["validator_permit"]
     assert shown["neurons"][2]["bucket"] == "garbage-that-is-…"
+    assert [n["role"] for n in shown["neurons"]] == ["miner", "validator", "miner"]
     assert shown["weights"] == {"1": {"2": 1.0}}
     assert _cli("show", *embedded) == 0
     table = capsys.readouterr().out
@@ -196,6 +197,6 @@ def test_dev_chain_with_one_coldkey_and_many_hotkeys(tmp_path: Path) -> None:
     assert (tmp_path / "wallets" / "localnet" / "hotkeys" / "miner-0").is_file()
     assert dev.flags("miner-0")[:4] == ["--wallet.name", "localnet", "--wallet.hotkey", "miner-0"]
     with dev.connect("lead") as chain:
-        chain.commit_bucket("local:/tmp/lead")  # a validator leads once its bucket is committed
+        chain.commit_bucket("local:/tmp/lead", validator=True)  # a validator leads once it commits its bucket
     with dev.connect("miner-0") as chain:
         assert chain.hotkey == hotkey and chain.lead_validator().uid == dev["lead"].uid

@@ -189,7 +189,7 @@ def build_run(out: Path, *, windows: int = WINDOWS) -> Run:
         try:
             locator = (f"s3:http://127.0.0.1:9|tpl-{n.name}|READKEYID|{S3_SECRET}" if n.name == "miner1"
                        else f"local:{out / 'buckets' / n.name}")
-            chain.commit_bucket(locator)
+            chain.commit_bucket(locator, validator=n.role == "validator")
         finally:
             chain.close()
     return Run(out=out, dev=dev, nodes=nodes, books=books, last_window=first + windows - 1, secret=secret)

@@ -308,7 +308,7 @@ def test_self_weights_of_miners_neither_join_the_agreement_nor_slow_the_overview
     def neuron(uid: int) -> Neuron:
         return Neuron(uid=uid, hotkey=f"5H{uid:046d}".replace("0", "z"), coldkey="c", stake=100.0 if uid < 2 else 0.0,
                       validator_permit=uid < 2, last_update=1, commitment="s3:b", incentive=0.0, dividends=0.0,
-                      consensus=0.0, trust=0.0, validator_trust=0.0, emission=0.0)
+                      consensus=0.0, trust=0.0, validator_trust=0.0, emission=0.0, validates=uid < 2)
 
     weights = {uid: {uid: 1.0} for uid in range(2, 256)} | {0: {2: 0.5, 3: 0.5}, 1: {2: 0.4, 3: 0.6}}
     board = Board(BoardConfig())

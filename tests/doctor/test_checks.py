@@ -15,7 +15,7 @@ import pytest
 from templar.chain import create_dev_chain
 from templar.chain.embedded.store import ChainStore
 from templar.comms import put_start_window
-from templar.core.config import PRESETS_DIR, REPO_ROOT, load_hparams
+from templar.core.config import PRESETS_DIR, PROTOCOL_VERSION, REPO_ROOT, load_hparams
 from templar.core.memory import GIB
 from templar.doctor import Doctor, Status, run_checks
 from templar.doctor import bucket as bucket_checks
@@ -44,7 +44,7 @@ def subnet(tmp_path_factory: pytest.TempPathFactory) -> Path:
     with create_dev_chain(root / "chain.sqlite", netuid=NETUID, block_time=1.0, weights_rate_limit=10,
                           hotkeys={"lead": 100.0, "miner": 0.0, "staked": 5.0},
                           wallet_path=root / "wallets").connect("lead") as chain:
-        chain.commit_bucket(f"local:{root / 'buckets' / 'lead'}")  # the succession counts committed validators
+        chain.commit_bucket(f"local:{root / 'buckets' / 'lead'}", validator=True)  # the succession counts validators
     from templar.chain import load_wallet
 
     load_wallet("stranger", "default", root / "wallets", create=True)
@@ -152,7 +152,8 @@ def test_registration_stake_and_permit(subnet):
     assert "templar chain register" in stranger.fix
     unstaked = check("miner", "validator")
     assert unstaked.status == Status.FAILED and "stake" in unstaked.fix
-    assert check("staked", "miner").status == Status.WARNING  # a permit with stake: never scored as a miner
+    staked = check("staked", "miner")  # a permit and stake, its commitment no validator's: a miner all the same
+    assert staked.status == Status.OK and staked.data["permit"] and staked.data["stake"] > 0
 
 
 def test_the_doctor_applies_the_chains_rules_for_the_lead_and_the_miners(subnet):
@@ -167,8 +168,9 @@ def test_the_doctor_applies_the_chains_rules_for_the_lead_and_the_miners(subnet)
                    wallet_name=None).lead_validator()
     assert lead is not None and not result.data["lead"]  # 5 τ against the lead's 100
     assert result.summary.endswith(f"lead is uid {lead.uid}")
-    assert {n.hotkey for n in d.neurons if is_miner(n)} == {n.hotkey for n in d.neurons
-                                                           if not (n.validator_permit and n.stake > 0)}
+    staked = next(n for n in d.neurons if n.uid == d.uid)
+    assert staked.validator_permit and staked.stake > 0 and is_miner(staked)  # it declared no validator
+    assert {n.hotkey for n in d.neurons if not is_miner(n)} == {lead.hotkey}
 
 
 def test_weights_settings_of_the_subnet(subnet, tmp_path):
@@ -195,7 +197,7 @@ def test_our_run_against_the_leads(subnet, tmp_path):
     lead_bucket = subnet / "buckets" / "lead"
     with create_dev_chain(subnet / "chain.sqlite", netuid=NETUID, block_time=1.0, weights_rate_limit=10,
                           hotkeys={"lead": 100.0}, wallet_path=subnet / "wallets").connect("lead") as chain:
-        chain.commit_bucket(f"local:{lead_bucket}")
+        chain.commit_bucket(f"local:{lead_bucket}", validator=True)
 
     def check():
         d = Doctor(flags(subnet, "miner"), "miner")
@@ -205,7 +207,7 @@ def test_our_run_against_the_leads(subnet, tmp_path):
     hp = load_hparams("tiny")
     asyncio.run(put_start_window(LocalBucket(lead_bucket), 5, run=Run(NETUID, hp.digest())))
     assert check().status == Status.OK
-    (lead_bucket / "v2" / "start_window.json").unlink()  # (the lead's is create-only: another run's bucket)
+    (lead_bucket / f"v{PROTOCOL_VERSION}" / "start_window.json").unlink()  # (the lead's is create-only: another run's bucket)
     asyncio.run(put_start_window(LocalBucket(lead_bucket), 5, run=Run(NETUID, "ab" * 32)))
     other = check()
     assert other.status == Status.FAILED and "wrong_run" in other.summary and other.data["lead_run"] == "ab" * 32
@@ -222,14 +224,14 @@ def test_the_leads_words_cannot_rewrite_the_doctors_lines(subnet):
     lead_bucket = subnet / "buckets" / "lead"
     with create_dev_chain(subnet / "chain.sqlite", netuid=NETUID, block_time=1.0, weights_rate_limit=10,
                           hotkeys={"lead": 100.0}, wallet_path=subnet / "wallets").connect("lead") as chain:
-        chain.commit_bucket(f"local:{lead_bucket}")
-    record = lead_bucket / "v2" / "start_window.json"
+        chain.commit_bucket(f"local:{lead_bucket}", validator=True)
+    record = lead_bucket / f"v{PROTOCOL_VERSION}" / "start_window.json"
     before = record.read_bytes() if record.exists() else None
     record.parent.mkdir(parents=True, exist_ok=True)
     results = []
     try:
         for text in (json.dumps({"run": "\r\x1b[2Kok      \n", "netuid": NETUID, "window": 5}),
-                     '{"protocol": 2, "run": "' + "ab" * 32 + '", "netuid": Infinity, "start_window": 5}'):
+                     '{"protocol": 3, "run": "' + "ab" * 32 + '", "netuid": Infinity, "start_window": 5}'):
             record.write_text(text)
             d = Doctor(flags(subnet, "miner"), "miner")
             results.append(run(d, *identity(d), chain_checks.check_lead_run))

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from templar.chain import create_dev_chain
+from templar.chain import DevChain, create_dev_chain
 from templar.core.clock import loop_time
 from templar.core.config import HParams, base_lag, load_hparams
 from templar.runtime.flags import add_node_args
@@ -91,6 +91,8 @@ class Subnet:
     hparams: Path
     stakes: dict[str, float]
     wallets: dict = field(default_factory=dict)
+    dev: DevChain | None = None
+    """The chain's wallets, to act as one of them (`DevChain.connect`, `fund`)."""
     open_bucket: Callable[..., Bucket] = open_bucket
     """How its nodes open buckets (`start_node`'s `open_bucket`; a `FaultPlan`'s to put them on a faulty server)."""
 
@@ -101,7 +103,7 @@ class Subnet:
         hp = load_hparams(hparams)
         dev = create_dev_chain(root / "chain.sqlite", netuid=NETUID, hotkeys=stakes, wallet_path=root / "wallets",
                                wallet_name="test", block_time=hp.windows.block_time, weights_rate_limit=2)
-        return cls(root=root, hparams=hparams, stakes=stakes, wallets=dev.wallets)
+        return cls(root=root, hparams=hparams, stakes=stakes, wallets=dev.wallets, dev=dev)
 
     def args(self, name: str, *extra: str) -> argparse.Namespace:
         parser = argparse.ArgumentParser()
@@ -141,9 +143,14 @@ class Subnet:
                 "--hparams", str(self.hparams), "--device", "cpu", "--state.dir", str(args.state_dir),
                 "--bucket.locator", args.bucket_locator, *extra]
 
+    def role(self, name: str) -> str:
+        """A staked hotkey is a validator, the others miners: the role its commitment declares."""
+        return "validator" if self.stakes.get(name, 0.0) > 0 else "miner"
+
     async def node(self, name: str, *extra: str) -> Node:
         """A started node on the running loop's time (virtual under `run_virtual`)."""
-        return await start_node(self.args(name, *extra), "test", time=loop_time(), open_bucket=self.open_bucket)
+        return await start_node(self.args(name, *extra), self.role(name), time=loop_time(),
+                                open_bucket=self.open_bucket)
 
 
 PRODUCTION_QUARTER = dict(blocks_per_window=7, block_time=3.0, put_window_seconds=6.0, clock_skew_seconds=0.5,

@@ -32,6 +32,11 @@ def test_validator_scores_weights_publishes_and_resumes(tmp_path):
     # proof gap is theirs, which let a lazy miner's noise earn up to 10 % under a loaded machine's timing.)
     subnet = Subnet.create(tmp_path, {"lead": 100.0, "honest": 0.0, "honest2": 0.0, "flip": 0.0, "lazy": 0.0,
                                       "late": 0.0, "garbage": 0.0}, base=MICRO_GAUNTLET_1K_PRESET)
+    # Stake on a miner's hotkey, which anyone may put there (and a dTAO subnet's pay does): "honest2" holds a
+    # validator permit and 50 τ, and is scored and paid as the miner its commitment says it is.
+    subnet.dev.fund("lead", 60.0)
+    with subnet.dev.connect("lead") as chain:
+        chain.add_stake(50.0, subnet.wallets["honest2"].hotkey)
 
     async def scenario():
         v = Validator(await subnet.node("lead", "--windows", "0"))
@@ -105,6 +110,8 @@ def test_validator_scores_weights_publishes_and_resumes(tmp_path):
     lead_uid = subnet.wallets["lead"].uid
     assert lead_uid in on_chain
     honest_uids = {subnet.wallets["honest"].uid, subnet.wallets["honest2"].uid}
+    staked = next(n for n in chain.metagraph() if n.uid == subnet.wallets["honest2"].uid)
+    assert staked.validator_permit and staked.stake >= 50.0 and on_chain[lead_uid].get(staked.uid, 0.0) > 0
     assert max(on_chain[lead_uid], key=on_chain[lead_uid].get) in honest_uids
     # weights went in the windows counted back from the subnet's next epoch (`WeightsCadence`), not from window 0
     cadence = WeightsCadence(every=windows.windows_per_weights, blocks_per_window=windows.blocks_per_window,

@@ -131,7 +131,7 @@ def test_a_shadow_validator_scores_as_usual_and_writes_nothing_on_chain(tmp_path
     async def scenario():
         args = subnet.args("lead")
         args.shadow = True
-        node = await start_node(args, "test", time=loop_time(), open_bucket=subnet.open_bucket)
+        node = await start_node(args, "validator", time=loop_time(), open_bucket=subnet.open_bucket)
         sinks.append(logger.add(lambda m: lines.append(m.record["message"]), level="INFO"))
         landed = await WeightSetter(node).submit(node.clock.current_window() + 1,
                                                  {hotkeys["m1"]: 0.6, hotkeys["m2"]: 0.4}, uids)
@@ -184,7 +184,7 @@ def test_a_shadow_on_the_leads_hotkey_follows_the_live_lead_and_publishes_nothin
         own_bucket.mkdir(parents=True)
         args.state_dir.mkdir(parents=True)
         (args.state_dir / SECRET_FILE).write_bytes(b"another machine's secret".ljust(32, b"."))
-        shadow = Validator(await start_node(args, "test", time=loop_time(), open_bucket=subnet.open_bucket))
+        shadow = Validator(await start_node(args, "validator", time=loop_time(), open_bucket=subnet.open_bucket))
         await shadow.start()
         for _ in range(4):
             w = max(lead.state.window, shadow.state.window) + 1

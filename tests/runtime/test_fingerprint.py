@@ -9,7 +9,7 @@ import torch
 
 from templar.comms import RecordError
 from templar.comms.progress import Progress, decode_fingerprint, encode_fingerprint
-from templar.core.config import load_hparams
+from templar.core.config import PROTOCOL_VERSION, load_hparams
 from templar.core.model import build_model
 from templar.core.schedule import learning_rate
 from templar.runtime.consensus.fingerprint import model_fingerprint, model_in_sync
@@ -94,7 +94,7 @@ def test_positions_are_public_and_change_with_the_window(model, hp):
 def test_progress_carries_the_fingerprint_strictly(model):
     values = _print(model)
     text = encode_fingerprint(values)
-    record = Progress(protocol=2, netuid=1, run="ab" * 32, window=3, global_step=2, fingerprint=text)
+    record = Progress(protocol=PROTOCOL_VERSION, netuid=1, run="ab" * 32, window=3, global_step=2, fingerprint=text)
     assert len(record.model_dump_json()) < 4096
     assert torch.equal(decode_fingerprint(record.fingerprint, FINGERPRINT_POSITIONS), values)
     with pytest.raises(RecordError):

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from bittensor.sp_core import Keypair
 from tests.faults import Fault, FaultPlan
 
-from templar.chain import Neuron, succession_of
+from templar.chain import Neuron, is_miner, succession_of
 from templar.comms.keys import inputs_key
 from templar.core.clock import loop_time, run_virtual
 from templar.runtime.consensus.succession import (
@@ -35,16 +35,19 @@ WINDOW = 14
 NAMES = ("lead", "v1", "v2")
 
 
-def neuron(uid: int, hotkey: str, stake: float, *, permit: bool = True, commitment: str | None = "local:/b") -> Neuron:
+def neuron(uid: int, hotkey: str, stake: float, *, permit: bool = True, commitment: str | None = "local:/b",
+           validates: bool = True) -> Neuron:
     return Neuron(uid=uid, hotkey=hotkey, coldkey=hotkey, stake=stake, validator_permit=permit, last_update=0,
-                  commitment=commitment)
+                  commitment=commitment, validates=validates)
 
 
 def test_the_succession_is_the_validators_able_to_lead_by_stake_then_uid():
     neurons = [neuron(0, "owner", 0.0), neuron(1, "a", 50.0), neuron(2, "b", 100.0), neuron(3, "c", 50.0),
                neuron(4, "no-permit", 500.0, permit=False), neuron(5, "no-bucket", 400.0, commitment=None),
-               neuron(6, "miner", 0.0, permit=False)]
+               neuron(6, "miner", 0.0, permit=False, validates=False),
+               neuron(7, "staked-miner", 900.0, validates=False)]  # a permit and the most stake, but a miner
     assert [n.hotkey for n in succession_of(neurons)] == ["b", "a", "c"]
+    assert [n.hotkey for n in neurons if is_miner(n)] == ["miner", "staked-miner"]
 
 
 def test_who_led_a_window_keeps_the_first_slot_until_the_succession_resumes(hp):
@@ -133,7 +136,7 @@ def test_decide_takes_the_lowest_slot_present_and_never_skips_one_it_cannot_read
     assert (got.settled, got.slot, got.lead.hotkey, got.absent) == (True, 1, "v1", (
         "uid 0 (slot 0): not published by its deadline",))
     stuck = decide(WINDOW, order, [unknown, present])
-    assert not stuck.settled and "uid 0's v2/inputs/14.safetensors is unreadable" in stuck.problem
+    assert not stuck.settled and "uid 0's v3/inputs/14.safetensors is unreadable" in stuck.problem
     nobody = decide(WINDOW, order, [absent, absent, absent])
     assert nobody.settled and nobody.lead is None and nobody.no_step
     assert not decide(WINDOW, order, [absent, Observation(Seen.PENDING, why="not published yet")]).settled

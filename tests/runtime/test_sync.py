@@ -14,7 +14,7 @@ from tests.faults import Fault, FaultPlan
 
 from templar.chain import Neuron
 from templar.comms import put_aggregate
-from templar.comms.keys import aggregate_key, inputs_key
+from templar.comms.keys import aggregate_key, inputs_key, progress_key
 from templar.comms.progress import put_progress
 from templar.compress import aggregate
 from templar.core.clock import LoopTime, loop_time, run_virtual
@@ -247,7 +247,6 @@ def test_an_unreadable_progress_record_proves_nothing_and_is_named(hp, keypair, 
     window's check compares again."""
     from loguru import logger
 
-    from templar.comms.keys import progress_key
 
     lead = keypair.ss58_address
     lines: list[str] = []
@@ -259,7 +258,7 @@ def test_an_unreadable_progress_record_proves_nothing_and_is_named(hp, keypair, 
         await lead_inputs(node, tmp_path / "lead", 11, 2, keypair)
         await put_aggregate(bucket, 11, write_aggregate(published_signs[11], window=11, global_step=2,
                                                         learning_rate=1e-3, hotkey=lead, run=RUN, sign=keypair.sign))
-        await bucket.put(progress_key(11), b'{"protocol": 2, "netuid"')  # torn
+        await bucket.put(progress_key(11), b'{"protocol": 3, "netuid"')  # torn
         return await catch_up(node, NodeState(window=10, global_step=2), until=11)
 
     sink = logger.add(lambda m: lines.append(m.record["message"]), level="WARNING")
@@ -268,7 +267,7 @@ def test_an_unreadable_progress_record_proves_nothing_and_is_named(hp, keypair, 
     finally:
         logger.remove(sink)
     assert (state.window, state.global_step) == (11, 3)
-    named = [line for line in lines if "v2/progress/11.json is unreadable" in line]
+    named = [line for line in lines if "v3/progress/11.json is unreadable" in line]
     assert len(named) == 1 and "the next window's check compares again" in named[0], lines
 
 
@@ -310,7 +309,7 @@ def test_the_sync_check_waits_for_the_leads_record_of_the_step_it_just_took(hp, 
         waited = time.now() - started
         await publish
 
-        (tmp_path / "lead" / "v2" / "progress" / "12.json").unlink()  # a lead that never publishes it
+        (tmp_path / "lead" / progress_key(12)).unlink()  # a lead that never publishes it
         started = time.now()
         await check.check(13, state, wait_until=started + 3.0)
         gave_up_after = time.now() - started

@@ -15,8 +15,10 @@ from templar.chain.devchain import DevChain, DevWallet, create_dev_chain
 from templar.chain.embedded.store import ChainSpec, ManualTime
 from templar.chain.types import (
     MAX_COMMITMENT_BYTES,
+    VALIDATOR_MARK,
     ChainError,
     ChainUnavailable,
+    Commitment,
     CommitRevealPending,
     InsufficientStake,
     Neuron,
@@ -33,11 +35,13 @@ from templar.chain.types import (
 
 __all__ = [
     "MAX_COMMITMENT_BYTES",
+    "VALIDATOR_MARK",
     "Chain",
     "ChainError",
     "ChainSpec",
     "ChainUnavailable",
     "CommitRevealPending",
+    "Commitment",
     "DevChain",
     "DevWallet",
     "InsufficientStake",

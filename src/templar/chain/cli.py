@@ -28,7 +28,7 @@ from templar.chain.client import EMBEDDED
 from templar.chain.devchain import OWNER_WALLET, ensure_subnet, register_wallet
 from templar.chain.embedded.store import ChainSpec, ChainStore, subnet_row
 from templar.chain.flags import add_chain_args, add_network_args, add_wallet_path_arg, connect_from_args
-from templar.chain.types import ChainError, Neuron
+from templar.chain.types import ChainError, Neuron, is_miner
 from templar.core.log import printable
 from templar.storage.locator import redact_locator
 
@@ -177,6 +177,7 @@ def _snapshot(args: argparse.Namespace) -> dict[str, Any]:
                 "coldkey": n.coldkey,
                 "stake": n.stake,
                 "validator_permit": n.validator_permit,
+                "role": "miner" if is_miner(n) else "validator",
                 "last_update": n.last_update,
                 "bucket": redact_locator(n.commitment),
                 "incentive": n.incentive,
@@ -208,14 +209,15 @@ def run_show(args: argparse.Namespace) -> int:
         return 0
     console = Console()
     table = Table(title=f"netuid {snapshot['netuid']} on {snapshot['network']} at block {snapshot['block']}")
-    for column in ("uid", "hotkey", "stake (τ)", "permit", "last update", "bucket"):
-        table.add_column(column, justify="right" if column in ("uid", "stake (τ)", "last update") else "left")
+    for column in ("uid", "hotkey", "stake (τ)", "permit", "role", "updated", "bucket"):
+        table.add_column(column, justify="right" if column in ("uid", "stake (τ)", "updated") else "left")
     for n in snapshot["neurons"]:
         table.add_row(
             str(n["uid"]),
-            _peer_text(n["hotkey"][:12] + "…"),
+            _peer_text(n["hotkey"][:8] + "…"),
             f"{n['stake']:.3f}",
             "✓" if n["validator_permit"] else "",
+            n["role"],
             str(n["last_update"]),
             _peer_text(n["bucket"]),
         )

@@ -35,11 +35,11 @@ from templar.chain.sdk_errors import check_result, translate
 from templar.chain.types import (
     ChainError,
     ChainUnavailable,
+    Commitment,
     Neuron,
     NotRegistered,
     WeightsSettings,
     check_commitment,
-    clean_commitment,
     lead_of,
     succession_of,
 )
@@ -365,15 +365,17 @@ class Chain:
                 stake=n.total_stake.rao / 1e9 * price,
                 validator_permit=n.validator_permit,
                 last_update=n.last_update,
-                commitment=clean_commitment(n.commitment.value) if n.commitment else None,
+                commitment=committed.locator if committed else None,
                 incentive=n.incentive,
                 dividends=n.dividends,
                 consensus=n.consensus,
                 trust=n.trust,
                 validator_trust=vtrust[n.uid],
                 emission=n.emission.rao / 1e9,
+                validates=committed.validates if committed else False,
             )
             for n in graph.neurons
+            for committed in [Commitment.read(n.commitment.value) if n.commitment else None]
         ]
 
     def _validator_trust(self) -> object:
@@ -407,15 +409,19 @@ class Chain:
             )
         return uid
 
-    def bucket_locators(self) -> dict[str, str]:
+    def commitments(self) -> dict[str, Commitment]:
         """Well-formed commitments of the currently registered hotkeys, keyed by hotkey."""
         records = self._call("read commitments", lambda c: c.subnets.commitments(self.netuid))
-        out: dict[str, str] = {}
+        out: dict[str, Commitment] = {}
         for hotkey, record in records.items():
-            value = clean_commitment(record.value)
-            if record.uid is not None and value is not None:
-                out[str(hotkey)] = value
+            committed = Commitment.read(record.value)
+            if record.uid is not None and committed is not None:
+                out[str(hotkey)] = committed
         return out
+
+    def bucket_locators(self) -> dict[str, str]:
+        """The bucket locators the currently registered hotkeys committed, keyed by hotkey."""
+        return {hotkey: committed.locator for hotkey, committed in self.commitments().items()}
 
     def current_weights(self) -> dict[int, dict[int, float]]:
         """`{validator_uid: {uid: fraction}}`, each row normalised to sum 1."""
@@ -431,9 +437,10 @@ class Chain:
 
     # -- writes ------------------------------------------------------------------------------
 
-    def commit_bucket(self, locator: str) -> None:
-        """Publish `locator` as our raw commitment (printable ASCII, at most 128 bytes)."""
-        data = check_commitment(locator)
+    def commit_bucket(self, locator: str, *, validator: bool = False) -> None:
+        """Publish `locator` as our commitment (printable ASCII, at most 128 bytes with its mark),
+        declaring a validator when `validator` (`templar.chain.is_miner`)."""
+        data = check_commitment(Commitment(locator, validator).encode())
         call = bt.calls.Commitments.set_commitment(
             netuid=self.netuid, info={"fields": [[{f"Raw{len(data)}": data}]]}
         )
@@ -488,14 +495,16 @@ class Chain:
             raise ChainError(f"{what}: the chain reported success but no NetworkAdded netuid")
         return netuid
 
-    def add_stake(self, tao: float) -> None:
-        """Stake `tao` from our coldkey onto our hotkey on this subnet."""
+    def add_stake(self, tao: float, hotkey: str | None = None) -> None:
+        """Stake `tao` from our coldkey onto `hotkey` (ours by default) on this subnet: the chain lets
+        any coldkey stake onto any registered hotkey."""
         if not (math.isfinite(tao) and tao > 0):
             raise ValueError(f"stake must be a positive amount of TAO, got {tao!r}")
+        hotkey = hotkey or self.hotkey
         intent = bt.AddStake(
-            hotkey_ss58=self.hotkey, netuid=self.netuid, amount_tao=bt.Balance.from_rao(round(tao * 1e9))
+            hotkey_ss58=hotkey, netuid=self.netuid, amount_tao=bt.Balance.from_rao(round(tao * 1e9))
         )
-        what = f"stake {tao} TAO on {self.hotkey}"
+        what = f"stake {tao} TAO on {hotkey}"
         check_result(
             what,
             self._call(what, lambda c: c.execute(intent, self.wallet), write=True),

@@ -13,14 +13,20 @@ from typing import Protocol, TypeVar
 MAX_COMMITMENT_BYTES = 128
 """Largest raw commitment the Commitments pallet stores in one `Raw` field."""
 
+VALIDATOR_MARK = "v:"
+"""Opens the commitment of a hotkey that validates: `v:<bucket locator>`; a miner commits its
+locator bare. The role is the hotkey's own word, on chain: only the hotkey can write its
+commitment, so no one else can make it a validator or a miner (`is_miner`)."""
+
 
 @dataclass(frozen=True)
 class Neuron:
     """One registered hotkey on our subnet, as the metagraph reports it.
 
     `stake` is the neuron's stake weight in TAO-equivalent units (alpha stake valued at the
-    subnet's spot price; 1:1 on the embedded chain). `commitment` is the raw committed string
-    (a bucket locator), or None when absent or not a well-formed commitment.
+    subnet's spot price; 1:1 on the embedded chain). `commitment` is the bucket locator the hotkey
+    committed, or None when absent or not a well-formed commitment; `validates` says that the
+    commitment declares a validator (`VALIDATOR_MARK`).
 
     The last epoch's Yuma results, as operators read them on finney: `incentive`, `dividends`,
     `consensus`, `trust` and `validator_trust` are fractions in [0, 1]; `emission` is the alpha
@@ -40,6 +46,39 @@ class Neuron:
     trust: float = 0.0
     validator_trust: float = 0.0
     emission: float = 0.0
+    validates: bool = False
+
+
+@dataclass(frozen=True)
+class Commitment:
+    """A hotkey's on-chain commitment, read: the bucket locator it names and whether it declares a
+    validator (`VALIDATOR_MARK`)."""
+
+    locator: str
+    validates: bool = False
+
+    @property
+    def text(self) -> str:
+        """The raw text it commits: the locator, after the mark for a validator."""
+        return (VALIDATOR_MARK if self.validates else "") + self.locator
+
+    def encode(self) -> str:
+        """`text`, checked: `ValueError` if the chain would not store it, or if it would not read back as
+        this commitment (a locator that begins with the mark would read as a validator's)."""
+        if not self.locator or self.locator.startswith(VALIDATOR_MARK):
+            raise ValueError(f"a committed locator must be non-empty and not begin with {VALIDATOR_MARK!r}")
+        check_commitment(self.text)
+        return self.text
+
+    @classmethod
+    def read(cls, value: object) -> Commitment | None:
+        """A peer's raw committed value, or None when it is not a well-formed commitment (never raises)."""
+        text = clean_commitment(value)
+        if text is None:
+            return None
+        validates = text.startswith(VALIDATOR_MARK)
+        locator = text[len(VALIDATOR_MARK):] if validates else text
+        return cls(locator, validates) if locator else None
 
 
 @dataclass(frozen=True)
@@ -67,37 +106,48 @@ def next_epoch_block(block: int, netuid: int, tempo: int) -> int | None:
     return block + (-(block + netuid + 1)) % (tempo + 1)
 
 
-class _Staked(Protocol):
+class _Declared(Protocol):
+    @property
+    def validates(self) -> bool: ...
+
+
+class _Candidate(_Declared, Protocol):
     @property
     def uid(self) -> int: ...
     @property
     def stake(self) -> float: ...
     @property
     def validator_permit(self) -> bool: ...
-
-
-class _Candidate(_Staked, Protocol):
     @property
     def commitment(self) -> str | None: ...
 
 
-N = TypeVar("N", bound=_Staked)
 C = TypeVar("C", bound=_Candidate)
 
 
-def is_miner(neuron: _Staked) -> bool:
-    """THE rule for who is scored and paid for training: every registered hotkey that does not hold
-    a validator permit backed by stake (a permit without stake sets no weights that count)."""
-    return not (neuron.validator_permit and neuron.stake > 0)
+def is_miner(neuron: _Declared) -> bool:
+    """THE rule for who is scored and paid for training: every registered hotkey whose commitment does
+    not declare a validator (`VALIDATOR_MARK`).
+
+    Why the hotkey's word and not its stake: the chain grants permits to the most-staked hotkeys,
+    and stake is not the hotkey's own to refuse. Anyone can stake onto any hotkey, and on a dTAO
+    subnet a miner's own pay is staked to it, so a rule of "a permit and stake make a validator"
+    stopped scoring a miner that a stranger staked on, and in time every miner good enough to
+    reach the top 64 by its earnings. Declaring is free and undoing it is one commitment, and a
+    hotkey gains nothing by declaring falsely: a miner that declares a validator is not paid for
+    training, a validator that declares nothing is scored like any miner."""
+    return not neuron.validates
 
 
 def succession_of(neurons: Iterable[C]) -> list[C]:
     """THE rule for who may lead the run, and in which order (docs/design.md §5): the validators able
-    to lead (a permit, stake above 0, a bucket committed for their publications), the most stake
-    first, the lowest uid on ties. From the chain alone, so every node derives the same order; the
-    first `lead_slots` of it may publish a window's inputs, each in its own slot
-    (`templar.runtime.consensus.succession`)."""
-    able = [n for n in neurons if n.validator_permit and n.stake > 0 and n.commitment is not None]
+    to lead (declared in their commitment, a permit, stake above 0, a bucket committed for their
+    publications), the most stake first, the lowest uid on ties. From the chain alone, so every
+    node derives the same order; the first `lead_slots` of it may publish a window's inputs, each
+    in its own slot (`templar.runtime.consensus.succession`). A miner that a stranger stakes into a
+    permit never leads: it has not declared a validator."""
+    able = [n for n in neurons
+            if n.validates and n.validator_permit and n.stake > 0 and n.commitment is not None]
     return sorted(able, key=lambda n: (-n.stake, n.uid))
 
 

@@ -8,7 +8,7 @@ import contextlib
 import os
 import time
 
-from templar.chain import ChainError
+from templar.chain import MAX_COMMITMENT_BYTES, VALIDATOR_MARK, ChainError, Commitment
 from templar.doctor.context import Doctor
 from templar.doctor.result import CheckResult, failed, ok, skipped, warning
 from templar.storage import StorageError, open_bucket
@@ -27,10 +27,15 @@ async def check_bucket_locator(d: Doctor) -> CheckResult:
                       "build one with `templar bucket locator` (docs/buckets.md)")
     try:
         d.locator = BucketLocator.parse(a.bucket_locator)
-        size = len(d.locator.encode())
     except LocatorError as exc:
         return failed("bucket-locator", f"bucket configuration: {exc}", "rebuild the locator with `templar bucket "
                       "locator`")
+    wanted = Commitment(d.locator.encode(), validates=d.role == "validator")
+    size = len(wanted.text)
+    if size > MAX_COMMITMENT_BYTES:
+        return failed("bucket-locator", f"a validator's commitment is its locator after the {len(VALIDATOR_MARK)} "
+                      f"bytes of {VALIDATOR_MARK!r}: {size} bytes, and the chain stores {MAX_COMMITMENT_BYTES}",
+                      "use a bucket name shorter by the difference (`templar bucket locator`)")
     try:
         d.credentials = (Credentials.from_file(a.bucket_credentials) if a.bucket_credentials
                          else Credentials.from_env())
@@ -51,7 +56,7 @@ async def check_bucket_locator(d: Doctor) -> CheckResult:
                       "use a bucket at a public hostname")
     if d.chain is not None and d.wallet is not None:
         try:
-            d.committed = (await asyncio.to_thread(d.chain.bucket_locators)).get(d.chain.hotkey)
+            d.committed = (await asyncio.to_thread(d.chain.commitments)).get(d.chain.hotkey)
         except ChainError as exc:
             return warning("bucket-locator", f"{kind} locator ({size} of 128 bytes); cannot read the commitment: {exc}",
                            "check the chain")
@@ -59,10 +64,14 @@ async def check_bucket_locator(d: Doctor) -> CheckResult:
     if getattr(a, "shadow", False):
         return ok("bucket-locator", f"{kind} bucket {where} ({size} of 128 bytes); --shadow: the node never commits "
                   "it, the chain keeps " + ("no locator" if d.committed is None else "the live validator's"))
-    if d.committed == a.bucket_locator:
-        return ok("bucket-locator", f"{kind} bucket {where}, committed on chain ({size} of 128 bytes)")
+    if d.committed == wanted:
+        return ok("bucket-locator", f"{kind} bucket {where}, committed on chain as a {d.role}'s ({size} of 128 bytes)")
     if d.committed is None:
         return ok("bucket-locator", f"{kind} bucket {where} ({size} of 128 bytes); the node commits it at start")
+    if d.committed.locator == wanted.locator:
+        was = "validator" if d.committed.validates else "miner"
+        return ok("bucket-locator", f"{kind} bucket {where}, committed on chain as a {was}'s; the node commits it as "
+                  f"a {d.role}'s at start ({size} of 128 bytes)")
     return warning("bucket-locator", f"{kind} bucket {where}: the chain holds another locator; the node commits this "
                    "one at start", "check that --bucket.locator is the bucket you mean to use")
 

@@ -96,8 +96,9 @@ async def _clock_skew(d: Doctor, block_time: float) -> tuple[float, float, int]:
 
 
 async def check_registration(d: Doctor) -> CheckResult:
-    """Our hotkey has a uid on the netuid; a validator also needs stake and its permit; a miner
-    must not hold a permit with stake (validators do not score such a hotkey as a miner)."""
+    """Our hotkey has a uid on the netuid; a validator also needs stake and its permit. A miner may hold
+    both (stake anyone put on it, its own earnings): only a commitment that declares a validator keeps
+    validators from scoring it, and the miner commits its bucket bare when it starts."""
     if d.chain is None or d.wallet is None:
         return skipped("registration", "needs the wallet and the chain")
     netuid = d.args.netuid
@@ -110,11 +111,12 @@ async def check_registration(d: Doctor) -> CheckResult:
         return failed("registration", f"hotkey {d.chain.hotkey} is not registered on netuid {netuid} "
                       f"of {d.network}", d.register_hint())
     d.uid = me.uid
-    # The chain's rule, as every node applies it; a validator commits its bucket when it starts, so
-    # it is counted as having one.
+    # The chain's rule, as every node applies it; a validator commits its bucket, declared, when it
+    # starts, so it is counted as having done so.
     neurons = d.neurons
-    if d.role == "validator" and me.commitment is None:
-        neurons = [dataclasses.replace(n, commitment="(committed at start)") if n is me else n for n in neurons]
+    if d.role == "validator" and (me.commitment is None or not me.validates):
+        neurons = [dataclasses.replace(n, commitment=n.commitment or "(committed at start)", validates=True)
+                   if n is me else n for n in neurons]
     order = succession_of(neurons)
     slot = next((i for i, n in enumerate(order) if n.uid == me.uid), None)
     lead = order[0] if order else None
@@ -135,8 +137,8 @@ async def check_registration(d: Doctor) -> CheckResult:
             role = f"lead is uid {lead.uid}"
         return ok("registration", f"{line}, validator permit; {role}", **data)
     if not is_miner(me):
-        return warning("registration", f"{line} with a validator permit: validators take this hotkey for a "
-                       "validator and never score it as a miner", "mine from a hotkey without stake", **data)
+        return ok("registration", f"{line}; its commitment declares a validator: the miner commits its bucket as a "
+                  "miner's when it starts, and validators score it from then on", **data)
     return ok("registration", line, **data)
 
 
@@ -185,10 +187,10 @@ async def check_lead_run(d: Doctor) -> CheckResult:
     if lead is None:
         me = next((n for n in d.neurons if n.hotkey == d.hotkey), None)
         if d.role == "validator" and me is not None and me.validator_permit and me.stake > 0:
-            return ok("lead-run", "no validator has committed a bucket yet: this one leads the run once it starts, "
+            return ok("lead-run", "no validator has committed a validator's bucket yet: this one leads the run once it starts, "
                       f"and its hparams define it ({ours[:16]}…)", run=ours)
-        return warning("lead-run", "no lead validator yet (none with a validator permit, stake and a committed "
-                       "bucket)", "wait for the subnet's lead")
+        return warning("lead-run", "no lead validator yet (none with a validator permit, stake and a bucket "
+                       "committed as a validator's)", "wait for the subnet's lead")
     if d.hotkey == lead.hotkey:
         return ok("lead-run", f"this validator is the lead: its hparams define the run ({ours[:16]}…)", run=ours)
     raw = locators.get(lead.hotkey)

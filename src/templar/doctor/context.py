@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from templar.chain import Chain, Neuron
+from templar.chain import Chain, Commitment, Neuron
 from templar.chain.embedded.store import Now
 from templar.chain.flags import DEFAULT_WALLET_PATH
 from templar.core.config import HParams
@@ -41,7 +41,7 @@ class Doctor:
     neurons: list[Neuron] = field(default_factory=list)
     locator: BucketLocator | None = None
     credentials: Credentials | None = None
-    committed: str | None = None
+    committed: Commitment | None = None
     bucket: Bucket | None = None
     probe: tuple[str, bytes] | None = None
     """(key, bytes) of the probe object in our bucket, deleted when the checks end."""

@@ -23,7 +23,7 @@ from typing import TypeVar
 import torch
 from loguru import logger
 
-from templar.chain import Chain, ChainError, ChainUnavailable, Neuron, NotRegistered, is_miner
+from templar.chain import Chain, ChainError, ChainUnavailable, Commitment, Neuron, NotRegistered, is_miner
 from templar.chain.flags import connect_from_args
 from templar.core.clock import SYSTEM_TIME, TimeSource
 from templar.core.config import HParams, HParamsError, load_hparams
@@ -288,7 +288,9 @@ async def start_node(args: argparse.Namespace, role: str, *, time: TimeSource = 
     Raises `StartupError` (configuration, code 3) or `NotRegisteredError` (code 2) with a message
     for the operator. `time` is where the node's "now" comes from (virtual in tests).
     `configure_logging=False` leaves the process's logging as it is (many nodes in one process).
-    `open_bucket` opens every bucket the node uses (`Node.open_bucket`).
+    `open_bucket` opens every bucket the node uses (`Node.open_bucket`). `role` "validator" declares
+    the hotkey a validator in its commitment (`templar.chain.is_miner`); any other commits its
+    bucket as a miner's.
     """
     try:
         hp = load_hparams(args.hparams)
@@ -336,7 +338,8 @@ async def start_node(args: argparse.Namespace, role: str, *, time: TimeSource = 
         log.info("shadow mode (--shadow): scoring and reporting as usual; never setting weights or committing a "
                  "bucket locator on chain")
     try:
-        bucket = await _open_own_bucket(args, chain, time, open_bucket, commit=not shadow)
+        bucket = await _open_own_bucket(args, chain, time, open_bucket, commit=not shadow,
+                                         validator=role == "validator")
         try:
             pages = await open_reader(hp, args.data_cache_dir or state_dir / "data", locator=args.data_locator,
                                       prefix=args.data_prefix, cache_gb=args.data_cache_gb)
@@ -368,9 +371,11 @@ async def start_node(args: argparse.Namespace, role: str, *, time: TimeSource = 
 
 
 async def _open_own_bucket(args: argparse.Namespace, chain: Chain, time: TimeSource,
-                           open_bucket: Callable[..., Bucket], *, commit: bool = True) -> Bucket:
-    """Our bucket, with its read locator committed on chain (write keys never leave this node);
-    `commit=False` (shadow mode) leaves the chain's commitment as it is."""
+                           open_bucket: Callable[..., Bucket], *, commit: bool = True,
+                           validator: bool = False) -> Bucket:
+    """Our bucket, with its read locator committed on chain (write keys never leave this node) in a
+    commitment that declares our role (a validator's, or a miner's); `commit=False` (shadow mode)
+    leaves the chain's commitment as it is."""
     log = logger.bind(phase="startup")
     if not args.bucket_locator:
         raise StartupError("no bucket: pass --bucket.locator (or set TEMPLAR_BUCKET); see docs/buckets.md")
@@ -394,14 +399,22 @@ async def _open_own_bucket(args: argparse.Namespace, chain: Chain, time: TimeSou
     except StorageError as exc:
         await bucket.aclose()
         raise StartupError(f"our bucket ({locator.kind}) is not writable with our key: {exc}") from exc
-    committed = (await asyncio.to_thread(chain.bucket_locators)).get(chain.hotkey)
-    if committed != locator.encode() and not commit:
+    wanted = Commitment(locator.encode(), validates=validator)
+    try:
+        wanted.encode()
+    except ValueError as exc:  # a validator's mark took the last bytes of a long locator
+        raise StartupError(f"the bucket commitment: {exc}; use a shorter bucket name") from exc
+    committed = (await asyncio.to_thread(chain.commitments)).get(chain.hotkey)
+    if committed != wanted and not commit:
         log.info(f"shadow mode: not committing our bucket locator ({locator.kind}); the chain keeps "
                  f"{'none' if committed is None else 'the one committed'} for this hotkey")
-    elif committed != locator.encode():
-        log.info(f"committing bucket locator ({locator.kind}) on chain")
+    elif committed != wanted:
+        role = "validator" if validator else "miner"
+        change = "" if committed is None or committed.validates == validator else f" (this hotkey was committed " \
+                 f"as a {'validator' if committed.validates else 'miner'}; it is now a {role})"
+        log.info(f"committing bucket locator ({locator.kind}) on chain as a {role}'s{change}")
         try:
-            await asyncio.to_thread(chain.commit_bucket, locator.encode())
+            await asyncio.to_thread(chain.commit_bucket, locator.encode(), validator=validator)
         except ChainError as exc:
             raise StartupError(f"could not commit the bucket locator: {exc}") from exc
     return bucket

@@ -53,6 +53,11 @@ class NodeInfo:
         return self.role == "validator"
 
     @property
+    def validates(self) -> bool:
+        """A localnet's validators declare themselves in their commitment, its miners do not."""
+        return self.role == "validator"
+
+    @property
     def commitment(self) -> str | None:
         """Whether it committed a bucket, as the chain's succession rule asks: a localnet's
         validators commit theirs when they start, its miners too, so every node has one."""

@@ -22,6 +22,7 @@ import sys
 import time
 from pathlib import Path
 
+from templar.core.config import PROTOCOL_VERSION
 from templar.storage.base import ObjectNotFound, StorageError
 from templar.storage.locator import (
     BucketLocator,
@@ -35,9 +36,9 @@ from templar.storage.probe import Probe, peer_read, probe_key, read_only
 READ_KEY_ID_ENV = "TEMPLAR_BUCKET_READ_KEY_ID"
 READ_SECRET_ENV = "TEMPLAR_BUCKET_READ_SECRET"
 PUBLISHED = {
-    "v2/start_window.json": "lead: the run's start window",
-    "v2/peers/index.json": "lead: peer lists",
-    "v2/checkpoint/latest.json": "lead: newest checkpoint",
+    f"v{PROTOCOL_VERSION}/start_window.json": "lead: the run's start window",
+    f"v{PROTOCOL_VERSION}/peers/index.json": "lead: peer lists",
+    f"v{PROTOCOL_VERSION}/checkpoint/latest.json": "lead: newest checkpoint",
 }
 
 
