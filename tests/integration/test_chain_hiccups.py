@@ -12,12 +12,14 @@ import itertools
 import pytest
 
 from templar.chain import ChainUnavailable
+from templar.chain.embedded import ChainStore
 from templar.core.clock import run_virtual
 from templar.miner.loop import Miner
+from templar.runtime.node import DeregisteredError
 from templar.validator.commits import CommitWatcher
 from templar.validator.loop import Validator
 
-from .harness import Subnet
+from .harness import NETUID, Subnet
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -76,3 +78,45 @@ def test_one_unanswered_read_costs_no_node_its_window(tmp_path):
     # it lost at most the window it could not time, and never ran ahead of the chain (a first fix moved
     # on a window per failed read, 1 s apart: after a minute's outage it skipped 14 windows)
     assert alive and len(read) >= 3 and max(b - a for a, b in itertools.pairwise(read)) <= 2, read
+
+
+def test_a_node_follows_its_uid_and_stops_when_its_hotkey_has_none(tmp_path):
+    """A hotkey registered again holds another uid: the miner trains that uid's pages from its next window
+    (it trained, on the uid read at start, the pages of the uid's new holder, and failed every proof). A
+    hotkey whose uid went to a new registration stops its node with exit code 2 and what to do, instead of
+    training and validating for nobody. The embedded chain's neuron table is rewritten as the real chain's
+    registrations would leave it."""
+    subnet = Subnet.create(tmp_path, {"lead": 100.0, "m1": 0.0, "m2": 0.0})
+    wallets = subnet.wallets
+
+    def swap(conn, a: str, b: str) -> None:  # the two hotkeys exchange their uids
+        ua, ub = wallets[a].uid, wallets[b].uid
+        conn.execute("UPDATE neurons SET hotkey = 'swap' WHERE netuid = ? AND uid = ?", (NETUID, ua))
+        conn.execute("UPDATE neurons SET hotkey = ? WHERE netuid = ? AND uid = ?", (wallets[a].hotkey, NETUID, ub))
+        conn.execute("UPDATE neurons SET hotkey = ? WHERE netuid = ? AND uid = ?", (wallets[b].hotkey, NETUID, ua))
+
+    async def scenario():
+        v, m = Validator(await subnet.node("lead")), Miner(await subnet.node("m1"))
+        await v.start()
+        await m.start()
+        w = v.state.window + 1
+        await asyncio.gather(v.run_window(w), m.run_window(w))
+        before = m.node.uid, m.pages(w + 1)
+        with ChainStore(subnet.root / "chain.sqlite") as store, store.write() as conn:
+            swap(conn, "m1", "m2")
+        await asyncio.gather(v.run_window(w + 1), m.run_window(w + 1))
+        after = m.node.uid, m.pages(w + 2), m.node.plan.assigned_pages(wallets["m2"].uid, w + 2,
+                                                                      m.hp.data.pages_per_window)
+        with ChainStore(subnet.root / "chain.sqlite") as store, store.write() as conn:
+            conn.execute("UPDATE neurons SET hotkey = 'a newcomer' WHERE netuid = ? AND hotkey = ?",
+                         (NETUID, wallets["m1"].hotkey))
+        with pytest.raises(DeregisteredError) as gone:
+            await m.run_window(w + 2)
+        for role in (v, m):
+            await role.node.aclose()
+        return before, after, gone.value
+
+    before, after, gone = run_virtual(scenario())
+    assert before[0] == subnet.wallets["m1"].uid and after[0] == subnet.wallets["m2"].uid
+    assert after[1] == after[2] != before[1]  # uid m2's pages, not m1's
+    assert gone.exit_code == 2 and "lost its uid" in str(gone) and "register it again" in str(gone)

@@ -197,7 +197,7 @@ class Miner:
         record says `catchup`) and the run loop catches up. A window whose base θ has gone by (a
         delayed run's first window after a start) is not trained: it takes its step alone."""
         times = self.node.clock.times(window)
-        await asyncio.to_thread(self.node.clock.check_skew)
+        await self.node.window_checks()
         training = self.take_training(window)
         if training is None:
             if not await self.ensure_base(window):

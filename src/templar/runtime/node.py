@@ -78,6 +78,12 @@ class NotRegisteredError(StartupError):
     exit_code = EXIT_NOT_REGISTERED
 
 
+class DeregisteredError(NodeError):
+    """Our hotkey no longer holds a uid on the subnet (the chain gave it to a new registration)."""
+
+    exit_code = EXIT_NOT_REGISTERED
+
+
 class StateLockedError(StartupError):
     """Another process runs a node on this state directory."""
 
@@ -160,6 +166,34 @@ class Node:
             return last[1]  # type: ignore[return-value]
         self._last_reads[what] = (self.clock.now(), value)
         return value
+
+    async def window_checks(self) -> None:
+        """What a node checks once a window, before its work: this machine's clock against the chain's
+        (`Clock.check_skew`) and its hotkey's uid (`check_registered`)."""
+        await asyncio.to_thread(self.clock.check_skew)
+        await self.check_registered()
+
+    async def check_registered(self) -> None:
+        """Our hotkey still holds a uid, and it is `uid`; `DeregisteredError` when it holds none.
+
+        Why each window, not once at start: a full subnet gives its lowest-ranked uid to each new
+        registration. A node that lost its uid is scored by nobody and cannot set weights, and it went
+        on for as long as it ran; a hotkey registered again holds another uid, and a miner still on the
+        uid it read at start trained that uid's pages (its new holder's), failing every proof of work.
+        A hotkey found without a uid is asked again a block later before the node stops (a read made
+        while the chain swaps a uid's holder)."""
+        uid = await self._chain_read("uid", self.chain.my_uid)
+        if uid is None:
+            await self.clock.sleep_until(self.clock.now() + self.hp.windows.block_time, self.stop)
+            uid = await self._chain_read("uid", self.chain.my_uid)
+        log = logger.bind(phase="chain")
+        if uid is None:
+            raise DeregisteredError(f"hotkey {self.hotkey} lost its uid {self.uid} on netuid {self.chain.netuid} (a new "
+                                    "registration took it): register it again, then start the node")
+        if uid != self.uid:
+            log.warning(f"hotkey {self.hotkey} now holds uid {uid}, not {self.uid} (registered again): its pages and "
+                        f"weights follow uid {uid} from this window")
+            self.uid = uid
 
     def save_state(self, state: NodeState) -> bool:
         """A window's commit point: θ (and what the role keeps with it) in the state file. A local
