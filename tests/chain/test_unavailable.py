@@ -73,8 +73,7 @@ def test_bad_network_flags_are_rejected_before_connecting(tmp_path) -> None:
 def test_an_endpoint_that_stops_answering_is_bridged_by_counting_blocks_for_a_while(monkeypatch) -> None:
     """A node's clock reads the chain's head. One that stops answering (a public endpoint reconnecting) is
     bridged for `HEAD_EXTRAPOLATION_SECONDS` by counting blocks from the last head read, and timestamps
-    from the last one known, asking the endpoint again once a block, with one warning; past that, the
-    read fails as before."""
+    from the last one known, with one warning; past that, the read fails as before."""
     from templar.chain.client import HEAD_EXTRAPOLATION_SECONDS, Chain
     from templar.core.config import load_hparams
     from templar.runtime.consensus.windows import Clock
@@ -82,22 +81,69 @@ def test_an_endpoint_that_stops_answering_is_bridged_by_counting_blocks_for_a_wh
     asked: list[str] = []
 
     class Silent:
+        closed = False
+
         def call(self, what, fn, write=False):
             asked.append(what)
             raise ChainUnavailable(f"{what}: no answer within 30s")
 
     now = [1000.0]
     monkeypatch.setattr(time, "monotonic", lambda: now[0])
-    chain = object.__new__(Chain)  # a node's adapter, its session and caches only (no endpoint)
-    chain._clock, chain._block_time, chain._session, chain._head_retry_at = None, 12.0, Silent(), None
+    chain = Chain(Silent(), None, 3, network="finney")  # type: ignore[arg-type]  # a node's adapter, no endpoint
+    chain._block_time, chain._follower = 12.0, threading.current_thread()  # the follower's reads are made below
     chain._head, chain._timestamps = (7000, now[0] - 30.0), {7000: 1_700_000_000.0}
-    assert chain.block() == 7002 and asked == ["read block"]
-    assert chain.block() == 7002 and asked == ["read block"], "asked again within the block"
+    assert chain.block() == 7002 and asked == [], "the caller counts, it never asks"
+    chain._refresh_head(chain._session)
+    assert chain.block() == 7002 and asked == ["read the chain head"] and chain._outage is not None
     clock = Clock(load_hparams("tiny").windows, chain.block, chain.block_timestamp)
     window = clock.current_window()
     assert clock.times(window).start == 1_700_000_000.0 + (window * 20 - 7000) * 12.0  # counted from the last known
+    assert chain.block_timestamp(7001) == 1_700_000_000.0 + 12.0  # made while the endpoint does not answer
+    with pytest.raises(ChainUnavailable, match="none known before it"):
+        chain.block_timestamp(6990)
     now[0] += 13.0
-    assert chain.block() == 7003 and asked.count("read block") == 2
+    assert chain.block() == 7003
     now[0] += HEAD_EXTRAPOLATION_SECONDS
     with pytest.raises(ChainUnavailable):
         chain.block()
+
+
+def test_the_head_is_read_by_a_follower_on_its_own_connection_never_behind_the_nodes_calls() -> None:
+    """A node's clock asks the block from its event loop many times a window. The head is read by a follower
+    thread on a connection of its own, so neither a slow call of the node (a metagraph read, a weights write
+    waiting for its inclusion: the session serialises them) nor the read itself stops the caller: before, a
+    head read every second waited behind them on the event loop."""
+    from templar.chain.client import Chain
+
+    held = threading.Event()  # the node's own session is held by a long call once set
+
+    class Session:
+        closed = False
+
+        def __init__(self, head: list[int], own: bool):
+            self.head, self.own = head, own
+
+        def call(self, what, fn, write=False):
+            if self.own and held.is_set():
+                time.sleep(5.0)  # a weights write waiting for its inclusion
+            return self.head[0], 1_700_000_000.0 + 12.0 * self.head[0]
+
+        def twin(self):
+            return Session(self.head, own=False)
+
+        def close(self):
+            pass
+
+    head = [100]
+    chain = Chain(Session(head, own=True), None, 3, network="finney")  # type: ignore[arg-type]
+    chain._block_time = 0.4  # the follower's period is a quarter block: 0.1 s
+    assert chain.block() == 100 and chain._follower is not None  # the first read, on the caller
+    held.set()
+    head[0] = 103
+    started = time.monotonic()
+    while chain.block() != 103 and time.monotonic() < started + 4.0:
+        time.sleep(0.05)
+    assert chain.block() == 103 and chain.block_timestamp(103) == 1_700_000_000.0 + 12.0 * 103
+    chain._closing.set()
+    chain._follower.join(2.0)
+    assert not chain._follower.is_alive()

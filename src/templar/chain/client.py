@@ -8,7 +8,8 @@ exercised everywhere.
 The API is blocking and thread-safe: neurons call it through `asyncio.to_thread`. Internally
 one private event loop (a daemon thread) runs the SDK's async client; a lock serialises SDK
 use, and every call runs under a deadline, so a dead endpoint surfaces as `ChainUnavailable`
-instead of a hung thread.
+instead of a hung thread. The chain's head, which a node's clock asks from its event loop, is
+read by a follower thread on a second connection and only counted on by the caller (`Chain.block`).
 """
 
 from __future__ import annotations
@@ -130,6 +131,7 @@ class _Session:
         if endpoint_pinned:
             kwargs.update(fallback_endpoints=[], archive_endpoints=[])
         self.subtensor = bt.Subtensor(network, **kwargs)
+        self._network, self._endpoint_pinned = network, endpoint_pinned
         self.endpoint = "embedded chain" if substrate is not None else self.subtensor.endpoint
         self.read_timeout, self.write_timeout = read_timeout, write_timeout
         self._client: bt.Client | None = None
@@ -163,6 +165,16 @@ class _Session:
             except Exception as exc:
                 raise translate(what, exc, self.endpoint) from exc
 
+    def twin(self) -> _Session:
+        """A second connection to the same endpoint: the chain head's follower reads on it, so that it
+        never waits behind this session's calls (a metagraph read, a weights write and its inclusion)."""
+        return _Session(self._network, endpoint_pinned=self._endpoint_pinned, read_timeout=self.read_timeout,
+                        write_timeout=self.write_timeout)
+
+    @property
+    def closed(self) -> bool:
+        return self._loop.is_closed()
+
     def close(self) -> None:
         with self._lock:
             if self._loop.is_closed():
@@ -173,6 +185,12 @@ class _Session:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(5.0)
             self._loop.close()
+
+
+async def _read_head(client: bt.Client) -> tuple[int, float]:
+    """(the head block, its unix timestamp), read in one call."""
+    block = int(await client.block())
+    return block, (await client.timestamp(block)).timestamp()
 
 
 def _u16_fractions(values: object, n: int) -> list[float]:
@@ -203,7 +221,9 @@ class Chain:
         self._block_time: float | None = clock.block_time if clock else None
         self._head: tuple[int, float] | None = None  # (block, monotonic time read) for real nodes
         self._timestamps: dict[int, float] = {}
-        self._head_retry_at: float | None = None  # the endpoint did not answer the head: not asked again before
+        self._outage: ChainUnavailable | None = None  # why the last head read failed; None once one succeeds
+        self._follower: threading.Thread | None = None  # reads the head once a period (`_follow_head`)
+        self._closing = threading.Event()
         # Public views only: reading addresses never unlocks (or prompts for) a key.
         self._hotkey: str | None = bt.public_view(wallet, "hotkey").ss58_address if wallet else None
         self._coldkey: str | None = bt.public_view(wallet, "coldkey").ss58_address if wallet else None
@@ -245,7 +265,8 @@ class Chain:
         )
 
     def close(self) -> None:
-        """Close the connection (shared with every `for_wallet` sibling of this chain)."""
+        """Close the connection (shared with every `for_wallet` sibling of this chain) and its head follower's."""
+        self._closing.set()
         self._session.close()
 
     def __enter__(self) -> Chain:
@@ -267,61 +288,90 @@ class Chain:
         return self._block_time
 
     def block(self) -> int:
-        """The current block. Free on the embedded chain; cached for a fraction of a block on a node."""
+        """The current block. Free on the embedded chain; on a node, counted from the last head read of
+        a follower thread (`_follow_head`), never read on the caller.
+
+        Why: a node's clock asks the block many times a window, from its event loop. Read there, every
+        second's head read stopped the loop for a round trip, and for as long as another of the
+        session's calls held it (a metagraph read, seconds; a weights write until its inclusion): the
+        gather, the uploads and the lead's publications all waited. Past `HEAD_EXTRAPOLATION_SECONDS`
+        without an answer the count stops (`ChainUnavailable`)."""
         if self._clock is not None:
             return self._clock.block()
-        ttl = min(1.0, self.block_time / 4)
-        if self._head is not None and time.monotonic() - self._head[1] <= ttl:
-            return self._head[0]
-        if self._head_retry_at is None or time.monotonic() >= self._head_retry_at:
-            try:
-                self._head = (int(self._call("read block", lambda c: c.block())), time.monotonic())
-                self._head_retry_at = None
-                return self._head[0]
-            except ChainUnavailable as exc:  # counted on from the last head read, for a while
-                if self._head is None or time.monotonic() - self._head[1] > HEAD_EXTRAPOLATION_SECONDS:
-                    raise
-                if self._head_retry_at is None:  # one line per outage
-                    logger.warning(f"{exc}; counting blocks from the head read "
-                                   f"{time.monotonic() - self._head[1]:.0f}s ago")
-                self._head_retry_at = time.monotonic() + self.block_time  # asked again a block later
-        since = time.monotonic() - self._head[1]
+        if self._head is None:
+            self._refresh_head(self._session)  # the first read, on the caller: a node's start
+            if self._head is None:
+                raise self._outage or ChainUnavailable("read block: no answer")
+        if self._follower is None and not self._closing.is_set():
+            self._follower = threading.Thread(target=self._follow_head, name="templar-chain-head", daemon=True)
+            self._follower.start()
+        block, read_at = self._head
+        since = time.monotonic() - read_at
         if since > HEAD_EXTRAPOLATION_SECONDS:
             raise ChainUnavailable(f"read block: no answer for {since:.0f}s")
-        return self._head[0] + int(since // self.block_time)
+        return block + int(since // self.block_time)
 
-    def block_timestamp(self, block: int) -> float:
-        """Unix time of `block`: the chain's timestamp for past blocks, extrapolated for future ones."""
-        if self._clock is not None:
-            return self._clock.timestamp(block)
-        if block in self._timestamps:
-            return self._timestamps[block]
-        head = self.block()
-        if block > head:
-            return self.block_timestamp(head) + (block - head) * self.block_time
+    def _follow_head(self) -> None:
+        """The follower thread: the head read every quarter block (at most every second) on a connection
+        of its own (`_Session.twin`), until the chain is closed."""
+        session = self._session.twin()
         try:
-            stamp = self._call(f"read timestamp of block {block}", lambda c: c.timestamp(block)).timestamp()
-        except ChainUnavailable:
-            known = [b for b in self._timestamps if b <= block]
-            if self._head_retry_at is None or not known:  # counted on only while the head is
-                raise
-            return self._timestamps[max(known)] + (block - max(known)) * self.block_time
+            while not self._closing.wait(min(1.0, self.block_time / 4)) and not self._session.closed:
+                self._refresh_head(session)
+        finally:
+            session.close()
+
+    def _refresh_head(self, session: _Session) -> None:
+        """One read of the head and its timestamp into the caches. An endpoint that does not answer
+        leaves the last read standing (the blocks are counted on from it), with one warning an outage."""
+        try:
+            block, stamp = session.call("read the chain head", _read_head)
+        except ChainUnavailable as exc:
+            if self._outage is None and self._head is not None:
+                logger.warning(f"{exc}; counting blocks from the head read {time.monotonic() - self._head[1]:.0f}s ago")
+            self._outage = exc
+            return
         if len(self._timestamps) > 4096:
             self._timestamps.clear()
         self._timestamps[block] = stamp
+        self._head, self._outage = (block, time.monotonic()), None
+
+    def block_timestamp(self, block: int) -> float:
+        """Unix time of `block`: the chain's timestamp for past blocks, counted on from the last head read
+        for later ones (future blocks, and those made while the endpoint does not answer)."""
+        if self._clock is not None:
+            return self._clock.timestamp(block)
+        if (stamp := self._timestamps.get(block)) is not None:
+            return stamp
+        self.block()  # the head's first read, and the deadline of counting on without an answer
+        assert self._head is not None
+        head = self._head[0]
+        if block >= head:
+            return self._timestamps.get(head, self._known_before(head)) + (block - head) * self.block_time
+        try:
+            stamp = self._call(f"read timestamp of block {block}", lambda c: c.timestamp(block)).timestamp()
+        except ChainUnavailable:
+            if self._outage is None:
+                raise
+            return self._known_before(block) + 0.0
+        self._timestamps[block] = stamp
         return stamp
+
+    def _known_before(self, block: int) -> float:
+        """`block`'s timestamp counted from the latest one known at or before it (`ChainUnavailable`
+        when none is)."""
+        known = [(b, t) for b, t in list(self._timestamps.items()) if b <= block]
+        if not known:
+            raise ChainUnavailable(f"read timestamp of block {block}: no answer, and none known before it")
+        b, t = max(known)
+        return t + (block - b) * self.block_time
 
     def head(self) -> tuple[int, float]:
         """(the current block, its timestamp), read now (never cached): what a clock check needs."""
         if self._clock is not None:
             block = self._clock.block()
             return block, self._clock.timestamp(block)
-
-        async def read(c: bt.Client) -> tuple[int, float]:
-            block = int(await c.block())
-            return block, (await c.timestamp(block)).timestamp()
-
-        return self._call("read the chain head", read)
+        return self._call("read the chain head", _read_head)
 
     # -- reads -------------------------------------------------------------------------------
 
