@@ -224,3 +224,35 @@ def test_a_write_key_file_other_users_may_open_stops_the_node(tmp_path):
     with pytest.raises(StartupError, match=r"mode 0644.*chmod 600") as info:
         asyncio.run(_open_own_bucket(args, chain=None, time=None, open_bucket=never))  # type: ignore[arg-type]
     assert info.value.exit_code == EXIT_CONFIG and "writesecret" not in str(info.value)
+
+
+def test_a_validators_locator_leaves_room_for_its_role_mark_and_a_shadow_commits_nothing(tmp_path):
+    """A validator commits its locator after the 2-byte mark `v:` (`templar.chain.is_miner`): a 127-byte
+    locator, which a miner commits, stops a validator at start with the limit and the fix; a `--shadow`
+    on it commits nothing, so it starts."""
+    from templar.chain import Commitment
+    from templar.core.clock import SYSTEM_TIME
+    from templar.runtime.node import _open_own_bucket
+
+    directory = tmp_path / ("b" * (127 - len("local:") - len(str(tmp_path)) - 1))
+    directory.mkdir()
+    committed: list[tuple[str, bool]] = []
+    chain = SimpleNamespace(hotkey="hk", commitments=lambda: {},
+                            commit_bucket=lambda locator, validator=False: committed.append((locator, validator)))
+    args = argparse.Namespace(bucket_locator=f"local:{directory}", bucket_credentials=None)
+    assert len(args.bucket_locator) == 127
+
+    async def open_as(**role) -> None:
+        bucket = await _open_own_bucket(args, chain, SYSTEM_TIME, lambda loc, cred, **kw: LocalBucket(loc.path),
+                                        **role)
+        await bucket.aclose()
+
+    asyncio.run(open_as(validator=False))
+    assert committed == [(args.bucket_locator, False)]
+    with pytest.raises(StartupError, match="126 of the chain's bytes") as info:
+        asyncio.run(open_as(validator=True))
+    assert info.value.exit_code == EXIT_CONFIG and len(committed) == 1
+    asyncio.run(open_as(validator=True, commit=False))
+    assert len(committed) == 1
+    with pytest.raises(ValueError):
+        Commitment(args.bucket_locator, validates=True).encode()

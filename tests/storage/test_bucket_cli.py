@@ -27,6 +27,11 @@ def test_locators_round_trip_and_say_what_they_are(capsys, tmp_path):
     text = out.strip()
     assert BucketLocator.parse(text) == BucketLocator.r2(ACCOUNT, KEY, SECRET, "my-templar")
     assert "of 128 bytes" in err and SECRET not in err  # stdout is only the locator: $(...) captures it
+    assert "validator" not in err
+    assert main(["bucket", "locator", "r2", "--account-id", ACCOUNT, "--bucket", "b" * 38, "--read-key-id", KEY,
+                 "--read-secret", SECRET]) == 0  # the longest a miner may commit, 2 bytes over a validator's
+    out, err = capsys.readouterr()
+    assert len(out.strip()) == 128 and "over a validator's 126" in err
     assert main(["bucket", "locator", "s3", "--endpoint", "https://s3.us-east-1.amazonaws.com", "--bucket",
                  "my-templar", "--read-key-id", "READKEY", "--read-secret", "readsecret1"]) == 0
     assert BucketLocator.parse(capsys.readouterr().out.strip()).endpoint_url == "https://s3.us-east-1.amazonaws.com"

@@ -23,7 +23,16 @@ from typing import TypeVar
 import torch
 from loguru import logger
 
-from templar.chain import Chain, ChainError, ChainUnavailable, Commitment, Neuron, NotRegistered, is_miner
+from templar.chain import (
+    MAX_COMMITMENT_BYTES,
+    Chain,
+    ChainError,
+    ChainUnavailable,
+    Commitment,
+    Neuron,
+    NotRegistered,
+    is_miner,
+)
 from templar.chain.flags import connect_from_args
 from templar.core.clock import SYSTEM_TIME, TimeSource
 from templar.core.config import HParams, HParamsError, load_hparams
@@ -435,17 +444,20 @@ async def _open_own_bucket(args: argparse.Namespace, chain: Chain, time: TimeSou
         raise StartupError(f"our bucket ({locator.kind}) is not writable with our key: {exc}") from exc
     wanted = Commitment(locator.encode(), validates=validator)
     try:
-        wanted.encode()
+        if commit:  # (a shadow commits nothing)
+            wanted.encode()
     except ValueError as exc:  # a validator's mark took the last bytes of a long locator
-        raise StartupError(f"the bucket commitment: {exc}; use a shorter bucket name") from exc
+        raise StartupError(f"the bucket commitment: {exc}; a validator's locator has {MAX_COMMITMENT_BYTES - 2} of "
+                           "the chain's bytes: use a shorter bucket name") from exc
     committed = (await asyncio.to_thread(chain.commitments)).get(chain.hotkey)
     if committed != wanted and not commit:
         log.info(f"shadow mode: not committing our bucket locator ({locator.kind}); the chain keeps "
                  f"{'none' if committed is None else 'the one committed'} for this hotkey")
     elif committed != wanted:
         role = "validator" if validator else "miner"
-        change = "" if committed is None or committed.validates == validator else f" (this hotkey was committed " \
-                 f"as a {'validator' if committed.validates else 'miner'}; it is now a {role})"
+        change = "" if committed is None or committed.validates == validator else (
+            " (declaring this hotkey a validator: a commitment without the mark `v:` is a miner's)" if validator
+            else " (this hotkey's commitment declared a validator: validators did not score it)")
         log.info(f"committing bucket locator ({locator.kind}) on chain as a {role}'s{change}")
         try:
             await asyncio.to_thread(chain.commit_bucket, locator.encode(), validator=validator)

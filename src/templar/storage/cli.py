@@ -33,6 +33,9 @@ from templar.storage.locator import (
 )
 from templar.storage.probe import Probe, peer_read, probe_key, read_only
 
+VALIDATOR_LOCATOR_BYTES = 126
+"""The room a validator's locator has in the chain's 128-byte commitment, after its role mark `v:`
+(`templar.chain.types.VALIDATOR_MARK`)."""
 READ_KEY_ID_ENV = "TEMPLAR_BUCKET_READ_KEY_ID"
 READ_SECRET_ENV = "TEMPLAR_BUCKET_READ_SECRET"
 PUBLISHED = {
@@ -109,6 +112,10 @@ def run_locator(args: argparse.Namespace) -> int:
     print(text)
     print(f"{_describe(locator)}; {len(text)} of 128 bytes. Commit it with --bucket.locator (or TEMPLAR_BUCKET).",
           file=sys.stderr)
+    if len(text) > VALIDATOR_LOCATOR_BYTES:
+        print(f"A validator's commitment is its locator after a 2-byte role mark: {len(text)} bytes is over a "
+              f"validator's {VALIDATOR_LOCATOR_BYTES}; fine for a miner (a shorter bucket name fits both).",
+              file=sys.stderr)
     if getattr(args, "check", False):
         return check_locator(text, args.subtensor_network, 20.0, write_test=True, out=sys.stderr)
     return 0

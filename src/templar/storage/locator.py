@@ -11,7 +11,8 @@ ever pasted into a URL unchecked. Three forms:
 
 The R2 form packs the three hex fields (128 hex characters, the reference network's whole
 commitment) into 86 base64url characters, which leaves room for a bucket name of up to 38
-characters; an omitted bucket means "bucket name == account id", the reference convention.
+characters (36 for a validator, whose commitment adds a 2-byte role mark); an omitted bucket means
+"bucket name == account id", the reference convention.
 
 Write credentials (`Credentials`) are a separate type that is never committed and never logged.
 """

@@ -1,7 +1,8 @@
 """Who leads each window: the succession's slots (docs/design.md §5).
 
 The lead is no single point of failure. The chain orders the validators able to lead
-(`templar.chain.succession_of`: a permit, stake, a committed bucket; most stake first). The first
+(`templar.chain.succession_of`: declared validators with a permit, stake and a committed bucket;
+most stake first). The first
 `lead_slots` of that order hold the slots of every window (`order_of`: the validator that led the
 window before keeps the first slot until the next multiple of `lead_cadence`, where the chain's order
 resumes). The candidate of slot k may publish the window's inputs only once every slot before its own
