@@ -109,41 +109,81 @@ def test_an_endpoint_that_stops_answering_is_bridged_by_counting_blocks_for_a_wh
 
 
 def test_the_head_is_read_by_a_follower_on_its_own_connection_never_behind_the_nodes_calls() -> None:
-    """A node's clock asks the block from its event loop many times a window. The head is read by a follower
-    thread on a connection of its own, so neither a slow call of the node (a metagraph read, a weights write
-    waiting for its inclusion: the session serialises them) nor the read itself stops the caller: before, a
-    head read every second waited behind them on the event loop."""
+    """A node's clock asks the block from its event loop many times a window. A follower thread reads the
+    head on a connection of its own, so neither a slow call of the node (a metagraph read, a weights write
+    waiting for its inclusion: the session serialises them) nor the read itself stops the caller: before,
+    a head read every second waited behind them on the event loop. The blocks made between two reads get
+    their timestamps (a window's first block is then known when its landmarks are asked); the count never
+    goes back (the follower's backend a block behind); a follower whose connection stops answering is
+    stood in for by reads on the node's own."""
+    import asyncio
+    import datetime
+
     from templar.chain.client import Chain
 
-    held = threading.Event()  # the node's own session is held by a long call once set
+    def stamp(block: int) -> float:
+        return 1_700_000_000.0 + 12.0 * block
+
+    class Client:
+        def __init__(self, head: list[int]):
+            self.head = head
+
+        async def block(self) -> int:
+            return self.head[0]
+
+        async def timestamp(self, block: int) -> datetime.datetime:
+            return datetime.datetime.fromtimestamp(stamp(block), tz=datetime.UTC)
+
+    held, twin_fails = threading.Event(), threading.Event()  # the node's session held by a long call; the twin dead
 
     class Session:
         closed = False
 
         def __init__(self, head: list[int], own: bool):
-            self.head, self.own = head, own
+            self.client, self.own, self.reads = Client(head), own, 0
 
         def call(self, what, fn, write=False):
             if self.own and held.is_set():
                 time.sleep(5.0)  # a weights write waiting for its inclusion
-            return self.head[0], 1_700_000_000.0 + 12.0 * self.head[0]
+            if not self.own and twin_fails.is_set():
+                raise ChainUnavailable(f"{what}: no answer within 30s")
+            self.reads += 1
+            return asyncio.run(fn(self.client))
 
         def twin(self):
-            return Session(self.head, own=False)
+            self.twin_session = Session(twin_head, own=False)
+            return self.twin_session
 
         def close(self):
             pass
 
-    head = [100]
-    chain = Chain(Session(head, own=True), None, 3, network="finney")  # type: ignore[arg-type]
+    head, twin_head = [100], [100]
+    session = Session(head, own=True)
+    chain = Chain(session, None, 3, network="finney")  # type: ignore[arg-type]
     chain._block_time = 0.4  # the follower's period is a quarter block: 0.1 s
-    assert chain.block() == 100 and chain._follower is not None  # the first read, on the caller
+    chain.follow_head()  # as a node does at start: the first read, here
+    assert chain.block() == 100 and chain._follower is not None
     held.set()
-    head[0] = 103
+    twin_head[0] = 103
     started = time.monotonic()
     while chain.block() != 103 and time.monotonic() < started + 4.0:
         time.sleep(0.05)
-    assert chain.block() == 103 and chain.block_timestamp(103) == 1_700_000_000.0 + 12.0 * 103
-    chain._closing.set()
+    assert chain.block() == 103 and chain.block_timestamp(103) == stamp(103)
+    assert [chain._timestamps.get(b) for b in (101, 102)] == [stamp(101), stamp(102)]  # made between two reads
+    twin_head[0] = 102  # the follower's backend, a block behind
+    time.sleep(0.3)
+    assert chain.block() >= 103
+    held.clear()
+    head[0], twin_head[0] = 110, 110
+    twin_fails.set()
+    reads = session.reads
+    deadline = time.monotonic() + 8.0
+    while session.reads == reads and time.monotonic() < deadline:  # a follower silent for 5 s: the node reads
+        chain.block()
+        time.sleep(0.1)
+    assert session.reads > reads and chain._head[0] == 110 and chain.block() >= 110
+    chain.close()
     chain._follower.join(2.0)
     assert not chain._follower.is_alive()
+    with pytest.raises(ChainUnavailable, match="closed"):
+        chain.block()

@@ -53,6 +53,10 @@ EMBEDDED = "embedded"
 EMBEDDED_LABEL = "ws://embedded.invalid"  # SDK label: keeps embedded caches apart from a real localnet
 DEFAULT_WALLET_PATH = "~/.bittensor/wallets"
 
+BACKFILL_BLOCKS = 32
+"""The most blocks made since the last head read whose timestamps a head read also fetches."""
+TIMESTAMPS_KEPT = 4096
+"""Block timestamps kept behind the head (about 14 h on finney)."""
 HEAD_EXTRAPOLATION_SECONDS = 120.0
 """How long an endpoint that does not answer is bridged by counting blocks from the last head read
 (about 10 blocks on finney); past it, a read of the head raises `ChainUnavailable`."""
@@ -222,8 +226,10 @@ class Chain:
         self._head: tuple[int, float] | None = None  # (block, monotonic time read) for real nodes
         self._timestamps: dict[int, float] = {}
         self._outage: ChainUnavailable | None = None  # why the last head read failed; None once one succeeds
-        self._follower: threading.Thread | None = None  # reads the head once a period (`_follow_head`)
+        self._follower: threading.Thread | None = None  # reads the head once a period (`follow_head`)
         self._closing = threading.Event()
+        self._read_here_after = 0.0  # (monotonic) a head read on the caller waits for this during an outage
+        self._counted = 0  # the highest block `block` returned
         # Public views only: reading addresses never unlocks (or prompts for) a key.
         self._hotkey: str | None = bt.public_view(wallet, "hotkey").ss58_address if wallet else None
         self._coldkey: str | None = bt.public_view(wallet, "coldkey").ss58_address if wallet else None
@@ -288,32 +294,49 @@ class Chain:
         return self._block_time
 
     def block(self) -> int:
-        """The current block. Free on the embedded chain; on a node, counted from the last head read of
-        a follower thread (`_follow_head`), never read on the caller.
+        """The current block, never less than one returned before. Free on the embedded chain. On a node,
+        counted on from the last head read: a follower thread's (`follow_head`, which a node starts),
+        or else one made here at most every quarter block (every block while the endpoint does not
+        answer). Past `HEAD_EXTRAPOLATION_SECONDS` without an answer the count stops (`ChainUnavailable`).
 
-        Why: a node's clock asks the block many times a window, from its event loop. Read there, every
-        second's head read stopped the loop for a round trip, and for as long as another of the
-        session's calls held it (a metagraph read, seconds; a weights write until its inclusion): the
-        gather, the uploads and the lead's publications all waited. Past `HEAD_EXTRAPOLATION_SECONDS`
-        without an answer the count stops (`ChainUnavailable`)."""
+        Why a follower: a node's clock asks the block many times a window, from its event loop. Read
+        there, every second's head read stopped the loop for a round trip, and for as long as another of
+        the session's calls held it (a metagraph read, seconds; a weights write until its inclusion):
+        the gather, the uploads and the lead's publications all waited. A follower whose connection
+        stops answering is stood in for by reads here, so the node never depends on its second
+        connection alone."""
         if self._clock is not None:
             return self._clock.block()
+        if self._closing.is_set():
+            raise ChainUnavailable("read block: the chain connection is closed")
+        now = time.monotonic()
+        fresh_for = min(1.0, self.block_time / 4)
+        if self._follower is not None and self._follower.is_alive():
+            fresh_for = max(3 * self.block_time, 5.0)  # the follower's to read, unless it stopped answering
+        if (self._head is None or now - self._head[1] > fresh_for) and now >= self._read_here_after:
+            self._refresh_head(self._session)
+            self._read_here_after = now + (self.block_time if self._outage is not None else 0.0)
         if self._head is None:
-            self._refresh_head(self._session)  # the first read, on the caller: a node's start
-            if self._head is None:
-                raise self._outage or ChainUnavailable("read block: no answer")
-        if self._follower is None and not self._closing.is_set():
-            self._follower = threading.Thread(target=self._follow_head, name="templar-chain-head", daemon=True)
-            self._follower.start()
+            raise self._outage or ChainUnavailable("read block: no answer")
         block, read_at = self._head
         since = time.monotonic() - read_at
         if since > HEAD_EXTRAPOLATION_SECONDS:
             raise ChainUnavailable(f"read block: no answer for {since:.0f}s")
-        return block + int(since // self.block_time)
+        # never back: another backend a block behind, or a count run ahead of a stalled read
+        self._counted = max(self._counted, block + int(since // self.block_time))
+        return self._counted
+
+    def follow_head(self) -> None:
+        """Start the follower thread that reads the head every quarter block (at most every second) on a
+        connection of its own (`_Session.twin`), until the chain is closed: for a long-running node,
+        whose clock asks the block from its event loop. Nothing on the embedded chain (no round trip)."""
+        if self._clock is not None or self._follower is not None or self._closing.is_set():
+            return
+        self.block()  # the first read, here: a node's start
+        self._follower = threading.Thread(target=self._follow_head, name="templar-chain-head", daemon=True)
+        self._follower.start()
 
     def _follow_head(self) -> None:
-        """The follower thread: the head read every quarter block (at most every second) on a connection
-        of its own (`_Session.twin`), until the chain is closed."""
         session = self._session.twin()
         try:
             while not self._closing.wait(min(1.0, self.block_time / 4)) and not self._session.closed:
@@ -322,22 +345,34 @@ class Chain:
             session.close()
 
     def _refresh_head(self, session: _Session) -> None:
-        """One read of the head and its timestamp into the caches. An endpoint that does not answer
-        leaves the last read standing (the blocks are counted on from it), with one warning an outage."""
+        """One read of the head and its timestamp into the caches, with the timestamps of the blocks made
+        since the read before (up to `BACKFILL_BLOCKS` of them), so that a window's first block is known
+        whenever its landmarks are asked. An endpoint that does not answer leaves the last read standing
+        (the blocks are counted on from it), with one warning an outage."""
+        last = self._head[0] if self._head is not None else None
+
+        async def read(client: bt.Client) -> tuple[int, dict[int, float]]:
+            block, stamp = await _read_head(client)
+            missed = range(max(block - BACKFILL_BLOCKS, (last or block) + 1), block)
+            stamps = await asyncio.gather(*(client.timestamp(b) for b in missed))
+            return block, {b: t.timestamp() for b, t in zip(missed, stamps, strict=True)} | {block: stamp}
+
         try:
-            block, stamp = session.call("read the chain head", _read_head)
+            block, stamps = session.call("read the chain head", read)
         except ChainUnavailable as exc:
             if self._outage is None and self._head is not None:
                 logger.warning(f"{exc}; counting blocks from the head read {time.monotonic() - self._head[1]:.0f}s ago")
             self._outage = exc
             return
-        if len(self._timestamps) > 4096:
-            self._timestamps.clear()
-        self._timestamps[block] = stamp
+        self._timestamps.update(stamps)
+        if len(self._timestamps) > 2 * TIMESTAMPS_KEPT:  # the oldest go; the recent ones are what is asked
+            for old in [b for b in list(self._timestamps) if b < block - TIMESTAMPS_KEPT]:
+                self._timestamps.pop(old, None)
         self._head, self._outage = (block, time.monotonic()), None
 
     def block_timestamp(self, block: int) -> float:
-        """Unix time of `block`: the chain's timestamp for past blocks, counted on from the last head read
+        """Unix time of `block`: the chain's timestamp for past blocks (read here only for one not seen
+        by the head reads: a window begun before the node started), counted on from the last head read
         for later ones (future blocks, and those made while the endpoint does not answer)."""
         if self._clock is not None:
             return self._clock.timestamp(block)
@@ -347,13 +382,14 @@ class Chain:
         assert self._head is not None
         head = self._head[0]
         if block >= head:
-            return self._timestamps.get(head, self._known_before(head)) + (block - head) * self.block_time
+            stamp = self._timestamps.get(head)
+            return self._known_before(block) if stamp is None else stamp + (block - head) * self.block_time
         try:
             stamp = self._call(f"read timestamp of block {block}", lambda c: c.timestamp(block)).timestamp()
         except ChainUnavailable:
             if self._outage is None:
                 raise
-            return self._known_before(block) + 0.0
+            return self._known_before(block)
         self._timestamps[block] = stamp
         return stamp
 

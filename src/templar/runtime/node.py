@@ -190,12 +190,16 @@ class Node:
         on for as long as it ran; a hotkey registered again holds another uid, and a miner still on the
         uid it read at start trained that uid's pages (its new holder's), failing every proof of work.
         A hotkey found without a uid is asked again a block later before the node stops (a read made
-        while the chain swaps a uid's holder)."""
-        uid = await self._chain_read("uid", self.chain.my_uid)
-        if uid is None:
-            await self.clock.sleep_until(self.clock.now() + self.hp.windows.block_time, self.stop)
-            uid = await self._chain_read("uid", self.chain.my_uid)
+        while the chain swaps a uid's holder); a read without an answer leaves it to the next window."""
         log = logger.bind(phase="chain")
+        try:
+            uid = await asyncio.to_thread(self.chain.my_uid)
+            if uid is None:
+                await self.clock.sleep_until(self.clock.now() + self.hp.windows.block_time, self.stop)
+                uid = await asyncio.to_thread(self.chain.my_uid)
+        except ChainUnavailable as exc:  # unknown, not gone: asked again next window
+            log.warning(f"{exc}; our uid is checked again next window")
+            return
         if uid is None:
             raise DeregisteredError(f"hotkey {self.hotkey} lost its uid {self.uid} on netuid {self.chain.netuid} (a new "
                                     "registration took it): register it again, then start the node")
@@ -381,6 +385,10 @@ async def start_node(args: argparse.Namespace, role: str, *, time: TimeSource = 
         log.info("shadow mode (--shadow): scoring and reporting as usual; never setting weights or committing a "
                  "bucket locator on chain")
     try:
+        try:  # the clock reads the head from its event loop: a follower thread keeps it (a real node only)
+            await asyncio.to_thread(chain.follow_head)
+        except ChainError as exc:
+            raise StartupError(f"cannot read the chain's head: {exc}") from exc
         bucket = await _open_own_bucket(args, chain, time, open_bucket, commit=not shadow,
                                          validator=role == "validator")
         try:

@@ -300,8 +300,8 @@ class Validator:
         than one window late) steps it without scoring anyone."""
         node = self.node
         times = node.clock.times(window)
+        await self.flush_publications(window, times)  # first: held-back publications wait for nothing
         await node.window_checks()
-        await self.flush_publications(window, times)
         times = await node.clock.ended(window, node.stop)  # the end as the chain made it (a missed slot moves it)
         if times is None or not await node.clock.sleep_until(times.gather_start, node.stop):
             return
