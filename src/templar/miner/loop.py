@@ -197,7 +197,8 @@ class Miner:
         record says `catchup`) and the run loop catches up. A window whose base θ has gone by (a
         delayed run's first window after a start) is not trained: it takes its step alone."""
         times = self.node.clock.times(window)
-        await self.node.window_checks()
+        if await self.node.window_checks():  # another uid: the pages read ahead were the old uid's
+            await self.drop_training("this hotkey's uid changed")
         training = self.take_training(window)
         if training is None:
             if not await self.ensure_base(window):

@@ -176,14 +176,15 @@ class Node:
         self._last_reads[what] = (self.clock.now(), value)
         return value
 
-    async def window_checks(self) -> None:
+    async def window_checks(self) -> bool:
         """What a node checks once a window, before its work: this machine's clock against the chain's
-        (`Clock.check_skew`) and its hotkey's uid (`check_registered`)."""
+        (`Clock.check_skew`) and its hotkey's uid (`check_registered`). True when the uid changed."""
         await asyncio.to_thread(self.clock.check_skew)
-        await self.check_registered()
+        return await self.check_registered()
 
-    async def check_registered(self) -> None:
-        """Our hotkey still holds a uid, and it is `uid`; `DeregisteredError` when it holds none.
+    async def check_registered(self) -> bool:
+        """Our hotkey still holds a uid, and it is `uid` (True: it changed); `DeregisteredError` when it
+        holds none.
 
         Why each window, not once at start: a full subnet gives its lowest-ranked uid to each new
         registration. A node that lost its uid is scored by nobody and cannot set weights, and it went
@@ -199,7 +200,7 @@ class Node:
                 uid = await asyncio.to_thread(self.chain.my_uid)
         except ChainUnavailable as exc:  # unknown, not gone: asked again next window
             log.warning(f"{exc}; our uid is checked again next window")
-            return
+            return False
         if uid is None:
             raise DeregisteredError(f"hotkey {self.hotkey} lost its uid {self.uid} on netuid {self.chain.netuid} (a new "
                                     "registration took it): register it again, then start the node")
@@ -207,6 +208,8 @@ class Node:
             log.warning(f"hotkey {self.hotkey} now holds uid {uid}, not {self.uid} (registered again): its pages and "
                         f"weights follow uid {uid} from this window")
             self.uid = uid
+            return True
+        return False
 
     def save_state(self, state: NodeState) -> bool:
         """A window's commit point: θ (and what the role keeps with it) in the state file. A local
