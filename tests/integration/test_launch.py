@@ -170,11 +170,11 @@ def _trained(rehearsal: Path) -> bool:
 
 def _paid(chain_file: Path, netuid: int) -> bool:
     """Both miners hold incentive on chain (an epoch ran after the weights)."""
-    from templar.chain import connect
+    from templar.chain import connect, is_miner
 
     with connect(network="embedded", chain_endpoint=str(chain_file), netuid=netuid, wallet_name=None) as chain:
         neurons = chain.metagraph()
-    return sum(n.incentive > 0 for n in neurons if not n.validator_permit) >= 2
+    return sum(n.incentive > 0 for n in neurons if is_miner(n)) >= 2
 
 
 def _summary(url: str) -> dict:
@@ -258,7 +258,8 @@ def test_the_launch_runbook_runs_as_written_and_the_subnet_trains_and_pays(tmp_p
     wallets = rehearsal / "wallets"
     miners = [uids[json.loads((wallets / m / "hotkeys" / "default").read_text())["ss58Address"]]
               for m in ("miner1", "miner2")]
-    lead = next(n["uid"] for n in chain["neurons"] if n["validator_permit"] and n["stake"] > 0)
+    lead = next(n["uid"] for n in chain["neurons"] if n["role"] == "validator")  # its commitment says so
+    assert [n["validator_permit"] and n["stake"] > 0 for n in chain["neurons"] if n["uid"] == lead] == [True]
     weights = chain["weights"][str(lead)]
     for uid in miners:
         assert weights.get(str(uid), 0) > 0, chain["weights"]
