@@ -93,7 +93,7 @@ def test_a_broken_peer_index_is_an_error_to_readers_and_rewritten_by_the_lead(tm
     async def body() -> None:
         b = LocalBucket(tmp_path)
         await put_peers(b, 4, ["a"], run=RUN)
-        await b.put(peers_index_key(), b'{"protocol": 3, "windows": [3, 3]}')
+        await b.put(peers_index_key(), b'{"protocol": %d, "windows": [3, 3]}' % PROTOCOL_VERSION)
         with pytest.raises(RecordError):
             await get_peers(b, 5, run=RUN)
         assert await get_peers(b, 4, run=RUN) == (4, ["a"])  # the list of the window itself needs no index

@@ -154,6 +154,8 @@ def test_registration_stake_and_permit(subnet):
     assert unstaked.status == Status.FAILED and "stake" in unstaked.fix
     staked = check("staked", "miner")  # a permit and stake, its commitment no validator's: a miner all the same
     assert staked.status == Status.OK and staked.data["permit"] and staked.data["stake"] > 0
+    declared = check("lead", "miner")  # a validator's hotkey run as a miner: it commits bare, and leads nothing
+    assert declared.status == Status.OK and "declares a validator" in declared.summary and not declared.data["lead"]
 
 
 def test_the_doctor_applies_the_chains_rules_for_the_lead_and_the_miners(subnet):
@@ -231,7 +233,7 @@ def test_the_leads_words_cannot_rewrite_the_doctors_lines(subnet):
     results = []
     try:
         for text in (json.dumps({"run": "\r\x1b[2Kok      \n", "netuid": NETUID, "window": 5}),
-                     '{"protocol": 3, "run": "' + "ab" * 32 + '", "netuid": Infinity, "start_window": 5}'):
+                     '{"protocol": ' + str(PROTOCOL_VERSION) + ', "run": "' + "ab" * 32 + '", "netuid": Infinity, "start_window": 5}'):
             record.write_text(text)
             d = Doctor(flags(subnet, "miner"), "miner")
             results.append(run(d, *identity(d), chain_checks.check_lead_run))
@@ -309,6 +311,35 @@ def test_a_read_key_peers_cannot_use_fails_the_peer_read(subnet, seaweed, new_bu
     result = run(d, bucket_checks.check_bucket_locator, bucket_checks.check_bucket_write, bucket_checks.check_bucket_read)
     assert result.status == Status.FAILED and "read key was refused" in result.summary, result
     assert asyncio.run(_keys(S3Bucket(seaweed.endpoint_url, name, seaweed.admin))) == [], "the probe is deleted"
+
+
+def test_a_validators_locator_and_role_as_the_doctor_sees_them(subnet, tmp_path):
+    """A validator's commitment is its locator after the mark `v:` (docs/validating.md §1): a 127-byte locator
+    fits a miner and a shadow (which commits nothing), not a validator; a locator committed as a miner's is
+    the validator's at its start; a shadow on a hotkey whose commitment declares no validator is warned that
+    validators score that hotkey as a miner and it cannot lead."""
+    from templar.chain import connect
+
+    long = tmp_path / ("b" * (127 - len("local:") - len(str(tmp_path)) - 1))
+    long.mkdir()
+
+    def check(role: str, locator: Path, *, shadow: bool = False):
+        args = flags(subnet, "staked", "--bucket.locator", f"local:{locator}")
+        args.shadow = shadow
+        d = Doctor(args, role)
+        return run(d, *identity(d), bucket_checks.check_bucket_locator)
+
+    too_long = check("validator", long)
+    assert too_long.status == Status.FAILED and "129 bytes" in too_long.summary and "1 characters shorter" in too_long.fix
+    assert check("miner", long).status == Status.OK
+    assert check("validator", long, shadow=True).status == Status.OK
+    with connect(network="embedded", chain_endpoint=str(subnet / "chain.sqlite"), netuid=NETUID, wallet_name="staked",
+                 wallet_path=subnet / "wallets") as chain:
+        chain.commit_bucket(f"local:{tmp_path}")  # as a miner's
+    live = check("validator", tmp_path)
+    assert live.status == Status.OK and "committed on chain as a miner's; the node commits it as a validator's" in live.summary
+    shadow = check("validator", tmp_path, shadow=True)
+    assert shadow.status == Status.WARNING and "declares no validator" in shadow.summary, shadow
 
 
 def test_bucket_configuration_failures(subnet, seaweed, new_bucket, monkeypatch):

@@ -38,7 +38,7 @@ IN_SLOT = GENESIS + 158
 def lead_neuron(hotkey: str) -> Neuron:
     """The lead validator as the chain would report it (only its hotkey and uid are read here)."""
     return Neuron(uid=0, hotkey=hotkey, coldkey=hotkey, stake=1.0, validator_permit=True, last_update=0,
-                  commitment=None)
+                  commitment=None, validates=True)
 
 @dataclass
 class Follower:

@@ -18,6 +18,7 @@ from templar.comms.keys import aggregate_key, inputs_key, progress_key
 from templar.comms.progress import put_progress
 from templar.compress import aggregate
 from templar.core.clock import LoopTime, loop_time, run_virtual
+from templar.core.config import PROTOCOL_VERSION
 from templar.core.model import build_model, parameter_shapes
 from templar.runtime.compute import LocalCompute
 from templar.runtime.consensus.outer import apply_update
@@ -37,7 +38,7 @@ RUN = Run(netuid=7, digest="ab" * 32)
 def lead_neuron(hotkey: str) -> Neuron:
     """The lead validator as the chain would report it (only its hotkey and uid are read here)."""
     return Neuron(uid=0, hotkey=hotkey, coldkey=hotkey, stake=1.0, validator_permit=True, last_update=0,
-                  commitment=None)
+                  commitment=None, validates=True)
 
 @dataclass
 class FollowerNode:
@@ -258,7 +259,7 @@ def test_an_unreadable_progress_record_proves_nothing_and_is_named(hp, keypair, 
         await lead_inputs(node, tmp_path / "lead", 11, 2, keypair)
         await put_aggregate(bucket, 11, write_aggregate(published_signs[11], window=11, global_step=2,
                                                         learning_rate=1e-3, hotkey=lead, run=RUN, sign=keypair.sign))
-        await bucket.put(progress_key(11), b'{"protocol": 3, "netuid"')  # torn
+        await bucket.put(progress_key(11), b'{"protocol": %d, "netuid"' % PROTOCOL_VERSION)  # torn
         return await catch_up(node, NodeState(window=10, global_step=2), until=11)
 
     sink = logger.add(lambda m: lines.append(m.record["message"]), level="WARNING")

@@ -32,6 +32,10 @@ def test_locators_round_trip_and_say_what_they_are(capsys, tmp_path):
                  "--read-secret", SECRET]) == 0  # the longest a miner may commit, 2 bytes over a validator's
     out, err = capsys.readouterr()
     assert len(out.strip()) == 128 and "over a validator's 126" in err
+    from templar.chain import VALIDATOR_LOCATOR_BYTES
+    from templar.storage import cli as bucket_cli
+
+    assert bucket_cli.VALIDATOR_LOCATOR_BYTES == VALIDATOR_LOCATOR_BYTES  # (the command's copy, without the SDK)
     assert main(["bucket", "locator", "s3", "--endpoint", "https://s3.us-east-1.amazonaws.com", "--bucket",
                  "my-templar", "--read-key-id", "READKEY", "--read-secret", "readsecret1"]) == 0
     assert BucketLocator.parse(capsys.readouterr().out.strip()).endpoint_url == "https://s3.us-east-1.amazonaws.com"

@@ -15,6 +15,7 @@ from templar.chain.devchain import DevChain, DevWallet, create_dev_chain
 from templar.chain.embedded.store import ChainSpec, ManualTime
 from templar.chain.types import (
     MAX_COMMITMENT_BYTES,
+    VALIDATOR_LOCATOR_BYTES,
     VALIDATOR_MARK,
     ChainError,
     ChainUnavailable,
@@ -35,6 +36,7 @@ from templar.chain.types import (
 
 __all__ = [
     "MAX_COMMITMENT_BYTES",
+    "VALIDATOR_LOCATOR_BYTES",
     "VALIDATOR_MARK",
     "Chain",
     "ChainError",

@@ -295,27 +295,25 @@ class Chain:
 
     def block(self) -> int:
         """The current block, never less than one returned before. Free on the embedded chain. On a node,
-        counted on from the last head read: a follower thread's (`follow_head`, which a node starts),
-        or else one made here at most every quarter block (every block while the endpoint does not
-        answer). Past `HEAD_EXTRAPOLATION_SECONDS` without an answer the count stops (`ChainUnavailable`).
+        counted on from the last head read: a follower thread's (`follow_head`, which a node starts,
+        and then never a read here), or else one made here at most every quarter block (a block after
+        a read that got no answer). Past `HEAD_EXTRAPOLATION_SECONDS` without an answer the count
+        stops (`ChainUnavailable`).
 
         Why a follower: a node's clock asks the block many times a window, from its event loop. Read
         there, every second's head read stopped the loop for a round trip, and for as long as another of
         the session's calls held it (a metagraph read, seconds; a weights write until its inclusion):
-        the gather, the uploads and the lead's publications all waited. A follower whose connection
-        stops answering is stood in for by reads here, so the node never depends on its second
-        connection alone."""
+        the gather, the uploads and the lead's publications all waited."""
         if self._clock is not None:
             return self._clock.block()
         if self._closing.is_set():
             raise ChainUnavailable("read block: the chain connection is closed")
         now = time.monotonic()
-        fresh_for = min(1.0, self.block_time / 4)
-        if self._follower is not None and self._follower.is_alive():
-            fresh_for = max(3 * self.block_time, 5.0)  # the follower's to read, unless it stopped answering
-        if (self._head is None or now - self._head[1] > fresh_for) and now >= self._read_here_after:
+        following = self._follower is not None and self._follower.is_alive()
+        stale = self._head is None or now - self._head[1] > min(1.0, self.block_time / 4)
+        if not following and stale and now >= self._read_here_after:
             self._refresh_head(self._session)
-            self._read_here_after = now + (self.block_time if self._outage is not None else 0.0)
+            self._read_here_after = time.monotonic() + (self.block_time if self._outage is not None else 0.0)
         if self._head is None:
             raise self._outage or ChainUnavailable("read block: no answer")
         block, read_at = self._head
@@ -337,10 +335,16 @@ class Chain:
         self._follower.start()
 
     def _follow_head(self) -> None:
+        """The follower's loop. When its own connection has not answered for 3 blocks (a provider that
+        refuses a second connection), it reads on the node's connection instead, from this thread:
+        the node never depends on the second connection alone, and its event loop never waits."""
         session = self._session.twin()
         try:
             while not self._closing.wait(min(1.0, self.block_time / 4)) and not self._session.closed:
                 self._refresh_head(session)
+                if self._outage is not None and self._head is not None \
+                        and time.monotonic() - self._head[1] > 3 * self.block_time:
+                    self._refresh_head(self._session)
         finally:
             session.close()
 
@@ -350,10 +354,11 @@ class Chain:
         whenever its landmarks are asked. An endpoint that does not answer leaves the last read standing
         (the blocks are counted on from it), with one warning an outage."""
         last = self._head[0] if self._head is not None else None
+        known = self._timestamps
 
         async def read(client: bt.Client) -> tuple[int, dict[int, float]]:
             block, stamp = await _read_head(client)
-            missed = range(max(block - BACKFILL_BLOCKS, (last or block) + 1), block)
+            missed = [b for b in range(max(block - BACKFILL_BLOCKS, (last or block) + 1), block) if b not in known]
             stamps = await asyncio.gather(*(client.timestamp(b) for b in missed))
             return block, {b: t.timestamp() for b, t in zip(missed, stamps, strict=True)} | {block: stamp}
 

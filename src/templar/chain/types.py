@@ -17,6 +17,8 @@ VALIDATOR_MARK = "v:"
 """Opens the commitment of a hotkey that validates: `v:<bucket locator>`; a miner commits its
 locator bare. The role is the hotkey's own word, on chain: only the hotkey can write its
 commitment, so no one else can make it a validator or a miner (`is_miner`)."""
+VALIDATOR_LOCATOR_BYTES = MAX_COMMITMENT_BYTES - len(VALIDATOR_MARK)
+"""The room a validator's locator has in its commitment, after the mark."""
 
 
 @dataclass(frozen=True)

@@ -30,12 +30,15 @@ async def check_bucket_locator(d: Doctor) -> CheckResult:
     except LocatorError as exc:
         return failed("bucket-locator", f"bucket configuration: {exc}", "rebuild the locator with `templar bucket "
                       "locator`")
-    wanted = Commitment(d.locator.encode(), validates=d.role == "validator")
+    shadow = bool(getattr(a, "shadow", False))  # a shadow commits nothing
+    wanted = Commitment(d.locator.encode(), validates=d.role == "validator" and not shadow)
     size = len(wanted.text)
-    if size > MAX_COMMITMENT_BYTES and not getattr(a, "shadow", False):  # (a shadow commits nothing)
-        return failed("bucket-locator", f"a validator's commitment is its locator after the {len(VALIDATOR_MARK)} "
-                      f"bytes of {VALIDATOR_MARK!r}: {size} bytes, and the chain stores {MAX_COMMITMENT_BYTES}",
-                      "use a bucket name shorter by the difference (`templar bucket locator`)")
+    try:
+        wanted.encode()
+    except ValueError:
+        return failed("bucket-locator", f"a validator's commitment is its locator after the mark {VALIDATOR_MARK!r}: "
+                      f"{size} bytes, and the chain stores {MAX_COMMITMENT_BYTES}",
+                      f"use a bucket name {size - MAX_COMMITMENT_BYTES} characters shorter (`templar bucket locator`)")
     try:
         d.credentials = (Credentials.from_file(a.bucket_credentials) if a.bucket_credentials
                          else Credentials.from_env())
@@ -61,7 +64,11 @@ async def check_bucket_locator(d: Doctor) -> CheckResult:
             return warning("bucket-locator", f"{kind} locator ({size} of 128 bytes); cannot read the commitment: {exc}",
                            "check the chain")
     where = d.locator.bucket or d.locator.path
-    if getattr(a, "shadow", False):
+    if shadow and d.committed is not None and not d.committed.validates:
+        return warning("bucket-locator", f"{kind} bucket {where}; --shadow: the node never commits it, and this "
+                       "hotkey's commitment declares no validator: validators score it as a miner and it cannot lead",
+                       "start the live validator on this hotkey (it commits its locator as a validator's)")
+    if shadow:
         return ok("bucket-locator", f"{kind} bucket {where} ({size} of 128 bytes); --shadow: the node never commits "
                   "it, the chain keeps " + ("no locator" if d.committed is None else "the live validator's"))
     if d.committed == wanted:

@@ -117,6 +117,8 @@ async def check_registration(d: Doctor) -> CheckResult:
     if d.role == "validator" and (me.commitment is None or not me.validates):
         neurons = [dataclasses.replace(n, commitment=n.commitment or "(committed at start)", validates=True)
                    if n is me else n for n in neurons]
+    elif d.role != "validator" and me.validates:  # a miner commits its bucket bare when it starts
+        neurons = [dataclasses.replace(n, validates=False) if n is me else n for n in neurons]
     order = succession_of(neurons)
     slot = next((i for i, n in enumerate(order) if n.uid == me.uid), None)
     lead = order[0] if order else None

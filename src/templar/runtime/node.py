@@ -24,7 +24,7 @@ import torch
 from loguru import logger
 
 from templar.chain import (
-    MAX_COMMITMENT_BYTES,
+    VALIDATOR_LOCATOR_BYTES,
     Chain,
     ChainError,
     ChainUnavailable,
@@ -366,14 +366,11 @@ async def start_node(args: argparse.Namespace, role: str, *, time: TimeSource = 
                     "/etc/security/limits.conf)")
     log.info(f"[SYNC] Checking registration of {role} hotkey {chain.hotkey} on netuid {args.netuid}")
     try:
-        await asyncio.to_thread(chain.require_registered)
-        uid = await asyncio.to_thread(chain.my_uid)
+        uid = await asyncio.to_thread(chain.require_registered)
     except NotRegistered as exc:
         raise NotRegisteredError(str(exc)) from exc
     except ChainError as exc:
         raise StartupError(f"cannot read our registration: {exc}") from exc
-    if uid is None:
-        raise NotRegisteredError(f"hotkey {chain.hotkey} has no uid on netuid {args.netuid}")
 
     state_dir = state_dir_of(args)
     try:
@@ -402,6 +399,7 @@ async def start_node(args: argparse.Namespace, role: str, *, time: TimeSource = 
             raise StartupError(f"data: {exc}") from exc
     except NodeError:
         lock.release()
+        chain.close()  # (and its head follower)
         raise
     device = node_device(args.device)
     model = build_model(hp, device)
@@ -440,6 +438,13 @@ async def _open_own_bucket(args: argparse.Namespace, chain: Chain, time: TimeSou
         refuse_write_key(locator, credentials)  # the locator goes on chain, in public
     except (LocatorError, ValueError) as exc:
         raise StartupError(f"bucket configuration: {exc}") from exc
+    wanted = Commitment(locator.encode(), validates=validator)
+    try:
+        if commit:  # (a shadow commits nothing)
+            wanted.encode()
+    except ValueError as exc:  # a validator's mark took the last bytes of a long locator
+        raise StartupError(f"the bucket commitment: {exc}; a validator's locator has {VALIDATOR_LOCATOR_BYTES} of "
+                           "the chain's bytes: use a shorter bucket name") from exc
     if locator.kind != "local" and credentials is None:
         raise StartupError("no write key for the bucket: set TEMPLAR_BUCKET_WRITE_KEY_ID/_SECRET or pass "
                            "--bucket.credentials FILE (the committed locator carries only the read key)")
@@ -453,14 +458,11 @@ async def _open_own_bucket(args: argparse.Namespace, chain: Chain, time: TimeSou
     except StorageError as exc:
         await bucket.aclose()
         raise StartupError(f"our bucket ({locator.kind}) is not writable with our key: {exc}") from exc
-    wanted = Commitment(locator.encode(), validates=validator)
     try:
-        if commit:  # (a shadow commits nothing)
-            wanted.encode()
-    except ValueError as exc:  # a validator's mark took the last bytes of a long locator
-        raise StartupError(f"the bucket commitment: {exc}; a validator's locator has {MAX_COMMITMENT_BYTES - 2} of "
-                           "the chain's bytes: use a shorter bucket name") from exc
-    committed = (await asyncio.to_thread(chain.commitments)).get(chain.hotkey)
+        committed = (await asyncio.to_thread(chain.commitments)).get(chain.hotkey)
+    except ChainError as exc:
+        await bucket.aclose()
+        raise StartupError(f"cannot read our bucket commitment: {exc}") from exc
     if committed != wanted and not commit:
         log.info(f"shadow mode: not committing our bucket locator ({locator.kind}); the chain keeps "
                  f"{'none' if committed is None else 'the one committed'} for this hotkey")

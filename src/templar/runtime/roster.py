@@ -105,7 +105,7 @@ def read_nodes(out: Path) -> list[NodeInfo]:
 
 def lead_validator(nodes: Iterable[NodeInfo]) -> NodeInfo | None:
     """The validator whose view a localnet follows: the chain's rule for the lead
-    (`templar.chain.lead_of`) on the roster's permits and stakes."""
+    (`templar.chain.lead_of`) on the roster's declarations, permits and stakes."""
     from templar.chain import lead_of
 
     return lead_of(nodes)

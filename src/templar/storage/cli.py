@@ -34,8 +34,9 @@ from templar.storage.locator import (
 from templar.storage.probe import Probe, peer_read, probe_key, read_only
 
 VALIDATOR_LOCATOR_BYTES = 126
-"""The room a validator's locator has in the chain's 128-byte commitment, after its role mark `v:`
-(`templar.chain.types.VALIDATOR_MARK`)."""
+"""The room a validator's locator has in the chain's 128-byte commitment, after its role mark `v:`:
+`templar.chain.VALIDATOR_LOCATOR_BYTES`, written out so that this command does not load the chain's SDK
+(tests/storage/test_bucket_cli.py holds the two equal)."""
 READ_KEY_ID_ENV = "TEMPLAR_BUCKET_READ_KEY_ID"
 READ_SECRET_ENV = "TEMPLAR_BUCKET_READ_SECRET"
 PUBLISHED = {
