@@ -123,6 +123,10 @@ def test_an_overlapped_run_whose_step_lands_after_the_next_commitment_is_refused
     late = tiny.windows.model_dump() | {"blocks_per_window": 12, "put_window_seconds": 3.0}  # slot 12.25 s > 9.5 s
     with pytest.raises(ValueError, match="after the next window's commitment deadline"):
         HParams.model_validate(tiny.model_dump() | {"windows": late})
+    # the lead's inputs count when stored by the slot's deadline plus the clock-skew allowance: 17.25 s > 17 s
+    skewed = tiny.windows.model_dump() | {"handover_seconds": 5.0}
+    with pytest.raises(ValueError, match="after the next window's commitment deadline"):
+        HParams.model_validate(tiny.model_dump() | {"windows": skewed})
     blocking = tiny.inner.model_dump() | {"overlap": "blocking"}
     assert HParams.model_validate(tiny.model_dump() | {"windows": late, "inner": blocking}).inner.overlap == "blocking"
 

@@ -29,7 +29,7 @@ from templar.validator.files import SECRET_FILE
 
 NETUID = 7
 FAST_WINDOWS = {
-    "blocks_per_window": 10,
+    "blocks_per_window": 11,
     "block_time": 0.6,
     "put_window_seconds": 1.5,
     "clock_skew_seconds": 0.5,
@@ -76,7 +76,7 @@ the failover 49 -> 29)."""
 
 def write_fast_preset(directory: Path, sections: dict[str, dict] | None = None, base: Path = MICRO_1K_PRESET,
                       **windows: object) -> Path:
-    """The 1024-token micro preset (or `base`) with 5-second windows (and optional window overrides; `sections`:
+    """The 1024-token micro preset (or `base`) with 6.6-second windows (and optional window overrides; `sections`:
     other hparams sections' overrides, e.g. less data per window for tests that only need the mechanics)."""
     body: dict[str, object] = {"base": str(base), "name": "micro-fast", **(sections or {}),
                                "windows": {**FAST_WINDOWS, **windows}}
@@ -157,7 +157,7 @@ PRODUCTION_QUARTER = dict(blocks_per_window=7, block_time=3.0, put_window_second
                           gather_seconds=5.0, settle_seconds=0.0625, handover_seconds=1.25, handover_settle_seconds=0.25,
                           apply_seconds=1.25, commit_read_seconds=1.0)
 """hparams.json's window settings with every duration divided by 4 (21-second windows): production's
-geometry, where the suite's 6-second windows leave no room for what takes real seconds."""
+geometry, where the suite's 6.6-second windows leave no room for what takes real seconds."""
 
 
 def untrained_windows(hp: HParams) -> int:

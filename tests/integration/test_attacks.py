@@ -157,8 +157,8 @@ def test_a_top_g_miner_that_serves_its_payload_to_validators_only_costs_the_othe
     from .harness import MICRO_GAUNTLET_1K_PRESET
 
     # A stalled read lasts to the gather's deadline: the stall is run on production's window geometry (a
-    # quarter of its seconds), where the gather ends 32 s before the next commitment; the suite's 6-second
-    # windows leave none (the gather ends 1 s before it, and no miner could step in time).
+    # quarter of its seconds), where the gather ends 32 s before the next commitment; the suite's 6.6-second
+    # windows leave almost none (the gather ends 1.6 s before it, and no miner could step in time).
     geometry = {} if refusal == "refuses" else PRODUCTION_QUARTER
     subnet = Subnet.create(tmp_path, {"lead": 100.0, "m0": 0.0, "victim": 0.0, "hostile": 0.0},
                            base=MICRO_GAUNTLET_1K_PRESET, **geometry)

@@ -480,17 +480,18 @@ class HParams(_Strict):
     @model_validator(mode="after")
     def _overlapped_step_lands_before_the_next_commitment(self) -> HParams:
         """An overlapped miner encodes window w+1's payload once w's step has landed; the lead's inputs
-        of w are due by its first slot's deadline, so that must fall before w+1's commitment deadline
-        (each later slot, a failed lead's, may cost the miners that window's commitment)."""
+        of w count when stored by its first slot's deadline widened by the clock-skew allowance, so that
+        must fall before w+1's commitment deadline (each later slot, a failed lead's, may cost the miners
+        that window's commitment)."""
         if self.inner.overlap == "blocking":
             return self
         w = self.windows
         first_slot = w.put_window_seconds + w.clock_skew_seconds + w.settle_seconds + w.gather_seconds \
-            + w.handover_seconds  # after window w ends
+            + w.handover_seconds + w.clock_skew_seconds  # after window w ends
         commitment = w.window_seconds - w.clock_skew_seconds - min(w.commit_read_seconds, w.put_window_seconds / 2)
         if first_slot >= commitment:
             raise ValueError(f"inner.overlap {self.inner.overlap}: the lead's step of a window is due {first_slot:g} s "
-                             f"after it ends (put window, clock skew, settle, gather, first lead slot), after the "
+                             f"after it ends (put window, clock skew, settle, gather, first lead slot, clock skew), after the "
                              f"next window's commitment deadline ({commitment:g} s): lengthen the windows or "
                              "shorten the put window or gather, or run inner.overlap blocking")
         return self
