@@ -19,8 +19,8 @@ from functools import cache
 
 import pytest
 
-from templar.chain.client import HEAD_EXTRAPOLATION_SECONDS
 from templar.chain.embedded.store import ChainSpec
+from templar.chain.head import HEAD_EXTRAPOLATION_SECONDS
 from templar.core.config import DEFAULT_CACHE_GB, REPO_ROOT, load_hparams
 from templar.core.startup import OPEN_FILES_NEEDED, OPEN_FILES_WANTED
 from templar.dashboard import server as dashboard_server

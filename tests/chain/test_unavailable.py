@@ -74,7 +74,7 @@ def test_an_endpoint_that_stops_answering_is_bridged_by_counting_blocks_for_a_wh
     """A node's clock reads the chain's head. One that stops answering (a public endpoint reconnecting) is
     bridged for `HEAD_EXTRAPOLATION_SECONDS` by counting blocks from the last head read, and timestamps
     from the last one known, with one warning; past that, the read fails as before."""
-    from templar.chain.client import HEAD_EXTRAPOLATION_SECONDS, Chain
+    from templar.chain.head import HEAD_EXTRAPOLATION_SECONDS, ChainHead
     from templar.core.config import load_hparams
     from templar.runtime.consensus.windows import Clock
 
@@ -89,23 +89,23 @@ def test_an_endpoint_that_stops_answering_is_bridged_by_counting_blocks_for_a_wh
 
     now = [1000.0]
     monkeypatch.setattr(time, "monotonic", lambda: now[0])
-    chain = Chain(Silent(), None, 3, network="finney")  # type: ignore[arg-type]  # a node's adapter, no endpoint
-    chain._block_time, chain._follower = 12.0, threading.current_thread()  # the follower's reads are made below
-    chain._head, chain._timestamps = (7000, now[0] - 30.0), {7000: 1_700_000_000.0}
-    assert chain.block() == 7002 and asked == [], "the caller counts, it never asks"
-    chain._refresh_head(chain._session)
-    assert chain.block() == 7002 and asked == ["read the chain head"] and chain._outage is not None
-    clock = Clock(load_hparams("tiny").windows, chain.block, chain.block_timestamp)
+    head = ChainHead(Silent(), lambda: 12.0)  # type: ignore[arg-type]  # a node's, on a session with no endpoint
+    head._follower = threading.current_thread()  # a follower running: its reads are made below
+    head._last, head._timestamps = (7000, now[0] - 30.0), {7000: 1_700_000_000.0}
+    assert head.block() == 7002 and asked == [], "the caller counts, it never asks"
+    head.refresh(head._session)
+    assert head.block() == 7002 and asked == ["read the chain head"] and head._outage is not None
+    clock = Clock(load_hparams("tiny").windows, head.block, head.timestamp)
     window = clock.current_window()
     assert clock.times(window).start == 1_700_000_000.0 + (window * 20 - 7000) * 12.0  # counted from the last known
-    assert chain.block_timestamp(7001) == 1_700_000_000.0 + 12.0  # made while the endpoint does not answer
+    assert head.timestamp(7001) == 1_700_000_000.0 + 12.0  # made while the endpoint does not answer
     with pytest.raises(ChainUnavailable, match="none known before it"):
-        chain.block_timestamp(6990)
+        head.timestamp(6990)
     now[0] += 13.0
-    assert chain.block() == 7003
+    assert head.block() == 7003
     now[0] += HEAD_EXTRAPOLATION_SECONDS
     with pytest.raises(ChainUnavailable):
-        chain.block()
+        head.block()
 
 
 def test_the_head_is_read_by_a_follower_on_its_own_connection_never_behind_the_nodes_calls() -> None:
@@ -120,6 +120,7 @@ def test_the_head_is_read_by_a_follower_on_its_own_connection_never_behind_the_n
     import datetime
 
     from templar.chain.client import Chain
+    from templar.chain.head import ChainHead
 
     def stamp(block: int) -> float:
         return 1_700_000_000.0 + 12.0 * block
@@ -159,31 +160,34 @@ def test_the_head_is_read_by_a_follower_on_its_own_connection_never_behind_the_n
 
     head, twin_head = [100], [100]
     session = Session(head, own=True)
-    chain = Chain(session, None, 3, network="finney")  # type: ignore[arg-type]
-    chain._block_time = 0.4  # the follower's period is a quarter block: 0.1 s
-    chain.follow_head()  # as a node does at start: the first read, here
-    assert chain.block() == 100 and chain._follower is not None
+    chain = Chain(Session(head, own=True), None, 3, network="finney")  # type: ignore[arg-type]
+    chain._block_time = 0.4
+    assert chain.block() == 100 and chain.block_timestamp(100) == stamp(100)  # the adapter's clock is its head's
+    chain.close()
+    reader = ChainHead(session, lambda: 0.4)  # type: ignore[arg-type]  # the follower's period: a quarter block
+    reader.follow()  # as a node does at start: the first read, here
+    assert reader.block() == 100 and reader._follower is not None
     held.set()
     twin_head[0] = 103
     started = time.monotonic()
-    while chain._head[0] != 103 and time.monotonic() < started + 4.0:
+    while reader._last[0] != 103 and time.monotonic() < started + 4.0:
         time.sleep(0.05)
-    assert chain._head[0] == 103 and chain.block() >= 103 and chain.block_timestamp(103) == stamp(103)
-    assert [chain._timestamps.get(b) for b in (101, 102)] == [stamp(101), stamp(102)]  # made between two reads
+    assert reader._last[0] == 103 and reader.block() >= 103 and reader.timestamp(103) == stamp(103)
+    assert [reader._timestamps.get(b) for b in (101, 102)] == [stamp(101), stamp(102)]  # made between two reads
     twin_head[0] = 102  # the follower's backend, a block behind
     time.sleep(0.3)
-    assert chain.block() >= 103
+    assert reader.block() >= 103
     held.clear()
     head[0], twin_head[0] = 110, 110
     twin_fails.set()
     reads = session.reads
     deadline = time.monotonic() + 8.0
     while session.reads == reads and time.monotonic() < deadline:  # silent for 3 blocks: the follower reads on
-        chain.block()                                                # the node's connection, in its own thread
+        reader.block()                                                # the node's connection, in its own thread
         time.sleep(0.1)
-    assert session.reads > reads and chain._head[0] == 110 and chain.block() >= 110
-    chain.close()
-    chain._follower.join(2.0)
-    assert not chain._follower.is_alive()
+    assert session.reads > reads and reader._last[0] == 110 and reader.block() >= 110
+    reader.close()
+    reader._follower.join(2.0)
+    assert not reader._follower.is_alive()
     with pytest.raises(ChainUnavailable, match="closed"):
-        chain.block()
+        reader.block()

@@ -32,6 +32,7 @@ from loguru import logger
 
 from templar.chain.embedded.store import BlockClock, Now
 from templar.chain.embedded.substrate import EmbeddedSubstrate
+from templar.chain.head import ChainHead, read_head
 from templar.chain.sdk_errors import check_result, translate
 from templar.chain.types import (
     ChainError,
@@ -53,13 +54,6 @@ EMBEDDED = "embedded"
 EMBEDDED_LABEL = "ws://embedded.invalid"  # SDK label: keeps embedded caches apart from a real localnet
 DEFAULT_WALLET_PATH = "~/.bittensor/wallets"
 
-BACKFILL_BLOCKS = 32
-"""The most blocks made since the last head read whose timestamps a head read also fetches."""
-TIMESTAMPS_KEPT = 4096
-"""Block timestamps kept behind the head (about 14 h on finney)."""
-HEAD_EXTRAPOLATION_SECONDS = 120.0
-"""How long an endpoint that does not answer is bridged by counting blocks from the last head read
-(about 10 blocks on finney); past it, a read of the head raises `ChainUnavailable`."""
 _READ_ONLY = "this Chain was opened read-only (no wallet); pass --wallet.name to act as a hotkey"
 
 
@@ -191,12 +185,6 @@ class _Session:
             self._loop.close()
 
 
-async def _read_head(client: bt.Client) -> tuple[int, float]:
-    """(the head block, its unix timestamp), read in one call."""
-    block = int(await client.block())
-    return block, (await client.timestamp(block)).timestamp()
-
-
 def _u16_fractions(values: object, n: int) -> list[float]:
     """`n` fractions from a chain vector of u16 values; anything malformed reads as zeros."""
     items = list(values) if isinstance(values, list | tuple) else []
@@ -223,13 +211,7 @@ class Chain:
         self.network = network
         self._clock = clock  # embedded chains: block number/time without a round trip
         self._block_time: float | None = clock.block_time if clock else None
-        self._head: tuple[int, float] | None = None  # (block, monotonic time read) for real nodes
-        self._timestamps: dict[int, float] = {}
-        self._outage: ChainUnavailable | None = None  # why the last head read failed; None once one succeeds
-        self._follower: threading.Thread | None = None  # reads the head once a period (`follow_head`)
-        self._closing = threading.Event()
-        self._read_here_after = 0.0  # (monotonic) a head read on the caller waits for this during an outage
-        self._counted = 0  # the highest block `block` returned
+        self._head = ChainHead(session, lambda: self.block_time)  # a real node's (`block`)
         # Public views only: reading addresses never unlocks (or prompts for) a key.
         self._hotkey: str | None = bt.public_view(wallet, "hotkey").ss58_address if wallet else None
         self._coldkey: str | None = bt.public_view(wallet, "coldkey").ss58_address if wallet else None
@@ -272,7 +254,7 @@ class Chain:
 
     def close(self) -> None:
         """Close the connection (shared with every `for_wallet` sibling of this chain) and its head follower's."""
-        self._closing.set()
+        self._head.close()
         self._session.close()
 
     def __enter__(self) -> Chain:
@@ -294,125 +276,28 @@ class Chain:
         return self._block_time
 
     def block(self) -> int:
-        """The current block, never less than one returned before. Free on the embedded chain. On a node,
-        counted on from the last head read: a follower thread's (`follow_head`, which a node starts,
-        and then never a read here), or else one made here at most every quarter block (a block after
-        a read that got no answer). Past `HEAD_EXTRAPOLATION_SECONDS` without an answer the count
-        stops (`ChainUnavailable`).
-
-        Why a follower: a node's clock asks the block many times a window, from its event loop. Read
-        there, every second's head read stopped the loop for a round trip, and for as long as another of
-        the session's calls held it (a metagraph read, seconds; a weights write until its inclusion):
-        the gather, the uploads and the lead's publications all waited."""
-        if self._clock is not None:
-            return self._clock.block()
-        if self._closing.is_set():
-            raise ChainUnavailable("read block: the chain connection is closed")
-        now = time.monotonic()
-        following = self._follower is not None and self._follower.is_alive()
-        stale = self._head is None or now - self._head[1] > min(1.0, self.block_time / 4)
-        if not following and stale and now >= self._read_here_after:
-            self._refresh_head(self._session)
-            self._read_here_after = time.monotonic() + (self.block_time if self._outage is not None else 0.0)
-        if self._head is None:
-            raise self._outage or ChainUnavailable("read block: no answer")
-        block, read_at = self._head
-        since = time.monotonic() - read_at
-        if since > HEAD_EXTRAPOLATION_SECONDS:
-            raise ChainUnavailable(f"read block: no answer for {since:.0f}s")
-        # never back: another backend a block behind, or a count run ahead of a stalled read
-        self._counted = max(self._counted, block + int(since // self.block_time))
-        return self._counted
+        """The current block. Free on the embedded chain; on a node, counted on from the last head read
+        (`templar.chain.head.ChainHead`: a follower thread's once a node starts it, `follow_head`)."""
+        return self._clock.block() if self._clock is not None else self._head.block()
 
     def follow_head(self) -> None:
-        """Start the follower thread that reads the head every quarter block (at most every second) on a
-        connection of its own (`_Session.twin`), until the chain is closed: for a long-running node,
-        whose clock asks the block from its event loop. Nothing on the embedded chain (no round trip)."""
-        if self._clock is not None or self._follower is not None or self._closing.is_set():
-            return
-        self.block()  # the first read, here: a node's start
-        self._follower = threading.Thread(target=self._follow_head, name="templar-chain-head", daemon=True)
-        self._follower.start()
-
-    def _follow_head(self) -> None:
-        """The follower's loop. When its own connection has not answered for 3 blocks (a provider that
-        refuses a second connection), it reads on the node's connection instead, from this thread:
-        the node never depends on the second connection alone, and its event loop never waits."""
-        session = self._session.twin()
-        try:
-            while not self._closing.wait(min(1.0, self.block_time / 4)) and not self._session.closed:
-                self._refresh_head(session)
-                if self._outage is not None and self._head is not None \
-                        and time.monotonic() - self._head[1] > 3 * self.block_time:
-                    self._refresh_head(self._session)
-        finally:
-            session.close()
-
-    def _refresh_head(self, session: _Session) -> None:
-        """One read of the head and its timestamp into the caches, with the timestamps of the blocks made
-        since the read before (up to `BACKFILL_BLOCKS` of them), so that a window's first block is known
-        whenever its landmarks are asked. An endpoint that does not answer leaves the last read standing
-        (the blocks are counted on from it), with one warning an outage."""
-        last = self._head[0] if self._head is not None else None
-        known = self._timestamps
-
-        async def read(client: bt.Client) -> tuple[int, dict[int, float]]:
-            block, stamp = await _read_head(client)
-            missed = [b for b in range(max(block - BACKFILL_BLOCKS, (last or block) + 1), block) if b not in known]
-            stamps = await asyncio.gather(*(client.timestamp(b) for b in missed))
-            return block, {b: t.timestamp() for b, t in zip(missed, stamps, strict=True)} | {block: stamp}
-
-        try:
-            block, stamps = session.call("read the chain head", read)
-        except ChainUnavailable as exc:
-            if self._outage is None and self._head is not None:
-                logger.warning(f"{exc}; counting blocks from the head read {time.monotonic() - self._head[1]:.0f}s ago")
-            self._outage = exc
-            return
-        self._timestamps.update(stamps)
-        if len(self._timestamps) > 2 * TIMESTAMPS_KEPT:  # the oldest go; the recent ones are what is asked
-            for old in [b for b in list(self._timestamps) if b < block - TIMESTAMPS_KEPT]:
-                self._timestamps.pop(old, None)
-        self._head, self._outage = (block, time.monotonic()), None
+        """Start reading the head on a follower thread and a connection of its own, until `close`: for a
+        long-running node, whose clock asks the block from its event loop. Nothing on the embedded chain
+        (no round trip)."""
+        if self._clock is None:
+            self._head.follow()
 
     def block_timestamp(self, block: int) -> float:
-        """Unix time of `block`: the chain's timestamp for past blocks (read here only for one not seen
-        by the head reads: a window begun before the node started), counted on from the last head read
-        for later ones (future blocks, and those made while the endpoint does not answer)."""
-        if self._clock is not None:
-            return self._clock.timestamp(block)
-        if (stamp := self._timestamps.get(block)) is not None:
-            return stamp
-        self.block()  # the head's first read, and the deadline of counting on without an answer
-        assert self._head is not None
-        head = self._head[0]
-        if block >= head:
-            stamp = self._timestamps.get(head)
-            return self._known_before(block) if stamp is None else stamp + (block - head) * self.block_time
-        try:
-            stamp = self._call(f"read timestamp of block {block}", lambda c: c.timestamp(block)).timestamp()
-        except ChainUnavailable:
-            if self._outage is None:
-                raise
-            return self._known_before(block)
-        self._timestamps[block] = stamp
-        return stamp
-
-    def _known_before(self, block: int) -> float:
-        """`block`'s timestamp counted from the latest one known at or before it (`ChainUnavailable`
-        when none is)."""
-        known = [(b, t) for b, t in list(self._timestamps.items()) if b <= block]
-        if not known:
-            raise ChainUnavailable(f"read timestamp of block {block}: no answer, and none known before it")
-        b, t = max(known)
-        return t + (block - b) * self.block_time
+        """Unix time of `block`: the chain's timestamp for past blocks, counted on from the last head read
+        for later ones (`ChainHead.timestamp`)."""
+        return self._clock.timestamp(block) if self._clock is not None else self._head.timestamp(block)
 
     def head(self) -> tuple[int, float]:
         """(the current block, its timestamp), read now (never cached): what a clock check needs."""
         if self._clock is not None:
             block = self._clock.block()
             return block, self._clock.timestamp(block)
-        return self._call("read the chain head", _read_head)
+        return self._call("read the chain head", read_head)
 
     # -- reads -------------------------------------------------------------------------------
 
