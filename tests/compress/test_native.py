@@ -26,6 +26,30 @@ needs_kernels = pytest.mark.skipif(
 SHAPES = [(256, 256), (128, 48), (130, 200), (8191, 128), (96, 4096), (100,), (64,), (2048,), (5, 7), (3, 64)]
 
 
+def test_a_library_built_before_its_sources_changed_is_not_used(tmp_path) -> None:
+    """The ABI number follows the kernels' interface, not their arithmetic: a checkout updated without the
+    bootstrap kept the library of the old sources. A source newer than the library turns the kernels off
+    (the torch paths give the same results); the sources checked are every source and header the build
+    compiles (pyproject.toml's ext-module)."""
+    import os
+    import tomllib
+
+    from templar.core.config import REPO_ROOT
+
+    library, source = tmp_path / "_native.so", tmp_path / "accumulate.c"
+    library.write_bytes(b"")
+    source.write_text("")
+    os.utime(library, (1000, 1000))
+    os.utime(source, (900, 900))
+    assert native.newer_sources(library, [source, tmp_path / "absent.c"]) == []
+    os.utime(source, (1100, 1100))
+    assert native.newer_sources(library, [source]) == [source]
+    assert native.newer_sources(tmp_path / "none.so", [source]) == []  # no library: nothing to compare
+    ext = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["ext-modules"][0]
+    built_from = {(REPO_ROOT / p).resolve() for p in ext["sources"] + ext.get("depends", [])}
+    assert built_from <= {p.resolve() for p in native._SOURCES}
+
+
 def test_kernels_are_built_where_a_compiler_exists() -> None:
     """A silently failed optional build would leave only the torch paths tested and slow."""
     if (

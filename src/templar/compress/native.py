@@ -19,8 +19,9 @@ import contextlib
 import math
 import os
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from functools import lru_cache
+from pathlib import Path
 
 import torch
 from loguru import logger
@@ -39,6 +40,30 @@ if _native is not None and getattr(_native, "ABI", None) != _ABI:  # pragma: no 
         "Rebuild with `pip install -e .`",
         getattr(_native, "ABI", None),
         _ABI,
+    )
+    _native = None
+
+
+def newer_sources(library: Path, sources: Iterable[Path]) -> list[Path]:
+    """The kernel sources changed after `library` was built (by modification time; sources that are not
+    there, as in an installed wheel, are none).
+
+    Why: the ABI number changes with the kernels' interface, not with their arithmetic. A checkout
+    updated without the bootstrap (a `git pull`, then the neuron) kept the library built from the old
+    sources, and a node whose aggregation differs from the others' diverges from the run."""
+    try:
+        built = library.stat().st_mtime
+    except OSError:
+        return []
+    return [s for s in sources if s.exists() and s.stat().st_mtime > built]
+
+
+_SOURCES = [Path(__file__).with_name("_native.c"), *sorted(Path(__file__).with_name("kernels").glob("*.[ch]"))]
+if _native is not None and (_stale := newer_sources(Path(_native.__file__), _SOURCES)):
+    logger.warning(
+        "templar.compress._native was built before {} changed; using the torch paths (the same results, "
+        "slower on CPU). Rebuild with ./scripts/bootstrap.sh (or `pip install -e .`)",
+        ", ".join(s.name for s in _stale),
     )
     _native = None
 
