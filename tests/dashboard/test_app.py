@@ -182,9 +182,9 @@ def test_with_the_chain_alone_the_peers_page_is_the_metagraph(run: Run):
             assert f'data-hotkey="{node.hotkey}"' in html
         status, _, page = get(dash.url + f"peers/{run.node('miner2').hotkey}")
         assert status == 200 and "local:" in page and "weight on chain by validator" in page
-        assert "<dt>role</dt><dd>miner</dd>" in page  # what its commitment declares, not its permit
+        assert "<dt>role on chain</dt><dd>miner</dd>" in page  # what its commitment declares, not its permit
         page = get(dash.url + f"peers/{run.node('validator0').hotkey}")[2]
-        assert "<dt>role</dt><dd>validator (its commitment declares it)</dd>" in page
+        assert "<dt>role on chain</dt><dd>validator (its commitment declares it)</dd>" in page
     finally:
         dash.stop()
 

@@ -465,7 +465,7 @@ def peer(board: Board, hotkey: str, vname: str | None) -> str | None:
                   ("rating (μ, σ)", f"{book.rating_mu:.2f}, {book.rating_sigma:.2f}"),
                   ("seen", f"windows {book.first_seen_window}–{book.last_seen_window}")]
     if neuron:
-        facts += [("role", "validator (its commitment declares it)" if neuron.validates else "miner"),
+        facts += [("role on chain", "validator (its commitment declares it)" if neuron.validates else "miner"),
                   ("stake", f"{neuron.stake:,.3f} τ"), ("validator permit", "yes" if neuron.validator_permit else "no"),
                   ("last update (block)", str(neuron.last_update)), ("bucket", escape(bucket_label(neuron)))]
         if snap and neuron.uid is not None:
