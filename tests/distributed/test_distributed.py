@@ -85,7 +85,7 @@ def _equals_one_process(out: Path, ranks: int) -> None:
 
 
 def _sparse_equals(report: dict) -> None:
-    """Production's outer rule, SparseLoCo (`tiny-sparseloco`), over 2 ranks: the sharded compressor's
+    """Production's outer rule, SparseLoCo (`tiny-sparseloco`'s rules on the micro model), over 2 ranks: the sharded compressor's
     update and wire payload are the 1-process one's for the same gradient, and the outer step, whose
     clip uses each peer's whole-payload norm, is bit-identical (the signed rule's case is above); and
     a sharded validator's LossScores of SparseLoCo's trial steps are the 1-process ones, also with each

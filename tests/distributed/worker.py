@@ -1,6 +1,6 @@
 """What each rank runs in tests/distributed (under torchrun, 1 or 2 ranks, gloo on CPU).
 
-`equality OUT` (`tiny-signed`: DeMo's DCT and the signed step): rank 0 also builds the 1-process
+`equality OUT` (`tiny-signed`'s rules: DeMo's DCT and the signed step): rank 0 also builds the 1-process
 reference (plain model, `accumulate_gradients`, `DeMo`, `outer_step`, `save_node_state`) and checks
 the sharded node against it: gradients within float tolerance, the compressed update and the wire
 payload identical for the same gradient, the outer step and probes bit-identical, and the state file
@@ -12,7 +12,7 @@ It also runs a miner node with each memory setting (`memory`): the default's pay
 file, bit for bit, with the followers taking rank 0's settings.
 
 `sparse OUT` (OUT/sparse/result.json): the same checks for production's outer rule, SparseLoCo
-(`tiny-sparseloco`): the sharded SparseLoCo compressor's update and payload equal the 1-process one's
+(`tiny-sparseloco`'s rules): the sharded SparseLoCo compressor's update and payload equal the 1-process one's
 for the same gradient, and the outer step (each peer clipped by its whole payload's norm) is
 bit-identical. `sparse,equality OUT` runs both in one launch (`checks`).
 """
@@ -66,9 +66,10 @@ with libraries_loading():  # as the neurons load theirs (src/templar/core/startu
 
 RUN = Run(netuid=0, digest="0" * 64)  # the run these payloads are signed for
 PRESETS = Path(__file__).resolve().parents[1] / "presets"
-SIGNED, SPARSELOCO = PRESETS / "tiny-signed-1k.json", PRESETS / "tiny-sparseloco-1k.json"
-"""`tiny-signed` and `tiny-sparseloco` on the 1024-token corpus: the rules and the model's layers are theirs,
-the embedding and the output layer 8x smaller (what the ranks compute is shared out the same way)."""
+SIGNED, SPARSELOCO = PRESETS / "micro-signed-1k.json", PRESETS / "micro-sparseloco-1k.json"
+"""`tiny-signed`'s and `tiny-sparseloco`'s rules on the micro model (tests/presets/micro.json's layers) and the
+1024-token corpus: what the ranks compute is shared out the same way (every parameter sharded, every
+collective run) as on tiny's 4 wider layers: the two tests took 19 CPU-s, 32 on those (2026-12-02)."""
 
 
 def pages(hp, window: int, n: int | None = None) -> torch.Tensor:

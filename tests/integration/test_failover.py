@@ -1,5 +1,5 @@
-"""The lead's process killed -9 on a real localnet (one OS process per neuron, real time, `tiny` on the
-1024-token corpus): the next validator of the succession leads within the window, every node says so,
+"""The lead's process killed -9 on a real localnet (one OS process per neuron, real time, `tiny`'s rules
+on the micro model and the 1024-token corpus, tests/presets/micro-gauntlet-1k.json): the next validator of the succession leads within the window, every node says so,
 the run loses no window's outer step and forks no one, and the lead, started again, follows what was
 published without it and leads again."""
 
@@ -16,7 +16,7 @@ from templar.localnet.forkserver import ForkedProcess
 from templar.localnet.runner import Localnet, LocalnetConfig
 from templar.runtime.records import MINER_WINDOWS_FILE, VALIDATOR_WINDOWS_FILE, read_records
 
-from .harness import TINY_1K_PRESET
+from .harness import MICRO_GAUNTLET_1K_PRESET
 
 pytestmark = [pytest.mark.slow(seconds=95, waits=True), pytest.mark.timeout(600)]
 
@@ -44,7 +44,7 @@ def test_the_lead_process_killed_9_hands_over_to_the_next_validator(tmp_path):
     # closes 1 s later and settles 1.25 s after that, so with the lead dead slot 1's inputs are out 7.5 s
     # after the window: a miner still trains and commits the next one by its deadline (12 s). The
     # succession's order resumes every 2 windows, so the lead, back, takes its slot within two.
-    preset.write_text(json.dumps({"base": str(TINY_1K_PRESET), "name": "tiny-failover",
+    preset.write_text(json.dumps({"base": str(MICRO_GAUNTLET_1K_PRESET), "name": "micro-failover",
                                   "windows": {"blocks_per_window": 14, "put_window_seconds": 2.0, "gather_seconds": 2.0,
                                               "handover_seconds": 1.0, "handover_settle_seconds": 0.25,
                                               "lead_cadence": 2}}))

@@ -24,7 +24,7 @@ import pytest
 
 from templar.core.config import load_hparams
 
-from .harness import MICRO_GAUNTLET_1K_PRESET, MICRO_GAUNTLET_PRESET, TINY_1K_PRESET, untrained_windows
+from .harness import MICRO_GAUNTLET_1K_PRESET, MICRO_GAUNTLET_PRESET, untrained_windows
 
 ADVERSARIES = ["copycat", "scaled", "signflip", "noise", "freerider", "lazy", "late", "desync", "duplicate",
                "replay", "moredata", "overfit", "overclaim"]
@@ -231,12 +231,12 @@ def test_localnet_runs_every_neuron_as_its_own_process(tmp_path):
     warm-up, and on a loaded machine torchrun's ranks can start a window after the others (then a
     3-window run never scores miner0: seen in CI)."""
     preset = tmp_path / "fast.json"
-    # 14-second windows, overlapped (tiny's eager mode, production's): a miner's inner steps of the next window begin
+    # 14-second windows, overlapped (the eager mode of tiny's rules, production's): a miner's inner steps of the next window begin
     # as this window's update is compressed, and it encodes that next payload once this window's step
     # has landed: the gather ends 6.25 s after the window (put 3 s, skew 1 s, settle 0.25 s, gather 2 s),
     # the lead's first slot 1 s later, and the next commitment is due 11.5 s after it (HParams refuses an
     # overlapped run whose first slot closes after it). tiny's 20-second windows would cost a minute more.
-    preset.write_text(json.dumps({"base": str(TINY_1K_PRESET), "name": "tiny-e2e",
+    preset.write_text(json.dumps({"base": str(MICRO_GAUNTLET_1K_PRESET), "name": "micro-e2e",
                                   "windows": {"blocks_per_window": 14, "put_window_seconds": 3.0,
                                               "gather_seconds": 2.0, "handover_seconds": 1.0}}))
     out = tmp_path / "e2e"
