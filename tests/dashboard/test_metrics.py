@@ -83,6 +83,21 @@ def test_validator_metrics_follow_the_records_and_forget_departed_peers(tmp_path
     assert len(list(read_records(scores))) == 5
 
 
+def test_the_info_series_follows_the_uid_the_hotkey_holds_now():
+    """A hotkey registered again holds another uid (`Node.check_registered` tells its `uid_followers`):
+    `templar_info` then names that uid alone, not the start's beside it."""
+    metrics = NeuronMetrics("miner", "5Min", 3)
+    port = metrics.serve("127.0.0.1", 0)
+    try:
+        assert [k for k in scrape(port) if k.startswith("templar_info")] == [
+            'templar_info{hotkey="5Min",role="miner",uid="3",version="0.1.0"}']
+        metrics.follow_uid(7)
+        assert [k for k in scrape(port) if k.startswith("templar_info")] == [
+            'templar_info{hotkey="5Min",role="miner",uid="7",version="0.1.0"}']
+    finally:
+        metrics.close()
+
+
 def test_miner_metrics_and_a_broken_listener_never_stop_a_record(tmp_path):
     metrics = NeuronMetrics("miner", "5Min", 4)
     port = metrics.serve("127.0.0.1", 0)

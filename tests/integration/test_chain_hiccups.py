@@ -91,6 +91,7 @@ def test_a_node_follows_its_uid_and_stops_when_its_hotkey_has_none(tmp_path):
     subnet = Subnet.create(tmp_path, {"lead": 100.0, "m1": 0.0, "m2": 0.0})
     wallets = subnet.wallets
     lines: list[str] = []
+    followed: list[int] = []
 
     def swap(conn, a: str, b: str) -> None:  # the two hotkeys exchange their uids
         ua, ub = wallets[a].uid, wallets[b].uid
@@ -100,6 +101,7 @@ def test_a_node_follows_its_uid_and_stops_when_its_hotkey_has_none(tmp_path):
 
     async def scenario():
         v, m = Validator(await subnet.node("lead")), Miner(await subnet.node("m1"))
+        m.node.uid_followers.append(followed.append)  # what the exporter's `templar_info` follows (run_node)
         sink = logger.add(lambda message: lines.append(message.record["message"]), level="INFO")
         await v.start()
         await m.start()
@@ -133,8 +135,8 @@ def test_a_node_follows_its_uid_and_stops_when_its_hotkey_has_none(tmp_path):
 
     before, after, gone = run_virtual(scenario())
     assert before[0] == subnet.wallets["m1"].uid and after[0] == subnet.wallets["m2"].uid
+    assert followed == [subnet.wallets["m2"].uid]  # told once, of the new uid
     assert after[1] == after[2] != before[1]  # uid m2's pages, not m1's
-    print("BEFORE2", before[2])
     if before[2]:  # an overlapped miner had begun window w+1 on m1's pages: dropped
         assert any("uid changed" in line and line.startswith("dropping window") for line in lines), lines
     assert any("now holds uid" in line for line in lines) and any("checked again next window" in line for line in lines)

@@ -62,8 +62,9 @@ class NeuronMetrics:
         self.registry = registry or CollectorRegistry(auto_describe=True)
         r = self.registry
         ProcessCollector(registry=r)
+        self.role, self.hotkey = role, hotkey
         self.info = Gauge("templar_info", "This neuron (value 1)", ["role", "hotkey", "uid", "version"], registry=r)
-        self.info.labels(role, hotkey, "" if uid is None else str(uid), __version__).set(1)
+        self.follow_uid(uid)
         self.window_length = Gauge("templar_window_length_seconds", "A window of this run: blocks × block time",
                                    registry=r)
         if windows is not None:
@@ -140,6 +141,12 @@ class NeuronMetrics:
         self._server = None
 
     # ---- updates ------------------------------------------------------------------------------
+
+    def follow_uid(self, uid: int | None) -> None:
+        """`templar_info` names the uid our hotkey holds now: one series, never the uid of the start beside
+        it (a hotkey registered again holds another uid, and dashboards join on this label)."""
+        self.info.clear()
+        self.info.labels(self.role, self.hotkey, "" if uid is None else str(uid), __version__).set(1)
 
     def on_record(self, path: Path, record: object) -> None:
         if isinstance(record, PeerScoreRecord):

@@ -158,6 +158,9 @@ class Node:
     """Who led the windows this node applied (`templar.runtime.consensus.succession`)."""
     _last_reads: dict[str, tuple[float, object]] = field(default_factory=dict, repr=False)
     """Each chain read's last answer and when (the node's clock): `_chain_read`'s fallback."""
+    uid_followers: list[Callable[[int], None]] = field(default_factory=list, repr=False)
+    """Called with the new uid when our hotkey is found on another (`check_registered`): what names this
+    node by its uid outside the roles (the Prometheus exporter's `templar_info`)."""
 
     async def _chain_read(self, what: str, read: Callable[[], T]) -> T:
         """`read()` of the chain, off the event loop. When the endpoint does not answer
@@ -208,6 +211,8 @@ class Node:
             log.warning(f"hotkey {self.hotkey} now holds uid {uid}, not {self.uid} (registered again): its pages and "
                         f"weights follow uid {uid} from this window")
             self.uid = uid
+            for follow in self.uid_followers:
+                follow(uid)
             return True
         return False
 
@@ -492,6 +497,8 @@ def run_node(args: argparse.Namespace, role: str, run: Callable[[Node], Awaitabl
         node.install_signal_handlers()
         metrics = start_metrics(args, role=role, hotkey=node.hotkey, uid=node.uid, windows=node.hp.windows,
                                 state_file=node.state_dir / STATE_FILE, shadow=node.shadow)
+        if metrics is not None:
+            node.uid_followers.append(metrics.follow_uid)
         try:
             async with attach(node) if attach is not None else nullcontext():
                 await run(node)
