@@ -1,7 +1,7 @@
 """The production window, memory settings, the validator, evaluation noise and cross-device consensus, on one GPU.
 
     python -m benchmarks.performance.gpu                   # 1.2B in bf16 on the GPU: writes results/gpu_<device>.json
-    python -m benchmarks.performance.gpu --smoke           # the same code on the tiny preset and the CPU (~15 s; tests)
+    python -m benchmarks.performance.gpu --smoke           # the same code on tiny's rules, a micro model and the CPU (~8 s; tests)
     python -m benchmarks.performance.gpu --phases corpus,window --budget 200
 
 Every GPU figure of the project was an estimate (the sizing table of docs/mining.md assumes 40 %
@@ -467,7 +467,7 @@ def write(b: Bench) -> None:
 # -- entry point ----------------------------------------------------------------------------------
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--smoke", action="store_true", help="tiny preset on the CPU (the test suite's run)")
+    parser.add_argument("--smoke", action="store_true", help="tiny's rules on a micro model and the CPU (the test suite's run)")
     parser.add_argument("--phases", default=",".join(PHASES), help=f"comma-separated, of {','.join(PHASES)}")
     parser.add_argument("--device", default=None, help="torch device (default: cuda if present; cpu with --smoke)")
     parser.add_argument("--budget", type=float, default=None, help="seconds for the whole run")

@@ -50,7 +50,7 @@ this close, relative to the chunk's largest (float32 rounding of a 64-term sum: 
 
 @dataclass(frozen=True)
 class Scale:
-    """How much of each phase one run does: production (1.2B, the GPU) or smoke (tiny, the CPU)."""
+    """How much of each phase one run does: production (1.2B, the GPU) or smoke (tiny's rules on a micro model, the CPU)."""
 
     name: str
     hparams: str | None             # preset (None: hparams.json, the production run)
@@ -71,6 +71,8 @@ class Scale:
     kept_sets_layers: int | None    # consensus compares kept sets on the first N decoder layers and every
                                     # tensor outside them (None: all tensors; the CPU side is torch's path)
     budget: float                   # seconds for the whole run
+    layers: dict[str, int] = field(default_factory=dict)  # the model's layer sizes (smoke: the test suite's micro
+                                    # model; production measures hparams.json's model as it is)
     caps: dict[str, float] = field(default_factory=dict)    # seconds per phase at most
     minimum: dict[str, float] = field(default_factory=dict)  # skip a phase with less than this left
 
@@ -86,6 +88,8 @@ SMOKE = Scale(
     name="smoke", hparams="tiny", vocab=1024, model_on_vocab=True, max_documents=120, workers=0, timed_micro_batches=1,
     validator_peers=2, noise_peers=4, noise_min_peers=4, noise_pages_per_peer=1 << 10, noise_random_pages=3, noise_pretrain_pages=2, noise_pretrain_steps=2,
     inner_steps_exercised=2, kept_sets_layers=None, budget=120.0,
+    layers={"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 2,
+            "intermediate_size": 256},
     caps={"corpus": 30, "window": 30, "memory": 30, "validator": 20, "consensus": 30, "noise": 30},
     minimum={},
 )
@@ -130,8 +134,9 @@ class Bench:
         self.out = out
         self.work = work
         hp = load_hparams(scale.hparams)
-        if scale.model_on_vocab:
-            hp = hp.model_copy(update={"model": hp.model.model_copy(update={"vocab_size": scale.vocab})})
+        model = {**scale.layers, **({"vocab_size": scale.vocab} if scale.model_on_vocab else {})}
+        if model:
+            hp = hp.model_copy(update={"model": hp.model.model_copy(update=model)})
         self.hp: HParams = hp
         self.started = time.monotonic()
         self.deadline = self.started + scale.budget

@@ -12,6 +12,10 @@ import torch
 from benchmarks.research import convergence, convergence_plan, convergence_runs
 from templar.runtime.train import inner_steps
 
+MICRO = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 2,
+         "intermediate_size": 256}
+"""The micro test model's layers (tests/presets/micro.json) on tiny's vocabulary and corpus."""
+
 
 @pytest.mark.slow(seconds=12)
 def test_every_method_and_mode_learns_and_the_summary_reports_them(tmp_path, assets_dir, monkeypatch) -> None:
@@ -23,6 +27,7 @@ def test_every_method_and_mode_learns_and_the_summary_reports_them(tmp_path, ass
     monkeypatch.setattr(convergence_runs, "HOLDOUT_PAGES", 2)  # 8 held-out sequences: enough to see a step
     monkeypatch.setattr(convergence_runs, "PEERS", 2)  # every rule over two peers: half the training, the same code
     monkeypatch.setattr(convergence, "RATIO_AT", (1, 2))
+    monkeypatch.setitem(convergence_runs.MODELS, "tiny", MICRO)
     monkeypatch.setattr(convergence_runs, "_data", convergence_runs._data.__wrapped__)
     argv = ["--quick", "--windows", "2", "--eval-every", "1", "--inner-steps", "2", "--pages", "1", "--threads", "1",
             "--out", str(tmp_path), "--point", "sparseloco_h:inner=3e-3,outer=1,aggregate=exact,topk=128",
@@ -35,6 +40,9 @@ def test_every_method_and_mode_learns_and_the_summary_reports_them(tmp_path, ass
     table = convergence_runs.methods(2)
     planned = {k for k, m in table.items() if m.in_plan}
     assert {r["method"] for r in body["equal_tokens"]} == planned
+    # On the micro layers (2026-12-02) the smallest fall is SparseLoCo's momentum variant at its constant
+    # rate, 9.023 -> 9.021 (0.008 on tiny's layers, which took 17 CPU-s for this test against 11), and DP's
+    # the largest, 9.023 -> 8.781; float rounding from one host to another moves these losses by about 1e-5.
     for run in body["runs"]:
         assert run["holdout_loss"][-1] < run["holdout_loss"][0], run["name"]
         assert run["eval_windows"] == [0, 1, 2]

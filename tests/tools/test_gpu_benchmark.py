@@ -1,5 +1,5 @@
 """`benchmarks/performance/gpu.py` cannot rot between the rare runs on a GPU: its `--smoke` mode runs every phase
-on the tiny preset and the CPU, the consensus check compares two real implementations (the C
+on tiny's rules (a micro model) and the CPU, the consensus check compares two real implementations (the C
 kernels and torch's paths), a failing phase costs only itself, and nothing it imports needs
 bittensor (the GPU machine has none)."""
 
