@@ -24,6 +24,7 @@ from loguru import logger
 from templar.comms import get_inputs
 from templar.comms.keys import checkpoint_file_key, checkpoint_prefix
 from templar.core.clock import loop_time, run_virtual
+from templar.core.config import load_hparams
 from templar.miner.loop import Miner
 from templar.runtime.consensus.windows import Clock
 from templar.runtime.flags import EXIT_HISTORY, EXIT_STATE_DISK, EXIT_STATE_LOCKED
@@ -406,3 +407,62 @@ def test_a_miner_still_behind_after_its_join_says_so_and_is_active_only_once_cau
     assert not [line for line in stuck if "Active" in line or "Warm-up:" in line], stuck
     assert any(line.startswith("[SYNC] Warm-up: training") for line in after), after
     assert late.state.window >= last and late.state.global_step == lead.global_step  # the lead's model
+
+
+def _checkpoints(bucket_dir: Path) -> list[int]:
+    """The windows of the checkpoints in a validator's bucket."""
+    return sorted(int(p.parent.name) for p in (bucket_dir / checkpoint_prefix()).glob("*/manifest.json"))
+
+
+@pytest.mark.slow(seconds=8)
+def test_a_validator_that_comes_to_head_the_succession_checkpoints_at_once_and_a_joiner_syncs(tmp_path):
+    """Stake moves and another validator heads the succession: from the next boundary of its cadence it
+    leads, and it publishes a checkpoint there, not `checkpoint_frequency` windows later. A miner that joins
+    then replays by the order of now, under which the former lead's windows read as led by nobody: it loads
+    the new lead's checkpoint and holds the run's θ (it found no step to take before, and could not sync).
+    A lead that keeps the first slot publishes no checkpoint at the boundaries it leads again."""
+    subnet = Subnet.create(tmp_path, {"lead": 100.0, "v1": 50.0, "m0": 0.0, "m1": 0.0}, checkpoint_frequency=1000)
+    cadence = load_hparams(subnet.hparams).windows.lead_cadence
+
+    async def scenario():
+        validators = [Validator(await subnet.node(name)) for name in ("lead", "v1")]
+        m0 = Miner(await subnet.node("m0"))
+        for role in (*validators, m0):
+            await role.start()
+
+        async def windows_to(last: int) -> None:
+            while m0.state.window < last:
+                w = m0.state.window + 1
+                await asyncio.gather(*(role.run_window(w) for role in (*validators, m0)))
+
+        first = m0.state.window + 1
+        boundary = -(-first // cadence) * cadence  # the first boundary of the cadence the run reaches
+        await windows_to(boundary + 2 * cadence)  # the lead leads three boundaries
+        lead_before = _checkpoints(tmp_path / "buckets" / "lead")
+        subnet.dev.fund("v1", 200.0)
+        with subnet.dev.connect("v1") as chain:
+            chain.add_stake(150.0)  # v1 now heads the order
+        takeover = boundary + 3 * cadence
+        await windows_to(takeover + 1)
+        for v in validators:
+            await v.checkpoints.wait()
+        led = {w: d.lead.hotkey for w, d in m0.node.leads.decisions.items() if d.lead is not None}
+        m1 = Miner(await subnet.node("m1"))
+        async with asyncio.timeout(3 * m0.hp.windows.window_seconds):
+            await m1.start()
+        joined = m1.state.window
+        thetas = {name: theta(role.node) for name, role in (("lead", validators[0]), ("v1", validators[1]),
+                                                              ("m0", m0), ("m1", m1))}
+        for role in (*validators, m0, m1):
+            await role.node.aclose()
+        return boundary, takeover, lead_before, led, (joined, m0.state.window), thetas
+
+    boundary, takeover, lead_before, led, (joined, last), thetas = run_virtual(scenario())
+    hotkey = {name: subnet.wallets[name].hotkey for name in ("lead", "v1")}
+    assert [led[w] for w in (boundary, boundary + cadence, takeover)] == [hotkey["lead"], hotkey["lead"], hotkey["v1"]]
+    # the lead: window 0's regular checkpoint (a multiple of checkpoint_frequency), none at the boundaries it
+    # led again (without the new lead's, the joiner said 'checkpoint 0 of uid 1 is not the run's: uid 1 did not
+    # lead window 0' and 'Cannot restore the run's state yet' every window)
+    assert lead_before == [boundary] == [0], lead_before
+    assert _checkpoints(tmp_path / "buckets" / "v1") == [takeover]
+    assert joined == last and len(set(thetas.values())) == 1, (joined, last, thetas)

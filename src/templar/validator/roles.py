@@ -76,9 +76,30 @@ class LeadRole(Role):
         await v.ensure_start_window(window)  # after: its reads of the other candidates never delay the window's records
 
     async def checkpoint(self, work: ValidatorWindow) -> None:
+        """Every `checkpoint_frequency` windows, and at once where we lead by the chain's order anew
+        (`takes_over`)."""
         v = self.v
-        if work.window % v.hp.windows.checkpoint_frequency == 0:
+        if work.window % v.hp.windows.checkpoint_frequency == 0 or takes_over(v, work.window):
             await v.checkpoints.publish(work.window, v.state.global_step)
+
+
+def takes_over(v: Validator, window: int) -> bool:
+    """Whether `window`, which we lead, is a boundary of the succession's cadence (where the chain's order
+    resumes) whose lead was not us at the boundary before, or not known to be (a restart).
+
+    A node that joins replays the windows after the newest checkpoint by the succession as the chain
+    orders it now, and takes a checkpoint only from the validator that order says led its window. Once
+    another validator heads that order (stake moved, the lead deregistered, its bucket moved), the former
+    lead's windows no longer read as led by anyone: a joiner found no step there and could not sync until
+    the new lead's first regular checkpoint, up to `checkpoint_frequency` windows later (about 2.3 h in
+    production). A checkpoint at the boundary the new lead first leads is one the order of now accepts
+    (at a boundary no keeper rule reaches back), and the windows after it are its own. A failover at a
+    boundary (the first slot dead, the next one leading) also counts: one checkpoint it did not need."""
+    cadence = v.hp.windows.lead_cadence
+    if window % cadence:
+        return False
+    before = v.node.leads.decisions.get(window - cadence)
+    return before is None or before.lead is None or before.lead.hotkey != v.node.hotkey
 
 
 class FollowerRole(Role):
