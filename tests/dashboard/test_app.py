@@ -180,6 +180,9 @@ def test_with_the_chain_alone_the_peers_page_is_the_metagraph(run: Run):
         assert "no validator state dir" in html and 'id="subnet"' in html
         for node in run.nodes:
             assert f'data-hotkey="{node.hotkey}"' in html
+        for name, role in (("miner2", "miner"), ("validator0", "validator")):  # the role its commitment declares
+            row = html.split(f'<tr data-hotkey="{run.node(name).hotkey}">')[1].split("</tr>")[0]
+            assert f"<td>{role}</td>" in row, (name, row)
         status, _, page = get(dash.url + f"peers/{run.node('miner2').hotkey}")
         assert status == 200 and "local:" in page and "weight on chain by validator" in page
         assert "<dt>role on chain</dt><dd>miner</dd>" in page  # what its commitment declares, not its permit
@@ -187,6 +190,20 @@ def test_with_the_chain_alone_the_peers_page_is_the_metagraph(run: Run):
         assert "<dt>role on chain</dt><dd>validator (its commitment declares it)</dd>" in page
     finally:
         dash.stop()
+
+
+def test_the_subnet_tables_role_is_the_commitments_and_says_a_permit_where_they_part():
+    """A miner with a permit (stake anyone may put on it) is still a miner, and a declared validator
+    without one cannot lead: the table says both."""
+    from types import SimpleNamespace
+
+    from templar.dashboard.views import chain_role
+
+    def role(validates: bool, permit: bool) -> str:
+        return chain_role(SimpleNamespace(validates=validates, validator_permit=permit))
+
+    assert [role(True, True), role(True, False), role(False, True), role(False, False)] == [
+        "validator", "validator, no permit", "miner, permit", "miner"]
 
 
 def test_who_is_a_peer_is_known_from_the_roster_or_the_chain(run: Run):

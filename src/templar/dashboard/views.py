@@ -398,6 +398,15 @@ def proof_failed(rec: PeerScoreRecord) -> bool:
             and not rec.delta_assigned > rec.delta_rand)
 
 
+def chain_role(neuron) -> str:
+    """The role a neuron's commitment declares, and its permit where the two part: validators score the
+    miners' side (a permit from stake anyone may add makes no validator), and only a declared validator
+    with a permit may lead."""
+    if neuron.validates:
+        return "validator" if neuron.validator_permit else "validator, no permit"
+    return "miner, permit" if neuron.validator_permit else "miner"
+
+
 def subnet_table(board: Board) -> str:
     """Without a validator's score log, the chain's own view: every neuron with the lead's weight."""
     snap = board.snapshot
@@ -412,13 +421,13 @@ def subnet_table(board: Board) -> str:
         w = lead_row.get(n.uid)
         rows.append(f'<tr data-hotkey="{escape(n.hotkey)}">{td(str(n.uid), n.uid, "num")}'
                     f'<td data-v="{escape(n.hotkey)}">{peer_link(n.hotkey, board.label(n.hotkey))}</td>'
-                    f"{td(f'{n.stake:,.1f}', n.stake, 'num')}<td>{'✓' if n.validator_permit else ''}</td>"
+                    f"{td(f'{n.stake:,.1f}', n.stake, 'num opt')}<td>{chain_role(n)}</td>"
                     f"{td(str(n.last_update), n.last_update, 'num opt')}<td class=opt>{escape(bucket_label(n))}</td>"
                     f"{td(num(w, '.3f'), w, 'num')}</tr>")
-    cols = [("uid", "num"), ("hotkey", "text"), ("stake τ", "num"), ("permit", "text"), ("last update", "num"),
+    cols = [("uid", "num"), ("hotkey", "text"), ("stake τ", "num"), ("role", "text"), ("last update", "num"),
             ("bucket", "text"), ("lead's weight", "num")]
     return note + (f'<section class="panel"><h2>Subnet <small>block {snap.block} · {len(rows)} neurons</small></h2>'
-                   f'{table(cols, rows, tid="subnet", optional=frozenset({4, 5}))}</section>')
+                   f'{table(cols, rows, tid="subnet", optional=frozenset({2, 4, 5}))}</section>')
 
 
 def why(rec: PeerScoreRecord, prev: PeerScoreRecord | None) -> str:
