@@ -170,14 +170,15 @@ def test_killed_miner_resumes_without_double_or_missed_updates(tmp_path, ranks):
 
 
 @pytest.mark.parametrize("late", ["restarted", "one slow window"])
-def test_a_miner_late_in_a_window_misses_two_windows_not_a_run_of_them(tmp_path, late):
+def test_a_miner_late_in_a_window_misses_one_or_two_windows_not_a_run_of_them(tmp_path, late):
     """Overlapped, a miner trains the next window while this one's exchange runs. Restarted 8 s into a
     window of production's geometry (21 s here, 19.3 s of it training), it trained that window from then,
     missed its commitment, and began each next window only when the one before ended: 5 windows in a row
     'uncommitted' (9 when restarted 15 s in; a review's run). Now a window it cannot finish at the last
-    window's pace is left untrained and the next begins at once: the first window after the restart (its
-    pace still unknown) and the one it was too late for. The pace is measured again after a window left
-    untrained: one window slowed by 30 s (a stalled page read) stopped a review's miner from training
+    window's pace is left untrained and the next begins at once; restarted, it reads that pace back from
+    its records, so only the window it was restarted in goes untrained (with the pace unknown it trained
+    that one past its commitment, and the next was too late too). The pace is measured again after a window
+    left untrained: one window slowed by 30 s (a stalled page read) stopped a review's miner from training
     any window after it."""
     from templar.runtime.records import SCORES_FILE
 
@@ -232,4 +233,6 @@ def test_a_miner_late_in_a_window_misses_two_windows_not_a_run_of_them(tmp_path,
     status = {r["window"]: r["status"] for r in read_records(tmp_path / "nodes" / "lead" / SCORES_FILE)
               if r["hotkey"] == hotkey}
     after = [status.get(w) for w in range(restarted, restarted + 7)]
-    assert sum(s != "ok" for s in after) <= 2 and after[-4:] == ["ok"] * 4, after
+    # restarted: the window it was restarted in, left untrained at the pace its records hold (before it read
+    # them back: that window 'uncommitted' and the next 'missing'); one slow window: it and the one it made late
+    assert sum(s != "ok" for s in after) <= (1 if late == "restarted" else 2) and after[-4:] == ["ok"] * 4, after

@@ -100,6 +100,25 @@ def test_trim_records_drops_uncommitted_windows_and_torn_lines(tmp_path):
     assert trim_records(tmp_path / "absent.jsonl", 3) == 0
 
 
+def test_a_restarted_miner_reads_its_last_pace_from_the_tail_of_its_records(tmp_path):
+    """The pace of the newest window it trained (`pace_seconds` > 0): windows not trained (0), a torn
+    last line, a line that is not JSON and values that are no pace are passed over; only the file's
+    last 64 lines are read, and no pace there (or no file) is an unknown pace."""
+    from templar.miner.window import recorded_pace
+
+    path = tmp_path / "miner_windows.jsonl"
+    assert recorded_pace(path) is None
+    rows = [{"window": 1, "pace_seconds": 19.5}, {"window": 2, "pace_seconds": 21.25}, {"window": 3, "pace_seconds": 0.0},
+            {"window": 4, "pace_seconds": True}, {"window": 5, "pace_seconds": "9"}, {"window": 6}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows) + "not json\n" + '{"window": 7, "pace_seconds": 5')
+    assert recorded_pace(path) == 21.25
+    path.write_text(json.dumps({"window": 1, "pace_seconds": 19.5}) + "\n"
+                    + "".join(json.dumps({"window": w, "pace_seconds": 0.0}) + "\n" for w in range(2, 66)))
+    assert recorded_pace(path) is None  # 64 windows untrained since: a pace that old says nothing
+    path.write_text(json.dumps({"window": 1, "pace_seconds": float("inf")}).replace("Infinity", "1e999") + "\n")
+    assert recorded_pace(path) is None
+
+
 def test_trim_records_reads_the_uncommitted_tail_not_the_history(tmp_path, monkeypatch):
     """A restart trimmed its record files by parsing every line and rewriting the file: a 256-peer
     validator's `scores.jsonl` grows about 85 MB a day, and one day's history took ~5 s and ~100 MiB

@@ -38,7 +38,7 @@ from templar.core.config import base_lag, overlapped
 from templar.core.log import context
 from templar.miner.hooks import MinerHooks
 from templar.miner.upkeep import StaleObjects
-from templar.miner.window import MinerWindow, Training
+from templar.miner.window import MinerWindow, Training, recorded_pace
 from templar.runtime.consensus.follow import FollowError, follow_step
 from templar.runtime.consensus.outer import gather_gradients
 from templar.runtime.consensus.peers import peers_in_effect
@@ -86,8 +86,7 @@ class Miner:
         self.sync = SyncCheck(node)
         self.resync_pending = False
         self._stuck_at: int | None = None  # the window a join last found the miner stuck at (said once)
-        self.lag = base_lag(self.hp.inner)
-        self.overlapped = overlapped(self.hp.inner)
+        self.lag, self.overlapped = base_lag(self.hp.inner), overlapped(self.hp.inner)
         self.training: Training | None = None
         """The window whose compute half is under way or done and not yet exchanged (overlapped)."""
         self.own_update: tuple[int, dict[str, Compressed]] | None = None
@@ -106,6 +105,7 @@ class Miner:
         self.state, own = await restore_when_possible(self.node)
         drop_uncommitted_records(self.node.state_dir, [MINER_WINDOWS_FILE], self.state.window)
         self.start_window = self.state.window + 1
+        self.train_seconds = recorded_pace(self.node.state_dir / MINER_WINDOWS_FILE)  # (`can_finish`: first window)
         await self.join(own_state=own)
         await self.stale_objects.sweep(self.node.bucket, self.node.clock.current_window())
 
@@ -374,7 +374,7 @@ class Miner:
         with work.busy():
             for part in window_parts(batch, hp.inner):
                 await asyncio.to_thread(self.compute.inner_step, part)
-        self.train_seconds = self.node.clock.now() - began
+        self.train_seconds = work.pace_seconds = self.node.clock.now() - began
         if not await self.exchanged(window - 1, self.encode_deadline(work)):
             if training.lands and not training.landed.is_set():
                 context(window=window, phase=self.phase).warning(

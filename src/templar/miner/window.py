@@ -5,15 +5,17 @@ that may run while the previous window's exchange is in flight (`Training`)."""
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
 from templar.runtime.consensus.windows import WindowTimes
-from templar.runtime.records import MinerWindowRecord
+from templar.runtime.records import MinerWindowRecord, newest_record
 from templar.runtime.restore import Phase
 from templar.runtime.train import TrainStats
 
@@ -43,6 +45,8 @@ class MinerWindow:
     """Whether the window's outer step was taken (else the node stopped before it)."""
     busy_seconds: float = 0.0
     """Time spent on the window outside the waits for its landmarks (training included)."""
+    pace_seconds: float = 0.0
+    """Its inner steps begun to done on the node's clock, page reads included (`Miner.can_finish`'s pace)."""
 
     @contextmanager
     def busy(self) -> Iterator[None]:
@@ -84,7 +88,21 @@ class MinerWindow:
             uploaded=self.uploaded, upload_bytes=self.upload_bytes, upload_seconds=self.upload_seconds,
             peers_aggregated=self.peers_aggregated if self.stepped else 0, overhead_share=self.overhead_share,
             tokens=stats.tokens if self.stepped and stats is not None else 0,
-            train_seconds=stats.seconds if stats is not None else 0.0, utilisation=self.utilisation)
+            train_seconds=stats.seconds if stats is not None else 0.0, utilisation=self.utilisation,
+            pace_seconds=self.pace_seconds)
+
+
+def recorded_pace(records: Path) -> float | None:
+    """The pace of the newest window this miner recorded training (`MinerWindowRecord.pace_seconds`), for
+    the first window after a restart: unknown, it began that window whatever the time left, trained
+    past its commitment, and began the next late too (two windows unpaid for one restart, where a known
+    pace leaves the late one untrained and begins the next at once). None when none is recorded."""
+    def trained(record: dict) -> bool:
+        pace = record.get("pace_seconds")
+        return isinstance(pace, int | float) and not isinstance(pace, bool) and 0 < pace < math.inf
+
+    record = newest_record(records, trained)
+    return None if record is None else float(record["pace_seconds"])
 
 
 @dataclass

@@ -112,6 +112,8 @@ class MinerWindowRecord:
     tokens: int = 0           # tokens trained on this window (forward and backward)
     train_seconds: float = 0.0  # the window's training: forward, backward and inner optimizer steps
     utilisation: float = 0.0  # compute utilisation: train_seconds over the window's wall-clock seconds
+    pace_seconds: float = 0.0  # its inner steps begun to done, page reads included (0: not trained): read back
+    # at a restart, the pace the first window is judged by (`templar.miner.window.recorded_pace`)
 
 
 RecordListener = Callable[[Path, object], None]
@@ -239,6 +241,24 @@ def _lines_from_end(f: BinaryIO, end: int) -> Iterator[tuple[int, bytes]]:
         position -= size
         f.seek(position)
         data = f.read(size) + data
+
+
+def newest_record(path: Path, wanted: Callable[[dict], bool], *, lines: int = 64) -> dict | None:
+    """The newest complete record of `path` that `wanted` accepts, among its last `lines` lines (read
+    backwards from the end: a record file grows by a line a window for as long as its node runs)."""
+    if not path.exists():
+        return None
+    with open(path, "rb") as f:
+        for count, (_, line) in enumerate(_lines_from_end(f, f.seek(0, os.SEEK_END))):
+            if count >= lines:
+                return None
+            try:
+                record = json.loads(line) if line.endswith(b"\n") else None
+            except ValueError:  # not JSON, or not UTF-8
+                continue
+            if isinstance(record, dict) and wanted(record):
+                return record
+    return None
 
 
 def _window_of(line: bytes) -> int | None:
