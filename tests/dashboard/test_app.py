@@ -199,11 +199,12 @@ def test_the_subnet_tables_role_is_the_commitments_and_says_a_permit_where_they_
 
     from templar.dashboard.views import chain_role
 
-    def role(validates: bool, permit: bool) -> str:
-        return chain_role(SimpleNamespace(validates=validates, validator_permit=permit))
+    def role(validates: bool, permit: bool, commitment: str | None = "s3:b") -> str:
+        return chain_role(SimpleNamespace(validates=validates, validator_permit=permit, commitment=commitment))
 
     assert [role(True, True), role(True, False), role(False, True), role(False, False)] == [
         "validator", "validator, no permit", "miner, permit", "miner"]
+    assert role(False, True, None) == role(False, False, "") == "none"  # no commitment: the subnet owner's uid 0, say
 
 
 def test_who_is_a_peer_is_known_from_the_roster_or_the_chain(run: Run):

@@ -1,5 +1,6 @@
-"""The lead's process killed -9 on a real localnet (one OS process per neuron, real time, `tiny`'s rules
-on the micro model and the 1024-token corpus, tests/presets/micro-gauntlet-1k.json): the next validator of the succession leads within the window, every node says so,
+"""The lead's process killed -9 on a real localnet (one OS process per neuron, real time, `tiny`'s Gauntlet
+and outer rule with 2 inner AdamW steps on the micro model and the 1024-token corpus,
+tests/presets/micro-gauntlet-1k.json): the next validator of the succession leads within the window, every node says so,
 the run loses no window's outer step and forks no one, and the lead, started again, follows what was
 published without it and leads again."""
 

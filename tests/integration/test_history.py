@@ -416,53 +416,56 @@ def _checkpoints(bucket_dir: Path) -> list[int]:
 
 @pytest.mark.slow(seconds=8)
 def test_a_validator_that_comes_to_head_the_succession_checkpoints_at_once_and_a_joiner_syncs(tmp_path):
-    """Stake moves and another validator heads the succession: from the next boundary of its cadence it
-    leads, and it publishes a checkpoint there, not `checkpoint_frequency` windows later. A miner that joins
-    then replays by the order of now, under which the former lead's windows read as led by nobody: it loads
-    the new lead's checkpoint and holds the run's θ (it found no step to take before, and could not sync).
-    A lead that keeps the first slot publishes no checkpoint at the boundaries it leads again."""
+    """The head of the succession dies, still staked: the next validator leads each boundary of the cadence
+    from the second slot, and publishes no checkpoint (the head's still passes a joiner's check: its window
+    is one the head led by the order of now). Then stake makes that validator the head: from its first
+    boundary under the new order it publishes one at once, not `checkpoint_frequency` windows later. A
+    miner that joins then replays by the order of now, under which the former head's windows (and the
+    ones the new head led from the second slot) read as led by nobody: it loads the new head's checkpoint
+    and holds the run's θ (without it, it could not sync: 'checkpoint 0 of uid 1 is not the run's: uid 1
+    did not lead window 0', and 'Cannot restore the run's state yet' every window)."""
     subnet = Subnet.create(tmp_path, {"lead": 100.0, "v1": 50.0, "m0": 0.0, "m1": 0.0}, checkpoint_frequency=1000)
     cadence = load_hparams(subnet.hparams).windows.lead_cadence
 
     async def scenario():
-        validators = [Validator(await subnet.node(name)) for name in ("lead", "v1")]
+        lead, v1 = [Validator(await subnet.node(name)) for name in ("lead", "v1")]
         m0 = Miner(await subnet.node("m0"))
-        for role in (*validators, m0):
+        live = [lead, v1, m0]
+        for role in live:
             await role.start()
 
         async def windows_to(last: int) -> None:
             while m0.state.window < last:
                 w = m0.state.window + 1
-                await asyncio.gather(*(role.run_window(w) for role in (*validators, m0)))
+                await asyncio.gather(*(role.run_window(w) for role in live))
 
         first = m0.state.window + 1
         boundary = -(-first // cadence) * cadence  # the first boundary of the cadence the run reaches
-        await windows_to(boundary + 2 * cadence)  # the lead leads three boundaries
-        lead_before = _checkpoints(tmp_path / "buckets" / "lead")
+        await windows_to(boundary + cadence + 1)  # the head leads two boundaries
+        live.remove(lead)  # and dies: v1 leads the next two boundaries from slot 1
+        await windows_to(boundary + 3 * cadence + 1)
         subnet.dev.fund("v1", 200.0)
         with subnet.dev.connect("v1") as chain:
             chain.add_stake(150.0)  # v1 now heads the order
-        takeover = boundary + 3 * cadence
+        takeover = boundary + 4 * cadence
         await windows_to(takeover + 1)
-        for v in validators:
-            await v.checkpoints.wait()
-        led = {w: d.lead.hotkey for w, d in m0.node.leads.decisions.items() if d.lead is not None}
+        await v1.checkpoints.wait()
+        led = {w: (d.lead.hotkey, d.slot) for w, d in m0.node.leads.decisions.items() if d.lead is not None}
         m1 = Miner(await subnet.node("m1"))
         async with asyncio.timeout(3 * m0.hp.windows.window_seconds):
             await m1.start()
         joined = m1.state.window
-        thetas = {name: theta(role.node) for name, role in (("lead", validators[0]), ("v1", validators[1]),
-                                                              ("m0", m0), ("m1", m1))}
-        for role in (*validators, m0, m1):
+        thetas = {name: theta(role.node) for name, role in (("v1", v1), ("m0", m0), ("m1", m1))}
+        for role in (lead, v1, m0, m1):
             await role.node.aclose()
-        return boundary, takeover, lead_before, led, (joined, m0.state.window), thetas
+        return boundary, takeover, led, (joined, m0.state.window), thetas
 
-    boundary, takeover, lead_before, led, (joined, last), thetas = run_virtual(scenario())
+    boundary, takeover, led, (joined, last), thetas = run_virtual(scenario())
     hotkey = {name: subnet.wallets[name].hotkey for name in ("lead", "v1")}
-    assert [led[w] for w in (boundary, boundary + cadence, takeover)] == [hotkey["lead"], hotkey["lead"], hotkey["v1"]]
-    # the lead: window 0's regular checkpoint (a multiple of checkpoint_frequency), none at the boundaries it
-    # led again (without the new lead's, the joiner said 'checkpoint 0 of uid 1 is not the run's: uid 1 did not
-    # lead window 0' and 'Cannot restore the run's state yet' every window)
-    assert lead_before == [boundary] == [0], lead_before
+    assert [led[boundary + k * cadence] for k in range(5)] == [
+        (hotkey["lead"], 0), (hotkey["lead"], 0), (hotkey["v1"], 1), (hotkey["v1"], 1), (hotkey["v1"], 0)]
+    # the head: window 0's regular checkpoint (a multiple of checkpoint_frequency) and none at the boundary it
+    # led again; v1: none while the head's passed, one at its first boundary as the head
+    assert _checkpoints(tmp_path / "buckets" / "lead") == [boundary] == [0]
     assert _checkpoints(tmp_path / "buckets" / "v1") == [takeover]
     assert joined == last and len(set(thetas.values())) == 1, (joined, last, thetas)

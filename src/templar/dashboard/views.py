@@ -401,7 +401,9 @@ def proof_failed(rec: PeerScoreRecord) -> bool:
 def chain_role(neuron) -> str:
     """The role a neuron's commitment declares, and its permit where the two part: validators score the
     miners' side (a permit from stake anyone may add makes no validator), and only a declared validator
-    with a permit may lead."""
+    with a permit may lead. A hotkey that committed nothing declares no role (validators find no payload)."""
+    if not neuron.commitment:
+        return "none"
     if neuron.validates:
         return "validator" if neuron.validator_permit else "validator, no permit"
     return "miner, permit" if neuron.validator_permit else "miner"
@@ -474,7 +476,8 @@ def peer(board: Board, hotkey: str, vname: str | None) -> str | None:
                   ("rating (μ, σ)", f"{book.rating_mu:.2f}, {book.rating_sigma:.2f}"),
                   ("seen", f"windows {book.first_seen_window}–{book.last_seen_window}")]
     if neuron:
-        facts += [("role on chain", "validator (its commitment declares it)" if neuron.validates else "miner"),
+        facts += [("role on chain", "validator (its commitment declares it)" if neuron.validates
+                   else "miner" if neuron.commitment else "none (no commitment)"),
                   ("stake", f"{neuron.stake:,.3f} τ"), ("validator permit", "yes" if neuron.validator_permit else "no"),
                   ("last update (block)", str(neuron.last_update)), ("bucket", escape(bucket_label(neuron)))]
         if snap and neuron.uid is not None:

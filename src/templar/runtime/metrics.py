@@ -62,7 +62,7 @@ class NeuronMetrics:
         self.registry = registry or CollectorRegistry(auto_describe=True)
         r = self.registry
         ProcessCollector(registry=r)
-        self.role, self.hotkey = role, hotkey
+        self.role, self.hotkey, self._info_labels = role, hotkey, None
         self.info = Gauge("templar_info", "This neuron (value 1)", ["role", "hotkey", "uid", "version"], registry=r)
         self.follow_uid(uid)
         self.window_length = Gauge("templar_window_length_seconds", "A window of this run: blocks × block time",
@@ -145,8 +145,11 @@ class NeuronMetrics:
     def follow_uid(self, uid: int | None) -> None:
         """`templar_info` names the uid our hotkey holds now: one series, never the uid of the start beside
         it (a hotkey registered again holds another uid, and dashboards join on this label)."""
-        self.info.clear()
-        self.info.labels(self.role, self.hotkey, "" if uid is None else str(uid), __version__).set(1)
+        labels = (self.role, self.hotkey, "" if uid is None else str(uid), __version__)
+        self.info.labels(*labels).set(1)  # the new series first: a scrape in between sees one or both, never none
+        if self._info_labels not in (None, labels):
+            self.info.remove(*self._info_labels)
+        self._info_labels = labels
 
     def on_record(self, path: Path, record: object) -> None:
         if isinstance(record, PeerScoreRecord):

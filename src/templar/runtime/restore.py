@@ -29,7 +29,7 @@ from templar.comms import (
 )
 from templar.comms.keys import start_window_key
 from templar.core.log import context
-from templar.runtime.consensus.succession import decide_window
+from templar.runtime.consensus.succession import LeadHistory, decide_window
 from templar.runtime.consensus.windows import retained_windows
 from templar.runtime.node import Lead, Node, StateDiskError
 from templar.runtime.state import STATE_FILE, NodeState
@@ -127,6 +127,29 @@ async def _slot_holders(node: Node) -> set[str]:
     order (`succession.order_of`: the validator that led the window before keeps the first slot, and it
     was one of them)."""
     return {c.hotkey for c in (await node.candidates())[:node.hp.windows.lead_slots]}
+
+
+async def a_joiner_can_start(node: Node) -> bool:
+    """Whether a node that joined now would find a checkpoint to start from: a slot holder's newest one
+    (its `latest.json`) whose window that holder led by the succession as the chain orders it now. Those
+    windows are decided afresh (an empty `LeadHistory`), as the joiner decides them: this node's own
+    decisions were taken by the order of their time, under which another validator may have led. The
+    check `_newest_intact_checkpoint` makes before it downloads anything; a pointer that cannot be read
+    counts as none."""
+    fresh = LeadHistory()
+    for lead in (await node.candidates())[:node.hp.windows.lead_slots]:
+        if lead.bucket is None:
+            continue
+        try:
+            window = await latest_checkpoint_window(lead.bucket)
+        except (CheckpointError, StorageError):
+            continue
+        if window is None or window >= node.clock.current_window():
+            continue
+        decision = await decide_window(node, window, history=fresh)
+        if decision.settled and decision.lead is not None and decision.lead.hotkey == lead.hotkey:
+            return True
+    return False
 
 
 async def published_start(node: Node, candidates: list[Lead] | None = None) -> int | None:

@@ -4,12 +4,13 @@ publishes. `Validator.step` picks the role once the window's decision is known."
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING
 
 from templar.core.log import context
 from templar.runtime.consensus.follow import FollowError, apply_inputs
 from templar.runtime.consensus.outer import OuterStep
-from templar.runtime.restore import ResyncError
+from templar.runtime.restore import ResyncError, a_joiner_can_start
 from templar.runtime.sync import RETRY_SECONDS, catch_up, resync
 from templar.validator.window import ValidatorWindow
 from templar.wire import Gradient
@@ -76,30 +77,35 @@ class LeadRole(Role):
         await v.ensure_start_window(window)  # after: its reads of the other candidates never delay the window's records
 
     async def checkpoint(self, work: ValidatorWindow) -> None:
-        """Every `checkpoint_frequency` windows, and at once where we lead by the chain's order anew
-        (`takes_over`)."""
+        """Every `checkpoint_frequency` windows, and at a boundary of the cadence where a node that joined
+        now would find none to start from (`joiners_lack_a_checkpoint`)."""
         v = self.v
-        if work.window % v.hp.windows.checkpoint_frequency == 0 or takes_over(v, work.window):
+        if work.window % v.hp.windows.checkpoint_frequency == 0 or await joiners_lack_a_checkpoint(v, work):
             await v.checkpoints.publish(work.window, v.state.global_step)
 
 
-def takes_over(v: Validator, window: int) -> bool:
-    """Whether `window`, which we lead, is a boundary of the succession's cadence (where the chain's order
-    resumes) whose lead was not us at the boundary before, or not known to be (a restart).
+async def joiners_lack_a_checkpoint(v: Validator, work: ValidatorWindow) -> bool:
+    """At a boundary of the succession's cadence (where the chain's order resumes) that we lead: whether a
+    node that joined now would find no checkpoint to start from (`templar.runtime.restore.a_joiner_can_start`).
 
-    A node that joins replays the windows after the newest checkpoint by the succession as the chain
-    orders it now, and takes a checkpoint only from the validator that order says led its window. Once
-    another validator heads that order (stake moved, the lead deregistered, its bucket moved), the former
-    lead's windows no longer read as led by anyone: a joiner found no step there and could not sync until
-    the new lead's first regular checkpoint, up to `checkpoint_frequency` windows later (about 2.3 h in
-    production). A checkpoint at the boundary the new lead first leads is one the order of now accepts
-    (at a boundary no keeper rule reaches back), and the windows after it are its own. A failover at a
-    boundary (the first slot dead, the next one leading) also counts: one checkpoint it did not need."""
-    cadence = v.hp.windows.lead_cadence
-    if window % cadence:
+    A joiner replays by the succession as the chain orders it now, and takes a checkpoint only from the
+    validator that order says led its window. Once another validator heads that order (stake moved, the
+    lead deregistered or moved its bucket, a validator that led from a lower slot while the first was dead
+    comes to head it), the checkpoints of windows led under the old order read as led by nobody: a joiner
+    found none it could use and waited for the new lead's first regular one, up to `checkpoint_frequency`
+    windows (about 2.3 h in production). Ours at this boundary is one the order of now accepts (no keeper
+    rule reaches back past a boundary), and the windows after it are ours. Where a checkpoint still passes,
+    none is published (a lead that missed one boundary slot costs no checkpoint); where the check cannot
+    finish by the next window's gather, one is (uploads run in the background, one at a time)."""
+    window, clock = work.window, v.node.clock
+    if window % v.hp.windows.lead_cadence:
         return False
-    before = v.node.leads.decisions.get(window - cadence)
-    return before is None or before.lead is None or before.lead.hotkey != v.node.hotkey
+    budget = max(clock.times(window + 1).gather_start, clock.now() + PUBLISH_MIN_SECONDS) - clock.now()
+    try:
+        async with asyncio.timeout(budget):
+            return not await a_joiner_can_start(v.node)
+    except TimeoutError:
+        return True
 
 
 class FollowerRole(Role):

@@ -181,32 +181,35 @@ def order_of(window: int, succession: Sequence[Lead], before: Decision | None, h
     return (keeper + [c for c in succession if c.hotkey != before.lead.hotkey])[:slots]
 
 
-async def window_order(node: Node, window: int) -> list[Lead] | str:
+async def window_order(node: Node, window: int, history: LeadHistory | None = None) -> list[Lead] | str:
     """The slots of `window` (`order_of`), from the chain's succession and the decision of the window
-    before; why they cannot be told (a string) when that decision cannot."""
+    before; why they cannot be told (a string) when that decision cannot. `history`: as in `decide_window`."""
     succession = await node.candidates()
     if window % node.hp.windows.lead_cadence == 0 or window == 0:
         return order_of(window, succession, None, node.hp)
-    before = await decide_window(node, window - 1)
+    before = await decide_window(node, window - 1, history=history)
     if not before.settled:
         return f"who led window {window - 1} (it keeps the first slot of {window}) cannot be told: {before.problem}"
     return order_of(window, succession, before, node.hp)
 
 
-async def decide_window(node: Node, window: int, *, deadline: float | None = None, slots: int | None = None) -> Decision:
+async def decide_window(node: Node, window: int, *, deadline: float | None = None, slots: int | None = None,
+                        history: LeadHistory | None = None) -> Decision:
     """The window's applied inputs (`decide`) from the candidates' buckets. Waits while a slot may
     still fill or a candidate cannot be read, until `deadline` (the node's clock; None: one look at
     each, for a window long settled). `slots`: look only at the first `slots` (a candidate checking
-    those before its own; "no candidate" then means all of them are absent).
+    those before its own; "no candidate" then means all of them are absent). `history`: the decisions
+    to read and keep (default the node's own, taken by the order of their time; an empty one decides
+    afresh by today's order, as a node that joins now does).
 
     Having found inputs in a slot after 0, it looks at the slots before once more: a write stored in
     time but visible late (the straddling PUT) is taken if it has appeared meanwhile."""
-    history: LeadHistory = node.leads
+    history = node.leads if history is None else history
     cached = history.decisions.get(window)
     if cached is not None and slots is None:
         return cached
     times = node.clock.times(window)
-    order = await window_order(node, window)
+    order = await window_order(node, window, history)
     if isinstance(order, str):
         return Decision(window, False, problem=order)
     order = order if slots is None else order[:slots]
