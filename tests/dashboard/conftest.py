@@ -32,6 +32,20 @@ def serve_localnet(out: Path) -> BackgroundDashboard:
     return dash
 
 
+def serve_chain_only(out: Path) -> BackgroundDashboard:
+    """The dashboard of an operator without a validator's state directory (a miner's, say), on a localnet's
+    embedded chain alone: the peers page is the chain's subnet table."""
+    from templar.chain import connect
+    from templar.dashboard.board import Board, BoardConfig
+
+    config = BoardConfig(connect=lambda: connect(network="embedded", chain_endpoint=str(out / "chain.sqlite"),
+                                                 netuid=NETUID, wallet_name=None),
+                         chain_label=f"embedded netuid {NETUID}", blocks_per_window=20)
+    dash = BackgroundDashboard(Board(config), "127.0.0.1", 0).start()
+    dash.board.refresh_chain(force=True)
+    return dash
+
+
 @pytest.fixture(scope="module")
 def dashboard(run: Run) -> Iterator[BackgroundDashboard]:
     dash = serve_localnet(run.out)

@@ -14,6 +14,7 @@ import pytest
 from templar.dashboard.board import Board, BoardConfig
 from templar.dashboard.server import BackgroundDashboard, BindError, bind_socket, is_loopback
 
+from .conftest import serve_chain_only
 from .runfixture import S3_SECRET, Run
 
 
@@ -168,14 +169,8 @@ def test_cli_flags():
 
 def test_with_the_chain_alone_the_peers_page_is_the_metagraph(run: Run):
     """A miner operator with no validator state dir still sees the subnet as the chain has it."""
-    from templar.chain import connect
-
-    config = BoardConfig(connect=lambda: connect(network="embedded", chain_endpoint=str(run.out / "chain.sqlite"),
-                                                 netuid=1, wallet_name=None), chain_label="embedded netuid 1",
-                         blocks_per_window=20)
-    dash = BackgroundDashboard(Board(config), "127.0.0.1", 0).start()
+    dash = serve_chain_only(run.out)
     try:
-        dash.board.refresh_chain(force=True)
         html = get(dash.url + "peers")[2]
         assert "no validator state dir" in html and 'id="subnet"' in html
         for node in run.nodes:

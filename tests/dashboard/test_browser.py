@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import serve_localnet
+from .conftest import serve_chain_only, serve_localnet
 from .runfixture import MINERS, VALIDATORS, Run, build_run, miner_window, score_window
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -229,17 +229,9 @@ def test_every_table_fits_a_phone_and_the_run_state_is_said(browser, live, shots
 def test_the_chain_alone_fits_a_phone_and_says_each_role(browser, live, shots):
     """An operator without a validator's state directory sees the chain's subnet table: each neuron's role as
     its commitment declares it (and its permit where the two part), and at 390 px it does not scroll sideways."""
-    from templar.chain import connect
-    from templar.dashboard.board import Board, BoardConfig
-    from templar.dashboard.server import BackgroundDashboard
-
     run, _ = live
-    config = BoardConfig(connect=lambda: connect(network="embedded", chain_endpoint=str(run.out / "chain.sqlite"),
-                                                 netuid=1, wallet_name=None), chain_label="embedded netuid 1",
-                         blocks_per_window=20)
-    dash = BackgroundDashboard(Board(config), "127.0.0.1", 0).start()
+    dash = serve_chain_only(run.out)
     try:
-        dash.board.refresh_chain(force=True)
         for viewport, name in ((PHONE, "phone"), (DESKTOP, "1280x800")):
             w = Watch(browser, dash.url, viewport)
             page = w.goto("/peers")
