@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import socket
+import urllib.request
 
 import pytest
 from loguru import logger
@@ -15,8 +17,9 @@ from loguru import logger
 from templar.chain import ChainUnavailable
 from templar.chain.embedded import ChainStore
 from templar.core.clock import run_virtual
+from templar.core.log import setup_logging
 from templar.miner.loop import Miner
-from templar.runtime.node import DeregisteredError
+from templar.runtime.node import DeregisteredError, run_node
 from templar.validator.commits import CommitWatcher
 from templar.validator.loop import Validator
 
@@ -81,6 +84,17 @@ def test_one_unanswered_read_costs_no_node_its_window(tmp_path):
     assert alive and len(read) >= 3 and max(b - a for a, b in itertools.pairwise(read)) <= 2, read
 
 
+def swap_uids(subnet: Subnet, a: str, b: str) -> None:
+    """Hotkeys `a` and `b` exchange their uids in the embedded chain's neuron table (as two registrations
+    after both were replaced would leave it)."""
+    wallets = subnet.wallets
+    ua, ub = wallets[a].uid, wallets[b].uid
+    with ChainStore(subnet.root / "chain.sqlite") as store, store.write() as conn:
+        conn.execute("UPDATE neurons SET hotkey = 'swap' WHERE netuid = ? AND uid = ?", (NETUID, ua))
+        conn.execute("UPDATE neurons SET hotkey = ? WHERE netuid = ? AND uid = ?", (wallets[a].hotkey, NETUID, ub))
+        conn.execute("UPDATE neurons SET hotkey = ? WHERE netuid = ? AND uid = ?", (wallets[b].hotkey, NETUID, ua))
+
+
 def test_a_node_follows_its_uid_and_stops_when_its_hotkey_has_none(tmp_path):
     """A hotkey registered again holds another uid: the miner trains that uid's pages from its next window
     (it trained, on the uid read at start, the pages of the uid's new holder, and failed every proof). A
@@ -93,12 +107,6 @@ def test_a_node_follows_its_uid_and_stops_when_its_hotkey_has_none(tmp_path):
     lines: list[str] = []
     followed: list[int] = []
 
-    def swap(conn, a: str, b: str) -> None:  # the two hotkeys exchange their uids
-        ua, ub = wallets[a].uid, wallets[b].uid
-        conn.execute("UPDATE neurons SET hotkey = 'swap' WHERE netuid = ? AND uid = ?", (NETUID, ua))
-        conn.execute("UPDATE neurons SET hotkey = ? WHERE netuid = ? AND uid = ?", (wallets[a].hotkey, NETUID, ub))
-        conn.execute("UPDATE neurons SET hotkey = ? WHERE netuid = ? AND uid = ?", (wallets[b].hotkey, NETUID, ua))
-
     async def scenario():
         v, m = Validator(await subnet.node("lead")), Miner(await subnet.node("m1"))
         m.node.uid_followers.append(followed.append)  # what the exporter's `templar_info` follows (run_node)
@@ -108,8 +116,7 @@ def test_a_node_follows_its_uid_and_stops_when_its_hotkey_has_none(tmp_path):
         w = v.state.window + 1
         await asyncio.gather(v.run_window(w), m.run_window(w))
         before = m.node.uid, m.pages(w + 1), m.training is not None and m.training.window == w + 1
-        with ChainStore(subnet.root / "chain.sqlite") as store, store.write() as conn:
-            swap(conn, "m1", "m2")
+        swap_uids(subnet, "m1", "m2")
         await asyncio.gather(v.run_window(w + 1), m.run_window(w + 1))
         answers = iter([ChainUnavailable(NO_ANSWER), None])  # one read unanswered, then one without a uid
 
@@ -141,3 +148,33 @@ def test_a_node_follows_its_uid_and_stops_when_its_hotkey_has_none(tmp_path):
         assert any("uid changed" in line and line.startswith("dropping window") for line in lines), lines
     assert any("now holds uid" in line for line in lines) and any("checked again next window" in line for line in lines)
     assert gone.exit_code == 2 and "lost its uid" in str(gone) and "register it again" in str(gone)
+
+
+def test_the_metrics_a_neuron_serves_name_the_uid_its_hotkey_holds_now(tmp_path):
+    """What `run_node` wires for an entry point: with `--metrics.port`, the exporter's `templar_info` names
+    the uid the node finds its hotkey on after a registration moved it (dashboards join on that label), not
+    the uid of the start; the same single series before and after."""
+    subnet = Subnet.create(tmp_path, {"lead": 100.0, "m1": 0.0, "m2": 0.0})
+    with socket.socket() as s:  # a port free now (0 turns the exporter off)
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    seen: list[list[str]] = []
+
+    def info_series() -> list[str]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+            return [line.rpartition(" ")[0] for line in resp.read().decode().splitlines()
+                    if line.startswith("templar_info{")]
+
+    async def role(node) -> None:
+        seen.append(await asyncio.to_thread(info_series))
+        swap_uids(subnet, "m1", "m2")
+        await node.check_registered()
+        seen.append(await asyncio.to_thread(info_series))
+
+    try:
+        assert run_node(subnet.args("m1", "--metrics.port", str(port)), "miner", role) == 0
+    finally:
+        setup_logging()
+    uid = [f'uid="{subnet.wallets[name].uid}"' for name in ("m1", "m2")]
+    assert len(seen) == 2 and [len(series) for series in seen] == [1, 1], seen
+    assert uid[0] in seen[0][0] and uid[1] in seen[1][0], (uid, seen)
