@@ -63,3 +63,38 @@ def test_a_logged_traceback_never_shows_the_values_of_its_variables(tmp_path: Pa
         logger.add(sys.stderr)
     text = log.read_text()
     assert "the commit watcher stopped" in text and "LookupError" in text and secret not in text
+
+
+def _refuse(name: str) -> None:
+    raise KeyError(f"no tensor {name}")
+
+
+def test_a_logged_traceback_says_a_peers_words_escaped_in_its_one_line(tmp_path: Path):
+    """A logged exception's message is a peer's words as often as a log line is (a payload's tensor name
+    inside a KeyError, a server's reply inside a cause): in the traceback too it is escaped, chained causes
+    and notes included, so it can neither forge a line nor drive a terminal; the frames are still there."""
+    log = tmp_path / "node.log"
+    words = f"w\n{FORGED}\x1b]52;c;Y3VybCBldmlsfHNo\x07"
+    setup_logging(logfile=log)
+    try:
+        try:
+            try:
+                _refuse(words)
+            except KeyError as inner:
+                outer = RuntimeError(f"the commit watcher stopped on {words}")
+                outer.add_note(f"the peer said {words}")
+                raise outer from inner
+        except RuntimeError as exc:
+            logger.opt(exception=exc).error("the commit watcher stopped")
+        logger.info("the next line")
+    finally:
+        logger.remove()
+        logger.configure(patcher=lambda record: None)
+        logger.add(sys.stderr)
+    text = log.read_text()
+    lines = text.splitlines()
+    assert FORGED not in lines and not any(line.startswith(FORGED) for line in lines), text  # no forged line
+    assert "\x1b" not in text and "\x07" not in text, text
+    assert text.count("\\x1b]52;c;") == 3, text  # the cause's message, the exception's and its note: said, escaped
+    assert "in _refuse" in text and "direct cause" in text and "RuntimeError" in text, text  # the frames and the chain
+    assert lines[0].endswith("the commit watcher stopped") and lines[-1].endswith("the next line"), text

@@ -7,12 +7,17 @@ for operators; the default is a compact human format.
 Every message is made `printable` before any sink sees it: peers choose much of what a node logs
 (a malformed payload's tensor names, a storage server's words, a lead's records), and a raw newline
 in it would forge a log line, an escape sequence would drive the terminal of whoever reads the log.
+A logged exception's traceback is written the same way (`printable_traceback`): its messages are
+peers' words as often as the log line's.
 """
 
 from __future__ import annotations
 
 import sys
+import traceback
+from collections.abc import Callable
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 from loguru import logger
@@ -47,9 +52,45 @@ def peer_text(text: object, limit: int = 200) -> str:
     return flat if len(flat) <= limit else flat[:limit] + "…"
 
 
+def printable_traceback(exc_type: type[BaseException] | None, value: BaseException | None,
+                        tb: TracebackType | None) -> str:
+    """A traceback as Python prints it (chained exceptions and notes included), with each exception's
+    message and notes `printable` and every line of the text escaped: a newline inside a message is
+    `\\n`, so a peer's words inside an exception (a payload's tensor name, a server's reply) can neither
+    forge a log line nor drive a terminal. The frames' lines are the code's own."""
+    if exc_type is None:
+        return ""
+    top = traceback.TracebackException(exc_type, value, tb)
+    pending, seen = [top], set()
+    while pending:  # the chain of causes, contexts and groups, each once
+        te = pending.pop()
+        if id(te) in seen:
+            continue
+        seen.add(id(te))
+        te._str = printable(te._str)  # the message `format_exception_only` writes (CPython 3.11's attribute)
+        notes = getattr(te, "__notes__", None)
+        if isinstance(notes, list):
+            te.__notes__ = [printable(str(note)) for note in notes]
+        pending.extend(t for t in (te.__cause__, te.__context__, *(getattr(te, "exceptions", None) or [])) if t)
+    return "\n".join(printable(line) for line in "".join(top.format()).rstrip("\n").split("\n"))
+
+
 def _printable_message(record: Any) -> None:
-    """The loguru patcher of `setup_logging`: no message reaches a sink with a control character."""
+    """The loguru patcher of `setup_logging`: no message, and no traceback, reaches a sink with a control
+    character. The traceback goes as `extra[traceback]`, which `_format` writes in place of loguru's own."""
     record["message"] = printable(record["message"])
+    if exception := record["exception"]:
+        record["extra"]["traceback"] = printable_traceback(*exception)
+
+
+def _format(template: str) -> Callable[[Any], str]:
+    """A sink's format: `template`, then the escaped traceback of a logged exception. A callable format keeps
+    loguru from appending its own rendering of the exception (`{exception}`: the messages unescaped)."""
+
+    def render(record: Any) -> str:
+        return template + ("\n{extra[traceback]}" if record["exception"] else "") + "\n"
+
+    return render
 
 
 def setup_logging(
@@ -62,12 +103,12 @@ def setup_logging(
     # diagnose=False: loguru's default writes every variable of a logged traceback's frames beside it,
     # a write key's secret or a peer's bytes among them, into logs operators paste into issues.
     if json_lines:
-        logger.add(sys.stderr, level=level, serialize=True, diagnose=False)
+        logger.add(sys.stderr, level=level, format=_format(_PLAIN), serialize=True, diagnose=False)
     else:
-        logger.add(sys.stderr, level=level, format=_HUMAN, colorize=sys.stderr.isatty(), diagnose=False)
+        logger.add(sys.stderr, level=level, format=_format(_HUMAN), colorize=sys.stderr.isatty(), diagnose=False)
     if logfile is not None:
         logfile.parent.mkdir(parents=True, exist_ok=True)
-        logger.add(logfile, level="DEBUG", format=_PLAIN if not json_lines else "{message}",
+        logger.add(logfile, level="DEBUG", format=_format(_PLAIN if not json_lines else "{message}"),
                    serialize=json_lines, enqueue=False, diagnose=False)
 
 
