@@ -7,8 +7,8 @@ for operators; the default is a compact human format.
 Every message is made `printable` before any sink sees it: peers choose much of what a node logs
 (a malformed payload's tensor names, a storage server's words, a lead's records), and a raw newline
 in it would forge a log line, an escape sequence would drive the terminal of whoever reads the log.
-A logged exception's traceback is written the same way (`printable_traceback`): its messages are
-peers' words as often as the log line's.
+A logged exception's traceback is written the same way (`printable_traceback`): its messages can
+quote a peer as a log line can.
 """
 
 from __future__ import annotations
