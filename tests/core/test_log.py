@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -98,3 +99,57 @@ def test_a_logged_traceback_says_a_peers_words_escaped_in_its_one_line(tmp_path:
     assert text.count("\\x1b]52;c;") == 3, text  # the cause's message, the exception's and its note: said, escaped
     assert "in _refuse" in text and "direct cause" in text and "RuntimeError" in text, text  # the frames and the chain
     assert lines[0].endswith("the commit watcher stopped") and lines[-1].endswith("the next line"), text
+
+
+UNCAUGHT = '''
+import asyncio, gc, sys, threading
+from pathlib import Path
+from templar.core.log import setup_logging
+
+words = sys.argv[2]
+setup_logging(logfile=Path(sys.argv[1]))
+
+def fail():
+    raise ValueError(f"thread saw {words}")
+
+thread = threading.Thread(target=fail, name="commit-watcher")
+thread.start()
+thread.join()
+
+class Holder:
+    def __del__(self):
+        raise ValueError(f"finaliser saw {words}")
+
+Holder()
+
+async def failing_task():
+    raise ValueError(f"task saw {words}")
+
+async def main():
+    task = asyncio.get_running_loop().create_task(failing_task())
+    await asyncio.sleep(0)
+    del task
+    gc.collect()
+
+asyncio.run(main())
+raise ValueError(f"main saw {words}")
+'''
+
+
+def test_an_exception_no_code_caught_is_logged_escaped_as_any_other(tmp_path: Path):
+    """Python prints an exception out of `main` or a thread itself, asyncio a task's exception nobody retrieved,
+    both raw: a bug's traceback that quotes a peer forged lines and drove the reader's terminal. After
+    `setup_logging` each goes through the node's sinks, escaped, in its log file too; the exit code is Python's."""
+    log = tmp_path / "node.log"
+    words = f"w\n{FORGED}\x1b]52;c;Y3VybCBldmlsfHNo\x07"
+    proc = subprocess.run([sys.executable, "-c", UNCAUGHT, str(log), words], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 1, proc.stderr
+    for text in (proc.stderr, log.read_text()):
+        lines = text.splitlines()
+        assert not any(line.startswith(FORGED) for line in lines), text  # no forged line
+        assert "\x1b" not in text and "\x07" not in text, text
+        for said in ("thread commit-watcher stopped on an exception no code caught", "thread saw w\\n",
+                     "exception ignored in", "finaliser saw w\\n", "Task exception was never retrieved",
+                     "task saw w\\n", "stopped on an exception no code caught", "main saw w\\n"):
+            assert said in text, (said, text)

@@ -11,9 +11,11 @@ from types import SimpleNamespace
 import pytest
 from loguru import logger
 
+from templar.core.log import UNCAUGHT
 from templar.distributed import launch
 from templar.distributed.group import EXIT_RANK_LOST, DistError
 from templar.runtime import node as node_module
+from templar.runtime.flags import EXIT_UNEXPECTED
 
 
 class _Compute:
@@ -72,10 +74,18 @@ def test_the_roles_own_error_wins_over_the_release_and_a_clean_release_is_silent
     assert compute.stopped
 
 
-def test_the_error_line_is_written_while_sigterm_is_still_handled(monkeypatch, tmp_path) -> None:
+LOST = "rank 0: all_reduce failed (a rank died or timed out): connection closed"
+
+
+@pytest.mark.parametrize(("error", "code", "line"), [
+    (DistError(LOST), EXIT_RANK_LOST, LOST),
+    (RuntimeError("a bug"), EXIT_UNEXPECTED, UNCAUGHT),
+], ids=["node-error", "bug"])
+def test_the_error_line_is_written_while_sigterm_is_still_handled(monkeypatch, tmp_path, error, code, line) -> None:
     """`asyncio.run` gives SIGTERM its default action back when it closes the loop; torchrun's
     SIGTERM (within 0.1 s of a dead rank) would then kill rank 0 before a line written after it.
-    The line is written before: at that moment SIGTERM is still the loop's."""
+    The line is written before: at that moment SIGTERM is still the loop's. A `NodeError` is one line
+    and its code; any other exception (a bug) is logged with its traceback there too, and exits 1."""
 
     class Node:
         hotkey, uid, hp, state_dir, shadow = "5Fhotkey", 3, SimpleNamespace(windows=None), tmp_path, False
@@ -90,16 +100,18 @@ def test_the_error_line_is_written_while_sigterm_is_still_handled(monkeypatch, t
         return Node()
 
     async def role(node) -> None:
-        raise DistError("rank 0: all_reduce failed (a rank died or timed out): connection closed")
+        raise error
 
     monkeypatch.setattr(node_module, "start_node", start_node)
-    seen: list[tuple[str, object]] = []
-    sink = logger.add(lambda m: seen.append((m.record["message"], signal.getsignal(signal.SIGTERM))), level="ERROR")
+    seen: list[tuple[str, object, object]] = []
+    sink = logger.add(lambda m: seen.append((m.record["message"], signal.getsignal(signal.SIGTERM),
+                                             m.record["exception"])), level="ERROR")
     try:
-        code = node_module.run_node(argparse.Namespace(), "miner", role)
+        exit_code = node_module.run_node(argparse.Namespace(), "miner", role)
     finally:
         logger.remove(sink)
-    assert code == EXIT_RANK_LOST
-    assert [m for m, _ in seen] == ["rank 0: all_reduce failed (a rank died or timed out): connection closed"]
+    assert exit_code == code
+    assert [m for m, _, _ in seen] == [line]
+    assert (seen[0][2] is not None) == (code == EXIT_UNEXPECTED)  # a traceback for the bug alone
     assert seen[0][1] is not signal.SIG_DFL, "the line came after the loop gave SIGTERM back"
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # and asyncio.run did give it back

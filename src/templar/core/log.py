@@ -8,12 +8,16 @@ Every message is made `printable` before any sink sees it: peers choose much of 
 (a malformed payload's tensor names, a storage server's words, a lead's records), and a raw newline
 in it would forge a log line, an escape sequence would drive the terminal of whoever reads the log.
 A logged exception's traceback is written the same way (`printable_traceback`): its messages can
-quote a peer as a log line can.
+quote a peer as a log line can. So is one that no code caught: `setup_logging` routes what Python and
+asyncio would print themselves (an exception out of `main` or a thread, one Python ignored, a task's
+exception nobody retrieved) through the same sinks.
 """
 
 from __future__ import annotations
 
+import logging
 import sys
+import threading
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -27,6 +31,8 @@ _HUMAN = (
     "<cyan>w={extra[window]}</cyan> <magenta>{extra[phase]: <9}</magenta> "
     "<blue>{extra[hotkey]}</blue> {message}"
 )
+UNCAUGHT = "stopped on an exception no code caught"
+"""What a node logs, with the traceback, when an exception reached its top: a bug (exit code 1)."""
 _PLAIN = "{time:YYYY-MM-DD HH:mm:ss.SSS} {level: <7} w={extra[window]} {extra[phase]: <9} {extra[hotkey]} {message}"
 
 
@@ -93,10 +99,66 @@ def _format(template: str) -> Callable[[Any], str]:
     return render
 
 
+def _log_uncaught(exc_type: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
+    """`sys.excepthook`: an exception out of the main thread is a bug's, and its traceback is logged like any
+    other (escaped, in every sink) rather than printed raw by Python. Ctrl-C keeps Python's own words."""
+    if issubclass(exc_type, KeyboardInterrupt):
+        sys.__excepthook__(exc_type, value, tb)
+        return
+    logger.opt(exception=(exc_type, value, tb)).critical(UNCAUGHT)
+
+
+def _log_uncaught_in_thread(args: threading.ExceptHookArgs) -> None:
+    """`threading.excepthook`: as `_log_uncaught`, for a thread that ended on an exception."""
+    if issubclass(args.exc_type, SystemExit):  # what Python's own hook says nothing of either
+        return
+    name = args.thread.name if args.thread is not None else "?"
+    logger.opt(exception=(args.exc_type, args.exc_value, args.exc_traceback)).error(
+        f"thread {name} stopped on an exception no code caught")
+
+
+def _log_unraisable(args: Any) -> None:
+    """`sys.unraisablehook`: an exception Python could only ignore (raised in a finaliser, a generator's
+    close), said once as a warning with its traceback."""
+    what = args.err_msg or "exception ignored in"
+    where = f": {args.object!r}" if args.object is not None else ""
+    logger.opt(exception=(args.exc_type, args.exc_value, args.exc_traceback)).warning(f"{what}{where}")
+
+
+class _StdlibToLoguru(logging.Handler):
+    """The `asyncio` logger's records into loguru's sinks: asyncio reports a task's exception nobody
+    retrieved, or a callback that raised, through the standard `logging`, whose last-resort handler wrote
+    the message and traceback raw to stderr."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            level: str | int = logger.level(record.levelname).name
+        except ValueError:
+            level = record.levelno
+        exc_info = record.exc_info if record.exc_info and record.exc_info[0] is not None else None
+        logger.opt(exception=exc_info).log(level, " | ".join(record.getMessage().splitlines()))  # asyncio's own lines
+
+
+def _route_uncaught_exceptions() -> None:
+    """What Python and asyncio print on their own goes through loguru (`printable_traceback`) instead. A hook
+    another program installed (a test runner's, a debugger's) is left in place: it reports these itself."""
+    if sys.excepthook is sys.__excepthook__:
+        sys.excepthook = _log_uncaught
+    if threading.excepthook is threading.__excepthook__:
+        threading.excepthook = _log_uncaught_in_thread
+    if sys.unraisablehook is sys.__unraisablehook__:
+        sys.unraisablehook = _log_unraisable
+    stdlib = logging.getLogger("asyncio")
+    if not any(isinstance(handler, _StdlibToLoguru) for handler in stdlib.handlers):
+        stdlib.addHandler(_StdlibToLoguru())
+    stdlib.propagate = False
+
+
 def setup_logging(
     *, debug: bool = False, json_lines: bool = False, logfile: Path | None = None, hotkey: str = ""
 ) -> None:
-    """Configure loguru once per process. Defaults fill the structured fields."""
+    """Configure loguru once per process. Defaults fill the structured fields. Exceptions no code caught are
+    logged through the same sinks (`_route_uncaught_exceptions`)."""
     logger.remove()
     logger.configure(extra={"window": "-", "phase": "-", "hotkey": short(hotkey)}, patcher=_printable_message)
     level = "DEBUG" if debug else "INFO"
@@ -110,6 +172,7 @@ def setup_logging(
         logfile.parent.mkdir(parents=True, exist_ok=True)
         logger.add(logfile, level="DEBUG", format=_format(_PLAIN if not json_lines else "{message}"),
                    serialize=json_lines, enqueue=False, diagnose=False)
+    _route_uncaught_exceptions()
 
 
 def context(*, window: int | str = "-", phase: str = "-", hotkey: str | None = None):

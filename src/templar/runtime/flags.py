@@ -19,13 +19,15 @@ from templar.core.memory import CHECKPOINT_FLAG, OFFLOAD_FLAG, MemorySettings
 from templar.runtime.lock import in_use, lock_holder
 from templar.runtime.metrics import add_metrics_args
 
+EXIT_UNEXPECTED = 1
 EXIT_NOT_REGISTERED = 2
 EXIT_CONFIG = 3
 EXIT_OWN_BUCKET = 4
 EXIT_STATE_LOCKED = 6
 EXIT_STATE_DISK = 7
 EXIT_HISTORY = 8
-"""A neuron's exit codes for what its operator must fix (`templar.runtime.node.NodeError`; 5 is
+"""A neuron's exit codes: 1 a bug (an exception no code caught, logged with its traceback); for what
+its operator must fix (`templar.runtime.node.NodeError`; 5 is
 `templar.distributed.group.EXIT_RANK_LOST`): 2 not registered, 3 configuration, 4 our bucket
 refuses writes, 6 another process holds the state directory, 7 the state directory cannot be
 written, 8 a validator of the first slot whose published history it cannot restore or must not

@@ -36,7 +36,7 @@ from templar.chain import (
 from templar.chain.flags import connect_from_args
 from templar.core.clock import SYSTEM_TIME, TimeSource
 from templar.core.config import HParams, HParamsError, load_hparams
-from templar.core.log import setup_logging, short
+from templar.core.log import UNCAUGHT, setup_logging, short
 from templar.core.model import build_model, parameter_shapes
 from templar.core.startup import OPEN_FILES_NEEDED, flushes_subnormals, raise_open_files_limit
 from templar.data import ManifestError, PagePlan, PageReader
@@ -50,6 +50,7 @@ from templar.runtime.flags import (
     EXIT_OWN_BUCKET,
     EXIT_STATE_DISK,
     EXIT_STATE_LOCKED,
+    EXIT_UNEXPECTED,
     memory_settings,
     node_device,
     state_dir_of,
@@ -488,7 +489,8 @@ def run_node(args: argparse.Namespace, role: str, run: Callable[[Node], Awaitabl
              attach: Callable[[Node], AbstractAsyncContextManager[None]] | None = None) -> int:
     """What a neuron's `main` does: start the node, run the role on it, close it. Returns the
     process exit code: 0, or a `NodeError`'s code after logging its message in one line (no
-    traceback for what the operator must fix). SIGINT/SIGTERM finish the current window, then stop.
+    traceback for what the operator must fix), or `EXIT_UNEXPECTED` after logging any other
+    exception with its traceback (a bug). SIGINT/SIGTERM finish the current window, then stop.
     `attach`: entered once the node is started, around the role (torchrun: θ sharded over the
     node's ranks, see `templar.distributed.launch`)."""
 
@@ -516,9 +518,14 @@ def run_node(args: argparse.Namespace, role: str, run: Callable[[Node], Awaitabl
         except NodeError as exc:
             logger.error(str(exc))
             raise
+        except Exception:  # a bug: its traceback, escaped like any logged one (templar.core.log)
+            logger.opt(exception=True).critical(UNCAUGHT)
+            raise
 
     try:
         asyncio.run(logged_main())
     except NodeError as exc:
         return exc.exit_code
+    except Exception:  # logged above, with its traceback
+        return EXIT_UNEXPECTED
     return 0
