@@ -170,6 +170,33 @@ def test_pools_link_shared_positions_transitively_and_agree_with_the_pairwise_fi
             assert matrix[i][j] == pytest.approx(shared_positions(a.canonical, b.canonical))
 
 
+def test_an_upload_that_keeps_only_what_every_upload_keeps_links_no_one() -> None:
+    """A hotkey that does no work uploads values only where every upload keeps every position (a chunk
+    no larger than k: every norm weight's) and zeros elsewhere. Over the smaller of two counts of kept
+    positions it shared all of its own with every honest upload, and `find_pools` made it and every honest
+    miner of the window one pool (each paid a share of one score, and its first member the others'
+    original). Over the larger count it shares a few per cent with each, as honest pairs do."""
+    from templar.gauntlet import find_pools, shared_positions
+
+    def honest(seed: int) -> dict[str, torch.Tensor]:
+        values = _payload(seed)
+        gen = torch.Generator().manual_seed(seed + 1000)
+        kept = {n: v * (torch.rand(v.shape, generator=gen) < 0.1) for n, v in values.items()}
+        return {**kept, "layers.0.norm.weight": torch.randn(64, generator=gen) + 3.0}  # every position kept
+
+    norm_only = {n: torch.zeros_like(v) for n, v in honest(0).items()}
+    norm_only["layers.0.norm.weight"] = torch.ones(64)
+    miners = [honest(seed) for seed in range(1, 7)]
+    uploads = [Upload("bridge", 0.0, _digest(norm_only), fingerprint(norm_only, size=SIZE), norm_only)]
+    uploads += [Upload(f"h{i}", 1.0 + i, _digest(v), fingerprint(v, size=SIZE), v) for i, v in enumerate(miners)]
+    assert all(shared_positions(norm_only, v) < 0.2 for v in miners)
+    assert find_pools(uploads, BOTH) == []
+    # a pool on the same layout is still one: two noisy copies of one honest update keep its positions
+    noisy = {n: v * (1 + torch.randn(v.shape, generator=torch.Generator().manual_seed(9))) for n, v in miners[0].items()}
+    uploads.append(Upload("copy", 99.0, _digest(noisy), fingerprint(noisy, size=SIZE), noisy))
+    assert find_pools(uploads, BOTH) == [["h0", "copy"]]
+
+
 def test_shares_work_needs_the_threshold_and_a_margin_over_the_typical_pair() -> None:
     from templar.gauntlet.duplicates import Typical, shares_work, typical_pair
 

@@ -90,11 +90,16 @@ def fingerprint(values: Mapping[str, torch.Tensor], *, size: int) -> torch.Tenso
 
 def shared_positions(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor]) -> float:
     """Share of kept (non-zero) positions two position-canonical payloads have in common, over
-    the tensors both name: |A ∩ B| / min(|A|, |B|), 0.0 when either keeps nothing.
+    the tensors both name: |A ∩ B| / max(|A|, |B|), 0.0 when either keeps nothing.
 
     Two independent updates keep largely different top-k coefficients (about 6 % in common on
     the tiny preset); two noisy copies of one update keep exactly the same ones, whatever noise
     was put on the values. Unlike the cosine, re-weighting values cannot lower it.
+
+    Why the larger of the two counts: each uploader chooses its own, since a zero value is a
+    position not kept. Over the smaller one, an upload that kept only the positions every upload
+    keeps (chunks no larger than k, every norm weight's) shared all of its positions with every
+    honest upload, and linked all of them into one pool (`find_pools`) at no cost of work.
     """
     common = kept_a = kept_b = 0
     for name in sorted(set(a) & set(b)):
@@ -104,8 +109,9 @@ def shared_positions(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor
         common += int((za & zb).sum())
         kept_a += int(za.sum())
         kept_b += int(zb.sum())
-    smaller = min(kept_a, kept_b)
-    return common / smaller if smaller else 0.0
+    if not (kept_a and kept_b):
+        return 0.0
+    return common / max(kept_a, kept_b)
 
 
 @dataclass(frozen=True)
@@ -293,8 +299,9 @@ def _shared_matrix(uploads: Sequence[Upload]) -> list[list[float]] | None:
         return None  # tensors or lengths differ: no position figure rather than a wrong one
     common = masks @ masks.T
     kept = masks.sum(dim=1)
-    smaller = torch.minimum(kept.unsqueeze(0), kept.unsqueeze(1))
-    return torch.where(smaller > 0, common / smaller.clamp_min(1), torch.zeros_like(common)).tolist()
+    larger = torch.maximum(kept.unsqueeze(0), kept.unsqueeze(1))
+    both = (kept.unsqueeze(0) > 0) & (kept.unsqueeze(1) > 0)
+    return torch.where(both, common / larger.clamp_min(1), torch.zeros_like(common)).tolist()
 
 
 def one_per_pool(scores: Mapping[str, float], pools: Mapping[str, Sequence[str]]) -> dict[str, float]:
