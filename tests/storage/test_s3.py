@@ -172,6 +172,33 @@ def test_a_buffered_body_is_cut_at_the_response_cap(hostile_server, status: byte
     asyncio.run(body())
 
 
+def test_an_error_body_is_cut_at_its_own_cap_and_one_declaring_entities_is_refused(hostile_server) -> None:
+    """botocore parses a buffered body on the event loop, where no timeout interrupts it: a peer's `500`
+    whose XML declared a 280-byte entity and referenced it through 16 MB held a reader's loop for 18 s
+    and grew it by 3.3 GB (every other peer's transfer and commitment read ran past its deadline). An
+    error's body is cut at 64 KiB, and a body declaring a document type is refused before it is parsed."""
+    entity = b'<?xml version="1.0"?><!DOCTYPE Error [<!ENTITY a "' + b"A" * 280 + b'">]><Error><Message>'
+    bomb = entity + b"&a;" * 10_000 + b"</Message></Error>"
+    large = b"<Error><Message>" + b"A" * (256 << 10) + b"</Message></Error>"
+
+    def answer(status: bytes, body: bytes) -> bytes:
+        return (b"HTTP/1.1 " + status + b"\r\nContent-Type: application/xml\r\nContent-Length: %d\r\n\r\n"
+                % len(body) + body)
+
+    async def calls(server, error: type[StorageError], match: str, names: tuple[str, ...]) -> None:
+        async with S3Bucket(server.url, "peer", Credentials("key", "secretsecret"), max_attempts=1) as b:
+            made = {"get": lambda: b.get("k", max_bytes=100, timeout=10.0), "list": lambda: b.list("", timeout=10.0)}
+            for name in names:  # (a HEAD's answer has no body; a 200 GET's body is streamed, never parsed)
+                with pytest.raises(error, match=match):
+                    await made[name]()
+
+    refused = (BucketUnreachable, "declares an XML document type")
+    asyncio.run(calls(hostile_server(answer(b"500 Oops", bomb)), *refused, ("get", "list")))
+    asyncio.run(calls(hostile_server(answer(b"200 OK", bomb)), *refused, ("list",)))
+    asyncio.run(calls(hostile_server(answer(b"404 Not Found", large)), ObjectTooLarge, "response body over 65536",
+                      ("get", "list")))
+
+
 def test_a_redirect_is_never_followed(hostile_server, hanging) -> None:
     """aiohttp followed redirects: a public endpoint answering `307 Location: <anywhere>` sent every
     reader's requests, with a path of its choosing, to a metadata service or a loopback port."""

@@ -52,10 +52,14 @@ from templar.storage.resolve import NotPublicAddress, PeerResolver
 MULTIPART_THRESHOLD = 64 << 20
 PART_SIZE = 16 << 20
 _CHUNK = 1 << 16
-MAX_RESPONSE_BYTES = 16 << 20
-"""Cap on a response body that botocore buffers whole: an error's XML (any status >= 300, a GET's
-too), a LIST page, a PUT's answer. S3 sends a few KB of those, a 1000-key LIST page under 2 MB; an
-object's own body is never buffered here but streamed under the caller's `max_bytes`."""
+MAX_RESPONSE_BYTES = 2 << 20
+"""Cap on a successful response body that botocore buffers whole: a LIST page, a PUT's answer. A
+1000-key LIST page of this project's keys is about 300 KB (with owners and storage classes, about
+400 bytes a key); an object's own body is never buffered here but streamed under the caller's
+`max_bytes`. botocore parses what it buffers on the event loop, where no timeout can interrupt it:
+16 MiB of XML elements held every node's loop for 9 s."""
+MAX_ERROR_BODY_BYTES = 64 << 10
+"""Cap on an error's body (any status >= 300, a GET's too): S3's error XML is under 1 KB."""
 
 _NOT_FOUND = {"NoSuchKey", "NotFound", "404"}
 _CHANGED = {"PreconditionFailed", "412"}
@@ -88,7 +92,11 @@ def _server_time(response: dict[str, Any]) -> float | None:
 
 
 class _ResponseTooLarge(Exception):
-    """A body botocore would buffer whole passed `MAX_RESPONSE_BYTES` (`S3Bucket` names the key)."""
+    """A body botocore would buffer whole passed its cap (`S3Bucket` names the key)."""
+
+
+class _ResponseRefused(Exception):
+    """A body botocore would parse holds an XML document type declaration (`S3Bucket` names the key)."""
 
 
 class _Redirected(Exception):
@@ -111,6 +119,10 @@ class _CappedBody:
             if len(data) > self._cap:
                 self._raw.close()
                 raise _ResponseTooLarge(f"response body over {self._cap} bytes")
+        if b"<!DOCTYPE" in data or b"<!ENTITY" in data:
+            # S3 never sends one; botocore's parser (expat) expands the entities it declares, on the event
+            # loop: 16 MB of references to a 280-byte entity held a reader's loop for 18 s and grew it by 3.3 GB
+            raise _ResponseRefused("response body declares an XML document type (entities); S3 sends none")
         return bytes(data)
 
 
@@ -136,10 +148,12 @@ class _PeerHTTPSession(AIOHTTPSession):
       its S3 region redirector answers one with a HeadBucket to the same endpoint, and a 307 to that
       with another, until the stack overflows. A 3xx (but 304) ends the call here: S3 needs none
       (its wrong-region 301 is an unusable bucket either way).
-    - No unbounded buffers. botocore reads error bodies (a GET's too) and non-streamed answers (LIST
-      pages) into memory whole: an endpoint answering with `404` and an endless body grew the reader
-      by 3.9 GB within a 4 s call (the call's timeout bounds the time, not the memory). Such a body
-      is read here, under `MAX_RESPONSE_BYTES`.
+    - No unbounded buffers, nothing costly to parse. botocore reads error bodies (a GET's too) and
+      non-streamed answers (LIST pages) into memory whole: an endpoint answering with `404` and an
+      endless body grew the reader by 3.9 GB within a 4 s call (the call's timeout bounds the time,
+      not the memory). Such a body is read here, under `MAX_ERROR_BODY_BYTES` or `MAX_RESPONSE_BYTES`,
+      and refused if it declares a document type: botocore parses it on the event loop, where one
+      peer's entity expansion held every transfer and read of the node past its deadline.
     """
 
     async def _get_session(self, proxy_url: str | None) -> Any:
@@ -157,8 +171,9 @@ class _PeerHTTPSession(AIOHTTPSession):
             raise _Redirected(f"answered HTTP {response.status_code}: redirects are not followed")
         if streamed and response.status_code < 300:
             return response  # an object's body: `S3Bucket` streams it under the caller's cap
+        cap = MAX_ERROR_BODY_BYTES if response.status_code >= 300 else MAX_RESPONSE_BYTES
         capped = AioAWSResponse(response.url, response.status_code, response.headers,
-                                _CappedBody(response.raw, MAX_RESPONSE_BYTES))
+                                _CappedBody(response.raw, cap))
         try:
             await capped.content
         except (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError) as exc:  # as the session maps them
@@ -296,7 +311,7 @@ class S3Bucket(Bucket):
             raise
         except _ResponseTooLarge as exc:
             raise ObjectTooLarge(f"{where}: {exc}") from exc
-        except _Redirected as exc:
+        except (_Redirected, _ResponseRefused) as exc:
             raise BucketUnreachable(f"{where}: {exc}") from exc
         except TimeoutError as exc:
             raise StorageTimeout(f"{where}: no answer within {timeout}s") from exc
