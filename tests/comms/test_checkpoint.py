@@ -131,6 +131,31 @@ def test_malformed_pointers_raise_checkpoint_error(tmp_path: Path, latest: bytes
     asyncio.run(body())
 
 
+def test_a_manifest_nested_too_deep_is_a_checkpoint_error_not_a_crash(tmp_path: Path) -> None:
+    """A manifest whose `meta` nested 300 levels parsed, and its files downloaded and verified, but writing it
+    beside them failed in pydantic's serialiser (a ValueError): every joining node's restore stopped on it."""
+    import hashlib
+
+    from templar.storage import LocalBucket
+
+    nested: dict = {}
+    for _ in range(300):
+        nested = {"a": nested}
+
+    async def body() -> None:
+        b = LocalBucket(tmp_path / "b")
+        await b.put(checkpoint_file_key(40, "m"), b"x")
+        await b.put(checkpoint_manifest_key(40), json.dumps({
+            "protocol": PROTOCOL_VERSION, "netuid": RUN.netuid, "window": 40, "global_step": 1,
+            "hparams_digest": RUN.digest, "meta": nested,
+            "files": {"m": {"sha256": hashlib.sha256(b"x").hexdigest(), "size": 1}}}).encode())
+        await b.put(latest_checkpoint_key(), json.dumps({"protocol": PROTOCOL_VERSION, "window": 40}).encode())
+        with pytest.raises(CheckpointError, match="meta nests deeper"):
+            await download_latest_checkpoint(b, tmp_path / "dl", run=RUN, max_bytes=10**9, deadline=time.time() + 30)
+
+    asyncio.run(body())
+
+
 def test_interrupted_download_resumes(maker, tmp_path: Path) -> None:
     src = files(tmp_path / "src", 40, size=2_000_000)
 

@@ -33,6 +33,8 @@ from templar.storage.base import Bucket, ObjectNotFound, ObjectTooLarge, Storage
 from templar.wire import Run
 
 MAX_MANIFEST_BYTES = 1 << 20
+MAX_META_DEPTH = 8
+"""A manifest's `meta` is flat (the lead writes `global_step` and the hparams' name); 8 levels leave room."""
 _NAME = r"^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,99}$"
 _HASH_CHUNK = 8 << 20
 
@@ -70,6 +72,22 @@ class Manifest(_Record):
         if "manifest.json" in files:
             raise ValueError("a checkpoint file may not be called manifest.json")
         return files
+
+    @field_validator("meta")
+    @classmethod
+    def _shallow_meta(cls, meta: dict[str, Any]) -> dict[str, Any]:
+        """`meta` nests at most `MAX_META_DEPTH` levels: a manifest nested 300 deep parsed, then failed
+        to serialise again once its files were downloaded (pydantic's depth limit, a ValueError no
+        caller expected), and every joining node's restore stopped on it instead of taking an older
+        checkpoint."""
+        pending: list[tuple[Any, int]] = [(meta, 1)]
+        while pending:
+            value, depth = pending.pop()
+            if depth > MAX_META_DEPTH:
+                raise ValueError(f"meta nests deeper than {MAX_META_DEPTH} levels")
+            children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
+            pending.extend((child, depth + 1) for child in children)
+        return meta
 
 
 class Latest(_Record):
