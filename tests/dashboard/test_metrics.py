@@ -155,3 +155,40 @@ def test_idle_connections_hold_a_bounded_number_of_threads_and_a_foreign_host_re
             conn.close()
     finally:
         metrics.close()
+
+
+def test_clients_dripping_a_request_byte_by_byte_are_closed_at_the_requests_deadline(monkeypatch):
+    """The socket's timeout bounds each read, not the request: `CONNECTIONS` clients sending a byte of a request
+    line every 0.2 s never tripped it and held every slot, each real scrape closed on arrival, for as long as
+    they kept dripping. Each is closed once its request is not in after `REQUEST_SECONDS`."""
+    import contextlib
+    import socket
+    import threading
+    import time
+
+    from templar.runtime import metrics_server
+
+    monkeypatch.setattr(metrics_server._Handler, "timeout", 0.5)
+    monkeypatch.setattr(metrics_server, "REQUEST_SECONDS", 0.8)
+    metrics = NeuronMetrics("miner", "5Min", 4)
+    port = metrics.serve("127.0.0.1", 0)
+    drippers = [socket.create_connection(("127.0.0.1", port)) for _ in range(metrics_server.CONNECTIONS)]
+    stop = threading.Event()
+
+    def drip() -> None:
+        while not stop.wait(0.2):
+            for sock in drippers:
+                with contextlib.suppress(OSError):  # closed at its deadline
+                    sock.send(b"G")
+
+    thread = threading.Thread(target=drip, daemon=True)
+    thread.start()
+    try:
+        time.sleep(1.5)  # past the request's deadline, every dripper still sending
+        assert "templar_info" in str(scrape(port))
+    finally:
+        stop.set()
+        thread.join()
+        for sock in drippers:
+            sock.close()
+        metrics.close()

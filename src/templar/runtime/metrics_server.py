@@ -6,7 +6,8 @@ as they stayed open, so anyone who could reach the port (`--metrics.host 0.0.0.0
 could push a miner or a validator to its thread limit. It also answered any Host header, so a web page
 could read a loopback exporter (every peer's hotkey, score and weight) through a name it re-points at
 127.0.0.1. Here:
-- a connection that has not sent its request within `REQUEST_SECONDS` is closed;
+- a connection that has not sent its whole request within `REQUEST_SECONDS` is closed (a deadline for
+  the request, not for each read: a client dripping a byte at a time is closed too);
 - at most `CONNECTIONS` are served at once, and one more is closed at once;
 - bound to loopback, a request must name a loopback host (`storage.locator.loopback_hosts`), as the
   dashboard's must.
@@ -14,8 +15,10 @@ could read a loopback exporter (every peer's hotkey, score and weight) through a
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterable
 from socketserver import ThreadingMixIn
 from typing import Any
@@ -34,7 +37,25 @@ WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 
 
 class _Handler(WSGIRequestHandler):
+    """One scrape. The socket's timeout bounds each read; `_deadline` bounds the whole request: a client
+    sending one byte every few seconds passed every read's timeout, and 16 of them held every slot (each
+    scrape closed on arrival) for as long as they kept dripping."""
+
     timeout = REQUEST_SECONDS  # socketserver sets it on the connection: every read waits at most this
+
+    server: _BoundedServer
+
+    def setup(self) -> None:
+        super().setup()
+        self.server.reading(self.connection)
+
+    def parse_request(self) -> bool:
+        self.server.read(self.connection)  # the request line and headers are in: the answer is ours to write
+        return super().parse_request()
+
+    def finish(self) -> None:
+        self.server.read(self.connection)
+        super().finish()
 
     def log_message(self, format: str, *args: Any) -> None:
         """Scrapes are not logged (the node's log is for the node)."""
@@ -48,7 +69,38 @@ class _BoundedServer(ThreadingMixIn, WSGIServer):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._slots = threading.BoundedSemaphore(CONNECTIONS)
+        self._unread: dict[socket.socket, float] = {}  # connection -> when its request is due
+        self._unread_lock = threading.Lock()
+        self._stopped = threading.Event()
         super().__init__(*args, **kwargs)
+        threading.Thread(target=self._close_overdue, name="metrics-deadlines", daemon=True).start()
+
+    def reading(self, connection: socket.socket) -> None:
+        """`connection`'s request is due within `REQUEST_SECONDS` from now."""
+        with self._unread_lock:
+            self._unread[connection] = time.monotonic() + REQUEST_SECONDS
+
+    def read(self, connection: socket.socket) -> None:
+        """`connection`'s request is in (or it is closing): no deadline any more."""
+        with self._unread_lock:
+            self._unread.pop(connection, None)
+
+    def _close_overdue(self) -> None:
+        """One thread for every connection's deadline: shut each whose request is not in by then, which ends
+        its handler's blocked read (a timer per connection would double the threads a flood holds)."""
+        while not self._stopped.wait(min(0.25, REQUEST_SECONDS / 4)):
+            now = time.monotonic()
+            with self._unread_lock:
+                overdue = [c for c, due in self._unread.items() if due <= now]
+                for connection in overdue:
+                    del self._unread[connection]
+            for connection in overdue:
+                with contextlib.suppress(OSError):
+                    connection.shutdown(socket.SHUT_RDWR)
+
+    def server_close(self) -> None:
+        self._stopped.set()
+        super().server_close()
 
     def process_request(self, request: Any, client_address: Any) -> None:
         if not self._slots.acquire(blocking=False):
