@@ -369,3 +369,82 @@ def test_connections_that_send_nothing_are_closed_and_lock_no_page_out(tmp_path:
         for sock in idle:
             sock.close()
         dash.stop()
+
+
+def test_a_request_sent_a_byte_at_a_time_is_closed_at_its_deadline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """Any byte stopped uvicorn's idle timer: a connection that sent `G` and waited, or one dripping a byte of
+    its request line every 0.2 s, stayed open for good (a review: 128 of them, every page 503; more, every
+    descriptor). The deadline runs from the connection's opening until its request's headers are in."""
+    import socket
+    import threading
+
+    from templar.dashboard import server
+
+    monkeypatch.setattr(server, "IDLE_SECONDS", 0.8)
+    (tmp_path / "validator").mkdir()
+    dash = BackgroundDashboard(Board(BoardConfig(validator_dirs=[tmp_path / "validator"])), "127.0.0.1", 0).start()
+    host, port = dash.sock.getsockname()[:2]
+    one_byte = socket.create_connection((host, port))
+    one_byte.sendall(b"G")
+    dripping = socket.create_connection((host, port))
+    stop = threading.Event()
+
+    def drip() -> None:
+        for byte in b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX: " + b"y" * 100:
+            if stop.wait(0.2):
+                return
+            try:
+                dripping.send(bytes([byte]))
+            except OSError:
+                return  # closed by the server
+
+    thread = threading.Thread(target=drip, daemon=True)
+    thread.start()
+    try:
+        for sock in (one_byte, dripping):
+            sock.settimeout(5)
+            assert sock.recv(64) == b""  # closed, with no answer, after 0.8 s; before: recv timed out
+    finally:
+        stop.set()
+        thread.join()
+        one_byte.close()
+        dripping.close()
+        dash.stop()
+
+
+def test_connections_beyond_the_bound_are_closed_as_they_arrive(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """Each open connection held a descriptor, past `limit_concurrency` too (those only got a 503 once they
+    asked): a flood of them ran the process out of descriptors, and accept() failed for everyone. One beyond
+    `CONNECTIONS` is closed at once; a page is served again as soon as one closes."""
+    import socket
+    import time
+    import urllib.error
+
+    from templar.dashboard import server
+
+    def healthz() -> int | None:
+        try:
+            return get(dash.url + "healthz")[0]
+        except (urllib.error.URLError, ConnectionError):  # closed on arrival: the server has not seen a close yet
+            return None
+
+    monkeypatch.setattr(server, "CONNECTIONS", 4)
+    monkeypatch.setattr(server, "IDLE_SECONDS", 60.0)  # only the bound closes a connection here
+    (tmp_path / "validator").mkdir()
+    dash = BackgroundDashboard(Board(BoardConfig(validator_dirs=[tmp_path / "validator"])), "127.0.0.1", 0).start()
+    host, port = dash.sock.getsockname()[:2]
+    held = [socket.create_connection((host, port)) for _ in range(4)]
+    beyond = socket.create_connection((host, port))
+    try:
+        beyond.settimeout(5)
+        assert beyond.recv(1) == b""  # closed on arrival; before: open until the idle deadline (recv timed out)
+        held.pop().close()
+        deadline = time.monotonic() + 5
+        while (status := healthz()) != 200 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert status == 200
+    finally:
+        beyond.close()
+        for sock in held:
+            sock.close()
+        dash.stop()

@@ -9,12 +9,14 @@ port is a clear error at once and port 0 picks a free one.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import socket
 import threading
 import time
 from pathlib import Path
 
+import h11
 import uvicorn
 from loguru import logger
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -26,7 +28,9 @@ from templar.storage.locator import is_loopback, loopback_hosts
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8787
 IDLE_SECONDS = 5.0
-"""A connection that sends nothing for this long is closed (uvicorn's keep-alive timeout, from the first byte)."""
+"""A connection whose request is not in this long after it opened (or after its last answer) is closed."""
+CONNECTIONS = 128
+"""Connections open at once; one more is closed on arrival."""
 
 
 class BindError(ValueError):
@@ -64,20 +68,46 @@ def url_of(sock: socket.socket) -> str:
 
 
 class _IdleClosingH11(H11Protocol):
-    """uvicorn closes an idle kept-alive connection after `timeout_keep_alive`, but only once it has answered a
-    request on it: a connection that never sent one held one of `limit_concurrency`'s places for as long as it
-    stayed open, and 128 of them locked every page, /healthz included. The same timer now starts when a
-    connection opens; its first bytes stop it, as they do on a kept-alive one."""
+    """A deadline for each request, and a bound on open connections.
+
+    uvicorn closes an idle kept-alive connection after `timeout_keep_alive`, but only once it has answered a
+    request on it, and any byte it receives stops that timer: a connection that never sent a request, or sent
+    one byte of it and then waited, held one of `limit_concurrency`'s places for as long as it stayed open, and
+    128 of them locked every page, /healthz included; more held one descriptor each until accept() failed.
+    Here the timer starts when a connection opens and again after each answer, and only a whole request's
+    headers stop it; a connection beyond `CONNECTIONS` is closed as it arrives (uvicorn's `limit_concurrency` is
+    one more, so its 503 answers no request of the connections let in)."""
+
+    _refused = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        if len(self.connections) >= CONNECTIONS:
+            self._refused = True
+            transport.close()
+            return
         super().connection_made(transport)
         self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive, self.timeout_keep_alive_handler)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self._refused:  # a refused connection has none of uvicorn's state to tear down
+            super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        """As uvicorn's, less the cancelling of the timer on any byte: `handle_events` cancels it on a request."""
+        self.conn.receive_data(data)
+        self.handle_events()
+
+    def timeout_keep_alive_handler(self) -> None:
+        """Close the connection, whatever state the client left it in mid-request."""
+        with contextlib.suppress(h11.LocalProtocolError):
+            super().timeout_keep_alive_handler()
+        self.transport.close()
 
 
 def build_server(board: Board, host: str) -> uvicorn.Server:
     app = create_app(board, allowed_hosts=loopback_hosts(host))
     config = uvicorn.Config(app, log_level="warning", access_log=False, server_header=False,
-                            proxy_headers=False, timeout_graceful_shutdown=2, limit_concurrency=128,
+                            proxy_headers=False, timeout_graceful_shutdown=2, limit_concurrency=CONNECTIONS + 1,
                             lifespan="on", http=_IdleClosingH11, timeout_keep_alive=IDLE_SECONDS)
     server = uvicorn.Server(config)
     app.state.refresher.exiting = lambda: server.should_exit
