@@ -121,9 +121,10 @@ def computed() -> list[tuple[str, str]]:
         f"`TimeoutStopSec` is {stop_timeout_seconds(w, 'miner')} s\n  for a miner and "
         f"{stop_timeout_seconds(w, 'validator')} s for a validator",
         f"torchrun gives its ranks {_torchrun_grace()} s after a SIGTERM",
-        f"a connection that sends nothing is closed after {g(dashboard_server.IDLE_SECONDS)} s",
-        f"at most\n{metrics_server.CONNECTIONS} connections are served at once (more are closed on arrival), one that "
-        f"sends no request within {g(metrics_server.REQUEST_SECONDS)} s",
+        f"a connection whose request is not in {g(dashboard_server.IDLE_SECONDS)} s after it opened",
+        f"at most {dashboard_server.CONNECTIONS} are open at once, one more is closed on arrival",
+        f"at most\n{metrics_server.CONNECTIONS} connections are served at once (more are closed on arrival), one whose "
+        f"whole request is not in\nwithin {g(metrics_server.REQUEST_SECONDS)} s of connecting is closed",
         f"no table scrolls sideways at {_browser('PHONE')['width']} px",
         f"at {_browser('DESKTOP')['width']}×{_browser('DESKTOP')['height']} and "
         f"{_browser('PHONE')['width']}×{_browser('PHONE')['height']}",
