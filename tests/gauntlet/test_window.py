@@ -55,6 +55,23 @@ def test_a_window_without_evaluations_only_recomputes_weights(gauntlet_cfg):
     assert book.to_json() == before and scores.weights == book.weights(gauntlet_cfg)
 
 
+def test_a_peer_the_gather_never_asked_is_judged_on_nothing(gauntlet_cfg):
+    """`unserved`: the validator's gather ended before the peer's transfer began (other transfers, stallers
+    among them, held every slot). It was `timeout`, a φ on an honest miner for what other hotkeys did; now
+    the window leaves its record as an undrawn peer's is, warm-up episode included."""
+    book = ScoreBook()
+    score_window(book, gauntlet_cfg, 3, MINERS, {"a": FastVerdict(Status.OK), "b": FastVerdict(Status.WARMUP)},
+                 {"a": PrimaryResult(0.3, 0.2)})
+    before = book.to_json()
+    unserved = {"a": FastVerdict(Status.UNSERVED), "b": FastVerdict(Status.UNSERVED), "c": FastVerdict(Status.UNSERVED)}
+    scores = score_window(book, gauntlet_cfg, 4, MINERS, unserved, {})
+    assert book.to_json() == before and scores.weights == book.weights(gauntlet_cfg)  # "c": not even created
+    assert book.peers["b"].warmup_window == 3  # its warm-up runs on: an episode ends at a verdict only
+    timed_out = ScoreBook.from_json(before)
+    score_window(timed_out, gauntlet_cfg, 4, MINERS, {"a": FastVerdict(Status.TIMEOUT)}, {})
+    assert timed_out.peers["a"].mu < book.peers["a"].mu  # what the same peer lost as `timeout`
+
+
 def test_inputs_the_rules_cannot_take_are_refused_before_any_change(gauntlet_cfg):
     book = ScoreBook()  # state only: the rules come with every call
     with pytest.raises(ValueError, match="not miners"):
@@ -68,7 +85,8 @@ def test_inputs_the_rules_cannot_take_are_refused_before_any_change(gauntlet_cfg
 
 def test_every_status_knows_whether_it_passes_and_earns():
     assert {s for s in Status if s.earns} == {Status.OK}
-    assert {s for s in Status if s.passes} == {Status.OK, Status.WARMUP, Status.NOT_SAMPLED}
+    assert {s for s in Status if s.passes} == {Status.OK, Status.WARMUP, Status.NOT_SAMPLED, Status.UNSERVED}
+    assert {s for s in Status if not s.judges} == {Status.NOT_SAMPLED, Status.UNSERVED}
     assert all(s.meaning for s in Status)
     assert Status.of_label("malformed:bad_signature") is Status.MALFORMED
     assert Status.of_label("no-such-status") is None

@@ -56,6 +56,7 @@ class GatherStatus(StrEnum):
     MALFORMED = "malformed"      # `validate` rejected the bytes
     TIMEOUT = "timeout"          # per-peer budget or round deadline ran out
     UNREACHABLE = "unreachable"  # connection, auth, missing bucket or server error
+    UNSERVED = "unserved"        # the round ended before a transfer slot was free: never asked for
 
 
 @dataclass(frozen=True)
@@ -164,7 +165,9 @@ def start_order(hotkeys: Iterable[str], rng: random.Random | None = None) -> lis
     grind), with stalling buckets, would take every slot for the first budgets of each round and leave
     the peers queued behind them (honest miners, the top-G among them) to the round deadline. Shuffled,
     a staller's place is a draw, and stalling costs its owner a slot's share of the round, not a chosen
-    one. Which peers are gathered is no consensus: every node applies the lead's inputs."""
+    one. A peer still queued at the deadline is `unserved`, which judges it on nothing (its bucket was
+    never asked), so enough stallers can keep a peer out of a window's aggregate but never cost it a
+    penalty. Which peers are gathered is no consensus: every node applies the lead's inputs."""
     order = list(hotkeys)
     (rng or random.SystemRandom()).shuffle(order)
     return order
@@ -191,7 +194,9 @@ async def gather(
     `put_window` is `(start, end)` in unix seconds; uploads outside it widened by `clock_skew`
     seconds (S3 timestamps have 1 s resolution and clocks drift) are early/late.
     `per_peer_timeout` starts when the peer's transfer starts (after waiting for a slot); peers take
-    the slots in `start_order` (`rng`: its randomness, for tests). The result lists them as `peers` does.
+    the slots in `start_order` (`rng`: its randomness, for tests), and one whose transfer had not started
+    by `deadline` is `unserved`, not `timeout`: its bucket was never asked, so nothing is known of its
+    upload and none of it is the peer's doing. The result lists them as `peers` does.
     `validate(hotkey, data)` runs in a worker thread; exceptions of `malformed_errors` mark the
     peer malformed (pass `templar.wire.PayloadError` to be strict), anything else is our bug
     and propagates.
@@ -207,16 +212,21 @@ async def gather(
 
     async def one(hotkey: str, bucket: Bucket) -> GatherResult[T]:
         started = loop.time()
+        asked = False
         try:
             async with asyncio.timeout_at(round_end):
                 async with slots:
                     started = loop.time()
+                    asked = started < round_end  # a slot freed at the deadline asks nothing
                     budget_end = min(started + per_peer_timeout, round_end)
                     async with asyncio.timeout_at(budget_end):
                         result = await _fetch_one(hotkey, bucket, rules, budget_end)
         except TimeoutError:
-            waited = "round deadline" if loop.time() >= round_end - 1e-3 else "per-peer timeout"
-            result = GatherResult(GatherStatus.TIMEOUT, reason=f"{waited} reached")
+            if asked:
+                waited = "round deadline" if loop.time() >= round_end - 1e-3 else "per-peer timeout"
+                result = GatherResult(GatherStatus.TIMEOUT, reason=f"{waited} reached")
+            else:  # its bucket was never asked: what it would have answered is unknown, and is not its fault
+                result = GatherResult(GatherStatus.UNSERVED, reason="the round ended before a transfer slot was free")
         return GatherResult(result.status, result.value, result.reason, result.nbytes,
                             loop.time() - started, result.timestamp, result.error)
 

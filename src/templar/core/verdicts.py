@@ -21,6 +21,7 @@ class Status(StrEnum):
     WARMUP = "warmup"              # valid, marked warm-up (joining or re-syncing): no penalty, earns nothing
     WARMUP_OVERDUE = "warmup_overdue"  # a warm-up past `gauntlet.warmup_overdue_windows` (`ScoreBook.warmup_overdue`)
     NOT_SAMPLED = "not-sampled"    # not drawn for fast evaluation this window (records only)
+    UNSERVED = "unserved"          # drawn, but the gather's round ended before its transfer began: no verdict
     # the gather's failures (`templar.comms.GatherStatus`)
     MISSING = "missing"            # no upload for the window, or no usable bucket committed
     EARLY = "early"                # written before the put window opened
@@ -44,6 +45,13 @@ class Status(StrEnum):
         return self in _PASSING
 
     @property
+    def judges(self) -> bool:
+        """A verdict on the peer's upload: the validator looked at it (or found it absent). Not drawn, or never
+        asked for (`unserved`: other transfers held the gather's slots to its deadline), the window says
+        nothing of the peer, and the score book records nothing of it (a warm-up episode runs on)."""
+        return self not in _UNJUDGED
+
+    @property
     def earns(self) -> bool:
         """The upload may be drawn for primary evaluation and aggregated, so it can be paid."""
         return self is Status.OK
@@ -62,12 +70,15 @@ class Status(StrEnum):
             return None
 
 
-_PASSING = frozenset({Status.OK, Status.WARMUP, Status.NOT_SAMPLED})
+_PASSING = frozenset({Status.OK, Status.WARMUP, Status.NOT_SAMPLED, Status.UNSERVED})
+_UNJUDGED = frozenset({Status.NOT_SAMPLED, Status.UNSERVED})
 
 _MEANING = {
     Status.OK: "valid, on time, in sync, not a copy",
     Status.WARMUP: "valid but marked warm-up (a joining or re-syncing miner); never aggregated",
     Status.NOT_SAMPLED: "not drawn for fast evaluation this window",
+    Status.UNSERVED: "drawn, but the validator's gather ended before it asked for the upload (other transfers "
+                     "held every slot): no verdict, no penalty, not aggregated",
     Status.WARMUP_OVERDUE: "marked warm-up longer after its warm-up began than the run allows "
                            "(gauntlet.warmup_overdue_windows): a warm-up posted for ever keeps no score",
     Status.MISSING: "no upload for the window, or no usable bucket committed",

@@ -77,8 +77,9 @@ def score_window(book: ScoreBook, rules: GauntletConfig, window: int, miners: Ma
                  verdicts: Mapping[str, FastVerdict], losses: Mapping[str, PrimaryResult]) -> WindowScores:
     """Apply one window's evaluations to `book` and return its weights and top-G.
 
-    In order: each fast verdict (a failure multiplies μ by φ, read at the paid levels before the window's
-    first verdict, so the verdicts' order does not matter; `Status.passes`; a warm-up upload
+    In order: each fast verdict that judges the peer (`Status.judges`: an `unserved` peer's upload was
+    never read, and is skipped as an undrawn one is; a failure multiplies μ by φ, read at the paid levels
+    before the window's first verdict, so the verdicts' order does not matter; `Status.passes`; a warm-up upload
     `warmup_overdue_windows` windows or more into the peer's warm-up fails as `warmup_overdue`,
     `ScoreBook.warmup_overdue`), the pools fast
     evaluation found (paid once; forgotten after `pool_memory` windows), the primary evaluation
@@ -88,6 +89,7 @@ def score_window(book: ScoreBook, rules: GauntletConfig, window: int, miners: Ma
     `losses` must have a verdict that earns (`Status.earns`). A window without evaluations
     (verdicts and losses empty) only recomputes the weights.
     """
+    verdicts = {hotkey: verdict for hotkey, verdict in verdicts.items() if verdict.status.judges}
     unknown = sorted(set(verdicts) - set(miners))
     if unknown:
         raise ValueError(f"score_window: verdicts for hotkeys that are not miners: {unknown[:3]}")
