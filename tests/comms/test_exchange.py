@@ -50,6 +50,9 @@ def test_peer_lists_pick_newest_not_after_window(maker) -> None:
             assert await get_peers(b, 20, run=RUN) == (20, ["carol"])
             assert await get_peers(b, 10**6, run=RUN) == (20, ["carol"])
             assert await get_peers(b, 8, run=RUN) is None
+            assert await get_peers(b, 15, run=RUN, max_peers=2) == (10, ["alice", "bob"])
+            with pytest.raises(RecordError, match="names 2 peers, the run aggregates at most 1"):
+                await get_peers(b, 15, run=RUN, max_peers=1)  # every node would gather each one
 
     asyncio.run(body())
 

@@ -202,6 +202,26 @@ def test_inputs_signed_by_someone_else_are_refused(hp, tmp_path, signed_payloads
     run_virtual(scenario(), start=IN_SLOT)
 
 
+def test_inputs_naming_more_payloads_than_the_run_aggregates_are_refused(hp, tmp_path, signed_payloads):
+    """Each payload of the lead's inputs enters at weight 1/G: a record naming more than `top_g` (up to the
+    wire's 256) made every node fetch and decode them all in the apply span and take a step N/G times the
+    run's, where catch-up's reader refused the same step (a review, with a lead slot's stake). Refused here
+    as malformed, as a torn record is: the window goes to the next slot."""
+    raw, payloads = signed_payloads
+    narrow = hp.model_copy(update={"gauntlet": hp.gauntlet.model_copy(update={"top_g": len(payloads) - 1})})
+    inputs = inputs_of(WINDOW, 3, list(payloads.values()))
+
+    async def scenario():
+        node = await _scenario(narrow, tmp_path, raw, lead_inputs=inputs)()
+        with pytest.raises(FollowError, match=rf"malformed \(bad_metadata: {len(payloads)} peers, the run aggregates "
+                                              rf"at most {len(payloads) - 1}"):
+            await window_inputs(node, WINDOW, deadline=node.clock.now() + 1)
+        assert (await window_inputs(Follower(hp, node.model, node.clock, node.lead_key, node.buckets), WINDOW,
+                                    deadline=node.clock.now() + 1)).inputs == inputs  # G of them: taken
+
+    run_virtual(scenario(), start=IN_SLOT)
+
+
 @pytest.mark.parametrize("copy", ["gathered", "fetched"])
 def test_a_payload_re_signed_as_warm_up_still_enters_at_the_leads_weight(hp, tmp_path, signed_payloads, real_peers,
                                                                          copy):

@@ -44,6 +44,14 @@ def test_another_run_window_or_signer_is_refused(keypair, verify, inputs):
         assert info.value.reason == reason
 
 
+def test_more_payloads_than_the_run_aggregates_are_refused(keypair, verify, inputs):
+    data = write_inputs(inputs, hotkey=keypair.ss58_address, run=RUN, sign=keypair.sign)
+    assert read_inputs(data, run=RUN, verify=verify, max_peers=2) == inputs
+    with pytest.raises(PayloadError) as info:
+        read_inputs(data, run=RUN, verify=verify, max_peers=1)
+    assert info.value.reason == "bad_metadata" and "at most 1" in info.value.detail
+
+
 def test_a_set_naming_a_hotkey_twice_cannot_be_written():
     with pytest.raises(ValueError, match="unique"):
         write_inputs(StepInputs(1, 0, (("5A", b"a" * 32), ("5A", b"b" * 32))), hotkey="5L", run=RUN,

@@ -142,7 +142,7 @@ async def _peer_index(bucket: Bucket, *, run: Run, timeout: float) -> list[int] 
 
 
 async def _read_peers(bucket: Bucket, effective: int, run: Run, timeout: float,
-                      max_bytes: int) -> tuple[int, list[str]] | None:
+                      max_bytes: int, max_peers: int | None) -> tuple[int, list[str]] | None:
     try:
         data = await bucket.get(peers_key(effective), max_bytes=max_bytes, timeout=timeout)
     except ObjectNotFound:
@@ -151,19 +151,23 @@ async def _read_peers(bucket: Bucket, effective: int, run: Run, timeout: float,
     check_run(record, run, f"{bucket.name} peers/{effective}")
     if record.window != effective:
         raise RecordError(f"peer list at window {effective} claims window {record.window}")
+    if max_peers is not None and len(record.peers) > max_peers:
+        raise RecordError(f"peer list at window {effective} names {len(record.peers)} peers, the run aggregates "
+                          f"at most {max_peers}")
     return effective, list(record.peers)
 
 
 async def get_peers(bucket: Bucket, window: int, *, run: Run, timeout: float = DEFAULT_TIMEOUT,
-                    max_bytes: int = MAX_RECORD_BYTES) -> tuple[int, list[str]] | None:
+                    max_bytes: int = MAX_RECORD_BYTES, max_peers: int | None = None) -> tuple[int, list[str]] | None:
     """The newest peer list of `run` whose window is <= `window`, as (effective_window, hotkeys).
 
-    None if none has been published; `RecordError` if the one in effect is malformed or of another
-    run. Every node asks every window, so this never lists the bucket in the steady state: one GET
+    None if none has been published; `RecordError` if the one in effect is malformed, of another
+    run, or names more than `max_peers` (the run's `gauntlet.top_g`: every node gathers each one).
+    Every node asks every window, so this never lists the bucket in the steady state: one GET
     when the lead published a list for `window` (it names one each window), else the index and
     the list it points to. Only a window older than the index's 64 publications costs a LIST.
     """
-    found = await _read_peers(bucket, window, run, timeout, max_bytes)
+    found = await _read_peers(bucket, window, run, timeout, max_bytes, max_peers)
     if found is not None:
         return found
     windows = await _peer_index(bucket, run=run, timeout=timeout)
@@ -176,7 +180,7 @@ async def get_peers(bucket: Bucket, window: int, *, run: Run, timeout: float = D
                    if (w := window_of(obj.key, prefix, ".json")) is not None and w <= window]
     if not earlier:
         return None
-    return await _read_peers(bucket, max(earlier), run, timeout, max_bytes)
+    return await _read_peers(bucket, max(earlier), run, timeout, max_bytes, max_peers)
 
 
 # -- aggregates -------------------------------------------------------------------------------

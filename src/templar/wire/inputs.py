@@ -72,9 +72,12 @@ def write_inputs(inputs: StepInputs, *, hotkey: str, run: Run, sign: Signer) -> 
 
 
 def read_inputs(data: bytes, *, run: Run, verify: Verifier | None, expected_hotkey: str | None = None,
-                expected_window: int | None = None) -> StepInputs:
+                expected_window: int | None = None, max_peers: int | None = None) -> StepInputs:
     """Validate and decode the lead's inputs record of `run`; raises `PayloadError` for anything
-    malformed, unauthenticated, of another run, of another window or not the lead's."""
+    malformed, unauthenticated, of another run, of another window or not the lead's, and for more
+    payloads than `max_peers` (the run's `gauntlet.top_g`): each is applied at weight 1/G, so a record
+    naming 256 made every node fetch and decode 256 payloads in the apply span and take a step
+    256/G times the run's, where catch-up's reader (`read_bundle`) refused it."""
     data = bytes(data)
     if len(data) > max_inputs_bytes():
         raise PayloadError("oversize", f"{len(data)} > {max_inputs_bytes()} bytes")
@@ -87,6 +90,8 @@ def read_inputs(data: bytes, *, run: Run, verify: Verifier | None, expected_hotk
         raise PayloadError("wrong_hotkey", f"{doc.hotkey[:16]} != {expected_hotkey[:16]}")
     if expected_window is not None and doc.window != expected_window:
         raise PayloadError("wrong_window", f"{doc.window} != {expected_window}")
+    if max_peers is not None and len(doc.peers) > max_peers:
+        raise PayloadError("bad_metadata", f"{len(doc.peers)} peers, the run aggregates at most {max_peers}")
     if set(container.entries) != {_DIGESTS}:
         raise PayloadError("unexpected_tensor", f"{sorted(container.entries)[:3]}")
     entry = container.entries[_DIGESTS]

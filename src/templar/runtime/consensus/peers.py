@@ -50,7 +50,8 @@ async def _list_of(node: Node, leads: Sequence[Lead], window: int) -> tuple[list
         if lead.bucket is None:
             continue
         try:
-            found = await get_peers(lead.bucket, window, run=node.run, timeout=PEER_LIST_SECONDS)
+            found = await get_peers(lead.bucket, window, run=node.run, timeout=PEER_LIST_SECONDS,
+                                    max_peers=node.hp.gauntlet.top_g)
         except (StorageError, RecordError) as exc:
             problem = str(exc)
             continue

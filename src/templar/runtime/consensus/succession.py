@@ -162,7 +162,7 @@ async def observe(node: Node, candidate: Lead, window: int, slot: int, times: Wi
                            else "stored before its slot opened")
     try:
         inputs = read_inputs(blob.data, run=node.run, verify=verify_signature, expected_hotkey=candidate.hotkey,
-                             expected_window=window)
+                             expected_window=window, max_peers=node.hp.gauntlet.top_g)
     except PayloadError as exc:
         return Observation(Seen.UNKNOWN, why=f"malformed ({exc.reason}: {str(exc.detail)[:120]})")
     return Observation(Seen.PRESENT, inputs)
