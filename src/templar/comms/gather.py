@@ -43,6 +43,11 @@ T = TypeVar("T")
 
 DEADLINE_GRACE = 0.25
 """Seconds a cancelled transfer gets to unwind after the deadline before it is abandoned."""
+MIN_BUDGET_SHARE = 0.5
+"""A transfer starts only with at least this share of its budget left in the round (its per-peer budget, or the
+round when shorter); a peer whose slot comes later is `unserved`. Without it, stalling buckets that know the
+deadline (the chain's schedule) freed their slots just before it, and the honest peers that took them were
+`timeout`, a φ each, for transfers no one could finish in what was left."""
 
 
 class GatherStatus(StrEnum):
@@ -165,9 +170,10 @@ def start_order(hotkeys: Iterable[str], rng: random.Random | None = None) -> lis
     grind), with stalling buckets, would take every slot for the first budgets of each round and leave
     the peers queued behind them (honest miners, the top-G among them) to the round deadline. Shuffled,
     a staller's place is a draw, and stalling costs its owner a slot's share of the round, not a chosen
-    one. A peer still queued at the deadline is `unserved`, which judges it on nothing (its bucket was
-    never asked), so enough stallers can keep a peer out of a window's aggregate but never cost it a
-    penalty. Which peers are gathered is no consensus: every node applies the lead's inputs."""
+    one. A peer still queued when too little of the round is left for a transfer (`MIN_BUDGET_SHARE`) is
+    `unserved`, which judges it on nothing (its bucket was never asked), so enough stallers can keep a peer
+    out of a window's aggregate but not cost it a penalty. Which peers are gathered is no consensus: every
+    node applies the lead's inputs."""
     order = list(hotkeys)
     (rng or random.SystemRandom()).shuffle(order)
     return order
@@ -183,6 +189,7 @@ async def gather(
     validate: Callable[[str, bytes], T],
     concurrency: int = 16,
     per_peer_timeout: float = 10.0,
+    min_budget: float | None = None,
     clock_skew: float = 2.0,
     malformed_errors: tuple[type[BaseException], ...] = (ValueError,),
     version: int = PROTOCOL_VERSION,
@@ -194,9 +201,10 @@ async def gather(
     `put_window` is `(start, end)` in unix seconds; uploads outside it widened by `clock_skew`
     seconds (S3 timestamps have 1 s resolution and clocks drift) are early/late.
     `per_peer_timeout` starts when the peer's transfer starts (after waiting for a slot); peers take
-    the slots in `start_order` (`rng`: its randomness, for tests), and one whose transfer had not started
-    by `deadline` is `unserved`, not `timeout`: its bucket was never asked, so nothing is known of its
-    upload and none of it is the peer's doing. The result lists them as `peers` does.
+    the slots in `start_order` (`rng`: its randomness, for tests). A transfer starts only with `min_budget`
+    seconds of the round left (default `MIN_BUDGET_SHARE` of the per-peer budget, or of the round when it is
+    shorter); a peer that got no slot by then is `unserved`, not `timeout`: its bucket was never asked, so
+    nothing is known of its upload and none of it is the peer's doing. The result lists them as `peers` does.
     `validate(hotkey, data)` runs in a worker thread; exceptions of `malformed_errors` mark the
     peer malformed (pass `templar.wire.PayloadError` to be strict), anything else is our bug
     and propagates.
@@ -205,6 +213,8 @@ async def gather(
         raise ValueError("concurrency >= 1, per_peer_timeout > 0 and max_bytes >= 0 required")
     loop = asyncio.get_running_loop()
     round_end = loop.time() + (deadline - now())
+    if min_budget is None:
+        min_budget = MIN_BUDGET_SHARE * min(per_peer_timeout, max(round_end - loop.time(), 0.0))
     rules = _Rules(gradient_key(window, version), put_window, clock_skew, max_bytes, validate,
                    malformed_errors)
     slots = asyncio.Semaphore(concurrency)
@@ -212,21 +222,24 @@ async def gather(
 
     async def one(hotkey: str, bucket: Bucket) -> GatherResult[T]:
         started = loop.time()
-        asked = False
+        asked = timed_out = False
         try:
             async with asyncio.timeout_at(round_end):
                 async with slots:
                     started = loop.time()
-                    asked = started < round_end  # a slot freed at the deadline asks nothing
-                    budget_end = min(started + per_peer_timeout, round_end)
-                    async with asyncio.timeout_at(budget_end):
-                        result = await _fetch_one(hotkey, bucket, rules, budget_end)
+                    asked = started < round_end and round_end - started >= min_budget  # else the slot passes on
+                    if asked:
+                        budget_end = min(started + per_peer_timeout, round_end)
+                        async with asyncio.timeout_at(budget_end):
+                            result = await _fetch_one(hotkey, bucket, rules, budget_end)
         except TimeoutError:
-            if asked:
-                waited = "round deadline" if loop.time() >= round_end - 1e-3 else "per-peer timeout"
-                result = GatherResult(GatherStatus.TIMEOUT, reason=f"{waited} reached")
-            else:  # its bucket was never asked: what it would have answered is unknown, and is not its fault
-                result = GatherResult(GatherStatus.UNSERVED, reason="the round ended before a transfer slot was free")
+            timed_out = True
+        if not asked:  # its bucket was never asked: nothing is known of its upload, and none of it is its doing
+            result = GatherResult(GatherStatus.UNSERVED, reason=f"no transfer slot came free with {min_budget:g} s "
+                                  "of the round left")
+        elif timed_out:
+            waited = "round deadline" if loop.time() >= round_end - 1e-3 else "per-peer timeout"
+            result = GatherResult(GatherStatus.TIMEOUT, reason=f"{waited} reached")
         return GatherResult(result.status, result.value, result.reason, result.nbytes,
                             loop.time() - started, result.timestamp, result.error)
 
