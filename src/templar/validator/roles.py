@@ -135,6 +135,12 @@ class FollowerRole(Role):
             except FollowError as exc:
                 context(window=window, phase="sync").warning(
                     f"[SYNC] {exc}: not guessing the window's step; catching up on its published update")
+        return await self.catch_up(work)
+
+    async def catch_up(self, work: ValidatorWindow) -> tuple[OuterStep | None, list[Gradient]] | None:
+        """The window's published update, or a re-sync once the window is `max_allowed_stale` behind; None
+        when stopped first."""
+        v, node, window = self.v, self.v.node, work.window
         while v.state.window < window and not node.stop.is_set():
             if node.clock.current_window() - window > v.hp.windows.max_allowed_stale:
                 try:
