@@ -182,6 +182,45 @@ def test_buckets_and_faults_of_hotkeys_that_left_are_closed_and_forgotten(tmp_pa
     assert bucket.closed and turned not in node._peer_buckets and turned in node.bucket_faults
 
 
+def test_windows_a_lead_led_read_the_bucket_it_committed_since(tmp_path):
+    """A lead that rotates its read key (or moves its bucket) commits a new locator; the node opens the new
+    bucket and closes the old. The decisions of the windows it led kept the old one, and every read through
+    them (catch-up's aggregates, the sync check's progress) failed with "bucket is closed" until they left the
+    node's 64-window history, a re-sync replaying into the same failure (a review). They read the new one."""
+    import dataclasses
+
+    from templar.chain import Neuron
+    from templar.runtime.consensus.succession import Decision, Lead
+    from templar.wire import StepInputs
+
+    opened: list[_Opened] = []
+
+    def open_bucket(locator: object, **_: object) -> _Opened:
+        opened.append(_Opened(locator))
+        return opened[-1]
+
+    locators = {"lead": f"local:{tmp_path / 'old'}", "other": f"local:{tmp_path / 'other'}"}
+    node = _node(locators, allow_private_endpoints=True, open_bucket=open_bucket)
+    validator = Neuron(uid=3, hotkey="lead", coldkey="c", stake=10.0, validator_permit=True, last_update=0,
+                       commitment=locators["lead"], validates=True)
+
+    async def scenario() -> None:
+        first = await node.peer_buckets()
+        inputs = StepInputs(20, 5, (("miner", b"\x01" * 32),))
+        for window in (20, 21):
+            node.leads.remember(Decision(window, True, slot=0, lead=Lead(validator, first["lead"]), inputs=inputs))
+        other = dataclasses.replace(validator, uid=4, hotkey="other", commitment=locators["other"])
+        node.leads.remember(Decision(22, True, slot=0, lead=Lead(other, first["other"]), inputs=inputs))
+        locators["lead"] = f"local:{tmp_path / 'new'}"  # the read key rotated
+        now = await node.peer_buckets()
+        assert first["lead"].closed and not now["lead"].closed
+        assert [node.leads.decisions[w].lead.bucket for w in (20, 21)] == [now["lead"]] * 2
+        assert node.leads.decisions[22].lead.bucket is first["other"]  # another hotkey's: as it was
+        assert node.leads.decisions[20].inputs == inputs
+
+    asyncio.run(scenario())
+
+
 def test_a_locator_carrying_the_write_secret_is_never_committed(monkeypatch):
     """The node commits its `--bucket.locator` on chain, in public. Pasted with the write key's secret as its
     read secret, it was committed as it was, and anyone reading the chain could overwrite or delete the

@@ -287,6 +287,7 @@ class Node:
             # stored before the await below: a call meanwhile reuses it instead of opening (and leaking) another
             self._peer_buckets[hotkey] = (raw, bucket)
             if cached:
+                self.leads.rebind(hotkey, bucket)  # before the old one closes: the windows it led read the new
                 await cached[1].aclose()
             out[hotkey] = bucket
         return out

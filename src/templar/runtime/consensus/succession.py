@@ -263,6 +263,17 @@ class LeadHistory:
         for old in sorted(self.decisions)[: max(0, len(self.decisions) - self.KEEP)]:
             del self.decisions[old]
 
+    def rebind(self, hotkey: str, bucket: Bucket) -> None:
+        """`hotkey` committed another bucket (a rotated read key, a move): the decisions it led read its new
+        one. They kept the old, which the node closes as it opens the new, and every read through them (a
+        catch-up's aggregates, the sync check's progress, the peer list before) failed with "bucket is
+        closed" until the decision left the history, about 90 minutes of production's windows; a re-sync
+        replayed into the same failure."""
+        for window, decision in self.decisions.items():
+            if decision.lead is not None and decision.lead.hotkey == hotkey:
+                self.decisions[window] = dataclasses.replace(decision, lead=dataclasses.replace(decision.lead,
+                                                                                               bucket=bucket))
+
     def applied(self, decision: Decision) -> None:
         """Note the lead of a window this node applied; one line whenever it differs from the lead of
         the window applied before (every node says it, with the reason)."""
