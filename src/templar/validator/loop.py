@@ -473,15 +473,7 @@ class Validator:
             and work.decision.lead.hotkey == self.node.hotkey and not self.node.shadow  # a shadow's hotkey: the live one's
         self.role = self.leading if led else self.following
         await asyncio.to_thread(self.bases.before_step, self.state, work.window)
-        try:
-            taken = await self.role.step(work)
-        except FollowError as exc:  # our own inputs, published before a restart, name a payload no longer to be had
-            context(window=work.window, phase="sync").warning(
-                f"[SYNC] {exc}: our inputs of window {work.window} cannot be applied now; catching up on its "
-                "published update instead, and publishing nothing of the window")
-            self.role = self.following
-            taken = await self.following.catch_up(work)
-        if taken is None:
+        if (taken := await self.role.step(work)) is None:
             return False
         work.step, work.applied = taken
         self.state.window = max(self.state.window, work.window)

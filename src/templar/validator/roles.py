@@ -51,11 +51,23 @@ class LeadRole(Role):
 
     is_lead = True
 
-    async def step(self, work: ValidatorWindow) -> tuple[OuterStep | None, list[Gradient]]:
+    async def step(self, work: ValidatorWindow) -> tuple[OuterStep | None, list[Gradient]] | None:
+        """Our inputs, applied. Published before a restart, they can name a payload no longer to be had
+        (its miner withheld or deleted it since): then the window is caught up on as a follower does, and
+        the follower's role publishes nothing of it. The FollowError ended the process (exit 1), again
+        after every restart (a review)."""
         v, clock = self.v, self.v.node.clock
         assert work.decision is not None and work.decision.inputs is not None
-        return await apply_inputs(v.node, work.window, work.decision.inputs, v.state, work.results, keep_signs=True,
-                                  deadline=max(work.times.apply_deadline, clock.now() + PUBLISH_MIN_SECONDS))
+        try:
+            return await apply_inputs(v.node, work.window, work.decision.inputs, v.state, work.results,
+                                      keep_signs=True,
+                                      deadline=max(work.times.apply_deadline, clock.now() + PUBLISH_MIN_SECONDS))
+        except FollowError as exc:
+            context(window=work.window, phase="sync").warning(
+                f"[SYNC] {exc}: our inputs of window {work.window} cannot be applied now; catching up on its "
+                "published update instead, and publishing nothing of the window")
+            v.role = v.following
+            return await v.following.catch_up(work)
 
     async def publish(self, work: ValidatorWindow) -> None:
         """The window's aggregate, progress and the peer list in effect from the next window: the
