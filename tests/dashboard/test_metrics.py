@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import urllib.request
 
+import pytest
+
 from templar.runtime.flags import add_node_args
 from templar.runtime.metrics import NeuronMetrics, start_metrics
 from templar.runtime.records import (
@@ -157,10 +159,12 @@ def test_idle_connections_hold_a_bounded_number_of_threads_and_a_foreign_host_re
         metrics.close()
 
 
-def test_clients_dripping_a_request_byte_by_byte_are_closed_at_the_requests_deadline(monkeypatch):
+@pytest.mark.parametrize("start", [b"", b"GET /metrics HTTP/1.1\r\n"], ids=["request-line", "headers"])
+def test_clients_dripping_a_request_byte_by_byte_are_closed_at_the_requests_deadline(monkeypatch, start):
     """The socket's timeout bounds each read, not the request: `CONNECTIONS` clients sending a byte of a request
     line every 0.2 s never tripped it and held every slot, each real scrape closed on arrival, for as long as
-    they kept dripping. Each is closed once its request is not in after `REQUEST_SECONDS`."""
+    they kept dripping. Each is closed once its request is not in after `REQUEST_SECONDS`, the request line's
+    bytes dripped or, the line sent whole, its headers' (the first fix lifted the deadline before the headers)."""
     import contextlib
     import socket
     import threading
@@ -173,6 +177,8 @@ def test_clients_dripping_a_request_byte_by_byte_are_closed_at_the_requests_dead
     metrics = NeuronMetrics("miner", "5Min", 4)
     port = metrics.serve("127.0.0.1", 0)
     drippers = [socket.create_connection(("127.0.0.1", port)) for _ in range(metrics_server.CONNECTIONS)]
+    for sock in drippers:
+        sock.sendall(start)  # the request line at once, then its headers a byte at a time (a review's case)
     stop = threading.Event()
 
     def drip() -> None:

@@ -37,7 +37,7 @@ WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 
 
 class _Handler(WSGIRequestHandler):
-    """One scrape. The socket's timeout bounds each read; `_deadline` bounds the whole request: a client
+    """One scrape. The socket's timeout bounds each read; the server's deadline the whole request: a client
     sending one byte every few seconds passed every read's timeout, and 16 of them held every slot (each
     scrape closed on arrival) for as long as they kept dripping."""
 
@@ -50,8 +50,9 @@ class _Handler(WSGIRequestHandler):
         self.server.reading(self.connection)
 
     def parse_request(self) -> bool:
-        self.server.read(self.connection)  # the request line and headers are in: the answer is ours to write
-        return super().parse_request()
+        parsed = super().parse_request()  # reads the headers: a client dripping them is still on its deadline
+        self.server.read(self.connection)  # the whole request is in: the answer is ours to write
+        return parsed
 
     def finish(self) -> None:
         self.server.read(self.connection)
@@ -90,13 +91,11 @@ class _BoundedServer(ThreadingMixIn, WSGIServer):
         its handler's blocked read (a timer per connection would double the threads a flood holds)."""
         while not self._stopped.wait(min(0.25, REQUEST_SECONDS / 4)):
             now = time.monotonic()
-            with self._unread_lock:
-                overdue = [c for c, due in self._unread.items() if due <= now]
-                for connection in overdue:
+            with self._unread_lock:  # shut under the lock: a request read meanwhile is either in time or cut
+                for connection in [c for c, due in self._unread.items() if due <= now]:
                     del self._unread[connection]
-            for connection in overdue:
-                with contextlib.suppress(OSError):
-                    connection.shutdown(socket.SHUT_RDWR)
+                    with contextlib.suppress(OSError):
+                        connection.shutdown(socket.SHUT_RDWR)
 
     def server_close(self) -> None:
         self._stopped.set()
