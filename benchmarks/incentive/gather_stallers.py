@@ -8,8 +8,9 @@ run's `windows.gather_seconds` round) over F_t and the peer list (`gauntlet.fast
 `--stallers` of them an attacker's buckets, the rest honest, each transfer taking `--seconds`. A `naive`
 staller answers nothing until its budget ends; a `timed` one knows the round's deadline (the chain's schedule)
 and answers "no such object" `lead` seconds before it, so that its slot passes to an honest peer too late to
-finish: `lead` just under an honest transfer (0.9 × `--seconds`), and just over the gather's least budget for a
-transfer (`MIN_BUDGET_SHARE` of the per-peer budget), the best the attacker can aim at. On virtual time,
+finish: `lead` just under an honest transfer (0.9 × `--seconds`), and just over the least time the gather starts
+a transfer with (`MIN_BUDGET_SHARE` of the per-peer budget, or `LONGEST_MARGIN` times the round's longest valid
+transfer), the best the attacker can aim at. On virtual time,
 `--rounds` shuffles each. Per row, the share of honest peers that ended `ok`, `timeout` (a φ on the peer) and
 `unserved` (never asked; judged on nothing); the baseline is the row without stallers.
 """
@@ -21,7 +22,7 @@ import asyncio
 from collections import Counter
 
 from templar.comms import gather
-from templar.comms.gather import MIN_BUDGET_SHARE
+from templar.comms.gather import LONGEST_MARGIN, MIN_BUDGET_SHARE
 from templar.core.clock import run_virtual
 from templar.core.config import load_hparams
 from templar.storage.base import Blob, ObjectInfo, ObjectNotFound
@@ -79,8 +80,8 @@ def main() -> None:
     hp = load_hparams()
     peers = hp.gauntlet.fast_eval_uids + hp.gauntlet.top_g
     print(f"{peers} peers gathered per window, a {hp.windows.gather_seconds:g} s round, {args.rounds} shuffles each")
-    least = MIN_BUDGET_SHARE * min(PER_PEER_SECONDS, hp.windows.gather_seconds)
     for seconds in args.seconds:
+        least = min(MIN_BUDGET_SHARE * min(PER_PEER_SECONDS, hp.windows.gather_seconds), LONGEST_MARGIN * seconds)
         for stallers in args.stallers:
             kinds = {"naive": None} if stallers == 0 else {
                 "naive": None, f"timed {0.9 * seconds:.1f} s": 0.9 * seconds, f"timed {least + 0.01:.2f} s": least + 0.01}
