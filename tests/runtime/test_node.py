@@ -217,6 +217,12 @@ def test_windows_a_lead_led_read_the_bucket_it_committed_since(tmp_path):
         assert [node.leads.decisions[w].lead.bucket for w in (20, 21)] == [now["lead"]] * 2
         assert node.leads.decisions[22].lead.bucket is first["other"]  # another hotkey's: as it was
         assert node.leads.decisions[20].inputs == inputs
+        locators["lead"] = "garbage"  # its commitment turned unusable: nothing of it is read, no closed bucket
+        await node.peer_buckets()
+        assert now["lead"].closed and node.leads.decisions[20].lead.bucket is None
+        del locators["other"]  # deregistered
+        await node.peer_buckets()
+        assert first["other"].closed and node.leads.decisions[22].lead.bucket is None
 
     asyncio.run(scenario())
 

@@ -321,3 +321,24 @@ def test_the_sync_check_waits_for_the_leads_record_of_the_step_it_just_took(hp, 
     assert seen is False, "the lead's record of the step just taken shows the fork"
     assert 2.0 <= waited < 3.0, waited
     assert 2.5 <= gave_up_after <= 3.5, gave_up_after
+
+
+def test_a_window_whose_lead_has_no_bucket_now_is_unresolved_not_a_crash(monkeypatch):
+    """A remembered decision whose lead's commitment left or turned unusable since (`LeadHistory.rebind` sets
+    its bucket to None): catch-up's look at the window asserted a bucket and would have stopped the node; it is
+    an unresolved window with its reason, as an unreadable aggregate is."""
+    from types import SimpleNamespace
+
+    from templar.runtime import sync
+    from templar.runtime.consensus.succession import Decision
+
+    gone = Lead(Neuron(uid=5, hotkey="gone", coldkey="c", stake=1.0, validator_permit=True, last_update=0,
+                       commitment=None, validates=True), None)
+    decision = Decision(9, True, slot=0, lead=gone, inputs=StepInputs(9, 2, (("miner", b"\x01" * 32),)))
+
+    async def decided(node, window):
+        return decision
+
+    monkeypatch.setattr(sync, "decide_window", decided)
+    found, update, problem = asyncio.run(sync._window_update(SimpleNamespace(), 9, 1 << 20))
+    assert found is decision and update is None and "uid 5 has no usable bucket committed now" in problem

@@ -281,6 +281,7 @@ class Node:
                     logger.warning(f"ignoring bucket of {short(hotkey)}: {reason}")
                 self.bucket_faults[hotkey] = reason
                 if (old := self._peer_buckets.pop(hotkey, None)) is not None:  # its commitment turned unusable
+                    self.leads.rebind(hotkey, None)
                     await old[1].aclose()
                 continue
             self.bucket_faults.pop(hotkey, None)
@@ -305,6 +306,7 @@ class Node:
             del self.bucket_faults[hotkey]
         for hotkey in [h for h in self._peer_buckets if h not in locators]:
             if (gone := self._peer_buckets.pop(hotkey, None)) is not None:  # (a call meanwhile may have)
+                self.leads.rebind(hotkey, None)  # the windows it led: no bucket to read them at any more
                 await gone[1].aclose()
 
     async def candidates(self) -> list[Lead]:

@@ -99,8 +99,10 @@ async def _window_update(node: Node, window: int, cap: int) -> tuple[Decision, P
     if not decision.settled or decision.no_step:
         return decision, None, decision.problem
     lead = decision.lead
-    assert lead is not None and lead.bucket is not None
+    assert lead is not None
     name = f"uid {lead.uid}'s {aggregate_key(window)}"
+    if lead.bucket is None:  # its commitment left or turned unusable since it led (`LeadHistory.rebind`)
+        return decision, None, f"{name} cannot be read: uid {lead.uid} has no usable bucket committed now"
     try:
         data = await get_aggregate(lead.bucket, window, max_bytes=cap, timeout=10.0)
     except (StorageError, RecordError) as exc:

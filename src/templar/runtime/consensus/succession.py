@@ -263,9 +263,10 @@ class LeadHistory:
         for old in sorted(self.decisions)[: max(0, len(self.decisions) - self.KEEP)]:
             del self.decisions[old]
 
-    def rebind(self, hotkey: str, bucket: Bucket) -> None:
+    def rebind(self, hotkey: str, bucket: Bucket | None) -> None:
         """`hotkey` committed another bucket (a rotated read key, a move): the decisions it led read its new
-        one. They kept the old, which the node closes as it opens the new, and every read through them (a
+        one (None: its commitment left or turned unusable, and what it led is read nowhere, as a lead whose
+        locator cannot be used). They kept the old, which the node closes as it opens the new, and every read through them (a
         catch-up's aggregates, the sync check's progress, the peer list before) failed with "bucket is
         closed" until the decision left the history, about 90 minutes of production's windows; a re-sync
         replayed into the same failure."""
