@@ -44,15 +44,15 @@ T = TypeVar("T")
 DEADLINE_GRACE = 0.25
 """Seconds a cancelled transfer gets to unwind after the deadline before it is abandoned."""
 MIN_BUDGET_SHARE = 0.5
-LONGEST_MARGIN = 1.25
-"""The longest valid transfer of the round, times this, is the least time a transfer may start with (under
-`MIN_BUDGET_SHARE`'s): a slot handed over with exactly that left would end on the deadline."""
 """A transfer starts only with at least this share of its budget left in the round (its per-peer budget, or the
 round when shorter), or less once valid payloads came faster (the longest of them so far); a peer whose slot
 comes later is `unserved`. Without it, stalling buckets that know the deadline (the chain's schedule) freed
 their slots just before it, and the honest peers that took them were `timeout`, a φ each, for transfers no
 one could finish in what was left. The longest valid transfer keeps the round's tail for peers that can
 finish in it (79 peers of 3.8 s each: 19 % unserved with half the budget alone, none with it)."""
+LONGEST_MARGIN = 1.25
+"""The longest valid transfer of the round, times this, is the least time a transfer may start with (under
+`MIN_BUDGET_SHARE`'s): a slot handed over with exactly that left would end on the deadline."""
 
 
 class GatherStatus(StrEnum):
@@ -194,7 +194,6 @@ async def gather(
     validate: Callable[[str, bytes], T],
     concurrency: int = 16,
     per_peer_timeout: float = 10.0,
-    min_budget: float | None = None,
     clock_skew: float = 2.0,
     malformed_errors: tuple[type[BaseException], ...] = (ValueError,),
     version: int = PROTOCOL_VERSION,
@@ -206,11 +205,11 @@ async def gather(
     `put_window` is `(start, end)` in unix seconds; uploads outside it widened by `clock_skew`
     seconds (S3 timestamps have 1 s resolution and clocks drift) are early/late.
     `per_peer_timeout` starts when the peer's transfer starts (after waiting for a slot); peers take
-    the slots in `start_order` (`rng`: its randomness, for tests). A transfer starts only with `min_budget`
-    seconds of the round left (default `MIN_BUDGET_SHARE` of the per-peer budget, or of the round when it is
-    shorter), or the longest valid transfer of the round so far when that is less; a peer that got no slot by
-    then is `unserved`, not `timeout`: its bucket was never asked, so
-    nothing is known of its upload and none of it is the peer's doing. The result lists them as `peers` does.
+    the slots in `start_order` (`rng`: its randomness, for tests). A transfer starts only with
+    `MIN_BUDGET_SHARE` of the per-peer budget (or of the round, when shorter) left in the round, or
+    `LONGEST_MARGIN` times the round's longest valid transfer so far when that is less; a peer that got no
+    slot by then is `unserved`, not `timeout`: its bucket was never asked, so nothing is known of its upload
+    and none of it is the peer's doing. The result lists them as `peers` does.
     `validate(hotkey, data)` runs in a worker thread; exceptions of `malformed_errors` mark the
     peer malformed (pass `templar.wire.PayloadError` to be strict), anything else is our bug
     and propagates.
@@ -219,13 +218,11 @@ async def gather(
         raise ValueError("concurrency >= 1, per_peer_timeout > 0 and max_bytes >= 0 required")
     loop = asyncio.get_running_loop()
     round_end = loop.time() + (deadline - now())
-    if min_budget is None:
-        min_budget = MIN_BUDGET_SHARE * min(per_peer_timeout, max(round_end - loop.time(), 0.0))
+    min_budget = MIN_BUDGET_SHARE * min(per_peer_timeout, max(round_end - loop.time(), 0.0))
     rules = _Rules(gradient_key(window, version), put_window, clock_skew, max_bytes, validate,
                    malformed_errors)
     slots = asyncio.Semaphore(concurrency)
     log = context(window=window, phase="gather")
-
     longest_ok = 0.0  # the longest transfer of the round that delivered a valid payload so far
 
     async def one(hotkey: str, bucket: Bucket) -> GatherResult[T]:
