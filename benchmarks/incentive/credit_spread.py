@@ -117,7 +117,7 @@ def replay(runs: list[Path], rules: GauntletConfig, full_gap: float | None = Non
                                   for r in batch])
                 scale = window_loss_scale([_Result(r["delta_assigned"], r["delta_rand"]) for r in batch])
                 typical = f * typical_gap(own, history, scale, floor=rules.proof_gap_floor,
-                                          history=rules.proof_gap_history)
+                                          history=rules.proof_gap_history, resolution=rules.proof_gap_resolution)
                 if own is not None:
                     history = [*history, own][-(rules.proof_gap_history - 1):] if rules.proof_gap_history > 1 else []
                 for strategy, r in windows[window]:

@@ -49,7 +49,7 @@ def summarise(out: Path) -> dict:
     groups: dict[str, list[str]] = {}
     for p in miners:
         if p["strategy"] != "honest":
-            key = p["name"].rpartition("-")[0] if p["strategy"] in ("pooled", "flood") else p["name"]
+            key = p["name"].rpartition("-")[0] if p["strategy"] in ("pooled", "flood", "faint") else p["name"]
             groups.setdefault(key, []).append(p["name"])
     relative = {key: (sum(mean[n] for n in names) / max(1, tokens[names[0]])) / weakest
                 for key, names in sorted(groups.items())}

@@ -25,11 +25,11 @@ def proof_credit_summary(rows: Mapping[str, Mapping[str, Sequence[float]]], full
     """What production's proof of computation by size credits these honest peers, one position
     range of one sequence at a time (docs/scoring.md §4): the credit c = 2 can reward only if honest sequences clear
     `full_gap` × the typical gap, which on the CPU's `micro` model they do half the time (mean
-    credit ≈ 0.5; benchmarks/LOG.md §8). The typical gap is these peers' median, without the floor."""
+    credit ≈ 0.5; benchmarks/LOG.md §8). The typical gap is these peers' median, without either floor."""
     scores = _gauntlet_scores()
     rand = {p: statistics.fmean(rows[p]["delta_rand_pages"]) for p in rows}
     gaps = [scores.proof_gap(0.0, rand[p], rows[p]["delta_assigned_pages"]) for p in rows]
-    typical = scores.typical_gap(scores.window_gap(gaps), [], 0.0, floor=0.0, history=1)
+    typical = scores.typical_gap(scores.window_gap(gaps), [], 0.0, floor=0.0, history=1, resolution=0.0)
     credit, full = {}, {}
     for p in rows:
         sequences = rows[p].get("delta_assigned_sequences") or []

@@ -341,11 +341,15 @@ def test_size_credit_follows_the_gap_relative_to_the_window():
 
 def test_the_typical_gap_is_the_median_of_the_windows_medians_with_a_floor():
     rules = load_hparams().gauntlet  # production's: a floor of 2 % of the scale, 16 windows
-    assert (rules.proof_gap_floor, rules.proof_gap_history) == (0.02, 16)
-    run = {"floor": rules.proof_gap_floor, "history": rules.proof_gap_history}
+    assert (rules.proof_gap_floor, rules.proof_gap_history, rules.proof_gap_resolution) == (0.02, 16, 1e-5)
+    run = {"floor": rules.proof_gap_floor, "history": rules.proof_gap_history, "resolution": rules.proof_gap_resolution}
     assert window_gap([0.01, 0.02, 0.03, math.inf]) == pytest.approx(0.02)  # non-finite left out
     assert window_gap([0.01, 0.02, 0.03, 0.05]) == pytest.approx(0.025)
-    assert window_gap([math.inf]) is None and typical_gap(None, [], scale=0.0, **run) == 0.0
+    assert window_gap([math.inf]) is None and typical_gap(None, [], scale=0.0, **{**run, "resolution": 0.0}) == 0.0
+    assert typical_gap(None, [], scale=0.0, **run) == 1e-5  # never below what float32 losses resolve
+    # a window whose S_t is mostly near-zero uploads: their gaps and LossScores are rounding (~1e-8 nats),
+    # and so would the relative floor be; the absolute one holds, so rounding earns about nothing
+    assert typical_gap(window_gap([3e-8, -1e-8, 2e-8, 0.004]), [], scale=4e-8, **run) == 1e-5
     # a window of page-skippers: their gaps are noise, the floor (a share of the LossScore scale) holds
     assert typical_gap(window_gap([0.001, -0.0005, 0.0002]), [], scale=0.05, **run) == pytest.approx(0.02 * 0.05)
     assert typical_gap(0.025, [], scale=0.05, **run) == pytest.approx(0.025)  # a first window: its own median
@@ -357,8 +361,9 @@ def test_the_typical_gap_is_the_median_of_the_windows_medians_with_a_floor():
     assert typical_gap(0.01, [0.04] * 20 + [0.01] * 8, scale=0.05, **run) == pytest.approx(0.01)
     assert typical_gap(0.01, [0.04] * 20 + [0.01] * 6, scale=0.05, **run) == pytest.approx(0.04)
     # the history is the run's: with 4 windows, three earlier ones and this one's own
-    assert typical_gap(0.01, [0.04] * 20 + [0.01] * 2, scale=0.05, floor=0.02, history=4) == pytest.approx(0.01)
-    assert typical_gap(0.01, [0.04, 0.04], scale=0.05, floor=0.02, history=1) == pytest.approx(0.01)
+    assert typical_gap(0.01, [0.04] * 20 + [0.01] * 2, scale=0.05, floor=0.02, history=4,
+                       resolution=0.0) == pytest.approx(0.01)
+    assert typical_gap(0.01, [0.04, 0.04], scale=0.05, floor=0.02, history=1, resolution=0.0) == pytest.approx(0.01)
     assert proof_gap(0.07, 0.05, (0.08, 0.06)) == pytest.approx(0.02)
     assert proof_gap(0.07, 0.05, None) == pytest.approx(0.02)
 

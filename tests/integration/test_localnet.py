@@ -307,6 +307,37 @@ def _dashboard_shows_the_run(out: Path) -> None:
         dash.stop()
 
 
+@pytest.mark.slow(seconds=12)
+def test_near_zero_uploads_from_most_hotkeys_neither_earn_nor_stop_the_run(tmp_path, assets_dir):
+    """`faint`: one operator, `FAINT_SIZE` hotkeys (4 of the run's 6 miners), each posting random values a
+    millionth of an update's size. Nothing in them is wrong; what they could take is every yardstick a
+    median of the window's uploads sets. Measured against the window's uploads (before): honest miners
+    `scale` in every window after their warm-up and weight 0, one faint hotkey 1.0, the held-out loss flat
+    at 6.9463. Now the typical size is the aggregate's, weighted by pay (docs/scoring.md §2), the proof's
+    typical gap has an absolute floor (§4) and a top-G slot needs a share of the best PeerScore (§7)."""
+    from templar.localnet.behaviours import FAINT_SIZE
+
+    # 2026-12-03, seed 1, 4 windows: honest 0.5 and 0.5, every faint hotkey 0.0, no verdict but `ok` after
+    # the warm-up, and the held-out loss the same at every window as the run without the faint hotkeys
+    # (6.9463, 6.9463, 6.9345, 6.8998); their best PeerScore was 2e-5 against honest 21.
+    report = _localnet_in_this_process(tmp_path / "run", ["faint"], miners=2, hparams=str(MICRO_GAUNTLET_1K_PRESET),
+                                       seed=1, windows=4)
+    assert report["outcome"] == "finished"
+    miners = {p["name"]: p for p in report["peers"] if p["role"] == "miner"}
+    weight = {name: p["final_weight"] for name, p in miners.items()}
+    summary = json.dumps({n: (miners[n]["strategy"], round(w, 4), miners[n]["statuses"]) for n, w in weight.items()})
+    print(summary)
+    faint = [name for name in miners if miners[name]["strategy"] == "faint"]
+    honest = [name for name in miners if miners[name]["strategy"] == "honest"]
+    assert len(faint) == FAINT_SIZE and len(honest) == 2
+    assert all(set(miners[name]["statuses"]) <= {"ok", "warmup"} for name in honest), summary  # never `scale`
+    # honest pay is its work's: each of the two miners at least a third, the faint group at most 1e-6 in all
+    assert min(weight[name] for name in honest) > 0.33, summary
+    assert sum(weight[name] for name in faint) < 1e-6, summary
+    loss = _loss_at_step(tmp_path / "run")
+    assert loss[max(loss)] < loss[min(loss)] - 0.02, loss  # the run trains (flat at 6.9463 before)
+
+
 @pytest.mark.slow(seconds=15)
 def test_a_flood_of_hotkeys_earns_less_than_the_weakest_honest_miner(tmp_path, assets_dir):
     """`flood`: one operator, `FLOOD_SIZE` hotkeys (6 of the run's 8 miners), one update on the

@@ -46,22 +46,36 @@ def test_scores_match_reference_and_restore_model(tiny_pages):
     assert scores["honest"].loss_rand_before == scores["lazy"].loss_rand_before
 
 
-def test_norm_outliers_flag_only_shouting_peers():
+def test_norm_outliers_flag_only_shouting_peers_against_the_aggregates_typical_size():
     from templar.compress import DCTCompressor
-    from templar.validator.fast_eval import norm_outliers
+    from templar.validator.fast_eval import norm_outliers, typical_payload
     from templar.wire import Gradient
 
     comp = DCTCompressor(64, 32)
     torch.manual_seed(0)
     base = torch.randn(128, 128)
 
-    def payload(scale: float) -> Gradient:
-        return Gradient(window=1, global_step=0, hotkey="x", warmup=False,
+    def payload(hotkey: str, scale: float) -> Gradient:
+        return Gradient(window=1, global_step=0, hotkey=hotkey, warmup=False,
                         tensors={"w": comp.compress(base * scale)}, probes={}, digest=b"", nbytes=0)
 
-    peers = {"a": payload(1.0), "b": payload(2.0), "new": payload(1e-3), "shout": payload(1e4)}
-    assert norm_outliers(peers, 1000.0, min_peers=3) == ["shout"]   # the quiet newcomer is not flagged
-    assert norm_outliers({"a": peers["a"], "shout": peers["shout"]}, 1000.0, min_peers=3) == []  # too few to judge
+    a, b, c = payload("a", 1.0), payload("b", 2.0), payload("c", 1.5)
+    faint = {f"faint{i}": payload(f"faint{i}", 1e-6) for i in range(6)}
+    uploads = {"a": a, "b": b, "new": payload("new", 1e-3), "shout": payload("shout", 1e4), **faint}
+    typical = typical_payload([a, b, c], {}, min_peers=3)
+    assert typical is c  # the lower median of the aggregate's three
+    assert norm_outliers(uploads, typical, 1000.0) == ["shout"]  # the quiet newcomer is not flagged
+    # the yardstick is the aggregate's, not the window's: six near-zero uploads (most of the window) made
+    # the median of the uploads 1e-6 of an update, and every honest upload was `scale`
+    assert typical_payload(list(uploads.values()), {}).hotkey == "faint4"  # the lower median of ten
+    assert norm_outliers(uploads, typical_payload(list(uploads.values()), {}), 1000.0) == ["a", "b", "new", "shout"]
+    # too few in the aggregate to judge by (a run's first windows): nothing is flagged
+    assert typical_payload([a, b], {}, min_peers=3) is None and norm_outliers(uploads, None, 1000.0) == []
+    # near-zero hotkeys that hold half of the list's slots but none of its pay do not set the size
+    listed = [a, b, faint["faint0"], faint["faint1"]]
+    assert typical_payload(listed, {}) is faint["faint1"]
+    assert typical_payload(listed, {"a": 0.5, "b": 0.5, "faint0": 1e-14}) is a
+    assert typical_payload(listed, {"a": 0.2, "b": 0.2, "faint0": 0.3, "faint1": 0.3}) is faint["faint1"]  # half the pay
 
 
 @pytest.mark.slow(seconds=3)

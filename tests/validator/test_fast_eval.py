@@ -57,8 +57,10 @@ def _ok(value: Gradient, stamp: float) -> GatherResult[Gradient]:
     return GatherResult(GatherStatus.OK, value=value, timestamp=stamp)
 
 
-def _evaluate(results, probes):
-    return fast_evaluate(results, probes, LR, rules=_rules(duplicate_threshold=0.98, max_norm_ratio=100.0), salt=7)
+def _evaluate(results, probes, aggregated=()):
+    """`aggregated`: the hotkeys of `results` whose payloads make the window's aggregate (the peer list)."""
+    return fast_evaluate(results, probes, LR, rules=_rules(duplicate_threshold=0.98, max_norm_ratio=100.0), salt=7,
+                         aggregated=[results[hk].value for hk in aggregated])
 
 
 def test_honest_peers_pass_and_warmup_is_named(real_peers, probes):
@@ -110,21 +112,30 @@ def test_a_shouting_peer_is_scale(real_peers, probes):
     _, peers = real_peers
     results = {f"p{i}": _ok(_gradient(t, probes, hotkey=f"p{i}"), 100.0 + i) for i, t in enumerate(peers[:3])}
     results["loud"] = _ok(_gradient(_scaled(peers[3], 1e4), probes, hotkey="loud"), 104.0)
-    verdicts = _evaluate(results, probes)
+    verdicts = _evaluate(results, probes, aggregated=["p0", "p1", "p2", "loud"])  # the loud one listed too
     assert verdicts["loud"].status == "scale"
     assert all(verdicts[f"p{i}"].passed for i in range(3))
+    # a run's first windows have no aggregate to measure by (no peer list): nobody is `scale`
+    assert all(v.passed for v in _evaluate(results, probes).values())
 
 
-def test_warm_ups_cannot_move_the_scale_checks_median(real_peers, probes):
-    """Warm-ups pass unrated and cost nothing: four hotkeys posting near-zero ones made the median of
-    the passing uploads theirs, and every honest upload `scale`. The check reads earning uploads only."""
+def test_near_zero_uploads_cannot_move_the_scale_checks_yardstick(real_peers, probes):
+    """Warm-ups and near-zero values cost nothing to post: four hotkeys posting either made the median
+    of the window's uploads theirs, and every honest upload `scale`. The yardstick is the aggregate's."""
     _, peers = real_peers
     results = {f"p{i}": _ok(_gradient(t, probes, hotkey=f"p{i}"), 100.0 + i) for i, t in enumerate(peers[:3])}
-    results |= {f"w{i}": _ok(_gradient(_scaled(peers[3], 1e-9 * (i + 1)), probes, hotkey=f"w{i}", warmup=True), 104.0 + i)
-                for i in range(4)}
-    verdicts = _evaluate(results, probes)
-    assert [verdicts[f"p{i}"].status for i in range(3)] == ["ok"] * 3
-    assert all(verdicts[f"w{i}"].status == "warmup" for i in range(4))
+    g = torch.Generator().manual_seed(0)
+
+    def faint(i: int) -> dict[str, Compressed]:  # random values, 1e-9 of an update's: no copy of anything
+        return {k: Compressed(c.indices, torch.randn(c.values.shape, generator=g) * 1e-9, c.shape, c.chunk)
+                for k, c in peers[3].items()}
+
+    for warmup in (True, False):
+        results |= {f"w{i}": _ok(_gradient(faint(i), probes, hotkey=f"w{i}", warmup=warmup), 104.0 + i)
+                    for i in range(4)}
+        verdicts = _evaluate(results, probes, aggregated=["p0", "p1", "p2"])
+        assert [verdicts[f"p{i}"].status for i in range(3)] == ["ok"] * 3
+        assert [verdicts[f"w{i}"].status for i in range(4)] == ["warmup" if warmup else "ok"] * 4
 
 
 def test_a_payload_claiming_another_step_is_wrong_step(real_peers, probes):

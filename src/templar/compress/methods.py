@@ -7,7 +7,8 @@ trial step):
   and for any peer order (`peer_factors` + `aggregate_param` are the same rule split for a node
   whose ranks each hold some parameters: the factors come from the whole payloads, once);
 - `trial`: one peer's update as the outer step would apply it alone (the validator's LossScore), held
-  to the size the aggregate would give it among the window's payloads (`trial_reference`);
+  to the size the aggregate would give it (`trial_reference` of the window's typical payload, the
+  validator's `fast_eval.typical_payload`);
 - `apply`: θ ← θ − α·update at the run's outer learning rate α;
 - `moves_every_coordinate`: whether one step moves every coordinate of θ by α, so that "how many
   steps apart" two models are reads as their distance over α (the sync score, docs/scoring.md §2);
@@ -143,7 +144,7 @@ class SparseLoCoRule:
     def trial(self, peer: Mapping[str, Compressed], shapes: Mapping[str, torch.Size], *,
               reference: Fraction | None = None) -> dict[str, torch.Tensor]:
         """The peer's update, scaled by min(1, m/‖q_p‖) where m² is `reference` (`trial_reference`:
-        the window's median payload norm), as the aggregate clips it: a larger update than the
+        the window's typical payload norm), as the aggregate clips it: a larger update than the
         window's typical one (a higher inner rate, values scaled up) buys no larger trial step, so
         LossScore pays a payload's direction, not its magnitude. None: the update as it is."""
         if reference is None:

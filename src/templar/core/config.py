@@ -258,6 +258,16 @@ class GauntletConfig(_Strict):
         default=0.02, ge=0, lt=1, description="the smallest typical gap, as a share of the window's LossScore "
         "scale: where most of S_t shows no gap the median gap is noise, and dividing by noise would turn noise "
         "into full credit (honest gaps on micro: 5-20 % of the scale with H = 2 inner AdamW steps)")
+    top_g_min_share: float = Field(
+        default=0.01, ge=0, lt=1, description="a peer holds a top-G slot only with a PeerScore at least this "
+        "share of the best: hotkeys posting near-zero values score by rounding alone (1e-10 to 1e-5 against "
+        "honest 20) and, where honest miners are fewer than top_g, filled the list and clipped every step to "
+        "their size (docs/scoring.md §7)")
+    proof_gap_resolution: float = Field(
+        default=1e-5, ge=0, description="nats: the smallest typical gap whatever S_t shows. Two float32 losses "
+        "of one batch under models a rounding apart differ by up to 8.5e-7 nats (micro, loss ~6.9); where most of "
+        "S_t posts updates too small to move the loss (near-zero values cost nothing), the relative floor is a "
+        "share of that rounding, and dividing by it paid rounding as full credit (docs/scoring.md §4)")
     proof_gap_history: int = Field(
         default=16, ge=1, le=HISTORY_LIMIT, description="windows whose own median gaps the typical gap is the "
         "median of (this one and the book's earlier ones): whoever fills one S_t cannot set the scale")

@@ -431,7 +431,8 @@ class ScoreBook:
             own = window_gap([proof_gap(r.delta_assigned, r.delta_rand, r.pages) * max(1.0, r.work)
                               for r in results.values()])
             typical = rules.proof_full_gap * typical_gap(own, self._recent_gaps(rules, window), scale,
-                                                         floor=rules.proof_gap_floor, history=rules.proof_gap_history)
+                                                         floor=rules.proof_gap_floor, history=rules.proof_gap_history,
+                                                         resolution=rules.proof_gap_resolution)
         # each peer's declared work and class credits after this evaluation (extra_work), then its μ
         evidence: dict[str, PeerRecord] = {}
         for hotkey, result in results.items():
@@ -521,13 +522,13 @@ class ScoreBook:
         return x
 
     def top_g(self, rules: GauntletConfig) -> list[str]:
-        """SelectTopG: the `top_g` best PeerScores > 0, ties by hotkey.
+        """SelectTopG: the `top_g` best PeerScores > 0 and at least `top_g_min_share` of the best, ties by hotkey.
 
         Equal to ranking by x from `weights`, which is a strictly increasing function of the
         score (floor 0, power > 0), and independent of the power. A pool of hotkeys that shared
         work holds one slot: only its best member is eligible (`one_per_pool`).
         """
-        return select_top_g(one_per_pool(self.scores(rules), self.pools()), rules.top_g)
+        return select_top_g(one_per_pool(self.scores(rules), self.pools()), rules.top_g, rules.top_g_min_share)
 
     # ---- persistence --------------------------------------------------------------------
 

@@ -124,11 +124,13 @@ def window_gap(gaps: Sequence[float]) -> float | None:
     return statistics.median(finite) if finite else None
 
 
-def typical_gap(own: float | None, earlier: Sequence[float], scale: float, *, floor: float, history: int) -> float:
+def typical_gap(own: float | None, earlier: Sequence[float], scale: float, *, floor: float, history: int,
+                resolution: float) -> float:
     """The typical proof-of-computation gap a window's credits are measured against: the median of
     this window's own median gap (`window_gap`) and the earlier windows' (at most `history` in
     all: the rules' `proof_gap_history`), never below `floor` × `scale` (`proof_gap_floor` × the
-    window's median LossScore size, `window_loss_scale`). 0.0 when neither gives a positive size.
+    window's median LossScore size, `window_loss_scale`) nor below `resolution` (`proof_gap_resolution`,
+    nats). 0.0 when none gives a positive size.
 
     Why a history: S_t holds a handful of peers (8 of 256 in production), so one window's median
     moves with whoever was drawn, and a window that cheats happen to fill would set the scale every
@@ -136,13 +138,16 @@ def typical_gap(own: float | None, earlier: Sequence[float], scale: float, *, fl
     the slow shrinking of honest gaps over a run by a few windows (about 10 minutes). Why a floor:
     where most of S_t shows no gap (a window full of page-skippers) the median gap is noise, and
     dividing by noise would turn noise into full credit (honest gaps on `micro`: 5–20 % of the
-    scale with H = 2 inner AdamW steps, 30–60 % with the paper's one SGD step)."""
+    scale with H = 2 inner AdamW steps, 30–60 % with the paper's one SGD step). Why an absolute
+    floor too: where most of S_t posts updates too small to move the loss (near-zero values cost
+    nothing), its LossScores are float32 rounding (1e-8 to 1e-6 nats) and so is the relative floor;
+    measured against it, rounding earned the credit of honest work."""
     if history < 1:
         raise ValueError(f"typical_gap: history must be >= 1, got {history}")
     recent = earlier[max(0, len(earlier) - (history - 1)):]
     medians = [g for g in (*recent, own) if g is not None and math.isfinite(g)]
     median = statistics.median(medians) if medians else 0.0
-    return max(median, floor * scale, 0.0)
+    return max(median, floor * scale, resolution, 0.0)
 
 
 def size_credit(deltas: Sequence[float], delta_rand: float, typical: float) -> float:
@@ -324,13 +329,21 @@ def normalise(scores: Mapping[str, float], power: float, floor: float | None = N
     return {hotkey: value / total for hotkey, value in powered.items()}
 
 
-def top_g(x: Mapping[str, float], g: int) -> list[str]:
-    """SelectTopG (Algorithm 1, eq. 6): the `g` highest x, only x > 0, ties by hotkey string.
+def top_g(x: Mapping[str, float], g: int, min_share: float = 0.0) -> list[str]:
+    """SelectTopG (Algorithm 1, eq. 6): the `g` highest x, only x > 0 and at least `min_share` of the
+    highest (the rules' `top_g_min_share`), ties by hotkey string.
 
-    Deterministic on every machine, so miners and validators that hold the same x agree.
+    Deterministic on every machine, so miners and validators that hold the same x agree. Why a least
+    share: the list is the work the run applies, and the aggregate clips every peer to the lower median
+    of its peers' sizes. On a subnet with fewer honest miners than `g`, hotkeys that post near-zero
+    values score by rounding alone (PeerScores of 1e-10 to 1e-5 against honest 20) and filled the
+    rest of the list; half of it theirs, every step was clipped to their size and the model stood still.
     """
     if g < 0:
         raise ValueError(f"top_g: g must be non-negative, got {g}")
-    eligible = [hotkey for hotkey, value in x.items() if value > 0]
+    if not 0.0 <= min_share < 1.0:
+        raise ValueError(f"top_g: min_share must be in [0, 1), got {min_share!r}")
+    best = max(x.values(), default=0.0)
+    eligible = [hotkey for hotkey, value in x.items() if value > 0 and value >= min_share * best]
     eligible.sort(key=lambda hotkey: (-x[hotkey], hotkey))
     return eligible[:g]

@@ -332,6 +332,24 @@ class Flood(Pooled):
     noise = 0.1
 
 
+class Faint(MinerHooks):
+    """One operator, several hotkeys (`behaviours.FAINT_SIZE`), no work: each posts random values a
+    millionth of an update's size, on its own positions. Nothing in such an upload is wrong (it is in
+    sync, committed, no copy, no pool), and it costs nothing. Counted in a window's typical payload
+    norm, enough of them would make every honest upload look shouted (`scale`) and shrink every trial
+    step to rounding noise; the norm that judges a window is its aggregate's, whose peers the run
+    chose by their work (docs/scoring.md §2, the scale check)."""
+
+    name = "faint"
+    size = 1e-6
+    """The values' size as a share of the mean magnitude of the update's own top-k values."""
+
+    def transform(self, miner, window, values):
+        g = torch.Generator().manual_seed(window * 1_000_003 + miner.node.uid)
+        return {k: torch.randn(v.shape, generator=g) * v.abs().mean().clamp_min(1e-8) * self.size
+                for k, v in values.items()}
+
+
 class Overclaim(MinerHooks):
     """Declares the run's most extra pages (`--extra-pages`, `data.max_extra_pages`) and trains only
     its assigned ones: hoping to be paid for the declared work on the strength of its assigned work's
@@ -346,11 +364,11 @@ class Overclaim(MinerHooks):
 
 ADVERSARIES: dict[str, type[MinerHooks]] = {cls.name: cls for cls in (
     Lazy, Scaled, SignFlip, Noise, FreeRider, Late, Desync, Copycat, Duplicate, StepPump, Partial, Pooled, Thin,
-    Replay, Flood, Overfit, Short, Overclaim,
+    Replay, Flood, Faint, Overfit, Short, Overclaim,
 )}
 """Every adversary by name (`templar.localnet.behaviours.ADVERSARY_NAMES`, the roster's table, names the
-same). `duplicate` is started by the localnet as an honest twin plus this copier, `pooled` and `flood`
-as groups of hotkeys (`behaviours.GROUP_SIZES`); `moredata` (the localnet's extra-work miner) is the production
+same). `duplicate` is started by the localnet as an honest twin plus this copier, `pooled`, `flood` and
+`faint` as groups of hotkeys (`behaviours.GROUP_SIZES`); `moredata` (the localnet's extra-work miner) is the production
 miner with `--extra-pages`."""
 
 

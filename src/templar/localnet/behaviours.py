@@ -14,7 +14,7 @@ from templar.core.config import DataConfig
 
 ADVERSARY_NAMES = frozenset({
     "lazy", "scaled", "signflip", "noise", "freerider", "late", "desync", "copycat", "duplicate", "steppump",
-    "partial", "pooled", "thin", "replay", "flood", "overfit", "short", "overclaim",
+    "partial", "pooled", "thin", "replay", "flood", "faint", "overfit", "short", "overclaim",
 })
 """Every adversary the adversary entry point (`python -m templar.localnet.adversary`) runs."""
 
@@ -22,7 +22,9 @@ POOL_SIZE = 3
 """Hotkeys in each `pooled` group the localnet starts."""
 FLOOD_SIZE = 6
 """Hotkeys in each `flood` group the localnet starts."""
-GROUP_SIZES = {"pooled": POOL_SIZE, "flood": FLOOD_SIZE}
+FAINT_SIZE = 4
+"""Hotkeys in each `faint` group the localnet starts (near-zero uploads, no work)."""
+GROUP_SIZES = {"pooled": POOL_SIZE, "flood": FLOOD_SIZE, "faint": FAINT_SIZE}
 """The adversaries the localnet starts as one operator's group of hotkeys, and each group's size."""
 
 LOCALNET_BEHAVIOURS = frozenset({*ADVERSARY_NAMES, "moredata"})

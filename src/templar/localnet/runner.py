@@ -200,7 +200,7 @@ class Localnet:
         return next(n for n in self.nodes if n.name == node.name.replace("duplicate", "dup") + "-twin").hotkey
 
     def pool_uids(self, node: NodeInfo) -> list[int] | None:
-        """The uids of a `pooled` or `flood` miner's group (its own included): the pages its operator shares."""
+        """The uids of a group's miner (`pooled`, `flood`, `faint`; its own included): the pages a pool's operator shares."""
         if node.strategy not in GROUP_SIZES:
             return None
         group = node.name.rpartition("-")[0]

@@ -9,15 +9,17 @@ checked, never adopted; the global_step of the run's other candidate base is `wr
 base (mean |θ_val − θ_peer| / α over this window's probes ≤ `sync_max_steps`; probes nearer the other candidate
 base than this one are `wrong_base`), is not a copy
 of an earlier upload by another hotkey, and is not shouting: the L2 norm of its values is at most
-`max_norm_ratio` times the window's median. Only the upper side is checked: error-feedback
-buffers grow with a miner's age (up to 1/(1 − decay) = 1000×), so a new honest miner is quiet. Aggregation normalises every peer, so a rescaled update
+`max_norm_ratio` times the median norm of the window's aggregate (the payloads of the peer list in
+effect: peers the run chose by their work, so uploads that cost nothing cannot set the yardstick). Only
+the upper side is checked: error-feedback buffers grow with a miner's age (up to 1/(1 − decay) = 1000×),
+so a new honest miner is quiet. Aggregation normalises every peer, so a rescaled update
 cannot move the model, but its sign is an honest peer's; without this check it would be paid like
 one while probing for implementations that forget to normalise. Everything else multiplies μ by φ.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import torch
@@ -128,6 +130,8 @@ def fast_evaluate(
     baseline: PoolBaselines | None = None,
     other_base: OtherBase | None = None,
     ulp_slack: float = 0.0,
+    aggregated: Sequence[Gradient] = (),
+    paid: Mapping[str, float] | None = None,
 ) -> dict[str, FastVerdict]:
     """A verdict for every gathered peer; pure given the gather results, our probes, the run's
     `rules` (`HParams.gauntlet`: thresholds, samples, margins) and `baseline`.
@@ -147,7 +151,11 @@ def fast_evaluate(
     `earlier`: public work of earlier windows (window → hotkey → the aggregated payload,
     `validator.public_work`); an upload that copies one of them, or their mean, is `copy`.
     `baseline`: the validator's memory of earlier windows' typical pairs (`PoolBaselines`, which this
-    call updates); None judges pools against this window's uploads alone."""
+    call updates); None judges pools against this window's uploads alone.
+    `aggregated`: the window's aggregate as this validator gathered it (the peer list in effect's
+    payloads that enter it, `aggregation_weights`) and `paid`, this validator's weights by hotkey: the
+    scale check's yardstick is their `typical_payload`; with fewer than `norm_check_min_peers` of them
+    (a run's first windows) nothing is `scale`."""
     verdicts: dict[str, FastVerdict] = {}
     uploads: list[Upload] = []
     for hotkey, res in results.items():
@@ -203,11 +211,12 @@ def fast_evaluate(
         for hotkey, ref in borrowed.items():
             verdicts[hotkey] = FastVerdict(Status.COPY, sync_steps=verdicts[hotkey].sync_steps, copied_from=ref.source,
                                            pool=verdicts[hotkey].pool)
-    # The scale check protects the aggregate, so it reads the uploads that may enter it: a warm-up is
-    # never aggregated and costs nothing to post, and counted in the median, tiny warm-ups from a few
-    # hotkeys dragged it down until every honest upload was `scale`.
+    # The scale check protects the aggregate, so it measures against the aggregate's own payloads. The
+    # window's uploads cannot be the yardstick: warm-ups and near-zero uploads cost nothing to post, and
+    # counted in the median, those of a few hotkeys dragged it down until every honest upload was `scale`.
     earning = {hk: results[hk].value for hk, v in verdicts.items() if v.status.earns}
-    for hotkey in norm_outliers(earning, rules.max_norm_ratio, min_peers=rules.norm_check_min_peers):
+    typical = typical_payload(aggregated, paid or {}, min_peers=rules.norm_check_min_peers)
+    for hotkey in norm_outliers(earning, typical, rules.max_norm_ratio):
         verdicts[hotkey] = FastVerdict(Status.SCALE, sync_steps=verdicts[hotkey].sync_steps)
     return verdicts
 
@@ -326,13 +335,36 @@ def payload_norm(g: Gradient) -> float:
     return float(torch.sqrt(sum(c.values.double().square().sum() for c in g.tensors.values())))
 
 
-def norm_outliers(payloads: Mapping[str, Gradient], max_ratio: float, *, min_peers: int) -> list[str]:
-    """Peers whose value norm exceeds `max_ratio` times the median of the window (with fewer than
-    `min_peers` peers, the rules' `norm_check_min_peers`, there is no median to judge by)."""
-    if len(payloads) < min_peers:
+def typical_payload(aggregated: Sequence[Gradient], paid: Mapping[str, float], *, min_peers: int = 1) -> Gradient | None:
+    """The payload of a window's typical size: the weighted lower median, by value norm, of the
+    window's aggregate (`aggregated`, the payloads of the peer list in effect), each weighted by its
+    uploader's weight in this validator's score book (`paid`), or all alike when none of them has
+    any (a new validator's book). None with fewer than `min_peers` payloads that have a norm.
+
+    Why not the window's uploads: near-zero values cost nothing to post, and uploads from hotkeys
+    enough to be half of a window's would set the median (every honest upload `scale`, every trial
+    step rounding). Why the aggregate: its peers were chosen by the run for their work, and it is the
+    size the outer step gives an update. Why weighted: on a subnet with fewer honest miners than
+    `top_g`, hotkeys that did no work fill the rest of the list; they hold the list's slots, not its
+    pay, so to move this size they must earn half the pay of the list first."""
+    sized = sorted(((payload_norm(g), g) for g in aggregated), key=lambda item: (item[0], item[1].hotkey))
+    sized = [(norm, g) for norm, g in sized if norm > 0]
+    if len(sized) < max(1, min_peers):
+        return None
+    weights = [max(0.0, float(paid.get(g.hotkey, 0.0))) for _, g in sized]
+    if not sum(weights) > 0:
+        weights = [1.0] * len(sized)
+    half, running = sum(weights) / 2.0, 0.0
+    for (_, g), weight in zip(sized, weights, strict=True):
+        running += weight
+        if running >= half:
+            return g
+    return sized[-1][1]
+
+
+def norm_outliers(payloads: Mapping[str, Gradient], typical: Gradient | None, max_ratio: float) -> list[str]:
+    """Peers of `payloads` whose value norm exceeds `max_ratio` times the `typical` payload's
+    (`typical_payload`; None, or one without a norm: nothing to judge by)."""
+    if typical is None or (reference := payload_norm(typical)) <= 0:
         return []
-    norms = {hk: payload_norm(g) for hk, g in payloads.items()}
-    median = float(torch.tensor(sorted(norms.values()), dtype=torch.float64).median())
-    if median <= 0:
-        return []
-    return sorted(hk for hk, n in norms.items() if n > median * max_ratio)
+    return sorted(hk for hk, g in payloads.items() if payload_norm(g) > reference * max_ratio)

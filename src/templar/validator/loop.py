@@ -33,7 +33,6 @@ import torch
 
 from templar.comms import GatherResult, GatherStatus, RecordError, get_start_window, put_start_window
 from templar.comms.keys import folder_of, inputs_key, start_window_key
-from templar.compress import Compressed
 from templar.compress.methods import rule_of
 from templar.core.log import context
 from templar.core.schedule import learning_rate
@@ -50,7 +49,7 @@ from templar.gauntlet import (
 )
 from templar.runtime.compute import PeerScorer
 from templar.runtime.consensus.follow import FollowError, inputs_of, window_inputs
-from templar.runtime.consensus.outer import OuterStep, aggregation_weights, gather_gradients
+from templar.runtime.consensus.outer import OuterStep, gather_gradients
 from templar.runtime.consensus.peers import aggregate_payloads, peers_in_effect
 from templar.runtime.consensus.succession import POLL_SECONDS, decide_window, window_order
 from templar.runtime.consensus.windows import WindowTimes
@@ -63,7 +62,7 @@ from templar.storage import StorageError
 from templar.validator.base import Base, BaseKeeper
 from templar.validator.commits import CommitWatcher
 from templar.validator.evaluate import Evaluator, LossScores, evaluator_rules, read_sequences
-from templar.validator.fast_eval import PoolBaselines, fast_evaluate
+from templar.validator.fast_eval import PoolBaselines, fast_evaluate, typical_payload
 from templar.validator.files import SECRET_FILE
 from templar.validator.lead import CheckpointPublisher, LeadError, WindowPublisher, publish_start_window
 from templar.validator.public_work import PublicWork
@@ -401,7 +400,7 @@ class Validator:
                 return  # a slot before ours leads the window, or we cannot tell: never publish over it
         if clock.now() >= times.slot_deadline(slot):
             return
-        eligible, _ = aggregation_weights(aggregate_payloads(work.peer_list, work.results), self.hp)
+        eligible = work.aggregated(self.hp)
         self.checkpoints.led(window)  # our bucket holds this window's records, to be cleaned in time
         ours = inputs_of(window, self.state.global_step, eligible)
         if await self.publisher.publish_inputs(ours, deadline=times.slot_deadline(slot)) is ours:
@@ -443,11 +442,11 @@ class Validator:
                 "(inner.overlap delayed), which this validator did not hold (it started or caught up since)")
             return
         work.learning_rate = learning_rate(base.global_step, self.hp.optimizer)
+        aggregated, paid = work.aggregated(self.hp), {hk: r.weight for hk, r in self.book.peers.items()}
         work.verdicts = await self._fast_evaluate(window, {hk: work.results[hk] for hk in draw.fast},
-                                                  work.learning_rate, work.replayed, base)
-        earning = [work.results[hk].value for hk, v in work.verdicts.items() if v.status.earns]
+                                                  work.learning_rate, work.replayed, base, aggregated, paid)
         work.losses = await self._primary(window, work.miners, draw.primary(work.verdicts), work.results,
-                                          work.learning_rate, base, earning=[g.tensors for g in earning if g])
+                                          work.learning_rate, base, typical=typical_payload(aggregated, paid))
 
     def score(self, work: ValidatorWindow) -> None:
         """The Gauntlet's window (`score_window`); the aggregated uploads are remembered for the
@@ -519,7 +518,8 @@ class Validator:
         return results
 
     async def _fast_evaluate(self, window: int, results: dict[str, GatherResult[Gradient]],
-                             lr: float, replayed: Mapping[str, Sighting], base: Base) -> dict[str, FastVerdict]:
+                             lr: float, replayed: Mapping[str, Sighting], base: Base,
+                             aggregated: Sequence[Gradient], paid: Mapping[str, float]) -> dict[str, FastVerdict]:
         unit, ulp_slack = base.sync_unit(lr, moves_every_coordinate=not self.bases.measure_steps,
                                          ulp_slack=self.hp.sync.ulp_slack)
         if self.bases.measure_steps and base.step_unit is None:
@@ -536,7 +536,7 @@ class Validator:
             fast_evaluate, results, own_probes, unit, rules=self.hp.gauntlet, salt=self.eval_seed(window),
             expected_step=base.global_step, commitments=self.commits.pop(window, results), replayed=replayed,
             earlier=self.public.before(window), baseline=self.pair_baseline, other_base=other,
-            ulp_slack=ulp_slack)
+            ulp_slack=ulp_slack, aggregated=aggregated, paid=paid)
 
     def _evaluator(self, base: Base) -> PeerScorer:
         """LossScores against the base: the node's own evaluator on θ, or on the kept model."""
@@ -552,19 +552,20 @@ class Validator:
 
     async def _primary(self, window: int, miners: Mapping[str, int], chosen: list[str],
                        results: Mapping[str, GatherResult[Gradient]], lr: float, base: Base, *,
-                       earning: Sequence[Mapping[str, Compressed]] = ()) -> dict[str, LossScores]:
+                       typical: Gradient | None = None) -> dict[str, LossScores]:
         """LossScore on assigned vs unassigned data for S_t (`chosen`, paper §3.1): each peer's
         evaluated pages among its assigned and declared ones (`PagePlan.declared_pages`) and the
         random pages, drawn with our secret.
-        `earning`: the window's payloads that passed fast evaluation (`Status.earns`), whose median
-        norm a trial step is held to under a rule that applies magnitudes (`OuterRule.trial_reference`)."""
+        `typical`: the payload of the window's typical size (`fast_eval.typical_payload`, from the
+        window's aggregate), whose norm a trial step is held to under a rule that applies magnitudes
+        (`OuterRule.trial_reference`); None (a run's first windows): the update as it is."""
         hp, node = self.hp, self.node
         seed = self.eval_seed(window)
         if not chosen:
             return {}
         shapes = node.shapes
         rule = rule_of(hp.optimizer.method)  # each peer's update as the outer step would apply it alone
-        reference = await asyncio.to_thread(rule.trial_reference, earning) if earning else None
+        reference = await asyncio.to_thread(rule.trial_reference, [typical.tensors]) if typical else None
         signs: dict[str, dict[str, torch.Tensor]] = {
             hk: await asyncio.to_thread(functools.partial(rule.trial, reference=reference), results[hk].value.tensors,
                                         shapes) for hk in chosen}

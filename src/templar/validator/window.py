@@ -8,9 +8,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from templar.comms import GatherResult
+from templar.core.config import HParams
 from templar.core.log import short
 from templar.gauntlet import FastVerdict, PrimaryResult, WindowDraw, WindowScores
-from templar.runtime.consensus.outer import OuterStep
+from templar.runtime.consensus.outer import OuterStep, aggregation_weights
+from templar.runtime.consensus.peers import aggregate_payloads
 from templar.runtime.consensus.succession import Decision
 from templar.runtime.consensus.windows import WindowTimes
 from templar.validator.evaluate import LossScores
@@ -50,6 +52,11 @@ class ValidatorWindow:
     holdout_loss: float = 0.0
     weights_set: bool = False
     wall_seconds: float = 0.0
+
+    def aggregated(self, hp: HParams) -> list[Gradient]:
+        """The window's aggregate as this validator gathered it: the payloads of the peer list in effect
+        that enter it (`aggregation_weights`), what a candidate publishes and what judges a payload's size."""
+        return aggregation_weights(aggregate_payloads(self.peer_list, self.results), hp)[0]
 
     def done_line(self, global_step: int) -> str:
         """The window's one-line summary, said when it is committed."""
