@@ -264,6 +264,19 @@ def test_top_g_is_deterministic_positive_only_and_tie_broken_by_hotkey() -> None
         top_g(x, -1)
 
 
+def test_a_top_g_slot_needs_a_share_of_the_best_score() -> None:
+    """Hotkeys posting near-zero values score by rounding alone (1e-10 to 1e-5 against honest 20); where
+    honest miners are fewer than G they filled the list, and the aggregate clipped every step to their size
+    (benchmarks/LOG.md §59). A slot needs `top_g_min_share` of the best: production's 1 %."""
+    assert load_hparams().gauntlet.top_g_min_share == 0.01
+    x = {"honest1": 21.1, "honest2": 19.0, "faint1": 1.9e-5, "faint2": 1.2e-10, "newcomer": 0.3}
+    assert top_g(x, 4) == ["honest1", "honest2", "newcomer", "faint1"]  # the paper's rule: any score > 0
+    assert top_g(x, 4, 0.01) == ["honest1", "honest2", "newcomer"]  # a newcomer at 1.4 % of the best is in
+    assert top_g({"faint1": 1.9e-5, "faint2": 1.2e-10}, 4, 0.01) == ["faint1"]  # relative: nobody better
+    with pytest.raises(ValueError):
+        top_g(x, 4, 1.0)
+
+
 def test_update_mu_margin_ignores_noise_and_gives_diluted_gaps_partial_credit():
     # Lazy peer: δa 0.050 vs δr 0.048; zone = 0.3·(0.050+0.048)/2 = 0.0147, gap 0.002 < zone/2
     # → direction 0, μ only decays: 0.5·0.7 = 0.35 (a bare sign would have given 0.65).

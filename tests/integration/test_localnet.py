@@ -307,6 +307,18 @@ def _dashboard_shows_the_run(out: Path) -> None:
         dash.stop()
 
 
+def _group_run(out: Path, group: str) -> tuple[dict[str, dict], dict[str, float], str]:
+    """One operator's `group` of hotkeys beside 2 honest miners, 4 windows of micro-gauntlet-1k at seed 1
+    (in this process): each miner's report, its final weight, and a printed one-line summary."""
+    report = _localnet_in_this_process(out, [group], miners=2, hparams=str(MICRO_GAUNTLET_1K_PRESET), seed=1, windows=4)
+    assert report["outcome"] == "finished"
+    miners = {p["name"]: p for p in report["peers"] if p["role"] == "miner"}
+    weight = {name: p["final_weight"] for name, p in miners.items()}
+    summary = json.dumps({n: (miners[n]["strategy"], round(w, 4), miners[n]["statuses"]) for n, w in weight.items()})
+    print(summary)
+    return miners, weight, summary
+
+
 @pytest.mark.slow(seconds=12)
 def test_near_zero_uploads_from_most_hotkeys_neither_earn_nor_stop_the_run(tmp_path, assets_dir):
     """`faint`: one operator, `FAINT_SIZE` hotkeys (4 of the run's 6 miners), each posting random values a
@@ -320,13 +332,7 @@ def test_near_zero_uploads_from_most_hotkeys_neither_earn_nor_stop_the_run(tmp_p
     # 2026-12-03, seed 1, 4 windows: honest 0.5 and 0.5, every faint hotkey 0.0, no verdict but `ok` after
     # the warm-up, and the held-out loss the same at every window as the run without the faint hotkeys
     # (6.9463, 6.9463, 6.9345, 6.8998); their best PeerScore was 2e-5 against honest 21.
-    report = _localnet_in_this_process(tmp_path / "run", ["faint"], miners=2, hparams=str(MICRO_GAUNTLET_1K_PRESET),
-                                       seed=1, windows=4)
-    assert report["outcome"] == "finished"
-    miners = {p["name"]: p for p in report["peers"] if p["role"] == "miner"}
-    weight = {name: p["final_weight"] for name, p in miners.items()}
-    summary = json.dumps({n: (miners[n]["strategy"], round(w, 4), miners[n]["statuses"]) for n, w in weight.items()})
-    print(summary)
+    miners, weight, summary = _group_run(tmp_path / "run", "faint")
     faint = [name for name in miners if miners[name]["strategy"] == "faint"]
     honest = [name for name in miners if miners[name]["strategy"] == "honest"]
     assert len(faint) == FAINT_SIZE and len(honest) == 2
@@ -351,13 +357,7 @@ def test_a_flood_of_hotkeys_earns_less_than_the_weakest_honest_miner(tmp_path, a
     # On the 1024-token micro model (tests/presets/micro-gauntlet-1k.json), 2026-11-30: the flood earned
     # 0.003 in total, the weakest honest miner 0.377.
 
-    report = _localnet_in_this_process(tmp_path / "run", ["flood"], miners=2, hparams=str(MICRO_GAUNTLET_1K_PRESET), seed=1,
-                                       windows=4)
-    assert report["outcome"] == "finished"
-    miners = {p["name"]: p for p in report["peers"] if p["role"] == "miner"}
-    weight = {name: p["final_weight"] for name, p in miners.items()}
-    summary = json.dumps({n: (miners[n]["strategy"], round(w, 4), miners[n]["statuses"]) for n, w in weight.items()})
-    print(summary)
+    miners, weight, summary = _group_run(tmp_path / "run", "flood")
     flood = [name for name in miners if miners[name]["strategy"] == "flood"]
     assert len(flood) == FLOOD_SIZE
     weakest = min(w for name, w in weight.items() if miners[name]["strategy"] == "honest")
