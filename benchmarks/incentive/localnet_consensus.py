@@ -86,7 +86,7 @@ def evaluation_noise(out: Path, nodes: list[dict]) -> dict[str, dict]:
     own = out / "hparams.json"  # a seeded run's own file; else the rules' defaults, production's
     rules = load_hparams(str(own) if own.exists() else None).gauntlet
     relative_rule = {"clip": (rules.relative_clip_low, rules.relative_clip_high),
-                     "min_players": rules.relative_min_players}
+                     "min_players": rules.relative_min_players, "resolution": rules.proof_gap_resolution}
 
     strategy = {n["hotkey"]: n["strategy"] for n in nodes}
     found = {}
@@ -99,7 +99,8 @@ def evaluation_noise(out: Path, nodes: list[dict]) -> dict[str, dict]:
         spreads, relative = [], {"honest": [], "moredata": []}
         for results in by_window.values():
             scores = relative_loss_scores(results, **relative_rule)
-            if (spread := relative_spread(scores, min_players=rules.relative_min_players)) is not None:
+            if (spread := relative_spread(scores, results, min_players=rules.relative_min_players,
+                                          resolution=rules.proof_gap_resolution)) is not None:
                 spreads.append(spread)
             for hotkey, x in scores.items():
                 if strategy.get(hotkey) in relative:

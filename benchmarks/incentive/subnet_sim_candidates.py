@@ -62,8 +62,11 @@ class WeighedWindowsBook(ScoreBook):
     def record_primary(self, rules: GauntletConfig, results, **kwargs) -> None:  # type: ignore[override]
         relative = rating_module.relative_loss_scores({hk: r.delta_rand for hk, r in results.items()},
                                                       clip=(rules.relative_clip_low, rules.relative_clip_high),
-                                                      min_players=rules.relative_min_players)
-        spread = rating_module.relative_spread(relative, min_players=rules.relative_min_players)
+                                                      min_players=rules.relative_min_players,
+                                                      resolution=rules.proof_gap_resolution)
+        spread = rating_module.relative_spread(relative, {hk: r.delta_rand for hk, r in results.items()},
+                                               min_players=rules.relative_min_players,
+                                               resolution=rules.proof_gap_resolution)
         if rules.loss_rating == "relative" and spread is not None:  # before super(): its rescoring reads these
             gamma = rules.rating_gamma
             precision = 1.0 / max(spread, self.relative_noise[0], self.MIN_SPREAD) ** 2

@@ -18,16 +18,17 @@ from templar.gauntlet.rating import (
     relative_rating,
     relative_spread,
     update_relative,
+    without_premium,
 )
 
 PRODUCTION = load_hparams().gauntlet
 CLIP = {"clip": (PRODUCTION.relative_clip_low, PRODUCTION.relative_clip_high),
-        "min_players": PRODUCTION.relative_min_players}
-"""Production's clip of one relative LossScore (−1, 2) and its three players."""
+        "min_players": PRODUCTION.relative_min_players, "resolution": PRODUCTION.proof_gap_resolution}
+"""Production's clip of one relative LossScore (−1, 2), its three players and its resolution (1e-5 nats)."""
 
 
 def test_relative_loss_scores_divide_by_the_median_and_clip() -> None:
-    assert CLIP == {"clip": (-1.0, 2.0), "min_players": 3}
+    assert CLIP == {"clip": (-1.0, 2.0), "min_players": 3, "resolution": 1e-5}
     # finite values 0.02, 0.03, 0.04, 0.06, 1.0 → median 0.04; −inf and 1.0/0.04 = 25 clip to −1 and 2
     assert relative_loss_scores({"a": 0.02, "b": 0.04, "c": 0.06, "d": -math.inf, "e": 1.0, "f": 0.03}, **CLIP) == \
         pytest.approx({"a": 0.5, "b": 1.0, "c": 1.5, "d": -1.0, "e": 2.0, "f": 0.75})
@@ -35,13 +36,38 @@ def test_relative_loss_scores_divide_by_the_median_and_clip() -> None:
     assert relative_loss_scores({"a": 0.01, "b": 0.02, "c": 0.03, "d": 0.05}, **CLIP) == pytest.approx(
         {"a": 0.4, "b": 0.8, "c": 1.2, "d": 2.0})
     # the clip is the run's: an older rule's upper clip of 4 lets 1.0/0.04 count 4
-    assert relative_loss_scores({"a": 0.02, "b": 0.04, "e": 1.0}, clip=(-1.0, 4.0), min_players=3)["e"] == 4.0
+    assert relative_loss_scores({"a": 0.02, "b": 0.04, "e": 1.0}, clip=(-1.0, 4.0), min_players=3,
+                                resolution=1e-5)["e"] == 4.0
 
 
 def test_relative_loss_scores_need_three_finite_and_a_positive_median() -> None:
     assert relative_loss_scores({"a": 0.02, "b": 0.04, "c": -math.inf}, **CLIP) == {}
     assert relative_loss_scores({"a": -0.02, "b": -0.01, "c": 0.03}, **CLIP) == {}  # median −0.01: the window hurt
     assert relative_loss_scores({"a": 0.0, "b": 0.0, "c": 0.03}, **CLIP) == {}
+
+
+def test_uploads_that_did_not_move_the_loss_do_not_set_the_median() -> None:
+    """Near-zero uploads (δ_rand float32 rounding, ±1e-8 nats) in most of S_t made the median rounding,
+    and every peer that did any work sat at the upper clip: a quarter of an honest miner's work rated as
+    all of it (benchmarks/LOG.md §60). The median is read over the δ_rands beyond the resolution."""
+    faint = {f"faint{i}": (-1) ** i * 1e-8 * (i + 1) for i in range(5)}
+    work = {"honest": 0.02, "quarter": 0.005, "other": 0.018}
+    scores = relative_loss_scores({**work, **faint}, **CLIP)
+    assert scores["quarter"] == pytest.approx(0.005 / 0.018) and scores["honest"] == pytest.approx(0.02 / 0.018)
+    assert all(abs(scores[hk]) < 1e-5 for hk in faint)
+    rounding = {**CLIP, "resolution": 0.0}  # the median of the eight was a faint one's
+    assert relative_loss_scores({**work, **faint}, **rounding)["quarter"] == 2.0
+    assert relative_loss_scores({"honest": 0.02, "quarter": 0.005, **faint}, **CLIP) == {}  # two measured: too few
+
+
+def test_without_premium_no_delta_rates_above_the_median() -> None:
+    """A window whose trial steps were not held to a typical size: an upload ×3 gains 3× as much, so
+    nothing rates above the median; below it, as measured."""
+    deltas = {"loud": 0.06, "a": 0.02, "b": 0.018, "c": 0.01, "broke": -math.inf, "faint": 1e-8}
+    capped = without_premium(deltas, resolution=1e-5)
+    # the median of the measured four (0.01, 0.018, 0.02, 0.06; neither −∞ nor rounding) is 0.019
+    assert capped == pytest.approx({"loud": 0.019, "a": 0.019, "b": 0.018, "c": 0.01, "broke": -math.inf, "faint": 1e-8})
+    assert without_premium({"a": 1e-9, "b": -math.inf}, resolution=1e-5) == {"a": 1e-9, "b": -math.inf}
 
 
 def test_update_relative_is_a_bias_corrected_ema() -> None:
@@ -68,8 +94,16 @@ def test_effective_evaluations() -> None:
 def test_relative_spread_is_a_robust_sigma() -> None:
     # x 0.5, 0.9, 1.0, 1.1, 3.0: median 1.0, |deviations| 0, 0.1, 0.1, 0.5, 2.0 → median 0.1 → 0.14826;
     # the two outliers (a cheat near 0, a freak high) do not move it
-    assert relative_spread({"a": 0.5, "b": 0.9, "c": 1.0, "d": 1.1, "e": 3.0}, min_players=3) == pytest.approx(0.14826)
-    assert relative_spread({"a": 1.0, "b": 1.0}, min_players=3) is None
+    xs = {"a": 0.5, "b": 0.9, "c": 1.0, "d": 1.1, "e": 3.0}
+    deltas = {hk: 0.04 * x for hk, x in xs.items()}
+    assert relative_spread(xs, deltas, min_players=3, resolution=1e-5) == pytest.approx(0.14826)
+    assert relative_spread({"a": 1.0, "b": 1.0}, {"a": 0.04, "b": 0.04}, min_players=3, resolution=1e-5) is None
+    # uploads that did not move the loss are no measurement of the noise: six of them made the median x 0
+    # and the spread 0, and the tie band closed on identical honest miners
+    faint = {f"f{i}": 1e-8 for i in range(6)}
+    with_faint = {**xs, **{hk: 0.0 for hk in faint}}
+    assert relative_spread(with_faint, {**deltas, **faint}, min_players=3, resolution=1e-5) == pytest.approx(0.14826)
+    assert relative_spread(with_faint, {**deltas, **faint}, min_players=3, resolution=0.0) < 0.01
 
 
 def test_relative_rating_hand_computed() -> None:
@@ -231,6 +265,24 @@ def test_book_scores_with_the_relative_rating() -> None:
     assert book.relative_noise == (pytest.approx(0.7413), 1)
     # x = s² / Σ s²: 1.5625, 6.25, 25 over 32.8125
     assert book.weights(rules) == pytest.approx({"a": 1.5625 / 32.8125, "b": 6.25 / 32.8125, "c": 25 / 32.8125})
+
+
+def test_a_window_without_a_typical_size_rates_no_one_above_the_median() -> None:
+    """The same evaluations as above in a window whose trial steps were the uploads as they are (no peer
+    list yet): c's δ_rand twice the median may be an upload twice as loud, so it rates as the median,
+    under either rating; below the median a is rated as measured; the spread measures no noise."""
+    for loss_rating in ("relative", "openskill"):
+        rules, book = _rules(rating_tie_band=0.0, rating_exponent=1.0, loss_rating=loss_rating), _book()
+        book.record_primary(rules, {"a": PrimaryResult(0.03, 0.02), "b": PrimaryResult(0.05, 0.04),
+                                    "c": PrimaryResult(0.09, 0.08)}, window=0, premium=False)
+        ratings = {hk: book.loss_rating(rules, hk) for hk in book}
+        assert ratings["c"] == pytest.approx(ratings["b"]) and ratings["a"] < ratings["b"]
+    assert book.peers["c"].rating == book.peers["b"].rating  # OpenSkill: c and b tie at the top
+    rules, book = _rules(rating_tie_band=0.0, rating_exponent=1.0), _book()
+    book.record_primary(rules, {"a": PrimaryResult(0.03, 0.02), "b": PrimaryResult(0.05, 0.04),
+                                "c": PrimaryResult(0.09, 0.08)}, window=0, premium=False)
+    assert {hk: book.peers[hk].relative_delta for hk in book} == pytest.approx({"a": 0.5, "b": 1.0, "c": 1.0})
+    assert book.relative_noise == (0.0, 0)  # as before any window
 
 
 def test_identical_peers_are_paid_alike_up_to_their_measured_difference() -> None:

@@ -308,7 +308,7 @@ def _dashboard_shows_the_run(out: Path) -> None:
 
 
 def _group_run(out: Path, group: str) -> tuple[dict[str, dict], dict[str, float], str]:
-    """One operator's `group` of hotkeys beside 2 honest miners, 4 windows of micro-gauntlet-1k at seed 1
+    """One operator's `group` of hotkeys (or one adversary) beside 2 honest miners, 4 windows of micro-gauntlet-1k at seed 1
     (in this process): each miner's report, its final weight, and a printed one-line summary."""
     report = _localnet_in_this_process(out, [group], miners=2, hparams=str(MICRO_GAUNTLET_1K_PRESET), seed=1, windows=4)
     assert report["outcome"] == "finished"
@@ -342,6 +342,23 @@ def test_near_zero_uploads_from_most_hotkeys_neither_earn_nor_stop_the_run(tmp_p
     assert sum(weight[name] for name in faint) < 1e-6, summary
     loss = _loss_at_step(tmp_path / "run")
     assert loss[max(loss)] < loss[min(loss)] - 0.02, loss  # the run trains (flat at 6.9463 before)
+
+
+@pytest.mark.slow(seconds=12)
+def test_a_louder_upload_is_paid_as_the_honest_work_it_carries(tmp_path, assets_dir):
+    """`loud`: honest work, values ×3 (the `scale` check flags 1000×). In the run's first scored window
+    there is no peer list, so no typical size to hold a trial step to: the upload as it is gained three
+    times an honest one's δ_rand and rated as the best peer, and with most of the pay its own payload
+    became the pay-weighted typical size that later trial steps were held to. Now nothing rates above
+    S_t's median in such a window, and a trial step is held to the smaller of the aggregate's counted
+    and pay-weighted medians (docs/scoring.md §3)."""
+    # 2026-12-03, seed 1, 4 windows (before: loud 0.696, honest 0.130 and 0.174; now loud 0.354, honest
+    # 0.293 and 0.354: tied with the better honest miner, the rest is this short run's honest spread)
+    miners, weight, summary = _group_run(tmp_path / "run", "loud")
+    honest = [name for name in miners if miners[name]["strategy"] == "honest"]
+    assert len(honest) == 2 and miners["loud0"]["statuses"].get("ok", 0) >= 2, summary
+    assert weight["loud0"] <= 1.05 * max(weight[name] for name in honest), summary  # 4-5x before
+    assert min(weight[name] for name in honest) > 0.2, summary  # 0.13 before
 
 
 @pytest.mark.slow(seconds=15)

@@ -16,7 +16,7 @@ from templar.localnet.runner import Localnet, LocalnetConfig, parse_adversary
 
 
 def test_the_roster_table_and_the_hooks_name_the_same_adversaries() -> None:
-    assert set(ADVERSARIES) == ADVERSARY_NAMES and len(ADVERSARIES) == len(ADVERSARY_NAMES) == 19
+    assert set(ADVERSARIES) == ADVERSARY_NAMES and len(ADVERSARIES) == len(ADVERSARY_NAMES) == 20
     assert ADVERSARY_NAMES | {"moredata"} == LOCALNET_BEHAVIOURS
     assert set(GROUP_SIZES) <= ADVERSARY_NAMES
     assert {name for name in GROUP_SIZES if issubclass(ADVERSARIES[name], Pooled)} == {"pooled", "flood"}  # `faint` shares no work

@@ -48,7 +48,7 @@ def test_scores_match_reference_and_restore_model(tiny_pages):
 
 def test_norm_outliers_flag_only_shouting_peers_against_the_aggregates_typical_size():
     from templar.compress import DCTCompressor
-    from templar.validator.fast_eval import norm_outliers, typical_payload
+    from templar.validator.fast_eval import norm_outliers, typical_payloads
     from templar.wire import Gradient
 
     comp = DCTCompressor(64, 32)
@@ -59,23 +59,33 @@ def test_norm_outliers_flag_only_shouting_peers_against_the_aggregates_typical_s
         return Gradient(window=1, global_step=0, hotkey=hotkey, warmup=False,
                         tensors={"w": comp.compress(base * scale)}, probes={}, digest=b"", nbytes=0)
 
+    def sizes(listed: list[Gradient], paid: dict[str, float]) -> tuple[str, str, int]:
+        found = typical_payloads(listed, paid)
+        assert found is not None
+        return found.smaller.hotkey, found.larger.hotkey, found.peers
+
     a, b, c = payload("a", 1.0), payload("b", 2.0), payload("c", 1.5)
     faint = {f"faint{i}": payload(f"faint{i}", 1e-6) for i in range(6)}
     uploads = {"a": a, "b": b, "new": payload("new", 1e-3), "shout": payload("shout", 1e4), **faint}
-    typical = typical_payload([a, b, c], {}, min_peers=3)
-    assert typical is c  # the lower median of the aggregate's three
-    assert norm_outliers(uploads, typical, 1000.0) == ["shout"]  # the quiet newcomer is not flagged
+    assert sizes([a, b, c], {}) == ("c", "c", 3)  # the lower median of the aggregate's three
+    assert norm_outliers(uploads, c, 1000.0) == ["shout"]  # the quiet newcomer is not flagged
     # the yardstick is the aggregate's, not the window's: six near-zero uploads (most of the window) made
     # the median of the uploads 1e-6 of an update, and every honest upload was `scale`
-    assert typical_payload(list(uploads.values()), {}).hotkey == "faint4"  # the lower median of ten
-    assert norm_outliers(uploads, typical_payload(list(uploads.values()), {}), 1000.0) == ["a", "b", "new", "shout"]
-    # too few in the aggregate to judge by (a run's first windows): nothing is flagged
-    assert typical_payload([a, b], {}, min_peers=3) is None and norm_outliers(uploads, None, 1000.0) == []
-    # near-zero hotkeys that hold half of the list's slots but none of its pay do not set the size
+    assert sizes(list(uploads.values()), {})[1] == "faint4"  # the lower median of ten
+    assert norm_outliers(uploads, faint["faint4"], 1000.0) == ["a", "b", "new", "shout"]
+    assert typical_payloads([], {}) is None and norm_outliers(uploads, None, 1000.0) == []
+    # near-zero hotkeys holding half of the list's slots but none of its pay: the counted median is theirs
+    # (the size the outer step clips to, so a trial step's), the scale check judges by the paid one
     listed = [a, b, faint["faint0"], faint["faint1"]]
-    assert typical_payload(listed, {}) is faint["faint1"]
-    assert typical_payload(listed, {"a": 0.5, "b": 0.5, "faint0": 1e-14}) is a
-    assert typical_payload(listed, {"a": 0.2, "b": 0.2, "faint0": 0.3, "faint1": 0.3}) is faint["faint1"]  # half the pay
+    assert sizes(listed, {}) == ("faint1", "faint1", 4)
+    assert sizes(listed, {"a": 0.5, "b": 0.5, "faint0": 1e-14}) == ("faint1", "a", 4)
+    assert sizes(listed, {"a": 0.2, "b": 0.2, "faint0": 0.3, "faint1": 0.3}) == ("faint1", "faint1", 4)  # half the pay
+    # an upload three times as loud, rated in a window without a reference, holding most of the pay: the
+    # weighted median is its own, the counted one an honest peer's; a trial step is clipped to the smaller
+    loud = payload("loud", 3.0)
+    assert sizes([a, b, c, loud], {"loud": 0.58, "a": 0.14, "b": 0.14, "c": 0.14}) == ("c", "loud", 4)
+    assert sizes([loud], {"loud": 1.0}) == ("loud", "loud", 1)
+    assert sizes([payload("zero", 0.0), a], {}) == ("a", "a", 1)  # a payload without a norm has no size
 
 
 @pytest.mark.slow(seconds=3)

@@ -12,7 +12,7 @@ from tests.rules import gauntlet_rules
 from templar.comms import GatherResult, GatherStatus
 from templar.compress import Compressed, DCTCompressor
 from templar.core.config import GauntletConfig
-from templar.validator.fast_eval import OtherBase, failure_verdict, fast_evaluate
+from templar.validator.fast_eval import OtherBase, failure_verdict, fast_evaluate, typical_payloads
 from templar.validator.replays import Sighting
 from templar.wire import (
     Gradient,
@@ -57,10 +57,12 @@ def _ok(value: Gradient, stamp: float) -> GatherResult[Gradient]:
     return GatherResult(GatherStatus.OK, value=value, timestamp=stamp)
 
 
-def _evaluate(results, probes, aggregated=()):
-    """`aggregated`: the hotkeys of `results` whose payloads make the window's aggregate (the peer list)."""
+def _evaluate(results, probes, aggregated=(), paid=None):
+    """`aggregated`: the hotkeys of `results` whose payloads make the window's aggregate (the peer list);
+    `paid`: the validator's weights by hotkey."""
+    sizes = typical_payloads([results[hk].value for hk in aggregated], paid or {})
     return fast_evaluate(results, probes, LR, rules=_rules(duplicate_threshold=0.98, max_norm_ratio=100.0), salt=7,
-                         aggregated=[results[hk].value for hk in aggregated])
+                         sizes=sizes)
 
 
 def test_honest_peers_pass_and_warmup_is_named(real_peers, probes):
@@ -117,6 +119,8 @@ def test_a_shouting_peer_is_scale(real_peers, probes):
     assert all(verdicts[f"p{i}"].passed for i in range(3))
     # a run's first windows have no aggregate to measure by (no peer list): nobody is `scale`
     assert all(v.passed for v in _evaluate(results, probes).values())
+    # nor with fewer than `norm_check_min_peers` (3) payloads in it
+    assert all(v.passed for v in _evaluate(results, probes, aggregated=["p0", "loud"]).values())
 
 
 def test_near_zero_uploads_cannot_move_the_scale_checks_yardstick(real_peers, probes):
@@ -136,6 +140,11 @@ def test_near_zero_uploads_cannot_move_the_scale_checks_yardstick(real_peers, pr
         verdicts = _evaluate(results, probes, aggregated=["p0", "p1", "p2"])
         assert [verdicts[f"p{i}"].status for i in range(3)] == ["ok"] * 3
         assert [verdicts[f"w{i}"].status for i in range(4)] == ["warmup" if warmup else "ok"] * 4
+    # near-zero hotkeys holding most of the list's slots (its counted median theirs) but none of its pay:
+    # an upload is `scale` only beyond the larger median, the pay-weighted one, an honest peer's
+    listed, paid = ["p0", "p1", "w0", "w1", "w2"], {"p0": 0.5, "p1": 0.5}
+    assert [_evaluate(results, probes, aggregated=listed, paid=paid)[f"p{i}"].status for i in range(3)] == ["ok"] * 3
+    assert _evaluate(results, probes, aggregated=listed)["p0"].status == "scale"  # unpaid list: the counted median
 
 
 def test_a_payload_claiming_another_step_is_wrong_step(real_peers, probes):

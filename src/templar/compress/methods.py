@@ -8,7 +8,7 @@ trial step):
   whose ranks each hold some parameters: the factors come from the whole payloads, once);
 - `trial`: one peer's update as the outer step would apply it alone (the validator's LossScore), held
   to the size the aggregate would give it (`trial_reference` of the window's typical payload, the
-  validator's `fast_eval.typical_payload`);
+  smaller of the validator's `fast_eval.typical_payloads`);
 - `apply`: θ ← θ − α·update at the run's outer learning rate α;
 - `moves_every_coordinate`: whether one step moves every coordinate of θ by α, so that "how many
   steps apart" two models are reads as their distance over α (the sync score, docs/scoring.md §2);

@@ -67,9 +67,10 @@ class ShardedEvaluator(Evaluator):
 
     def __init__(self, model: nn.Module, micro_batch_size: int, group: Group, *, position_ranges: int,
                  step_dtype: torch.dtype = torch.float32, baseline_groups: int = 0, baseline: str | None = None,
-                 baseline_min_others: int = 3, baseline_clip: float = 4.0):
+                 baseline_min_others: int = 3, baseline_clip: float = 4.0, baseline_resolution: float = 0.0):
         super().__init__(model, micro_batch_size, position_ranges=position_ranges, baseline_groups=baseline_groups,
-                         baseline=baseline, baseline_min_others=baseline_min_others, baseline_clip=baseline_clip)
+                         baseline=baseline, baseline_min_others=baseline_min_others, baseline_clip=baseline_clip,
+                         baseline_resolution=baseline_resolution)
         self.group = group
         self.step_dtype = step_dtype
 

@@ -88,7 +88,7 @@ def clipped_mean(values: Sequence[float], clip: float) -> float:
 
 
 def others_gains(gains_by_peer: Mapping[str, Sequence[float]], peer: str, random_units: int,
-                 min_others: int, clip: float) -> list[float] | None:
+                 min_others: int, clip: float, resolution: float) -> list[float] | None:
     """`peer`'s common gain on each unit, in units of a step's mean gain on the random units: over
     the *other* peers, their gains there, each divided by that peer's own mean gain on the first
     `random_units` units (the random ones), and of those the `clipped_mean` (`clip`:
@@ -96,15 +96,18 @@ def others_gains(gains_by_peer: Mapping[str, Sequence[float]], peer: str, random
     order; a non-finite gain is left out of its unit's mean.
 
     Dividing first makes it a mean of unit susceptibilities, not of step sizes: S_t mixes strong
-    and weak steps. A peer whose step did not help the random units (mean ≤ 0: no step, noise, a
-    broken model) has no scale and says nothing of a unit's generic gain; it is left out. None
+    and weak steps. A peer whose step did not help the random units (mean ≤ `resolution`, the rules'
+    `proof_gap_resolution`: no step, a step too small to move a float32 loss, noise, a broken model)
+    has no scale and says nothing of a unit's generic gain; it is left out. Dividing by a mean of
+    rounding (±10⁻⁸ nats) made such a peer's profile rounding noise magnified 10⁵ times, which the
+    clipped mean then took as others' gains. None
     (judge against δ_rand) when fewer than `min_others` others are left
     (`gauntlet.proof_baseline_min_others`): a median of two is their mean, which either one sets."""
     profiles = []
     for name, gains in sorted(gains_by_peer.items()):
         finite = [g for g in gains[:random_units] if math.isfinite(g)]
         scale = math.fsum(finite) / len(finite) if finite else math.nan
-        if name != peer and scale > 0:
+        if name != peer and scale > resolution:
             profiles.append([g / scale for g in gains])
     if len(profiles) < min_others:
         return None

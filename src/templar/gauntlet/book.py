@@ -41,6 +41,7 @@ from templar.gauntlet.rating import (
     relative_rating,
     relative_spread,
     update_relative,
+    without_premium,
 )
 from templar.gauntlet.records import MAX_POOL, BookFile, PeerRecord, PrimaryResult, ScoreBookError
 from templar.gauntlet.saturation import evaluated_band, penalised_read, saturated_mu, unramped_mu
@@ -396,7 +397,7 @@ class ScoreBook:
         return record
 
     def record_primary(self, rules: GauntletConfig, results: Mapping[str, PrimaryResult], *,
-                       window: int | None = None) -> None:
+                       window: int | None = None, premium: bool = True) -> None:
         """Apply one window's primary evaluation of S_t (Algorithm 1, lines after Fast Evaluation).
 
         One OpenSkill match among all of `results` ranked by δ_rand (`openskill_beta`, `_tau`),
@@ -410,7 +411,10 @@ class ScoreBook:
         × the typical one earns the full credit. A peer that declared extra pages (`PrimaryResult.work`
         > 1) has its credit on assigned and on declared units kept apart, and its credit multiplied by
         the work they prove (`templar.gauntlet.extra_work`). Every hotkey must already be in the book.
-        Validation happens before any state changes, so a bad call leaves the book intact.
+        `premium` False (a window whose trial steps were not held to a typical size): no δ_rand rates
+        above S_t's median (the match reads `without_premium`, a relative LossScore's upper clip is 1),
+        and the window's spread is not a measurement of the evaluation noise. Validation happens before any state changes, so a bad
+        call leaves the book intact.
         """
         records = {hotkey: self._require(hotkey) for hotkey in results}
         for hotkey, result in results.items():
@@ -418,9 +422,10 @@ class ScoreBook:
                 raise ValueError(f"record_primary: NaN LossScore for {hotkey}")
             if not 1.0 <= result.work < math.inf:
                 raise ValueError(f"record_primary: declared work {result.work!r} for {hotkey} (need finite, >= 1)")
+        deltas = {hotkey: result.delta_rand for hotkey, result in results.items()}
         new_ratings = rate_match(
             {hotkey: record.rating for hotkey, record in records.items()},
-            {hotkey: result.delta_rand for hotkey, result in results.items()},
+            deltas if premium else without_premium(deltas, resolution=rules.proof_gap_resolution),
             beta=rules.openskill_beta,
             tau=rules.openskill_tau,
         )
@@ -461,10 +466,11 @@ class ScoreBook:
             self.proof_gaps.append((window, own))
             while len(self.proof_gaps) > rules.proof_gap_history - 1:
                 self.proof_gaps.popleft()
-        relative = relative_loss_scores({hotkey: result.delta_rand for hotkey, result in results.items()},
-                                        clip=(rules.relative_clip_low, rules.relative_clip_high),
-                                        min_players=rules.relative_min_players)
-        spread = relative_spread(relative, min_players=rules.relative_min_players)
+        upper = rules.relative_clip_high if premium else 1.0  # 1: S_t's median
+        relative = relative_loss_scores(deltas, clip=(rules.relative_clip_low, upper),
+                                        min_players=rules.relative_min_players, resolution=rules.proof_gap_resolution)
+        spread = relative_spread(relative, deltas, min_players=rules.relative_min_players,
+                                 resolution=rules.proof_gap_resolution)
         relative_on = rules.loss_rating == "relative"
         for hotkey, result in results.items():
             record = records[hotkey]
@@ -484,7 +490,7 @@ class ScoreBook:
             if window is not None:
                 record.last_primary_window = window
             self._rescore(rules, record, (None, None))  # unlevelled here: the levels read the whole book, below
-        if relative_on and spread is not None:
+        if relative_on and spread is not None and premium:
             noise, windows = self.relative_noise
             self.relative_noise = (update_relative(noise, windows, spread, rules.rating_gamma), windows + 1)
             levels = self._paid_levels(rules) if self._reads_levels(rules) else None

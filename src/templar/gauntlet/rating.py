@@ -90,31 +90,57 @@ def rate_match(
 
 # ---- relative LossRating (docs/scoring.md §5; beyond the paper, `gauntlet.loss_rating` = "relative") -------------
 
+def measured(results: Mapping[str, float], *, resolution: float) -> dict[str, float]:
+    """The δ_rands that measure a step: finite and farther than `resolution` from 0 (the rules'
+    `proof_gap_resolution`; a δ_rand within it is float32 rounding, an upload that did not move the
+    loss). Such an upload costs nothing to post (values 10⁻⁶ of an update pass every fast check), so
+    no statistic of S_t's δ_rands counts it: hotkeys posting it into half of S_t would set the median
+    to rounding, and every peer that did any work, a quarter of an honest miner's or all of it, would
+    sit at the upper clip alike (benchmarks/LOG.md §60)."""
+    return {hotkey: value for hotkey, value in results.items() if math.isfinite(value) and abs(value) > resolution}
+
+
+def window_median(results: Mapping[str, float], *, resolution: float) -> float | None:
+    """S_t's median δ_rand over the ones that measure a step (`measured`); None when none does."""
+    counted = sorted(measured(results, resolution=resolution).values())
+    return _median(counted) if counted else None
+
+
 def relative_loss_scores(results: Mapping[str, float], *, clip: tuple[float, float],
-                         min_players: int) -> dict[str, float]:
-    """Each peer's δ_rand divided by the median δ_rand of the window's S_t, clipped to `clip`
-    (the rules' `relative_clip_low`, `_high`: a δ_rand of −∞, the update broke the model, or far
-    below the median counts as the low end; the high end bounds what one freak evaluation moves a
-    peer's mean, benchmarks/LOG.md §3, §5).
+                         min_players: int, resolution: float) -> dict[str, float]:
+    """Each peer's δ_rand divided by the median δ_rand of the window's S_t (`window_median`, which
+    leaves out δ_rands within `resolution` of 0), clipped to `clip` (the rules' `relative_clip_low`,
+    `_high`: a δ_rand of −∞, the update broke the model, or far below the median counts as the low
+    end; the high end bounds what one freak evaluation moves a peer's mean, benchmarks/LOG.md §3, §5).
 
     Why relative: the loss scale falls as the model trains and differs from window to window,
     so raw LossScores are not comparable across windows, while the ratio to the same window's
     median is (1.0 = a typical peer of S_t). Unlike a rank, the ratio keeps the size of the
     difference: two identical peers score 1 ± noise and the noise averages out over their
     evaluations, where their OpenSkill ranks are coin flips whose ratings random-walk apart.
-    Returns {} (nothing to learn) when fewer than `min_players` results are finite (a median of
-    two is one of the peers' own) or the median is not positive (most of S_t made the loss worse:
-    no scale to compare against).
+    Returns {} (nothing to learn) when fewer than `min_players` results are finite and beyond
+    `resolution` (a median of two is one of the peers' own) or the median is not positive (most of
+    S_t made the loss worse: no scale to compare against).
     """
-    finite = sorted(value for value in results.values() if math.isfinite(value))
-    if len(finite) < min_players:
-        return {}
-    median = _median(finite)
-    if not median > 0:
+    median = window_median(results, resolution=resolution)
+    if len(measured(results, resolution=resolution)) < min_players or median is None or not median > 0:
         return {}
     low, high = clip
     return {hotkey: low if math.isnan(value) else min(high, max(low, value / median))
             for hotkey, value in results.items()}
+
+
+def without_premium(results: Mapping[str, float], *, resolution: float) -> dict[str, float]:
+    """Each δ_rand, at most S_t's median (`window_median`; as they are when there is none): what a
+    window whose trial steps were not held to a typical size (`premium` False in
+    `ScoreBook.record_primary`) rates. There a trial step is the upload as it is, so a δ_rand above
+    the median may be a louder upload rather than a better one: an honest update ×3 gained 3× the
+    median and was rated as the best peer, after which its pay set the next windows' typical size
+    (benchmarks/LOG.md §60). Below the median, a δ_rand still rates as measured."""
+    median = window_median(results, resolution=resolution)
+    if median is None:
+        return dict(results)
+    return {hotkey: min(value, median) if math.isfinite(value) else value for hotkey, value in results.items()}
 
 
 def update_relative(mean: float, evaluations: int, x: float, gamma: float) -> float:
@@ -147,15 +173,21 @@ def effective_evaluations(evaluations: int, gamma: float) -> float:
     return total * total / squares
 
 
-def relative_spread(relative: Mapping[str, float], *, min_players: int) -> float | None:
-    """One window's spread of relative LossScores: 1.4826 × the median |x − median x| (a robust σ).
+def relative_spread(relative: Mapping[str, float], deltas: Mapping[str, float], *, min_players: int,
+                    resolution: float) -> float | None:
+    """One window's spread of relative LossScores: 1.4826 × the median |x − median x| (a robust σ),
+    over the peers whose δ_rand (`deltas`) measured a step (`measured`, as the median does).
 
     The tie band is a multiple of this, so it follows the evaluation noise of the deployment
     (pages per evaluation, model size) instead of a constant tuned on one preset. The median
     absolute deviation ignores the few peers that differ for real (cheats near 0, a strong peer):
-    it only moves when most of S_t is spread out. None with fewer than `min_players`.
+    it only moves when most of S_t is spread out. Uploads that did not move the loss are no
+    measurement of that noise: four `faint` hotkeys beside three working peers made the median x 0
+    and the spread 4e-6, the tie band closed, and two identical honest miners were paid 0.38 and 0.61
+    (benchmarks/LOG.md §60). None with fewer than `min_players`.
     """
-    values = sorted(relative.values())
+    counted = measured(deltas, resolution=resolution)
+    values = sorted(x for hotkey, x in relative.items() if hotkey in counted)
     if len(values) < min_players:
         return None
     deviations = sorted(abs(v - _median(values)) for v in values)

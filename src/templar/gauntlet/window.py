@@ -74,7 +74,8 @@ class WindowScores:
 
 
 def score_window(book: ScoreBook, rules: GauntletConfig, window: int, miners: Mapping[str, int],
-                 verdicts: Mapping[str, FastVerdict], losses: Mapping[str, PrimaryResult]) -> WindowScores:
+                 verdicts: Mapping[str, FastVerdict], losses: Mapping[str, PrimaryResult], *,
+                 premium: bool = True) -> WindowScores:
     """Apply one window's evaluations to `book` and return its weights and top-G.
 
     In order: each fast verdict that judges the peer (`Status.judges`: an `unserved` peer's upload was
@@ -87,7 +88,9 @@ def score_window(book: ScoreBook, rules: GauntletConfig, window: int, miners: Ma
     `miners` maps each miner's hotkey to its uid (the registry, `ScoreBook.sync_registry` run
     before the window's draws); every hotkey of `verdicts` must be in it, and every hotkey of
     `losses` must have a verdict that earns (`Status.earns`). A window without evaluations
-    (verdicts and losses empty) only recomputes the weights.
+    (verdicts and losses empty) only recomputes the weights. `premium` False: the window's trial
+    steps were not held to a typical size, and no δ_rand rates above S_t's median
+    (`ScoreBook.record_primary`).
     """
     verdicts = {hotkey: verdict for hotkey, verdict in verdicts.items() if verdict.status.judges}
     unknown = sorted(set(verdicts) - set(miners))
@@ -110,5 +113,5 @@ def score_window(book: ScoreBook, rules: GauntletConfig, window: int, miners: Ma
     if verdicts:
         book.expire_pools(rules, window)
     if losses:
-        book.record_primary(rules, losses, window=window)
+        book.record_primary(rules, losses, window=window, premium=premium)
     return WindowScores(weights=book.weights(rules), top_g=book.top_g(rules))

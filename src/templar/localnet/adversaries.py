@@ -45,6 +45,19 @@ class Scaled(MinerHooks):
         return {k: v * 1e4 for k, v in values.items()}
 
 
+class Loud(MinerHooks):
+    """Honest work, a little louder: values ×3, far below the `scale` check (1000×). Under a rule that
+    applies magnitudes, a trial step of the payload as sent gains three times an honest one's; trial
+    steps are held to the window's typical size, and where there is none yet (a run's first windows)
+    no δ_rand rates above S_t's median, so a louder upload is paid as the honest work it carries
+    (docs/scoring.md §3)."""
+
+    name = "loud"
+
+    def transform(self, miner, window, values):
+        return {k: v * 3.0 for k, v in values.items()}
+
+
 class SignFlip(MinerHooks):
     """Sends the negated update: pushes the model uphill."""
 
@@ -363,7 +376,7 @@ class Overclaim(MinerHooks):
 
 
 ADVERSARIES: dict[str, type[MinerHooks]] = {cls.name: cls for cls in (
-    Lazy, Scaled, SignFlip, Noise, FreeRider, Late, Desync, Copycat, Duplicate, StepPump, Partial, Pooled, Thin,
+    Lazy, Scaled, Loud, SignFlip, Noise, FreeRider, Late, Desync, Copycat, Duplicate, StepPump, Partial, Pooled, Thin,
     Replay, Flood, Faint, Overfit, Short, Overclaim,
 )}
 """Every adversary by name (`templar.localnet.behaviours.ADVERSARY_NAMES`, the roster's table, names the

@@ -13,7 +13,7 @@ from __future__ import annotations
 from templar.core.config import DataConfig
 
 ADVERSARY_NAMES = frozenset({
-    "lazy", "scaled", "signflip", "noise", "freerider", "late", "desync", "copycat", "duplicate", "steppump",
+    "lazy", "scaled", "loud", "signflip", "noise", "freerider", "late", "desync", "copycat", "duplicate", "steppump",
     "partial", "pooled", "thin", "replay", "flood", "faint", "overfit", "short", "overclaim",
 })
 """Every adversary the adversary entry point (`python -m templar.localnet.adversary`) runs."""

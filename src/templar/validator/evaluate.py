@@ -116,7 +116,7 @@ class Evaluator:
 
     def __init__(self, model: torch.nn.Module, micro_batch_size: int, *, position_ranges: int,
                  baseline_groups: int = 0, baseline: str | None = None, baseline_min_others: int = 3,
-                 baseline_clip: float = 4.0):
+                 baseline_clip: float = 4.0, baseline_resolution: float = 0.0):
         self.model = model
         self.micro_batch_size = micro_batch_size
         self.position_ranges = position_ranges
@@ -126,6 +126,7 @@ class Evaluator:
             raise ValueError(f"Evaluator: unknown baseline {self.baseline!r}")
         self.baseline_min_others = baseline_min_others
         self.baseline_clip = baseline_clip
+        self.baseline_resolution = baseline_resolution
         self._params = {n: p for n, p in model.named_parameters() if p.requires_grad}
         self._saved: dict[str, torch.Tensor] = {}
 
@@ -206,7 +207,8 @@ class Evaluator:
                 mine = before_ranges[rows[peer]]
                 unit_common = others_gains({p: (mine - a[rows[peer]]).flatten().tolist()
                                             for p, a in after_everything.items()}, peer,
-                                           random_units, self.baseline_min_others, self.baseline_clip)
+                                           random_units, self.baseline_min_others, self.baseline_clip,
+                                           self.baseline_resolution)
             if unit_common is not None:
                 adjust = unit_adjustments((before_ranges[:n_rand] - after_ranges[:n_rand]).flatten().tolist(),
                                           unit_common[:random_units], unit_common)
@@ -258,7 +260,7 @@ def evaluator_rules(hp: HParams) -> dict[str, Any]:
     g = hp.gauntlet
     return {"position_ranges": g.position_ranges, "baseline": g.proof_baseline,
             "baseline_groups": g.proof_baseline_groups, "baseline_min_others": g.proof_baseline_min_others,
-            "baseline_clip": g.proof_baseline_clip}
+            "baseline_clip": g.proof_baseline_clip, "baseline_resolution": g.proof_gap_resolution}
 
 
 def mean_step(steps: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:

@@ -19,8 +19,10 @@ one while probing for implementations that forget to normalise. Everything else 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import torch
 
@@ -130,8 +132,7 @@ def fast_evaluate(
     baseline: PoolBaselines | None = None,
     other_base: OtherBase | None = None,
     ulp_slack: float = 0.0,
-    aggregated: Sequence[Gradient] = (),
-    paid: Mapping[str, float] | None = None,
+    sizes: TypicalPayloads | None = None,
 ) -> dict[str, FastVerdict]:
     """A verdict for every gathered peer; pure given the gather results, our probes, the run's
     `rules` (`HParams.gauntlet`: thresholds, samples, margins) and `baseline`.
@@ -152,10 +153,9 @@ def fast_evaluate(
     `validator.public_work`); an upload that copies one of them, or their mean, is `copy`.
     `baseline`: the validator's memory of earlier windows' typical pairs (`PoolBaselines`, which this
     call updates); None judges pools against this window's uploads alone.
-    `aggregated`: the window's aggregate as this validator gathered it (the peer list in effect's
-    payloads that enter it, `aggregation_weights`) and `paid`, this validator's weights by hotkey: the
-    scale check's yardstick is their `typical_payload`; with fewer than `norm_check_min_peers` of them
-    (a run's first windows) nothing is `scale`."""
+    `sizes`: the typical sizes of the window's aggregate as this validator gathered it
+    (`typical_payloads`): the scale check's yardstick is the larger; read from fewer than
+    `norm_check_min_peers` payloads, or None (a run's first windows), nothing is `scale`."""
     verdicts: dict[str, FastVerdict] = {}
     uploads: list[Upload] = []
     for hotkey, res in results.items():
@@ -215,8 +215,8 @@ def fast_evaluate(
     # window's uploads cannot be the yardstick: warm-ups and near-zero uploads cost nothing to post, and
     # counted in the median, those of a few hotkeys dragged it down until every honest upload was `scale`.
     earning = {hk: results[hk].value for hk, v in verdicts.items() if v.status.earns}
-    typical = typical_payload(aggregated, paid or {}, min_peers=rules.norm_check_min_peers)
-    for hotkey in norm_outliers(earning, typical, rules.max_norm_ratio):
+    yardstick = sizes.larger if sizes is not None and sizes.peers >= rules.norm_check_min_peers else None
+    for hotkey in norm_outliers(earning, yardstick, rules.max_norm_ratio):
         verdicts[hotkey] = FastVerdict(Status.SCALE, sync_steps=verdicts[hotkey].sync_steps)
     return verdicts
 
@@ -335,36 +335,55 @@ def payload_norm(g: Gradient) -> float:
     return float(torch.sqrt(sum(c.values.double().square().sum() for c in g.tensors.values())))
 
 
-def typical_payload(aggregated: Sequence[Gradient], paid: Mapping[str, float], *, min_peers: int = 1) -> Gradient | None:
-    """The payload of a window's typical size: the weighted lower median, by value norm, of the
-    window's aggregate (`aggregated`, the payloads of the peer list in effect), each weighted by its
-    uploader's weight in this validator's score book (`paid`), or all alike when none of them has
-    any (a new validator's book). None with fewer than `min_peers` payloads that have a norm.
+class TypicalPayloads(NamedTuple):
+    """A window's two typical sizes (`typical_payloads`), each a payload of the window's aggregate."""
+
+    smaller: Gradient  # the trial reference: a trial step is clipped to this size, never to a larger one
+    larger: Gradient  # the scale check's yardstick: a payload is `scale` only beyond both medians
+    peers: int  # how many payloads with a norm they were read from
+
+
+def typical_payloads(aggregated: Sequence[Gradient], paid: Mapping[str, float]) -> TypicalPayloads | None:
+    """The payloads of a window's typical size: two lower medians, by value norm, of the window's
+    aggregate (`aggregated`, the payloads of the peer list in effect), one counting each payload
+    alike, one weighting each by its uploader's weight in this validator's score book (`paid`; all
+    alike when none of them has any, a new validator's book); None when no payload has a norm.
 
     Why not the window's uploads: near-zero values cost nothing to post, and uploads from hotkeys
     enough to be half of a window's would set the median (every honest upload `scale`, every trial
-    step rounding). Why the aggregate: its peers were chosen by the run for their work, and it is the
-    size the outer step gives an update. Why weighted: on a subnet with fewer honest miners than
-    `top_g`, hotkeys that did no work fill the rest of the list; they hold the list's slots, not its
-    pay, so to move this size they must earn half the pay of the list first."""
+    step rounding). Why the aggregate: its peers were chosen by the run for their work, and the
+    counted median is the size the outer step clips every payload to (`OuterRule.trial_reference`).
+    Why both: each can be moved by someone. The counted one by hotkeys holding half the list's slots
+    (fewer honest miners than `top_g`); the weighted one by whoever holds half of the list's pay, as
+    a lone paid peer in a new validator's book does, or a miner that shouted in a window without a
+    reference and was rated for it. So a trial step is clipped to the smaller (an upload shouting
+    above the typical size gains nothing by it: neither median is its alone) and the scale check
+    judges against the larger (an honest upload is `scale` only if both were dragged down)."""
     sized = sorted(((payload_norm(g), g) for g in aggregated), key=lambda item: (item[0], item[1].hotkey))
     sized = [(norm, g) for norm, g in sized if norm > 0]
-    if len(sized) < max(1, min_peers):
+    if not sized:
         return None
     weights = [max(0.0, float(paid.get(g.hotkey, 0.0))) for _, g in sized]
-    if not sum(weights) > 0:
-        weights = [1.0] * len(sized)
-    half, running = sum(weights) / 2.0, 0.0
-    for (_, g), weight in zip(sized, weights, strict=True):
+    counted = _lower_median([1.0] * len(sized))
+    by_pay = _lower_median(weights) if sum(weights) > 0 else counted
+    return TypicalPayloads(smaller=sized[min(counted, by_pay)][1], larger=sized[max(counted, by_pay)][1],
+                           peers=len(sized))
+
+
+def _lower_median(weights: Sequence[float]) -> int:
+    """The index of the weighted lower median of items sorted by size: the first at which the running
+    weight reaches half the total."""
+    half, running = math.fsum(weights) / 2.0, 0.0
+    for index, weight in enumerate(weights):
         running += weight
         if running >= half:
-            return g
-    return sized[-1][1]
+            return index
+    return len(weights) - 1
 
 
 def norm_outliers(payloads: Mapping[str, Gradient], typical: Gradient | None, max_ratio: float) -> list[str]:
     """Peers of `payloads` whose value norm exceeds `max_ratio` times the `typical` payload's
-    (`typical_payload`; None, or one without a norm: nothing to judge by)."""
+    (`TypicalPayloads.larger`; None, or one without a norm: nothing to judge by)."""
     if typical is None or (reference := payload_norm(typical)) <= 0:
         return []
     return sorted(hk for hk, g in payloads.items() if payload_norm(g) > reference * max_ratio)

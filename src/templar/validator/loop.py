@@ -26,7 +26,7 @@ import contextlib
 import functools
 import hashlib
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import replace
 
 import torch
@@ -62,7 +62,7 @@ from templar.storage import StorageError
 from templar.validator.base import Base, BaseKeeper
 from templar.validator.commits import CommitWatcher
 from templar.validator.evaluate import Evaluator, LossScores, evaluator_rules, read_sequences
-from templar.validator.fast_eval import PoolBaselines, fast_evaluate, typical_payload
+from templar.validator.fast_eval import PoolBaselines, TypicalPayloads, fast_evaluate, typical_payloads
 from templar.validator.files import SECRET_FILE
 from templar.validator.lead import CheckpointPublisher, LeadError, WindowPublisher, publish_start_window
 from templar.validator.public_work import PublicWork
@@ -442,11 +442,11 @@ class Validator:
                 "(inner.overlap delayed), which this validator did not hold (it started or caught up since)")
             return
         work.learning_rate = learning_rate(base.global_step, self.hp.optimizer)
-        aggregated, paid = work.aggregated(self.hp), {hk: r.weight for hk, r in self.book.peers.items()}
+        work.sizes = typical_payloads(work.aggregated(self.hp), {hk: r.weight for hk, r in self.book.peers.items()})
         work.verdicts = await self._fast_evaluate(window, {hk: work.results[hk] for hk in draw.fast},
-                                                  work.learning_rate, work.replayed, base, aggregated, paid)
+                                                  work.learning_rate, work.replayed, base, work.sizes)
         work.losses = await self._primary(window, work.miners, draw.primary(work.verdicts), work.results,
-                                          work.learning_rate, base, typical=typical_payload(aggregated, paid))
+                                          work.learning_rate, base, typical=work.sizes.smaller if work.sizes else None)
 
     def score(self, work: ValidatorWindow) -> None:
         """The Gauntlet's window (`score_window`); the aggregated uploads are remembered for the
@@ -457,7 +457,7 @@ class Validator:
                                             declared_units=s.declared_units, random_units=s.random_deltas)
                           for hk, s in work.losses.items()}
         work.scores = score_window(self.book, self.hp.gauntlet, work.window, work.miners, work.verdicts,
-                                   work.primaries)
+                                   work.primaries, premium=work.premium(self.hp.gauntlet))
 
     async def step(self, work: ValidatorWindow) -> bool:
         """The outer step: every node, the lead included, takes exactly the window's applied inputs
@@ -519,7 +519,7 @@ class Validator:
 
     async def _fast_evaluate(self, window: int, results: dict[str, GatherResult[Gradient]],
                              lr: float, replayed: Mapping[str, Sighting], base: Base,
-                             aggregated: Sequence[Gradient], paid: Mapping[str, float]) -> dict[str, FastVerdict]:
+                             sizes: TypicalPayloads | None) -> dict[str, FastVerdict]:
         unit, ulp_slack = base.sync_unit(lr, moves_every_coordinate=not self.bases.measure_steps,
                                          ulp_slack=self.hp.sync.ulp_slack)
         if self.bases.measure_steps and base.step_unit is None:
@@ -536,7 +536,7 @@ class Validator:
             fast_evaluate, results, own_probes, unit, rules=self.hp.gauntlet, salt=self.eval_seed(window),
             expected_step=base.global_step, commitments=self.commits.pop(window, results), replayed=replayed,
             earlier=self.public.before(window), baseline=self.pair_baseline, other_base=other,
-            ulp_slack=ulp_slack, aggregated=aggregated, paid=paid)
+            ulp_slack=ulp_slack, sizes=sizes)
 
     def _evaluator(self, base: Base) -> PeerScorer:
         """LossScores against the base: the node's own evaluator on θ, or on the kept model."""
@@ -556,7 +556,7 @@ class Validator:
         """LossScore on assigned vs unassigned data for S_t (`chosen`, paper §3.1): each peer's
         evaluated pages among its assigned and declared ones (`PagePlan.declared_pages`) and the
         random pages, drawn with our secret.
-        `typical`: the payload of the window's typical size (`fast_eval.typical_payload`, from the
+        `typical`: the payload of the window's typical size (`TypicalPayloads.smaller`, from the
         window's aggregate), whose norm a trial step is held to under a rule that applies magnitudes
         (`OuterRule.trial_reference`); None (a run's first windows): the update as it is."""
         hp, node = self.hp, self.node

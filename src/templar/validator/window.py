@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from templar.comms import GatherResult
-from templar.core.config import HParams
+from templar.core.config import GauntletConfig, HParams
 from templar.core.log import short
 from templar.gauntlet import FastVerdict, PrimaryResult, WindowDraw, WindowScores
 from templar.runtime.consensus.outer import OuterStep, aggregation_weights
@@ -16,6 +16,7 @@ from templar.runtime.consensus.peers import aggregate_payloads
 from templar.runtime.consensus.succession import Decision
 from templar.runtime.consensus.windows import WindowTimes
 from templar.validator.evaluate import LossScores
+from templar.validator.fast_eval import TypicalPayloads
 from templar.validator.replays import Sighting
 from templar.wire import Gradient
 
@@ -38,6 +39,9 @@ class ValidatorWindow:
     results: dict[str, GatherResult[Gradient]] = field(default_factory=dict)
     gather_seconds: float = 0.0
     replayed: Mapping[str, Sighting] = field(default_factory=dict)
+    sizes: TypicalPayloads | None = None
+    """The typical sizes of the window's aggregate (`fast_eval.typical_payloads`): the scale check's
+    yardstick and the trial reference."""
     verdicts: dict[str, FastVerdict] = field(default_factory=dict)
     losses: dict[str, LossScores] = field(default_factory=dict)
     primaries: dict[str, PrimaryResult] = field(default_factory=dict)
@@ -57,6 +61,12 @@ class ValidatorWindow:
         """The window's aggregate as this validator gathered it: the payloads of the peer list in effect
         that enter it (`aggregation_weights`), what a candidate publishes and what judges a payload's size."""
         return aggregation_weights(aggregate_payloads(self.peer_list, self.results), hp)[0]
+
+    def premium(self, rules: GauntletConfig) -> bool:
+        """Whether a δ_rand above S_t's median rates above it (`score_window`'s `premium`): only when the
+        trial steps were held to a typical size read from `norm_check_min_peers` payloads or more. Before
+        that (a run's first windows) a trial step is the upload as it is, and a louder upload gains more."""
+        return self.sizes is not None and self.sizes.peers >= rules.norm_check_min_peers
 
     def done_line(self, global_step: int) -> str:
         """The window's one-line summary, said when it is committed."""
