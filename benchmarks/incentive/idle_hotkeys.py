@@ -66,7 +66,7 @@ def run(idle: int, mode: str, seed: int) -> dict:
         for hk in primary:
             first_eval.setdefault(hk, window)
         losses = {hk: draw("honest", rng, cfg.noise, 0.0, 3.66, source, cfg.eval_size) for hk in primary}
-        scores = score_window(book, rules, window, registry, verdicts, losses)
+        scores = score_window(book, rules, window, registry, verdicts, losses, seed=secret ^ window)
         if window % every == 0:  # the lead's peer list, replaced as production does
             peer_list = scores.top_g
         if window >= JOIN:

@@ -278,7 +278,7 @@ def simulate(cfg: SimConfig, *, keep_series: bool = False) -> Outcome:
             noise = cfg.noise * math.exp(rng.gauss(0.0, cfg.window_noise)) if cfg.window_noise else cfg.noise
             losses = {hk: draw(by_hotkey[hk].strategy, rng, noise, cfg.freak_rate, cfg.freak_scale, source,
                                cfg.eval_size) for hk in drawn.primary(verdicts)}
-            scored = score_window(book, rules, window, registry, verdicts, losses)
+            scored = score_window(book, rules, window, registry, verdicts, losses, seed=seed)
             x = scored.weights
             vectors.append(x)
             for hotkey, value in x.items():

@@ -53,7 +53,7 @@ def run(rules: GauntletConfig, cycle: int, seed: int) -> dict:
         drawn = draw_window(book, rules, secret ^ window, window, registry, peer_list)
         verdicts = {hk: FastVerdict(Status.OK if trains(hk, window) else Status.WARMUP) for hk in drawn.fast}
         losses = {hk: draw("honest", rng, cfg.noise, 0.0, 3.66, source, cfg.eval_size) for hk in drawn.primary(verdicts)}
-        scores = score_window(book, rules, window, registry, verdicts, losses)
+        scores = score_window(book, rules, window, registry, verdicts, losses, seed=secret ^ window)
         if window % every == 0:
             peer_list = scores.top_g
         if window >= MEASURE:

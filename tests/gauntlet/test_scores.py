@@ -264,6 +264,17 @@ def test_top_g_is_deterministic_positive_only_and_tie_broken_by_hotkey() -> None
         top_g(x, -1)
 
 
+def test_top_g_ties_follow_the_draw_before_the_hotkey() -> None:
+    """Equal PeerScores are common (saturated credits, a new book): ordered by hotkey string, a key ground
+    for a small prefix won every tie, and a group that took most of the list so set its own trial steps'
+    size (benchmarks/LOG.md §62). With `ties` they follow the draw; a better score still comes first."""
+    x = {"0000a": 0.5, "0000b": 0.5, "h1": 0.5, "h2": 0.5, "best": 0.9}
+    assert top_g(x, 3) == ["best", "0000a", "0000b"]
+    order = {"h2": b"\x00", "0000b": b"\x01", "h1": b"\x02", "0000a": b"\x03", "best": b"\xff"}
+    assert top_g(x, 3, ties=order.__getitem__) == ["best", "h2", "0000b"]
+    assert top_g(x, 10, ties=lambda hotkey: b"") == top_g(x, 10)  # an even draw falls back to the hotkey
+
+
 def test_a_top_g_slot_needs_a_share_of_the_best_score() -> None:
     """Hotkeys posting near-zero values score by rounding alone (1e-10 to 1e-5 against honest 20); where
     honest miners are fewer than G they filled the list, and the aggregate clipped every step to their size

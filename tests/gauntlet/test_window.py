@@ -21,6 +21,22 @@ from templar.gauntlet import (
 MINERS = {"a": 1, "b": 2, "c": 3, "d": 4, "e": 5}
 
 
+def test_equal_scores_share_the_top_g_by_the_validators_draw(gauntlet_cfg):
+    """Five peers with equal PeerScores and two slots: with the validator's seed the slots follow its
+    keyed draw, different from window to window and never the hotkey string's order alone, so no key
+    can be ground to win them; without a seed (a book read offline) they go by hotkey."""
+    rules = gauntlet_cfg.model_copy(update={"top_g": 2})
+    book = ScoreBook()
+    ok = {hotkey: FastVerdict(Status.OK) for hotkey in MINERS}
+    score_window(book, rules, 1, MINERS, ok, {hotkey: PrimaryResult(0.3, 0.2) for hotkey in MINERS})
+    assert len(set(book.scores(rules).values())) == 1  # tied
+    assert score_window(book, rules, 2, MINERS, {}, {}).top_g == ["a", "b"]
+    lists = {tuple(score_window(book, rules, window, MINERS, {}, {}, seed=7).top_g) for window in range(2, 22)}
+    assert len(lists) > 3 and {hotkey for top in lists for hotkey in top} == set(MINERS)
+    again = {tuple(score_window(book, rules, window, MINERS, {}, {}, seed=7).top_g) for window in range(2, 22)}
+    assert again == lists  # the draw is the seed's and the window's: every replay of the book agrees
+
+
 def test_verdicts_losses_and_pools_reach_the_book(gauntlet_cfg):
     book = ScoreBook()  # state only: the rules come with every call
     verdicts = {"a": FastVerdict(Status.OK, sync_steps=0.1), "b": FastVerdict(Status.OK),
@@ -111,9 +127,9 @@ def test_the_simulator_scores_windows_with_the_validators_function(monkeypatch):
                   join_window=4, **subnet_sim.CHOSEN)
     calls = []
 
-    def spy(book, rules, window, miners, verdicts, losses):
-        calls.append((rules, window, dict(miners), dict(verdicts), dict(losses)))
-        result = score_window(book, rules, window, miners, verdicts, losses)
+    def spy(book, rules, window, miners, verdicts, losses, *, seed):
+        calls.append((rules, window, dict(miners), dict(verdicts), dict(losses), seed))
+        result = score_window(book, rules, window, miners, verdicts, losses, seed=seed)
         calls[-1] += (book.to_json(), result)
         return result
 
@@ -122,8 +138,8 @@ def test_the_simulator_scores_windows_with_the_validators_function(monkeypatch):
     assert len(calls) == cfg.windows
 
     replayed = ScoreBook()
-    for rules, window, miners, verdicts, losses, sim_book, sim_result in calls:
-        result = validator_loop.score_window(replayed, rules, window, miners, verdicts, losses)
+    for rules, window, miners, verdicts, losses, seed, sim_book, sim_result in calls:
+        result = validator_loop.score_window(replayed, rules, window, miners, verdicts, losses, seed=seed)
         assert replayed.to_json() == sim_book
         assert result == sim_result
 

@@ -88,6 +88,36 @@ def test_norm_outliers_flag_only_shouting_peers_against_the_aggregates_typical_s
     assert sizes([payload("zero", 0.0), a], {}) == ("a", "a", 1)  # a payload without a norm has no size
 
 
+def test_a_trial_step_is_held_to_s_t_where_a_group_holds_the_list():
+    """`TypicalPayloads.held_to`: 3 hotkeys sending honest work ×5 held 3 of the list's 4 slots, so both of
+    the aggregate's medians were theirs; S_t, drawn by the validator among every earning upload, is mostly
+    honest, and its lower median holds every trial step (benchmarks/LOG.md §63). Near-zero uploads below
+    1/max_norm_ratio of the aggregate's size do not count in S_t's median, nor does S_t lift the hold."""
+    from templar.compress import DCTCompressor
+    from templar.validator.fast_eval import typical_payloads
+    from templar.wire import Gradient
+
+    comp = DCTCompressor(64, 32)
+    torch.manual_seed(0)
+    base = torch.randn(128, 128)
+
+    def payload(hotkey: str, scale: float) -> Gradient:
+        return Gradient(window=1, global_step=0, hotkey=hotkey, warmup=False,
+                        tensors={"w": comp.compress(base * scale)}, probes={}, digest=b"", nbytes=0)
+
+    honest = [payload(f"h{i}", 1.0 + i / 10) for i in range(4)]
+    loud = [payload(f"loud{i}", 5.0) for i in range(3)]
+    faint = [payload(f"faint{i}", 1e-6) for i in range(8)]
+    captured = typical_payloads([*loud, honest[0]], {"loud0": 0.3, "loud1": 0.3, "loud2": 0.3, "h0": 0.1})
+    assert captured is not None and captured.smaller.hotkey.startswith("loud")  # the list's medians: the group's
+    assert captured.held_to([*honest, *loud], 1000.0).hotkey == "h3"  # S_t's median of 7: an honest size
+    assert captured.held_to([*honest, *loud, *faint], 1000.0).hotkey == "h3"  # 8 of 15 near zero: not counted
+    assert captured.held_to([*loud, honest[0]], 1000.0).hotkey == captured.smaller.hotkey  # a group most of S_t
+    assert captured.held_to([], 1000.0) is captured.smaller
+    fair = typical_payloads(honest, {})
+    assert fair is not None and fair.held_to([*honest, *loud], 1000.0) is fair.smaller  # S_t never lifts it
+
+
 @pytest.mark.slow(seconds=3)
 def test_an_untrained_page_is_credited_nothing_even_when_the_mean_hides_it(tiny_pages):
     """Page-by-page credit (docs/scoring.md §4): a peer that trained on 1 of its 2 assigned pages (hard, so

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections import deque
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from types import MappingProxyType
 
@@ -527,14 +527,15 @@ class ScoreBook:
             self._peers[hotkey].weight = value
         return x
 
-    def top_g(self, rules: GauntletConfig) -> list[str]:
-        """SelectTopG: the `top_g` best PeerScores > 0 and at least `top_g_min_share` of the best, ties by hotkey.
+    def top_g(self, rules: GauntletConfig, ties: Callable[[str], bytes] | None = None) -> list[str]:
+        """SelectTopG: the `top_g` best PeerScores > 0 and at least `top_g_min_share` of the best, ties
+        by the draw `ties` (`score_window`: keyed by the validator's seed), else by hotkey.
 
         Equal to ranking by x from `weights`, which is a strictly increasing function of the
         score (floor 0, power > 0), and independent of the power. A pool of hotkeys that shared
         work holds one slot: only its best member is eligible (`one_per_pool`).
         """
-        return select_top_g(one_per_pool(self.scores(rules), self.pools()), rules.top_g, rules.top_g_min_share)
+        return select_top_g(one_per_pool(self.scores(rules), self.pools()), rules.top_g, rules.top_g_min_share, ties=ties)
 
     # ---- persistence --------------------------------------------------------------------
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
@@ -329,11 +329,16 @@ def normalise(scores: Mapping[str, float], power: float, floor: float | None = N
     return {hotkey: value / total for hotkey, value in powered.items()}
 
 
-def top_g(x: Mapping[str, float], g: int, min_share: float = 0.0) -> list[str]:
+def top_g(x: Mapping[str, float], g: int, min_share: float = 0.0, *,
+          ties: Callable[[str], bytes] | None = None) -> list[str]:
     """SelectTopG (Algorithm 1, eq. 6): the `g` highest x, only x > 0 and at least `min_share` of the
-    highest (the rules' `top_g_min_share`), ties by hotkey string.
+    highest (the rules' `top_g_min_share`), ties by `ties` (a keyed draw, `selection_priority`; lower
+    first), then by hotkey string.
 
-    Deterministic on every machine, so miners and validators that hold the same x agree. Why a least
+    Deterministic on every machine, so miners and validators that hold the same x agree. Why a draw
+    for ties: equal PeerScores are common (credits that honest work saturates, a new book), and by
+    hotkey string alone a key ground for a small prefix won every tie; a group that took most of
+    the list that way set its own trial steps' size (benchmarks/LOG.md §63). Why a least
     share: the list is the work the run applies, and the aggregate clips every peer to the lower median
     of its peers' sizes. On a subnet with fewer honest miners than `g`, hotkeys that post near-zero
     values score by rounding alone (PeerScores of 1e-10 to 1e-5 against honest 20) and filled the
@@ -345,5 +350,5 @@ def top_g(x: Mapping[str, float], g: int, min_share: float = 0.0) -> list[str]:
         raise ValueError(f"top_g: min_share must be in [0, 1), got {min_share!r}")
     best = max(x.values(), default=0.0)
     eligible = [hotkey for hotkey, value in x.items() if value > 0 and value >= min_share * best]
-    eligible.sort(key=lambda hotkey: (-x[hotkey], hotkey))
+    eligible.sort(key=lambda hotkey: (-x[hotkey], ties(hotkey) if ties is not None else b"", hotkey))
     return eligible[:g]

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from templar.core.config import GauntletConfig
 from templar.core.verdicts import FastVerdict, Status
 from templar.gauntlet.book import PrimaryResult, ScoreBook
-from templar.gauntlet.selection import select_eval_peers
+from templar.gauntlet.selection import select_eval_peers, selection_priority
 
 __all__ = ["WindowDraw", "WindowScores", "draw_window", "score_window"]
 
@@ -75,7 +75,7 @@ class WindowScores:
 
 def score_window(book: ScoreBook, rules: GauntletConfig, window: int, miners: Mapping[str, int],
                  verdicts: Mapping[str, FastVerdict], losses: Mapping[str, PrimaryResult], *,
-                 premium: bool = True) -> WindowScores:
+                 premium: bool = True, seed: int | None = None) -> WindowScores:
     """Apply one window's evaluations to `book` and return its weights and top-G.
 
     In order: each fast verdict that judges the peer (`Status.judges`: an `unserved` peer's upload was
@@ -90,7 +90,8 @@ def score_window(book: ScoreBook, rules: GauntletConfig, window: int, miners: Ma
     `losses` must have a verdict that earns (`Status.earns`). A window without evaluations
     (verdicts and losses empty) only recomputes the weights. `premium` False: the window's trial
     steps were not held to a typical size, and no δ_rand rates above S_t's median
-    (`ScoreBook.record_primary`).
+    (`ScoreBook.record_primary`). `seed`: the validator's private seed, which draws the order of equal
+    PeerScores in the top-G (`selection_priority`, purpose "top_g"); None: by hotkey string.
     """
     verdicts = {hotkey: verdict for hotkey, verdict in verdicts.items() if verdict.status.judges}
     unknown = sorted(set(verdicts) - set(miners))
@@ -114,4 +115,8 @@ def score_window(book: ScoreBook, rules: GauntletConfig, window: int, miners: Ma
         book.expire_pools(rules, window)
     if losses:
         book.record_primary(rules, losses, window=window, premium=premium)
-    return WindowScores(weights=book.weights(rules), top_g=book.top_g(rules))
+
+    def ties(hotkey: str) -> bytes:  # keyed by the validator's private seed: no miner can grind a key for it
+        return selection_priority(seed, window, hotkey, purpose="top_g")
+
+    return WindowScores(weights=book.weights(rules), top_g=book.top_g(rules, ties if seed is not None else None))

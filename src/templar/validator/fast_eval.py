@@ -342,6 +342,27 @@ class TypicalPayloads(NamedTuple):
     larger: Gradient  # the scale check's yardstick: a payload is `scale` only beyond both medians
     peers: int  # how many payloads with a norm they were read from
 
+    def held_to(self, drawn: Sequence[Gradient], max_ratio: float) -> Gradient:
+        """The payload whose size every trial step of the window is held to: the smaller of the
+        aggregate's typical size (`smaller`) and the lower median of the sizes of S_t (`drawn`, this
+        validator's private draw), counting only payloads at least 1/`max_ratio` of `larger`.
+
+        Why S_t as well: the aggregate's medians are its peers', and a group that holds more than half
+        of the list's slots (ties at the top, or one window's luck) set them to its own louder size,
+        was rated above honest work for it and so kept the list: 3 hotkeys sending honest work ×5
+        beside 4 honest miners were paid 0.25-0.33 each against 0.05-0.08 over 10 windows
+        (benchmarks/LOG.md §62-§63). S_t is drawn with this validator's secret among every earning
+        upload, so to set its median a group must be most of the subnet. Why the floor: near-zero
+        values cost nothing to post, and hotkeys enough to be most of S_t would otherwise hold every
+        trial step to rounding (§59); `max_ratio` is the scale check's own bound, the other way."""
+        floor = payload_norm(self.larger) / max_ratio
+        sized = ((payload_norm(g), g.hotkey, g) for g in drawn)
+        counted = sorted((item for item in sized if item[0] > 0 and item[0] >= floor), key=lambda item: item[:2])
+        if not counted:
+            return self.smaller
+        norm, _, median = counted[(len(counted) - 1) // 2]
+        return median if norm < payload_norm(self.smaller) else self.smaller
+
 
 def typical_payloads(aggregated: Sequence[Gradient], paid: Mapping[str, float]) -> TypicalPayloads | None:
     """The payloads of a window's typical size: two lower medians, by value norm, of the window's

@@ -446,7 +446,7 @@ class Validator:
         work.verdicts = await self._fast_evaluate(window, {hk: work.results[hk] for hk in draw.fast},
                                                   work.learning_rate, work.replayed, base, work.sizes)
         work.losses = await self._primary(window, work.miners, draw.primary(work.verdicts), work.results,
-                                          work.learning_rate, base, typical=work.sizes.smaller if work.sizes else None)
+                                          work.learning_rate, base, sizes=work.sizes)
 
     def score(self, work: ValidatorWindow) -> None:
         """The Gauntlet's window (`score_window`); the aggregated uploads are remembered for the
@@ -457,7 +457,7 @@ class Validator:
                                             declared_units=s.declared_units, random_units=s.random_deltas)
                           for hk, s in work.losses.items()}
         work.scores = score_window(self.book, self.hp.gauntlet, work.window, work.miners, work.verdicts,
-                                   work.primaries, premium=work.premium(self.hp.gauntlet))
+                                   work.primaries, premium=work.premium(self.hp.gauntlet), seed=self.eval_seed(work.window))
 
     async def step(self, work: ValidatorWindow) -> bool:
         """The outer step: every node, the lead included, takes exactly the window's applied inputs
@@ -552,19 +552,19 @@ class Validator:
 
     async def _primary(self, window: int, miners: Mapping[str, int], chosen: list[str],
                        results: Mapping[str, GatherResult[Gradient]], lr: float, base: Base, *,
-                       typical: Gradient | None = None) -> dict[str, LossScores]:
+                       sizes: TypicalPayloads | None = None) -> dict[str, LossScores]:
         """LossScore on assigned vs unassigned data for S_t (`chosen`, paper §3.1): each peer's
         evaluated pages among its assigned and declared ones (`PagePlan.declared_pages`) and the
         random pages, drawn with our secret.
-        `typical`: the payload of the window's typical size (`TypicalPayloads.smaller`, from the
-        window's aggregate), whose norm a trial step is held to under a rule that applies magnitudes
-        (`OuterRule.trial_reference`); None (a run's first windows): the update as it is."""
+        `sizes`: the typical sizes of the window's aggregate; under a rule that applies magnitudes a
+        trial step is held to the smaller of them and of S_t's own typical size (`TypicalPayloads.held_to`,
+        `OuterRule.trial_reference`); None (a run's first windows): the update as it is."""
         hp, node = self.hp, self.node
         seed = self.eval_seed(window)
         if not chosen:
             return {}
-        shapes = node.shapes
-        rule = rule_of(hp.optimizer.method)  # each peer's update as the outer step would apply it alone
+        shapes, rule = node.shapes, rule_of(hp.optimizer.method)  # each peer's update as the outer step applies it alone
+        typical = sizes.held_to([results[hk].value for hk in chosen], hp.gauntlet.max_norm_ratio) if sizes else None
         reference = await asyncio.to_thread(rule.trial_reference, [typical.tensors]) if typical else None
         signs: dict[str, dict[str, torch.Tensor]] = {
             hk: await asyncio.to_thread(functools.partial(rule.trial, reference=reference), results[hk].value.tensors,
