@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 from tests.rules import gauntlet_rules
 
-from templar.core.config import HISTORY_LIMIT, GauntletConfig
+from templar.core.config import GauntletConfig
+from templar.core.strict import HISTORY_LIMIT
 from templar.gauntlet import DEFAULT_RATING, PrimaryResult, ScoreBook, ScoreBookError
 from templar.gauntlet.book import window_loss_scale
 

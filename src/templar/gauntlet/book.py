@@ -21,7 +21,8 @@ from types import MappingProxyType
 from pydantic import ValidationError
 
 from templar.core.atomic import atomic_write
-from templar.core.config import HISTORY_LIMIT, GauntletConfig
+from templar.core.config import GauntletConfig
+from templar.core.strict import HISTORY_LIMIT
 from templar.core.verdicts import Status
 from templar.gauntlet.duplicates import one_per_pool
 from templar.gauntlet.extra_work import (

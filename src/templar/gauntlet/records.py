@@ -14,7 +14,7 @@ from typing import Annotated, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from templar.core.config import HISTORY_LIMIT
+from templar.core.strict import HISTORY_LIMIT
 from templar.gauntlet.rating import DEFAULT_RATING, loss_rating
 
 SCHEMA_VERSION = 1
