@@ -46,9 +46,9 @@ def test_scores_match_reference_and_restore_model(tiny_pages):
     assert scores["honest"].loss_rand_before == scores["lazy"].loss_rand_before
 
 
-def test_norm_outliers_flag_only_shouting_peers_against_the_aggregates_typical_size():
+def _scaled_payloads():
+    """A maker of payloads of one compressed update at a given scale (only the size differs)."""
     from templar.compress import DCTCompressor
-    from templar.validator.fast_eval import norm_outliers, typical_payloads
     from templar.wire import Gradient
 
     comp = DCTCompressor(64, 32)
@@ -58,6 +58,15 @@ def test_norm_outliers_flag_only_shouting_peers_against_the_aggregates_typical_s
     def payload(hotkey: str, scale: float) -> Gradient:
         return Gradient(window=1, global_step=0, hotkey=hotkey, warmup=False,
                         tensors={"w": comp.compress(base * scale)}, probes={}, digest=b"", nbytes=0)
+
+    return payload
+
+
+def test_norm_outliers_flag_only_shouting_peers_against_the_aggregates_typical_size():
+    from templar.validator.fast_eval import norm_outliers, typical_payloads
+    from templar.wire import Gradient
+
+    payload = _scaled_payloads()
 
     def sizes(listed: list[Gradient], paid: dict[str, float]) -> tuple[str, str, int]:
         found = typical_payloads(listed, paid)
@@ -93,18 +102,9 @@ def test_a_trial_step_is_held_to_s_t_where_a_group_holds_the_list():
     the aggregate's medians were theirs; S_t, drawn by the validator among every earning upload, is mostly
     honest, and its lower median holds every trial step (benchmarks/LOG.md §63). Near-zero uploads below
     1/max_norm_ratio of the aggregate's size do not count in S_t's median, nor does S_t lift the hold."""
-    from templar.compress import DCTCompressor
     from templar.validator.fast_eval import typical_payloads
-    from templar.wire import Gradient
 
-    comp = DCTCompressor(64, 32)
-    torch.manual_seed(0)
-    base = torch.randn(128, 128)
-
-    def payload(hotkey: str, scale: float) -> Gradient:
-        return Gradient(window=1, global_step=0, hotkey=hotkey, warmup=False,
-                        tensors={"w": comp.compress(base * scale)}, probes={}, digest=b"", nbytes=0)
-
+    payload = _scaled_payloads()
     honest = [payload(f"h{i}", 1.0 + i / 10) for i in range(4)]
     loud = [payload(f"loud{i}", 5.0) for i in range(3)]
     faint = [payload(f"faint{i}", 1e-6) for i in range(8)]
