@@ -226,8 +226,8 @@ def test_partial_pooled_and_thin_work_earn_less_than_honest_work(tmp_path, asset
     # 8192-token micro model (LOG §34). On the 1024-token one, over these 7 runs (2026-12-04, after LOG §63):
     # honest pairs tied; per token, short 0.00-0.83x and thin 0.00-0.11x the weakest honest miner; pooled
     # in total 0.04-0.11x and partial 0.00x its pay; desync 0.41 and 0.25x. The margin below is the
-    # property itself (less than the weakest honest miner); the closest run, short at tiny-3 (0.83x since
-    # LOG §59-§60's yardsticks: 0.39x before), clears it by 1.2x.
+    # property itself (less than the weakest honest miner); the closest run, short at tiny-3, clears it by
+    # 1.2x (on 2026-11-30, before LOG §59-§60's yardsticks, short was at most 0.39x in these runs).
     assert per_token["short0"] < min(per_token[name] for name in honest), summary
     if with_desync:
         assert miners["desync0"]["statuses"].get("desync", 0) >= 2, summary
