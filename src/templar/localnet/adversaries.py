@@ -50,7 +50,8 @@ class Loud(MinerHooks):
     applies magnitudes, a trial step of the payload as sent gains three times an honest one's; trial
     steps are held to the window's typical size, and where there is none yet (a run's first windows)
     no δ_rand rates above S_t's median, so a louder upload is paid as the honest work it carries
-    (docs/scoring.md §3)."""
+    (docs/scoring.md §3). Several (`--adversary loud:3`) are a group that, holding most of the peer
+    list, once set the aggregate's typical size to its own: S_t's median holds its trial steps too."""
 
     name = "loud"
 
