@@ -338,7 +338,7 @@ def payload_norm(g: Gradient) -> float:
 class TypicalPayloads(NamedTuple):
     """A window's two typical sizes (`typical_payloads`), each a payload of the window's aggregate."""
 
-    smaller: Gradient  # the trial reference: a trial step is clipped to this size, never to a larger one
+    smaller: Gradient  # the aggregate's trial reference: no trial step is larger (`held_to` may hold it lower)
     larger: Gradient  # the scale check's yardstick: a payload is `scale` only beyond both medians
     peers: int  # how many payloads with a norm they were read from
 
@@ -378,8 +378,9 @@ def typical_payloads(aggregated: Sequence[Gradient], paid: Mapping[str, float]) 
     (fewer honest miners than `top_g`); the weighted one by whoever holds half of the list's pay, as
     a lone paid peer in a new validator's book does, or a miner that shouted in a window without a
     reference and was rated for it. So a trial step is clipped to the smaller (an upload shouting
-    above the typical size gains nothing by it: neither median is its alone) and the scale check
-    judges against the larger (an honest upload is `scale` only if both were dragged down)."""
+    above the typical size gains nothing by it: neither median is its alone), or lower still by S_t's
+    own (`TypicalPayloads.held_to`: a group may hold both of the list's), and the scale check judges
+    against the larger (an honest upload is `scale` only if both were dragged down)."""
     sized = sorted(((payload_norm(g), g) for g in aggregated), key=lambda item: (item[0], item[1].hotkey))
     sized = [(norm, g) for norm, g in sized if norm > 0]
     if not sized:
