@@ -151,9 +151,9 @@ def _protocol(root: Path, windows: int) -> dict:
         remove_listener(on_record)
 
     def phase(ws: range, leader: str) -> dict:
-        stored = {w: round((root / "buckets" / leader / f"v3/inputs/{w}.safetensors").stat().st_mtime
+        stored = {w: round((root / "buckets" / leader / f"v4/inputs/{w}.safetensors").stat().st_mtime
                            - times[w].gather_start, 3)
-                  for w in ws if (root / "buckets" / leader / f"v3/inputs/{w}.safetensors").exists()}
+                  for w in ws if (root / "buckets" / leader / f"v4/inputs/{w}.safetensors").exists()}
         stepped = {w: round(steps[w] - times[w].end, 3) for w in ws if w in steps}
         return {"windows": [ws.start, ws.stop - 1], "led_by": leader, "inputs_stored_after_gather_start_s": stored,
                 "step_done_after_window_end_s": stepped, "windows_without_a_step": [w for w in ws if w not in steps]}

@@ -63,7 +63,7 @@ async def _case(resolver_name: str, silent: int, seconds: float, threads: int) -
         while loop.time() < stop:
             started = loop.time()
             with contextlib.suppress(StorageError):
-                await bucket.head("v3/commit/7.json", timeout=1.0)
+                await bucket.head("v4/commit/7.json", timeout=1.0)
             await asyncio.sleep(max(0.0, 1.0 - (loop.time() - started)))
 
     waits: list[float] = []

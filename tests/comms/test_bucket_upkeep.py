@@ -46,7 +46,7 @@ def test_a_miner_keeps_its_newest_windows_and_clears_what_a_stop_left(tmp_path: 
     kept = kept_windows(hp)
     bucket = LocalBucket(tmp_path / "miner", create=True)
     left = [w for w in range(0, 200) if w % 7]  # a long run with gaps, then a stop
-    others = [peers_index_key(), "v3/gradient/notes.txt", "v3/commit/index.json"]  # never a window's object
+    others = [peers_index_key(), "v4/gradient/notes.txt", "v4/commit/index.json"]  # never a window's object
     _fill(bucket, [key_of(w) for w in left for key_of in (gradient_key, commit_key)] + others)
     upkeep = StaleObjects(hp)
     start = 300  # the miner comes back 100 windows later
@@ -77,7 +77,7 @@ def test_a_jump_is_swept_again_and_a_failing_bucket_never_stops_the_window(tmp_p
     asyncio.run(upkeep.sweep(bucket, 100))
     _fill(bucket, [gradient_key(w) for w in range(100, 110)])  # uploaded, then a re-sync jumps far ahead
     asyncio.run(upkeep.after_step(bucket, 110 + 3 * kept))
-    assert not any(k.startswith("v3/gradient/") for k in _keys(bucket))
+    assert not any(k.startswith("v4/gradient/") for k in _keys(bucket))
 
     class Refusing(LocalBucket):
         async def list(self, prefix: str = "", **_: object) -> list:
@@ -183,7 +183,7 @@ def test_the_leads_history_goes_but_the_peer_list_still_in_effect(tmp_path: Path
     assert {key_of(w) for w in range(30, 50) for key_of in per_window} <= keys
     assert not any(key_of(w) in keys for w in range(0, 30) for key_of in per_window)
     # windows 30..39 are still answered by the list of window 21: it stays, the older ones go
-    assert {k for k in keys if k.startswith("v3/peers/")} == {peers_key(21), peers_key(40), peers_key(46),
+    assert {k for k in keys if k.startswith("v4/peers/")} == {peers_key(21), peers_key(40), peers_key(46),
                                                               peers_index_key()}
     assert checkpoint_manifest_key(10) in keys  # checkpoints have their own cleanup
 
@@ -235,8 +235,8 @@ def test_a_former_lead_clears_its_history_once_it_follows_and_then_lists_no_more
         assert bucket.lists == 12
 
     asyncio.run(scenario())
-    assert {k for k in _keys(bucket) if not k.startswith("v3/peers/")} == set()
-    assert {k for k in _keys(bucket) if k.startswith("v3/peers/")} == {peers_key(40), peers_index_key()}
+    assert {k for k in _keys(bucket) if not k.startswith("v4/peers/")} == set()
+    assert {k for k in _keys(bucket) if k.startswith("v4/peers/")} == {peers_key(40), peers_index_key()}
 
 
 def test_a_checkpoint_write_killed_midway_leaves_no_copy_of_the_model_behind(tmp_path):

@@ -16,6 +16,7 @@ from templar.compress.sparseloco import (
     aggregate_clipped_mean,
     apply_mean_update,
     clip_factors,
+    clip_level,
     join,
     payload_norm_squared,
     quantise,
@@ -187,12 +188,13 @@ def _peers(g: int, seed: int = 0, scales: list[float] | None = None) -> list[dic
     ]
 
 
-def _reference(peers, weights) -> dict[str, torch.Tensor]:
-    """The definition in float64: dense peers, norms, lower median, clip, weighted sum."""
+def _reference(peers, weights, ceiling: float | None = None) -> dict[str, torch.Tensor]:
+    """The definition in float64: dense peers, norms, lower median (or the ceiling below it), clip,
+    weighted sum."""
     dense = [{n: SparseLoCoCompressor().decompress(c).double() for n, c in p.items()} for p in peers]
     norms = [math.sqrt(sum(float(t.square().sum()) for t in d.values())) for d in dense]
     contributing = sorted(n for n, w in zip(norms, weights, strict=True) if n > 0 and w > 0)
-    median = contributing[(len(contributing) - 1) // 2]
+    median = min(contributing[(len(contributing) - 1) // 2], math.inf if ceiling is None else ceiling)
     out = {n: torch.zeros(s, dtype=torch.float64) for n, s in SHAPES.items()}
     for d, n, w in zip(dense, norms, weights, strict=True):
         if n > 0 and w > 0:
@@ -290,6 +292,38 @@ def test_a_peer_scaled_a_thousand_times_counts_like_a_median_peer() -> None:
                                    for c in loud.values()))
     total_norm = math.sqrt(sum(float(t.double().square().sum()) for t in clipped.values()))
     assert total_norm < 0.01 * unclipped_norm  # without clipping the loud peer alone would dominate
+
+
+def test_the_leads_ceiling_only_lowers_the_clip_level_and_stays_exact(kernel_path) -> None:
+    """Three peers of five at 5x the others' size hold the list's median; the lead's ceiling (the
+    typical size it drew, `templar.validator.fast_eval.step_ceiling`) holds them, and every payload,
+    to it. A ceiling above the median changes nothing, so a lead cannot make the step larger."""
+    peers = _peers(5, seed=6, scales=[1.0, 1.0, 5.0, 5.0, 5.0])
+    weights = [0.2] * 5
+    names = list(SHAPES)
+    norms = [payload_norm_squared(p, names) for p in peers]
+    median = sorted(norms)[2]
+    honest = math.sqrt(float(min(norms)))
+    assert clip_level(norms) == median and math.sqrt(float(median)) > 4 * honest  # the group's size
+    assert clip_level(norms, honest) == Fraction(honest) ** 2  # taken exactly: every node gets the same
+    assert clip_level(norms, 10 * honest) == median  # a ceiling never raises the level
+    held = aggregate_clipped_mean(peers, weights, SHAPES, ceiling=honest)
+    want = _reference(peers, weights, ceiling=honest)
+    for name in SHAPES:
+        assert torch.allclose(held[name].double(), want[name], rtol=2**-22, atol=0)
+    factors = clip_factors(norms, weights, ceiling=honest)
+    assert factors[0] == 1.0 and all(f < 0.25 for f in factors[2:])
+    for order in itertools.permutations(range(5)):  # bit-identical for any order, as without a ceiling
+        again = aggregate_clipped_mean([peers[i] for i in order], [weights[i] for i in order], SHAPES, ceiling=honest)
+        assert all(torch.equal(held[n], again[n]) for n in SHAPES), order
+    above = aggregate_clipped_mean(peers, weights, SHAPES, ceiling=10 * honest)
+    plain = aggregate_clipped_mean(peers, weights, SHAPES)
+    assert all(torch.equal(above[n], plain[n]) for n in SHAPES)
+    size = lambda update: math.sqrt(sum(float(t.double().square().sum()) for t in update.values()))  # noqa: E731
+    assert size(held) < 0.3 * size(plain)
+    for bad in (0.0, -1.0, math.inf, math.nan):
+        with pytest.raises(ValueError, match="ceiling"):
+            aggregate_clipped_mean(peers, weights, SHAPES, ceiling=bad)
 
 
 def test_zero_peers_single_peers_and_zero_weights() -> None:

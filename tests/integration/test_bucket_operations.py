@@ -88,7 +88,7 @@ def test_a_window_makes_the_requests_hparams_says_and_lists_nothing(tmp_path):
     expected = {role: {k: Counter({op: getattr(r, op) for op in OPERATIONS}) for k, r in
                        made(hp, sizes, role, miners=2).items()} for role in ("miner", "lead")}
     # the lead's checkpoint uploads and cleanup run in the background
-    upkeep = ("v3/checkpoint/", "v3/aggregate/", "v3/inputs/", "v3/progress/", "v3/peers/")
+    upkeep = ("v4/checkpoint/", "v4/aggregate/", "v4/inputs/", "v4/progress/", "v4/peers/")
     lead_lists = 0
     made_by: dict[tuple[str, str], Counter[str]] = {}
     made_by.update({(m, b): Counter() for m in ("m1", "m2") for b in expected["miner"] if b != "data"})
@@ -100,14 +100,14 @@ def test_a_window_makes_the_requests_hparams_says_and_lists_nothing(tmp_path):
         # and an overlapped miner its progress record of the step it just took (its sync check, `SyncCheck`)
         progress_polls: Counter[str] = Counter()
         for r in requests[marks[i]:marks[i + 1]]:
-            if r.actor == "lead" and (r.key.startswith("v3/checkpoint/") or (r.op in ("list", "delete") and r.key.startswith(upkeep))):
+            if r.actor == "lead" and (r.key.startswith("v4/checkpoint/") or (r.op in ("list", "delete") and r.key.startswith(upkeep))):
                 lead_lists += r.op == "list"
                 continue
-            if r.actor != "lead" and r.op == "get" and r.key.startswith("v3/inputs/"):
+            if r.actor != "lead" and r.op == "get" and r.key.startswith("v4/inputs/"):
                 polls[r.actor] += 1
                 if polls[r.actor] > 1:
                     continue
-            if r.actor != "lead" and r.op == "get" and r.key.startswith("v3/progress/"):
+            if r.actor != "lead" and r.op == "get" and r.key.startswith("v4/progress/"):
                 progress_polls[r.actor] += 1
                 if progress_polls[r.actor] > 1:
                     continue
@@ -132,7 +132,7 @@ def test_a_window_makes_the_requests_hparams_says_and_lists_nothing(tmp_path):
         got = Counter({op: counted["lead"].get("peers", Counter())[op] for op in OPERATIONS})
         assert got == expected["lead"]["peers"], (window, got)
         own = [r.op for r in requests[marks[i]:marks[i + 1]] if r.actor == "lead" and r.bucket.startswith("own:")
-               and not r.key.startswith("v3/checkpoint/") and not (r.op in ("list", "delete") and r.key.startswith(upkeep))]
+               and not r.key.startswith("v4/checkpoint/") and not (r.op in ("list", "delete") and r.key.startswith(upkeep))]
         # inputs, aggregate, peers, progress (each create-only), the index; its inputs, peers and index read
         assert Counter(own) == Counter(put=5, get=3), (window, own)
     steady = windows - steady_from
@@ -144,5 +144,5 @@ def test_a_window_makes_the_requests_hparams_says_and_lists_nothing(tmp_path):
     for actor, role in (("m1", "miner"), ("m2", "miner"), ("lead", "lead")):
         per_window = expected[role]["data"]["get"]  # a read-ahead may fall on either side of a window's end
         assert abs(pages[actor] - steady * per_window) <= per_window, (actor, pages[actor], steady, per_window)
-    checkpoints = sum(r.key == "v3/checkpoint/latest.json" and r.op == "put" for r in requests)
+    checkpoints = sum(r.key == "v4/checkpoint/latest.json" and r.op == "put" for r in requests)
     assert checkpoints >= 2 and lead_lists == 5 * checkpoints, (checkpoints, lead_lists)

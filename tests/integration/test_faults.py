@@ -204,7 +204,7 @@ def test_the_lead_killed_at_every_phase_hands_over_within_its_window_and_forks_n
     def snapshot(clock) -> None:
         for window in expect:
             if window not in stamps and clock.now() > clock.times(window).slot_settled(2):
-                files = {v: subnet.root / "buckets" / v / f"v3/inputs/{window}.safetensors" for v in base}
+                files = {v: subnet.root / "buckets" / v / f"v4/inputs/{window}.safetensors" for v in base}
                 stamps[window] = {v: f.stat().st_mtime if f.exists() else None for v, f in files.items()}
 
     async def until(clock, instant: float) -> None:

@@ -95,6 +95,46 @@ def test_the_step_is_bit_identical_for_any_peer_order_and_in_catch_up(method):
     assert all(torch.equal(a, b) for a, b in zip(_theta(reference), _theta(replayed), strict=True))
 
 
+def test_the_leads_ceiling_holds_the_step_alike_live_split_and_in_catch_up():
+    """A SparseLoCo step under the lead's ceiling on its clip level (`StepInputs.clip_norm`): the live
+    step, a torchrun node's per-parameter split and the catch-up replay of the lead's bundle, which
+    carries the ceiling, give the same θ, bit for bit; the step is smaller than without it."""
+    from templar.compress.sparseloco import payload_norm_squared
+    from templar.runtime.sync import read_published
+
+    hp = _hparams("sparseloco")
+    payloads = _payloads(hp)
+    shapes = parameter_shapes(build_model(hp))
+    ceiling = 0.5 * min(float(payload_norm_squared(g.tensors, sorted(g.tensors))) ** 0.5 for g in payloads)
+    held, plain, start = build_model(hp), build_model(hp), _theta(build_model(hp))
+    step = outer_step(held, payloads, NodeState(window=2, global_step=5), hp, clip_norm=ceiling)
+    outer_step(plain, payloads, NodeState(window=2, global_step=5), hp)
+    assert step is not None and step.clip_norm == ceiling
+    moved = lambda model: sum(float((a - b).double().square().sum()) for a, b in zip(_theta(model), start, strict=True))  # noqa: E731
+    assert 0 < moved(held) < 0.5 * moved(plain)
+
+    rule = rule_of("sparseloco")
+    weights = [1.0 / hp.gauntlet.top_g] * len(payloads)
+    factors = rule.peer_factors([g.tensors for g in payloads], weights, ceiling=ceiling)
+    whole = rule.aggregate([g.tensors for g in payloads], weights, shapes, ceiling=ceiling)
+    for name, shape in shapes.items():
+        assert torch.equal(rule.aggregate_param(name, [g.tensors[name] for g in payloads], factors, shape), whole[name])
+
+    lead = Keypair.create_from_uri("//Lead")
+    data = write_bundle([(g.hotkey, g.tensors) for g in payloads], window=3, global_step=step.global_step,
+                        learning_rate=step.learning_rate, hotkey=lead.ss58_address, hp=hp, run=RUN, sign=lead.sign,
+                        clip_norm=step.clip_norm)
+
+    class _Node:
+        def __init__(self) -> None:
+            self.hp, self.run, self.shapes = hp, RUN, shapes
+
+    published = read_published(_Node(), data, lead.ss58_address, 3)
+    replayed = build_model(hp)
+    apply_update(replayed, published.update, published.global_step, hp)
+    assert all(torch.equal(a, b) for a, b in zip(_theta(held), _theta(replayed), strict=True))
+
+
 @pytest.mark.parametrize("method", ["signed", "sparseloco"])
 def test_split_by_parameter_is_the_whole_step(method):
     """What a torchrun node does: each peer's factor from its whole payload once, then each parameter

@@ -165,15 +165,15 @@ def test_a_start_window_below_the_slots_is_read_only_when_usable_and_only_when_n
         candidates, current = await node.candidates(), node.clock.current_window()
         low = node.buckets["low"]
         seen = []
-        await low.put("v3/start_window.json", b"{not json")
+        await low.put("v4/start_window.json", b"{not json")
         seen.append(await published_start(node, candidates))
-        await low.delete("v3/start_window.json")
+        await low.delete("v4/start_window.json")
         await put_start_window(low, current - retained_windows(node.hp) - 1, run=RUN)
         seen.append(await published_start(node, candidates))
-        await low.delete("v3/start_window.json")
+        await low.delete("v4/start_window.json")
         await put_start_window(low, current - 2, run=RUN)
         seen.append(await published_start(node, candidates))
-        await node.buckets["v1"].put("v3/start_window.json", b"torn")
+        await node.buckets["v1"].put("v4/start_window.json", b"torn")
         try:
             seen.append(await published_start(node, candidates))
         except ResyncError as exc:
@@ -182,7 +182,7 @@ def test_a_start_window_below_the_slots_is_read_only_when_usable_and_only_when_n
 
     current, seen = run_virtual(scenario(), start=GENESIS + 1650)
     assert seen[:3] == [None, None, current - 2], seen
-    assert isinstance(seen[3], str) and "uid 1's v3/start_window.json is unreadable" in seen[3]
+    assert isinstance(seen[3], str) and "uid 1's v4/start_window.json is unreadable" in seen[3]
 
 
 def test_a_bucket_listing_thousands_of_checkpoints_costs_a_restore_a_few(hp, tmp_path, monkeypatch):

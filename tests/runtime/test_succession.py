@@ -136,7 +136,7 @@ def test_decide_takes_the_lowest_slot_present_and_never_skips_one_it_cannot_read
     assert (got.settled, got.slot, got.lead.hotkey, got.absent) == (True, 1, "v1", (
         "uid 0 (slot 0): not published by its deadline",))
     stuck = decide(WINDOW, order, [unknown, present])
-    assert not stuck.settled and "uid 0's v3/inputs/14.safetensors is unreadable" in stuck.problem
+    assert not stuck.settled and "uid 0's v4/inputs/14.safetensors is unreadable" in stuck.problem
     nobody = decide(WINDOW, order, [absent, absent, absent])
     assert nobody.settled and nobody.lead is None and nobody.no_step
     assert not decide(WINDOW, order, [absent, Observation(Seen.PENDING, why="not published yet")]).settled

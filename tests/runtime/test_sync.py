@@ -268,7 +268,7 @@ def test_an_unreadable_progress_record_proves_nothing_and_is_named(hp, keypair, 
     finally:
         logger.remove(sink)
     assert (state.window, state.global_step) == (11, 3)
-    named = [line for line in lines if "v3/progress/11.json is unreadable" in line]
+    named = [line for line in lines if "v4/progress/11.json is unreadable" in line]
     assert len(named) == 1 and "the next window's check compares again" in named[0], lines
 
 

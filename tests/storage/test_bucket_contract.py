@@ -54,16 +54,16 @@ def test_create_only_never_writes_over_an_object(maker) -> None:
 
     async def body() -> None:
         async with maker.open() as b:
-            await b.create("v3/inputs/7.safetensors", b"first")
+            await b.create("v4/inputs/7.safetensors", b"first")
             with pytest.raises(ObjectExists, match=r"inputs/7\.safetensors"):
-                await b.create("v3/inputs/7.safetensors", b"second")
-            assert await b.get("v3/inputs/7.safetensors", max_bytes=100) == b"first"
-            results = await asyncio.gather(*(b.create("v3/inputs/8.safetensors", bytes([i]) * 8) for i in range(6)),
+                await b.create("v4/inputs/7.safetensors", b"second")
+            assert await b.get("v4/inputs/7.safetensors", max_bytes=100) == b"first"
+            results = await asyncio.gather(*(b.create("v4/inputs/8.safetensors", bytes([i]) * 8) for i in range(6)),
                                            return_exceptions=True)
             assert sum(r is None for r in results) == 1, results
             assert all(isinstance(r, ObjectExists) for r in results if r is not None), results
             winner = results.index(None)
-            assert await b.get("v3/inputs/8.safetensors", max_bytes=100) == bytes([winner]) * 8
+            assert await b.get("v4/inputs/8.safetensors", max_bytes=100) == bytes([winner]) * 8
 
     asyncio.run(body())
 
@@ -76,9 +76,9 @@ def test_not_found_says_when_by_the_servers_clock(maker) -> None:
         async with maker.open() as b:
             before = time.time()
             with pytest.raises(ObjectNotFound) as missing:
-                await b.get("v3/inputs/9.safetensors", max_bytes=100)
+                await b.get("v4/inputs/9.safetensors", max_bytes=100)
             with pytest.raises(ObjectNotFound) as headless:
-                await b.head("v3/inputs/9.safetensors")
+                await b.head("v4/inputs/9.safetensors")
             for exc in (missing.value, headless.value):
                 assert exc.server_time is not None and before - 2 <= exc.server_time <= time.time() + 2
 
@@ -142,7 +142,7 @@ def test_list_prefix_sorted_and_bounded(maker) -> None:
                 "v1/gradient/3.safetensors", "v1/peers/10.json", "v1/peers/9.json"]
             assert len(await b.list("")) == 4
             assert len(await b.list("", limit=2)) == 2
-            assert await b.list("v3/") == []
+            assert await b.list("v4/") == []
             assert [o.key for o in await b.list("v1/peers/1")] == ["v1/peers/10.json"]
 
     asyncio.run(body())

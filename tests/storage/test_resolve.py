@@ -136,7 +136,7 @@ def test_silent_name_servers_never_hold_the_threads_a_validator_works_in() -> No
             async with open_bucket(locator, allow_private=False, lookup=never_answers, connect_timeout=0.5,
                                    max_attempts=1) as bucket:
                 with pytest.raises(StorageError) as caught:
-                    await bucket.head("v3/commit/7.json", timeout=0.5)
+                    await bucket.head("v4/commit/7.json", timeout=0.5)
                 assert isinstance(caught.value, StorageTimeout | StorageError)
 
         await asyncio.gather(*(read(i) for i in range(hostile)))  # every call ended at its deadline

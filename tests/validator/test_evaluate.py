@@ -277,3 +277,24 @@ def test_a_trial_step_that_overflows_the_model_scores_minus_inf_and_scoring_goes
     out = score_window(book, load_hparams().gauntlet, 3, {"honest": 0, "other": 1, "broken": 2},
                        dict.fromkeys(peers, FastVerdict(Status.OK)), losses)
     assert out.weights["broken"] == 0.0 and book.peers["broken"].primary_evals == 1
+
+
+def test_the_leads_ceiling_on_the_step_is_the_paid_typical_size_of_what_it_drew():
+    """`step_ceiling`: the clip level every node takes is the step's own payloads' lower median, so 3
+    hotkeys sending honest work ×5 that hold 3 of the list's 4 slots set the step's size (benchmarks/LOG.md
+    §64). The lead's ceiling is the pay-weighted lower median of the uploads it drew (F_t, the list among
+    them): an honest size unless the group holds most of the pay. Unpaid uploads (near zero, flooding)
+    do not count, and with nothing paid there is no ceiling (a run's first windows)."""
+    from templar.validator.fast_eval import payload_norm, step_ceiling
+
+    payload = _scaled_payloads()
+    honest = [payload(f"h{i}", 1.0 + i / 10) for i in range(4)]
+    loud = [payload(f"loud{i}", 5.0) for i in range(3)]
+    faint = [payload(f"faint{i}", 1e-6) for i in range(8)]
+    paid_alike = {g.hotkey: 1 / 7 for g in [*honest, *loud]}
+    assert step_ceiling([*honest, *loud], paid_alike) == payload_norm(honest[3])  # 4th of 7: honest
+    assert step_ceiling([*honest, *loud, *faint], paid_alike) == payload_norm(honest[3])  # unpaid: not counted
+    assert step_ceiling([*loud, honest[0]], paid_alike) == payload_norm(loud[0])  # F_t drew mostly the group
+    assert step_ceiling([*honest[:2], *loud], {**paid_alike, "h0": 0.5, "h1": 0.5}) == payload_norm(honest[1])
+    assert step_ceiling([*honest, *loud], {}) is None and step_ceiling([], paid_alike) is None
+    assert step_ceiling([payload("zero", 0.0), honest[0]], {"zero": 1.0, "h0": 0.1}) == payload_norm(honest[0])

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
-import pytest
+import dataclasses
 
+import pytest
+import torch
+
+from templar.core.config import PROTOCOL_VERSION
 from templar.wire import PayloadError, Run, StepInputs, read_inputs, write_inputs
+from templar.wire.container import serialize
 
 RUN = Run(netuid=7, digest="cd" * 32)
 
@@ -20,6 +25,24 @@ def test_round_trip_and_an_empty_step(keypair, verify, inputs):
     empty = StepInputs(window=10, global_step=5, peers=())
     data = write_inputs(empty, hotkey=keypair.ss58_address, run=RUN, sign=keypair.sign)
     assert read_inputs(data, run=RUN, verify=verify).peers == ()
+
+
+def test_the_leads_ceiling_on_the_clip_level_round_trips_and_a_hostile_one_is_refused(keypair, verify, inputs):
+    held = dataclasses.replace(inputs, clip_norm=0.1 + 2.0**-40)  # any float, exactly
+    data = write_inputs(held, hotkey=keypair.ss58_address, run=RUN, sign=keypair.sign)
+    assert read_inputs(data, run=RUN, verify=verify) == held
+    document = {"protocol": PROTOCOL_VERSION, "netuid": RUN.netuid, "run": RUN.digest, "kind": "inputs", "window": 9,
+                "global_step": 4, "hotkey": keypair.ss58_address, "peers": ["5Alpha", "5Beta"]}
+    digests = torch.tensor([[97] * 32, [98] * 32], dtype=torch.uint8)
+    for hostile in (0.0, -1.0, -0.0, "1.0", True, [1.0]):
+        data = serialize({"digests": digests}, {**document, "clip_norm": hostile}, domain=b"templar/inputs",
+                         sign=keypair.sign, max_document=4096)
+        with pytest.raises(PayloadError) as info:
+            read_inputs(data, run=RUN, verify=verify)
+        assert info.value.reason == "bad_metadata", hostile
+    data = serialize({"digests": digests}, {**document, "clip_norm": 2}, domain=b"templar/inputs", sign=keypair.sign,
+                     max_document=4096)
+    assert read_inputs(data, run=RUN, verify=verify).clip_norm == 2.0
 
 
 @pytest.mark.parametrize(("change", "reason"), [

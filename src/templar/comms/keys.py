@@ -78,7 +78,7 @@ def latest_checkpoint_key(version: int = PROTOCOL_VERSION) -> str:
 
 
 def folder_of(key_of: Callable[[int], str]) -> str:
-    """The folder of a per-window key: `folder_of(gradient_key)` is "v3/gradient/" (what a cleanup lists)."""
+    """The folder of a per-window key: `folder_of(gradient_key)` is "v4/gradient/" (what a cleanup lists)."""
     return key_of(0).rsplit("/", 1)[0] + "/"
 
 

@@ -18,8 +18,8 @@ trial step):
   every peer L2-normalised per tensor, the weighted sum's sign (`templar.compress.aggregate`);
   applied with decoupled weight decay, θ·(1 − α·wd) − α·sign.
 - `sparseloco`: chunked top-k without DCT, ternary values on a 2-bit code with a per-chunk scale,
-  the mean of the peers with each one's whole-payload norm clipped to the median
-  (`templar.compress.sparseloco`), applied with outer SGD (the inner AdamW owns weight decay).
+  the mean of the peers with each one's whole-payload norm clipped to the median, or to the lead's
+  lower ceiling (`templar.compress.sparseloco`), applied with outer SGD (the inner AdamW owns weight decay).
 """
 
 from __future__ import annotations
@@ -66,7 +66,10 @@ class OuterRule(Protocol):
     def compressor(self, target_chunk: int, topk: int): ...
 
     def aggregate(self, peers: Sequence[Mapping[str, Compressed]], weights: Sequence[float],
-                  shapes: Mapping[str, torch.Size]) -> dict[str, torch.Tensor]: ...
+                  shapes: Mapping[str, torch.Size], *, ceiling: float | None = None) -> dict[str, torch.Tensor]:
+        """The update of `peers` at `weights`; `ceiling`: the lead's bound on a magnitude rule's clip
+        level (`templar.compress.sparseloco.clip_level`), published with the window's inputs."""
+        ...
 
     def trial(self, peer: Mapping[str, Compressed], shapes: Mapping[str, torch.Size], *,
               reference: Fraction | None = None) -> dict[str, torch.Tensor]: ...
@@ -76,7 +79,10 @@ class OuterRule(Protocol):
         has one size whatever the payload's)."""
         ...
 
-    def peer_factors(self, peers: Sequence[Mapping[str, Compressed]], weights: Sequence[float]) -> list[float]: ...
+    def peer_factors(self, peers: Sequence[Mapping[str, Compressed]], weights: Sequence[float], *,
+                     ceiling: float | None = None) -> list[float]:
+        """Each peer's final factor (weight times clip) from the whole payloads, once (`aggregate`'s split)."""
+        ...
 
     def aggregate_param(self, name: str, items: Sequence[Compressed], factors: Sequence[float],
                         shape: torch.Size) -> torch.Tensor: ...
@@ -100,7 +106,8 @@ class SignedRule:
         return DCTCompressor(target_chunk, topk)
 
     def aggregate(self, peers: Sequence[Mapping[str, Compressed]], weights: Sequence[float],
-                  shapes: Mapping[str, torch.Size]) -> dict[str, torch.Tensor]:
+                  shapes: Mapping[str, torch.Size], *, ceiling: float | None = None) -> dict[str, torch.Tensor]:
+        """`ceiling` has no part: the sign rule normalises every peer, so no size reaches the step."""
         return signed_aggregate(peers, weights, shapes)
 
     def trial(self, peer: Mapping[str, Compressed], shapes: Mapping[str, torch.Size], *,
@@ -111,7 +118,8 @@ class SignedRule:
         """None: a sign step moves every coordinate by β, whatever the payload's magnitude."""
         return None
 
-    def peer_factors(self, peers: Sequence[Mapping[str, Compressed]], weights: Sequence[float]) -> list[float]:
+    def peer_factors(self, peers: Sequence[Mapping[str, Compressed]], weights: Sequence[float], *,
+                     ceiling: float | None = None) -> list[float]:
         """Each peer's weight as is: the sign rule normalises every tensor of every peer itself."""
         return [float(w) for w in weights]
 
@@ -138,8 +146,8 @@ class SparseLoCoRule:
         return SparseLoCoCompressor(target_chunk, topk)
 
     def aggregate(self, peers: Sequence[Mapping[str, Compressed]], weights: Sequence[float],
-                  shapes: Mapping[str, torch.Size]) -> dict[str, torch.Tensor]:
-        return aggregate_clipped_mean(peers, weights, shapes)
+                  shapes: Mapping[str, torch.Size], *, ceiling: float | None = None) -> dict[str, torch.Tensor]:
+        return aggregate_clipped_mean(peers, weights, shapes, ceiling=ceiling)
 
     def trial(self, peer: Mapping[str, Compressed], shapes: Mapping[str, torch.Size], *,
               reference: Fraction | None = None) -> dict[str, torch.Tensor]:
@@ -159,10 +167,12 @@ class SparseLoCoRule:
         norms = [n for n in (payload_norm_squared(p, sorted(p)) for p in peers) if n > 0]
         return lower_median(norms) if norms else None
 
-    def peer_factors(self, peers: Sequence[Mapping[str, Compressed]], weights: Sequence[float]) -> list[float]:
+    def peer_factors(self, peers: Sequence[Mapping[str, Compressed]], weights: Sequence[float], *,
+                     ceiling: float | None = None) -> list[float]:
         """w_p·min(1, m/‖q_p‖) from the whole payloads (exact norms; 0 for a peer that adds nothing)."""
         names = sorted(peers[0]) if peers else []
-        factors = clip_factors([payload_norm_squared(p, names) for p in peers], [float(w) for w in weights])
+        factors = clip_factors([payload_norm_squared(p, names) for p in peers], [float(w) for w in weights],
+                               ceiling=ceiling)
         return [float(w) * c for w, c in zip(weights, factors, strict=True)]
 
     def aggregate_param(self, name: str, items: Sequence[Compressed], factors: Sequence[float],

@@ -24,7 +24,7 @@ PRESETS_DIR = REPO_ROOT / "hparams"
 DEFAULT_CACHE_GB = 16.0
 """A node's default cap on its on-disk page cache (`--data.cache_gb`)."""
 
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 """Bumped whenever the wire format or the consensus maths change; keys live under v{P}/."""
 
 class ModelConfig(Strict):

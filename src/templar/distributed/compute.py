@@ -302,17 +302,18 @@ class NodeCompute:
                 mine.copy_(fresh[key].to(mine.device))
 
     def outer_step(self, gradients: Sequence[Gradient], state: NodeState, *,
-                   keep_signs: bool = True) -> OuterStep | None:
+                   keep_signs: bool = True, clip_norm: float | None = None) -> OuterStep | None:
         """`templar.runtime.consensus.outer.outer_step`; `state` is updated on rank 0 (the followers keep none)."""
-        return self._call("outer_step", {"gradients": gradients, "state": state}, keep_signs=keep_signs)
+        return self._call("outer_step", {"gradients": gradients, "state": state}, keep_signs=keep_signs,
+                          clip_norm=clip_norm)
 
     def _outer_step(self, keep_signs: bool, gradients: list[Gradient] | None = None,
-                    state: NodeState | None = None) -> OuterStep | None:
+                    state: NodeState | None = None, clip_norm: float | None = None) -> OuterStep | None:
         state = state if state is not None else NodeState(window=-1, global_step=0)
         steps = self.group.broadcast_object(state.global_step if self.group.is_leader else None)
         state.global_step = steps
         return outer_step_sharded(self.model, gradients, state, self.hp, self.group,
-                                  keep_signs=keep_signs and self.group.is_leader)
+                                  keep_signs=keep_signs and self.group.is_leader, clip_norm=clip_norm)
 
     def apply_update(self, signs: dict[str, torch.Tensor], step: int) -> float:
         """`templar.runtime.consensus.outer.apply_update` of rank 0's dense signs (the lead's aggregate, in

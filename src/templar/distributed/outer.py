@@ -59,7 +59,8 @@ def _buckets(params: list[tuple[str, torch.Tensor]], plans: dict[str, ChunkPlan]
 
 @torch.no_grad()
 def outer_step_sharded(model: nn.Module, gradients: Sequence[Gradient] | None, state: NodeState, hp: HParams,
-                       group: Group, *, apply: bool = True, keep_signs: bool = False) -> OuterStep | None:
+                       group: Group, *, apply: bool = True, keep_signs: bool = False,
+                       clip_norm: float | None = None) -> OuterStep | None:
     """`templar.runtime.consensus.outer.outer_step` for a node of N ranks. `gradients`: rank 0's received payloads
     (ignored elsewhere). Rank 0 broadcasts the eligible peers' coefficients in buckets of
     parameters as flat tensors (no pickling of payloads; a rank holds one bucket at a time).
@@ -73,7 +74,8 @@ def outer_step_sharded(model: nn.Module, gradients: Sequence[Gradient] | None, s
     if group.is_leader:
         bad = [n for n, _ in params for g in eligible if not _matches(g.tensors.get(n), plans[n], ks[n])]
         # each peer's factor from its whole payload (SparseLoCo clips by the whole norm), once, on rank 0
-        factors = rule.peer_factors([g.tensors for g in eligible], weights) if eligible and not bad else weights
+        factors = (rule.peer_factors([g.tensors for g in eligible], weights, ceiling=clip_norm)
+                   if eligible and not bad else weights)
         header = (factors, bad[:1])
     factors, bad = group.broadcast_object(header)
     if bad:
@@ -108,7 +110,7 @@ def outer_step_sharded(model: nn.Module, gradients: Sequence[Gradient] | None, s
         del idx, val
     if apply:
         state.global_step = step + 1
-    return OuterStep(signs=signs, global_step=step, learning_rate=lr, peers=len(factors))
+    return OuterStep(signs=signs, global_step=step, learning_rate=lr, peers=len(factors), clip_norm=clip_norm)
 
 
 @torch.no_grad()

@@ -126,8 +126,9 @@ class Compute(Protocol):
         """θ ← θ_0 of the run (a re-sync with no checkpoint published yet)."""
 
     def outer_step(self, gradients: Sequence[Gradient], state: NodeState, *,
-                   keep_signs: bool = True) -> OuterStep | None:
-        """`runtime.consensus.outer.outer_step`; `keep_signs=False` lets a sharded node drop the full signs."""
+                   keep_signs: bool = True, clip_norm: float | None = None) -> OuterStep | None:
+        """`runtime.consensus.outer.outer_step` (`clip_norm`: the lead's ceiling on the clip level);
+        `keep_signs=False` lets a sharded node drop the full signs."""
 
     def apply_update(self, signs: dict[str, torch.Tensor], step: int) -> float:
         """`runtime.consensus.outer.apply_update` of the lead's signs (catch-up)."""
@@ -267,9 +268,9 @@ class LocalCompute:
             self.model.load_state_dict(build_model(self.hp).state_dict())  # deterministic from init_seed
 
     def outer_step(self, gradients: Sequence[Gradient], state: NodeState, *,
-                   keep_signs: bool = True) -> OuterStep | None:
+                   keep_signs: bool = True, clip_norm: float | None = None) -> OuterStep | None:
         with self._lock:
-            return outer_step(self.model, gradients, state, self.hp)
+            return outer_step(self.model, gradients, state, self.hp, clip_norm=clip_norm)
 
     def apply_update(self, signs: dict[str, torch.Tensor], step: int) -> float:
         with self._lock:

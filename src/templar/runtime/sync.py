@@ -77,7 +77,7 @@ def read_published(node: Node, data: bytes, lead_hotkey: str, window: int) -> Pu
     # the bundle holds the payloads the lead's step aggregated (`aggregation_weights`' eligible ones)
     weights = [peer_weight(hp)] * len(bundle.peers)
     try:
-        update = rule_of(hp.optimizer.method).aggregate(bundle.peers, weights, shapes)
+        update = rule_of(hp.optimizer.method).aggregate(bundle.peers, weights, shapes, ceiling=bundle.clip_norm)
     except ValueError as exc:  # off the method's grid: a lead's bundle that no honest step produced
         raise PayloadError("bad_encoding", str(exc)[:120]) from exc
     return Published(update, bundle.global_step)

@@ -332,7 +332,21 @@ def _second_look_at_references(earlier: Mapping[int, Mapping[str, Gradient]], lo
 
 
 def payload_norm(g: Gradient) -> float:
-    return float(torch.sqrt(sum(c.values.double().square().sum() for c in g.tensors.values())))
+    """‖values‖ of a payload (every tensor), for this validator's own size comparisons (the scale check,
+    the typical sizes, the lead's ceiling): each chunk's norm in float32 (at most k squares), the chunks'
+    squares summed in float64. The lead sizes every upload of F_t before it publishes its inputs, which
+    every node waits for: one 1.2B payload cost 27 ms as a float64 copy of every value against 8 ms
+    (benchmarks/performance/payload_size.py), and one float32 norm over a whole tensor drifted by 1e-3.
+    A tensor whose squares may have under- or overflowed in float32 (grid values span 2^-128 to 2^128)
+    is summed in float64 instead."""
+    squares = 0.0
+    for c in g.tensors.values():
+        values = c.values if c.values.dim() == 2 else c.values.reshape(1, -1)
+        square = float(torch.linalg.vector_norm(values, dim=-1).double().square().sum())
+        if not 1e-12 < square < 1e36:  # a square under 2^-126 loses bits, one over 2^128 overflows
+            square = float(values.double().square().sum())
+        squares += square
+    return math.sqrt(squares)
 
 
 class TypicalPayloads(NamedTuple):
@@ -390,6 +404,30 @@ def typical_payloads(aggregated: Sequence[Gradient], paid: Mapping[str, float]) 
     by_pay = _lower_median(weights) if sum(weights) > 0 else counted
     return TypicalPayloads(smaller=sized[min(counted, by_pay)][1], larger=sized[max(counted, by_pay)][1],
                            peers=len(sized))
+
+
+def step_ceiling(drawn: Sequence[Gradient], paid: Mapping[str, float]) -> float | None:
+    """The lead's ceiling on its window's clip level (`StepInputs.clip_norm`): the lower median, by
+    value norm, of the uploads it drew for the window (`drawn`: F_t's, the peer list's among them),
+    each weighted by its uploader's weight in this validator's score book (`paid`); None when none of
+    them is paid (a run's first windows, a new validator's book): the step then clips to its peers' own
+    median, as every step did before.
+
+    Why: every node clips each payload of the step to the lower median of the step's own payloads'
+    sizes (`templar.compress.sparseloco.clip_level`), so a group that holds most of the peer list's
+    slots, as ties at the top of the PeerScores give one now and then by the validator's draw, sets
+    the step's size: 3 hotkeys sending honest work ×5 held 3 of 4 slots in 8 of 27 windows and one
+    such step took the held-out loss from 6.28 to 7.46 (benchmarks/LOG.md §63-§64). F_t is drawn with
+    the lead's secret among every miner, and weighting by pay counts only uploads the book pays for
+    their work (near-zero, flooding or copied uploads earn nothing, so they cannot hold every step
+    down): to set this median a group must hold most of the pay among the drawn, most of the subnet.
+    The followers take the smaller of it and their own median, so a ceiling can only lower a step."""
+    sized = sorted(((payload_norm(g), g.hotkey, max(0.0, float(paid.get(g.hotkey, 0.0)))) for g in drawn),
+                   key=lambda item: item[:2])
+    sized = [item for item in sized if 0 < item[0] < math.inf and item[2] > 0]
+    if not sized:
+        return None
+    return sized[_lower_median([weight for _, _, weight in sized])][0]
 
 
 def _lower_median(weights: Sequence[float]) -> int:

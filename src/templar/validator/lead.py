@@ -200,7 +200,7 @@ class WindowPublisher:
                                        learning_rate=step.learning_rate, hotkey=node.hotkey, run=run,
                                        sign=node.chain.sign)
             else:  # the method's update has no compact exact form: the payloads that make it
-                data = self.bundle(window, applied, step.global_step)
+                data = self.bundle(window, applied, step.global_step, step.clip_norm)
             self.queued[f"aggregate/{window}"] = data
         if next_peers is not None:
             self.queued[f"peers/{window + 1}"] = "\n".join(next_peers).encode()
@@ -213,14 +213,15 @@ class WindowPublisher:
             context(window=window, phase="lead").warning(f"dropping {dropped}: never published in time")
         return await self.flush(window, deadline)
 
-    def bundle(self, window: int, applied: Sequence[Gradient], global_step: int) -> bytes:
+    def bundle(self, window: int, applied: Sequence[Gradient], global_step: int, clip_norm: float | None) -> bytes:
         """The aggregate of a method whose update has no compact exact form (SparseLoCo): the payloads
-        that make the step, signed, with the step and learning rate they are applied at."""
+        that make the step, signed, with the step, learning rate and ceiling on the clip level they are
+        applied at."""
         node = self.node
         return write_bundle([(g.hotkey, g.tensors) for g in aggregation_weights(applied, node.hp)[0]],
                             window=window, global_step=global_step,
                             learning_rate=learning_rate(global_step, node.hp.optimizer), hotkey=node.hotkey,
-                            hp=node.hp, run=node.run, sign=node.chain.sign)
+                            hp=node.hp, run=node.run, sign=node.chain.sign, clip_norm=clip_norm)
 
     async def publish_bundle_early(self, inputs: StepInputs, payloads: Sequence[Gradient], *, deadline: float) -> bool:
         """The aggregate of a window whose inputs we just published, before we evaluate anyone, when it
@@ -233,7 +234,7 @@ class WindowPublisher:
         node, window = self.node, inputs.window
         if node.hp.optimizer.method == "signed" or not payloads:
             return False
-        data = await asyncio.to_thread(self.bundle, window, payloads, inputs.global_step)
+        data = await asyncio.to_thread(self.bundle, window, payloads, inputs.global_step, inputs.clip_norm)
         try:
             async with asyncio.timeout(max(0.1, deadline - node.clock.now())):
                 await put_aggregate(node.bucket, window, data)

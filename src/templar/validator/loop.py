@@ -389,7 +389,7 @@ class Validator:
         gather, in its slot: at once in slot 0, else once every slot before it is confirmed absent.
         Only while it holds the run's model (the window before applied, in sync) and before its
         slot closes: late inputs would count for nobody. A set it already published for this window
-        (a restart) stands."""
+        (a restart) stands. The inputs carry its ceiling on the step's clip level (`step_ceiling`)."""
         slot, window, times = self.slot, work.window, work.times
         if slot is None or not in_sync or self.state.window != window - 1:
             return
@@ -400,9 +400,9 @@ class Validator:
                 return  # a slot before ours leads the window, or we cannot tell: never publish over it
         if clock.now() >= times.slot_deadline(slot):
             return
-        eligible = work.aggregated(self.hp)
+        eligible, ceiling = work.aggregated(self.hp), await asyncio.to_thread(work.step_ceiling, self.hp, self.book)
         self.checkpoints.led(window)  # our bucket holds this window's records, to be cleaned in time
-        ours = inputs_of(window, self.state.global_step, eligible)
+        ours = inputs_of(window, self.state.global_step, eligible, ceiling)
         if await self.publisher.publish_inputs(ours, deadline=times.slot_deadline(slot)) is ours:
             # the aggregate goes out while we evaluate: no peer can keep the others from the step
             work.early_aggregate = asyncio.create_task(self.publisher.publish_bundle_early(

@@ -9,14 +9,14 @@ from dataclasses import dataclass, field
 
 from templar.comms import GatherResult
 from templar.core.config import GauntletConfig, HParams
-from templar.core.log import short
-from templar.gauntlet import FastVerdict, PrimaryResult, WindowDraw, WindowScores
+from templar.core.log import context, short
+from templar.gauntlet import FastVerdict, PrimaryResult, ScoreBook, WindowDraw, WindowScores
 from templar.runtime.consensus.outer import OuterStep, aggregation_weights
 from templar.runtime.consensus.peers import aggregate_payloads
 from templar.runtime.consensus.succession import Decision
 from templar.runtime.consensus.windows import WindowTimes
 from templar.validator.evaluate import LossScores
-from templar.validator.fast_eval import TypicalPayloads
+from templar.validator.fast_eval import TypicalPayloads, payload_norm, step_ceiling
 from templar.validator.replays import Sighting
 from templar.wire import Gradient
 
@@ -61,6 +61,22 @@ class ValidatorWindow:
         """The window's aggregate as this validator gathered it: the payloads of the peer list in effect
         that enter it (`aggregation_weights`), what a candidate publishes and what judges a payload's size."""
         return aggregation_weights(aggregate_payloads(self.peer_list, self.results), hp)[0]
+
+    def step_ceiling(self, hp: HParams, book: ScoreBook) -> float | None:
+        """The ceiling a lead publishes on its step's clip level (`fast_eval.step_ceiling` of F_t's
+        uploads that would enter an aggregate, weighted by the book's pay); None under the sign rule,
+        which no size reaches."""
+        if hp.optimizer.method == "signed" or self.draw is None:
+            return None
+        drawn = [r.value for hk, r in self.results.items() if hk in self.draw.fast and r.ok and r.value is not None]
+        ceiling = step_ceiling(aggregation_weights(drawn, hp)[0], {hk: r.weight for hk, r in book.peers.items()})
+        sizes = sorted(size for size in map(payload_norm, self.aggregated(hp)) if size > 0)
+        if ceiling is not None and sizes and ceiling < sizes[(len(sizes) - 1) // 2]:
+            above = sum(size > ceiling for size in sizes)
+            context(window=self.window, phase="lead").info(
+                f"{above} of the step's {len(sizes)} payloads are above the typical paid upload drawn ({ceiling:.4g}); "
+                f"the step clips to it, not to the list's median ({sizes[(len(sizes) - 1) // 2]:.4g})")
+        return ceiling
 
     def premium(self, rules: GauntletConfig) -> bool:
         """Whether a δ_rand above S_t's median rates above it (`score_window`'s `premium`): only when the

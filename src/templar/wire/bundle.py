@@ -9,7 +9,8 @@ payloads: the same update, bit for bit, as the window's live step. At 1.2B with 
 is about 15 payloads (~20 MB each at 64 of 4,096 kept), against the signed aggregate's ~150 MB.
 
 Layout: for peer i and parameter `name`, the codec's parts as `{i}/{name}/{part}`; the document
-names the window, global_step, learning rate, the lead's hotkey, the codec and the peers' hotkeys.
+names the window, global_step, learning rate, the lead's hotkey, the codec, the peers' hotkeys and the
+ceiling on the step's clip level the window's inputs named (`clip_norm`).
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ class Bundle:
     learning_rate: float
     hotkeys: list[str]
     peers: list[dict[str, Compressed]]
+    clip_norm: float | None = None
 
 
 def _keys(expected: Mapping[str, torch.Size], n: int, codec: codecs.Codec) -> list[str]:
@@ -67,7 +69,8 @@ def max_bundle_bytes(expected: Mapping[str, torch.Size], hp: HParams) -> int:
 
 
 def write_bundle(peers: Sequence[tuple[str, Mapping[str, Compressed]]], *, window: int, global_step: int,
-                 learning_rate: float, hotkey: str, hp: HParams, run: Run, sign: Signer) -> bytes:
+                 learning_rate: float, hotkey: str, hp: HParams, run: Run, sign: Signer,
+                 clip_norm: float | None = None) -> bytes:
     """Encode, sign and serialise the aggregated payloads for `run` (ValueError: the caller's bug)."""
     codec = codecs.codec_for(run_codec(hp))
     tensors: dict[str, torch.Tensor] = {}
@@ -77,7 +80,8 @@ def write_bundle(peers: Sequence[tuple[str, Mapping[str, Compressed]]], *, windo
                 tensors[f"{i}/{name}/{part}"] = t
     document = BundleDocument(protocol=PROTOCOL_VERSION, netuid=run.netuid, run=run.digest, kind="bundle",
                               window=window, global_step=global_step, hotkey=hotkey,
-                              learning_rate=float(learning_rate), codec=codec.name, peers=[hk for hk, _ in peers])
+                              learning_rate=float(learning_rate), codec=codec.name, peers=[hk for hk, _ in peers],
+                              clip_norm=clip_norm)
     return serialize(tensors, document.model_dump(), domain=_DOMAIN, sign=sign, max_document=_MAX_DOCUMENT)
 
 
@@ -131,4 +135,4 @@ def read_bundle(data: bytes, expected: Mapping[str, torch.Size], hp: HParams, *,
             decoded[name] = codec.decode(parts, plan, k, f"{i}/{name}")
         peers.append(decoded)
     return Bundle(window=doc.window, global_step=doc.global_step, learning_rate=doc.learning_rate,
-                  hotkeys=list(doc.peers), peers=peers)
+                  hotkeys=list(doc.peers), peers=peers, clip_norm=doc.clip_norm)

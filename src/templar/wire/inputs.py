@@ -9,7 +9,8 @@ clock lags, or whose gather saw a different set, still applies the run's update,
 cannot read this record does not guess (`templar.runtime.consensus.follow`).
 
 Layout: one tensor `digests` (uint8 `[n, 32]`, row i the digest of `peers[i]`) and the signed
-document (`InputsDocument`: window, global_step, the lead's hotkey, the peers' hotkeys in order).
+document (`InputsDocument`: window, global_step, the lead's hotkey, the peers' hotkeys in order, and
+the lead's ceiling on the step's clip level, `clip_norm`, or null).
 An empty set (n = 0) says the window had no outer step.
 """
 
@@ -43,11 +44,14 @@ _MAX_DOCUMENT = 1024 + MAX_INPUTS * 72  # hotkeys of at most 64 characters, quot
 
 @dataclass(frozen=True)
 class StepInputs:
-    """What the lead aggregated at `window`: (hotkey, digest) of each payload, in its order."""
+    """What the lead aggregated at `window`: (hotkey, digest) of each payload, in its order, and
+    `clip_norm`, the lead's ceiling on the size each is clipped to (None: the payloads' own median;
+    `templar.validator.fast_eval.step_ceiling`)."""
 
     window: int
     global_step: int
     peers: tuple[tuple[str, bytes], ...]
+    clip_norm: float | None = None
 
     @property
     def hotkeys(self) -> list[str]:
@@ -66,7 +70,8 @@ def write_inputs(inputs: StepInputs, *, hotkey: str, run: Run, sign: Signer) -> 
         raise ValueError("inputs: hotkeys must be unique and digests 32 bytes")
     digests = torch.tensor([list(d) for _, d in inputs.peers], dtype=torch.uint8).reshape(len(hotkeys), DIGEST_BYTES)
     document = InputsDocument(protocol=PROTOCOL_VERSION, netuid=run.netuid, run=run.digest, kind="inputs",
-                              window=inputs.window, global_step=inputs.global_step, hotkey=hotkey, peers=hotkeys)
+                              window=inputs.window, global_step=inputs.global_step, hotkey=hotkey, peers=hotkeys,
+                              clip_norm=inputs.clip_norm)
     return serialize({_DIGESTS: digests}, document.model_dump(), domain=_DOMAIN, sign=sign,
                      max_document=_MAX_DOCUMENT)
 
@@ -103,4 +108,5 @@ def read_inputs(data: bytes, *, run: Run, verify: Verifier | None, expected_hotk
         check_signature(verify, doc.hotkey, signed_digest(_DOMAIN, container.document, container), container.signature)
     raw = bytes(container.data[entry.start:entry.end])
     digests = [raw[i * DIGEST_BYTES:(i + 1) * DIGEST_BYTES] for i in range(len(doc.peers))]
-    return StepInputs(window=doc.window, global_step=doc.global_step, peers=tuple(zip(doc.peers, digests, strict=True)))
+    return StepInputs(window=doc.window, global_step=doc.global_step, peers=tuple(zip(doc.peers, digests, strict=True)),
+                      clip_norm=doc.clip_norm)

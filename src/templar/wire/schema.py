@@ -70,6 +70,9 @@ class InputsDocument(_Document):
 
     kind: Literal["inputs"]
     peers: list[Annotated[str, StringConstraints(pattern=_HOTKEY_PATTERN)]] = Field(max_length=MAX_INPUTS)
+    clip_norm: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    """The lead's ceiling on the size every payload is clipped to (SparseLoCo; None: the peers' lower
+    median alone, `templar.compress.sparseloco.clip_level`): it can only lower that median."""
 
     @field_validator("peers")
     @classmethod
@@ -86,6 +89,9 @@ class BundleDocument(_Document):
     learning_rate: float = Field(gt=0, allow_inf_nan=False)
     codec: str = Field(max_length=32)
     peers: list[Annotated[str, StringConstraints(pattern=_HOTKEY_PATTERN)]] = Field(max_length=MAX_INPUTS)
+    clip_norm: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    """The lead's ceiling on the size every payload is clipped to (SparseLoCo; None: the peers' lower
+    median alone, `templar.compress.sparseloco.clip_level`): it can only lower that median."""
 
     @field_validator("peers")
     @classmethod

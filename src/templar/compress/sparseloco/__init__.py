@@ -12,6 +12,7 @@ from templar.compress.sparseloco.aggregate import (
     apply_mean_update,
     clip_factor,
     clip_factors,
+    clip_level,
     lower_median,
     payload_norm_squared,
 )
@@ -24,6 +25,7 @@ __all__ = [
     "apply_mean_update",
     "clip_factor",
     "clip_factors",
+    "clip_level",
     "join",
     "lower_median",
     "payload_norm_squared",

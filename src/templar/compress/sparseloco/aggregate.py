@@ -2,14 +2,17 @@
 the outer SGD step.
 
     n_p = ||q_p||                         # L2 norm of peer p's whole payload (every parameter)
-    m   = lower median of n_p over the contributing peers
+    m   = lower median of n_p over the contributing peers, or the lead's ceiling c when lower
     Δ   = Σ_p w_p · min(1, m / n_p) · q_p # dense, per parameter
     θ  <- θ - lr · Δ
 
 A peer contributes when its weight and its norm are non-zero (an all-zero payload has no
 direction, and counting it would drag the median, and so every honest peer, towards zero). With
 one peer, or all norms equal, nothing is clipped. A peer that scales its update ×1000 is clipped
-back to the median norm: it moves the mean no more than a median peer does.
+back to the median norm: it moves the mean no more than a median peer does. The ceiling c is the
+lead's (published with the window's inputs, `templar.wire.inputs`): the peers hold the list's
+median only when they hold most of its slots, and a group that does would set the step's size; the
+lead bounds it by the window's typical earning upload (`templar.validator.fast_eval.step_ceiling`).
 
 Determinism (every honest node must compute the same Δ, bit for bit, for any peer order):
 - Norms are exact. On the 2-bit grid the non-zero values of a chunk share one magnitude
@@ -38,8 +41,8 @@ from templar.compress import native
 from templar.compress.compressor import Compressed, check_peers
 from templar.compress.dct import ChunkPlan
 
-__all__ = ["aggregate_clipped_mean", "apply_mean_update", "clip_factor", "clip_factors", "lower_median",
-           "payload_norm_squared"]
+__all__ = ["aggregate_clipped_mean", "apply_mean_update", "clip_factor", "clip_factors", "clip_level",
+           "lower_median", "payload_norm_squared"]
 
 _MANTISSA_BITS = 12  # values with more significant bits are refused (the grid has 8)
 _EXP_OFFSET = 160  # frexp exponents of float32 lie in [-148, 128]
@@ -140,13 +143,27 @@ def clip_factor(norm_squared: Fraction, median_squared: Fraction) -> float:
     return 1.0 if norm_squared <= median_squared else math.sqrt(float(median_squared / norm_squared))
 
 
-def clip_factors(norms_squared: Sequence[Fraction], weights: Sequence[float]) -> list[float]:
-    """Per peer `min(1, median / norm)` (float64, correctly rounded), 0 for a non-contributing peer
-    (zero weight or zero norm); the median is the lower median of the contributing peers' norms."""
+def clip_level(norms_squared: Sequence[Fraction], ceiling: float | None = None) -> Fraction:
+    """The squared norm every contributing peer is clipped to: the lower median of `norms_squared`
+    (non-empty), or the square of `ceiling` (the lead's, a positive finite float, taken exactly) when
+    that is lower. A ceiling can only lower the median: a lead cannot make the step larger than its
+    peers' own median size."""
+    median = lower_median(norms_squared)
+    if ceiling is None:
+        return median
+    if not (math.isfinite(ceiling) and ceiling > 0):
+        raise ValueError(f"clip ceiling must be positive and finite, got {ceiling}")
+    return min(median, Fraction(ceiling) ** 2)
+
+
+def clip_factors(norms_squared: Sequence[Fraction], weights: Sequence[float], *,
+                 ceiling: float | None = None) -> list[float]:
+    """Per peer `min(1, m / norm)` (float64, correctly rounded), 0 for a non-contributing peer
+    (zero weight or zero norm); m² is `clip_level` of the contributing peers' norms and `ceiling`."""
     contributing = [n for n, w in zip(norms_squared, weights, strict=True) if n > 0 and w > 0]
     if not contributing:
         return [0.0] * len(norms_squared)
-    median = lower_median(contributing)
+    median = clip_level(contributing, ceiling)
     factors = []
     for n, w in zip(norms_squared, weights, strict=True):
         if n == 0 or w == 0:
@@ -188,6 +205,7 @@ def aggregate_clipped_mean(
     shapes: Mapping[str, torch.Size],
     *,
     clip: bool = True,
+    ceiling: float | None = None,
 ) -> dict[str, torch.Tensor]:
     """Δ per parameter of `shapes` (dense float32, on the peers' device), bit-identical for any
     order of `peers` (with their `weights`, each in [0, 1], e.g. 1/G) and any implementation.
@@ -195,6 +213,7 @@ def aggregate_clipped_mean(
     `clip=False` takes `weights` as the final per-peer factors w_p·min(1, m/‖q_p‖), computed once
     from the whole payloads (`clip_factors`): a node whose ranks each aggregate some parameters
     (`templar.distributed.outer`) must clip by the whole payload's norm, not by one tensor's.
+    `ceiling`: the lead's bound on the clip level (`clip_level`); None, the peers' median alone.
 
     Values must be on the 2-bit grid (any float32 with at most 12 significant bits is accepted)
     and indices unique within a chunk, as `templar.wire` guarantees; ValueError otherwise. A single
@@ -214,7 +233,7 @@ def aggregate_clipped_mean(
 
     terms = [_payload_norm_terms([(name, p[name].values) for name in names]) for p in peers]  # [peer][name]
     norms_squared = [sum((t for t, _ in row), Fraction(0)) for row in terms]
-    factors = clip_factors(norms_squared, w) if clip else [1.0 if x > 0 else 0.0 for x in w]
+    factors = clip_factors(norms_squared, w, ceiling=ceiling) if clip else [1.0 if x > 0 else 0.0 for x in w]
     included = [i for i, c in enumerate(factors) if c > 0]
 
     out: dict[str, torch.Tensor] = {}

@@ -40,9 +40,11 @@ class FollowError(Exception):
     at fault. The node stops before that window and catches up; it never assumes an empty step."""
 
 
-def inputs_of(window: int, global_step: int, payloads: list[Gradient]) -> StepInputs:
-    """The inputs record of a step over `payloads` (a candidate's own, before it publishes them)."""
-    return StepInputs(window=window, global_step=global_step, peers=tuple((g.hotkey, g.digest) for g in payloads))
+def inputs_of(window: int, global_step: int, payloads: list[Gradient], clip_norm: float | None = None) -> StepInputs:
+    """The inputs record of a step over `payloads` (a candidate's own, before it publishes them), with
+    its ceiling on the clip level (`templar.validator.fast_eval.step_ceiling`)."""
+    return StepInputs(window=window, global_step=global_step, peers=tuple((g.hotkey, g.digest) for g in payloads),
+                      clip_norm=clip_norm)
 
 
 async def window_inputs(node: Node, window: int, *, deadline: float) -> Decision:
@@ -114,11 +116,13 @@ async def apply_inputs(node: Node, window: int, inputs: StepInputs, state: NodeS
                        gathered: Mapping[str, GatherResult[Gradient]], *, deadline: float,
                        keep_signs: bool = False) -> tuple[OuterStep | None, list[Gradient]]:
     """Take the step of `inputs`: collect its payloads, re-anchor global_step on the lead's
-    (`update_step`), then the one outer step. Returns the step (None for an empty one) and the
-    payloads it aggregated (what the lead publishes for a SparseLoCo run's catch-up)."""
+    (`update_step`), then the one outer step, under the lead's ceiling on its clip level (`clip_norm`).
+    Returns the step (None for an empty one) and the payloads it aggregated (what the lead publishes
+    for a SparseLoCo run's catch-up)."""
     payloads = await collect_payloads(node, window, inputs, gathered, deadline=deadline)
     state.global_step = update_step(state.global_step, published=inputs.global_step)
-    step = await asyncio.to_thread(node.compute.outer_step, payloads, state, keep_signs=keep_signs)
+    step = await asyncio.to_thread(node.compute.outer_step, payloads, state, keep_signs=keep_signs,
+                                   clip_norm=inputs.clip_norm)
     return step, payloads
 
 

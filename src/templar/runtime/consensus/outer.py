@@ -29,6 +29,7 @@ class OuterStep:
     global_step: int     # the step this update was applied at
     learning_rate: float
     peers: int
+    clip_norm: float | None = None  # the lead's ceiling on the clip level it was aggregated under
 
 
 def update_step(own: int, published: int | None = None) -> int:
@@ -73,8 +74,9 @@ def aggregation_weights(gradients: Sequence[Gradient], hp: HParams) -> tuple[lis
 
 
 def outer_step(model: torch.nn.Module, gradients: Sequence[Gradient], state: NodeState, hp: HParams,
-               *, apply: bool = True) -> OuterStep | None:
+               *, apply: bool = True, clip_norm: float | None = None) -> OuterStep | None:
     """Aggregate the eligible payloads (`aggregation_weights`), sign, and apply θ ← θ − α·sign(Δ).
+    `clip_norm`: the lead's ceiling on the clip level (the window's inputs, `StepInputs.clip_norm`).
 
     Returns None when nothing is eligible: the window passes without a step (never stalls).
     """
@@ -83,13 +85,13 @@ def outer_step(model: torch.nn.Module, gradients: Sequence[Gradient], state: Nod
         return None
     shapes = {n: p.shape for n, p in model.named_parameters() if p.requires_grad}
     step = update_step(state.global_step)
-    signs = rule_of(hp.optimizer.method).aggregate([g.tensors for g in eligible], weights, shapes)
+    signs = rule_of(hp.optimizer.method).aggregate([g.tensors for g in eligible], weights, shapes, ceiling=clip_norm)
     if apply:
         lr = apply_update(model, signs, step, hp)
         state.global_step = step + 1
     else:
         lr = learning_rate(step, hp.optimizer)
-    return OuterStep(signs=signs, global_step=step, learning_rate=lr, peers=len(eligible))
+    return OuterStep(signs=signs, global_step=step, learning_rate=lr, peers=len(eligible), clip_norm=clip_norm)
 
 
 def payload_reader(shapes: dict[str, torch.Size], hp: HParams, window: int, run: Run,
