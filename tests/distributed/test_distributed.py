@@ -87,13 +87,15 @@ def _equals_one_process(out: Path, ranks: int) -> None:
 def _sparse_equals(report: dict) -> None:
     """Production's outer rule, SparseLoCo (`tiny-sparseloco`'s rules on the micro model), over 2 ranks: the sharded compressor's
     update and wire payload are the 1-process one's for the same gradient, and the outer step, whose
-    clip uses each peer's whole-payload norm, is bit-identical (the signed rule's case is above); and
+    clip uses each peer's whole-payload norm, is bit-identical, the last window's under a lead's ceiling on
+    the clip level (the signed rule's case is above); and
     a sharded validator's LossScores of SparseLoCo's trial steps are the 1-process ones, also with each
     unit's own baseline (the groups' common steps, and the other peers' own steps)."""
     assert report["world_size"] == 2 and len(report["windows"]) == 3
     for row in report["windows"]:
         assert row["same_coefficients_same_grad"] and row["payload_identical_same_grad"], row
         assert row["theta_bit_identical"] and row["global_step"][0] == row["global_step"][1], row
+    assert [row["clip_norm"] is not None for row in report["windows"]] == [False, False, True]  # and the lead's ceiling
     # a sharded validator applies SparseLoCo's trial steps whole (cast to int8, they were all zeros
     # and every LossScore read 0): its LossScores are the 1-process ones up to summation order
     assert report["loss_score_delta_rand"] != 0.0

@@ -36,6 +36,7 @@ with libraries_loading():  # as the neurons load theirs (src/templar/core/startu
 
     from templar.comms import CheckpointError
     from templar.compress import DCTCompressor, DeMo, aggregate
+    from templar.compress.sparseloco import payload_norm_squared
     from templar.core.config import HParams, load_hparams
     from templar.core.memory import MemorySettings
     from templar.core.model import build_model
@@ -388,10 +389,13 @@ def sparse(out_dir: Path, group: Group) -> None:
             peers = [Gradient(window=window, global_step=state.global_step, hotkey=str(i), warmup=False,
                               tensors=t, probes={}, digest=b"", nbytes=0)
                      for i, t in enumerate((ref_sent, sent, scaled))]
-        outer_step_sharded(model, peers if leader else None, state, hp, group)
+            # the last window under a lead's ceiling below the median (rank 0 computes every peer's factor)
+            row["clip_norm"] = 0.5 * float(payload_norm_squared(ref_sent, sorted(ref_sent))) ** 0.5 if window == 2 else None
+        ceiling = row["clip_norm"] if leader else None
+        outer_step_sharded(model, peers if leader else None, state, hp, group, clip_norm=ceiling)
         theta = full_model_state(model, group)
         if leader:
-            outer_step(ref, peers, ref_state, hp)
+            outer_step(ref, peers, ref_state, hp, clip_norm=ceiling)
             sd = ref.state_dict()
             row["theta_bit_identical"] = all(torch.equal(theta[k], sd[k]) for k in sd)
             row["global_step"] = [state.global_step, ref_state.global_step]
