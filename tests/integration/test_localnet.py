@@ -375,6 +375,9 @@ def test_louder_uploads_are_paid_as_the_honest_work_they_carry(tmp_path, assets_
     assert len(steps) >= 4 and sum(held for _, _, held in steps) >= 2, steps
     assert all(level <= 1.05 * honest_size for level, honest_size, _ in steps), steps
     assert _published_history_replays_to(tmp_path / "run", ["validator0", honest[0], loud[0]])  # every node took it
+    records = [json.loads(line) for line in (tmp_path / "run" / "nodes" / "validator0" / "validator_windows.jsonl")
+               .read_text().splitlines()]
+    assert all(r["clip_norm"] > 0 for r in records if r["peers_aggregated"]), records  # what operators read
 
 
 def _published_history_replays_to(run: Path, nodes: list[str]) -> bool:

@@ -78,6 +78,7 @@ class ValidatorWindowRecord:
     weights_set: bool
     gather_seconds: float | None = None  # the gather alone (absent in records of older versions)
     lead: bool = False                   # this validator was the lead (it published the window)
+    clip_norm: float | None = None       # the lead's ceiling on the step's clip level (None: the list's median)
 
 
 @dataclass(frozen=True)

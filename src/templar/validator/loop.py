@@ -502,7 +502,7 @@ class Validator:
                           holdout_loss=work.holdout_loss, peers_aggregated=step.peers if step else 0,
                           gathered=len(work.results), wall_seconds=work.wall_seconds,
                           weights_set=work.weights_set, gather_seconds=work.gather_seconds,
-                          lead=self.is_lead),
+                          lead=self.is_lead, clip_norm=step.clip_norm if step else None),
                       primaries=work.primaries if self.node.record_evaluations else None)
 
     async def _gather(self, window: int, wanted: list[str], deadline: float) -> dict[str, GatherResult[Gradient]]:

@@ -40,6 +40,7 @@ class WindowSummary:
     weights_set: bool
     gather_seconds: float
     lead: bool = False
+    clip_norm: float | None = None
 
 
 def record_window(state_dir: Path, window: int, book: ScoreBook, rules: GauntletConfig,
@@ -78,4 +79,4 @@ def record_window(state_dir: Path, window: int, book: ScoreBook, rules: Gauntlet
         window=window, global_step=summary.global_step, learning_rate=summary.learning_rate,
         holdout_loss=summary.holdout_loss, peers_aggregated=summary.peers_aggregated, gathered=summary.gathered,
         evaluated=len(losses), wall_seconds=summary.wall_seconds, weights_set=summary.weights_set,
-        gather_seconds=summary.gather_seconds, lead=summary.lead))
+        gather_seconds=summary.gather_seconds, lead=summary.lead, clip_norm=summary.clip_norm))
