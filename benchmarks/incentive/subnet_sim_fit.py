@@ -54,8 +54,8 @@ def fit_from_scores(run_dir: Path) -> dict:
     for strategy, pairs in sorted(relative.items()):
         rand, gap = [r for r, _ in pairs], [g for _, g in pairs]
         summary[strategy] = {"n": len(pairs),
-                             "rand_mean_sd": [round(statistics.fmean(rand), 3), round(statistics.stdev(rand), 3)],
-                             "gap_mean_sd": [round(statistics.fmean(gap), 3), round(statistics.stdev(gap), 3)],
+                             "rand_mean_sd": [round(statistics.fmean(rand), 3), _sd(rand)],
+                             "gap_mean_sd": [round(statistics.fmean(gap), 3), _sd(gap)],
                              "gap_negative": round(sum(g < 0 for g in gap) / len(gap), 3)}
     return {"source": f"{FIT_RUN}: {len(validators)} validators' scores.jsonl, {len(records)} primary evaluations "
                       "(copycat was caught as `copy` in every window and has none: it is drawn as `lazy`)",
@@ -81,6 +81,12 @@ LOSS_SCALE = 0.04
 `proof_margin` > 0 looks at absolute sizes."""
 
 _FITS: dict[Path, dict] = {}
+
+
+def _sd(values: list[float]) -> float:
+    """The sample standard deviation, rounded; 0.0 for a strategy evaluated once (a copier or a scaled
+    upload fails fast evaluation after its first window, so a crowded run may hold one of its evaluations)."""
+    return round(statistics.stdev(values), 3) if len(values) > 1 else 0.0
 
 
 def fit(path: Path | None = None) -> dict:
@@ -135,8 +141,8 @@ def fit_from_evaluations(run_dirs: list[Path], source: str) -> dict:
     for strategy, evals in sorted(evaluations.items()):
         rand, gap = [e[0] for e in evals], [e[1] for e in evals]
         summary[strategy] = {"n": len(evals),
-                             "rand_mean_sd": [round(statistics.fmean(rand), 3), round(statistics.stdev(rand), 3)],
-                             "gap_mean_sd": [round(statistics.fmean(gap), 3), round(statistics.stdev(gap), 3)],
+                             "rand_mean_sd": [round(statistics.fmean(rand), 3), _sd(rand)],
+                             "gap_mean_sd": [round(statistics.fmean(gap), 3), _sd(gap)],
                              "gap_negative": round(sum(g < 0 for g in gap) / len(gap), 3)}
     return {"source": f"{source}: {len(records)} primary evaluations with every unit", "summary": summary,
             "evaluations": dict(sorted(evaluations.items())), "windows": dict(sorted(windows.items()))}

@@ -285,3 +285,23 @@ def test_the_quick_run_reads_every_newcomers_first_epoch_in_every_book() -> None
     honest = sum(p.strategy == "honest" for p in subnet_sim.build_peers(base, random.Random(base.seed)))
     incumbents = sum(m["incumbent_first_epoch_readings"].values())
     assert incumbents > 0 and incumbents % (honest * base.validators) == 0
+
+
+def test_a_strategy_evaluated_once_is_fitted_with_no_spread(tmp_path) -> None:
+    """A crowded run's `scaled` upload is evaluated once (in the window before any typical size) and then
+    fails fast evaluation: the fit keeps its one evaluation with a spread of 0 instead of stopping."""
+    import json
+
+    from benchmarks.incentive.subnet_sim_fit import fit_from_evaluations
+
+    run = _evaluations_run(tmp_path, 0)
+    nodes = json.loads((run / "nodes.json").read_text())
+    (run / "nodes.json").write_text(json.dumps([*nodes, {"name": "s", "role": "miner", "hotkey": "hs",
+                                                         "strategy": "scaled"}]))
+    once = {"window": 0, "hotkey": "hs", "uid": 9, "delta_rand": -5.0, "delta_assigned": -6.0, "pages": [-6.0],
+            "units": [-6.0] * 8, "random_units": [-5.0] * 8, "work": 1.0, "declared_units": 0}
+    with (run / "nodes" / "validator0" / "evaluations.jsonl").open("a") as f:
+        f.write(json.dumps(once) + "\n")
+    fitted = fit_from_evaluations([run], "synthetic")
+    assert fitted["summary"]["scaled"]["n"] == 1 and fitted["summary"]["scaled"]["rand_mean_sd"][1] == 0.0
+    assert fitted["summary"]["honest"]["rand_mean_sd"][1] > 0
