@@ -71,11 +71,11 @@ class ValidatorWindow:
         drawn = [r.value for hk, r in self.results.items() if hk in self.draw.fast and r.ok and r.value is not None]
         ceiling = step_ceiling(aggregation_weights(drawn, hp)[0], {hk: r.weight for hk, r in book.peers.items()})
         sizes = sorted(size for size in map(payload_norm, self.aggregated(hp)) if size > 0)
-        if ceiling is not None and sizes and ceiling < sizes[(len(sizes) - 1) // 2]:
-            above = sum(size > ceiling for size in sizes)
+        median = sizes[(len(sizes) - 1) // 2] if sizes else None
+        if ceiling is not None and median is not None and ceiling < median:
             context(window=self.window, phase="lead").info(
-                f"{above} of the step's {len(sizes)} payloads are above the typical paid upload drawn ({ceiling:.4g}); "
-                f"the step clips to it, not to the list's median ({sizes[(len(sizes) - 1) // 2]:.4g})")
+                f"{sum(size > ceiling for size in sizes)} of the step's {len(sizes)} payloads are above the typical "
+                f"paid upload drawn ({ceiling:.4g}); the step clips to it, not to the list's median ({median:.4g})")
         return ceiling
 
     def premium(self, rules: GauntletConfig) -> bool:
