@@ -73,6 +73,7 @@ figure beside the estimate it replaces.
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import math
 import os
@@ -323,21 +324,22 @@ def phase_validator(b: Bench) -> dict[str, Any]:
     b.release_demo()  # a validator holds no error feedback
     d = hp.data
     out: dict[str, Any] = {"page_tokens": d.sequence_length * d.sequences_per_page, "eval_pages": d.eval_pages}
-    # A validator decodes each evaluated payload into its trial step with the rule's `trial` (held to the
+    # A validator decodes each evaluated payload into its trial step with the rule's `trial` (at the
     # window's median payload norm under a rule that applies magnitudes, `trial_reference`) where the
     # decoded payload is: in host memory today. The same on the device is timed beside it.
     rule = b.rule
     reference = rule.trial_reference(peers[:b.scale.validator_peers])
-    signs = [b.timed(lambda: rule.trial(peers[0], b.shapes, reference=reference))]
+    trial = functools.partial(rule.trial, reference=reference, max_lift=hp.gauntlet.trial_max_lift)
+    signs = [b.timed(lambda: trial(peers[0], b.shapes))]
     out["sign_decode_cpu_seconds"] = signs[0][1]
     signs = [signs[0][0]]
     if b.device.type != "cpu":
         on_device = {n: c.to(b.device) for n, c in peers[0].items()}
-        _, out["sign_decode_device_seconds"] = b.timed(lambda d=on_device: rule.trial(d, b.shapes, reference=reference))
+        _, out["sign_decode_device_seconds"] = b.timed(lambda d=on_device: trial(d, b.shapes))
         del on_device
     for p in peers[1:b.scale.validator_peers]:  # faster on the device; held on the host like the first
         on_device = {n: c.to(b.device) for n, c in p.items()}
-        signs.append({n: t.to("cpu") for n, t in rule.trial(on_device, b.shapes, reference=reference).items()})
+        signs.append({n: t.to("cpu") for n, t in trial(on_device, b.shapes).items()})
         del on_device
     evaluator = Evaluator(model, hp.optimizer.micro_batch_size, position_ranges=hp.gauntlet.position_ranges)
     beta = hp.gauntlet.eval_lr_factor * peak_lr(hp)

@@ -90,9 +90,9 @@ def phase_noise(b: Bench) -> dict[str, Any]:
         model.zero_grad(set_to_none=True)
         payloads[peer] = dict(compressed)
     reference = b.rule.trial_reference(list(payloads.values()))
-    for peer, payload in payloads.items():  # each peer's trial step, as a validator holds it among the window's:
+    for peer, payload in payloads.items():  # each peer's trial step, as a validator sizes it among the window's:
         # signs as int8 where they are (the signed rule), a dense float32 step in host memory otherwise
-        trial = b.rule.trial(payload, b.shapes, reference=reference)
+        trial = b.rule.trial(payload, b.shapes, reference=reference, max_lift=hp.gauntlet.trial_max_lift)
         signs[peer] = {n: t.to(torch.int8) if b.rule.moves_every_coordinate else t.to("cpu") for n, t in trial.items()}
     del payloads
     out["train_seconds"] = time.monotonic() - started

@@ -168,25 +168,44 @@ def _norm(update: dict[str, torch.Tensor]) -> float:
     return float(sum((t.double() ** 2).sum() for t in update.values())) ** 0.5
 
 
-def test_a_sparseloco_trial_step_is_held_to_the_windows_median_norm():
-    """The validator's trial step under SparseLoCo is the peer's update clipped to the window's median
-    payload norm, as the aggregate clips it: values scaled up (or a higher inner rate) buy no larger
-    step, so LossScore pays the direction; a payload at or below the median is its own update. The
-    signed rule's sign step has one size whatever the payload, so it has no reference."""
+def test_a_sparseloco_trial_step_is_tried_at_the_windows_typical_norm():
+    """The validator's trial step under SparseLoCo is the peer's update at the window's typical payload
+    norm: clipped to it when larger, as the aggregate clips it (values scaled up, or a higher inner rate,
+    buy no larger step), and lifted to it by at most `max_lift` when smaller (values scaled down buy no
+    smaller one), so LossScore pays the direction. With `max_lift` 1 a smaller payload is its own update;
+    a payload further below than `max_lift` stays that much smaller (near-zero values stay a near-zero
+    step). The signed rule's sign step has one size whatever the payload, so it has no reference."""
     hp = _hparams("sparseloco")
     rule = rule_of("sparseloco")
     shapes = parameter_shapes(build_model(hp))
     peers = [g.tensors for g in _payloads(hp, 4)]
     reference = rule.trial_reference(peers)
     assert reference is not None and reference > 0
-    inflated = {n: dataclasses.replace(c, values=c.values * 4) for n, c in peers[0].items()}
-    plain, big = rule.trial(peers[0], shapes, reference=reference), rule.trial(inflated, shapes, reference=reference)
-    assert _norm(big) == pytest.approx(float(reference) ** 0.5, rel=1e-5)  # clipped to the median
-    assert _norm(rule.trial(inflated, shapes)) == pytest.approx(4 * _norm(rule.trial(peers[0], shapes)), rel=1e-5)
-    assert _norm(plain) <= _norm(big) * (1 + 1e-6)
+    typical = float(reference) ** 0.5
+
+    def scaled(peer, factor: float):  # a power of two: the values stay on the 2-bit grid
+        return {n: dataclasses.replace(c, values=c.values * factor) for n, c in peer.items()}
+
+    largest = max(peers, key=lambda p: _norm(rule.trial(p, shapes)))
     smallest = min(peers, key=lambda p: _norm(rule.trial(p, shapes)))
+    assert _norm(rule.trial(smallest, shapes)) < typical < _norm(rule.trial(largest, shapes))
+    for peer in (largest, smallest):
+        lifted = rule.trial(peer, shapes, reference=reference, max_lift=1000.0)
+        assert _norm(lifted) == pytest.approx(typical, rel=1e-5)
+        for factor in (4.0, 0.25, 2.0**-6):  # louder or quieter, the same step
+            other = rule.trial(scaled(peer, factor), shapes, reference=reference, max_lift=1000.0)
+            assert all(torch.allclose(other[n], lifted[n], rtol=1e-5, atol=1e-12 * typical) for n in shapes)
+    # held only (max_lift 1): the louder one is clipped, the quieter one is its own update
+    assert _norm(rule.trial(scaled(largest, 4.0), shapes, reference=reference)) == pytest.approx(typical, rel=1e-5)
+    assert _norm(rule.trial(scaled(largest, 4.0), shapes)) == pytest.approx(4 * _norm(rule.trial(largest, shapes)),
+                                                                              rel=1e-5)
     assert all(torch.equal(a, b) for a, b in zip(rule.trial(smallest, shapes, reference=reference).values(),
                                                  rule.trial(smallest, shapes).values(), strict=True))
+    # far below: lifted by max_lift and no further
+    faint = scaled(smallest, 2.0**-20)
+    own = _norm(rule.trial(faint, shapes))
+    assert _norm(rule.trial(faint, shapes, reference=reference, max_lift=1000.0)) == pytest.approx(1000 * own, rel=1e-5)
+    assert 1000 * own < typical / 1000
     signed = _hparams("signed")
     assert rule_of("signed").trial_reference([g.tensors for g in _payloads(signed, 2)]) is None
 

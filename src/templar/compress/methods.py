@@ -24,6 +24,7 @@ trial step):
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from fractions import Fraction
 from typing import Protocol
@@ -72,7 +73,11 @@ class OuterRule(Protocol):
         ...
 
     def trial(self, peer: Mapping[str, Compressed], shapes: Mapping[str, torch.Size], *,
-              reference: Fraction | None = None) -> dict[str, torch.Tensor]: ...
+              reference: Fraction | None = None, max_lift: float = 1.0) -> dict[str, torch.Tensor]:
+        """The step a validator tries for `peer` alone: the rule's update of it, held to `reference`
+        (`trial_reference`) when larger and, under a rule that applies magnitudes, lifted to it by at
+        most `max_lift` when smaller."""
+        ...
 
     def trial_reference(self, peers: Sequence[Mapping[str, Compressed]]) -> Fraction | None:
         """What a trial step is held to among the window's `peers` (None: nothing, the rule's own step
@@ -111,7 +116,7 @@ class SignedRule:
         return signed_aggregate(peers, weights, shapes)
 
     def trial(self, peer: Mapping[str, Compressed], shapes: Mapping[str, torch.Size], *,
-              reference: Fraction | None = None) -> dict[str, torch.Tensor]:
+              reference: Fraction | None = None, max_lift: float = 1.0) -> dict[str, torch.Tensor]:
         return signed_aggregate([peer], [1.0], shapes)
 
     def trial_reference(self, peers: Sequence[Mapping[str, Compressed]]) -> Fraction | None:
@@ -150,15 +155,27 @@ class SparseLoCoRule:
         return aggregate_clipped_mean(peers, weights, shapes, ceiling=ceiling)
 
     def trial(self, peer: Mapping[str, Compressed], shapes: Mapping[str, torch.Size], *,
-              reference: Fraction | None = None) -> dict[str, torch.Tensor]:
-        """The peer's update, scaled by min(1, m/‖q_p‖) where m² is `reference` (`trial_reference`:
-        the window's typical payload norm), as the aggregate clips it: a larger update than the
-        window's typical one (a higher inner rate, values scaled up) buys no larger trial step, so
-        LossScore pays a payload's direction, not its magnitude. None: the update as it is."""
+              reference: Fraction | None = None, max_lift: float = 1.0) -> dict[str, torch.Tensor]:
+        """The peer's update at the size m (m² is `reference`, `trial_reference`: the window's typical
+        payload norm): scaled by min(1, m/‖q_p‖) as the aggregate clips it when larger, and by
+        min(`max_lift`, m/‖q_p‖) when smaller. None: the update as it is.
+
+        Why both ways: LossScore is to pay a payload's direction, not its magnitude, which costs
+        nothing to change. Held only, a larger update (a higher inner rate, values scaled up) bought no
+        larger trial step, but a smaller one was tried smaller: honest work sent at half its size was
+        paid 0.34x honest work, and a group most of the miners sending theirs ×5 held every typical size
+        to theirs and took 0.33 each of the pay against 0.01 (benchmarks/LOG.md §63, §66). Lifted, every
+        upload within `max_lift` of the typical size is tried at that size. Why a bound: an upload far
+        below it (near-zero values, which cost nothing to post) stays a near-zero step, judged on
+        rounding no more than before."""
         if reference is None:
             return aggregate_clipped_mean([peer], [1.0], shapes)
         norm = payload_norm_squared(peer, sorted(peer))
         factor = clip_factor(norm, reference) if norm > 0 else 1.0
+        if norm > 0 and norm < reference and max_lift > 1.0:
+            lift = min(float(max_lift), math.sqrt(float(reference / norm)))
+            update = aggregate_clipped_mean([peer], [1.0], shapes, clip=False)
+            return {name: t.mul_(lift) for name, t in update.items()}
         return aggregate_clipped_mean([peer], [factor], shapes, clip=False)
 
     def trial_reference(self, peers: Sequence[Mapping[str, Compressed]]) -> Fraction | None:

@@ -72,6 +72,9 @@ class GauntletConfig(Strict):
                                               "docs/scoring.md §8)")
     max_norm_ratio: float = Field(gt=1, description="a payload whose value norm exceeds the window's median "
                                   "by this factor fails fast evaluation as 'scale'")
+    trial_max_lift: float = Field(default=1.0, ge=1, description="a SparseLoCo trial step is the payload at "
+                                  "the window's typical size: held to it when larger, lifted to it when smaller, "
+                                  "by at most this factor (1: held only, never lifted; docs/scoring.md §3)")
     selection_sharpness: float = Field(default=0.0, ge=0, le=16, description="F_t and S_t favour peers not "
                                        "evaluated for long: draw weight (windows since the last primary "
                                        "evaluation)^sharpness; 0 is the paper's uniform draw")

@@ -557,8 +557,8 @@ class Validator:
         evaluated pages among its assigned and declared ones (`PagePlan.declared_pages`) and the
         random pages, drawn with our secret.
         `sizes`: the typical sizes of the window's aggregate; under a rule that applies magnitudes a
-        trial step is held to the smaller of them and of S_t's own typical size (`TypicalPayloads.held_to`,
-        `OuterRule.trial_reference`); None (a run's first windows): the update as it is."""
+        trial step is tried at the smaller of them and of S_t's own typical size (`TypicalPayloads.held_to`,
+        `OuterRule.trial`: held to it, or lifted by up to `trial_max_lift`); None (a run's first windows): as sent."""
         hp, node = self.hp, self.node
         seed = self.eval_seed(window)
         if not chosen:
@@ -566,9 +566,9 @@ class Validator:
         shapes, rule = node.shapes, rule_of(hp.optimizer.method)  # each peer's update as the outer step applies it alone
         typical = sizes.held_to([results[hk].value for hk in chosen], hp.gauntlet.max_norm_ratio) if sizes else None
         reference = await asyncio.to_thread(rule.trial_reference, [typical.tensors]) if typical else None
+        trial = functools.partial(rule.trial, reference=reference, max_lift=hp.gauntlet.trial_max_lift)
         signs: dict[str, dict[str, torch.Tensor]] = {
-            hk: await asyncio.to_thread(functools.partial(rule.trial, reference=reference), results[hk].value.tensors,
-                                        shapes) for hk in chosen}
+            hk: await asyncio.to_thread(trial, results[hk].value.tensors, shapes) for hk in chosen}
         planned, extra = {}, {}
         for hk in chosen:
             own = node.plan.assigned_pages(miners[hk], window, hp.data.pages_per_window)
