@@ -53,14 +53,16 @@ def _localnet(out: Path, adversaries: list[str], miners: int, *extra: str, windo
 
 
 def _localnet_in_this_process(out: Path, adversaries: list[str | tuple[str, int]], *, miners: int, hparams: str,
-                              seed: int, windows: int) -> dict:
+                              seed: int, windows: int, plots: bool = False) -> dict:
     """`templar localnet --in-process` run by this test process itself (no interpreter, torch and
-    SDK start-up per run; the localnet's own logging is put back to the suite's afterwards)."""
+    SDK start-up per run; the localnet's own logging is put back to the suite's afterwards); the
+    report's plots only for a test that looks at them."""
     from templar.core.log import setup_logging
     from templar.localnet.runner import LocalnetConfig, run_localnet
 
     cfg = LocalnetConfig(out=out, miners=miners, windows=windows, hparams=hparams, seed=seed, live=False,
-                         in_process=True, adversaries=[(a, 1) if isinstance(a, str) else a for a in adversaries])
+                         in_process=True, adversaries=[(a, 1) if isinstance(a, str) else a for a in adversaries],
+                         plots=plots)
     try:
         return run_localnet(cfg)
     finally:
@@ -87,7 +89,7 @@ def test_localnet_pays_honest_work_and_nothing_else(tmp_path):
 
     adversarial, baseline = tmp_path / "adversarial", tmp_path / "baseline"
     report = _localnet_in_this_process(adversarial, ADVERSARIES, miners=3, hparams=str(MICRO_GAUNTLET_1K_PRESET), seed=0,
-                                       windows=WINDOWS)
+                                       windows=WINDOWS, plots=True)
     assert report["outcome"] == "finished"
     # the baseline through the command line's code (`templar localnet --in-process`), in this process: a
     # process of its own spent 4-5 CPU-s more, loading torch, transformers and the SDK again
@@ -403,6 +405,7 @@ def test_louder_hotkeys_that_are_most_of_the_miners_earn_their_head_count_share(
     share = sum(weight[name] for name in loud) / sum(weight.values())
     assert share <= 1.15 * len(loud) / len(miners), summary  # 1.46x before
     assert min(weight[name] for name in honest) > 0.15, summary  # 0.062 before; an even share is 0.2
+    assert (tmp_path / "run" / "report.json").exists() and not (tmp_path / "run" / "loss.png").exists()  # plots=False
 
 
 def _published_history_replays_to(run: Path, nodes: list[str]) -> bool:

@@ -15,7 +15,7 @@ from templar.runtime.records import MINER_WINDOWS_FILE, SCORES_FILE, VALIDATOR_W
 from templar.runtime.roster import NodeInfo, lead_validator, read_nodes
 
 
-def build_report(out: Path) -> dict:
+def build_report(out: Path, *, plots: bool = True) -> dict:
     nodes = read_nodes(out)
     lead = lead_validator(nodes)
     scores = list(read_records(lead.directory(out) / SCORES_FILE)) if lead else []
@@ -60,7 +60,8 @@ def build_report(out: Path) -> dict:
               "consensus": consensus}
     (out / "report.json").write_text(json.dumps(report, indent=2))
     (out / "report.md").write_text(render_markdown(report, nodes))
-    plot_report(report, out)
+    if plots:
+        plot_report(report, out)
     return report
 
 
