@@ -69,6 +69,14 @@ def _localnet_in_this_process(out: Path, adversaries: list[str | tuple[str, int]
         setup_logging()
 
 
+def _miners_paid(report: dict) -> tuple[dict[str, dict], dict[str, float], str]:
+    """A report's miners by name, their final weights, and a one-line summary for assertion messages."""
+    miners = {p["name"]: p for p in report["peers"] if p["role"] == "miner"}
+    weight = {name: p["final_weight"] for name, p in miners.items()}
+    summary = json.dumps({n: (miners[n]["strategy"], round(w, 4), miners[n]["statuses"]) for n, w in weight.items()})
+    return miners, weight, summary
+
+
 def passed_but_the_untrained(statuses: dict[str, int]) -> bool:
     """An honest miner's fast evaluations: each passed, but for the windows it steps untrained after it
     starts (a delayed run's first: its base has gone by), which validators find `missing`."""
@@ -316,9 +324,7 @@ def _group_run(out: Path, group: str) -> tuple[dict[str, dict], dict[str, float]
     (in this process): each miner's report, its final weight, and a printed one-line summary."""
     report = _localnet_in_this_process(out, [group], miners=2, hparams=str(MICRO_GAUNTLET_1K_PRESET), seed=1, windows=4)
     assert report["outcome"] == "finished"
-    miners = {p["name"]: p for p in report["peers"] if p["role"] == "miner"}
-    weight = {name: p["final_weight"] for name, p in miners.items()}
-    summary = json.dumps({n: (miners[n]["strategy"], round(w, 4), miners[n]["statuses"]) for n, w in weight.items()})
+    miners, weight, summary = _miners_paid(report)
     print(summary)
     return miners, weight, summary
 
@@ -363,9 +369,7 @@ def test_louder_uploads_are_paid_as_the_honest_work_they_carry(tmp_path, assets_
     report = _localnet_in_this_process(tmp_path / "run", [("loud", 3)], miners=4,
                                        hparams=str(MICRO_GAUNTLET_1K_PRESET), seed=2, windows=6)
     assert report["outcome"] == "finished"
-    miners = {p["name"]: p for p in report["peers"] if p["role"] == "miner"}
-    weight = {name: p["final_weight"] for name, p in miners.items()}
-    summary = json.dumps({n: (miners[n]["strategy"], round(w, 4), miners[n]["statuses"]) for n, w in weight.items()})
+    miners, weight, summary = _miners_paid(report)
     honest = [name for name in miners if miners[name]["strategy"] == "honest"]
     loud = [name for name in miners if miners[name]["strategy"] == "loud"]
     assert len(honest) == 4 and len(loud) == 3 and all(miners[n]["statuses"].get("ok", 0) >= 4 for n in loud), summary
@@ -396,9 +400,7 @@ def test_louder_hotkeys_that_are_most_of_the_miners_earn_their_head_count_share(
     report = _localnet_in_this_process(tmp_path / "run", [("loud", 3)], miners=2,
                                        hparams=str(MICRO_GAUNTLET_1K_PRESET), seed=1, windows=6)
     assert report["outcome"] == "finished"
-    miners = {p["name"]: p for p in report["peers"] if p["role"] == "miner"}
-    weight = {name: p["final_weight"] for name, p in miners.items()}
-    summary = json.dumps({n: (miners[n]["strategy"], round(w, 4), miners[n]["statuses"]) for n, w in weight.items()})
+    miners, weight, summary = _miners_paid(report)
     loud = [name for name in miners if miners[name]["strategy"] == "loud"]
     honest = [name for name in miners if miners[name]["strategy"] == "honest"]
     assert len(loud) == 3 and len(honest) == 2 and all(miners[n]["statuses"].get("ok", 0) >= 4 for n in miners), summary
