@@ -118,6 +118,40 @@ def test_a_trial_step_is_held_to_s_t_where_a_group_holds_the_list():
     assert fair is not None and fair.held_to([*honest, *loud], 1000.0) is fair.smaller  # S_t never lifts it
 
 
+def test_a_first_scored_window_tries_every_trial_step_at_s_ts_own_typical_size():
+    """`fast_eval.trial_size`: a run's first scored window has no aggregate to read a typical size from;
+    every trial step is tried at S_t's lower median, so a ×5 pair beside two honest miners is tried at an
+    honest size, not as sent (it took 0.448 each of that window's weight, benchmarks/LOG.md §62, §67). An
+    upload beyond the scale check's bound above the median is tried as sent (no later window rates it), and
+    so is every honest upload where near-zero ones are most of S_t. With an aggregate the size is
+    `TypicalPayloads.held_to`'s, as before."""
+    from templar.validator.fast_eval import trial_size, typical_payloads
+
+    payload = _scaled_payloads()
+
+    def of(*payloads):
+        return {g.hotkey: g for g in payloads}
+
+    honest = [payload("h0", 1.0), payload("h1", 1.1)]
+    pair = [payload("loud0", 5.0), payload("loud1", 5.0)]
+    found = trial_size(None, of(*pair, *honest), 1000.0)
+    assert found.typical is not None and found.typical.hotkey == "h1" and not found.as_sent  # an honest size
+    group = [*pair, payload("loud2", 5.0)]
+    found = trial_size(None, of(*group, *honest), 1000.0)
+    assert found.typical is not None and found.typical.hotkey.startswith("loud")  # most of S_t: its size, for all
+    scaled = payload("scaled", 1e4)
+    assert trial_size(None, of(scaled, *honest, payload("h2", 0.9)), 1000.0).as_sent == {"scaled"}
+    faint = [payload(f"faint{i}", 1e-6) for i in range(3)]
+    found = trial_size(None, of(*faint, *honest), 1000.0)
+    assert found.typical is not None and found.typical.hotkey.startswith("faint") and found.as_sent == {"h0", "h1"}
+    assert trial_size(None, of(payload("zero", 0.0), honest[0]), 1000.0).typical is honest[0]  # no norm, no size
+    assert trial_size(None, {}, 1000.0).typical is None and trial_size(None, of(payload("zero", 0.0)), 1000.0) == (
+        None, frozenset())
+    sizes = typical_payloads([*group, honest[0]], {})
+    assert sizes is not None
+    assert trial_size(sizes, of(*honest, *group), 1000.0) == (sizes.held_to([*honest, *group], 1000.0), frozenset())
+
+
 @pytest.mark.slow(seconds=3)
 def test_an_untrained_page_is_credited_nothing_even_when_the_mean_hides_it(tiny_pages):
     """Page-by-page credit (docs/scoring.md §4): a peer that trained on 1 of its 2 assigned pages (hard, so

@@ -378,6 +378,40 @@ class TypicalPayloads(NamedTuple):
         return median if norm < payload_norm(self.smaller) else self.smaller
 
 
+class TrialSize(NamedTuple):
+    """The size a window's trial steps are tried at (`trial_size`)."""
+
+    typical: Gradient | None  # the payload whose size a trial step is held or lifted to; None: each as sent
+    as_sent: frozenset[str] = frozenset()  # hotkeys whose upload is tried as it is, whatever `typical` is
+
+
+def trial_size(sizes: TypicalPayloads | None, drawn: Mapping[str, Gradient], max_ratio: float) -> TrialSize:
+    """The size every trial step of a window is tried at (`OuterRule.trial`: held to it, or lifted by up
+    to `trial_max_lift`). Where the window has an aggregate (`sizes`), `TypicalPayloads.held_to` of S_t
+    (`drawn`, by hotkey). In a run's first scored window, which has none, the lower median by value norm
+    of S_t's own payloads with a norm; an upload more than `max_ratio` (the scale check's bound) above it
+    is tried as sent, and the median is None when no payload has a norm.
+
+    Why S_t's median in the first window: tried as sent there, two hotkeys sending honest work ×5 beside
+    two honest miners took 0.448 each of that window's weight, and the lead it gave them lasted the
+    run, 1.2x an honest miner's pay after 6 windows (benchmarks/LOG.md §62, §67). Every trial step tried
+    at one size reads each upload's direction alone; S_t is drawn with this validator's secret among
+    every upload that passed, so to set its median a group must be most of them, and then every upload,
+    honest ones too, is tried at the group's size. Why not beyond `max_ratio`: no later window rates such
+    an upload (`scale`), and held to the median an upload of honest work ×10⁴ was rated as honest work in
+    the one window without a scale check (0.27 and 0.21 of the weight in the README localnet's first two
+    windows at seed 0); and where near-zero uploads are most of S_t, every honest upload is beyond it and
+    tried as it is rather than held to rounding."""
+    if sizes is not None:
+        return TrialSize(sizes.held_to(list(drawn.values()), max_ratio))
+    norms = {hotkey: payload_norm(g) for hotkey, g in drawn.items()}
+    sized = sorted((norm, hotkey) for hotkey, norm in norms.items() if norm > 0)
+    if not sized:
+        return TrialSize(None)
+    median, hotkey = sized[(len(sized) - 1) // 2]
+    return TrialSize(drawn[hotkey], frozenset(hk for hk, norm in norms.items() if norm > max_ratio * median))
+
+
 def typical_payloads(aggregated: Sequence[Gradient], paid: Mapping[str, float]) -> TypicalPayloads | None:
     """The payloads of a window's typical size: two lower medians, by value norm, of the window's
     aggregate (`aggregated`, the payloads of the peer list in effect), one counting each payload

@@ -62,7 +62,7 @@ from templar.storage import StorageError
 from templar.validator.base import Base, BaseKeeper
 from templar.validator.commits import CommitWatcher
 from templar.validator.evaluate import Evaluator, LossScores, evaluator_rules, read_sequences
-from templar.validator.fast_eval import PoolBaselines, TypicalPayloads, fast_evaluate, typical_payloads
+from templar.validator.fast_eval import PoolBaselines, TypicalPayloads, fast_evaluate, trial_size
 from templar.validator.files import SECRET_FILE
 from templar.validator.lead import CheckpointPublisher, LeadError, WindowPublisher, publish_start_window
 from templar.validator.public_work import PublicWork
@@ -442,7 +442,7 @@ class Validator:
                 "(inner.overlap delayed), which this validator did not hold (it started or caught up since)")
             return
         work.learning_rate = learning_rate(base.global_step, self.hp.optimizer)
-        work.sizes = typical_payloads(work.aggregated(self.hp), {hk: r.weight for hk, r in self.book.peers.items()})
+        work.sizes = work.typical_sizes(self.hp, self.book)
         work.verdicts = await self._fast_evaluate(window, {hk: work.results[hk] for hk in draw.fast},
                                                   work.learning_rate, work.replayed, base, work.sizes)
         work.losses = await self._primary(window, work.miners, draw.primary(work.verdicts), work.results,
@@ -557,18 +557,18 @@ class Validator:
         evaluated pages among its assigned and declared ones (`PagePlan.declared_pages`) and the
         random pages, drawn with our secret.
         `sizes`: the typical sizes of the window's aggregate; under a rule that applies magnitudes a
-        trial step is tried at the smaller of them and of S_t's own typical size (`TypicalPayloads.held_to`,
-        `OuterRule.trial`: held to it, or lifted by up to `trial_max_lift`); None (a run's first windows): as sent."""
+        trial step is tried at the smaller of them and of S_t's own typical size, or at S_t's alone where the
+        window has no aggregate (`fast_eval.trial_size`; `OuterRule.trial`: held, or lifted by up to `trial_max_lift`)."""
         hp, node = self.hp, self.node
         seed = self.eval_seed(window)
         if not chosen:
             return {}
         shapes, rule = node.shapes, rule_of(hp.optimizer.method)  # each peer's update as the outer step applies it alone
-        typical = sizes.held_to([results[hk].value for hk in chosen], hp.gauntlet.max_norm_ratio) if sizes else None
+        typical, as_sent = trial_size(sizes, {hk: results[hk].value for hk in chosen}, hp.gauntlet.max_norm_ratio)
         reference = await asyncio.to_thread(rule.trial_reference, [typical.tensors]) if typical else None
-        trial = functools.partial(rule.trial, reference=reference, max_lift=hp.gauntlet.trial_max_lift)
-        signs: dict[str, dict[str, torch.Tensor]] = {
-            hk: await asyncio.to_thread(trial, results[hk].value.tensors, shapes) for hk in chosen}
+        trial = functools.partial(rule.trial, max_lift=hp.gauntlet.trial_max_lift)
+        signs: dict[str, dict[str, torch.Tensor]] = {hk: await asyncio.to_thread(
+            trial, results[hk].value.tensors, shapes, reference=None if hk in as_sent else reference) for hk in chosen}
         planned, extra = {}, {}
         for hk in chosen:
             own = node.plan.assigned_pages(miners[hk], window, hp.data.pages_per_window)

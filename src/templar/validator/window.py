@@ -16,7 +16,7 @@ from templar.runtime.consensus.peers import aggregate_payloads
 from templar.runtime.consensus.succession import Decision
 from templar.runtime.consensus.windows import WindowTimes
 from templar.validator.evaluate import LossScores
-from templar.validator.fast_eval import TypicalPayloads, payload_norm, step_ceiling
+from templar.validator.fast_eval import TypicalPayloads, payload_norm, step_ceiling, typical_payloads
 from templar.validator.replays import Sighting
 from templar.wire import Gradient
 
@@ -61,6 +61,11 @@ class ValidatorWindow:
         """The window's aggregate as this validator gathered it: the payloads of the peer list in effect
         that enter it (`aggregation_weights`), what a candidate publishes and what judges a payload's size."""
         return aggregation_weights(aggregate_payloads(self.peer_list, self.results), hp)[0]
+
+    def typical_sizes(self, hp: HParams, book: ScoreBook) -> TypicalPayloads | None:
+        """The typical sizes of the window's aggregate, one counting each payload alike, one weighting each
+        by its uploader's pay in the book (`fast_eval.typical_payloads`); None without an aggregate."""
+        return typical_payloads(self.aggregated(hp), {hk: r.weight for hk, r in book.peers.items()})
 
     def step_ceiling(self, hp: HParams, book: ScoreBook) -> float | None:
         """The ceiling a lead publishes on its step's clip level (`fast_eval.step_ceiling` of F_t's
