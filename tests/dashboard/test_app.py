@@ -452,3 +452,23 @@ def test_connections_beyond_the_bound_are_closed_as_they_arrive(tmp_path: Path, 
         for sock in held:
             sock.close()
         dash.stop()
+
+
+def test_a_newcomer_written_into_the_roster_during_the_run_gets_its_page(tmp_path: Path):
+    """`templar localnet --newcomer` rewrites nodes.json as the newcomer registers: the dashboard, which
+    read the roster when it started, reads it again once it changes and shows the new miner."""
+    import os
+
+    from templar.runtime.roster import NODES_FILE, NodeInfo, write_nodes
+
+    nodes = [NodeInfo("validator0", "5Validator", 1, "validator", "lead", 10_000.0),
+             NodeInfo("miner0", "5Miner", 2, "miner", "honest")]
+    write_nodes(tmp_path, nodes)
+    board = Board(BoardConfig(localnet=tmp_path))
+    board.refresh_files()
+    assert [m.name for m in board.miners] == ["miner0"] and not board.localnet.changed
+    write_nodes(tmp_path, [*nodes, NodeInfo("newcomer0", "5Newcomer", 3, "miner", "honest")])
+    read = board.localnet.loaded_mtime
+    os.utime(tmp_path / NODES_FILE, (read + 1, read + 1))  # a file system's clock may not tick between the two
+    board.refresh_files()
+    assert [m.name for m in board.miners] == ["miner0", "newcomer0"] and board.labels["5Newcomer"].name == "newcomer0"

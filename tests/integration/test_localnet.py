@@ -100,12 +100,15 @@ def test_localnet_pays_honest_work_and_nothing_else(tmp_path):
                                        windows=WINDOWS, plots=True)
     assert report["outcome"] == "finished"
     # the baseline through the command line's code (`templar localnet --in-process`), in this process: a
-    # process of its own spent 4-5 CPU-s more, loading torch, transformers and the SDK again
+    # process of its own spent 4-5 CPU-s more, loading torch, transformers and the SDK again; a fourth honest
+    # miner joins it after 3 scored windows (`--newcomer 3`, below)
     try:
         assert templar(_localnet_args(baseline, [], 3, "--hparams", str(MICRO_GAUNTLET_1K_PRESET), "--in-process",
-                                      "--no-dashboard", windows=BASELINE_WINDOWS)) == 0
+                                      "--no-dashboard", "--newcomer", str(NEWCOMER_AFTER),
+                                      windows=BASELINE_WINDOWS)) == 0
     finally:
         setup_logging()
+    _a_newcomer_is_paid_like_the_miners_before_it(baseline)
     for name in ("report.md", "loss.png", "weights.png", "ratings.png"):
         assert (adversarial / name).stat().st_size > 0
 
@@ -168,6 +171,30 @@ def test_localnet_pays_honest_work_and_nothing_else(tmp_path):
     step = max(set(with_cheats) & set(without))
     assert step >= 5
     assert abs(with_cheats[step] - without[step]) / without[step] < 0.02, (step, with_cheats[step], without[step])
+
+
+NEWCOMER_AFTER = 3
+"""The baseline run's newcomer registers and starts once the lead has scored this many windows."""
+
+
+def _a_newcomer_is_paid_like_the_miners_before_it(run: Path) -> None:
+    """`--newcomer`: one more honest miner registers after `NEWCOMER_AFTER` scored windows (a new uid, on the
+    roster only from then), warms up for a window and is paid from its first scored one, like the miners that
+    started with the run: its error feedback is young and its uploads smaller than theirs, and its trial steps
+    are tried at the window's typical size (docs/scoring.md §3)."""
+    # 2026-12-04 (benchmarks/LOG.md §67), 3 honest miners, 8 windows, the newcomer after 3, seeds 0 / 1 / 2 / 3:
+    # its final weight 1.06 / 0.97 / 1.29 / 1.00x the lowest incumbent's, its first 0.274 / 0.224 / 0.138 /
+    # 0.207; after 6 of 14 windows 0.78 / 0.98 / 0.91x (seeds 1-3; 0.57-0.66x while trial steps were held only).
+    report = json.loads((run / "report.json").read_text())
+    roster = json.loads((run / "nodes.json").read_text())
+    assert [n["name"] for n in roster][-1] == "newcomer0" and roster[-1]["uid"] == max(n["uid"] for n in roster)
+    miners, weight, summary = _miners_paid(report)
+    history = miners["newcomer0"]["weight_history"]
+    assert history[0][0] >= NEWCOMER_AFTER, summary  # not evaluated before it joined
+    assert miners["newcomer0"]["statuses"] == {"warmup": 1, "ok": BASELINE_WINDOWS - NEWCOMER_AFTER - 1}, summary
+    assert history[1][1] > 0, history  # paid from its first scored window
+    incumbents = [w for name, w in weight.items() if name != "newcomer0"]
+    assert weight["newcomer0"] >= 0.75 * min(incumbents), summary
 
 
 PRODUCTION_LIKE = {"data": {"eval_pages": 1}}
@@ -266,7 +293,8 @@ def test_localnet_runs_every_neuron_as_its_own_process(tmp_path):
                                   "windows": {"blocks_per_window": 14, "put_window_seconds": 3.0,
                                               "gather_seconds": 2.0, "handover_seconds": 1.0}}))
     out = tmp_path / "e2e"
-    proc = _localnet(out, ["copycat", "moredata"], 1, "--hparams", str(preset), "--miner-ranks", "2", windows=4)
+    proc = _localnet(out, ["copycat", "moredata"], 1, "--hparams", str(preset), "--miner-ranks", "2", "--newcomer", "1",
+                     windows=4)
     assert proc.wait(timeout=600) == 0, out.with_suffix(".log").read_text()[-3000:]
     report = json.loads((out / "report.json").read_text())
     assert report["outcome"] == "finished"
@@ -275,6 +303,10 @@ def test_localnet_runs_every_neuron_as_its_own_process(tmp_path):
     # torchrun node by exec: the same entry points and flags either way
     assert "started 4 neurons (3 forked from the fork server, 1 by exec)" in out.with_suffix(".log").read_text()
     assert all((out / "nodes" / p["name"] / "node.log").stat().st_size > 0 for p in report["peers"])
+    # newcomer0 registered once the lead had scored a window, was forked then, uploaded and stopped cleanly
+    assert "newcomer0 registers as uid 5 after 1 scored windows" in out.with_suffix(".log").read_text()
+    assert report["exit_codes"]["newcomer0"] == 0 and report["peers"][-1]["name"] == "newcomer0", report["exit_codes"]
+    assert report["peers"][-1]["windows_uploaded"] >= 1, report["peers"][-1]
     miner0_log = (out / "nodes" / "miner0" / "stdout.log").read_text()
     assert "rank 1 following rank 0 (miner)" in miner0_log and "rank 1 stopped" in miner0_log, miner0_log[-3000:]
     copycat_log = (out / "nodes" / "copycat0" / "node.log").read_text()
@@ -287,9 +319,9 @@ def test_localnet_runs_every_neuron_as_its_own_process(tmp_path):
         # put window, `late`: both said in its log; seen on 2 cores with the suite's other workers busy)
         assert statuses[name].get("ok", 0) >= 1, (statuses, (out / "nodes" / name / "node.log").read_text()[-3000:])
         assert set(statuses[name]) <= {"ok", "warmup", "missing", "uncommitted", "late"}, statuses
-    # All pay goes to the two that trained (moredata0 is honest with twice the pages); how it splits
+    # All pay goes to the three that trained (moredata0 is honest with twice the pages); how it splits
     # between them is one or two evaluations' noise in 4 windows, which the in-process localnets measure.
-    assert weight["miner0"] + weight["moredata0"] > 0.99, weight
+    assert weight["miner0"] + weight["moredata0"] + weight["newcomer0"] > 0.99, weight
 
 
 def _dashboard_shows_the_run(out: Path) -> None:

@@ -113,8 +113,9 @@ class Board:
         self.updated_at = time.time()
 
     def _load_roster(self) -> bool:
-        """A localnet's nodes.json names its nodes; sources for new names are added once."""
-        if self.localnet is None or (self.localnet.nodes and not self.localnet.error):
+        """A localnet's nodes.json names its nodes; sources for new names are added once (a newcomer's when
+        the localnet rewrites the roster as it joins)."""
+        if self.localnet is None or (self.localnet.nodes and not self.localnet.error and not self.localnet.changed):
             return False
         self.localnet.load()
         have = {s.name for s in (*self.validators, *self.miners)}

@@ -36,7 +36,7 @@ from templar.runtime.records import (
     ValidatorWindowRecord,
     WeightsRecord,
 )
-from templar.runtime.roster import CHAIN_FILE, NodeInfo, RosterError, lead_validator, read_nodes
+from templar.runtime.roster import CHAIN_FILE, NODES_FILE, NodeInfo, RosterError, lead_validator, read_nodes
 from templar.validator.files import BOOK_FILE
 
 LOG_FILE = "node.log"         # the localnet passes --logging.file <state dir>/node.log
@@ -395,12 +395,21 @@ class LocalnetDir:
     out: Path
     nodes: list[NodeInfo] = field(default_factory=list)
     error: str = ""
+    loaded_mtime: float = 0.0
+    """nodes.json's modification time when it was read: a newcomer (`templar localnet --newcomer`)
+    rewrites it while the run goes on."""
 
     def load(self) -> None:
+        self.loaded_mtime = _mtime(self.out / NODES_FILE)
         try:
             self.nodes, self.error = read_nodes(self.out), ""
         except RosterError as exc:
             self.error = str(exc)
+
+    @property
+    def changed(self) -> bool:
+        """nodes.json was rewritten since it was read."""
+        return _mtime(self.out / NODES_FILE) != self.loaded_mtime
 
     @property
     def chain_file(self) -> Path:

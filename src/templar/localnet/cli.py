@@ -21,6 +21,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--hparams", default="tiny", help="preset name or path (default tiny)")
     p.add_argument("--adversary", action="append", default=None, metavar="NAME[:COUNT]",
                    help=f"adversarial miner, repeatable (default: {', '.join(DEFAULT_ADVERSARIES)}; 'none' for none)")
+    p.add_argument("--newcomer", type=int, action="append", default=[], metavar="WINDOWS",
+                   help="one more honest miner that registers and starts once the lead has scored WINDOWS windows "
+                        "(repeatable): a newcomer joining a running subnet")
     p.add_argument("--storage", choices=["local", "s3"], default="local",
                    help="local directories, or a local S3 server started and stopped by this command")
     p.add_argument("--miner-ranks", type=int, default=1, metavar="N",
@@ -71,6 +74,9 @@ def run(args: argparse.Namespace) -> int:
         print("error: --miner-ranks/--validator-ranks N need N >= 1, a node to run (--miners >= 1), and real "
               "processes (not --in-process)")
         return 2
+    if any(after < 0 for after in args.newcomer):
+        print("error: --newcomer WINDOWS needs WINDOWS >= 0")
+        return 2
     if args.adversary is None:
         adversaries = [(name, 1) for name in DEFAULT_ADVERSARIES]
     elif args.adversary == ["none"]:
@@ -85,7 +91,8 @@ def run(args: argparse.Namespace) -> int:
                          hparams=args.hparams, adversaries=adversaries, storage=args.storage, seed=args.seed,
                          resume=args.resume, live=not args.no_live, in_process=args.in_process,
                          dashboard=None if args.no_dashboard else args.dashboard, miner_ranks=args.miner_ranks,
-                         validator_ranks=args.validator_ranks, fork_server=not args.no_fork_server)
+                         validator_ranks=args.validator_ranks, fork_server=not args.no_fork_server,
+                         newcomers=args.newcomer)
     starter = None
     if cfg.dashboard is not None:  # the command line joins the two tools; neither imports the other
         from templar.dashboard.server import start_localnet_dashboard

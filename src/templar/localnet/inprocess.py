@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import time
 
 import torch
@@ -48,18 +49,35 @@ async def _start(net: Localnet, info: NodeInfo) -> tuple[NodeInfo, Node]:
     return info, await start_node(args, info.role, time=loop_time(), configure_logging=False)
 
 
+def _role(net: Localnet, info: NodeInfo, node: Node) -> Miner | Validator:
+    """The role's code for a started node, with an adversary's hooks where the roster names one."""
+    if info.role == "validator":
+        return Validator(node)
+    hooks = (make_adversary(info.strategy, target=net.copy_target(info), pool=net.pool_uids(info))
+             if is_adversary(info) else None)
+    return Miner(node, extra_pages=net.extra_pages(info), hooks=hooks)
+
+
+async def _newcomers(net: Localnet, nodes: dict[NodeInfo, Node], tasks: dict[str, asyncio.Task],
+                     stopping: asyncio.Event) -> None:
+    """Register and start each newcomer once the lead has scored its windows (`LocalnetConfig.newcomers`),
+    looking four times a window until `stopping`; its node and task join the others', so the run stops and
+    closes it alike."""
+    poll = net.hp.windows.window_seconds / 4
+    while net.pending_newcomers() and not stopping.is_set():
+        for name in net.due_newcomers():
+            info, node = await _start(net, net.join(name, now=loop_time().now))
+            nodes[info] = node
+            tasks[name] = asyncio.create_task(_role(net, info, node).run(), name=name)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stopping.wait(), poll)
+
+
 async def _run_all(net: Localnet) -> str:
     started = await asyncio.gather(*(_start(net, info) for info in net.nodes))
     nodes = dict(started)
     lead_info = lead_validator(net.nodes)
-    roles: dict[str, Miner | Validator] = {}
-    for info, node in nodes.items():
-        if info.role == "validator":
-            roles[info.name] = Validator(node)
-        else:
-            hooks = (make_adversary(info.strategy, target=net.copy_target(info), pool=net.pool_uids(info))
-                     if is_adversary(info) else None)
-            roles[info.name] = Miner(node, extra_pages=net.extra_pages(info), hooks=hooks)
+    roles = {info.name: _role(net, info, node) for info, node in nodes.items()}
     # Validators first: the lead publishes the run's start window before any miner looks for it.
     validators = [info for info in nodes if info.role == "validator"]
     tasks = {info.name: asyncio.create_task(roles[info.name].run(net.cfg.windows), name=info.name)
@@ -67,6 +85,8 @@ async def _run_all(net: Localnet) -> str:
     await asyncio.sleep(0)
     tasks |= {info.name: asyncio.create_task(roles[info.name].run(), name=info.name)
               for info in nodes if info.role == "miner"}
+    stopping = asyncio.Event()
+    joining = asyncio.create_task(_newcomers(net, nodes, tasks, stopping), name="newcomers")
     outcome = "finished"
     try:
         if lead_info is not None:
@@ -75,6 +95,9 @@ async def _run_all(net: Localnet) -> str:
         logger.exception(f"lead validator failed: {exc}")
         outcome = f"lead validator failed: {type(exc).__name__}: {exc}"
     finally:
+        stopping.set()  # the newcomers' task ends first, so that every node it started is stopped below
+        await asyncio.gather(joining, return_exceptions=True)
+        tasks["newcomers"] = joining  # a newcomer that failed to join fails the run like a node
         for node in nodes.values():
             node.stop.set()  # everyone else finishes its window, saves and returns
         results = await asyncio.gather(*tasks.values(), return_exceptions=True)

@@ -28,6 +28,7 @@ from rich.live import Live
 
 from templar.chain.devchain import create_dev_chain
 from templar.core.atomic import atomic_write
+from templar.core.clock import Now
 from templar.core.config import REPO_ROOT, load_hparams, resolve_asset, resolve_hparams_path
 from templar.data.manifest import MANIFEST_KEY, parse_manifest
 from templar.localnet.behaviours import GROUP_SIZES, LOCALNET_BEHAVIOURS, declared_extra_pages
@@ -78,6 +79,10 @@ class LocalnetConfig:
     fork_server: bool = True
     """Fork one-process neurons from an interpreter that has loaded torch, transformers and the SDK
     once (`templar.localnet.forkserver`; Linux), instead of each loading them (4-5 s of CPU each)."""
+    newcomers: list[int] = field(default_factory=list)
+    """One honest miner per entry, `newcomer<i>`, that registers its hotkey and starts once the lead has
+    scored that many windows (`--newcomer W`): a miner joining a running subnet, as on finney, where the
+    others' error feedback, ratings and pay are already grown. Until then it is not on the chain."""
 
 
 def parse_adversary(spec: str) -> tuple[str, int]:
@@ -89,6 +94,13 @@ def parse_adversary(spec: str) -> tuple[str, int]:
     if n < 1:
         raise ValueError(f"adversary count must be >= 1 in {spec!r}")
     return name, n
+
+
+def plan_newcomers(cfg: LocalnetConfig) -> list[tuple[str, int]]:
+    """(name, the lead's scored windows before it joins) for every newcomer, in join order."""
+    if any(after < 0 for after in cfg.newcomers):
+        raise ValueError(f"a newcomer joins after 0 or more scored windows, not {min(cfg.newcomers)}")
+    return [(f"newcomer{i}", after) for i, after in enumerate(sorted(cfg.newcomers))]
 
 
 def is_adversary(node: NodeInfo) -> bool:
@@ -142,25 +154,48 @@ class Localnet:
             self.hp = load_hparams(preset)
         planned = plan_nodes(self.cfg)
         chain_path = self.out / CHAIN_FILE
-        wallets = self.out / "wallets"
         if self.cfg.resume and (self.out / NODES_FILE).exists():
             self.nodes = read_nodes(self.out)
             self.resumed_after = max(self._lead_windows(), default=-1)
             return
         logger.info(f"creating embedded chain with {len(planned)} hotkeys in {chain_path}")
-        dev = create_dev_chain(
-            chain_path, netuid=NETUID, block_time=self.hp.windows.block_time, wallet_path=wallets,
-            wallet_name=WALLET, hotkeys={name: stake for name, _, _, stake in planned},
-            weights_rate_limit=max(1, self.hp.windows.blocks_per_window * self.hp.windows.windows_per_weights // 2),
-            key_seed=self.run_seed(),
-        )
-        self.nodes = [NodeInfo(name=name, hotkey=dev.wallets[name].hotkey, uid=dev.wallets[name].uid, role=role,
-                               strategy=strategy, stake=stake) for name, role, strategy, stake in planned]
+        self.nodes = self._register(planned, time.time)
         for node in self.nodes:
             if node.role == "validator":
                 secret = hashlib.blake2b(node.name.encode(), key=self.run_seed(), digest_size=SECRET_BYTES).digest()
                 atomic_write(node.directory(self.out) / SECRET_FILE, secret, mode=0o600)
         write_nodes(self.out, self.nodes)
+
+    def _register(self, planned: list[tuple[str, str, str, float]], now: Now) -> list[NodeInfo]:
+        """Register (name, role, strategy, stake) on the run's embedded chain, creating it first if need be;
+        the hotkeys are derived from the run's seed. `now`: the chain's clock (virtual in-process)."""
+        hp = self.hp.windows
+        dev = create_dev_chain(
+            self.out / CHAIN_FILE, netuid=NETUID, block_time=hp.block_time, wallet_path=self.out / "wallets",
+            wallet_name=WALLET, hotkeys={name: stake for name, _, _, stake in planned},
+            weights_rate_limit=max(1, hp.blocks_per_window * hp.windows_per_weights // 2),
+            key_seed=self.run_seed(), now=now)
+        return [NodeInfo(name=name, hotkey=dev.wallets[name].hotkey, uid=dev.wallets[name].uid, role=role,
+                         strategy=strategy, stake=stake) for name, role, strategy, stake in planned]
+
+    def pending_newcomers(self) -> list[tuple[str, int]]:
+        """Newcomers not yet on the chain (`plan_newcomers`): with `--resume`, those that had not joined."""
+        joined = {n.name for n in self.nodes}
+        return [(name, after) for name, after in plan_newcomers(self.cfg) if name not in joined]
+
+    def due_newcomers(self) -> list[str]:
+        """Pending newcomers whose time has come: the lead has scored their windows."""
+        done = self.windows_done()
+        return [name for name, after in self.pending_newcomers() if done >= after]
+
+    def join(self, name: str, now: Now = time.time) -> NodeInfo:
+        """Register the newcomer `name` (an honest miner) now and add it to the roster (nodes.json), so the
+        report and the dashboard see it from its first window; the caller starts it."""
+        node = self._register([(name, "miner", "honest", 0.0)], now)[0]
+        self.nodes.append(node)
+        write_nodes(self.out, self.nodes)
+        logger.info(f"{name} registers as uid {node.uid} after {self.windows_done()} scored windows and starts")
+        return node
 
     def run_seed(self) -> bytes:
         """Everything a localnet would otherwise draw from the OS (hotkeys, each validator's
@@ -320,6 +355,9 @@ class Localnet:
             while True:
                 if live is not None:
                     live.update(live_table(self.out, self.nodes, self.alive()), refresh=True)
+                for name in self.due_newcomers():
+                    self.join(name)
+                    self.spawn(name)
                 if self.windows_done() >= self.cfg.windows:
                     if lead:  # it stops by itself after its last window: let it save and exit
                         with contextlib.suppress(subprocess.TimeoutExpired):

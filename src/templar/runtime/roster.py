@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
@@ -65,7 +66,11 @@ class NodeInfo:
 
 
 def write_nodes(out: Path, nodes: Iterable[NodeInfo]) -> None:
-    (out / NODES_FILE).write_text(json.dumps([asdict(n) for n in nodes], indent=2))
+    """Write the roster whole (a temporary file renamed over it): the localnet rewrites it as a newcomer
+    joins, while its live table and the dashboard read it."""
+    tmp = out / f".{NODES_FILE}.tmp"
+    tmp.write_text(json.dumps([asdict(n) for n in nodes], indent=2))
+    os.replace(tmp, out / NODES_FILE)
 
 
 def parse_node(item: object) -> NodeInfo | None:
