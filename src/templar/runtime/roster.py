@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from templar.core.atomic import atomic_write
 
 NODES_FILE = "nodes.json"
 CHAIN_FILE = "chain.sqlite"
@@ -68,9 +69,7 @@ class NodeInfo:
 def write_nodes(out: Path, nodes: Iterable[NodeInfo]) -> None:
     """Write the roster whole (a temporary file renamed over it): the localnet rewrites it as a newcomer
     joins, while its live table and the dashboard read it."""
-    tmp = out / f".{NODES_FILE}.tmp"
-    tmp.write_text(json.dumps([asdict(n) for n in nodes], indent=2))
-    os.replace(tmp, out / NODES_FILE)
+    atomic_write(out / NODES_FILE, json.dumps([asdict(n) for n in nodes], indent=2).encode())
 
 
 def parse_node(item: object) -> NodeInfo | None:
