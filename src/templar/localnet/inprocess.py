@@ -33,6 +33,7 @@ from templar.runtime.flags import add_node_args, add_validator_args
 from templar.runtime.node import Node, start_node
 from templar.runtime.roster import NodeInfo, lead_validator
 from templar.validator.loop import Validator
+from templar.wire.shared_reads import sharing_reads
 
 
 def _parse(flags: list[str], role: str) -> argparse.Namespace:
@@ -122,8 +123,10 @@ def run_in_process(net: Localnet) -> str:
     torch.set_num_threads(1)  # nodes compute in parallel worker threads; one torch thread each
     started = time.perf_counter()
     try:
-        outcome = run_virtual(_run_all(net))
+        with sharing_reads() as reads:  # every node reads every payload: one decode each
+            outcome = run_virtual(_run_all(net))
     finally:
         torch.set_num_threads(threads)
-    logger.info(f"in-process localnet {outcome} in {time.perf_counter() - started:.0f}s of wall time")
+    logger.info(f"in-process localnet {outcome} in {time.perf_counter() - started:.0f}s of wall time "
+                f"({reads.misses} payloads decoded for {reads.misses + reads.hits} reads)")
     return outcome

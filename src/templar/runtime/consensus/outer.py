@@ -20,7 +20,8 @@ from templar.core.schedule import learning_rate
 from templar.runtime.consensus.windows import Clock
 from templar.runtime.state import NodeState
 from templar.storage import Bucket
-from templar.wire import Gradient, PayloadError, Run, max_gradient_bytes, probe_positions, read_gradient
+from templar.wire import Gradient, PayloadError, Run, max_gradient_bytes, probe_positions
+from templar.wire.shared_reads import read_gradient_shared
 
 
 @dataclass(frozen=True)
@@ -97,11 +98,12 @@ def outer_step(model: torch.nn.Module, gradients: Sequence[Gradient], state: Nod
 def payload_reader(shapes: dict[str, torch.Size], hp: HParams, window: int, run: Run,
                    ) -> Callable[[str, bytes], Gradient]:
     """How every node reads a peer's gradient of `window`: strict, of this run, signed by the
-    bucket's hotkey."""
+    bucket's hotkey (decoded once for all the nodes of a process that shares reads,
+    `templar.wire.shared_reads`)."""
 
     def read(hotkey: str, data: bytes) -> Gradient:
-        return read_gradient(data, shapes, hp, run=run, verify=verify_signature, expected_hotkey=hotkey,
-                             expected_window=window)
+        return read_gradient_shared(data, shapes, hp, run=run, verify=verify_signature, expected_hotkey=hotkey,
+                                    expected_window=window)
     return read
 
 
