@@ -147,6 +147,7 @@ def test_round_deadline_caps_queued_and_hanging_peers(hanging) -> None:
     asyncio.run(body())
 
 
+@pytest.mark.slow(seconds=4, waits=True)
 def test_stallers_that_sort_first_cannot_queue_the_others_to_the_deadline(hanging, tmp_path: Path) -> None:
     """Two stalling buckets whose hotkeys sort before an honest one hold both slots until the round
     deadline. Peers take the slots in `start_order`, not in their hotkeys' order: the honest peer is
@@ -165,7 +166,10 @@ def test_stallers_that_sort_first_cannot_queue_the_others_to_the_deadline(hangin
                                     for h in stallers}
         peers["z"] = honest
         now = time.time()
-        results = await gather(peers, WINDOW, put_window=(now - 5, now + 5), deadline=now + 1.0, max_bytes=100_000,
+        # a round of 2 s: a transfer starts with half of what was left when the gather began (1 s), so the
+        # stallers are asked even where a loaded machine starts them late (with 1 s a fresh clone's suite
+        # once started them after 0.5 s and found them `unserved`)
+        results = await gather(peers, WINDOW, put_window=(now - 5, now + 5), deadline=now + 2.0, max_bytes=100_000,
                                validate=validate, concurrency=2, per_peer_timeout=30.0, rng=random.Random(seed))
         assert list(results) == list(peers)  # in the order asked for, whatever the order of the transfers
         assert {results[h].status for h in stallers} == {GatherStatus.TIMEOUT}
