@@ -327,9 +327,9 @@ def metrics(cfg: SimConfig, peers: list[Peer], inc: np.ndarray, agreement: list[
     honest_min = min(honest)
     first_weight, reach_median, reach_spread, first_vote, first_pay = [], [], [], [], []
     newcomer_at_median, incumbents_at_median = [], []  # at each newcomer's first paid epoch
-    for peer in peers:
-        if peer.strategy != "newcomer":
-            continue
+    placebo_median = []  # an incumbent on each newcomer's clock (below)
+    newcomers = [p for p in peers if p.strategy == "newcomer"]
+    for k, peer in enumerate(newcomers):
         first = reach = within = None
         for w in range(peer.joins, cfg.windows):
             median = float(np.median(inc[w, uids["honest"]]))
@@ -347,6 +347,17 @@ def metrics(cfg: SimConfig, peers: list[Peer], inc: np.ndarray, agreement: list[
         first_weight.append(first)
         reach_median.append(reach)
         reach_spread.append(within)
+        # The placebo: one identical incumbent per newcomer (spread over them by uid), read from the window the
+        # newcomer was first paid in, and counted from the newcomer's join: what "the first window at the
+        # median" gives a miner that was never new, on the same epochs' clock.
+        incumbent = uids["honest"][k * len(uids["honest"]) // len(newcomers)]
+        placebo = None
+        for w in range(peer.joins + (first if first is not None else cfg.windows), cfg.windows):
+            median = float(np.median(inc[w, uids["honest"]]))
+            if median > 0 and inc[w, incumbent] >= median * (1.0 - SAME_INCENTIVE):
+                placebo = w - peer.joins
+                break
+        placebo_median.append(placebo)
         voted = np.flatnonzero(lead_weights[peer.joins:, peer.uid] > 0)
         first_vote.append(int(voted[0]) if voted.size else None)
 
@@ -371,6 +382,10 @@ def metrics(cfg: SimConfig, peers: list[Peer], inc: np.ndarray, agreement: list[
         "newcomer_honest_median_windows": typical(reach_median),
         "newcomer_honest_median_windows_worst": worst(reach_median),
         "newcomers_never_at_median": sum(v is None for v in reach_median),
+        # `newcomer_honest_median_windows` of as many identical incumbents, each on one newcomer's clock (from
+        # its join, read from the window that first paid it): where the two agree over seeds, a newcomer is
+        # paid as an incumbent, and the median's misses are the draw of who sits on the saturated plateau.
+        "placebo_honest_median_windows": typical(placebo_median),
         # The same count against the identical incumbents' own spread: the first window each newcomer is
         # paid at least their 10th percentile in that window (at most a tenth of them are paid less). Most
         # incumbents share the saturated median exactly and the rest sit a per cent or two under it, so

@@ -52,8 +52,8 @@ FIT_SOURCE = ("crowded localnets (`python -m benchmarks.incentive.fair_pay --see
               "micro_gauntlet_8pages, one validator, 4 honest miners and 12 adversaries, 16 windows; "
               "production's Gauntlet: SparseLoCo, the proof against the other peers' own steps on 1 of 4 sequences)")
 KEYS = ("honest_max_over_min", "honest_p90_over_p10", "agreement_mean", "worst_cheat_share", "moredata_over_honest",
-        "newcomer_median_hours", "newcomer_within_spread_hours", "newcomer_last_hours", "newcomer_first_weight_hours",
-        "newcomer_first_pay_over_median",
+        "newcomer_median_hours", "placebo_median_hours", "newcomer_within_spread_hours", "newcomer_last_hours",
+        "newcomer_first_weight_hours", "newcomer_first_pay_over_median",
         "newcomers_at_median_first_epoch", "newcomers_at_median_first_pay", "incumbents_at_median_at_newcomers_first_pay")
 
 
@@ -63,6 +63,7 @@ def summary(m: dict) -> dict:
             "agreement_mean": m["agreement_mean"],
             "worst_cheat": cheat, "worst_cheat_share": share, "moredata_over_honest": m["moredata_over_honest"],
             "newcomer_median_hours": hours(m["newcomer_honest_median_windows"]),
+            "placebo_median_hours": hours(m["placebo_honest_median_windows"]),
             "newcomer_within_spread_hours": hours(m["newcomer_honest_spread_windows"]),
             "newcomer_last_hours": hours(m["newcomer_honest_median_windows_worst"]),
             "newcomer_first_weight_hours": hours(m["newcomer_first_weight_windows"]),

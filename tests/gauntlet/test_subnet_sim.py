@@ -95,6 +95,13 @@ def test_newcomers_join_over_one_tempo_and_reach_the_median_within_rounding() ->
     assert m["newcomer_first_pay_over_median_range"] == pytest.approx([0.9, 1.0])
     # one newcomer of two at the median at its first paid epoch; every incumbent at the median then
     assert m["newcomers_at_median_first_pay"] == 0.5 and m["incumbents_at_median_at_newcomers_first_pay"] == 1.0
+    # The placebo: one incumbent per newcomer, read from the window the newcomer was first paid in (20 and 30)
+    # and counted from its join (10 and 15): at the median at once, 10 and 15 windows, median 12.5 ...
+    assert m["placebo_honest_median_windows"] == 12.5
+    # ... and the first newcomer's incumbent below the median until window 25: 15 and 15
+    inc[:25, honest[0]] = 0.09
+    m = subnet_sim.metrics(cfg, peers, inc, [1.0] * cfg.windows, np.ones((cfg.windows, 1)), lead)
+    assert m["placebo_honest_median_windows"] == 15
 
 
 def test_epochs_read_the_weights_last_submitted(monkeypatch) -> None:
