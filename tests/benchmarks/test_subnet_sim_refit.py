@@ -20,7 +20,7 @@ def test_only_the_named_levers_run_and_an_unknown_name_is_refused(tmp_path: Path
         metrics = {"honest_max_over_min": 1.2, "honest_p90_over_p10": 1.05, "agreement_mean": 0.9,
                    "moredata_over_honest": 1.4, "newcomer_honest_median_windows": 60,
                    "newcomer_honest_median_windows_worst": 90, "newcomer_first_weight_windows": 40,
-                   "newcomer_honest_spread_windows": 45,
+                   "newcomer_honest_spread_windows": 45, "placebo_honest_median_windows": 50,
                    "newcomer_first_pay_over_median": 1.0, "weight_by_strategy": {},
                    "newcomers_at_median_first_epoch": 5, "newcomers_with_first_epoch": 8,
                    "newcomers_at_median_first_pay": 0.625, "incumbents_at_median_at_newcomers_first_pay": 0.7,
@@ -38,6 +38,8 @@ def test_only_the_named_levers_run_and_an_unknown_name_is_refused(tmp_path: Path
     written = json.loads((tmp_path / "subnet_sim_refit_levers_t.json").read_text())
     assert list(written["levers"]) == names and list(written["ranges_over_seeds"]) == names
     assert written["runs"]["production | seed=0"]["incumbent_first_epoch_readings"]["rating"] == 120
+    run = written["runs"]["production | seed=0"]  # the placebo in hours beside the newcomer's (50 and 60 windows)
+    assert run["placebo_median_hours"] == pytest.approx(run["newcomer_median_hours"] * 50 / 60)
     assert written["levers"][names[1]]["eval_size"] == {"assigned_sequences": 32, "random_sequences": 64, "ranges": 4}
 
     ran.clear()
