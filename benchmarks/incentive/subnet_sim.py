@@ -329,10 +329,11 @@ def metrics(cfg: SimConfig, peers: list[Peer], inc: np.ndarray, agreement: list[
     newcomer_at_median, incumbents_at_median = [], []  # at each newcomer's first paid epoch
     placebo_median = []  # an incumbent on each newcomer's clock (below)
     newcomers = [p for p in peers if p.strategy == "newcomer"]
+    medians = np.median(inc[:, uids["honest"]], axis=1)  # the honest median of each window, read by both loops
     for k, peer in enumerate(newcomers):
         first = reach = within = None
         for w in range(peer.joins, cfg.windows):
-            median = float(np.median(inc[w, uids["honest"]]))
+            median = float(medians[w])
             at_median = median * (1.0 - SAME_INCENTIVE)
             if first is None and inc[w, peer.uid] > 0:
                 first = w - peer.joins
@@ -353,7 +354,7 @@ def metrics(cfg: SimConfig, peers: list[Peer], inc: np.ndarray, agreement: list[
         incumbent = uids["honest"][k * len(uids["honest"]) // len(newcomers)]
         placebo = None
         for w in range(peer.joins + (first if first is not None else cfg.windows), cfg.windows):
-            median = float(np.median(inc[w, uids["honest"]]))
+            median = float(medians[w])
             if median > 0 and inc[w, incumbent] >= median * (1.0 - SAME_INCENTIVE):
                 placebo = w - peer.joins
                 break
