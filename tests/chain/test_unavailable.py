@@ -178,9 +178,9 @@ def test_the_head_is_read_by_a_follower_on_its_own_connection_never_behind_the_n
     time.sleep(0.3)
     assert reader.block() >= 103
     held.clear()
-    head[0], twin_head[0] = 110, 110
-    twin_fails.set()
+    twin_fails.set()  # before the new head, which the twin must never be the one to report
     reads = session.reads
+    head[0], twin_head[0] = 110, 110
     deadline = time.monotonic() + 8.0
     while reader._last[0] != 110 and time.monotonic() < deadline:  # silent for 3 blocks: the follower reads on
         reader.block()                                                # the node's connection, in its own thread
