@@ -34,6 +34,9 @@ fi
 # Bytecode for every module the suite's ~45 Python processes import, written once (0.4 s): where
 # PYTHONDONTWRITEBYTECODE is set (as in many containers), each process would compile them anew.
 "$venv/bin/python" -m compileall -q -j 0 src neurons scripts benchmarks tests >/dev/null
+# pytest's rewritten test modules, likewise once for every worker (there, each worker rewrote all of
+# them: about 4 CPU-s per worker; scripts/warm_assert_rewrites.py says why and when it does nothing).
+"$venv/bin/python" scripts/warm_assert_rewrites.py
 echo "[test] pytest ($workers workers${scratch:+, scratch in $scratch})"
 set +e
 "$venv/bin/python" -m pytest -q -n "$workers" --maxschedchunk 1 ${scratch:+--basetemp "$scratch"} "$@"
