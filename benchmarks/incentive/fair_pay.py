@@ -17,6 +17,12 @@ window from the report and prints, per seed:
 - `moredata` (twice the pages, declared) over the honest median, and every other miner's pay over it
   (`over_honest_median`; a group's total).
 
+and checks each seed against the targets (`verdict`): identical honest miners within
+`HONEST_SPREAD_MAX` of each other; `moredata` paid within `MOREDATA_OVER_MEDIAN`; `overfit` (honest
+compute at a worse inner rate) never above the best honest miner; every other adversary at most
+`CHEAT_PER_TOKEN_MAX` of the weakest honest miner's pay per trained token. A seed that misses one is
+named with the figure, and the command exits 1.
+
 Writes `benchmarks/results/fair_pay.json` (`--results` for another file).
 """
 
@@ -32,6 +38,23 @@ from benchmarks.incentive.localnet_consensus import PRESET, run_localnet, run_se
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "fair_pay.json"
 ADVERSARIES = ("moredata", "overclaim", "thin", "short", "partial", "pooled", "overfit", "copycat", "lazy", "noise",
                "scaled", "freerider")
+
+
+HONEST_SPREAD_MAX = 1.5
+"""Identical honest miners: max/min of their mean weight over the second half."""
+MOREDATA_OVER_MEDIAN = (1.3, 2.0)
+"""Twice the pages, declared and trained: at least 1.3x the honest median, less than twice it (it is twice
+the compute; more would pay a miner to declare pages whose gain no one could tell from noise)."""
+CHEAT_PER_TOKEN_MAX = 0.5
+"""Every adversary but the two honest-compute ones, per trained token over the weakest honest miner (a
+pool's total over one member's tokens). Six seeds of the default preset (2026-12-04,
+`benchmarks/results/fair_pay_first_window.json`): at most 0.37 (`short` at seed 3; `overclaim` 0.30 at
+seed 1); the ceiling leaves that worst seed a 1.35x margin, and the property itself is < 1."""
+HONEST_COMPUTE = ("moredata", "overfit")
+"""Honest work, paid as such: `moredata` by `MOREDATA_OVER_MEDIAN`; `overfit` (the same compute at 4x the
+inner rate) trains the assigned pages harder for no larger held-out gain, so it is paid like an honest
+miner (0.57-0.96x the honest median over the six seeds), never above the best one; per token it sits
+inside the honest spread (1.04x the weakest honest miner at seed 2, where that one drew 0.93x the others)."""
 
 
 def summarise(out: Path) -> dict:
@@ -62,6 +85,26 @@ def summarise(out: Path) -> dict:
             "over_honest_median": {key: sum(mean[n] for n in names) / median for key, names in sorted(groups.items())}}
 
 
+def verdict(s: dict) -> list[str]:
+    """The targets a seed's summary misses, one line each with its figure; empty when every one holds."""
+    misses = []
+    if s["honest_max_over_min"] > HONEST_SPREAD_MAX:
+        misses.append(f"honest max/min {s['honest_max_over_min']:.2f} > {HONEST_SPREAD_MAX}")
+    low, high = MOREDATA_OVER_MEDIAN
+    if "moredata0" in s["over_honest_median"] and not low <= s["moredata_over_honest"] < high:
+        misses.append(f"moredata {s['moredata_over_honest']:.2f}x the honest median, outside [{low}, {high})")
+    paid = list(s["honest_second_half"].values())
+    best_honest = max(paid) / statistics.median(paid)
+    for key, per_token in s["per_token_over_weakest_honest"].items():
+        strategy = key.rstrip("0123456789")
+        if strategy == "overfit" and s["over_honest_median"][key] > best_honest + 1e-9:
+            misses.append(f"{key} {s['over_honest_median'][key]:.2f}x the honest median, above the best honest "
+                          f"miner's {best_honest:.2f}x")
+        elif strategy not in HONEST_COMPUTE and per_token > CHEAT_PER_TOKEN_MAX:
+            misses.append(f"{key} {per_token:.2f}x the weakest honest miner per token > {CHEAT_PER_TOKEN_MAX}")
+    return misses
+
+
 def line(seed: int, s: dict) -> str:
     worst = max((v, k) for k, v in s["per_token_over_weakest_honest"].items() if not k.startswith("moredata"))
     return (f"seed {seed}: honest max/min {s['honest_max_over_min']:.2f} (second half) | moredata/honest "
@@ -87,12 +130,14 @@ def main() -> int:
             adversaries=ADVERSARIES)):
         return 1
     summaries = {seed: summarise(out) for seed, out in outs.items()}
+    misses = {seed: verdict(s) for seed, s in summaries.items()}
     for seed, s in summaries.items():
         print(line(seed, s))
+        print(f"seed {seed}: " + ("every target holds" if not misses[seed] else "MISSES " + "; ".join(misses[seed])))
     args.results.write_text(json.dumps({"hparams": args.hparams, "windows": args.windows,
-                                        "adversaries": ADVERSARIES, "seeds": summaries}, indent=1))
+                                        "adversaries": ADVERSARIES, "seeds": summaries, "misses": misses}, indent=1))
     print(f"wrote {args.results}")
-    return 0
+    return 1 if any(misses.values()) else 0
 
 
 if __name__ == "__main__":
