@@ -22,7 +22,10 @@ and `benchmarks._common`.
 
 Phases (`--phases`, comma-separated; `setup` always runs). Each is one function writing its part
 of the JSON; an exception (a CUDA OOM too) is recorded as that phase's error and the next phase
-still runs; the JSON is rewritten after every phase, so a killed run leaves what it measured.
+still runs; the JSON is rewritten after every phase, so a killed run leaves what it measured. Each
+phase starts from θ_0: the window phase trains the shared model and the consensus phase applies a
+window to it, so `run_phase` puts θ_0 back after every phase (until 2026-12-04 a noise phase run after
+the consensus phase started from that window).
 Estimates for one H100 (the sizing formulas at ~35 % MFU; CPU parts scaled from this 2-core VM,
 where the torch CPU paths at 1.2B took 104 s to compress, 42 s to decode one peer's signs and
 83 s to aggregate 15 peers on 2 loaded threads; the device's 16 cores are assumed ~8× faster):
@@ -49,7 +52,11 @@ trains all 4 and evaluates every baseline in 284 s (2026-11-29,
 The sample corpus gives 18 production pages (2.4 M tokens), and `noise` uses all of them: 2 to
 train away from θ_0, 4 × 3 assigned, 4 random; more peers or pages need a larger corpus.
 `measure_window(b, hp, steps)` times the window at any number of inner steps (`--smoke` also runs
-H = 2 on tiny).
+H = 2 on tiny). On 2026-12-04 (`results/gpu_nvidia_h200_2026-12-04*.json`) `--phases
+corpus,validator,consensus,noise --cap noise=345 --budget 520` took 485 s (27, 143, 29 and 287 s a
+phase), and `--hparams benchmarks/presets/gpu_window_parts.json --phases corpus,window` (production's
+model and rule on 2 pages and 2 inner steps: the rule's parts of a window without its 78 s of
+training) 106 s with the corpus carried in `assets/gpu_sample_32000`.
 
 On the device machine (Python 3.12, torch, transformers, safetensors, numpy; no network, no
 bittensor). Here, once: `bash benchmarks/performance/gpu_wheels.sh` puts the wheels it lacks in the git-ignored
@@ -437,6 +444,7 @@ def run_phase(b: Bench, name: str) -> None:
     finally:
         if b._model is not None:
             b._model.zero_grad(set_to_none=True)
+        b.restore_theta0()  # the next phase starts from θ_0, whatever this one did to the model
         free_memory()
     entry["seconds"] = time.perf_counter() - started
     if b.device.type == "cuda":

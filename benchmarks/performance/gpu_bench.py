@@ -146,6 +146,7 @@ class Bench:
         self.shapes = parameter_shapes(build_model(self.hp, "meta"))
         self.result: dict[str, Any] = {"mode": scale.name, "hparams": self.hp.name, "phases": {}}
         self._model: torch.nn.Module | None = None
+        self._theta0: dict[str, torch.Tensor] = {}  # a host copy of θ_0, for `restore_theta0`
         self._corpus: Any = None
         self._demo: DeMo | None = None
         self._peers: list[dict[str, Compressed]] | None = None
@@ -156,8 +157,19 @@ class Bench:
         if self._model is None:
             started = time.perf_counter()
             self._model = build_model(self.hp, self.device)
+            self._theta0 = {n: p.detach().to("cpu", copy=True) for n, p in self._model.named_parameters()}
             self.result["model_build_seconds"] = time.perf_counter() - started
         return self._model
+
+    def restore_theta0(self) -> None:
+        """Put θ_0 back into the shared model. The window phase trains it and the consensus phase applies
+        a window to it; every phase documents its figures from θ_0 (the noise phase's 48 steps away from
+        it), so `run_phase` restores it after each phase rather than trusting each phase to."""
+        if self._model is None:
+            return
+        with torch.no_grad():
+            for name, param in self._model.named_parameters():
+                param.copy_(self._theta0[name])
 
     @property
     def rule(self) -> OuterRule:

@@ -58,13 +58,10 @@ def phase_memory(b: Bench) -> dict[str, Any]:
     inner = hp.inner.model_copy(update={"steps": MEMORY_STEPS})
     batch = torch.randint(0, hp.model.vocab_size, (MEMORY_STEPS * mb, hp.data.sequence_length),
                           generator=torch.Generator().manual_seed(7))
-    start = {n: p.detach().to("cpu", copy=True) for n, p in model.named_parameters()}
     rule = rule_of(hp.optimizer.method)
 
     def run(setting: Any, sequences: int) -> tuple[dict[str, tuple[torch.Tensor, torch.Tensor]], float, float]:
-        with torch.no_grad():
-            for n, p in model.named_parameters():
-                p.copy_(start[n])
+        b.restore_theta0()  # every setting from the same θ
         checkpoint_activations(model, setting.checkpoint_activations)
         free_memory()
         b.reset_peak()
@@ -122,7 +119,4 @@ def phase_memory(b: Bench) -> dict[str, Any]:
                                              for r in deterministic["settings"].values())
         out["deterministic"] = deterministic
     checkpoint_activations(model, False)
-    with torch.no_grad():
-        for n, p in model.named_parameters():
-            p.copy_(start[n])
     return out

@@ -138,6 +138,32 @@ def test_a_failing_phase_is_recorded_and_the_next_one_still_runs(tmp_path: Path,
     assert ran == ["smoke"] and "corpus" not in phases
 
 
+def test_every_phase_starts_from_theta0_whatever_the_phase_before_did_to_the_model(tmp_path: Path,
+                                                                                    monkeypatch) -> None:
+    """The window phase trains the shared model and the consensus phase applies a window to it; a phase
+    after them (the noise phase's "48 steps away from θ_0") must still start from θ_0."""
+    seen: dict[str, dict[str, torch.Tensor]] = {}
+
+    def trains_the_model(b):
+        with torch.no_grad():
+            for param in b.model().parameters():
+                param.add_(1.0)
+        return {}
+
+    def reads_the_model(b):
+        seen.update({n: p.detach().clone() for n, p in b.model().named_parameters()})
+        return {}
+
+    monkeypatch.setitem(gpu.PHASE_FUNCTIONS, "window", trains_the_model)
+    monkeypatch.setitem(gpu.PHASE_FUNCTIONS, "consensus", trains_the_model)
+    monkeypatch.setitem(gpu.PHASE_FUNCTIONS, "noise", reads_the_model)
+    assert gpu.main(["--smoke", "--phases", "window,consensus,noise", "--out", str(tmp_path / "gpu.json")]) == 0
+    b = gpu.Bench(gpu.SMOKE, torch.device("cpu"), tmp_path / "unused.json", tmp_path)
+    theta0 = dict(b.model().named_parameters())
+    assert seen.keys() == theta0.keys()
+    assert all(torch.equal(seen[n], theta0[n].detach()) for n in seen)
+
+
 def test_a_phase_without_time_left_is_skipped(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setitem(gpu.PHASE_FUNCTIONS, "corpus", lambda b: pytest.fail("ran past the budget"))
     monkeypatch.setattr(gpu, "SMOKE", gpu.Scale(**{**gpu.SMOKE.__dict__, "minimum": {"corpus": 60.0}}))
