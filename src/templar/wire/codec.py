@@ -181,7 +181,10 @@ def encode(c: Compressed) -> dict[str, torch.Tensor]:
 
 
 def _bits(stream: torch.Tensor) -> np.ndarray:
-    return np.unpackbits(stream.numpy(), bitorder="little")
+    """The stream's bits, least significant first, as booleans: numpy finds the set ones of a boolean
+    array about 9 times faster than of the same 0/1 bytes (the high parts' terminators of a 1.2B
+    payload are 18.8 million of them)."""
+    return np.unpackbits(stream.numpy(), bitorder="little").view(np.bool_)
 
 
 def _fixed_width(stream: np.ndarray, n: int, b: int) -> np.ndarray:
