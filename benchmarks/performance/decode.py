@@ -1,36 +1,38 @@
 """What a strict read of one peer's payload costs (`templar.wire.read_gradient` under the run's codec:
 the container, the signed digest, every tensor's rice-coded indices and 2-bit values checked
-canonical), against the same read finding the indices' terminators in 0/1 bytes instead of booleans
-(the baseline, as the reader did before; interleaved in the same process).
+canonical): with the C kernel reading the indices (`templar.compress.native.rice_indices`, where it is
+built), with the numpy reader alone, and with the numpy reader finding the terminators in 0/1 bytes
+instead of booleans (the baseline: the reader before both; all three interleaved in the same process).
 
     python -m benchmarks.performance.decode [--reps 10] [--cases micro,tiny,production] [--out FILE]
 
 Why it matters: every node reads every payload it gathers inside the gather's round (`gather_seconds`,
-20 s in production), a miner the 15 of the peer list, a validator up to 79 (F_t and the peer list). On
-an H200's host a production read took 1.2 s (benchmarks/LOG.md §70). Cases:
+20 s in production), a miner the 15 of the peer list, a validator up to 79 (F_t and the peer list), in
+the gather's worker threads, which only run side by side where the read lets go of the GIL. On an H200's
+host a production read took 1.2 s (benchmarks/LOG.md §70). Cases:
 - `micro` (the test suite's model) and `tiny` (`hparams/tiny.json`);
 - `production` (`hparams.json`'s 1.2B shapes, 147 tensors, 18.8 million values): one payload of random
-  2-bit grid values at random distinct positions of each chunk (about a minute to build on 2 cores).
-Both sides must decode the same indices and values (exit 1 otherwise). One torch thread, CPU (the
-decoder is numpy); prints one JSON line per case with the seconds of 15 and 79 reads one after
-another, and writes benchmarks/results/decode.json.
+  2-bit grid values at random distinct positions of each chunk (about 20 s to build on 2 cores).
+All three must decode the same indices and values (exit 1 otherwise). One torch thread, CPU; prints one
+JSON line per case, with 15 and 79 reads' seconds one after another and 8 reads' in 2 threads against
+one after another, and writes benchmarks/results/decode.json.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from benchmarks._common import emit, write_result
+from benchmarks._common import emit, median, timed, write_result
 from benchmarks.performance.aggregate import PRESETS
-from benchmarks.performance.compress import paired_ms
 from benchmarks.performance.gpu_bench import StandInKey
-from templar.compress import Compressed
+from templar.compress import Compressed, native
 from templar.compress.methods import rule_of
 from templar.compress.sparseloco.grid import quantise
 from templar.core.config import HParams, load_hparams
@@ -64,14 +66,36 @@ def payload_of(hp: HParams, key: StandInKey, run: Run) -> tuple[bytes, dict[str,
 
 @contextlib.contextmanager
 def terminators_in_bytes() -> Iterator[None]:
-    """The baseline: the reader's unpacked high bits left as 0/1 bytes, which numpy scans for the set
-    ones about 9 times slower than booleans."""
+    """The numpy reader's unpacked high bits left as 0/1 bytes, as it held them before, which numpy scans
+    for the set ones about 9 times slower than booleans."""
     ours = codec._bits
     codec._bits = lambda stream: np.unpackbits(stream.numpy(), bitorder="little")
     try:
         yield
     finally:
         codec._bits = ours
+
+
+def interleaved_ms(sides: dict[str, Callable[[], object]], reps: int) -> dict[str, float]:
+    """Each side's median milliseconds over `reps` rounds that run every side once, so a noisy shared
+    machine slows all alike."""
+    for fn in sides.values():
+        fn()
+    times: dict[str, list[float]] = {name: [] for name in sides}
+    for _ in range(reps):
+        for name, fn in sides.items():
+            _, seconds = timed(fn)
+            times[name].append(seconds)
+    return {name: 1000 * median(values) for name, values in times.items()}
+
+
+def side_by_side(read: Callable[[], object], reads: int = 8) -> float:
+    """`reads` reads in 2 threads over the same reads one after another: how far the gather's threads
+    can run them at once (2 where nothing holds the GIL, on a machine with 2 free cores)."""
+    _, serial = timed(lambda: [read() for _ in range(reads)])
+    with ThreadPoolExecutor(2) as pool:
+        _, threaded = timed(lambda: list(pool.map(lambda _: read(), range(reads))))
+    return serial / threaded
 
 
 def measure(case: str, reps: int) -> dict:
@@ -82,20 +106,25 @@ def measure(case: str, reps: int) -> dict:
     def read() -> Gradient:
         return read_gradient(data, shapes, hp, run=run, verify=key.verify, expected_hotkey="peer", expected_window=1)
 
-    def baseline() -> Gradient:
-        with terminators_in_bytes():
+    def numpy_read() -> Gradient:
+        with native.disabled():
             return read()
 
-    ours_ms, baseline_ms = paired_ms(read, baseline, reps)
-    a, b = read(), baseline()
-    same = all(torch.equal(a.tensors[n].indices, b.tensors[n].indices)
-               and torch.equal(a.tensors[n].values, b.tensors[n].values) for n in shapes)
-    return {"case": case, "preset": hp.name, "codec": run_codec(hp),
+    def byte_scan_read() -> Gradient:
+        with native.disabled(), terminators_in_bytes():
+            return read()
+
+    ms = interleaved_ms({"read": read, "numpy": numpy_read, "bytes": byte_scan_read}, reps)
+    reads = [read(), numpy_read(), byte_scan_read()]
+    same = all(torch.equal(r.tensors[n].indices, reads[0].tensors[n].indices)
+               and torch.equal(r.tensors[n].values, reads[0].tensors[n].values) for r in reads[1:] for n in shapes)
+    return {"case": case, "preset": hp.name, "codec": run_codec(hp), "kernel": native.available(),
             "tensors": len(shapes), "values_per_payload": values, "payload_mb": len(data) / 1e6,
-            "read_ms": ours_ms, "read_terminators_in_bytes_ms": baseline_ms, "ratio": ours_ms / baseline_ms,
-            "same_payload": same,
-            "peer_list_reads_seconds": PEER_LIST * ours_ms / 1000,
-            "validator_reads_seconds": GATHERED_BY_A_VALIDATOR * ours_ms / 1000}
+            "read_ms": ms["read"], "numpy_read_ms": ms["numpy"], "numpy_byte_scan_read_ms": ms["bytes"],
+            "ratio": ms["read"] / ms["bytes"], "numpy_ratio": ms["numpy"] / ms["bytes"], "same_payload": same,
+            "two_threads_speedup": side_by_side(read), "numpy_two_threads_speedup": side_by_side(numpy_read),
+            "peer_list_reads_seconds": PEER_LIST * ms["read"] / 1000,
+            "validator_reads_seconds": GATHERED_BY_A_VALIDATOR * ms["read"] / 1000}
 
 
 def main(argv: list[str] | None = None) -> int:

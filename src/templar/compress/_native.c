@@ -1,7 +1,8 @@
 /*
  * CPU kernels for DeMo compression: exact per-chunk top-k (alone, or fused with a factored
- * forward DCT so the coefficients never leave cache), sparse inverse DCT, and the fixed-point
- * accumulation of many peers' coefficients.
+ * forward DCT so the coefficients never leave cache), sparse inverse DCT, the fixed-point
+ * accumulation of many peers' coefficients, and the wire's Rice-coded indices and 2-bit value codes
+ * read in one pass each.
  *
  * Optional: `templar.compress.native` falls back to the torch implementations when this module
  * was not built (no C compiler at install time) and on GPUs. Both paths return identical
@@ -79,11 +80,33 @@ static PyObject *py_accumulate(PyObject *self, PyObject *args) {
     Py_END_ALLOW_THREADS return done(status);
 }
 
+static PyObject *py_rice_indices(PyObject *self, PyObject *args) {
+    Py_ssize_t lo, lo_len, hi, hi_len, n_chunks, k, chunk_numel, out, gaps;
+    int b, status;
+    if (!PyArg_ParseTuple(args, "nnnninnnnn", &lo, &lo_len, &hi, &hi_len, &b, &n_chunks, &k, &chunk_numel, &out,
+                          &gaps))
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS status = rice_decode_indices((const uint8_t *)lo, lo_len, (const uint8_t *)hi, hi_len, b,
+                                                        n_chunks, k, chunk_numel, (int64_t *)out, (int64_t *)gaps);
+    Py_END_ALLOW_THREADS return PyBool_FromLong(status == 0);
+}
+
+static PyObject *py_q2_levels(PyObject *self, PyObject *args) {
+    Py_ssize_t q, q_len, n_chunks, k, levels, signal;
+    int status;
+    if (!PyArg_ParseTuple(args, "nnnnnn", &q, &q_len, &n_chunks, &k, &levels, &signal)) return NULL;
+    Py_BEGIN_ALLOW_THREADS status = q2_decode_levels((const uint8_t *)q, q_len, n_chunks, k, (int8_t *)levels,
+                                                     (uint8_t *)signal);
+    Py_END_ALLOW_THREADS return PyBool_FromLong(status == 0);
+}
+
 static PyMethodDef methods[] = {
     {"select", py_select, METH_VARARGS, "Exact per-chunk top-k of a padded coefficient matrix."},
     {"compress", py_compress, METH_VARARGS, "Chunked forward DCT and per-chunk top-k, fused."},
     {"decode", py_decode, METH_VARARGS, "Sparse inverse DCT of k coefficients per chunk."},
     {"accumulate", py_accumulate, METH_VARARGS, "Fixed-point sum of peers' coefficients."},
+    {"rice_indices", py_rice_indices, METH_VARARGS, "A payload's Rice-coded chunk indices, well-formed or refused."},
+    {"q2_levels", py_q2_levels, METH_VARARGS, "rice-q2's 2-bit value codes as levels, well-formed or refused."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -91,7 +114,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_native", "DeMo comp
                                      NULL, NULL, NULL, NULL};
 
 /* Bumped whenever a signature above changes, so a stale build is ignored instead of miscalled. */
-#define TEMPLAR_NATIVE_ABI 2
+#define TEMPLAR_NATIVE_ABI 3
 
 PyMODINIT_FUNC PyInit__native(void) {
 #ifdef HAVE_AVX512_KERNEL

@@ -1,4 +1,5 @@
-"""The optional C kernels (`_native.c`, `kernels/`) behind the CPU hot paths of compression and aggregation.
+"""The optional C kernels (`_native.c`, `kernels/`) behind the CPU hot paths of compression, aggregation and
+reading payloads.
 
 On CPU, torch has no primitive for "top-k of every 4096-value chunk" that is not a full sort,
 a dense inverse DCT does ~8x the work of a sparse one, and a forward DCT followed by a top-k
@@ -7,6 +8,9 @@ with the package when a C compiler is present (`pip install -e .`); without one,
 with `TEMPLAR_NATIVE=0`, every caller uses its torch path, which returns the same aggregation
 accumulators and, from the same coefficients, the same selections (tests hold both paths to
 that). The fused `compress` computes the coefficients itself and may swap float32 near-ties.
+A payload's strict read (`templar.wire.codec`) walks its Rice-coded indices and 2-bit codes in about ten
+numpy passes holding the GIL between them; `rice_indices` and `q2_levels` take one pass each, and decide
+only well-formed streams: the numpy reader refuses the rest and names why.
 
 Every function here checks device, dtype, contiguity and shapes itself and returns False/None
 when the kernels do not apply, so the C code only ever sees buffers it can trust. The kernels
@@ -23,12 +27,13 @@ from collections.abc import Iterable, Iterator, Sequence
 from functools import lru_cache
 from pathlib import Path
 
+import numpy as np
 import torch
 from loguru import logger
 
 from templar.compress.dct import ChunkPlan, dct_basis
 
-_ABI = 2  # must equal TEMPLAR_NATIVE_ABI in _native.c
+_ABI = 3  # must equal TEMPLAR_NATIVE_ABI in _native.c
 
 try:  # built from _native.c at install time; optional by design
     from templar.compress import _native
@@ -67,7 +72,7 @@ if _native is not None and (_stale := newer_sources(Path(_native.__file__), _SOU
     )
     _native = None
 
-__all__ = ["accumulate", "available", "compress", "decode_into", "disabled", "select_topk"]
+__all__ = ["accumulate", "available", "compress", "decode_into", "disabled", "q2_levels", "rice_indices", "select_topk"]
 
 _MIN_PARALLEL_NUMEL = 1 << 16  # below this, waking threads costs more than it saves
 _state = threading.local()
@@ -250,3 +255,38 @@ def accumulate(
         _threads(out.numel()),
     )
     return True
+
+
+
+def _byte_stream(*streams: np.ndarray) -> bool:
+    return all(s.dtype == np.uint8 and s.ndim == 1 and s.flags.c_contiguous for s in streams)
+
+
+def rice_indices(lo: np.ndarray, hi: np.ndarray, b: int, n_chunks: int, k: int, chunk_numel: int,
+                 ) -> tuple[np.ndarray, np.ndarray] | None:
+    """The `[n_chunks, k]` chunk indices of a payload's Rice-coded streams (`templar.wire.codec`), and their
+    gaps (flat), read in one pass without the GIL, when the streams are well formed.
+
+    None when the kernels do not apply or the streams are not well formed (too few or too many
+    terminators in `hi`, its last terminator before its last byte, an index past its chunk): the
+    caller's numpy reader then decides, and names the refusal. `lo`'s length and padding bits and the
+    Rice parameter's canonical choice are the caller's checks."""
+    if not available() or not _byte_stream(lo, hi) or hi.size == 0 or n_chunks < 0 or k <= 0:
+        return None
+    out = np.empty((n_chunks, k), dtype=np.int64)
+    gaps = np.empty(n_chunks * k, dtype=np.int64)
+    ok = _native.rice_indices(lo.ctypes.data, lo.size, hi.ctypes.data, hi.size, b, n_chunks, k, chunk_numel,
+                              out.ctypes.data, gaps.ctypes.data)
+    return (out, gaps) if ok else None
+
+
+def q2_levels(q: np.ndarray, n_chunks: int, k: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """`rice-q2`'s packed 2-bit codes as levels `[n_chunks, k]` (int8: 0, +1, -1) and whether each chunk has a
+    non-zero one, in one pass without the GIL. None when the kernels do not apply or the codes are not
+    well formed (a code 2, non-zero padding codes): the caller's numpy reader then names it."""
+    if not available() or not _byte_stream(q) or n_chunks < 0 or k <= 0 or q.size != -(-n_chunks * k // 4):
+        return None
+    levels = np.empty((n_chunks, k), dtype=np.int8)
+    signal = np.empty(n_chunks, dtype=np.bool_)
+    ok = _native.q2_levels(q.ctypes.data, q.size, n_chunks, k, levels.ctypes.data, signal.ctypes.data)
+    return (levels, signal) if ok else None

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from templar.compress import ChunkPlan, Compressed
+from templar.compress import ChunkPlan, Compressed, native
 from templar.compress.sparseloco import grid
 from templar.wire.errors import PayloadError
 
@@ -201,6 +201,27 @@ def _fixed_width(stream: np.ndarray, n: int, b: int) -> np.ndarray:
     return ((window >> (start & np.uint64(7))) & np.uint64((1 << b) - 1)).astype(np.int64)
 
 
+def _read_indices(lo_bytes: np.ndarray, hi: torch.Tensor, b: int, plan: ChunkPlan, k: int, name: str,
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """The indices and their gaps from the Rice streams, in numpy; `PayloadError` naming the first
+    thing wrong with the terminators or the indices' range (the C kernel's reference and fallback)."""
+    n = plan.n_chunks * k
+    low = _fixed_width(lo_bytes, n, b)
+    terminators = int(_POPCOUNT[hi.numpy()].sum(dtype=np.int64))  # counted before one index is made per bit
+    if terminators != n:
+        raise PayloadError("bad_encoding", f"{name}/idx_hi: {terminators} terminators, expected {n}")
+    ones = np.flatnonzero(_bits(hi))
+    if ones[-1] // 8 != hi.numel() - 1:
+        raise PayloadError("bad_encoding", f"{name}/idx_hi: trailing zero bytes")
+    high = np.diff(ones, prepend=-1) - 1
+    gaps = (high << b) | low
+    indices = np.cumsum(gaps.reshape(plan.n_chunks, k) + 1, axis=1) - 1
+    if indices[:, -1].max() >= plan.chunk_numel:
+        bad = int(np.argmax(indices[:, -1] >= plan.chunk_numel))
+        raise PayloadError("index_range", f"{name}: chunk {bad} has index {int(indices[bad, -1])} >= {plan.chunk_numel}")
+    return indices, gaps
+
+
 def _decode_indices(parts: Mapping[str, torch.Tensor], plan: ChunkPlan, k: int, name: str) -> np.ndarray:
     """The `[n_chunks, k]` indices of `idx_lo`, `idx_hi`, `rice`; `PayloadError` unless canonical."""
     n = plan.n_chunks * k
@@ -220,19 +241,9 @@ def _decode_indices(parts: Mapping[str, torch.Tensor], plan: ChunkPlan, k: int, 
     lo_bytes = lo.numpy()
     if (n * b) % 8 and lo_bytes[-1] >> ((n * b) % 8):
         raise PayloadError("bad_encoding", f"{name}/idx_lo: non-zero padding bits")
-    low = _fixed_width(lo_bytes, n, b)
-    terminators = int(_POPCOUNT[hi.numpy()].sum(dtype=np.int64))  # counted before one index is made per bit
-    if terminators != n:
-        raise PayloadError("bad_encoding", f"{name}/idx_hi: {terminators} terminators, expected {n}")
-    ones = np.flatnonzero(_bits(hi))
-    if ones[-1] // 8 != hi.numel() - 1:
-        raise PayloadError("bad_encoding", f"{name}/idx_hi: trailing zero bytes")
-    high = np.diff(ones, prepend=-1) - 1
-    gaps = (high << b) | low
-    indices = np.cumsum(gaps.reshape(plan.n_chunks, k) + 1, axis=1) - 1
-    if indices[:, -1].max() >= plan.chunk_numel:
-        bad = int(np.argmax(indices[:, -1] >= plan.chunk_numel))
-        raise PayloadError("index_range", f"{name}: chunk {bad} has index {int(indices[bad, -1])} >= {plan.chunk_numel}")
+    read = native.rice_indices(lo_bytes, hi.numpy(), b, plan.n_chunks, k, plan.chunk_numel)
+    # no kernels, or streams not well formed: the numpy reader decides, and names why
+    indices, gaps = read if read is not None else _read_indices(lo_bytes, hi, b, plan, k, name)
     if not _is_rice_parameter(gaps, b, _index_bits(plan)):
         cheapest = _rice_parameter(gaps, _index_bits(plan))
         raise PayloadError("bad_encoding", f"{name}: rice parameter {b}, where these indices' is {cheapest}")
@@ -293,23 +304,31 @@ def q2_encode(c: Compressed) -> dict[str, torch.Tensor]:
     return {**parts, "q": torch.from_numpy(packed), "mant": mantissa, "exp": exponent}
 
 
-def q2_decode(parts: Mapping[str, torch.Tensor], plan: ChunkPlan, k: int, name: str) -> Compressed:
-    """Validate and unpack one `rice-q2` parameter; raises `PayloadError` for anything malformed.
-
-    Part dtypes and the fixed shapes are the caller's check; this checks the content.
-    """
-    indices = _decode_indices(parts, plan, k, name)
+def _read_levels(q: np.ndarray, plan: ChunkPlan, k: int, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """The levels `[n_chunks, k]` of the packed codes and whether each chunk has a non-zero one, in numpy;
+    `PayloadError` for non-zero padding codes or a code 2 (the C kernel's reference and fallback)."""
     n = plan.n_chunks * k
-    codes = ((parts["q"].numpy()[:, None] >> _CODE_SHIFTS) & 3).reshape(-1)
+    codes = ((q[:, None] >> _CODE_SHIFTS) & 3).reshape(-1)
     if codes[n:].any():
         raise PayloadError("bad_encoding", f"{name}/q: non-zero padding codes")
     codes = codes[:n]
     if (codes == 2).any():
         raise PayloadError("bad_encoding", f"{name}/q: code 2 (negative zero)")
     levels = _LEVEL_OF_CODE[codes].reshape(plan.n_chunks, k)
+    return levels, (levels != 0).any(axis=1)
+
+
+def q2_decode(parts: Mapping[str, torch.Tensor], plan: ChunkPlan, k: int, name: str) -> Compressed:
+    """Validate and unpack one `rice-q2` parameter; raises `PayloadError` for anything malformed.
+
+    Part dtypes and the fixed shapes are the caller's check; this checks the content.
+    """
+    indices = _decode_indices(parts, plan, k, name)
+    read = native.q2_levels(parts["q"].numpy(), plan.n_chunks, k)
+    # no kernels, or codes not well formed: the numpy reader decides, and names why
+    levels, signal = read if read is not None else _read_levels(parts["q"].numpy(), plan, k, name)
     mantissa = parts["mant"].numpy().astype(np.int64)
     exponent = parts["exp"].numpy().astype(np.int64)
-    signal = (levels != 0).any(axis=1)
     scaled = (mantissa >= 128) & (exponent <= grid.EXP_MAX)
     empty = (mantissa == 0) & (exponent == 0)
     bad = np.flatnonzero(np.where(signal, ~scaled, ~empty))

@@ -55,6 +55,10 @@ int decode_bands(const int64_t *idx, const float *val, int64_t k, const float *d
     int threads);
 int accumulate_bands(int64_t peers, const int64_t *idx_ptrs, const int64_t *val_ptrs, const double *scales,
     int64_t k, int64_t h, int64_t w, int64_t cols, int64_t bands, float *coef, int threads);
+int rice_decode_indices(const uint8_t *lo, int64_t lo_len, const uint8_t *hi, int64_t hi_len, int b,
+    int64_t n_chunks, int64_t k, int64_t chunk_numel, int64_t *out, int64_t *gaps);
+int q2_decode_levels(const uint8_t *q, int64_t q_len, int64_t n_chunks, int64_t k, int8_t *levels,
+    uint8_t *signal);
 
 #ifdef HAVE_AVX512_KERNEL
 extern int cpu_has_avx512; /* set once by the module init */
