@@ -37,7 +37,7 @@ where the torch CPU paths at 1.2B took 104 s to compress, 42 s to decode one pee
 | corpus | a 32,000-entry byte-level BPE trained on the offline sample corpus the way `scripts/build_assets.py` trains tiny's (8 s on 2 cores here), then `templar.data.prepare` at 2,048 × 64 (2.4 M tokens, 18 pages; 17–33 s on 2 cores here); cached in `assets/gpu_sample_32000`. With tokenizers 0.23.3 the tokenizer's sha256 is 823b1725… and the manifest digest 49cc596a…, both in the JSON | 30 s | 90 s |
 | window | 1.2B built on the CPU from `init_seed` (12 s here), one untimed and 6 timed forward+backward passes of a micro-batch, the paper's window (the run's pages, micro-batches accumulated, one gradient) and production's (the same pages in the run's inner steps), the share of an 84 s window the GPU trains, blocking and overlapped (`busy_fractions`), the DeMo step, encoding the payload, decoding it 15 times (full reads), aggregating 15 peers on the CPU (what a node does today: decoded payloads stay in host memory) and on the GPU, the outer step; the 15 peers' updates are real DeMo steps on one micro-batch each | 60 s | 120 s |
 | memory | each memory setting of the miner (default, `--memory.offload`, and with `--memory.checkpoint_activations`) from the same θ, twice each: 2 inner AdamW steps of one micro-batch and the DeMo step as the node runs them, `torch.cuda.max_memory_allocated` reset before each: its peak beside `templar.tools.sizing`'s estimate, its seconds (first run: pinned buffers allocated; second: every later window), whether the default repeats itself bit for bit with the fast kernels, and whether every setting sends the default's update bit for bit under deterministic kernels (math attention, one sequence a step) | 60 s | 90 s |
-| validator | one peer's sign decode on the CPU and the GPU, `Evaluator.score_peers` with 3 peers on one production page each (signs held on the host, as the validator holds them), the random page and 4 held-out pages alone: seconds per peer, peers per 84 s window; then the same 3 peers under each per-unit baseline of the proof (the groups' common steps, the other peers' own steps), over every sequence and over a secret quarter of each page's, with their sequence-forwards, and the 8-peer window under the others on a quarter at that pass's rate | 60 s | 120 s |
+| validator | one peer's sign decode on the CPU and the GPU, `Evaluator.score_peers` with 3 peers on one production page each (signs held on the host, as the validator holds them), the random page and 4 held-out pages alone: seconds per peer, peers per 84 s window; then the same 3 peers under each per-unit baseline of the proof (the groups' common steps, the other peers' own steps), over every sequence and over a secret quarter of each page's, with their sequence-forwards, and the 8-peer window under the others on a quarter at that pass's rate; then a validator's gather read strictly on the host (one payload read 4 times, then 32 times in the gather's 16 threads, projected to F_t and the peer list: 79 reads in production) | 60 s | 120 s |
 | consensus | one gradient compressed on the GPU and the CPU (kept sets of decoder layer 0, embeddings, head and final norm: the CPU side is torch's path), the 15 peers aggregated on both (fixed-point accumulators bit for bit, signs), the window applied to θ on both, `model_in_sync` | 35 s | 90 s |
 | noise | 48 AdamW steps away from θ_0 on 2 pages, 4 honest peers train on 3 pages each (the run's inner steps, then one DeMo step each; a production peer trains 29, which the 18-page sample corpus cannot hold for 4 peers), LossScores per page on 4 random pages and their own pages: spread of δ across pages and across peers, and what the proof of computation by size credits each honest peer, range by range of each sequence | 90 s | 150 s |
 
@@ -92,6 +92,7 @@ import tempfile
 import time
 import traceback
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -385,7 +386,39 @@ def phase_validator(b: Bench) -> dict[str, Any]:
     rate = out["score_peers_others_quarter_seconds"] / out["others_quarter_sequence_forwards"]
     out["others_quarter_eval_seconds_per_window"] = out["holdout_seconds"] + peers * sign_decode + rate * forwards
     out["peers_per_window"] = max(0, math.floor((window - out["fixed_seconds"]) / (per_peer + sign_decode)))
+    out["gather_reads"] = _gather_reads(b, b.peers()[0])
     return out
+
+
+SERIAL_READS, THREADED_READS, GATHER_THREADS = 4, 32, 16
+"""Strict reads timed one after another and in `templar.comms.gather`'s 16 transfer slots (each slot's
+read runs in a worker thread)."""
+
+
+def _gather_reads(b: Bench, peer: dict[str, Any]) -> dict[str, Any]:
+    """What a validator's gather costs this host in strict reads (`read_gradient`: container, signed digest,
+    every tensor's indices and values checked): one peer's payload read `SERIAL_READS` times one after
+    another, then `THREADED_READS` times in `GATHER_THREADS` threads, and F_t and the peer list
+    (`fast_eval_uids` + `top_g` reads) at the threaded rate, against `gather_seconds`; with the C kernels
+    where this host built them (a GPU image without a compiler runs the numpy reader)."""
+    hp = b.hp
+    probes = {name: torch.zeros(hp.gauntlet.probe_count) for name in peer}
+    payload = write_gradient(peer, probes, window=WINDOW, global_step=0, hotkey="miner", hp=hp, run=b.run,
+                             sign=b.key.sign)
+
+    def read(_: int = 0) -> Any:
+        return read_gradient(payload, b.shapes, hp, run=b.run, verify=b.key.verify, expected_hotkey="miner",
+                             expected_window=WINDOW)
+
+    read()
+    _, serial = b.timed(lambda: [read() for _ in range(SERIAL_READS)])
+    with ThreadPoolExecutor(GATHER_THREADS) as pool:
+        _, threaded = b.timed(lambda: list(pool.map(read, range(THREADED_READS))))
+    per_read, per_threaded_read = serial / SERIAL_READS, threaded / THREADED_READS
+    gathered = hp.gauntlet.fast_eval_uids + hp.gauntlet.top_g
+    return {"kernels": native.available(), "payload_mb": len(payload) / 1e6, "read_seconds": per_read,
+            "threads": GATHER_THREADS, "threaded_speedup": per_read / per_threaded_read, "validator_reads": gathered,
+            "validator_reads_seconds": gathered * per_threaded_read, "gather_seconds": hp.windows.gather_seconds}
 
 
 def _baseline_costs(b: Bench, signs: dict[str, dict[str, torch.Tensor]], assigned: dict[str, torch.Tensor],

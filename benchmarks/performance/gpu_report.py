@@ -196,6 +196,12 @@ def _rows_validator(v: Mapping[str, Any], est: Mapping[str, Any]) -> list[list[s
          _fmt(v["uids_per_window"])],
         ["validator: peak GPU memory", _fmt(v["peak_memory_gb"], " GB"), _fmt(est.get("validator_gpu_memory_gb"), " GB")],
     ]
+    if reads := v.get("gather_reads"):  # measured since 2026-12-04
+        rows.append([f"validator: {reads['validator_reads']} strict reads of a gather in {reads['threads']} threads "
+                     f"({'C kernels' if reads['kernels'] else 'numpy reader'}; one read)",
+                     f"{_fmt(reads['validator_reads_seconds'], ' s')} ({_fmt(reads['read_seconds'], ' s')}, "
+                     f"{_fmt(reads['threaded_speedup'], 'x')} in threads)",
+                     f"within {reads['gather_seconds']:.0f} s"])
     return rows
 
 

@@ -70,6 +70,9 @@ def test_smoke_runs_every_phase_and_prints_the_table(tmp_path: Path, assets_dir:
     # the others' P passes over every unit read more sequences than the plain evaluation; a quarter fewer
     assert validator["others_sequence_forwards"] > validator["others_quarter_sequence_forwards"]
     assert validator["others_quarter_eval_seconds_per_window"] > validator["holdout_seconds"]
+    reads = validator["gather_reads"]  # a validator's gather of F_t and the peer list, read strictly on this host
+    assert reads["validator_reads"] == hp.gauntlet.fast_eval_uids + hp.gauntlet.top_g and reads["read_seconds"] > 0
+    assert reads["validator_reads_seconds"] > 0 and reads["kernels"] == native.available()
 
     consensus = phases["consensus"]
     if not native.available():
