@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -384,7 +384,7 @@ class NodeCompute:
         return float(sequence_losses_sharded(self.model, batch, self.hp.optimizer.micro_batch_size,
                                              self.group).mean())
 
-    def score_peers(self, signs_by_peer: dict[str, dict[str, torch.Tensor]], assigned: dict[str, torch.Tensor],
+    def score_peers(self, signs_by_peer: Mapping[str, dict[str, torch.Tensor]], assigned: dict[str, torch.Tensor],
                     random_batch: torch.Tensor, beta: float, page_sequences: int | None = None) -> dict:
         """`Evaluator.score_peers` over all ranks (signs stay on rank 0; batches are broadcast),
         with the same page-by-page δs (`page_sequences`) as the 1-process validator's."""
@@ -393,7 +393,7 @@ class NodeCompute:
 
     def _score_peers(self, peers: list[str], assigned: dict[str, torch.Tensor], random_batch: torch.Tensor,
                      beta: float, page_sequences: int | None = None,
-                     signs_by_peer: dict[str, dict[str, torch.Tensor]] | None = None, base: bool = False) -> dict:
+                     signs_by_peer: Mapping[str, dict[str, torch.Tensor]] | None = None, base: bool = False) -> dict:
         signs = signs_by_peer if signs_by_peer is not None else {p: {} for p in peers}
         evaluator = self._base_scorer if base else self.sharded_evaluator
         if evaluator is None:
@@ -471,7 +471,7 @@ class _BaseScorer:
     def __init__(self, compute: NodeCompute) -> None:
         self.compute = compute
 
-    def score_peers(self, signs_by_peer: dict[str, dict[str, torch.Tensor]], assigned: dict[str, torch.Tensor],
+    def score_peers(self, signs_by_peer: Mapping[str, dict[str, torch.Tensor]], assigned: dict[str, torch.Tensor],
                     random_batch: torch.Tensor, beta: float, page_sequences: int | None = None) -> dict:
         return self.compute._call("score_peers", {"signs_by_peer": signs_by_peer}, peers=sorted(signs_by_peer),
                                   assigned=assigned, random_batch=random_batch, beta=beta,

@@ -19,7 +19,7 @@ sharded node calls `apply_update` on each rank's rows), `compress.aggregate`, th
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -64,7 +64,7 @@ class PeerScorer(Protocol):
     the same arguments: `tests/distributed/test_compute.py` compares their signatures, because a
     missing argument on one of them only shows when a multi-rank validator first scores."""
 
-    def score_peers(self, signs_by_peer: dict[str, dict[str, torch.Tensor]], assigned: dict[str, torch.Tensor],
+    def score_peers(self, signs_by_peer: Mapping[str, dict[str, torch.Tensor]], assigned: dict[str, torch.Tensor],
                     random_batch: torch.Tensor, beta: float, page_sequences: int | None = None) -> dict[str, Any]: ...
 
 

@@ -9,7 +9,7 @@ computed in one batched pass, shared by all peers.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -157,7 +157,7 @@ class Evaluator:
 
     def score_peers(
         self,
-        signs_by_peer: dict[str, dict[str, torch.Tensor]],
+        signs_by_peer: Mapping[str, dict[str, torch.Tensor]],
         assigned: dict[str, torch.Tensor],
         random_batch: torch.Tensor,
         beta: float,
@@ -226,7 +226,7 @@ class Evaluator:
             )
         return out
 
-    def _every_peers_pass(self, signs_by_peer: dict[str, dict[str, torch.Tensor]], peers: list[str],
+    def _every_peers_pass(self, signs_by_peer: Mapping[str, dict[str, torch.Tensor]], peers: list[str],
                           everything: torch.Tensor, beta: float, ranges: int) -> dict[str, torch.Tensor] | None:
         """Under baseline "others": each peer's losses over every unit of the window (the random
         pages and every evaluated peer's pages) after its own trial step, which serve as its own
@@ -239,7 +239,7 @@ class Evaluator:
                 out[peer] = self.losses(everything, ranges)
         return out
 
-    def _common_gains(self, signs_by_peer: dict[str, dict[str, torch.Tensor]], peers: list[str],
+    def _common_gains(self, signs_by_peer: Mapping[str, dict[str, torch.Tensor]], peers: list[str],
                       everything: torch.Tensor, before_ranges: torch.Tensor, beta: float,
                       ranges: int) -> torch.Tensor | None:
         """Every unit's gain under the window's common steps (`gauntlet.baseline.common_gains`),

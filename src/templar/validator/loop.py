@@ -29,8 +29,6 @@ import time
 from collections.abc import Mapping
 from dataclasses import replace
 
-import torch
-
 from templar.comms import GatherResult, GatherStatus, RecordError, get_start_window, put_start_window
 from templar.comms.keys import folder_of, inputs_key, start_window_key
 from templar.compress.methods import rule_of
@@ -70,6 +68,7 @@ from templar.validator.replays import ReplayMemory, Sighting
 from templar.validator.report import WINDOW_RECORDS, WindowSummary, record_window
 from templar.validator.roles import PUBLISH_MIN_SECONDS, FollowerRole, LeadRole, Role
 from templar.validator.state import load_book, load_or_create_secret, load_replays, save_book_copy, with_book
+from templar.validator.trial_steps import TrialSteps
 from templar.validator.weights import WeightSetter
 from templar.validator.window import ValidatorWindow
 from templar.wire import Gradient
@@ -567,8 +566,8 @@ class Validator:
         typical, as_sent = trial_size(sizes, {hk: results[hk].value for hk in chosen}, hp.gauntlet.max_norm_ratio)
         reference = await asyncio.to_thread(rule.trial_reference, [typical.tensors]) if typical else None
         trial = functools.partial(rule.trial, max_lift=hp.gauntlet.trial_max_lift)
-        signs: dict[str, dict[str, torch.Tensor]] = {hk: await asyncio.to_thread(
-            trial, results[hk].value.tensors, shapes, reference=None if hk in as_sent else reference) for hk in chosen}
+        signs = TrialSteps(chosen, lambda hk: trial(results[hk].value.tensors, shapes,
+                                                    reference=None if hk in as_sent else reference))
         planned, extra = {}, {}
         for hk in chosen:
             own = node.plan.assigned_pages(miners[hk], window, hp.data.pages_per_window)
