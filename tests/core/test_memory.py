@@ -109,3 +109,20 @@ def test_offload_moves_the_state_to_host_and_checkpointing_the_activations() -> 
     assert more.gpu_bytes - offload.gpu_bytes == pytest.approx(4 * n)
     validator = StateCopies.of("validator", inner_optimizer="adamw", inner_steps=16, outer=0)
     assert validator.offloadable == 0 and validator.saved == 0
+
+
+def test_host_memory_counts_the_window_s_gathered_payloads_decoded() -> None:
+    """A node holds every payload it gathered decoded for the window (an int64 index and a float32 value per
+    kept value): a miner its peer list, a validator F_t too (79 at production: 17.8 GB at 1.2B, most of its
+    host memory)."""
+    from templar.core.config import load_hparams
+    from templar.core.memory import DECODED_BYTES_PER_VALUE
+    from templar.tools.sizing import model_memory
+
+    hp = load_hparams()
+    kept = hp.demo.topk / hp.demo.target_chunk ** 2 * ModelShape.of(hp.model).parameters
+    miner, validator = model_memory(hp, "miner"), model_memory(hp, "validator")
+    assert miner.host["gathered payloads, decoded"] == hp.gauntlet.top_g * DECODED_BYTES_PER_VALUE * kept
+    assert validator.host["gathered payloads, decoded"] == (
+        (hp.gauntlet.top_g + hp.gauntlet.fast_eval_uids) * DECODED_BYTES_PER_VALUE * kept)
+    assert validator.host["gathered payloads, decoded"] > validator.host_bytes / 2

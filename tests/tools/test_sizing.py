@@ -130,6 +130,7 @@ def test_the_hardware_and_sizing_figures_are_the_functions(production) -> None:
                 f"{parts['error feedback'] + parts['θ_t snapshot'] + parts['AdamW moments']:.1f}",
                 f"{s['miner_state_file_gb']:.1f}", f"{s['miner_disk_gb']:.1f}", f"{s['pcie_gb_per_second']:.0f}",
                 f"{HOST_PROCESS_BYTES / 1e9:.0f}", "24", "40", "80"}
+    figures |= {f"{row['host_parts_gb']['gathered payloads, decoded']:.1f}" for row in rows}  # miner, validator
     figures |= measured_peaks_gb()
     stated = re.findall(r"(\d+(?:\.\d+)?) GB(?!/s)", hardware)
     assert stated and set(stated) <= figures, set(stated) - figures

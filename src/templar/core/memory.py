@@ -41,7 +41,10 @@ run (`HParams.inner.overlap`) adds one float32 copy of θ on the GPU: a miner's 
 inner steps train while θ takes the previous window's outer step, and a delayed run's validator's θ
 one window older, the base it evaluates the window's updates against. Host memory
 counts the state file's save (the tensors copied off the GPU) and load (the whole file is read), the
-outer step's dense update (float32, on the host), and `HOST_PROCESS_BYTES` for the process itself.
+outer step's dense update (float32, on the host; a validator's trial step, one at a time, is the same
+size at another moment), the window's gathered payloads as the node holds them decoded (a miner's peer
+list, a validator's F_t and peer list: 79 at production, 17.8 GB at 1.2B), and `HOST_PROCESS_BYTES` for
+the process itself.
 """
 
 from __future__ import annotations
@@ -49,11 +52,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["CHECKPOINT_FLAG", "GIB", "HOST_PROCESS_BYTES", "OFFLOAD_FLAG", "SETTINGS", "Activations",
+__all__ = ["CHECKPOINT_FLAG", "DECODED_BYTES_PER_VALUE", "GIB", "HOST_PROCESS_BYTES", "OFFLOAD_FLAG", "SETTINGS", "Activations",
            "MemorySettings", "ModelShape", "NodeMemory", "StateCopies", "activation_bytes", "node_memory"]
 
 GIB = float(1 << 30)
 HOST_PROCESS_BYTES = 2e9
+DECODED_BYTES_PER_VALUE = 12
+"""A decoded payload's bytes per kept value: its int64 index and float32 value (`templar.wire.read_gradient`)."""
 """Host memory of the node's process beside its tensors (torch, the CUDA runtime, the page reader,
 peers' payloads): an assumption, the one figure of this module that is not counted from the model."""
 
@@ -254,11 +259,13 @@ class NodeMemory:
 
 
 def node_memory(shape: ModelShape, copies: StateCopies, *, role: str, setting: MemorySettings, ranks: int,
-                micro_batch: int, seq: int, inner_steps: int) -> NodeMemory:
+                micro_batch: int, seq: int, inner_steps: int, gathered: int = 0, kept_share: float = 0.0,
+                ) -> NodeMemory:
     """GPU bytes per GPU and host bytes per node (all its ranks on one machine) for `role` under
     `setting` over `ranks` GPUs (1: one process, θ float32 under autocast; more: torchrun, FSDP2 with
     bf16 compute parameters). The GPU total is an estimated peak: persistent parts plus the largest
-    transient; see the module doc for each term."""
+    transient; see the module doc for each term. `gathered`: payloads the node reads a window (a miner
+    the peer list, a validator F_t too), each decoded to `kept_share` of the parameters at `DECODED_BYTES_PER_VALUE`."""
     n, per = shape.parameters, 1.0 / ranks
     offload = setting.offload and role == "miner"
     fsdp = ranks > 1
@@ -305,7 +312,9 @@ def node_memory(shape: ModelShape, copies: StateCopies, *, role: str, setting: M
     else:
         save = 4 * n * (1 + copies.outer) + (0 if offload else 4 * n * (copies.error_feedback + copies.moments))
         load = state_file - (resident - host.get("error feedback", 0.0))
-    host["state file, outer update (transient)"] = max(save, load, 4 * n)
+    host["state file, outer update (transient)"] = max(save, load, 4 * n)  # a validator's trial step too (4n)
+    if gathered:
+        host["gathered payloads, decoded"] = gathered * DECODED_BYTES_PER_VALUE * kept_share * shape.parameters
     host["the process (assumed)"] = HOST_PROCESS_BYTES
     transfer = 0.0
     if offload:  # per inner step the moments in and out; per window θ_t out and in, the error feedback in and out

@@ -94,9 +94,12 @@ def model_memory(hp: HParams, role: str, setting: MemorySettings = SETTINGS[0], 
     """The memory of a `role` node of this run under `setting` over `ranks` GPUs: the one function
     behind the memory tables (`templar hparams`, docs/mining.md) and `templar doctor`'s GPU check.
     `shape`: another model trained with the run's other settings (`SHAPES`)."""
+    g = hp.gauntlet
+    gathered = g.top_g + (g.fast_eval_uids if role != "miner" else 0)  # the peer list; a validator's F_t too
     return node_memory(shape or ModelShape.of(hp.model), state_copies(hp, role), role=role, setting=setting,
                        ranks=ranks, micro_batch=hp.optimizer.micro_batch_size, seq=hp.data.sequence_length,
-                       inner_steps=hp.inner.steps)
+                       inner_steps=hp.inner.steps, gathered=gathered,
+                       kept_share=hp.demo.topk / hp.demo.target_chunk ** 2)
 
 
 def usable_bytes(gpu_bytes: float) -> float:
