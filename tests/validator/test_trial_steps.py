@@ -66,3 +66,14 @@ def test_the_evaluation_scores_the_same_and_makes_each_step_once_under_productio
         assert on_demand.made > len(made_up_front) and _Step.most_alive <= 2
     else:  # production's ("others") and the paper's: each step made once, one alive at a time
         assert on_demand.made == len(made_up_front) and _Step.most_alive == 1
+
+
+def test_the_steps_are_made_where_a_one_process_evaluator_applies_them() -> None:
+    """On the evaluator's model's device (a GPU's: 0.29 s a 1.2B step on an H200 against 2.4 s on its host);
+    torchrun's sharded scorer, whose rank 0 hands the steps to the ranks, gets them on the host."""
+    from templar.validator.trial_steps import trial_device
+
+    on_meta = Evaluator(torch.nn.Linear(2, 2, device="meta"), micro_batch_size=1, position_ranges=1)
+    assert trial_device(on_meta) == torch.device("meta")
+    assert trial_device(Evaluator(torch.nn.Linear(2, 2), micro_batch_size=1, position_ranges=1)) == torch.device("cpu")
+    assert trial_device(object()) == torch.device("cpu")

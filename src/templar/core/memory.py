@@ -36,7 +36,9 @@ offload its streamed buffer too; under torchrun the owner's gathered full gradie
 offload one parameter group's moments during its AdamW step. A validator holds θ, the copy of θ_t
 it restores after each trial step, and one no-grad forward: the head's logits (10·T·V as above),
 the MLP's gate, up and product in bf16 (6·T·f), two float32 hidden states (8·T·d) and, with one
-process, autocast's bf16 weight copies (an H200 measured 18.0 GB at 1.2B against 15.1 GB here). An overlapped
+process, autocast's bf16 weight copies and the evaluated peer's trial step, made on the GPU one at a time
+(float32; an H200 measured 18.0 GB at 1.2B with the steps held on the host, against 15.1 GB here without
+the step). An overlapped
 run (`HParams.inner.overlap`) adds one float32 copy of θ on the GPU: a miner's working model, which its
 inner steps train while θ takes the previous window's outer step, and a delayed run's validator's θ
 one window older, the base it evaluates the window's updates against. Host memory
@@ -301,6 +303,7 @@ def node_memory(shape: ModelShape, copies: StateCopies, *, role: str, setting: M
         gpu["evaluation forward (peak)"] = 10 * t * shape.vocab + 6 * t * shape.intermediate + 8 * t * shape.hidden
         if not fsdp:  # autocast's bf16 copy of every linear weight, cached for the forward
             gpu["bf16 weight copies (autocast)"] = 2 * (shape.layers * shape.layer_linear + shape.embedding)
+            gpu["trial step (one at a time)"] = 4 * n  # made on the GPU (torchrun's rank 0 makes it on the host)
     # host, beside what the offload keeps there: the state file's save (the tensors copied off the
     # GPU; torchrun's rank 0 streams them one at a time), its load at start (the file read whole,
     # beside the error-feedback buffers, the only offloaded tensors that exist before the first

@@ -68,7 +68,7 @@ from templar.validator.replays import ReplayMemory, Sighting
 from templar.validator.report import WINDOW_RECORDS, WindowSummary, record_window
 from templar.validator.roles import PUBLISH_MIN_SECONDS, FollowerRole, LeadRole, Role
 from templar.validator.state import load_book, load_or_create_secret, load_replays, save_book_copy, with_book
-from templar.validator.trial_steps import TrialSteps
+from templar.validator.trial_steps import TrialSteps, trial_device
 from templar.validator.weights import WeightSetter
 from templar.validator.window import ValidatorWindow
 from templar.wire import Gradient
@@ -566,8 +566,9 @@ class Validator:
         typical, as_sent = trial_size(sizes, {hk: results[hk].value for hk in chosen}, hp.gauntlet.max_norm_ratio)
         reference = await asyncio.to_thread(rule.trial_reference, [typical.tensors]) if typical else None
         trial = functools.partial(rule.trial, max_lift=hp.gauntlet.trial_max_lift)
-        signs = TrialSteps(chosen, lambda hk: trial(results[hk].value.tensors, shapes,
-                                                    reference=None if hk in as_sent else reference))
+        device = trial_device(self._evaluator(base))
+        signs = TrialSteps(chosen, lambda hk: trial({n: c.to(device) for n, c in results[hk].value.tensors.items()},
+                                                    shapes, reference=None if hk in as_sent else reference))
         planned, extra = {}, {}
         for hk in chosen:
             own = node.plan.assigned_pages(miners[hk], window, hp.data.pages_per_window)

@@ -1,4 +1,4 @@
-"""Each evaluated peer's trial step, made when the evaluation reaches it.
+"""Each evaluated peer's trial step, made when the evaluation reaches it, where it is applied.
 
 A trial step is the peer's whole update in dense float32 (`OuterRule.trial`): 4.8 GB at 1.2B. Made for
 every peer of S_t before the evaluation, as the validator did, the 8 steps of a production window held
@@ -12,10 +12,23 @@ once, as before.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
 
 import torch
 
 TrialStep = dict[str, torch.Tensor]
+
+
+def trial_device(scorer: Any) -> torch.device:
+    """Where the trial steps are made: on the device of a one-process evaluator's model, where they are
+    applied (on an H200 a 1.2B step takes 0.29 s there against 2.4 s on its host, and only the payload,
+    1/64 of the step's size, crosses to the GPU); on the host for torchrun's sharded evaluator, whose
+    rank 0 hands the steps to the ranks."""
+    from templar.validator.evaluate import Evaluator
+
+    if isinstance(scorer, Evaluator):
+        return next(scorer.model.parameters()).device
+    return torch.device("cpu")
 
 
 class TrialSteps(Mapping[str, TrialStep]):
