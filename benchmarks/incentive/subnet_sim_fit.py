@@ -63,11 +63,12 @@ def fit_from_scores(run_dir: Path) -> dict:
             "samples": {k: [[round(r, 4), round(g, 4)] for r, g in v] for k, v in sorted(relative.items())}}
 
 
-PRODUCTION_FIT_TAG = "sparseloco_others_quarter"
-"""The fit of production's crowded localnet: `micro_gauntlet_8pages` on SparseLoCo, the proof read
-against the other peers' own steps on 1 of each evaluated page's 4 sequences (benchmarks/LOG.md §30;
-its preset then was `micro_gauntlet_8pages_others_quarter`, whose run digest the crowded preset
-has had since §34)."""
+PRODUCTION_FIT_TAG = "crowded_first_window_6"
+"""The fit of production's crowded localnet on today's scoring: `micro_gauntlet_8pages` (production's
+Gauntlet and inner loop on `micro`) at six seeds, 720 primary evaluations with every unit, 220 of them
+honest (benchmarks/LOG.md §68, §72). It follows §30's `sparseloco_others_quarter`, which predates the
+trial step held to and lifted to the window's typical size (§62-§66) and the first scored window at
+S_t's median (§67); that fit and the others stay committed beside it, each named by its tag."""
 UNITS_FIT_FILE = RESULTS_DIR / f"subnet_sim_fit_units_{PRODUCTION_FIT_TAG}.json"
 """Whole evaluations, every unit of each (written by `fit_from_evaluations`): what production's
 validator hands its score book (`PrimaryResult`: the pages, the position-range units of assigned and
@@ -223,7 +224,9 @@ def size_scales(source: dict, kind: str, size: EvalSize) -> tuple[float, float]:
     """How far an evaluation reading `size` lies from the strategy's mean, relative to one the fit
     measured: (the gap's, δ_rand's). Reading n sequences where the fit read m changes the sampling
     part of the variance by m/n and leaves the rest: scale² = 1 − sampling share × (1 − m/n), above
-    1 when fewer sequences are read."""
+    1 when fewer sequences are read. A strategy evaluated once has no spread to scale: (1, 1)."""
+    if len(source["evaluations"][kind]) < 2:
+        return 1.0, 1.0
     spread = spread_sources(source, kind, size.ranges)
     rand_extra = spread["rand_sampling_variance"] * (1 - spread["random_sequences"] / size.random_sequences)
     assigned_sampling = spread["gap_sampling_variance"] - spread["rand_sampling_variance"]

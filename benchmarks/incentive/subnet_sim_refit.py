@@ -162,6 +162,9 @@ def spread(units_file: Path = UNITS_FIT_FILE) -> int:
     size = CHOSEN["eval_size"]
     rows = {}
     for kind in source["evaluations"]:
+        if len(source["evaluations"][kind]) < 2:  # a strategy evaluated once (`scaled`) has no spread
+            print(f"  {kind:<10} evaluations {len(source['evaluations'][kind])}: no spread to read")
+            continue
         s = spread_sources(source, kind, size.ranges)
         gap_scale, rand_scale = size_scales(source, kind, size)
         rows[kind] = {"evaluations": len(source["evaluations"][kind]), "gap_sd": round(s["gap_variance"] ** 0.5, 4),

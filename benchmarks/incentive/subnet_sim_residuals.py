@@ -15,8 +15,10 @@ strategy that trains is also paid per token (its trained tokens over an honest m
 localnet counted them) over the weakest honest miner, seed by seed: fair pay's third item at many
 more draws than three localnets.
 
-Miners the localnet never evaluated (its fast evaluation caught `copycat`, `partial` and `scaled`
-every time) are drawn as the simulator's copycat, which fails fast evaluation whenever sampled; of a
+Miners the localnet never evaluated (its fast evaluation caught `copycat` and `partial` every time)
+or evaluated once (`scaled`, tried in the first scored window, which has no typical size to check it
+against, and caught by the scale check in every window after) are drawn as the simulator's copycat,
+which fails fast evaluation whenever sampled; of a
 `pooled` operator's hotkeys one is rated and the others are caught as `copy`, so one is drawn as
 `pooled` and the rest as copycats. Writes `benchmarks/results/subnet_sim_residuals.json`.
 """
@@ -44,6 +46,12 @@ FAIR_TARGET = 1.5
 simulator's seeds within it is the chance that one localnet of that shape meets it."""
 MOREDATA_TARGET = 1.3
 """Twice the pages, trained, earns at least this many times the honest median (docs/scoring.md §4)."""
+
+
+def drawn_as_themselves(source: dict) -> set[str]:
+    """The strategies a fit of whole evaluations can draw with their own spread: those it holds at
+    least two evaluations of (a strategy evaluated once was caught in every window after it)."""
+    return {strategy for strategy, evaluations in source["evaluations"].items() if len(evaluations) > 1}
 
 
 def localnet_mix(run: Path, evaluated: set[str]) -> tuple[tuple[str, int], ...]:
@@ -105,7 +113,7 @@ def residuals(runs: list[Path], preset: str, sims: int, rules: tuple[tuple[str, 
     rows = {}
     for run in runs:
         measured = summarise(run)
-        mix = localnet_mix(run, set(source["evaluations"]))
+        mix = localnet_mix(run, drawn_as_themselves(source))
         if (mix, measured["windows"]) not in shapes:
             base = replace(SimConfig(), **production_settings(hp), mix=mix, validators=1,
                            uids=1 + sum(n for _, n in mix), uids_per_window=g.uids_per_window,

@@ -294,9 +294,10 @@ def test_the_quick_run_reads_every_newcomers_first_epoch_in_every_book() -> None
     assert incumbents > 0 and incumbents % (honest * base.validators) == 0
 
 
-def test_a_strategy_evaluated_once_is_fitted_with_no_spread(tmp_path) -> None:
+def test_a_strategy_evaluated_once_is_fitted_with_no_spread(tmp_path, monkeypatch) -> None:
     """A crowded run's `scaled` upload is evaluated once (in the window before any typical size) and then
-    fails fast evaluation: the fit keeps its one evaluation with a spread of 0 instead of stopping."""
+    fails fast evaluation: the fit keeps its one evaluation with a spread of 0 instead of stopping, and
+    `subnet_sim_refit --spread` reads the other strategies' spread and passes over it."""
     import json
 
     from benchmarks.incentive.subnet_sim_fit import fit_from_evaluations
@@ -312,3 +313,12 @@ def test_a_strategy_evaluated_once_is_fitted_with_no_spread(tmp_path) -> None:
     fitted = fit_from_evaluations([run], "synthetic")
     assert fitted["summary"]["scaled"]["n"] == 1 and fitted["summary"]["scaled"]["rand_mean_sd"][1] == 0.0
     assert fitted["summary"]["honest"]["rand_mean_sd"][1] > 0
+
+    from benchmarks.incentive import subnet_sim_refit
+
+    units = tmp_path / "units.json"
+    units.write_text(json.dumps(fitted))
+    monkeypatch.setattr(subnet_sim_refit, "RESULTS_DIR", tmp_path)
+    assert subnet_sim_refit.spread(units) == 0
+    rows = json.loads((tmp_path / "subnet_sim_refit_spread.json").read_text())["strategies"]
+    assert "scaled" not in rows and rows["honest"]["evaluations"] > 1

@@ -129,9 +129,12 @@ def test_a_localnets_shape_runs_through_the_simulator_and_its_residual_is_measur
     from benchmarks.incentive import subnet_sim_residuals as residuals
 
     run = _localnet(tmp_path, [0.2, 0.25, 0.3, 0.2])
-    evaluated = set(subnet_sim_fit.fit(subnet_sim_fit.UNITS_FIT_FILE)["evaluations"])
+    source = subnet_sim_fit.fit(subnet_sim_fit.UNITS_FIT_FILE)
+    evaluated = residuals.drawn_as_themselves(source)
+    assert len(source["evaluations"]["scaled"]) == 1 and "scaled" not in evaluated and "honest" in evaluated
     mix = dict(residuals.localnet_mix(run, evaluated))
     assert mix == {"honest": 4, "moredata": 1, "pooled": 1, "copycat": 3}
+    assert dict(residuals.localnet_mix(run, evaluated | {"partial"}))["copycat"] == 2
     peers = subnet_sim.build_peers(replace(subnet_sim.SimConfig(), validators=1, uids=10,
                                            mix=tuple(sorted(mix.items()))), random.Random(0))
     assert sorted(p.strategy for p in peers[1:]) == sorted(s for s, n in mix.items() for _ in range(n))
