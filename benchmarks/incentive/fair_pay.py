@@ -49,7 +49,11 @@ CHEAT_PER_TOKEN_MAX = 0.5
 """Every adversary but the two honest-compute ones, per trained token over the weakest honest miner (a
 pool's total over one member's tokens). Six seeds of the default preset (2026-12-04,
 `benchmarks/results/fair_pay_first_window.json`): at most 0.37 (`short` at seed 3; `overclaim` 0.30 at
-seed 1); the ceiling leaves that worst seed a 1.35x margin, and the property itself is < 1."""
+seed 1); the ceiling leaves that worst seed a 1.35x margin, and the property itself is < 1. The simulator at
+this localnet's shape, on the fit of those six runs (200 seeds, benchmarks/LOG.md §72), puts some adversary
+this ceiling judges above 0.5 in 16.5 % of seeds (`pooled` 14, `thin` 11, `short` 9, `overclaim` 3 of 200)
+and above 1 in 4.5 %: the six seeds all within it were a 34 % draw, so a seed that misses it names a tail the
+simulator expects about one seed in six, not by itself a regression."""
 HONEST_COMPUTE = ("moredata", "overfit")
 """Honest work, paid as such: `moredata` by `MOREDATA_OVER_MEDIAN`; `overfit` (the same compute at 4x the
 inner rate) trains the assigned pages harder for no larger held-out gain, so it is paid like an honest

@@ -35,7 +35,7 @@ from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
-from benchmarks.incentive.fair_pay import PRESET, summarise
+from benchmarks.incentive.fair_pay import CHEAT_PER_TOKEN_MAX, HONEST_COMPUTE, PRESET, summarise
 from benchmarks.incentive.subnet_sim import RESULTS_DIR, SimConfig, build_peers, simulate
 from benchmarks.incentive.subnet_sim_fit import UNITS_FIT_FILE, fit
 from benchmarks.incentive.subnet_sim_production import production_settings
@@ -101,6 +101,16 @@ def simulated(cfg: SimConfig, work: dict[str, float] | None = None) -> dict:
             "per_token_over_weakest_honest": per_token}
 
 
+def adversaries_above(sim: list[dict]) -> dict[str, float]:
+    """The share of simulated seeds in which some adversary that `fair_pay.verdict` holds to its ceiling
+    (every one but the honest-compute two) is paid more per trained token than the ceiling, and than the
+    weakest honest miner itself: how often one localnet seed would miss each by the draw alone."""
+    def share(ceiling: float) -> float:
+        return sum(any(v > ceiling for k, v in s["per_token_over_weakest_honest"].items() if k not in HONEST_COMPUTE)
+                   for s in sim) / len(sim)
+    return {"verdict_ceiling": share(CHEAT_PER_TOKEN_MAX), "weakest_honest": share(1.0)}
+
+
 def residuals(runs: list[Path], preset: str, sims: int, rules: tuple[tuple[str, float], ...] = ()) -> dict:
     """Per localnet: its measured figures, where they fall among the simulator's at its shape
     (`sims` seeds: median, 10th and 90th percentiles, the share of seeds at or below the localnet),
@@ -139,6 +149,7 @@ def residuals(runs: list[Path], preset: str, sims: int, rules: tuple[tuple[str, 
                        "simulator_above_weakest_honest": sum(v > 1.0 for v in values) / len(values)}
             for strategy in sorted({k for s in sim for k in s["per_token_over_weakest_honest"]})
             for values in [[s["per_token_over_weakest_honest"].get(strategy, 0.0) for s in sim]]}
+        rows[run.name]["any_adversary_above"] = adversaries_above(sim)
         h = rows[run.name]["honest_max_over_min"]
         h["simulator_within_target"] = sum(s["honest_max_over_min"] <= FAIR_TARGET for s in sim) / len(sim)
         print(f"  {run.name}: honest max/min localnet {h['localnet']:.2f}, simulator {h['simulator_median']:.2f} "
@@ -152,6 +163,9 @@ def residuals(runs: list[Path], preset: str, sims: int, rules: tuple[tuple[str, 
         print("    per token over the weakest honest miner (simulator median, max, share of seeds above 1): " + ", ".join(
             f"{k} {v['simulator_median']:.2f} {v['simulator_max']:.2f} {v['simulator_above_weakest_honest']:.0%}"
             for k, v in rows[run.name]["per_token_over_weakest_honest"].items()), flush=True)
+        above = rows[run.name]["any_adversary_above"]
+        print(f"    some adversary per token above the verdict's {CHEAT_PER_TOKEN_MAX}: {above['verdict_ceiling']:.1%} "
+              f"of seeds; above the weakest honest miner: {above['weakest_honest']:.1%}", flush=True)
     return rows
 
 

@@ -149,3 +149,20 @@ def test_a_localnets_shape_runs_through_the_simulator_and_its_residual_is_measur
     assert 0.0 <= pooled["simulator_median"] <= pooled["simulator_max"]
     assert 0.0 <= pooled["simulator_above_weakest_honest"] <= 1.0
     assert residuals.work_shares(run) == {"honest": 1.0, "moredata": 1.0, "pooled": 1.0, "partial": 1.0}
+    above = rows[run.name]["any_adversary_above"]
+    assert 0.0 <= above["weakest_honest"] <= above["verdict_ceiling"] <= 1.0
+
+
+def test_the_share_of_seeds_an_adversary_is_paid_above_the_verdicts_ceiling_leaves_out_honest_compute() -> None:
+    """`subnet_sim_residuals.adversaries_above`: a seed counts when any adversary the crowded localnet's verdict
+    holds to its ceiling is paid more per token than it (or than the weakest honest miner); `moredata` and
+    `overfit`, honest compute, never count."""
+    from benchmarks.incentive import subnet_sim_residuals as residuals
+    from benchmarks.incentive.fair_pay import CHEAT_PER_TOKEN_MAX
+
+    sims = [{"per_token_over_weakest_honest": tokens} for tokens in (
+        {"thin": 0.1, "short": CHEAT_PER_TOKEN_MAX + 0.01},  # above the ceiling, below the weakest honest miner
+        {"thin": 1.2},                                        # above both
+        {"overfit": 3.0, "moredata": 2.0, "pooled": 0.2},    # honest compute far above: no count
+        {"thin": CHEAT_PER_TOKEN_MAX})]                       # at the ceiling: within it
+    assert residuals.adversaries_above(sims) == {"verdict_ceiling": 0.5, "weakest_honest": 0.25}
