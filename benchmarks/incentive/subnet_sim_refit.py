@@ -96,6 +96,8 @@ LEVERS: dict[str, dict] = {
     "no tie band under μ (the rule before LOG §38)": {"rules": (("mu_tie_band", 0.0),)},
     "μ's tie band 0.25, power 4": {"rules": (("mu_tie_band", 0.25), ("mu_exponent", 4.0))},
     "μ's tie band 0.2, power 2": {"rules": (("mu_tie_band", 0.2), ("mu_exponent", 2.0))},
+    "μ's power below its band 6 (production 3)": {"rules": (("mu_exponent", 6.0),)},
+    "μ's power below its band 8": {"rules": (("mu_exponent", 8.0),)},
     "no tie band below the rating's median (the rule before LOG §39)": {"rules": (("rating_tie_band_below", 0.0),)},
     "the rating's tie band below the median 1.5 standard errors": {"rules": (("rating_tie_band_below", 1.5),)},
     "the rating's tie band below the median 2 standard errors": {"rules": (("rating_tie_band_below", 2.0),)},
