@@ -11,10 +11,10 @@
 steps, one pair per evaluation. `--fit` refits from localnets whose validators recorded every unit
 of every primary evaluation (`--record-evaluations`, which a localnet passes): by default the
 crowded localnets of `fair_pay.py` (production's Gauntlet and inner loop on `micro`, one validator,
-4 honest miners and 12 adversaries, 16 windows, seeds 0-2), into `UNITS_FIT_FILE` (production's
-fit: `PRODUCTION_FIT_TAG`). The draws then hand the score book what production's validator hands
-it, so μ runs the proof by size per unit, the extra-work classes of `moredata` and the dilution
-on measured units.
+4 honest miners and 12 adversaries, 16 windows), into `UNITS_FIT_FILE` (production's fit,
+`PRODUCTION_FIT_TAG`: six seeds of this code's crowded localnet, benchmarks/LOG.md §72). The draws
+then hand the score book what production's validator hands it, so μ runs the proof by size per unit,
+the extra-work classes of `moredata` and the dilution on measured units.
 
 Then it runs production's settings (`CHOSEN`, read from hparams.json, at the size production's
 validator reads an evaluation: `subnet_sim_production.production_size`), on the simulator's cadence (every
