@@ -18,9 +18,8 @@ more draws than three localnets.
 Miners the localnet never evaluated (its fast evaluation caught `copycat` and `partial` every time)
 or evaluated once (`scaled`, tried in the first scored window, which has no typical size to check it
 against, and caught by the scale check in every window after) are drawn as the simulator's copycat,
-which fails fast evaluation whenever sampled; of a
-`pooled` operator's hotkeys one is rated and the others are caught as `copy`, so one is drawn as
-`pooled` and the rest as copycats. Writes `benchmarks/results/subnet_sim_residuals.json`.
+which fails fast evaluation whenever sampled; of a `pooled` operator's hotkeys one is rated and the
+others are caught as `copy`, so one is drawn as `pooled` and the rest as copycats. Writes `benchmarks/results/subnet_sim_residuals.json`.
 """
 
 from __future__ import annotations

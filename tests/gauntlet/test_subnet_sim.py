@@ -313,6 +313,13 @@ def test_a_strategy_evaluated_once_is_fitted_with_no_spread(tmp_path, monkeypatc
     fitted = fit_from_evaluations([run], "synthetic")
     assert fitted["summary"]["scaled"]["n"] == 1 and fitted["summary"]["scaled"]["rand_mean_sd"][1] == 0.0
     assert fitted["summary"]["honest"]["rand_mean_sd"][1] > 0
+    # drawn at another size than the fit read (production's), it is the one evaluation as measured
+    from benchmarks.incentive.subnet_sim_fit import EvalSize, draw, size_scales
+
+    production = EvalSize(16, 64, 4)
+    assert size_scales(fitted, "scaled", production) == (1.0, 1.0)
+    assert draw("scaled", random.Random(0), source=fitted, size=production).delta_rand == \
+        draw("scaled", random.Random(0), source=fitted).delta_rand
 
     from benchmarks.incentive import subnet_sim_refit
 
