@@ -14,6 +14,9 @@ export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 # the launch rehearsal) in two lanes, the other workers on tests that compute, so the cores stay busy
 # while the waiting tests wait. On 2 cores (2026-12-01, 1,332 tests): 3 workers, the waiting tests
 # started together, 300 s of pytest (the cores 83-84 % busy); 4 workers in two lanes 269-272 s (93-94 %).
+# The suite is bound by its CPU: 2026-12-04 (1,572 tests), 4 workers 286-293 s of pytest, 530 CPU-s in all; 5 workers left
+# the cores idle 7 CPU-s instead of 26 and took 294 s. What each test costs: TEMPLAR_TEST_CPU_LOG=DIR scripts/test.sh,
+# then python -m tests.cpu_log DIR (tests/cpu_log.py).
 workers="${TEMPLAR_TEST_WORKERS:-$(( $(nproc) + 2 ))}"
 [ "$workers" -gt 6 ] && workers=6
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"

@@ -422,6 +422,13 @@ def pytest_collection(session: pytest.Session) -> Iterator[object]:
         return (yield)
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """`TEMPLAR_TEST_CPU_LOG=DIR`: every test's CPU, written for `python -m tests.cpu_log DIR` (tests/cpu_log.py)."""
+    from tests.cpu_log import pytest_configure as log_cpu
+
+    log_cpu(config)
+
+
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
     """Long tests first: the tests marked `slow` (whole localnets, real processes, torchrun ranks) run
     before the rest, in `long_tests_order`.
