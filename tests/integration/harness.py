@@ -46,14 +46,19 @@ FAST_WINDOWS = {
 
 
 MICRO_PRESET = Path(__file__).resolve().parents[1] / "presets" / "micro.json"
-"""`tiny-paper` (tiny with the paper's rules) with a 4× narrower, 2-layer model (same vocabulary, data
-and Gauntlet levers): the nodes' tests check mechanisms and incentives, not model quality, and
-training and evaluation are most of a localnet's CPU (an in-process adversarial localnet: 120 -> 72 s)."""
+"""`tiny-paper` (tiny with the paper's rules) with a 4× narrower, 2-layer model (32 wide; same vocabulary,
+data and Gauntlet levers): the nodes' tests check mechanisms, not model quality, and training and evaluation
+are most of a localnet's CPU (an in-process adversarial localnet: 120 -> 72 s at 64 wide). At 32 wide rather
+than 64 the nodes' integration, distributed, runtime, validator and doctor tests took 196-200 CPU-s and
+102-104 s against 213-218 and 111-112 s (2026-12-04, each twice on one host, 4 workers). The tests that
+judge who is paid keep 64 (`micro-gauntlet`): at 32 three of their seeded outcomes moved (the pay localnet's
+loss fell 0.50 in 10 windows, where the test asks more; two identical honest miners beside four `faint`
+hotkeys were paid 0.29 and 0.71), and re-basing them means re-measuring every figure they cite."""
 
 
 MICRO_GAUNTLET_PRESET = MICRO_PRESET.with_name("micro-gauntlet.json")
-"""The micro model under production's Gauntlet (`tiny`'s rules: the proof of computation by size, the
-relative LossRating) with H = 2 inner AdamW steps: the tests that judge who is paid."""
+"""A micro model twice `micro`'s width (64; 2 layers) under production's Gauntlet (`tiny`'s rules: the proof
+of computation by size, the relative LossRating) with H = 2 inner AdamW steps: the tests that judge who is paid."""
 
 MICRO_1K_PRESET = MICRO_PRESET.with_name("micro-1k.json")
 """`micro` on the 1024-token corpus (see below): what a `Subnet` runs unless a test names another base.

@@ -310,9 +310,10 @@ def test_a_file_size_limit_is_one_line_per_window_then_its_own_exit(tmp_path):
     subnet = Subnet.create(tmp_path, {"lead": 100.0, "m0": 0.0})
     soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
     try:
-        # the state files (θ and error feedback: about 10 MB for micro) cannot be written; the
-        # records, logs and pages (a few kB) can. Python ignores SIGXFSZ, so writes fail with EFBIG.
-        resource.setrlimit(resource.RLIMIT_FSIZE, (3 << 20, hard))
+        # the miner's state file (θ, error feedback and the inner AdamW's moments: 1.6 MB on micro-1k)
+        # cannot be written; the lead's (0.4 MB), its checkpoints (0.4 MB), the records, logs and pages
+        # can. Python ignores SIGXFSZ, so writes fail with EFBIG.
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, hard))
         lines, stopped = _disk_failures(subnet)
     finally:
         resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
