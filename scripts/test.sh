@@ -17,7 +17,9 @@ export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 # The suite is bound by its CPU: 2026-12-04 (1,572 tests), 4 workers 286-293 s of pytest, 530 CPU-s in all; 5 workers left
 # the cores idle 7 CPU-s instead of 26 and took 294 s. What each test costs: TEMPLAR_TEST_CPU_LOG=DIR scripts/test.sh,
 # then python -m tests.cpu_log DIR (tests/cpu_log.py).
-workers="${TEMPLAR_TEST_WORKERS:-$(( $(nproc) + 2 ))}"
+# (GNU nproc counts OMP_NUM_THREADS as the cores there are: a shell with it set to 1 would get 3 workers)
+cores="$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)"
+workers="${TEMPLAR_TEST_WORKERS:-$(( cores + 2 ))}"
 [ "$workers" -gt 6 ] && workers=6
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 # glibc hands every tensor over 32 MB back to the kernel on free and maps it anew (zeroed) on the next
@@ -41,10 +43,22 @@ fi
 # them: about 4 CPU-s per worker; scripts/warm_assert_rewrites.py says why and when it does nothing).
 "$venv/bin/python" scripts/warm_assert_rewrites.py
 echo "[test] pytest ($workers workers${scratch:+, scratch in $scratch})"
+# The suite is bound by its CPU, and hosts differ: after pytest, one line with its wall time and the CPU it
+# and every process it waited for spent (bash's `times`: user and system of this shell's reaped children).
+cpu_log="$(mktemp)" started=$SECONDS
+times > "$cpu_log"  # in this shell: a command substitution's subshell would count only its own children
 set +e
 "$venv/bin/python" -m pytest -q -n "$workers" --maxschedchunk 1 ${scratch:+--basetemp "$scratch"} "$@"
 rc=$?
 set -e
+times >> "$cpu_log"
+awk -v before="$(sed -n 2p "$cpu_log")" -v after="$(sed -n 4p "$cpu_log")" -v wall=$((SECONDS - started)) -v cores="$cores" '
+  function seconds(t,  p) { split(t, p, "m"); return p[1] * 60 + substr(p[2], 1, length(p[2]) - 1) }
+  BEGIN { split(before, b, " "); split(after, a, " ")
+          user = seconds(a[1]) - seconds(b[1]); sys = seconds(a[2]) - seconds(b[2])
+          printf "[test] pytest: %d s, %.0f CPU-s (user %.0f, system %.0f): %.0f s of CPU on each of %d cores\n",
+                 wall, user + sys, user, sys, (user + sys) / cores, cores }'
+rm -f "$cpu_log"
 if [ -n "$scratch" ]; then
   if [ "$rc" -eq 0 ]; then rm -rf "$scratch"; else echo "[test] the failed tests' directories: $scratch"; fi
 fi
