@@ -9,7 +9,8 @@ import pytest
 
 from templar.core.config import load_hparams
 from templar.gauntlet import PrimaryResult, ScoreBook, declared_work, trained_multiple, work_factor
-from templar.gauntlet.extra_work import paid_level
+from templar.gauntlet.extra_work import floored_level, paid_level
+from templar.gauntlet.records import PeerRecord
 
 PRODUCTION = load_hparams()
 RULES = PRODUCTION.gauntlet
@@ -210,6 +211,49 @@ def test_the_paid_level_is_the_pay_weighted_median_and_ignores_the_unpaid() -> N
     assert paid_level([*crowd, (10.0, 0.30), (11.0, 0.32), (12.0, 0.31)], 2.0) == 0.31
     assert paid_level([(1.0, float("nan")), (2.0, 0.2), (float("inf"), 0.9)], 1.0) == 0.2
     assert paid_level([(1.0, 0.1), (1.0, 0.2), (1.0, 0.3)], 1.0) == 0.2
+
+
+def _converged(uid: int, mu: float, rating: float, declared: float = 0.0) -> PeerRecord:
+    """A peer after 60 evaluations: its μ̂ and relative LossScore, and for `declared` (w − 1) extra pages
+    both classes credited alike (trained)."""
+    credit = 0.8 * mu
+    return PeerRecord(uid=uid, mu=mu, primary_evals=60, relative_delta=rating, relative_evals=60, declared=declared,
+                      assigned_credit=credit, assigned_credit_evals=60, declared_credit=credit if declared else 0.0,
+                      declared_credit_evals=60 if declared else 0, first_seen_window=0, last_seen_window=100,
+                      last_primary_window=99, last_status="ok")
+
+
+def test_one_weak_hotkey_that_declares_nothing_does_not_set_the_level_of_a_run_that_declares() -> None:
+    """Every honest miner declares twice the pages (2^q pays it), and one hotkey declares nothing and does
+    a quarter of the work (μ̂ and relative LossScore a quarter of honest). The level that caps the declaring
+    peers was the non-declaring peers' alone, so that hotkey set it: ten honest declarers were capped at
+    its μ and rating, and it was paid at the level, 0.066 of the weight, 5.6x an honest declarer per unit
+    of compute. `extra_work_level_floor` (production 0.5) reads the level at least half the declaring
+    peers' own; beside one honest miner that declares nothing, the level is that miner's, as before."""
+    assert RULES.extra_work_level_floor == 0.5
+    assert floored_level(None, 1.0, 0.5) is None and floored_level(0.2, None, 0.5) == 0.2
+    assert floored_level(0.2, 1.0, 0.5) == 0.5 and floored_level(0.7, 1.0, 0.5) == 0.7
+    assert floored_level(0.2, 1.0, 0.0) == 0.2
+    declaring = {f"declarer{i}": _converged(i, 0.99, 1.0, declared=1.0) for i in range(10)}
+    unfloored = RULES.model_copy(update={"extra_work_level_floor": 0.0})
+
+    def per_compute(rules, book: dict[str, PeerRecord]) -> tuple[float, float]:
+        """The weak hotkey's weight per unit of compute over an honest declarer's."""
+        weights = ScoreBook(book, relative_noise=(0.3, 100)).weights(rules)
+        return (weights["weak"] / 0.25) / (weights["declarer0"] / 2.0), sum(weights.values())
+
+    book = {**declaring, "weak": _converged(50, 0.25, 0.25)}
+    before, total = per_compute(unfloored, book)
+    assert before > 5.0 and total == pytest.approx(1.0)  # the hole: paid at the level it set
+    after, total = per_compute(RULES, book)
+    assert after < 0.2 and total == pytest.approx(1.0)
+    # with an honest miner that declares nothing the level is that miner's: the floor changes no score
+    book["plain"] = _converged(60, 0.99, 1.0)
+    assert ScoreBook(book, relative_noise=(0.3, 100)).scores(RULES) == \
+        ScoreBook(book, relative_noise=(0.3, 100)).scores(unfloored)
+    weights = ScoreBook(book, relative_noise=(0.3, 100)).weights(RULES)
+    assert weights["declarer0"] / weights["plain"] == pytest.approx(2 ** RULES.extra_work_exponent, rel=0.02)
+    assert weights["weak"] < 1e-3 * weights["plain"]
 
 
 def test_the_paid_cap_reads_the_rating_of_twice_the_data_at_the_paid_level_too() -> None:

@@ -153,6 +153,14 @@ class GauntletConfig(Strict):
         "twice the pages shows each page more than half the gap (the give-back of the dilution would pay its mu "
         "above honest work's) and gains more on the random pages (its rating); capped, the pages are paid by "
         "extra_work_exponent alone (docs/scoring.md §4)")
+    extra_work_level_floor: float = Field(
+        default=0.0, ge=0, lt=1, description="the paid levels (extra_work.paid_level) are at least this share of "
+        "the declaring peers' own: where every honest miner declares pages, one weak hotkey that declares none "
+        "would alone set the level that caps them all and be paid at it (a quarter of the work took 0.066 of the "
+        "weight beside ten honest declarers). At most 1/m for m the largest declared multiple (production 0.5 = "
+        "29/58 pages): the give-back of the dilution lifts a declaring peer's mu at most m times (1.3-1.5x "
+        "measured for twice the pages), so a run with honest non-declaring miners reads their level as before; "
+        "0: no floor (docs/scoring.md §4)")
     declared_pages_evaluated: Literal["shared", "in_proportion", "in_proportion_on_average"] = Field(
         default="shared", description="how many of a declaring peer's pages its primary evaluation reads "
         "(gauntlet.evaluated_pages): shared, data.eval_pages across its assigned and declared pages alike (each "

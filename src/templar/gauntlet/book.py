@@ -30,6 +30,7 @@ from templar.gauntlet.extra_work import (
     declared_share,
     dilution_multiple,
     ema_mean,
+    floored_level,
     paid_level,
     trained_multiple,
     update_class,
@@ -233,11 +234,22 @@ class ScoreBook:
 
     def _paid_levels(self, rules: GauntletConfig) -> tuple[float | None, float | None]:
         """`paid_level` of the μ and of the LossRating PeerScore reads, over the peers that never declared
-        extra pages: their scores never read the caps, so the levels are the same in whatever order
-        records are rescored."""
-        paid = [(self._score(rules, record), record) for record in self._peers.values() if record.declared == 0.0]
-        return (paid_level(((score, self._read_mu(rules, record)) for score, record in paid), rules.power),
-                paid_level(((score, self._loss_rating(rules, record)) for score, record in paid), rules.power))
+        extra pages, at least `extra_work_level_floor` times the declaring peers' own (`floored_level`).
+        Both are read from scores that read no level (`_score`'s defaults), so the levels are the same in
+        whatever order records are rescored."""
+        floor = rules.extra_work_level_floor
+        paid = [(self._score(rules, record), record) for record in self._peers.values()
+                if record.declared == 0.0 or floor > 0.0]
+        levels = []
+        for read in (self._read_mu, self._loss_rating):
+            level = paid_level(((score, read(rules, record)) for score, record in paid if record.declared == 0.0),
+                               rules.power)
+            if floor > 0.0:
+                declaring = paid_level(((score, read(rules, record)) for score, record in paid if record.declared > 0.0),
+                                       rules.power)
+                level = floored_level(level, declaring, floor)
+            levels.append(level)
+        return levels[0], levels[1]
 
     @staticmethod
     def _read_mu(rules: GauntletConfig, record: PeerRecord) -> float:

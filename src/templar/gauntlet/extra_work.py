@@ -36,7 +36,9 @@ and the two cannot be told apart by the mean. They are told apart class by class
   pages 2.05–3.39× the honest median and the 256-uid simulator 5.22–6.39×. Capped, the same work per
   page reads the same μ and rating and `work_factor` alone pays the pages. A cap can only lower a
   score, so no declaration gains by it; a declaring peer doing better work than the run's paid
-  median is paid as that median (the price of not trusting the model's 1/m).
+  median is paid as that median (the price of not trusting the model's 1/m). `floored_level`
+  (`extra_work_level_floor`): the level is at least a share of the declaring peers' own, so where
+  every honest miner declares, one weak hotkey that declares nothing does not set it alone.
 - `work_factor`: proven work is paid as a power of its size: PeerScore × m^(q/c), so the weight
   grows as m^q (q = `extra_work_exponent` 0.5: twice the pages, trained, earn about 1.41×). With
   q < 1 pages are worth more under their own hotkeys than stacked on one.
@@ -173,6 +175,26 @@ def paid_level(peers: Iterable[tuple[float, float]], power: float) -> float | No
         if running >= half:
             return value
     return pairs[-1][0]
+
+
+def floored_level(level: float | None, declaring_level: float | None, floor: float) -> float | None:
+    """The paid level read at least `floor` times the declaring peers' own (`extra_work_level_floor`).
+
+    `level` is the non-declaring peers' (`paid_level`), which caps every declaring peer. Where every
+    honest miner declares pages, whoever declares none sets it alone: one hotkey doing a quarter of the
+    work capped ten honest declarers at its own μ and rating and took 0.066 of the weight. The give-back
+    of the dilution lifts a declaring peer's μ at most m times, m the largest declared multiple (2 in
+    production; 1.3-1.5x measured for twice the pages), so a floor of at most 1/m leaves a run with
+    honest non-declaring miners as it was (in the whole suite it engaged only where a test made every
+    declared page show an assigned page's full gap, and lifted the level by 3-5 %). The floor only
+    rises with the declaring peers' pay-weighted median: hotkeys that the pay weights little cannot
+    lift it. What remains: a non-declaring hotkey can still hold the level at the floor, half the
+    declaring peers' own, and be paid at it.
+    None while no peer that declared nothing is paid: the declaring peers are then paid alike without a
+    level (docs/scoring.md §4)."""
+    if level is None or declaring_level is None or not floor > 0.0:
+        return level
+    return max(level, floor * declaring_level)
 
 
 def work_factor(rules: GauntletConfig, multiple: float) -> float:
